@@ -1,0 +1,1 @@
+"""Sandbox backends: one ``Policy``, compiled by each backend into its own mechanism."""

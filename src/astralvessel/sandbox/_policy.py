@@ -1,0 +1,192 @@
+"""The turn's sandbox policy: one value that every backend compiles into its own mechanism.
+
+Pure data and pure functions only. A backend reads a ``Policy`` and turns it into
+an invocation (argv, environment, seccomp program, container options); nothing
+here touches the system.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+from collections.abc import Mapping
+from pathlib import Path, PurePosixPath
+
+import attrs
+
+__all__ = [
+    "AGENT_DIR",
+    "OUTBOX_DIR",
+    "SYSTEM_DIRS",
+    "WORKSPACE_DIR",
+    "Limits",
+    "Mount",
+    "Policy",
+    "Promise",
+]
+
+#: Where the agent folder appears inside every sandbox (read-only).
+AGENT_DIR = PurePosixPath("/agent")
+#: The turn's writable workspace: ``$HOME`` and ``$TMPDIR``.
+WORKSPACE_DIR = PurePosixPath("/workspace")
+#: ``$VESSEL_OUTBOX``: files a call leaves here come back in ``ToolResult.files``.
+OUTBOX_DIR = WORKSPACE_DIR / "outbox"
+#: The system directories bound read-only (the host's for bubblewrap and nsjail, the image's for Docker).
+SYSTEM_DIRS: tuple[PurePosixPath, ...] = tuple(
+    PurePosixPath(p) for p in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+)
+#: The sandbox's ``$PATH`` and ``$LANG``; the other three variables point into the workspace.
+SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
+SANDBOX_LANG = "C.UTF-8"
+
+
+class Promise(enum.Enum):
+    """A confinement promise every backend keeps for every confined call (see the threat model)."""
+
+    NO_NETWORK = "no-network"
+    PROCESS_ISOLATION = "process-isolation"
+    NO_UNIX_SOCKETS = "no-unix-sockets"
+    NO_IPC = "no-ipc"
+    CLEAN_ENVIRONMENT = "clean-environment"
+    NO_NEW_SESSIONS = "no-new-sessions"
+    OPEN_FILES_LIMIT = "open-files-limit"
+    DISK_LIMIT = "disk-limit"
+    MEMORY_LIMIT = "memory-limit"
+    PROCESS_LIMIT = "process-limit"
+    UNPRIVILEGED = "unprivileged"
+    SECCOMP = "seccomp"
+    FILESYSTEM_VIEW = "filesystem-view"
+
+    @property
+    def summary(self) -> str:
+        """One line saying what the promise guarantees."""
+        return _PROMISE_SUMMARIES[self]
+
+
+_PROMISE_SUMMARIES = {
+    Promise.NO_NETWORK: "no network: no interface but an unconfigured loopback",
+    Promise.PROCESS_ISOLATION: "cannot see or signal any process but its own",
+    Promise.NO_UNIX_SOCKETS: "socket(AF_UNIX) refused: no socket files",
+    Promise.NO_IPC: "no SysV or POSIX shared memory, message queues or semaphores",
+    Promise.CLEAN_ENVIRONMENT: "environment is exactly PATH, LANG, HOME, TMPDIR, VESSEL_OUTBOX",
+    Promise.NO_NEW_SESSIONS: "setsid/setpgid refused; every process a call started is gone when it returns",
+    Promise.OPEN_FILES_LIMIT: "at most `open_files` open files",
+    Promise.DISK_LIMIT: "no file above the disk limit, and the workspace never above it",
+    Promise.MEMORY_LIMIT: "memory limited to `memory_mb`",
+    Promise.PROCESS_LIMIT: "process count limited to `processes`",
+    Promise.UNPRIVILEGED: "unprivileged user, no capabilities, no_new_privs",
+    Promise.SECCOMP: "seccomp filter: architecture checked, dangerous system calls refused",
+    Promise.FILESYSTEM_VIEW: "only system dirs, /agent, workdir, mounts and the workspace; read-only but the workspace",
+}
+
+
+@attrs.frozen(kw_only=True)
+class Mount:
+    """A host folder shown inside the sandbox at ``target``, read-only unless ``writable``."""
+
+    source: Path = attrs.field(converter=Path)
+    target: PurePosixPath = attrs.field(converter=PurePosixPath)
+    writable: bool = False
+
+    @classmethod
+    def parse(cls, text: str) -> Mount:
+        """Parse the CLI's ``SANDBOX_PATH=HOST_PATH[:rw]`` form."""
+        target, sep, rest = text.partition("=")
+        if not sep or not target or not rest:
+            raise ValueError(f"mount {text!r} is not of the form SANDBOX_PATH=HOST_PATH[:rw]")
+        writable = rest.endswith(":rw")
+        source = rest[: -len(":rw")] if writable else rest.removesuffix(":ro")
+        return cls.from_pair(target, source, writable=writable)
+
+    @classmethod
+    def from_pair(cls, target: str | PurePosixPath, source: str | Path, *, writable: bool = False) -> Mount:
+        """Check and build a mount from a sandbox path and a host path."""
+        tgt = PurePosixPath(target)
+        if not tgt.is_absolute() or ".." in tgt.parts:
+            raise ValueError(f"sandbox path {str(tgt)!r} must be absolute and free of '..'")
+        if tgt == PurePosixPath("/") or any(tgt == d or d in tgt.parents for d in _RESERVED):
+            raise ValueError(f"sandbox path {str(tgt)!r} is reserved; mount data elsewhere, such as /data")
+        src = Path(source).expanduser().resolve()
+        if not src.exists():
+            raise ValueError(f"host path {str(source)!r} for {str(tgt)!r} does not exist")
+        return cls(source=src, target=tgt, writable=writable)
+
+
+_RESERVED = (*SYSTEM_DIRS, AGENT_DIR, WORKSPACE_DIR, PurePosixPath("/proc"), PurePosixPath("/dev"))
+
+
+@attrs.frozen(kw_only=True)
+class Limits:
+    """Resource limits of one turn; every number is enforced on every backend."""
+
+    disk_mb: int = 512
+    memory_mb: int = 1024
+    processes: int = 256
+    open_files: int = 4096
+
+    def __attrs_post_init__(self) -> None:
+        for field in attrs.fields(Limits):
+            value = getattr(self, field.name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"limit {field.name} must be a positive integer, not {value!r}")
+        if self.open_files > 4096:
+            raise ValueError("limit open_files may not exceed 4096")
+
+
+@attrs.frozen(kw_only=True)
+class Policy:
+    """Everything a backend needs to build one turn's sandbox.
+
+    ``relaxed`` names promises the host has explicitly given up; a backend that
+    cannot keep a promise not in ``relaxed`` refuses to start.
+    """
+
+    agent_dir: Path | None = None
+    workdir: PurePosixPath = attrs.field(default=WORKSPACE_DIR, converter=PurePosixPath)
+    mounts: tuple[Mount, ...] = attrs.field(default=(), converter=tuple)
+    limits: Limits = Limits()
+    relaxed: frozenset[Promise] = attrs.field(default=frozenset(), converter=frozenset)
+
+    def relax(self, *promises: Promise | str) -> Policy:
+        """Return a copy that no longer requires ``promises``: an explicit, audited choice of the host."""
+        return attrs.evolve(self, relaxed=self.relaxed | {Promise(p) for p in promises})
+
+    @property
+    def environment(self) -> Mapping[str, str]:
+        """The exact environment of every confined call."""
+        return {
+            "PATH": SANDBOX_PATH,
+            "LANG": SANDBOX_LANG,
+            "HOME": str(WORKSPACE_DIR),
+            "TMPDIR": str(WORKSPACE_DIR),
+            "VESSEL_OUTBOX": str(OUTBOX_DIR),
+        }
+
+    @property
+    def visible_roots(self) -> tuple[PurePosixPath, ...]:
+        """Sandbox paths a file tool may show: system dirs, /agent, workdir, mounts, workspace."""
+        roots = [*SYSTEM_DIRS, WORKSPACE_DIR, self.workdir, *(m.target for m in self.mounts)]
+        if self.agent_dir is not None:
+            roots.append(AGENT_DIR)
+        return tuple(dict.fromkeys(roots))
+
+    def to_json(self) -> dict[str, object]:
+        """A canonical, JSON-ready description of the policy (what ``identity`` hashes)."""
+        return {
+            "agent_dir": None if self.agent_dir is None else str(self.agent_dir),
+            "workdir": str(self.workdir),
+            "mounts": [
+                {"source": str(m.source), "target": str(m.target), "writable": m.writable}
+                for m in sorted(self.mounts, key=lambda m: str(m.target))
+            ],
+            "limits": attrs.asdict(self.limits),
+            "relaxed": sorted(p.value for p in self.relaxed),
+            "environment": dict(self.environment),
+        }
+
+    @property
+    def identity(self) -> str:
+        """A short hash naming this exact policy, recorded on every result for audit."""
+        blob = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":")).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
