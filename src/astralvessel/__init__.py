@@ -1,12 +1,61 @@
-"""astralvessel: run an LLM agent's tool calls in a real sandbox."""
+"""astralvessel: run an LLM agent's tool calls in a real sandbox.
+
+A host loads an agent folder, hands the registry's schemas to its model, and
+passes every call the model makes to an executor's turn::
+
+    agent = Agent.load("examples/field-guide")
+    registry = Registry.for_agent(agent)
+    executor = Executor(registry, mounts={"/data": "examples/sample-data"})
+    with executor.turn() as turn:
+        result = turn.call("species", '{"habitat": "rivers"}')
+"""
 
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
+
+from .agent import Agent as Agent
+from .agent import Service as Service
+from .errors import AstralVesselError as AstralVesselError
+from .errors import BackendUnavailableError as BackendUnavailableError
+from .errors import ConfigError as ConfigError
+from .errors import EgressError as EgressError
+from .errors import PromiseNotEnforcedError as PromiseNotEnforcedError
+from .errors import SandboxError as SandboxError
+from .errors import ToolRegistrationError as ToolRegistrationError
+from .executor import Executor as Executor
+from .executor import Turn as Turn
+from .registry import Registry as Registry
+from .results import OutboxFile as OutboxFile
+from .results import ToolResult as ToolResult
+from .spec import InputMode as InputMode
+from .spec import Scope as Scope
+from .spec import ToolKind as ToolKind
+from .spec import ToolSpec as ToolSpec
 
 try:
     __version__ = version("astralvessel")
 except PackageNotFoundError:  # pragma: no cover - running from a source tree without metadata
     __version__ = "0.0.0"
 
-__all__ = ["__version__"]
+__all__ = [
+    "Agent",
+    "AstralVesselError",
+    "BackendUnavailableError",
+    "ConfigError",
+    "EgressError",
+    "Executor",
+    "InputMode",
+    "OutboxFile",
+    "PromiseNotEnforcedError",
+    "Registry",
+    "SandboxError",
+    "Scope",
+    "Service",
+    "ToolKind",
+    "ToolRegistrationError",
+    "ToolResult",
+    "ToolSpec",
+    "Turn",
+    "__version__",
+]

@@ -1,1 +1,67 @@
-"""Sandbox backends: one ``Policy``, compiled by each backend into its own mechanism."""
+"""Sandbox backends: one ``Policy``, compiled by each backend into its own mechanism.
+
+Backends are imported lazily by name (``Bubblewrap``, ``Nsjail``, ``Docker``,
+``Unconfined``), so importing this package never needs Docker's SDK.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from ._base import BackendReport as BackendReport
+from ._base import Channel as Channel
+from ._base import FileOutcome as FileOutcome
+from ._base import OutboxFile as OutboxFile
+from ._base import RunOutcome as RunOutcome
+from ._base import RunRequest as RunRequest
+from ._base import Sandbox as Sandbox
+from ._base import SandboxSession as SandboxSession
+from ._policy import AGENT_DIR as AGENT_DIR
+from ._policy import OUTBOX_DIR as OUTBOX_DIR
+from ._policy import WORKSPACE_DIR as WORKSPACE_DIR
+from ._policy import Limits as Limits
+from ._policy import Mount as Mount
+from ._policy import Policy as Policy
+from ._policy import Promise as Promise
+
+if TYPE_CHECKING:
+    from ._bwrap import Bubblewrap as Bubblewrap
+    from ._docker import Docker as Docker
+    from ._nsjail import Nsjail as Nsjail
+    from ._unconfined import Unconfined as Unconfined
+
+_LAZY = {
+    "Bubblewrap": "._bwrap",
+    "Docker": "._docker",
+    "Nsjail": "._nsjail",
+    "Unconfined": "._unconfined",
+}
+
+__all__ = [
+    "AGENT_DIR",
+    "OUTBOX_DIR",
+    "WORKSPACE_DIR",
+    "BackendReport",
+    "Bubblewrap",
+    "Channel",
+    "Docker",
+    "FileOutcome",
+    "Limits",
+    "Mount",
+    "Nsjail",
+    "OutboxFile",
+    "Policy",
+    "Promise",
+    "RunOutcome",
+    "RunRequest",
+    "Sandbox",
+    "SandboxSession",
+    "Unconfined",
+]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name], __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

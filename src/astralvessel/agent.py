@@ -1,0 +1,216 @@
+"""Agent: a loaded agent folder, ``vessel.toml`` plus its declared tool files."""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Mapping
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import attrs
+
+from ._convert import converter, describe_errors
+from .errors import ConfigError
+from .sandbox._policy import AGENT_DIR, SYSTEM_DIRS, WORKSPACE_DIR, Limits
+from .spec import BUILTIN_NAMES, Scope, ToolSpec
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+__all__ = ["Agent", "Service"]
+
+VESSEL_FILE = "vessel.toml"
+
+@attrs.frozen(kw_only=True)
+class Service:
+    """A ``[services.NAME]`` entry: where service tools naming it are posted."""
+
+    name: str
+    url: str
+
+@attrs.frozen(kw_only=True)
+class Agent:
+    """A validated agent folder. Build it with ``Agent.load``."""
+
+    path: Path
+    name: str
+    workdir: PurePosixPath = WORKSPACE_DIR
+    tool_timeout_seconds: float = 30.0
+    tool_output_chars: int = 30_000
+    #: The scopes vessel.toml says this agent may use; None when it does not say.
+    scopes: frozenset[Scope] | None = None
+    builtin: tuple[str, ...] = ()
+    tools: tuple[ToolSpec, ...] = ()
+    limits: Limits = Limits()
+    dockerfile: Path | None = None
+    services: Mapping[str, Service] = attrs.field(factory=dict)
+
+    @classmethod
+    def load(cls, path: str | Path) -> Agent:
+        """Load and check an agent folder; raise one ``ConfigError`` listing every problem."""
+        folder = Path(path).expanduser()
+        if not folder.is_dir():
+            raise ConfigError([f"{folder}: not a folder; an agent folder holds {VESSEL_FILE}"])
+        folder = folder.resolve()
+        vessel_path = folder / VESSEL_FILE
+        data, problems = _read_toml(vessel_path, label=VESSEL_FILE)
+        if data is None:
+            raise ConfigError(problems)
+        try:
+            raw = converter.structure(data, _VesselFile)
+        except Exception as exc:  # noqa: BLE001 - cattrs raises exception groups of any kind
+            raise ConfigError([f"{VESSEL_FILE}: {line}" for line in describe_errors(exc)]) from None
+
+        problems = [f"{VESSEL_FILE}: {p}" for p in _vessel_problems(raw)]
+        tools: list[ToolSpec] = []
+        seen: dict[str, str] = {}
+        for index, rel in enumerate(raw.tools.declared):
+            label = f"{VESSEL_FILE}: tools.declared[{index}]"
+            tool_path, problem = _resolve_inside(folder, rel)
+            if problem:
+                problems.append(f"{label}: {problem}")
+                continue
+            assert tool_path is not None
+            data, file_problems = _read_toml(tool_path, label=rel)
+            if data is None:
+                problems.extend(file_problems)
+                continue
+            spec, spec_problems = ToolSpec.from_toml(data, source=tool_path)
+            problems.extend(f"{rel}: {p}" for p in spec_problems)
+            if spec is None:
+                continue
+            if spec.name in seen:
+                problems.append(f"{rel}: name: {spec.name!r} is already declared in {seen[spec.name]}")
+                continue
+            seen[spec.name] = rel
+            if spec.service is not None and spec.service not in raw.services:
+                known = ", ".join(sorted(raw.services)) or "none are defined"
+                problems.append(
+                    f"{rel}: service: {spec.service!r} names no [services.{spec.service}] "
+                    f"table in {VESSEL_FILE} ({known})"
+                )
+            tools.append(spec)
+
+        dockerfile = None
+        if raw.sandbox.dockerfile is not None:
+            dockerfile, problem = _resolve_inside(folder, raw.sandbox.dockerfile)
+            if problem:
+                problems.append(f"{VESSEL_FILE}: sandbox.dockerfile: {problem}")
+        limits = None
+        try:
+            limits = Limits(**attrs.asdict(raw.limits))
+        except ValueError as exc:
+            problems.append(f"{VESSEL_FILE}: limits: {exc}")
+        if problems:
+            raise ConfigError(problems)
+        assert limits is not None
+        return cls(
+            path=folder,
+            name=raw.name or folder.name,
+            workdir=PurePosixPath(raw.workdir),
+            tool_timeout_seconds=raw.tool_timeout_seconds,
+            tool_output_chars=raw.tool_output_chars,
+            scopes=None if raw.scopes is None else frozenset(Scope(s) for s in raw.scopes),
+            builtin=tuple(raw.tools.builtin),
+            tools=tuple(tools),
+            limits=limits,
+            dockerfile=dockerfile,
+            services={n: Service(name=n, url=s.url) for n, s in raw.services.items()},
+        )
+
+    def package_path(self) -> PurePosixPath:
+        """Where this agent folder appears inside the sandbox: what ``{package}`` becomes."""
+        return AGENT_DIR
+
+_TOML_POSITION = re.compile(r"\(at line (\d+), column (\d+)\)")
+
+def _read_toml(path: Path, *, label: str) -> tuple[dict[str, Any] | None, list[str]]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None, [f"{label}: file not found (expected at {path.name} in the agent folder)"]
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, [f"{label}: cannot be read: {exc}"]
+    try:
+        return tomllib.loads(text), []
+    except tomllib.TOMLDecodeError as exc:
+        message = str(exc)
+        match = _TOML_POSITION.search(message)
+        line = match.group(1) if match else str(text.count("\n") + 1)  # "at end of document"
+        what = _TOML_POSITION.sub("", message).replace("(at end of document)", "").strip()
+        return None, [f"{label}: line {line}: not valid TOML: {what}"]
+
+def _resolve_inside(folder: Path, rel: str) -> tuple[Path | None, str | None]:
+    """Resolve ``rel`` under ``folder``, refusing absolute paths and anything that leads outside."""
+    if Path(rel).is_absolute():
+        return None, f"{rel!r} must be a path relative to the agent folder"
+    target = (folder / rel).resolve()
+    if not target.is_relative_to(folder):
+        return None, f"{rel!r} resolves outside the agent folder; tool files must live inside it"
+    if not target.is_file():
+        return None, f"{rel!r} does not exist in the agent folder"
+    return target, None
+
+@attrs.define
+class _ToolsSection:
+    builtin: list[str] = attrs.Factory(list)
+    declared: list[str] = attrs.Factory(list)
+
+@attrs.define
+class _LimitsSection:
+    disk_mb: int = 512
+    memory_mb: int = 1024
+    processes: int = 256
+    open_files: int = 4096
+
+@attrs.define
+class _SandboxSection:
+    dockerfile: str | None = None
+
+@attrs.define
+class _ServiceSection:
+    url: str
+
+@attrs.define
+class _VesselFile:
+    tools: _ToolsSection
+    name: str | None = None
+    workdir: str = str(WORKSPACE_DIR)
+    tool_timeout_seconds: float = 30.0
+    tool_output_chars: int = 30_000
+    scopes: list[str] | None = None
+    limits: _LimitsSection = attrs.Factory(_LimitsSection)
+    sandbox: _SandboxSection = attrs.Factory(_SandboxSection)
+    services: dict[str, _ServiceSection] = attrs.Factory(dict)
+
+def _vessel_problems(raw: _VesselFile) -> list[str]:
+    problems: list[str] = []
+    for name in raw.tools.builtin:
+        if name not in BUILTIN_NAMES:
+            problems.append(
+                f"tools.builtin: unknown built-in {name!r}; built-ins are {', '.join(BUILTIN_NAMES)}"
+            )
+    if len(set(raw.tools.builtin)) != len(raw.tools.builtin):
+        problems.append("tools.builtin: lists a built-in more than once")
+    workdir = PurePosixPath(raw.workdir)
+    if not workdir.is_absolute() or ".." in workdir.parts:
+        problems.append(f"workdir: {raw.workdir!r} must be an absolute sandbox path such as /data")
+    elif workdir == PurePosixPath("/") or any(workdir == d or d in workdir.parents for d in SYSTEM_DIRS):
+        problems.append(f"workdir: {raw.workdir!r} is a system directory; use a path such as /data")
+    elif workdir == AGENT_DIR or AGENT_DIR in workdir.parents:
+        problems.append(f"workdir: {raw.workdir!r} is inside /agent; use a path such as /data")
+    if not raw.tool_timeout_seconds > 0:
+        problems.append("tool_timeout_seconds: must be a positive number of seconds")
+    if raw.tool_output_chars < 1:
+        problems.append("tool_output_chars: must be a positive number of characters")
+    for scope in raw.scopes or []:
+        if scope not in {s.value for s in Scope}:
+            known = ", ".join(s.value for s in Scope)
+            problems.append(f"scopes: unknown scope {scope!r}; known scopes: {known}")
+    for name, service in raw.services.items():
+        if not re.match(r"^https?://", service.url):
+            problems.append(f"services.{name}.url: {service.url!r} must be an http:// or https:// URL")
+    return problems

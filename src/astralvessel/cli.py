@@ -1,0 +1,163 @@
+"""The ``astralvessel`` command line: check, tools, call, doctor, fetch, search, mcp.
+
+Exit codes are a contract: 0 success; 1 the tool call's result is an error;
+2 the host's error (bad agent folder, backend unavailable, bad flags), with one
+clear line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from .errors import AstralVesselError, ConfigError
+
+__all__ = ["main"]
+
+EXIT_OK, EXIT_TOOL_ERROR, EXIT_HOST_ERROR = 0, 1, 2
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that exits 2 with one line, as the CLI contract says."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_HOST_ERROR, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The CLI's argument parser (exposed for the docs and tests)."""
+    parser = _Parser(prog="astralvessel", description="Run an LLM agent's tool calls in a sandbox.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    check = sub.add_parser("check", help="check an agent folder; exit 2 listing every problem")
+    check.add_argument("agent_dir")
+    check.set_defaults(handler=_check)
+
+    tools = sub.add_parser("tools", help="print the agent's tool schemas as JSON")
+    tools.add_argument("agent_dir")
+    tools.add_argument(
+        "--dialect", default="openai", choices=["openai", "openai-responses", "anthropic", "mcp"]
+    )
+    tools.add_argument("--scope", action="append", dest="scopes", metavar="S")
+    tools.set_defaults(handler=_tools)
+
+    call = sub.add_parser("call", help="run one tool call in a sandbox and print the result")
+    call.add_argument("agent_dir")
+    call.add_argument("tool")
+    call.add_argument("arguments", nargs="?", default="{}", help="the JSON arguments, or - for stdin")
+    call.add_argument(
+        "--mount", action="append", default=[], metavar="SANDBOX_PATH=HOST_PATH[:rw]"
+    )
+    call.add_argument("--backend", default=None, help="bubblewrap, nsjail, docker, unconfined, ...")
+    call.add_argument("--scope", action="append", dest="scopes", metavar="S")
+    call.add_argument("--json", action="store_true", help="print the whole result as JSON")
+    call.set_defaults(handler=_call)
+
+    doctor = sub.add_parser("doctor", help="say which backends can run here and what they enforce")
+    doctor.add_argument("--json", action="store_true")
+    doctor.set_defaults(handler=_doctor)
+
+    for module in ("._cli_web", "._cli_mcp"):
+        try:
+            importlib.import_module(module, __package__).register(sub)
+        except ModuleNotFoundError as exc:  # an optional part that is not built in
+            if exc.name != f"{__package__}.{module[1:]}":
+                raise
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; return the exit code."""
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.handler(args)
+    except ConfigError as exc:
+        print(str(exc), file=sys.stderr)
+        return EXIT_HOST_ERROR
+    except (AstralVesselError, ValueError, OSError) as exc:
+        print(f"astralvessel: error: {exc}", file=sys.stderr)
+        return EXIT_HOST_ERROR
+    return code
+
+
+def _check(args: argparse.Namespace) -> int:
+    from .agent import Agent
+
+    agent = Agent.load(args.agent_dir)
+    print(f"{agent.name}: ok ({len(agent.builtin)} built-in, {len(agent.tools)} declared tools)")
+    return EXIT_OK
+
+
+def _tools(args: argparse.Namespace) -> int:
+    from .agent import Agent
+    from .registry import Registry
+
+    registry = Registry.for_agent(Agent.load(args.agent_dir))
+    json.dump(registry.schemas(args.dialect, scopes=args.scopes), sys.stdout, indent=2)
+    print()
+    return EXIT_OK
+
+
+def _call(args: argparse.Namespace) -> int:
+    from .agent import Agent
+    from .executor import Executor
+    from .registry import Registry
+    from .sandbox._policy import Mount
+
+    agent = Agent.load(args.agent_dir)
+    mounts = [Mount.parse(text) for text in args.mount]
+    arguments = sys.stdin.read() if args.arguments == "-" else args.arguments
+    executor = Executor(Registry.for_agent(agent), sandbox=args.backend, mounts=mounts, scopes=args.scopes)
+    with executor.turn() as turn:
+        result = turn.call(args.tool, arguments)
+    if args.json:
+        json.dump(result.to_json(), sys.stdout, indent=2, ensure_ascii=False)
+        print()
+    else:
+        sys.stdout.write(result.text if result.text.endswith("\n") else result.text + "\n")
+    return EXIT_TOOL_ERROR if result.is_error else EXIT_OK
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from .sandbox._discovery import doctor_reports
+
+    reports = doctor_reports()
+    if args.json:
+        json.dump([_report_json(r) for r in reports], sys.stdout, indent=2)
+        print()
+        return EXIT_OK
+    for report in reports:
+        state = "can run" if report.available else "cannot run"
+        print(f"{report.name}: {state}{f' ({report.reason})' if report.reason else ''}")
+        if report.binary:
+            print(f"  binary: {report.binary}")
+        for key, value in sorted(report.details.items()):
+            print(f"  {key}: {value}")
+        for promise in sorted(report.enforced, key=lambda p: p.value):
+            print(f"  enforces   {promise.value}: {promise.summary}")
+        for promise, why in sorted(report.unenforced.items(), key=lambda kv: kv[0].value):
+            print(f"  NOT KEPT   {promise.value}: {why}")
+    return EXIT_OK
+
+
+def _report_json(report: object) -> dict[str, object]:
+    from .sandbox._base import BackendReport
+
+    assert isinstance(report, BackendReport)
+    return {
+        "name": report.name,
+        "available": report.available,
+        "reason": report.reason,
+        "binary": report.binary,
+        "enforced": sorted(p.value for p in report.enforced),
+        "unenforced": {p.value: why for p, why in report.unenforced.items()},
+        "details": dict(report.details),
+    }
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

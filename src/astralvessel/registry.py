@@ -1,0 +1,150 @@
+"""Registry: the tools one agent may call, and their schemas for each model API."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Literal
+
+from .errors import ToolRegistrationError
+from .spec import BUILTIN_NAMES, ALL_SCOPES, Scope, ToolKind, ToolSpec, check_name
+
+if TYPE_CHECKING:
+    from .agent import Agent
+
+__all__ = ["Dialect", "Registry"]
+
+#: The model APIs ``Registry.schemas`` renders for.
+Dialect = Literal["openai", "openai-responses", "anthropic", "mcp"]
+DIALECTS: tuple[str, ...] = ("openai", "openai-responses", "anthropic", "mcp")
+
+
+def builtin_spec(name: str) -> ToolSpec:
+    """The ``ToolSpec`` of one built-in tool."""
+    from .builtins import BUILTINS
+
+    try:
+        builtin = BUILTINS[name]
+    except KeyError:
+        raise ToolRegistrationError(
+            f"{name!r} is not a built-in tool; built-ins are {', '.join(BUILTIN_NAMES)}"
+        ) from None
+    return ToolSpec(
+        name=builtin.name,
+        description=builtin.description,
+        kind=ToolKind.BUILTIN,
+        parameters=copy.deepcopy(dict(builtin.parameters)),
+        scope=Scope(builtin.scope),
+    )
+
+
+class Registry:
+    """An ordered set of tools by name. Built-ins come first, then declared, then host tools.
+
+    A registry built with ``for_agent`` remembers its agent, whose settings (workdir,
+    timeouts, output cap, limits) the executor uses.
+    """
+
+    def __init__(self, tools: Iterable[ToolSpec] = (), *, agent: Agent | None = None) -> None:
+        self.agent = agent
+        self._tools: dict[str, ToolSpec] = {}
+        self._callables: dict[str, Any] = {}
+        self._services: dict[str, Any] = {}
+        for spec in tools:
+            self.add(spec)
+
+    @classmethod
+    def for_agent(cls, agent: Agent) -> Registry:
+        """The built-ins listed under ``[tools] builtin`` and the agent's declared tools."""
+        return cls([*(builtin_spec(n) for n in agent.builtin), *agent.tools], agent=agent)
+
+    def add(self, spec: ToolSpec) -> None:
+        """Add a tool; raise ``ToolRegistrationError`` if its name is taken or malformed."""
+        problem = check_name(spec.name)
+        if problem:
+            raise ToolRegistrationError(problem)
+        if spec.name in self._tools:
+            raise ToolRegistrationError(f"a tool named {spec.name!r} is already registered")
+        if spec.kind is not ToolKind.BUILTIN and spec.name in BUILTIN_NAMES:
+            raise ToolRegistrationError(f"{spec.name!r} is a built-in tool's name; choose another")
+        self._tools[spec.name] = spec
+
+    def add_builtin(self, name: str) -> None:
+        """Add one of the built-in tools by name."""
+        self.add(builtin_spec(name))
+
+    def remove(self, name: str) -> ToolSpec:
+        """Remove and return the tool called ``name``; raise KeyError if there is none."""
+        spec = self._tools.pop(name)
+        self._callables.pop(name, None)
+        return spec
+
+    def get(self, name: str) -> ToolSpec | None:
+        """The tool called ``name``, or None."""
+        return self._tools.get(name)
+
+    def __getitem__(self, name: str) -> ToolSpec:
+        return self._tools[name]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __iter__(self) -> Iterator[ToolSpec]:
+        return iter(list(self._tools.values()))
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def __repr__(self) -> str:
+        return f"Registry({list(self._tools)!r})"
+
+    def names(self, scopes: Iterable[Scope | str] | None = None) -> list[str]:
+        """Tool names, in order, limited to ``scopes`` when given."""
+        granted = _scopes(scopes)
+        return [s.name for s in self._tools.values() if s.scope in granted]
+
+    def schemas(
+        self, dialect: Dialect = "openai", *, scopes: Iterable[Scope | str] | None = None
+    ) -> list[dict[str, Any]]:
+        """Every tool in ``scopes`` (default: all) rendered for ``dialect``.
+
+        ``"openai"`` gives Chat Completions function tools, ``"openai-responses"``
+        the Responses API's flat function tools, ``"anthropic"`` Messages API tools
+        with ``input_schema``, and ``"mcp"`` MCP ``Tool`` objects. Each call returns
+        fresh dicts the caller may change.
+        """
+        if dialect not in DIALECTS:
+            raise ValueError(f"unknown dialect {dialect!r}; use one of {', '.join(DIALECTS)}")
+        granted = _scopes(scopes)
+        return [
+            render_schema(spec, dialect) for spec in self._tools.values() if spec.scope in granted
+        ]
+
+
+def render_schema(spec: ToolSpec, dialect: Dialect) -> dict[str, Any]:
+    """One tool in one model API's shape."""
+    parameters = copy.deepcopy(dict(spec.parameters))
+    parameters.setdefault("properties", {})
+    if dialect == "openai":
+        return {
+            "type": "function",
+            "function": {"name": spec.name, "description": spec.description, "parameters": parameters},
+        }
+    if dialect == "openai-responses":
+        return {
+            "type": "function",
+            "name": spec.name,
+            "description": spec.description,
+            "parameters": parameters,
+        }
+    if dialect == "anthropic":
+        return {"name": spec.name, "description": spec.description, "input_schema": parameters}
+    return {"name": spec.name, "description": spec.description, "inputSchema": parameters}
+
+
+def _scopes(scopes: Iterable[Scope | str] | None) -> frozenset[Scope]:
+    if scopes is None:
+        return ALL_SCOPES
+    return frozenset(Scope.parse(str(s)) for s in scopes)
+
+

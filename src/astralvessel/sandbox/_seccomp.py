@@ -1,0 +1,786 @@
+"""The seccomp deny list: one source of truth, compiled into every form a backend needs.
+
+A ``DenyList`` is a named tuple of ``Rule`` values, each naming one system call,
+an optional argument condition and the errno the caller sees. Two lists ship:
+
+- ``CALLS``: applied to every confined call (declared tools, grep, bash) between
+  fork and exec by the sandbox server.
+- ``SERVER``: the subset the sandbox server itself never needs, for the outer
+  sandbox around it (it still may create namespaces, mount, set process groups).
+
+From one list this module builds, as pure functions:
+
+- ``compile_bpf``: a raw classic-BPF program (``struct sock_filter[]``), what
+  ``prctl(PR_SET_SECCOMP)`` and bubblewrap's ``--seccomp FD`` take;
+- ``to_kafel``: nsjail's ``--seccomp_string`` policy text;
+- ``to_docker_profile``: Docker's JSON seccomp profile.
+
+Every form checks the architecture first (a foreign ABI such as i386 or x32 kills
+the process) and compares 32-bit arguments on their low word only, because the
+kernel truncates them (a filter comparing all 64 bits can be bypassed by setting
+the high word, as ``ioctl(TIOCSTI | 1 << 32)`` did against several sandboxes).
+"""
+
+from __future__ import annotations
+
+import errno
+import platform
+import struct
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Literal, TypeAlias
+
+import attrs
+
+__all__ = [
+    "CALLS",
+    "PROFILES",
+    "SERVER",
+    "Arch",
+    "ArgEquals",
+    "ArgHasBits",
+    "ArgNotIn",
+    "Condition",
+    "DenyList",
+    "Rule",
+    "available_arch",
+    "compile_bpf",
+    "syscall_number",
+    "to_docker_profile",
+    "to_kafel",
+]
+
+#: The architectures a filter can be compiled for (both little-endian, 64-bit).
+Arch: TypeAlias = Literal["x86_64", "aarch64"]
+ARCHES: tuple[Arch, ...] = ("x86_64", "aarch64")
+
+# <linux/audit.h>: EM_X86_64 / EM_AARCH64 | __AUDIT_ARCH_64BIT | __AUDIT_ARCH_LE.
+AUDIT_ARCH: Mapping[Arch, int] = {"x86_64": 0xC000003E, "aarch64": 0xC00000B7}
+AUDIT_ARCH_I386 = 0x40000003
+# x32 shares AUDIT_ARCH_X86_64 and is told apart only by this bit in the call number.
+X32_SYSCALL_BIT = 0x40000000
+# The x32 numbers the kafel form refuses explicitly (kafel has no x32 check; the
+# kernel's x32 table currently ends near 550, so 1024 leaves room to grow).
+_X32_SPAN = 1024
+
+# <linux/seccomp.h> return actions.
+SECCOMP_RET_KILL_PROCESS = 0x80000000
+SECCOMP_RET_ERRNO = 0x00050000
+SECCOMP_RET_ALLOW = 0x7FFF0000
+# Classic BPF opcodes (<linux/filter.h>) and the kernel's program length limit.
+BPF_LD_W_ABS = 0x20
+BPF_JMP_JA = 0x05
+BPF_JMP_JEQ_K = 0x15
+BPF_JMP_JGE_K = 0x35
+BPF_JMP_JSET_K = 0x45
+BPF_RET_K = 0x06
+BPF_MAXINSNS = 4096
+
+# struct seccomp_data { int nr; __u32 arch; __u64 instruction_pointer; __u64 args[6]; }
+_OFFSET_NR = 0
+_OFFSET_ARCH = 4
+_MASK32 = 0xFFFFFFFF
+
+# Values compared in arguments (identical on x86_64 and aarch64).
+AF_UNIX = 1
+TIOCSTI = 0x5412
+TIOCLINUX = 0x541C
+CLONE_NEWTIME = 0x00000080
+CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+NAMESPACE_FLAGS = (
+    CLONE_NEWNS
+    | CLONE_NEWCGROUP
+    | CLONE_NEWUTS
+    | CLONE_NEWIPC
+    | CLONE_NEWUSER
+    | CLONE_NEWPID
+    | CLONE_NEWNET
+    | CLONE_NEWTIME
+)
+PER_LINUX = 0
+PERSONALITY_QUERY = 0xFFFFFFFF
+
+# System call numbers, only those the lists name. x86_64 from the kernel's
+# arch/x86/entry/syscalls/syscall_64.tbl; aarch64 uses the generic table
+# (include/uapi/asm-generic/unistd.h), which has no iopl or ioperm.
+_X86_64: Mapping[str, int] = {
+    "ioctl": 16, "shmget": 29, "shmat": 30, "shmctl": 31, "socket": 41, "socketpair": 53,
+    "clone": 56, "semget": 64, "semop": 65, "semctl": 66, "shmdt": 67, "msgget": 68,
+    "msgsnd": 69, "msgrcv": 70, "msgctl": 71, "ptrace": 101, "syslog": 103, "setpgid": 109,
+    "setsid": 112, "personality": 135, "vhangup": 153, "pivot_root": 155, "chroot": 161,
+    "acct": 163, "settimeofday": 164, "mount": 165, "umount2": 166, "swapon": 167,
+    "swapoff": 168, "reboot": 169, "iopl": 172, "ioperm": 173, "init_module": 175,
+    "delete_module": 176, "quotactl": 179, "lookup_dcookie": 212, "semtimedop": 220,
+    "clock_settime": 227, "mq_open": 240, "mq_unlink": 241, "mq_timedsend": 242,
+    "mq_timedreceive": 243, "mq_notify": 244, "mq_getsetattr": 245, "kexec_load": 246,
+    "add_key": 248, "request_key": 249, "keyctl": 250, "unshare": 272,
+    "perf_event_open": 298, "name_to_handle_at": 303, "open_by_handle_at": 304, "setns": 308,
+    "process_vm_readv": 310, "process_vm_writev": 311, "kcmp": 312, "finit_module": 313,
+    "kexec_file_load": 320, "bpf": 321, "userfaultfd": 323, "io_uring_setup": 425,
+    "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428, "move_mount": 429,
+    "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "clone3": 435,
+    "pidfd_getfd": 438, "mount_setattr": 442, "quotactl_fd": 443, "open_tree_attr": 467,
+}  # fmt: skip
+_AARCH64: Mapping[str, int] = {
+    "lookup_dcookie": 18, "ioctl": 29, "umount2": 39, "mount": 40, "pivot_root": 41,
+    "chroot": 51, "vhangup": 58, "quotactl": 60, "acct": 89, "personality": 92, "unshare": 97,
+    "kexec_load": 104, "init_module": 105, "delete_module": 106, "clock_settime": 112,
+    "syslog": 116, "ptrace": 117, "reboot": 142, "setpgid": 154, "setsid": 157,
+    "settimeofday": 170, "mq_open": 180, "mq_unlink": 181, "mq_timedsend": 182,
+    "mq_timedreceive": 183, "mq_notify": 184, "mq_getsetattr": 185, "msgget": 186,
+    "msgctl": 187, "msgrcv": 188, "msgsnd": 189, "semget": 190, "semctl": 191,
+    "semtimedop": 192, "semop": 193, "shmget": 194, "shmctl": 195, "shmat": 196, "shmdt": 197,
+    "socket": 198, "socketpair": 199, "add_key": 217, "request_key": 218, "keyctl": 219,
+    "clone": 220, "swapon": 224, "swapoff": 225, "perf_event_open": 241,
+    "name_to_handle_at": 264, "open_by_handle_at": 265, "setns": 268, "process_vm_readv": 270,
+    "process_vm_writev": 271, "kcmp": 272, "finit_module": 273, "bpf": 280, "userfaultfd": 282,
+    "kexec_file_load": 294, "io_uring_setup": 425, "io_uring_enter": 426,
+    "io_uring_register": 427, "open_tree": 428, "move_mount": 429, "fsopen": 430,
+    "fsconfig": 431, "fsmount": 432, "fspick": 433, "clone3": 435, "pidfd_getfd": 438,
+    "mount_setattr": 442, "quotactl_fd": 443, "open_tree_attr": 467,
+}  # fmt: skip
+_TABLES: Mapping[Arch, Mapping[str, int]] = {"x86_64": _X86_64, "aarch64": _AARCH64}
+
+
+def syscall_number(name: str, arch: Arch) -> int | None:
+    """The number of system call ``name`` on ``arch``, or None where it does not exist."""
+    return _TABLES[arch].get(name)
+
+
+def available_arch() -> Arch | None:
+    """The architecture a filter must be compiled for in this process, or None if unsupported."""
+    # A 32-bit interpreter on a 64-bit kernel makes i386 calls: no filter here fits it.
+    if struct.calcsize("P") != 8:
+        return None
+    machine = platform.machine().lower()
+    if machine in ("x86_64", "amd64"):
+        return "x86_64"
+    if machine in ("aarch64", "arm64"):
+        return "aarch64"
+    return None
+
+
+def _check_index(_inst: object, _attr: object, value: int) -> None:
+    if not 0 <= value <= 5:
+        raise ValueError(f"argument index must be 0..5, not {value}")
+
+
+def _check_width(_inst: object, _attr: object, value: int) -> None:
+    if value not in (32, 64):
+        raise ValueError(f"argument width must be 32 or 64, not {value}")
+
+
+@attrs.frozen(kw_only=True)
+class ArgEquals:
+    """Matches when argument ``index`` equals ``value``.
+
+    ``width`` is the argument's C type: 32 for ``int``/``unsigned int`` (the
+    kernel ignores the high word, so only the low word is compared), 64 for
+    ``long``/pointers (both words compared).
+    """
+
+    index: int = attrs.field(validator=_check_index)
+    name: str
+    value: int
+    width: int = attrs.field(default=32, validator=_check_width)
+
+    def __attrs_post_init__(self) -> None:
+        if not 0 <= self.value < 1 << self.width:
+            raise ValueError(f"{self.name} == {self.value:#x} does not fit {self.width} bits")
+
+
+@attrs.frozen(kw_only=True)
+class ArgHasBits:
+    """Matches when argument ``index`` has any bit of ``mask`` set."""
+
+    index: int = attrs.field(validator=_check_index)
+    name: str
+    mask: int
+    width: int = attrs.field(default=32, validator=_check_width)
+
+    def __attrs_post_init__(self) -> None:
+        if not 0 < self.mask < 1 << self.width:
+            raise ValueError(f"mask {self.mask:#x} of {self.name} must be non-zero and fit {self.width} bits")
+
+
+@attrs.frozen(kw_only=True)
+class ArgNotIn:
+    """Matches when argument ``index`` is none of ``values`` (an allow-list of values)."""
+
+    index: int = attrs.field(validator=_check_index)
+    name: str
+    values: tuple[int, ...] = attrs.field(converter=tuple)
+    width: int = attrs.field(default=32, validator=_check_width)
+
+    def __attrs_post_init__(self) -> None:
+        if not self.values or any(not 0 <= v < 1 << self.width for v in self.values):
+            raise ValueError(f"values of {self.name} must be non-empty and fit {self.width} bits")
+
+
+Condition: TypeAlias = ArgEquals | ArgHasBits | ArgNotIn
+
+
+def _condition_matches(cond: Condition, raw: int) -> bool:
+    """Whether ``cond`` holds for a raw 64-bit argument, as the kernel would see it."""
+    value = raw & _MASK32 if cond.width == 32 else raw
+    if isinstance(cond, ArgEquals):
+        return value == cond.value
+    if isinstance(cond, ArgHasBits):
+        return value & cond.mask != 0
+    return value not in cond.values
+
+
+@attrs.frozen(kw_only=True)
+class Rule:
+    """One refused system call: refused always, or only when ``when`` holds."""
+
+    syscall: str
+    why: str
+    when: Condition | None = None
+    errno: int = errno.EPERM
+
+    def __attrs_post_init__(self) -> None:
+        if not any(self.syscall in table for table in _TABLES.values()):
+            raise ValueError(f"unknown system call {self.syscall!r}: add its numbers to the tables")
+        if not 0 < self.errno < 4096:
+            raise ValueError(f"errno for {self.syscall} must be 1..4095, not {self.errno}")
+
+    def matches(self, args: Sequence[int]) -> bool:
+        """Whether a call with these six raw arguments is refused by this rule."""
+        return self.when is None or _condition_matches(self.when, args[self.when.index])
+
+
+@attrs.frozen(kw_only=True)
+class DenyList:
+    """A named, ordered set of refused system calls; everything else is allowed."""
+
+    name: str
+    rules: tuple[Rule, ...] = attrs.field(converter=tuple)
+
+    def __attrs_post_init__(self) -> None:
+        if not self.name.isidentifier():
+            raise ValueError(f"deny list name {self.name!r} must be an identifier")
+        unconditional = [r.syscall for r in self.rules if r.when is None]
+        duplicates = sorted({s for s in unconditional if unconditional.count(s) > 1})
+        mixed = sorted({r.syscall for r in self.rules if r.when is not None} & set(unconditional))
+        if duplicates or mixed:
+            raise ValueError(f"deny list {self.name!r} lists {duplicates + mixed} more than once")
+
+    @property
+    def syscalls(self) -> tuple[str, ...]:
+        """The names of every system call with a rule, in order, each once."""
+        return tuple(dict.fromkeys(r.syscall for r in self.rules))
+
+    def without(self, *syscalls: str, name: str) -> DenyList:
+        """A copy named ``name`` that no longer refuses ``syscalls`` (all their rules)."""
+        unknown = set(syscalls) - set(self.syscalls)
+        if unknown:
+            raise ValueError(f"deny list {self.name!r} has no rules for {sorted(unknown)}")
+        return DenyList(name=name, rules=tuple(r for r in self.rules if r.syscall not in syscalls))
+
+    def rules_for(self, arch: Arch) -> tuple[Rule, ...]:
+        """The rules whose system call exists on ``arch``."""
+        return tuple(r for r in self.rules if r.syscall in _TABLES[arch])
+
+    def decide(self, syscall: str, args: Sequence[int] = (0,) * 6) -> int | None:
+        """The errno a call gets under this list, or None when it is allowed (the reference semantics)."""
+        padded = (*args, *(0,) * (6 - len(args)))
+        for rule in self.rules:
+            if rule.syscall == syscall and rule.matches(padded):
+                return rule.errno
+        return None
+
+
+def _always(syscall: str, why: str, err: int = errno.EPERM) -> Rule:
+    return Rule(syscall=syscall, why=why, errno=err)
+
+
+def _group(names: str, why: str) -> tuple[Rule, ...]:
+    return tuple(_always(name, why) for name in names.split())
+
+
+_IPC_WHY = "SysV/POSIX IPC would let a call talk to processes outside its own tree"
+_PTRACE_WHY = "reads or controls another process's memory or descriptors"
+_MOUNT_WHY = "changes the filesystem view the sandbox was built with"
+_KEYS_WHY = "the kernel keyring is not namespaced and has a long history of bugs"
+_KERNEL_WHY = "changes the running kernel or system-wide state"
+
+_CALLS_RULES: tuple[Rule, ...] = (
+    _always("setsid", "a new session would escape the call's process group and outlive it"),
+    _always("setpgid", "a new process group would escape the kill at the end of the call"),
+    Rule(
+        syscall="socket",
+        when=ArgEquals(index=0, name="domain", value=AF_UNIX),
+        why="unix sockets reach services by path or abstract name; no socket files",
+    ),
+    Rule(
+        syscall="socketpair",
+        when=ArgEquals(index=0, name="domain", value=AF_UNIX),
+        why="the same family as socket(AF_UNIX), refused for the same reason",
+    ),
+    *_group("shmget shmat shmctl shmdt msgget msgsnd msgrcv msgctl", _IPC_WHY),
+    *_group("semget semop semtimedop semctl", _IPC_WHY),
+    *_group("mq_open mq_unlink mq_timedsend mq_timedreceive mq_notify mq_getsetattr", _IPC_WHY),
+    *_group("ptrace process_vm_readv process_vm_writev kcmp pidfd_getfd", _PTRACE_WHY),
+    *_group("mount umount2 move_mount fsopen fsmount fsconfig fspick", _MOUNT_WHY),
+    *_group("open_tree open_tree_attr mount_setattr pivot_root chroot", _MOUNT_WHY),
+    _always("unshare", "new namespaces are the usual first step of kernel exploits"),
+    Rule(
+        syscall="clone",
+        when=ArgHasBits(index=0, name="flags", mask=NAMESPACE_FLAGS),
+        why="clone may not create namespaces; plain fork and threads stay allowed",
+    ),
+    _always(
+        "clone3",
+        "its flags sit in memory a filter cannot read; ENOSYS makes libc fall back to clone",
+        errno.ENOSYS,
+    ),
+    _always("setns", "joining another namespace would leave the sandbox's"),
+    *_group("keyctl add_key request_key", _KEYS_WHY),
+    _always("bpf", "eBPF programs are kernel attack surface and can observe the host"),
+    _always("perf_event_open", "performance counters leak information and are attack surface"),
+    _always("userfaultfd", "lets an exploit pause the kernel mid-copy to win races"),
+    *_group(
+        "io_uring_setup io_uring_enter io_uring_register",
+        "io_uring performs system calls the filter never sees",
+    ),
+    *_group("kexec_load kexec_file_load", "loads a new kernel"),
+    *_group("init_module finit_module delete_module", "loads or unloads kernel modules"),
+    Rule(
+        syscall="ioctl",
+        when=ArgEquals(index=1, name="cmd", value=TIOCSTI),
+        why="TIOCSTI pushes keystrokes into a terminal the caller shares",
+    ),
+    Rule(
+        syscall="ioctl",
+        when=ArgEquals(index=1, name="cmd", value=TIOCLINUX),
+        why="TIOCLINUX can paste a console selection as input, like TIOCSTI",
+    ),
+    _always("reboot", _KERNEL_WHY),
+    *_group("swapon swapoff", _KERNEL_WHY),
+    _always("acct", _KERNEL_WHY),
+    *_group("settimeofday clock_settime", "sets the system clock"),
+    *_group(
+        "open_by_handle_at name_to_handle_at",
+        "file handles open files outside the mounts (the 'shocker' container escape)",
+    ),
+    Rule(
+        syscall="personality",
+        when=ArgNotIn(index=0, name="persona", values=(PER_LINUX, PERSONALITY_QUERY)),
+        why="other personalities turn off address randomisation or change the ABI",
+    ),
+    _always("vhangup", "hangs up the terminal other processes share"),
+    *_group("quotactl quotactl_fd", _KERNEL_WHY),
+    _always("lookup_dcookie", "a profiling interface that exposes kernel path lookups"),
+    _always("syslog", "reads or controls the kernel log"),
+    *_group("iopl ioperm", "grants direct hardware I/O port access (x86 only)"),
+)
+
+#: Refused in every confined call.
+CALLS = DenyList(name="calls", rules=_CALLS_RULES)
+
+#: Refused in the sandbox server: ``CALLS`` less what a server that forks namespaced,
+#: process-group-led children needs. Sockets stay allowed because asyncio's
+#: self-pipe is a ``socketpair(AF_UNIX)``; the sandbox's network namespace has no
+#: interfaces anyway.
+SERVER = CALLS.without(
+    "setsid",
+    "setpgid",
+    "socket",
+    "socketpair",
+    "unshare",
+    "clone",
+    "clone3",
+    "setns",
+    "mount",
+    "umount2",
+    "move_mount",
+    "fsopen",
+    "fsmount",
+    "fsconfig",
+    "fspick",
+    "open_tree",
+    "open_tree_attr",
+    "mount_setattr",
+    "pivot_root",
+    "chroot",
+    name="server",
+)
+
+#: The shipped lists by name.
+PROFILES: Mapping[str, DenyList] = {CALLS.name: CALLS, SERVER.name: SERVER}
+
+
+def _resolve(deny_list: DenyList | str) -> DenyList:
+    if isinstance(deny_list, DenyList):
+        return deny_list
+    try:
+        return PROFILES[deny_list]
+    except KeyError:
+        raise ValueError(f"unknown seccomp profile {deny_list!r}; choose one of {sorted(PROFILES)}") from None
+
+
+def _check_arch(arch: str) -> Arch:
+    for known in ARCHES:
+        if arch == known:
+            return known
+    raise ValueError(f"cannot build a seccomp filter for {arch!r}; supported: {', '.join(ARCHES)}")
+
+
+# ---------------------------------------------------------------------------
+# Classic BPF: a tiny assembler with labels. Conditional jumps carry 8-bit
+# offsets, so a branch whose target is too far is routed through an
+# unconditional `ja` (32-bit offset) placed right after the jump.
+
+
+@attrs.frozen
+class _Label:
+    id: int
+
+
+@attrs.frozen
+class _Stmt:
+    code: int
+    k: int
+
+
+@attrs.frozen
+class _Jump:
+    code: int
+    k: int
+    jt: _Label | None  # None: the next instruction
+    jf: _Label | None
+
+
+@attrs.frozen
+class _Goto:
+    target: _Label
+
+
+@attrs.frozen
+class _Mark:
+    label: _Label
+
+
+_Item: TypeAlias = _Stmt | _Jump | _Goto | _Mark
+
+
+class _Assembler:
+    """Collects instructions with symbolic forward jumps and resolves them to bytes."""
+
+    def __init__(self) -> None:
+        self.items: list[_Item] = []
+        self._next_label = 0
+
+    def label(self) -> _Label:
+        self._next_label += 1
+        return _Label(self._next_label)
+
+    def mark(self, label: _Label) -> None:
+        self.items.append(_Mark(label))
+
+    def load(self, offset: int) -> None:
+        self.items.append(_Stmt(BPF_LD_W_ABS, offset))
+
+    def ret(self, value: int) -> None:
+        self.items.append(_Stmt(BPF_RET_K, value))
+
+    def jump(self, code: int, k: int, jt: _Label | None = None, jf: _Label | None = None) -> None:
+        self.items.append(_Jump(code, k & _MASK32, jt, jf))
+
+    def goto(self, target: _Label) -> None:
+        self.items.append(_Goto(target))
+
+    def assemble(self) -> bytes:
+        return b"".join(struct.pack("<HBBI", *insn) for insn in resolve(self.items))
+
+
+def resolve(items: Sequence[_Item]) -> list[tuple[int, int, int, int]]:
+    """Lay out ``items`` as ``(code, jt, jf, k)`` instructions, adding trampolines for far jumps."""
+    far: set[tuple[int, str]] = set()  # (item index, "jt" | "jf") routed through a trampoline
+    while True:
+        positions: dict[int, int] = {}  # label id -> instruction index
+        starts: list[int] = []  # item index -> instruction index
+        pc = 0
+        for i, item in enumerate(items):
+            starts.append(pc)
+            if isinstance(item, _Mark):
+                positions[item.label.id] = pc
+            elif isinstance(item, _Jump):
+                pc += 1 + sum((i, side) in far for side in ("jt", "jf"))
+            else:
+                pc += 1
+        end = pc
+
+        def target(label: _Label | None, after: int) -> int:
+            if label is None:
+                return after
+            if label.id not in positions:
+                raise ValueError(f"BPF label {label.id} is never placed")
+            return positions[label.id]
+
+        grown = False
+        out: list[tuple[int, int, int, int]] = []
+        for i, item in enumerate(items):
+            pc = starts[i]
+            if isinstance(item, _Mark):
+                continue
+            if isinstance(item, _Stmt):
+                out.append((item.code, 0, 0, item.k))
+                continue
+            if isinstance(item, _Goto):
+                offset = target(item.target, end) - pc - 1
+                if offset < 0:
+                    raise ValueError("classic BPF cannot jump backwards")
+                out.append((BPF_JMP_JA, 0, 0, offset))
+                continue
+            tramps = [side for side in ("jt", "jf") if (i, side) in far]
+            after = pc + 1 + len(tramps)
+            offsets: dict[str, int] = {}
+            for side, label in (("jt", item.jt), ("jf", item.jf)):
+                if side in tramps:
+                    offsets[side] = tramps.index(side)
+                    continue
+                offset = target(label, after) - pc - 1
+                if offset < 0:
+                    raise ValueError("classic BPF cannot jump backwards")
+                if offset > 0xFF:
+                    far.add((i, side))
+                    grown = True
+                offsets[side] = offset
+            out.append((item.code, offsets["jt"], offsets["jf"], item.k))
+            for n, side in enumerate(tramps):
+                label = item.jt if side == "jt" else item.jf
+                out.append((BPF_JMP_JA, 0, 0, target(label, after) - (pc + 1 + n) - 1))
+        if not grown:
+            return out
+
+
+def _arg_offsets(index: int) -> tuple[int, int]:
+    # Both supported architectures are little-endian: the low word comes first.
+    low = 16 + 8 * index
+    return low, low + 4
+
+
+def _emit_condition(asm: _Assembler, cond: Condition, match: _Label, miss: _Label) -> None:
+    low, high = _arg_offsets(cond.index)
+    if isinstance(cond, ArgEquals):
+        if cond.width == 64:
+            asm.load(high)
+            asm.jump(BPF_JMP_JEQ_K, cond.value >> 32, None, miss)
+        asm.load(low)
+        asm.jump(BPF_JMP_JEQ_K, cond.value, match, miss)
+    elif isinstance(cond, ArgHasBits):
+        if cond.mask >> 32:
+            asm.load(high)
+            asm.jump(BPF_JMP_JSET_K, cond.mask >> 32, match, None)
+        if cond.mask & _MASK32:
+            asm.load(low)
+            asm.jump(BPF_JMP_JSET_K, cond.mask, match, miss)
+        else:
+            asm.goto(miss)
+    else:
+        for value in cond.values:
+            next_value = asm.label()
+            if cond.width == 64:
+                asm.load(high)
+                asm.jump(BPF_JMP_JEQ_K, value >> 32, None, next_value)
+            asm.load(low)
+            asm.jump(BPF_JMP_JEQ_K, value, miss, next_value)
+            asm.mark(next_value)
+        asm.goto(match)
+
+
+def _by_syscall(rules: Sequence[Rule], arch: Arch) -> Iterator[tuple[int, list[Rule]]]:
+    grouped: dict[str, list[Rule]] = {}
+    for rule in rules:
+        grouped.setdefault(rule.syscall, []).append(rule)
+    table = _TABLES[arch]
+    for name in sorted(grouped, key=lambda n: table[n]):
+        yield table[name], grouped[name]
+
+
+def compile_bpf(deny_list: DenyList | str, arch: str) -> bytes:
+    """Compile a deny list to a classic-BPF seccomp program for ``arch``.
+
+    The result is an array of ``struct sock_filter`` (8 bytes each, little-endian
+    like both supported architectures): what ``prctl(PR_SET_SECCOMP)`` installs
+    and what bubblewrap reads from ``--seccomp FD``. It kills the process on any
+    other architecture (i386 via ``int 0x80``, AArch32) and on x32 call numbers,
+    returns the rule's errno for a refused call and allows everything else.
+    """
+    profile = _resolve(deny_list)
+    target = _check_arch(arch)
+    asm = _Assembler()
+    kill = asm.label()
+    asm.load(_OFFSET_ARCH)
+    asm.jump(BPF_JMP_JEQ_K, AUDIT_ARCH[target], None, kill)
+    asm.load(_OFFSET_NR)
+    if target == "x86_64":
+        native = asm.label()
+        asm.jump(BPF_JMP_JGE_K, X32_SYSCALL_BIT, None, native)
+        # -1 is no call at all (tracers use it to skip one); the kernel answers ENOSYS.
+        asm.jump(BPF_JMP_JEQ_K, _MASK32, native, kill)
+        asm.mark(native)
+    for number, rules in _by_syscall(profile.rules_for(target), target):
+        next_syscall = asm.label()
+        asm.jump(BPF_JMP_JEQ_K, number, None, next_syscall)
+        if rules[0].when is None:
+            asm.ret(SECCOMP_RET_ERRNO | rules[0].errno)
+        else:
+            reload = asm.label()
+            for i, rule in enumerate(rules):
+                assert rule.when is not None  # noqa: S101 -- DenyList forbids mixing
+                refuse = asm.label()
+                miss = reload if i == len(rules) - 1 else asm.label()
+                _emit_condition(asm, rule.when, refuse, miss)
+                asm.mark(refuse)
+                asm.ret(SECCOMP_RET_ERRNO | rule.errno)
+                if miss is not reload:
+                    asm.mark(miss)
+            # Argument checks overwrote the accumulator: load the call number again.
+            asm.mark(reload)
+            asm.load(_OFFSET_NR)
+        asm.mark(next_syscall)
+    asm.ret(SECCOMP_RET_ALLOW)
+    asm.mark(kill)
+    asm.ret(SECCOMP_RET_KILL_PROCESS)
+    program = asm.assemble()
+    if len(program) // 8 > BPF_MAXINSNS:
+        raise ValueError(f"seccomp program for {profile.name!r} exceeds {BPF_MAXINSNS} instructions")
+    return program
+
+
+# ---------------------------------------------------------------------------
+# nsjail's kafel language.
+
+
+def _kafel_arg(cond: Condition) -> str:
+    # Masking with 0xffffffff makes kafel compare the low word only, whatever
+    # size its own syscall table gives the argument.
+    return f"({cond.name} & 0xffffffff)" if cond.width == 32 else cond.name
+
+
+def _kafel_expr(cond: Condition) -> str:
+    arg = _kafel_arg(cond)
+    if isinstance(cond, ArgEquals):
+        return f"{arg} == {cond.value:#x}"
+    if isinstance(cond, ArgHasBits):
+        return f"({cond.name} & {cond.mask:#x}) != 0"
+    return " && ".join(f"{arg} != {v:#x}" for v in cond.values)
+
+
+def _kafel_params(conds: Sequence[Condition]) -> str:
+    names = {c.index: c.name for c in conds}
+    if len({(c.index, c.name) for c in conds}) != len(names):
+        raise ValueError("conditions on one argument must use one name")
+    return ", ".join(names.get(i, f"arg{i}") for i in range(max(names) + 1))
+
+
+def to_kafel(deny_list: DenyList | str, arch: str) -> str:
+    """Render a deny list as a kafel policy for nsjail's ``--seccomp_string`` on ``arch``.
+
+    Kafel checks the architecture itself (a mismatch kills) but not the x32 bit,
+    so on x86_64 the policy also kills every x32 call number explicitly.
+    """
+    profile = _resolve(deny_list)
+    target = _check_arch(arch)
+    blocks: dict[int, list[str]] = {}
+    grouped: dict[tuple[int, str], list[Rule]] = {}
+    for rule in profile.rules_for(target):
+        grouped.setdefault((rule.errno, rule.syscall), []).append(rule)
+    for (err, syscall), rules in grouped.items():
+        conds = [r.when for r in rules if r.when is not None]
+        if not conds:
+            entry = syscall
+        else:
+            exprs = ", ".join(_kafel_expr(c) for c in conds)
+            entry = f"{syscall}({_kafel_params(conds)}) {{ {exprs} }}"
+        blocks.setdefault(err, []).append(entry)
+    name = f"astralvessel_{profile.name}"
+    parts: list[str] = []
+    if target == "x86_64":
+        x32 = ", ".join(f"SYSCALL[{X32_SYSCALL_BIT + n:#x}]" for n in range(_X32_SPAN))
+        parts.append(f"  KILL_PROCESS {{ {x32} }}")
+    for err in sorted(blocks):
+        body = ",\n".join(f"    {entry}" for entry in blocks[err])
+        parts.append(f"  ERRNO({err}) {{\n{body}\n  }}")
+    joined = ",\n".join(parts)
+    return f"POLICY {name} {{\n{joined}\n}}\nUSE {name} DEFAULT ALLOW\n"
+
+
+# ---------------------------------------------------------------------------
+# Docker's JSON seccomp profile (libseccomp underneath, via runc).
+
+_DOCKER_ARCH: Mapping[Arch, str] = {"x86_64": "SCMP_ARCH_X86_64", "aarch64": "SCMP_ARCH_AARCH64"}
+
+
+def _masked(index: int, mask: int, expected: int) -> dict[str, object]:
+    return {"index": index, "value": mask, "valueTwo": expected, "op": "SCMP_CMP_MASKED_EQ"}
+
+
+def _docker_arg_sets(cond: Condition) -> list[list[dict[str, object]]]:
+    """Alternatives (OR) of argument lists (AND), one comparison per argument as libseccomp requires."""
+    if isinstance(cond, ArgEquals):
+        if cond.width == 64:
+            return [[{"index": cond.index, "value": cond.value, "op": "SCMP_CMP_EQ"}]]
+        # A mask of 0xffffffff compares the low word only: the kernel ignores the high one.
+        return [[_masked(cond.index, _MASK32, cond.value)]]
+    if isinstance(cond, ArgHasBits):
+        bits = [1 << b for b in range(cond.width) if cond.mask >> b & 1]
+        return [[_masked(cond.index, bit, bit)] for bit in bits]
+    values = set(cond.values)
+    if cond.width == 32 and values <= {0, _MASK32}:
+        if values == {0}:  # some bit set
+            return [[_masked(cond.index, 1 << b, 1 << b)] for b in range(32)]
+        if values == {_MASK32}:  # some bit clear
+            return [[_masked(cond.index, 1 << b, 0)] for b in range(32)]
+        # Neither all zeros nor all ones: somewhere (cyclically) a set bit is
+        # followed by a clear one, so these 32 single comparisons cover it exactly.
+        return [
+            [_masked(cond.index, 1 << b | 1 << (b + 1) % 32, 1 << b)] for b in range(32)
+        ]
+    raise ValueError(
+        f"Docker's profile format cannot express {cond.name} not in {sorted(values)}; "
+        "use values drawn from 0 and 0xffffffff"
+    )
+
+
+def to_docker_profile(deny_list: DenyList | str, arch: str) -> dict[str, object]:
+    """Render a deny list as Docker's JSON seccomp profile (``--security-opt seccomp=FILE``).
+
+    Only ``arch`` is listed under ``architectures``: libseccomp then treats
+    every other ABI, x32 included, as a bad architecture and kills the caller.
+    """
+    profile = _resolve(deny_list)
+    target = _check_arch(arch)
+    entries: list[dict[str, object]] = []
+    plain: dict[int, list[str]] = {}
+    for rule in profile.rules_for(target):
+        if rule.when is None:
+            plain.setdefault(rule.errno, []).append(rule.syscall)
+            continue
+        for args in _docker_arg_sets(rule.when):
+            entries.append(
+                {
+                    "names": [rule.syscall],
+                    "action": "SCMP_ACT_ERRNO",
+                    "errnoRet": rule.errno,
+                    "args": args,
+                    "comment": rule.why,
+                }
+            )
+    unconditional = [
+        {"names": names, "action": "SCMP_ACT_ERRNO", "errnoRet": err, "args": []}
+        for err, names in sorted(plain.items())
+    ]
+    return {
+        "defaultAction": "SCMP_ACT_ALLOW",
+        "architectures": [_DOCKER_ARCH[target]],
+        "syscalls": unconditional + entries,
+    }

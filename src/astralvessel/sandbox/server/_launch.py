@@ -1,0 +1,400 @@
+"""Starting one call: fork, confine, exec (stdlib only, Python 3.8+).
+
+Confined, a call is three processes deep. The server forks an *intermediate*
+child, which unshares a PID and a mount namespace and forks the call's *init*:
+pid 1 of a fresh PID namespace, which mounts its own ``/proc`` (so the call
+sees only its own processes) and forks the *command*, which applies rlimits,
+drops to the unprivileged uid, sets ``no_new_privs``, installs the seccomp
+filter and execs. The init reaps orphans and exits when the command does; the
+kernel then kills everything left in the namespace, which is how a daemon or a
+double fork is gone when the call returns. The command is not pid 1 itself, so
+signals and orphan reaping behave as the program expects.
+
+Unconfined (or confined without namespaces, where the host allowed it), the
+command runs as the leader of a new process group that the server kills.
+
+Everything between fork and exec runs in a copy of the single-threaded server,
+so plain Python is safe there; each child ends in ``os._exit``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import signal
+from typing import Any, Callable
+
+__all__ = ["LaunchPlan", "Spawned", "exit_code_of", "probe", "spawn"]
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWPID = 0x20000000
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
+MS_NOEXEC = 0x8
+MS_REC = 0x4000
+MS_PRIVATE = 1 << 18
+PR_SET_PDEATHSIG = 1
+PR_SET_NO_NEW_PRIVS = 38
+
+# Exit codes of a child that failed before exec, as a shell would report them.
+EXIT_CANNOT_EXECUTE = 126
+EXIT_NOT_FOUND = 127
+EXIT_SETUP_FAILED = 125
+
+_libc: Any = None
+
+
+def _lib() -> Any:
+    """Return libc through ctypes (loaded on first use: Python 3.8-3.11 lack os.unshare)."""
+    global _libc  # noqa: PLW0603 - one handle for the process, loaded lazily
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    return _libc
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def unshare(flags: int) -> None:
+    """Call unshare(2)."""
+    _check(_lib().unshare(ctypes.c_int(flags)), "unshare")
+
+
+def mount(source: str | None, target: str, fstype: str | None, flags: int) -> None:
+    """Call mount(2) without data."""
+    src = None if source is None else source.encode()
+    kind = None if fstype is None else fstype.encode()
+    result = _lib().mount(
+        ctypes.c_char_p(src), ctypes.c_char_p(target.encode()), ctypes.c_char_p(kind),
+        ctypes.c_ulong(flags), ctypes.c_void_p(None),
+    )  # fmt: skip
+    _check(result, f"mount {target}")
+
+
+def prctl(option: int, value: int) -> None:
+    """Call prctl(2) with one argument."""
+    zero = ctypes.c_ulong(0)
+    result = _lib().prctl(ctypes.c_int(option), ctypes.c_ulong(value), zero, zero, zero)
+    _check(result, f"prctl {option}")
+
+
+def exit_code_of(status: int) -> int:
+    """Turn a wait status into an exit code; a signal N becomes -N (os.waitstatus_to_exitcode is 3.9+)."""
+    if os.WIFSIGNALED(status):
+        return -os.WTERMSIG(status)
+    return os.WEXITSTATUS(status)
+
+
+class LaunchPlan:
+    """How this server starts every call, fixed at ``hello`` and refined by the probe."""
+
+    def __init__(
+        self,
+        *,
+        confine: bool,
+        pid_namespace: bool,
+        drop_uid: int | None,
+        drop_gid: int | None,
+        limits: dict[str, int] | None,
+        seccomp: bytes | None,
+        install_seccomp: Callable[[bytes], None] | None,
+    ) -> None:
+        self.confine = confine
+        self.pid_namespace = pid_namespace
+        self.drop_uid = drop_uid
+        self.drop_gid = drop_gid
+        self.limits = limits
+        self.seccomp = seccomp
+        self.install_seccomp = install_seccomp
+
+
+class Spawned:
+    """What the server keeps of a started call: the child to reap and the pipes to it."""
+
+    def __init__(self, pid: int, output: int, stdin: int, status: int, group: bool) -> None:
+        self.pid = pid
+        self.output = output
+        self.stdin = stdin
+        self.status = status
+        #: True when ``pid`` leads a process group to kill (no PID namespace).
+        self.group = group
+
+
+def close_fds_except(keep: set[int]) -> None:
+    """Close every descriptor above 2 not in ``keep``, so a call never holds another's pipes."""
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        fds = list(range(3, min(resource.getrlimit(resource.RLIMIT_NOFILE)[0], 65536)))
+    for fd in fds:
+        if fd > 2 and fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _report(fd: int, line: str) -> None:
+    """Send one line to the server on the status pipe; a failure here has nowhere to go."""
+    try:
+        _write_all(fd, (line.replace("\n", " ") + "\n").encode("utf-8", "replace"))
+    except OSError:
+        pass
+
+
+def _child_signals() -> None:
+    """Undo the server's signal setup, which a fork inherits and an exec partly keeps."""
+    try:
+        signal.set_wakeup_fd(-1)
+    except (ValueError, OSError):
+        pass
+    for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ):
+        signal.signal(sig, signal.SIG_DFL)
+
+
+def _apply_limits(limits: dict[str, int]) -> None:
+    mib = 1 << 20
+    wanted = [
+        (resource.RLIMIT_NOFILE, limits["open_files"]),
+        (resource.RLIMIT_FSIZE, limits["disk_mb"] * mib),
+        (resource.RLIMIT_AS, limits["memory_mb"] * mib),
+        (resource.RLIMIT_NPROC, limits["processes"]),
+        (resource.RLIMIT_CORE, 0),
+    ]
+    for which, value in wanted:
+        try:
+            resource.setrlimit(which, (value, value))
+        except (ValueError, OSError):
+            # Unprivileged we cannot raise a hard limit: a lower one is stricter, so keep it.
+            hard = resource.getrlimit(which)[1]
+            low = value if hard == resource.RLIM_INFINITY else min(value, hard)
+            resource.setrlimit(which, (low, low))
+
+
+def _drop(uid: int | None, gid: int | None) -> None:
+    if gid is not None:
+        os.setgroups([])
+        os.setresgid(gid, gid, gid)
+    if uid is not None:
+        os.setresuid(uid, uid, uid)
+
+
+def _confine_self(plan: LaunchPlan) -> None:
+    """Apply the plan's confinement to this process, in the order that lets each step work."""
+    if plan.limits is not None:
+        _apply_limits(plan.limits)  # first, while still allowed to raise a hard limit
+    _drop(plan.drop_uid, plan.drop_gid)
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+    if plan.seccomp is not None:
+        if plan.install_seccomp is None:
+            raise OSError("the seccomp installer is missing from this server")
+        plan.install_seccomp(plan.seccomp)
+
+
+def _exec_command(
+    plan: LaunchPlan, argv: list[str], cwd: str, env: dict[str, str], stdin: int, output: int, status: int
+) -> None:
+    """Become the call's command: wire the pipes, confine, chdir, exec. Never returns."""
+    code = EXIT_SETUP_FAILED
+    try:
+        _child_signals()
+        # A write past RLIMIT_FSIZE then fails with EFBIG, as on a full disk, instead of killing.
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        os.dup2(stdin, 0)
+        os.dup2(output, 1)
+        os.dup2(output, 2)
+        for fd in (stdin, output):
+            if fd > 2:
+                os.close(fd)
+        if plan.confine:
+            _confine_self(plan)
+        try:
+            os.chdir(cwd)
+        except OSError as exc:
+            _write_all(2, f"astralvessel: cannot enter {cwd}: {exc.strerror}\n".encode())
+            code = EXIT_CANNOT_EXECUTE
+            raise SystemExit from None
+        try:
+            os.execvpe(argv[0], argv, env)
+        except OSError as exc:
+            _write_all(2, f"astralvessel: cannot run {argv[0]!r}: {exc.strerror}\n".encode())
+            code = EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_CANNOT_EXECUTE
+            raise SystemExit from None
+    except SystemExit:
+        pass
+    except BaseException as exc:  # noqa: BLE001 - report any failure of confinement, then die
+        _report(status, f"E cannot confine the call: {exc}")
+    os._exit(code)
+
+
+def _run_init(plan: LaunchPlan, argv: list[str], cwd: str, env: dict[str, str], fds: dict[str, int]) -> None:
+    """Pid 1 of the call's namespace: mount /proc, start the command, reap, report. Never returns."""
+    status_fd = fds["status"]
+    try:
+        os.close(fds["alive_w"])
+        prctl(PR_SET_PDEATHSIG, 9)
+        # If the intermediate died before PDEATHSIG was armed, its end of this pipe is closed.
+        os.set_blocking(fds["alive_r"], False)
+        try:
+            if os.read(fds["alive_r"], 1) == b"":
+                os._exit(1)
+        except BlockingIOError:
+            pass
+        if plan.pid_namespace:
+            mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        command = os.fork()
+        if command == 0:
+            _exec_command(plan, argv, cwd, env, fds["stdin"], fds["output"], status_fd)
+        os.close(fds["stdin"])
+        os.close(fds["output"])
+        while True:
+            pid, status = os.waitpid(-1, 0)
+            if pid == command:
+                break
+        _report(status_fd, f"X{status}")
+    except BaseException as exc:  # noqa: BLE001 - report any failure of confinement, then die
+        _report(status_fd, f"E cannot start the call's PID namespace: {exc}")
+    os._exit(0)
+
+
+def _run_intermediate(
+    plan: LaunchPlan, argv: list[str], cwd: str, env: dict[str, str], fds: dict[str, int], server: int
+) -> None:
+    """Make the namespaces, fork their pid 1, wait for it. Never returns."""
+    try:
+        prctl(PR_SET_PDEATHSIG, 9)
+        if os.getppid() != server:
+            os._exit(1)
+        unshare(CLONE_NEWPID | CLONE_NEWNS)
+        # Private mounts, so the call's /proc never shows up in the sandbox's own view.
+        mount(None, "/", None, MS_REC | MS_PRIVATE)
+        alive_r, alive_w = os.pipe()
+        fds = dict(fds, alive_r=alive_r, alive_w=alive_w)
+        init = os.fork()
+        if init == 0:
+            _run_init(plan, argv, cwd, env, fds)
+        os.close(alive_r)
+        os.close(fds["stdin"])
+        os.close(fds["output"])
+        _report(fds["status"], f"P{init}")
+        os.waitpid(init, 0)
+    except BaseException as exc:  # noqa: BLE001 - report any failure of confinement, then die
+        _report(fds["status"], f"E cannot start the call's namespaces: {exc}")
+    os._exit(0)
+
+
+def spawn(plan: LaunchPlan, argv: list[str], cwd: str, env: dict[str, str]) -> Spawned:
+    """Start one call and return at once; the caller polls the pipes and reaps ``pid``."""
+    out_r, out_w = os.pipe()
+    in_r, in_w = os.pipe()
+    st_r, st_w = os.pipe()
+    server = os.getpid()
+    namespaces = plan.confine and plan.pid_namespace
+    pid = os.fork()
+    if pid == 0:
+        try:
+            close_fds_except({out_w, in_r, st_w})
+            _child_signals()
+            fds = {"stdin": in_r, "output": out_w, "status": st_w}
+            if namespaces:
+                _run_intermediate(plan, argv, cwd, env, fds, server)
+            else:
+                os.setpgid(0, 0)
+                # Without namespaces nothing else kills a call whose server died; this kills its leader.
+                prctl(PR_SET_PDEATHSIG, 9)
+                _exec_command(plan, argv, cwd, env, in_r, out_w, st_w)
+        finally:
+            os._exit(EXIT_SETUP_FAILED)
+    for fd in (out_w, in_r, st_w):
+        os.close(fd)
+    for fd in (out_r, in_w, st_r):
+        os.set_blocking(fd, False)
+    return Spawned(pid, out_r, in_w, st_r, group=not namespaces)
+
+
+def probe(plan: LaunchPlan) -> dict[str, str]:
+    """Try every confinement step once in a throwaway child; return each failed step with why.
+
+    Keys: ``pid_namespace`` (unshare, fork, mount /proc), ``unprivileged`` (dropping
+    to the uid), ``no_new_privs``, ``seccomp``, ``rlimits``. Empty means all work.
+    """
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        problems: dict[str, str] = {}
+        try:
+            _child_signals()
+            _probe_steps(plan, problems, write_end)
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    chunks = []
+    while True:
+        chunk = os.read(read_end, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(read_end)
+    os.waitpid(pid, 0)
+    found: dict[str, str] = {}
+    for line in b"".join(chunks).decode("utf-8", "replace").splitlines():
+        key, _, why = line.partition(" ")
+        found[key] = why
+    return found
+
+
+def _probe_steps(plan: LaunchPlan, problems: dict[str, str], out: int) -> None:
+    def fail(key: str, exc: BaseException) -> None:
+        _report(out, f"{key} {exc}")
+
+    if plan.pid_namespace:
+        try:
+            unshare(CLONE_NEWPID | CLONE_NEWNS)
+            mount(None, "/", None, MS_REC | MS_PRIVATE)
+            child = os.fork()
+            if child == 0:
+                try:
+                    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+                    _probe_confinement(plan, fail)
+                except BaseException as exc:  # noqa: BLE001 - reported to the parent
+                    fail("pid_namespace", exc)
+                finally:
+                    os._exit(0)
+            os.waitpid(child, 0)
+            return
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+            fail("pid_namespace", exc)
+    _probe_confinement(plan, fail)
+
+
+def _probe_confinement(plan: LaunchPlan, fail: Callable[[str, BaseException], None]) -> None:
+    if plan.limits is not None:
+        try:
+            _apply_limits(plan.limits)
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+            fail("rlimits", exc)
+    try:
+        _drop(plan.drop_uid, plan.drop_gid)
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        fail("unprivileged", exc)
+    try:
+        prctl(PR_SET_NO_NEW_PRIVS, 1)
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        fail("no_new_privs", exc)
+    if plan.seccomp is not None:
+        try:
+            if plan.install_seccomp is None:
+                raise OSError("the seccomp installer is missing from this server")
+            plan.install_seccomp(plan.seccomp)
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+            fail("seccomp", exc)

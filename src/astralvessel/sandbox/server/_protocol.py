@@ -1,0 +1,122 @@
+"""The sandbox server's wire format, shared by the host and the server (stdlib only, Python 3.8+).
+
+A frame is ``struct "!II"`` (header length, body length), then the header as
+UTF-8 JSON (always an object with a ``type``), then the body as raw bytes. The
+header carries the message, the body carries bulk data (a call's stdin, an
+output chunk, a chunk of an outbox file) so it never needs escaping.
+
+This module is sent to the sandbox as source and executed there, so it must
+import nothing but the standard library and run on old interpreters.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+__all__ = [
+    "MAX_BODY",
+    "MAX_HEADER",
+    "PREFIX",
+    "VERSION",
+    "FrameDecoder",
+    "ProtocolError",
+    "count_chars",
+    "encode",
+    "split_chars",
+]
+
+#: Bumped whenever a message changes shape; the host refuses a server that says another.
+VERSION = 1
+PREFIX = struct.Struct("!II")
+#: A header is a small JSON object; anything bigger is a broken or hostile peer.
+MAX_HEADER = 1 << 20
+#: Bodies are stdin, output chunks and outbox chunks; senders keep them far below this.
+MAX_BODY = 1 << 26
+
+# UTF-8 continuation bytes: a character is any byte that is not one of these.
+_CONTINUATION = bytes(range(0x80, 0xC0))
+
+
+class ProtocolError(Exception):
+    """The peer sent bytes that are not a valid frame."""
+
+
+def encode(header: dict[str, Any], body: bytes = b"") -> bytes:
+    """Return one frame holding ``header`` and ``body``."""
+    head = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    return PREFIX.pack(len(head), len(body)) + head + body
+
+
+class FrameDecoder:
+    """Incremental decoder: ``feed`` bytes as they arrive, take whole frames with ``next``."""
+
+    def __init__(self, max_header: int = MAX_HEADER, max_body: int = MAX_BODY) -> None:
+        self._buffer = bytearray()
+        self._max_header = max_header
+        self._max_body = max_body
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet returned as a frame."""
+        return len(self._buffer)
+
+    def feed(self, data: bytes) -> None:
+        """Append received bytes."""
+        self._buffer += data
+
+    def next(self) -> tuple[dict[str, Any], bytes] | None:
+        """Return the next whole frame, or ``None`` until more bytes arrive.
+
+        Raises ``ProtocolError`` for an oversized or malformed frame; the stream
+        cannot be resynchronised after that, so the caller must give up on it.
+        """
+        buffer = self._buffer
+        if len(buffer) < PREFIX.size:
+            return None
+        head_len, body_len = PREFIX.unpack_from(buffer)
+        if head_len > self._max_header:
+            raise ProtocolError(f"frame header of {head_len} bytes exceeds {self._max_header}")
+        if body_len > self._max_body:
+            raise ProtocolError(f"frame body of {body_len} bytes exceeds {self._max_body}")
+        end = PREFIX.size + head_len + body_len
+        if len(buffer) < end:
+            return None
+        raw_head = bytes(buffer[PREFIX.size : PREFIX.size + head_len])
+        body = bytes(buffer[PREFIX.size + head_len : end])
+        del buffer[:end]
+        try:
+            header = json.loads(raw_head.decode("utf-8"))
+        except ValueError as exc:
+            raise ProtocolError(f"frame header is not UTF-8 JSON: {exc}") from None
+        if not isinstance(header, dict) or not isinstance(header.get("type"), str):
+            raise ProtocolError("frame header is not a JSON object with a string 'type'")
+        return header, body
+
+
+def count_chars(data: bytes) -> int:
+    """Count the UTF-8 characters in ``data`` (bytes that are not continuation bytes)."""
+    return len(data.translate(None, _CONTINUATION))
+
+
+def split_chars(data: bytes, chars: int) -> int:
+    """Return how many leading bytes of ``data`` hold its first ``chars`` characters.
+
+    Continuation bytes right after the cut still belong to the last character
+    kept, so they are kept too; the cut never splits a character.
+    """
+    if chars <= 0:
+        index = 0
+    else:
+        seen = 0
+        index = len(data)
+        for position, byte in enumerate(data):
+            if byte & 0xC0 != 0x80:
+                if seen == chars:
+                    index = position
+                    break
+                seen += 1
+    while index < len(data) and data[index] & 0xC0 == 0x80:
+        index += 1
+    return index

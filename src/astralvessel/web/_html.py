@@ -1,0 +1,333 @@
+"""HTML to readable text for a model: headings, paragraphs, lists, links, tables and code.
+
+One pass over the standard library's tolerant `html.parser`, keeping a small
+stack of open elements so hidden subtrees (``hidden``, ``aria-hidden``,
+``display:none``, scripts, styles, templates) can be dropped whole, and so
+the usual unclosed ``<p>``/``<li>``/``<td>`` close the way browsers close them.
+"""
+
+from __future__ import annotations
+
+import re
+from html.parser import HTMLParser
+from urllib.parse import urljoin
+
+__all__ = ["html_to_text"]
+
+# Elements whose contents never reach the reader.
+_DROPPED = frozenset(
+    {"script", "style", "template", "noscript", "head", "svg", "math", "iframe", "object",
+     "canvas", "select", "button", "datalist", "dialog", "map", "audio", "video"}
+)
+_VOID = frozenset(
+    {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param",
+     "source", "track", "wbr", "keygen"}
+)
+_BLOCK = frozenset(
+    {"address", "article", "aside", "blockquote", "center", "dd", "details", "div", "dl", "dt",
+     "fieldset", "figcaption", "figure", "footer", "form", "header", "hgroup", "main", "nav",
+     "section", "summary", "caption", "legend", "body", "html"}
+)
+_PARAGRAPH = frozenset({"p"})
+# Starting one of these closes an open <p>, as in the HTML parsing algorithm.
+_CLOSES_P = _BLOCK | {"p", "ul", "ol", "pre", "table", "h1", "h2", "h3", "h4", "h5", "h6", "hr"}
+_HEADINGS = {"h1": 1, "h2": 2, "h3": 3, "h4": 4, "h5": 5, "h6": 6}
+_HIDDEN_STYLE = re.compile(r"display\s*:\s*none|visibility\s*:\s*hidden", re.IGNORECASE)
+_SPACES = re.compile(r"\s+")
+_MAX_DEPTH = 512
+
+
+class _Converter(HTMLParser):
+    def __init__(self, base_url: str) -> None:
+        super().__init__(convert_charrefs=True)
+        self.base_url = base_url
+        self.out: list[str] = []
+        self.stack: list[str] = []  # open element names
+        self.skip_at: int | None = None  # stack depth at which a dropped subtree started
+        self.pending_breaks = 0  # newlines owed before the next text
+        self.at_line_start = True
+        self.space_owed = False
+        self.pre_depth = 0
+        self.lists: list[list[int]] = []  # per open list: [is_ordered, next number]
+        self.links: list[tuple[int, str]] = []  # (index in out where "[" went, href)
+        self.cell_depth = 0
+        self.row_cells = 0
+        self.row_has_header = False
+        self.header_rule_done: list[bool] = []
+        self.title: list[str] = []
+        self.in_title = False
+
+    # -- output helpers ---------------------------------------------------------------------
+
+    def block(self, breaks: int) -> None:
+        if self.cell_depth:
+            self.space_owed = True
+            return
+        if self.out:
+            self.pending_breaks = max(self.pending_breaks, breaks)
+        self.space_owed = False
+
+    def emit(self, text: str) -> None:
+        """Write text that is already formatted (markers, fences), flushing owed breaks."""
+        if self.pending_breaks:
+            self.out.append("\n" * self.pending_breaks)
+            self.pending_breaks = 0
+            self.at_line_start = True
+            self.space_owed = False
+            if self.lists and not self.pre_depth:
+                self.out.append("  " * len(self.lists))
+        elif self.space_owed and not self.at_line_start:
+            self.out.append(" ")
+        self.space_owed = False
+        self.out.append(text)
+        self.at_line_start = text.endswith("\n")
+
+    # -- parser callbacks -------------------------------------------------------------------
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "title":
+            # The title lives in <head>, which is otherwise dropped; keep the first one only.
+            self.in_title = not self.title
+            return
+        if self.skip_at is not None:
+            if tag not in _VOID and len(self.stack) < _MAX_DEPTH:
+                self.stack.append(tag)
+            return
+        hidden = tag in _DROPPED
+        href = None
+        for name, value in attrs:
+            if name == "hidden" or (name == "aria-hidden" and value == "true"):
+                hidden = True
+            elif name == "style" and value and _HIDDEN_STYLE.search(value):
+                hidden = True
+            elif name == "type" and tag == "input" and value == "hidden":
+                hidden = True
+            elif name == "href":
+                href = value
+        if tag in _CLOSES_P and "p" in self.stack[-8:]:
+            self._close("p")
+        if tag == "li":
+            self._close_within("li", ("ul", "ol"))
+        elif tag in ("td", "th"):
+            self._close_within(("td", "th"), ("tr", "table"))
+        elif tag == "tr":
+            self._close_within("tr", ("table",))
+        elif tag in ("dt", "dd"):
+            self._close_within(("dt", "dd"), ("dl",))
+        if tag in _VOID:
+            if not hidden:
+                self._void(tag)
+            return
+        if len(self.stack) < _MAX_DEPTH:
+            self.stack.append(tag)
+        else:
+            return
+        if hidden:
+            self.skip_at = len(self.stack)
+            return
+        self._open(tag, href)
+
+    def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.handle_starttag(tag, attrs)
+        if tag not in _VOID:
+            self.handle_endtag(tag)
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "title":
+            self.in_title = False
+            return
+        if tag in ("p", "br") and self.skip_at is None and tag not in self.stack[-8:]:
+            self.block(2 if tag == "p" else 1)
+            if tag == "br":
+                self.emit("\n")
+            return
+        self._close(tag)
+
+    def handle_data(self, data: str) -> None:
+        if self.in_title:
+            self.title.append(data)
+            return
+        if self.skip_at is not None:
+            return
+        if self.pre_depth:
+            self.emit(data)
+            return
+        if not data.strip():
+            if data:
+                self.space_owed = True
+            return
+        if data[0].isspace():
+            self.space_owed = True
+        text = _SPACES.sub(" ", data.strip())
+        self.emit(text)
+        if data[-1].isspace():
+            self.space_owed = True
+
+    # -- structure --------------------------------------------------------------------------
+
+    def _close_within(self, names: str | tuple[str, ...], scope: tuple[str, ...]) -> None:
+        wanted = (names,) if isinstance(names, str) else names
+        for index in range(len(self.stack) - 1, max(-1, len(self.stack) - 64), -1):
+            name = self.stack[index]
+            if name in scope:
+                return
+            if name in wanted:
+                self._close(name)
+                return
+
+    def _close(self, tag: str) -> None:
+        stack = self.stack
+        for index in range(len(stack) - 1, max(-1, len(stack) - 64), -1):
+            if stack[index] == tag:
+                while len(stack) > index:
+                    name = stack.pop()
+                    if self.skip_at is not None:
+                        if len(stack) < self.skip_at:
+                            self.skip_at = None
+                        continue
+                    self._end(name)
+                return
+
+    def _void(self, tag: str) -> None:
+        if tag == "br":
+            if self.cell_depth:
+                self.space_owed = True
+            else:
+                self.emit("\n")
+        elif tag == "hr":
+            self.block(2)
+            self.emit("---")
+            self.block(2)
+
+    def _open(self, tag: str, href: str | None) -> None:
+        if tag in _HEADINGS:
+            self.block(2)
+            self.emit("#" * _HEADINGS[tag] + " ")
+        elif tag in _PARAGRAPH:
+            self.block(2)
+        elif tag in ("ul", "ol"):
+            self.block(1 if self.lists else 2)
+            self.lists.append([tag == "ol", 1])
+        elif tag == "li":
+            self.block(1)
+            if self.lists:
+                kind = self.lists[-1]
+                if kind[0]:
+                    marker = f"{kind[1]}. "
+                    kind[1] += 1
+                else:
+                    marker = "- "
+                self._emit_marker(marker)
+            else:
+                self.emit("- ")
+        elif tag == "pre":
+            self.block(2)
+            self.emit("```\n")
+            self.pre_depth += 1
+        elif tag == "code" and not self.pre_depth:
+            self.emit("`")
+        elif tag == "a":
+            if href and not href.lower().lstrip().startswith(("javascript:", "data:", "#")):
+                self.emit("[")
+                self.links.append((len(self.out) - 1, urljoin(self.base_url, href.strip())))
+            else:
+                self.links.append((-1, ""))
+        elif tag in ("b", "strong"):
+            self.emit("**")
+        elif tag in ("i", "em"):
+            self.emit("*")
+        elif tag == "table":
+            self.block(2)
+            self.header_rule_done.append(False)
+        elif tag == "tr":
+            self.block(1)
+            self.row_cells = 0
+            self.row_has_header = False
+            self.emit("|")
+        elif tag in ("td", "th"):
+            self.cell_depth += 1
+            self.row_cells += 1
+            self.row_has_header |= tag == "th"
+            self.space_owed = True
+        elif tag == "blockquote":
+            self.block(2)
+            self.emit("> ")
+        elif tag in _BLOCK or tag in ("dt", "dd"):
+            self.block(1)
+
+    def _emit_marker(self, marker: str) -> None:
+        if self.pending_breaks:
+            self.out.append("\n" * self.pending_breaks)
+            self.pending_breaks = 0
+        self.out.append("  " * (len(self.lists) - 1) + marker)
+        self.at_line_start = False
+        self.space_owed = False
+
+    def _end(self, tag: str) -> None:
+        if tag in _HEADINGS or tag in _PARAGRAPH or tag == "blockquote":
+            self.block(2)
+        elif tag in ("ul", "ol"):
+            if self.lists:
+                self.lists.pop()
+            self.block(1 if self.lists else 2)
+        elif tag == "li":
+            self.block(1)
+        elif tag == "pre":
+            self.pre_depth = max(0, self.pre_depth - 1)
+            if not self.at_line_start:
+                self.emit("\n")
+            self.emit("```")
+            self.block(2)
+        elif tag == "code" and not self.pre_depth:
+            self.space_owed = False
+            self.out.append("`")
+        elif tag == "a":
+            if self.links:
+                start, url = self.links.pop()
+                if start >= 0:
+                    if "".join(self.out[start + 1 :]).strip():
+                        self.out.append(f"]({url})")
+                        self.at_line_start = False
+                    else:
+                        del self.out[start]
+        elif tag in ("b", "strong"):
+            self.out.append("**")
+        elif tag in ("i", "em"):
+            self.out.append("*")
+        elif tag in ("td", "th"):
+            self.cell_depth = max(0, self.cell_depth - 1)
+            self.space_owed = False
+            self.out.append(" |")
+        elif tag == "tr":
+            if self.row_has_header and self.header_rule_done and not self.header_rule_done[-1]:
+                self.header_rule_done[-1] = True
+                self.block(1)
+                self.emit("|" + " --- |" * max(1, self.row_cells))
+            self.block(1)
+        elif tag == "table":
+            if self.header_rule_done:
+                self.header_rule_done.pop()
+            self.block(2)
+        elif tag in _BLOCK or tag in ("dt", "dd"):
+            self.block(1)
+
+    def result(self) -> str:
+        body = "".join(self.out).strip("\n")
+        # Trailing spaces carry no meaning for a reader; three or more newlines collapse to two.
+        body = re.sub(r"[ \t]+\n", "\n", body)
+        body = re.sub(r"\n{3,}", "\n\n", body)
+        title = _SPACES.sub(" ", "".join(self.title)).strip()
+        if title:
+            return f"# {title}\n\n{body}" if body else f"# {title}"
+        return body
+
+
+def html_to_text(html: str, base_url: str = "") -> str:
+    """Reduce an HTML document to readable text, with links made absolute against ``base_url``."""
+    converter = _Converter(base_url)
+    converter.feed(html)
+    converter.close()
+    if converter.stack:
+        # Close whatever the page left open, so a <pre> fence or a link still ends.
+        converter._close(converter.stack[0])
+    return converter.result()
