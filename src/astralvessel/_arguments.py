@@ -17,7 +17,7 @@ from .spec import InputMode, ToolSpec
 __all__ = ["Refusal", "args_argv", "check_arguments", "parse_arguments", "unknown_tool"]
 
 
-class Refusal(Exception):  # noqa: N818 - a value carried by raise, not an error of the host
+class Refusal(Exception):
     """Why a call was refused before it ran; ``str()`` is the text the model sees."""
 
 

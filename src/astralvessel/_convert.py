@@ -31,8 +31,14 @@ def _strict(kind: type, label: str) -> Any:
 
 
 def _toml_type(value: object) -> str:
-    names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
-             list: "an array", dict: "a table"}
+    names = {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "an array",
+        dict: "a table",
+    }
     return names.get(type(value), type(value).__name__)
 
 
@@ -41,6 +47,10 @@ converter.register_structure_hook(str, _strict(str, "a string"))
 converter.register_structure_hook(int, _strict(int, "an integer"))
 converter.register_structure_hook(float, _strict(float, "a number"))
 converter.register_structure_hook(bool, _strict(bool, "a boolean"))
+
+
+def _is_list(type_: Any) -> bool:
+    return get_origin(type_) is list
 
 
 def _strict_list(type_: Any, conv: cattrs.Converter) -> Any:
@@ -55,7 +65,7 @@ def _strict_list(type_: Any, conv: cattrs.Converter) -> Any:
     return hook
 
 
-converter.register_structure_hook_factory(lambda t: get_origin(t) is list, _strict_list)
+converter.register_structure_hook_factory(_is_list, _strict_list)
 
 
 def describe_errors(exc: BaseException, path: str = "") -> list[str]:

@@ -24,12 +24,14 @@ __all__ = ["Agent", "Service"]
 
 VESSEL_FILE = "vessel.toml"
 
+
 @attrs.frozen(kw_only=True)
 class Service:
     """A ``[services.NAME]`` entry: where service tools naming it are posted."""
 
     name: str
     url: str
+
 
 @attrs.frozen(kw_only=True)
 class Agent:
@@ -44,7 +46,7 @@ class Agent:
     scopes: frozenset[Scope] | None = None
     builtin: tuple[str, ...] = ()
     tools: tuple[ToolSpec, ...] = ()
-    limits: Limits = Limits()
+    limits: Limits = attrs.field(factory=Limits)
     dockerfile: Path | None = None
     services: Mapping[str, Service] = attrs.field(factory=dict)
 
@@ -61,39 +63,11 @@ class Agent:
             raise ConfigError(problems)
         try:
             raw = converter.structure(data, _VesselFile)
-        except Exception as exc:  # noqa: BLE001 - cattrs raises exception groups of any kind
+        except Exception as exc:
             raise ConfigError([f"{VESSEL_FILE}: {line}" for line in describe_errors(exc)]) from None
 
         problems = [f"{VESSEL_FILE}: {p}" for p in _vessel_problems(raw)]
-        tools: list[ToolSpec] = []
-        seen: dict[str, str] = {}
-        for index, rel in enumerate(raw.tools.declared):
-            label = f"{VESSEL_FILE}: tools.declared[{index}]"
-            tool_path, problem = _resolve_inside(folder, rel)
-            if problem:
-                problems.append(f"{label}: {problem}")
-                continue
-            assert tool_path is not None
-            data, file_problems = _read_toml(tool_path, label=rel)
-            if data is None:
-                problems.extend(file_problems)
-                continue
-            spec, spec_problems = ToolSpec.from_toml(data, source=tool_path)
-            problems.extend(f"{rel}: {p}" for p in spec_problems)
-            if spec is None:
-                continue
-            if spec.name in seen:
-                problems.append(f"{rel}: name: {spec.name!r} is already declared in {seen[spec.name]}")
-                continue
-            seen[spec.name] = rel
-            if spec.service is not None and spec.service not in raw.services:
-                known = ", ".join(sorted(raw.services)) or "none are defined"
-                problems.append(
-                    f"{rel}: service: {spec.service!r} names no [services.{spec.service}] "
-                    f"table in {VESSEL_FILE} ({known})"
-                )
-            tools.append(spec)
-
+        tools = _load_tools(folder, raw, problems)
         dockerfile = None
         if raw.sandbox.dockerfile is not None:
             dockerfile, problem = _resolve_inside(folder, raw.sandbox.dockerfile)
@@ -104,9 +78,8 @@ class Agent:
             limits = Limits(**attrs.asdict(raw.limits))
         except ValueError as exc:
             problems.append(f"{VESSEL_FILE}: limits: {exc}")
-        if problems:
+        if problems or limits is None:
             raise ConfigError(problems)
-        assert limits is not None
         return cls(
             path=folder,
             name=raw.name or folder.name,
@@ -125,7 +98,40 @@ class Agent:
         """Where this agent folder appears inside the sandbox: what ``{package}`` becomes."""
         return AGENT_DIR
 
+
+def _load_tools(folder: Path, raw: _VesselFile, problems: list[str]) -> list[ToolSpec]:
+    """Read every declared tool file, appending each problem found to ``problems``."""
+    tools: list[ToolSpec] = []
+    seen: dict[str, str] = {}
+    for index, rel in enumerate(raw.tools.declared):
+        tool_path, problem = _resolve_inside(folder, rel)
+        if tool_path is None:
+            problems.append(f"{VESSEL_FILE}: tools.declared[{index}]: {problem}")
+            continue
+        data, file_problems = _read_toml(tool_path, label=rel)
+        if data is None:
+            problems.extend(file_problems)
+            continue
+        spec, spec_problems = ToolSpec.from_toml(data, source=tool_path)
+        problems.extend(f"{rel}: {p}" for p in spec_problems)
+        if spec is None:
+            continue
+        if spec.name in seen:
+            problems.append(f"{rel}: name: {spec.name!r} is already declared in {seen[spec.name]}")
+            continue
+        seen[spec.name] = rel
+        if spec.service is not None and spec.service not in raw.services:
+            known = ", ".join(sorted(raw.services)) or "none are defined"
+            problems.append(
+                f"{rel}: service: {spec.service!r} names no [services.{spec.service}] "
+                f"table in {VESSEL_FILE} ({known})"
+            )
+        tools.append(spec)
+    return tools
+
+
 _TOML_POSITION = re.compile(r"\(at line (\d+), column (\d+)\)")
+
 
 def _read_toml(path: Path, *, label: str) -> tuple[dict[str, Any] | None, list[str]]:
     try:
@@ -143,6 +149,7 @@ def _read_toml(path: Path, *, label: str) -> tuple[dict[str, Any] | None, list[s
         what = _TOML_POSITION.sub("", message).replace("(at end of document)", "").strip()
         return None, [f"{label}: line {line}: not valid TOML: {what}"]
 
+
 def _resolve_inside(folder: Path, rel: str) -> tuple[Path | None, str | None]:
     """Resolve ``rel`` under ``folder``, refusing absolute paths and anything that leads outside."""
     if Path(rel).is_absolute():
@@ -154,10 +161,12 @@ def _resolve_inside(folder: Path, rel: str) -> tuple[Path | None, str | None]:
         return None, f"{rel!r} does not exist in the agent folder"
     return target, None
 
+
 @attrs.define
 class _ToolsSection:
     builtin: list[str] = attrs.Factory(list)
     declared: list[str] = attrs.Factory(list)
+
 
 @attrs.define
 class _LimitsSection:
@@ -166,13 +175,16 @@ class _LimitsSection:
     processes: int = 256
     open_files: int = 4096
 
+
 @attrs.define
 class _SandboxSection:
     dockerfile: str | None = None
 
+
 @attrs.define
 class _ServiceSection:
     url: str
+
 
 @attrs.define
 class _VesselFile:
@@ -186,19 +198,21 @@ class _VesselFile:
     sandbox: _SandboxSection = attrs.Factory(_SandboxSection)
     services: dict[str, _ServiceSection] = attrs.Factory(dict)
 
+
 def _vessel_problems(raw: _VesselFile) -> list[str]:
     problems: list[str] = []
     for name in raw.tools.builtin:
         if name not in BUILTIN_NAMES:
-            problems.append(
-                f"tools.builtin: unknown built-in {name!r}; built-ins are {', '.join(BUILTIN_NAMES)}"
-            )
+            known = ", ".join(BUILTIN_NAMES)
+            problems.append(f"tools.builtin: unknown built-in {name!r}; built-ins are {known}")
     if len(set(raw.tools.builtin)) != len(raw.tools.builtin):
         problems.append("tools.builtin: lists a built-in more than once")
     workdir = PurePosixPath(raw.workdir)
     if not workdir.is_absolute() or ".." in workdir.parts:
         problems.append(f"workdir: {raw.workdir!r} must be an absolute sandbox path such as /data")
-    elif workdir == PurePosixPath("/") or any(workdir == d or d in workdir.parents for d in SYSTEM_DIRS):
+    elif workdir == PurePosixPath("/") or any(
+        workdir == d or d in workdir.parents for d in SYSTEM_DIRS
+    ):
         problems.append(f"workdir: {raw.workdir!r} is a system directory; use a path such as /data")
     elif workdir == AGENT_DIR or AGENT_DIR in workdir.parents:
         problems.append(f"workdir: {raw.workdir!r} is inside /agent; use a path such as /data")
@@ -212,5 +226,7 @@ def _vessel_problems(raw: _VesselFile) -> list[str]:
             problems.append(f"scopes: unknown scope {scope!r}; known scopes: {known}")
     for name, service in raw.services.items():
         if not re.match(r"^https?://", service.url):
-            problems.append(f"services.{name}.url: {service.url!r} must be an http:// or https:// URL")
+            problems.append(
+                f"services.{name}.url: {service.url!r} must be an http:// or https:// URL"
+            )
     return problems

@@ -12,9 +12,12 @@ import importlib
 import json
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from .errors import AstralVesselError, ConfigError
+
+if TYPE_CHECKING:
+    from .sandbox._base import BackendReport
 
 __all__ = ["main"]
 
@@ -48,10 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     call = sub.add_parser("call", help="run one tool call in a sandbox and print the result")
     call.add_argument("agent_dir")
     call.add_argument("tool")
-    call.add_argument("arguments", nargs="?", default="{}", help="the JSON arguments, or - for stdin")
     call.add_argument(
-        "--mount", action="append", default=[], metavar="SANDBOX_PATH=HOST_PATH[:rw]"
+        "arguments", nargs="?", default="{}", help="the JSON arguments, or - for stdin"
     )
+    call.add_argument("--mount", action="append", default=[], metavar="SANDBOX_PATH=HOST_PATH[:rw]")
     call.add_argument("--backend", default=None, help="bubblewrap, nsjail, docker, unconfined, ...")
     call.add_argument("--scope", action="append", dest="scopes", metavar="S")
     call.add_argument("--json", action="store_true", help="print the whole result as JSON")
@@ -111,7 +114,9 @@ def _call(args: argparse.Namespace) -> int:
     agent = Agent.load(args.agent_dir)
     mounts = [Mount.parse(text) for text in args.mount]
     arguments = sys.stdin.read() if args.arguments == "-" else args.arguments
-    executor = Executor(Registry.for_agent(agent), sandbox=args.backend, mounts=mounts, scopes=args.scopes)
+    executor = Executor(
+        Registry.for_agent(agent), sandbox=args.backend, mounts=mounts, scopes=args.scopes
+    )
     with executor.turn() as turn:
         result = turn.call(args.tool, arguments)
     if args.json:
@@ -144,10 +149,7 @@ def _doctor(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _report_json(report: object) -> dict[str, object]:
-    from .sandbox._base import BackendReport
-
-    assert isinstance(report, BackendReport)
+def _report_json(report: BackendReport) -> dict[str, object]:
     return {
         "name": report.name,
         "available": report.available,

@@ -39,7 +39,9 @@ class ConfigError(AstralVesselError, ValueError):
         self.problems: tuple[str, ...] = tuple(problems)
         count = len(self.problems)
         head = "1 problem" if count == 1 else f"{count} problems"
-        super().__init__(f"{head} in the agent folder:\n" + "\n".join(f"  {p}" for p in self.problems))
+        super().__init__(
+            f"{head} in the agent folder:\n" + "\n".join(f"  {p}" for p in self.problems)
+        )
 
 
 class BackendUnavailableError(AstralVesselError, RuntimeError):

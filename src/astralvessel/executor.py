@@ -115,7 +115,10 @@ class Turn:
         return self
 
     async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         await self.aclose()
 
@@ -163,7 +166,9 @@ class Turn:
         result = await self._dispatch_async(spec, args)
         return _finish(result, spec, started)
 
-    def _prepare(self, name: str, arguments: object) -> tuple[ToolSpec, dict[str, Any]] | ToolResult:
+    def _prepare(
+        self, name: str, arguments: object
+    ) -> tuple[ToolSpec, dict[str, Any]] | ToolResult:
         executor = self.executor
         if not isinstance(name, str) or not executor.allowed(name):
             return ToolResult.error(unknown_tool(name, executor.tool_names()), tool=str(name))
@@ -204,8 +209,7 @@ class Turn:
         return spec.timeout_seconds or self.executor.timeout_seconds
 
     def _command_request(self, spec: ToolSpec, args: Mapping[str, Any]) -> RunRequest:
-        assert spec.command is not None
-        argv = [part.replace("{package}", str(AGENT_DIR)) for part in spec.command]
+        argv = [part.replace("{package}", str(AGENT_DIR)) for part in spec.command or ()]
         if spec.input is InputMode.ARGS:
             argv += args_argv(spec, args)
             stdin = b""
@@ -219,7 +223,12 @@ class Turn:
         )
 
     def _run_result(
-        self, spec: ToolSpec, request: RunRequest, outcome: RunOutcome, *, show_exit_code: bool = False
+        self,
+        spec: ToolSpec,
+        request: RunRequest,
+        outcome: RunOutcome,
+        *,
+        show_exit_code: bool = False,
     ) -> ToolResult:
         text = render_output(
             outcome.output,
@@ -286,7 +295,9 @@ class Turn:
             output_chars=self.executor.output_chars,
         )
 
-    def _builtin_run_result(self, spec: ToolSpec, request: RunRequest, outcome: RunOutcome) -> ToolResult:
+    def _builtin_run_result(
+        self, spec: ToolSpec, request: RunRequest, outcome: RunOutcome
+    ) -> ToolResult:
         from . import builtins
 
         if spec.name == "bash":
@@ -314,7 +325,9 @@ class Turn:
         cap = self.executor.output_chars
         dropped = max(0, len(text) - cap)
         if dropped:
-            text = render_output(text[:cap], exit_code=0, timed_out=False, dropped_chars=dropped, timeout=0)
+            text = render_output(
+                text[:cap], exit_code=0, timed_out=False, dropped_chars=dropped, timeout=0
+            )
         return ToolResult(
             text=text,
             is_error=is_error,
@@ -350,7 +363,9 @@ class Turn:
 def _finish(result: ToolResult, spec: ToolSpec, started: float) -> ToolResult:
     import attrs
 
-    return attrs.evolve(result, tool=spec.name, duration=result.duration or time.monotonic() - started)
+    return attrs.evolve(
+        result, tool=spec.name, duration=result.duration or time.monotonic() - started
+    )
 
 
 def _json_bytes(args: Mapping[str, Any]) -> bytes:
@@ -378,5 +393,3 @@ def _resolve_backend(sandbox: Sandbox | str | None) -> Sandbox:
     from .sandbox._discovery import best_available, get_backend
 
     return best_available() if sandbox is None else get_backend(sandbox)
-
-

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
+from ._pytools import python_tool
 from .errors import ToolRegistrationError
-from .spec import BUILTIN_NAMES, ALL_SCOPES, Scope, ToolKind, ToolSpec, check_name
+from .spec import ALL_SCOPES, BUILTIN_NAMES, Scope, ToolKind, ToolSpec, check_name
 
 if TYPE_CHECKING:
     from .agent import Agent
 
 __all__ = ["Dialect", "Registry"]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 #: The model APIs ``Registry.schemas`` renders for.
 Dialect = Literal["openai", "openai-responses", "anthropic", "mcp"]
@@ -68,6 +71,53 @@ class Registry:
         if spec.kind is not ToolKind.BUILTIN and spec.name in BUILTIN_NAMES:
             raise ToolRegistrationError(f"{spec.name!r} is a built-in tool's name; choose another")
         self._tools[spec.name] = spec
+
+    @overload
+    def tool(self, func: _F, /) -> _F: ...
+    @overload
+    def tool(
+        self,
+        func: None = None,
+        /,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        scope: Scope | str = Scope.READ,
+        timeout_seconds: float | None = None,
+    ) -> Callable[[_F], _F]: ...
+    def tool(
+        self,
+        func: Callable[..., Any] | None = None,
+        /,
+        *,
+        name: str | None = None,
+        description: str | None = None,
+        scope: Scope | str = Scope.READ,
+        timeout_seconds: float | None = None,
+    ) -> Any:
+        """Register a typed Python function as a tool: ``@registry.tool`` or ``@registry.tool(...)``.
+
+        The parameters schema comes from the signature and the description and
+        parameter notes from the docstring (see the Python tools docs). The
+        function runs in the host process, not in a sandbox. Raise
+        ``ToolError`` in it to report a failure to the model. Returns the
+        function unchanged; raises ``ToolRegistrationError`` if no schema can be
+        derived or the name is taken.
+        """
+
+        def register(target: _F) -> _F:
+            spec, tool = python_tool(
+                target,
+                name=name,
+                description=description,
+                scope=scope,
+                timeout_seconds=timeout_seconds,
+            )
+            self.add(spec)
+            self._callables[spec.name] = tool
+            return target
+
+        return register if func is None else register(func)
 
     def add_builtin(self, name: str) -> None:
         """Add one of the built-in tools by name."""
@@ -128,7 +178,11 @@ def render_schema(spec: ToolSpec, dialect: Dialect) -> dict[str, Any]:
     if dialect == "openai":
         return {
             "type": "function",
-            "function": {"name": spec.name, "description": spec.description, "parameters": parameters},
+            "function": {
+                "name": spec.name,
+                "description": spec.description,
+                "parameters": parameters,
+            },
         }
     if dialect == "openai-responses":
         return {
@@ -146,5 +200,3 @@ def _scopes(scopes: Iterable[Scope | str] | None) -> frozenset[Scope]:
     if scopes is None:
         return ALL_SCOPES
     return frozenset(Scope.parse(str(s)) for s in scopes)
-
-

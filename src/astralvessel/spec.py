@@ -159,11 +159,13 @@ class ToolSpec:
         return tuple(self.parameters.get("properties", {}) or {})
 
     @classmethod
-    def from_toml(cls, data: Mapping[str, Any], *, source: Path) -> tuple[ToolSpec | None, list[str]]:
+    def from_toml(
+        cls, data: Mapping[str, Any], *, source: Path
+    ) -> tuple[ToolSpec | None, list[str]]:
         """Check a parsed tool file; return the spec (None if broken) and every problem found."""
         try:
             raw = converter.structure(dict(data), _ToolFile)
-        except Exception as exc:  # noqa: BLE001 - cattrs raises exception groups of any kind
+        except Exception as exc:
             return None, describe_errors(exc)
         problems = [p for p in _tool_file_problems(raw) if p]
         if problems:
@@ -210,11 +212,13 @@ def _tool_file_problems(raw: _ToolFile) -> list[str | None]:
     if (raw.command is None) == (raw.service is None):
         problems.append("command/service: set exactly one of command or service")
     if raw.command is not None and not raw.command:
-        problems.append("command: must list the program and its arguments, such as [\"python3\", ...]")
+        problems.append(
+            'command: must list the program and its arguments, such as ["python3", ...]'
+        )
     if raw.parameters is not None:
         problems.append(_named("parameters", check_parameters(raw.parameters)))
     if raw.input not in {m.value for m in InputMode}:
-        problems.append(f"input: {raw.input!r} is not accepted; use \"json-stdin\" or \"args\"")
+        problems.append(f'input: {raw.input!r} is not accepted; use "json-stdin" or "args"')
     if raw.input == InputMode.ARGS.value and raw.service is not None:
         problems.append('input: "args" applies to command tools only')
     if raw.timeout_seconds is not None and not raw.timeout_seconds > 0:

@@ -28,8 +28,8 @@ def make_agent(tmp_path: Path) -> MakeAgent:
     return make
 
 
-ECHO_TOOL = '''
+ECHO_TOOL = """
 name = "echo"
 description = "Echo the arguments back."
 command = ["python3", "-c", "import sys; print(sys.stdin.read())"]
-'''
+"""

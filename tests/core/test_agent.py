@@ -125,12 +125,24 @@ def test_broken_tool_file_toml(make_agent: MakeAgent) -> None:
     [
         ("[tools]\ndeclard = []\n", "vessel.toml: tools.declard: unknown key (check the spelling)"),
         ("nmae = 'x'\n[tools]\n", "vessel.toml: nmae: unknown key (check the spelling)"),
-        ("[tools]\n[limits]\ndisk = 5\n", "vessel.toml: limits.disk: unknown key (check the spelling)"),
-        ("tool_timeout_seconds = '30'\n[tools]\n", "vessel.toml: tool_timeout_seconds: expected a number, got a string"),
-        ("tool_output_chars = 1.5\n[tools]\n", "vessel.toml: tool_output_chars: expected an integer, got a number"),
+        (
+            "[tools]\n[limits]\ndisk = 5\n",
+            "vessel.toml: limits.disk: unknown key (check the spelling)",
+        ),
+        (
+            "tool_timeout_seconds = '30'\n[tools]\n",
+            "vessel.toml: tool_timeout_seconds: expected a number, got a string",
+        ),
+        (
+            "tool_output_chars = 1.5\n[tools]\n",
+            "vessel.toml: tool_output_chars: expected an integer, got a number",
+        ),
         ("[tools]\nbuiltin = 'read'\n", "vessel.toml: tools.builtin:"),
         ("name = 'x'\n", "vessel.toml: tools: required key is missing"),
-        ("[tools]\n[limits]\nprocesses = true\n", "vessel.toml: limits.processes: expected an integer, got a boolean"),
+        (
+            "[tools]\n[limits]\nprocesses = true\n",
+            "vessel.toml: limits.processes: expected an integer, got a boolean",
+        ),
     ],
 )
 def test_vessel_shape_errors(make_agent: MakeAgent, vessel: str, expected: str) -> None:
@@ -151,8 +163,14 @@ def test_vessel_shape_errors(make_agent: MakeAgent, vessel: str, expected: str) 
         ("[tools]\nbuiltin = ['cat']\n", "tools.builtin: unknown built-in 'cat'"),
         ("[tools]\nbuiltin = ['read', 'read']\n", "tools.builtin: lists a built-in more than once"),
         ("[tools]\n[limits]\nopen_files = 5000\n", "limits: limit open_files may not exceed 4096"),
-        ("[tools]\n[limits]\nmemory_mb = 0\n", "limits: limit memory_mb must be a positive integer"),
-        ("[tools]\n[services.x]\nurl = 'ftp://x'\n", "services.x.url: 'ftp://x' must be an http:// or https:// URL"),
+        (
+            "[tools]\n[limits]\nmemory_mb = 0\n",
+            "limits: limit memory_mb must be a positive integer",
+        ),
+        (
+            "[tools]\n[services.x]\nurl = 'ftp://x'\n",
+            "services.x.url: 'ftp://x' must be an http:// or https:// URL",
+        ),
         ("[tools]\n[sandbox]\ndockerfile = 'nope'\n", "sandbox.dockerfile: 'nope' does not exist"),
     ],
 )
@@ -167,25 +185,70 @@ def test_vessel_value_errors(make_agent: MakeAgent, vessel: str, expected: str) 
     [
         ('description = "d"\ncommand = ["x"]\n', "name: required key is missing"),
         ('name = "echo"\ncommand = ["x"]\n', "description: required key is missing"),
-        ('name = "Echo"\ndescription = "d"\ncommand = ["x"]\n', "name: 'Echo' is not a valid tool name"),
-        ('name = "9lives"\ndescription = "d"\ncommand = ["x"]\n', "name: '9lives' is not a valid tool name"),
+        (
+            'name = "Echo"\ndescription = "d"\ncommand = ["x"]\n',
+            "name: 'Echo' is not a valid tool name",
+        ),
+        (
+            'name = "9lives"\ndescription = "d"\ncommand = ["x"]\n',
+            "name: '9lives' is not a valid tool name",
+        ),
         (f'name = "a{"b" * 63}"\ndescription = "d"\ncommand = ["x"]\n', "is not a valid tool name"),
-        ('name = "my-tool"\ndescription = "d"\ncommand = ["x"]\n', "name: 'my-tool' is not a valid tool name"),
-        ('name = "grep"\ndescription = "d"\ncommand = ["x"]\n', "name: 'grep' is a built-in tool's name"),
+        (
+            'name = "my-tool"\ndescription = "d"\ncommand = ["x"]\n',
+            "name: 'my-tool' is not a valid tool name",
+        ),
+        (
+            'name = "grep"\ndescription = "d"\ncommand = ["x"]\n',
+            "name: 'grep' is a built-in tool's name",
+        ),
         ('name = "echo"\ndescription = " "\ncommand = ["x"]\n', "description: must not be empty"),
-        ('name = "echo"\ndescription = "d"\n', "command/service: set exactly one of command or service"),
-        ('name = "echo"\ndescription = "d"\ncommand = ["x"]\nservice = "s"\n', "set exactly one of command or service"),
+        (
+            'name = "echo"\ndescription = "d"\n',
+            "command/service: set exactly one of command or service",
+        ),
+        (
+            'name = "echo"\ndescription = "d"\ncommand = ["x"]\nservice = "s"\n',
+            "set exactly one of command or service",
+        ),
         ('name = "echo"\ndescription = "d"\ncommand = []\n', "command: must list the program"),
         ('name = "echo"\ndescription = "d"\ncommand = "ls -l"\n', "command: "),
-        ('name = "echo"\ndescription = "d"\ncommand = ["x", 1]\n', "command[1]: expected a string, got an integer"),
-        ('name = "echo"\ndescription = "d"\ncommand = ["x"]\ninput = "argv"\n', "input: 'argv' is not accepted; use \"json-stdin\" or \"args\""),
-        ('name = "echo"\ndescription = "d"\ncommand = ["x"]\ntimeout_seconds = -1\n', "timeout_seconds: must be a positive number"),
-        ('name = "echo"\ndescription = "d"\ncommand = ["x"]\nscope = "tools:all"\n', "scope: unknown scope 'tools:all'"),
-        ('name = "echo"\ndescription = "d"\ncommand = ["x"]\ncolour = "red"\n', "colour: unknown key (check the spelling)"),
-        ('name = "echo"\ndescription = "d"\ncommand = ["x"]\nparameters = 5\n', "parameters: must be a table"),
-        ('name = "echo"\ndescription = "d"\ncommand = ["x"]\n[parameters]\ntype = "array"\n', 'parameters: must be a JSON Schema with type = "object"'),
-        ('name = "echo"\ndescription = "d"\ncommand = ["x"]\n[parameters]\ntype = "object"\nrequired = "x"\n', "parameters: is not a valid JSON Schema"),
-        ('name = "echo"\ndescription = "d"\ncommand = ["x"]\n[parameters]\ntype = "object"\n[parameters.properties.a]\ntype = "strin"\n', "parameters: is not a valid JSON Schema at properties/a/type"),
+        (
+            'name = "echo"\ndescription = "d"\ncommand = ["x", 1]\n',
+            "command[1]: expected a string, got an integer",
+        ),
+        (
+            'name = "echo"\ndescription = "d"\ncommand = ["x"]\ninput = "argv"\n',
+            'input: \'argv\' is not accepted; use "json-stdin" or "args"',
+        ),
+        (
+            'name = "echo"\ndescription = "d"\ncommand = ["x"]\ntimeout_seconds = -1\n',
+            "timeout_seconds: must be a positive number",
+        ),
+        (
+            'name = "echo"\ndescription = "d"\ncommand = ["x"]\nscope = "tools:all"\n',
+            "scope: unknown scope 'tools:all'",
+        ),
+        (
+            'name = "echo"\ndescription = "d"\ncommand = ["x"]\ncolour = "red"\n',
+            "colour: unknown key (check the spelling)",
+        ),
+        (
+            'name = "echo"\ndescription = "d"\ncommand = ["x"]\nparameters = 5\n',
+            "parameters: must be a table",
+        ),
+        (
+            'name = "echo"\ndescription = "d"\ncommand = ["x"]\n[parameters]\ntype = "array"\n',
+            'parameters: must be a JSON Schema with type = "object"',
+        ),
+        (
+            'name = "echo"\ndescription = "d"\ncommand = ["x"]\n[parameters]\ntype = "object"\nrequired = "x"\n',
+            "parameters: is not a valid JSON Schema",
+        ),
+        (
+            'name = "echo"\ndescription = "d"\ncommand = ["x"]\n[parameters]\ntype = "object"\n[parameters.properties.a]\ntype = "strin"\n',
+            "parameters: is not a valid JSON Schema at properties/a/type",
+        ),
     ],
 )
 def test_tool_file_errors(make_agent: MakeAgent, tool: str, expected: str) -> None:
@@ -197,7 +260,10 @@ def test_tool_file_errors(make_agent: MakeAgent, tool: str, expected: str) -> No
 def test_missing_tool_file(make_agent: MakeAgent) -> None:
     """A declared tool file that does not exist is named."""
     (problem,) = problems_of(make_agent(MINIMAL))
-    assert problem == "vessel.toml: tools.declared[0]: 'tools/echo.toml' does not exist in the agent folder"
+    assert (
+        problem
+        == "vessel.toml: tools.declared[0]: 'tools/echo.toml' does not exist in the agent folder"
+    )
 
 
 def test_tool_file_outside_folder_by_dotdot(make_agent: MakeAgent, tmp_path: Path) -> None:

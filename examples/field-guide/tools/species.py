@@ -22,7 +22,9 @@ def main():
     rows = []
     for page in sorted(pathlib.Path("species").glob("*.md")):
         fields = front_matter(page.read_text(encoding="utf-8"))
-        habitats = [h.strip().lower() for h in fields["habitat"].strip("[]").split(",") if h.strip()]
+        habitats = [
+            h.strip().lower() for h in fields["habitat"].strip("[]").split(",") if h.strip()
+        ]
         if wanted and wanted not in habitats:
             continue
         rows.append(

@@ -11,7 +11,7 @@ sandbox and how to reach the server's stdin and stdout.
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import ClassVar, Protocol
 
@@ -45,11 +45,15 @@ class BackendReport:
     details: Mapping[str, str] = attrs.field(factory=dict)
 
 
+def _str_tuple(items: Iterable[str]) -> tuple[str, ...]:
+    return tuple(items)
+
+
 @attrs.frozen(kw_only=True)
 class RunRequest:
     """One confined call: an argv run in the turn's sandbox with the policy's confinement."""
 
-    argv: tuple[str, ...] = attrs.field(converter=tuple)
+    argv: tuple[str, ...] = attrs.field(converter=_str_tuple)
     stdin: bytes = b""
     timeout: float
     #: Characters of combined output kept; the rest is counted, not kept.
@@ -122,7 +126,9 @@ class SandboxSession(abc.ABC):
         """Async twin of ``run``; same contract."""
 
     @abc.abstractmethod
-    def file_tool(self, tool: str, arguments: Mapping[str, object], *, timeout: float) -> FileOutcome:
+    def file_tool(
+        self, tool: str, arguments: Mapping[str, object], *, timeout: float
+    ) -> FileOutcome:
         """Answer ``read``, ``glob`` or ``list`` in the sandbox's view, as its unprivileged user.
 
         The model's mistakes (missing file, path outside the agent's data) are a

@@ -5,7 +5,7 @@ steps (bind, symlink, tmpfs, directory). bubblewrap and nsjail each translate
 the same steps into their own options, so both show exactly the same view:
 the system dirs, ``/agent``, the workdir and data mounts (read-only unless the
 host mounted them writable), the server's interpreter, and the size-limited
-workspace. Nothing else of the host.
+workspace (the server creates ``outbox`` in it). Nothing else of the host.
 """
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ from pathlib import PurePosixPath
 import attrs
 
 from ._hostinfo import HostFacts, interpreter_mount
-from ._policy import AGENT_DIR, OUTBOX_DIR, WORKSPACE_DIR, Policy
+from ._policy import AGENT_DIR, WORKSPACE_DIR, Policy
 
 __all__ = ["Bind", "Dir", "Step", "Symlink", "Tmpfs", "sandbox_layout"]
 
-#: The workspace and outbox are world-writable directories of a root-owned tmpfs:
-#: the unprivileged call user must write them, and nothing else shares the tmpfs.
-WORKSPACE_MODE = 0o777
+#: The workspace tmpfs starts root-owned and private; the server hands it (and the
+#: outbox it creates inside) to the call's unprivileged user at hello.
+WORKSPACE_MODE = 0o755
 
 
 @attrs.frozen(kw_only=True)
@@ -88,7 +88,6 @@ def sandbox_layout(policy: Policy, facts: HostFacts) -> tuple[Step, ...]:
         steps.append(Bind(source=str(mount.source), target=str(mount.target), writable=mount.writable))
         targets.append(mount.target)
     steps.append(Tmpfs(path=str(WORKSPACE_DIR), size_bytes=policy.limits.disk_mb * 1024 * 1024))
-    steps.append(Dir(path=str(OUTBOX_DIR), mode=WORKSPACE_MODE))
     targets.append(WORKSPACE_DIR)
     if not _covered(policy.workdir, targets):
         # A workdir nobody mounted still exists, empty, so calls can start in it.

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
 
 import attrs
@@ -32,9 +32,10 @@ AGENT_DIR = PurePosixPath("/agent")
 WORKSPACE_DIR = PurePosixPath("/workspace")
 #: ``$VESSEL_OUTBOX``: files a call leaves here come back in ``ToolResult.files``.
 OUTBOX_DIR = WORKSPACE_DIR / "outbox"
-#: The system directories bound read-only (the host's for bubblewrap and nsjail, the image's for Docker).
+#: System directories, bound read-only: the host's (bubblewrap, nsjail) or the image's (Docker).
 SYSTEM_DIRS: tuple[PurePosixPath, ...] = tuple(
-    PurePosixPath(p) for p in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+    PurePosixPath(p)
+    for p in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
 )
 #: The sandbox's ``$PATH`` and ``$LANG``; the other three variables point into the workspace.
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
@@ -70,14 +71,18 @@ _PROMISE_SUMMARIES = {
     Promise.NO_UNIX_SOCKETS: "socket(AF_UNIX) refused: no socket files",
     Promise.NO_IPC: "no SysV or POSIX shared memory, message queues or semaphores",
     Promise.CLEAN_ENVIRONMENT: "environment is exactly PATH, LANG, HOME, TMPDIR, VESSEL_OUTBOX",
-    Promise.NO_NEW_SESSIONS: "setsid/setpgid refused; every process a call started is gone when it returns",
+    Promise.NO_NEW_SESSIONS: (
+        "setsid/setpgid refused; every process a call started is gone when it returns"
+    ),
     Promise.OPEN_FILES_LIMIT: "at most `open_files` open files",
     Promise.DISK_LIMIT: "no file above the disk limit, and the workspace never above it",
     Promise.MEMORY_LIMIT: "memory limited to `memory_mb`",
     Promise.PROCESS_LIMIT: "process count limited to `processes`",
     Promise.UNPRIVILEGED: "unprivileged user, no capabilities, no_new_privs",
     Promise.SECCOMP: "seccomp filter: architecture checked, dangerous system calls refused",
-    Promise.FILESYSTEM_VIEW: "only system dirs, /agent, workdir, mounts and the workspace; read-only but the workspace",
+    Promise.FILESYSTEM_VIEW: (
+        "only system dirs, /agent, workdir, mounts and the workspace; read-only but the workspace"
+    ),
 }
 
 
@@ -100,13 +105,17 @@ class Mount:
         return cls.from_pair(target, source, writable=writable)
 
     @classmethod
-    def from_pair(cls, target: str | PurePosixPath, source: str | Path, *, writable: bool = False) -> Mount:
+    def from_pair(
+        cls, target: str | PurePosixPath, source: str | Path, *, writable: bool = False
+    ) -> Mount:
         """Check and build a mount from a sandbox path and a host path."""
         tgt = PurePosixPath(target)
         if not tgt.is_absolute() or ".." in tgt.parts:
             raise ValueError(f"sandbox path {str(tgt)!r} must be absolute and free of '..'")
         if tgt == PurePosixPath("/") or any(tgt == d or d in tgt.parents for d in _RESERVED):
-            raise ValueError(f"sandbox path {str(tgt)!r} is reserved; mount data elsewhere, such as /data")
+            raise ValueError(
+                f"sandbox path {str(tgt)!r} is reserved; mount data elsewhere, such as /data"
+            )
         src = Path(source).expanduser().resolve()
         if not src.exists():
             raise ValueError(f"host path {str(source)!r} for {str(tgt)!r} does not exist")
@@ -134,6 +143,14 @@ class Limits:
             raise ValueError("limit open_files may not exceed 4096")
 
 
+def _mount_tuple(mounts: Iterable[Mount]) -> tuple[Mount, ...]:
+    return tuple(mounts)
+
+
+def _promise_set(promises: Iterable[Promise | str]) -> frozenset[Promise]:
+    return frozenset(Promise(p) for p in promises)
+
+
 @attrs.frozen(kw_only=True)
 class Policy:
     """Everything a backend needs to build one turn's sandbox.
@@ -144,13 +161,13 @@ class Policy:
 
     agent_dir: Path | None = None
     workdir: PurePosixPath = attrs.field(default=WORKSPACE_DIR, converter=PurePosixPath)
-    mounts: tuple[Mount, ...] = attrs.field(default=(), converter=tuple)
-    limits: Limits = Limits()
-    relaxed: frozenset[Promise] = attrs.field(default=frozenset(), converter=frozenset)
+    mounts: tuple[Mount, ...] = attrs.field(default=(), converter=_mount_tuple)
+    limits: Limits = attrs.field(factory=Limits)
+    relaxed: frozenset[Promise] = attrs.field(default=frozenset(), converter=_promise_set)
 
     def relax(self, *promises: Promise | str) -> Policy:
         """Return a copy that no longer requires ``promises``: an explicit, audited choice of the host."""
-        return attrs.evolve(self, relaxed=self.relaxed | {Promise(p) for p in promises})
+        return attrs.evolve(self, relaxed=self.relaxed | _promise_set(promises))
 
     @property
     def environment(self) -> Mapping[str, str]:

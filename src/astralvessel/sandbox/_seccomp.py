@@ -26,7 +26,7 @@ from __future__ import annotations
 import errno
 import platform
 import struct
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Literal, TypeAlias
 
 import attrs
@@ -175,6 +175,10 @@ def _check_width(_inst: object, _attr: object, value: int) -> None:
         raise ValueError(f"argument width must be 32 or 64, not {value}")
 
 
+def _int_tuple(values: Iterable[int]) -> tuple[int, ...]:
+    return tuple(values)
+
+
 @attrs.frozen(kw_only=True)
 class ArgEquals:
     """Matches when argument ``index`` equals ``value``.
@@ -205,7 +209,9 @@ class ArgHasBits:
 
     def __attrs_post_init__(self) -> None:
         if not 0 < self.mask < 1 << self.width:
-            raise ValueError(f"mask {self.mask:#x} of {self.name} must be non-zero and fit {self.width} bits")
+            raise ValueError(
+                f"mask {self.mask:#x} of {self.name} must be non-zero and fit {self.width} bits"
+            )
 
 
 @attrs.frozen(kw_only=True)
@@ -214,7 +220,7 @@ class ArgNotIn:
 
     index: int = attrs.field(validator=_check_index)
     name: str
-    values: tuple[int, ...] = attrs.field(converter=tuple)
+    values: tuple[int, ...] = attrs.field(converter=_int_tuple)
     width: int = attrs.field(default=32, validator=_check_width)
 
     def __attrs_post_init__(self) -> None:
@@ -255,12 +261,16 @@ class Rule:
         return self.when is None or _condition_matches(self.when, args[self.when.index])
 
 
+def _rule_tuple(rules: Iterable[Rule]) -> tuple[Rule, ...]:
+    return tuple(rules)
+
+
 @attrs.frozen(kw_only=True)
 class DenyList:
     """A named, ordered set of refused system calls; everything else is allowed."""
 
     name: str
-    rules: tuple[Rule, ...] = attrs.field(converter=tuple)
+    rules: tuple[Rule, ...] = attrs.field(converter=_rule_tuple)
 
     def __attrs_post_init__(self) -> None:
         if not self.name.isidentifier():
@@ -288,7 +298,7 @@ class DenyList:
         return tuple(r for r in self.rules if r.syscall in _TABLES[arch])
 
     def decide(self, syscall: str, args: Sequence[int] = (0,) * 6) -> int | None:
-        """The errno a call gets under this list, or None when it is allowed (the reference semantics)."""
+        """The errno a call gets under this list, or None if allowed: the reference semantics."""
         padded = (*args, *(0,) * (6 - len(args)))
         for rule in self.rules:
             if rule.syscall == syscall and rule.matches(padded):
@@ -422,7 +432,9 @@ def _resolve(deny_list: DenyList | str) -> DenyList:
     try:
         return PROFILES[deny_list]
     except KeyError:
-        raise ValueError(f"unknown seccomp profile {deny_list!r}; choose one of {sorted(PROFILES)}") from None
+        raise ValueError(
+            f"unknown seccomp profile {deny_list!r}; choose one of {sorted(PROFILES)}"
+        ) from None
 
 
 def _check_arch(arch: str) -> Arch:
@@ -500,63 +512,65 @@ class _Assembler:
         return b"".join(struct.pack("<HBBI", *insn) for insn in resolve(self.items))
 
 
+def _layout(
+    items: Sequence[_Item], far: set[tuple[int, str]]
+) -> tuple[list[int], dict[int, int], int]:
+    """Instruction index of every item and label, and the program length, given the far branches."""
+    starts: list[int] = []
+    labels: dict[int, int] = {}
+    pc = 0
+    for i, item in enumerate(items):
+        starts.append(pc)
+        if isinstance(item, _Mark):
+            labels[item.label.id] = pc
+        elif isinstance(item, _Jump):
+            pc += 1 + sum((i, side) in far for side in ("jt", "jf"))
+        else:
+            pc += 1
+    return starts, labels, pc
+
+
+def _distance(labels: Mapping[int, int], label: _Label | None, fallthrough: int, pc: int) -> int:
+    """The forward offset from the instruction at ``pc`` to ``label`` (None: ``fallthrough``)."""
+    if label is not None and label.id not in labels:
+        raise ValueError(f"BPF label {label.id} is never placed")
+    offset = (fallthrough if label is None else labels[label.id]) - pc - 1
+    if offset < 0:
+        raise ValueError("classic BPF cannot jump backwards")
+    return offset
+
+
 def resolve(items: Sequence[_Item]) -> list[tuple[int, int, int, int]]:
     """Lay out ``items`` as ``(code, jt, jf, k)`` instructions, adding trampolines for far jumps."""
     far: set[tuple[int, str]] = set()  # (item index, "jt" | "jf") routed through a trampoline
     while True:
-        positions: dict[int, int] = {}  # label id -> instruction index
-        starts: list[int] = []  # item index -> instruction index
-        pc = 0
-        for i, item in enumerate(items):
-            starts.append(pc)
-            if isinstance(item, _Mark):
-                positions[item.label.id] = pc
-            elif isinstance(item, _Jump):
-                pc += 1 + sum((i, side) in far for side in ("jt", "jf"))
-            else:
-                pc += 1
-        end = pc
-
-        def target(label: _Label | None, after: int) -> int:
-            if label is None:
-                return after
-            if label.id not in positions:
-                raise ValueError(f"BPF label {label.id} is never placed")
-            return positions[label.id]
-
+        starts, labels, end = _layout(items, far)
         grown = False
         out: list[tuple[int, int, int, int]] = []
         for i, item in enumerate(items):
             pc = starts[i]
-            if isinstance(item, _Mark):
-                continue
             if isinstance(item, _Stmt):
                 out.append((item.code, 0, 0, item.k))
-                continue
-            if isinstance(item, _Goto):
-                offset = target(item.target, end) - pc - 1
-                if offset < 0:
-                    raise ValueError("classic BPF cannot jump backwards")
-                out.append((BPF_JMP_JA, 0, 0, offset))
-                continue
-            tramps = [side for side in ("jt", "jf") if (i, side) in far]
-            after = pc + 1 + len(tramps)
-            offsets: dict[str, int] = {}
-            for side, label in (("jt", item.jt), ("jf", item.jf)):
-                if side in tramps:
-                    offsets[side] = tramps.index(side)
-                    continue
-                offset = target(label, after) - pc - 1
-                if offset < 0:
-                    raise ValueError("classic BPF cannot jump backwards")
-                if offset > 0xFF:
-                    far.add((i, side))
-                    grown = True
-                offsets[side] = offset
-            out.append((item.code, offsets["jt"], offsets["jf"], item.k))
-            for n, side in enumerate(tramps):
-                label = item.jt if side == "jt" else item.jf
-                out.append((BPF_JMP_JA, 0, 0, target(label, after) - (pc + 1 + n) - 1))
+            elif isinstance(item, _Goto):
+                out.append((BPF_JMP_JA, 0, 0, _distance(labels, item.target, end, pc)))
+            elif isinstance(item, _Jump):
+                tramps = [side for side in ("jt", "jf") if (i, side) in far]
+                after = pc + 1 + len(tramps)
+                branches = {"jt": item.jt, "jf": item.jf}
+                offsets = {}
+                for side, label in branches.items():
+                    offsets[side] = (
+                        tramps.index(side)
+                        if side in tramps
+                        else _distance(labels, label, after, pc)
+                    )
+                    if offsets[side] > 0xFF:
+                        far.add((i, side))
+                        grown = True
+                out.append((item.code, offsets["jt"], offsets["jf"], item.k))
+                for n, side in enumerate(tramps):
+                    ja_pc = pc + 1 + n
+                    out.append((BPF_JMP_JA, 0, 0, _distance(labels, branches[side], after, ja_pc)))
         if not grown:
             return out
 
@@ -652,7 +666,9 @@ def compile_bpf(deny_list: DenyList | str, arch: str) -> bytes:
     asm.ret(SECCOMP_RET_KILL_PROCESS)
     program = asm.assemble()
     if len(program) // 8 > BPF_MAXINSNS:
-        raise ValueError(f"seccomp program for {profile.name!r} exceeds {BPF_MAXINSNS} instructions")
+        raise ValueError(
+            f"seccomp program for {profile.name!r} exceeds {BPF_MAXINSNS} instructions"
+        )
     return program
 
 
@@ -695,12 +711,14 @@ def to_kafel(deny_list: DenyList | str, arch: str) -> str:
     for rule in profile.rules_for(target):
         grouped.setdefault((rule.errno, rule.syscall), []).append(rule)
     for (err, syscall), rules in grouped.items():
+        # By number, named in a comment: kafel's own tables differ between
+        # versions (this one spells umount2 differently, older ones lack the
+        # newer calls), while our numbers are the ones compile_bpf uses.
+        entry = f"SYSCALL[{_TABLES[target][syscall]}] /* {syscall} */"
         conds = [r.when for r in rules if r.when is not None]
-        if not conds:
-            entry = syscall
-        else:
+        if conds:
             exprs = ", ".join(_kafel_expr(c) for c in conds)
-            entry = f"{syscall}({_kafel_params(conds)}) {{ {exprs} }}"
+            entry += f" ({_kafel_params(conds)}) {{ {exprs} }}"
         blocks.setdefault(err, []).append(entry)
     name = f"astralvessel_{profile.name}"
     parts: list[str] = []
@@ -725,7 +743,7 @@ def _masked(index: int, mask: int, expected: int) -> dict[str, object]:
 
 
 def _docker_arg_sets(cond: Condition) -> list[list[dict[str, object]]]:
-    """Alternatives (OR) of argument lists (AND), one comparison per argument as libseccomp requires."""
+    """Alternatives (OR) of argument lists (AND); libseccomp takes one comparison per argument."""
     if isinstance(cond, ArgEquals):
         if cond.width == 64:
             return [[{"index": cond.index, "value": cond.value, "op": "SCMP_CMP_EQ"}]]
@@ -742,9 +760,7 @@ def _docker_arg_sets(cond: Condition) -> list[list[dict[str, object]]]:
             return [[_masked(cond.index, 1 << b, 0)] for b in range(32)]
         # Neither all zeros nor all ones: somewhere (cyclically) a set bit is
         # followed by a clear one, so these 32 single comparisons cover it exactly.
-        return [
-            [_masked(cond.index, 1 << b | 1 << (b + 1) % 32, 1 << b)] for b in range(32)
-        ]
+        return [[_masked(cond.index, 1 << b | 1 << (b + 1) % 32, 1 << b)] for b in range(32)]
     raise ValueError(
         f"Docker's profile format cannot express {cond.name} not in {sorted(values)}; "
         "use values drawn from 0 and 0xffffffff"

@@ -41,8 +41,14 @@ _HTML_TYPES = frozenset({"text/html", "application/xhtml+xml"})
 _TEXT_TYPES = frozenset(
     {"text/plain", "text/markdown", "text/x-markdown", "application/json", "text/json"}
 )
-_META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([a-zA-Z0-9_.:-]+)""", re.IGNORECASE)
-_BOMS = ((codecs.BOM_UTF8, "utf-8"), (codecs.BOM_UTF16_LE, "utf-16-le"), (codecs.BOM_UTF16_BE, "utf-16-be"))
+_META_CHARSET = re.compile(
+    rb"""<meta[^>]+charset\s*=\s*["']?\s*([a-zA-Z0-9_.:-]+)""", re.IGNORECASE
+)
+_BOMS = (
+    (codecs.BOM_UTF8, "utf-8"),
+    (codecs.BOM_UTF16_LE, "utf-16-le"),
+    (codecs.BOM_UTF16_BE, "utf-16-be"),
+)
 
 # A page could end the wrapper early by writing its closing tag (in any case, with spaces,
 # or with look-alike angle brackets); every tag-shaped "web_content" loses its bracket.
@@ -100,7 +106,9 @@ class BodyCollector:
             raise ContentRefused(f"the response is compressed more than once ({header})")
         coding = codings[0] if codings else ""
         if coding in ("gzip", "x-gzip"):
-            return cls(limit=limit, encoding="gzip", inflater=zlib.decompressobj(16 + zlib.MAX_WBITS))
+            return cls(
+                limit=limit, encoding="gzip", inflater=zlib.decompressobj(16 + zlib.MAX_WBITS)
+            )
         if coding == "deflate":
             return cls(limit=limit, encoding="deflate", deflate_probe=b"")
         if coding:
@@ -142,7 +150,9 @@ class BodyCollector:
             if self._inflater.eof:
                 return
         except zlib.error as error:
-            raise ContentRefused(f"the {self.encoding} compressed body is corrupt ({error})") from None
+            raise ContentRefused(
+                f"the {self.encoding} compressed body is corrupt ({error})"
+            ) from None
 
     def _keep(self, data: bytes) -> None:
         room = self.limit - self._size

@@ -14,7 +14,7 @@ import ipaddress
 import re
 import socket
 from collections.abc import Iterable, Sequence
-from typing import Protocol, Union
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import attrs
@@ -31,8 +31,8 @@ __all__ = [
     "classify_address",
 ]
 
-IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
-IPNetwork = Union[ipaddress.IPv4Network, ipaddress.IPv6Network]
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 ALLOWED_SCHEMES = ("http", "https")
 ALLOWED_PORTS = (80, 443)
@@ -88,11 +88,13 @@ _HOST_NAME = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)(\.(?!-)[a-z0-9_-]{1,63}(?
 # WHATWG URL parsing treats a host whose last label is a number as an IPv4 address, so
 # anything shaped like that is either the one canonical spelling or refused.
 _NUMERIC_LABEL = re.compile(r"^(0[x][0-9a-f]*|[0-9]+)$")
-_CANONICAL_V4 = re.compile(r"^(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])(\.(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])){3}$")
+_CANONICAL_V4 = re.compile(
+    r"^(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])(\.(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])){3}$"
+)
 _FORBIDDEN_URL_CHARS = re.compile(r"[\x00-\x20\x7f\\]")
 
 
-def classify_address(address: IPAddress) -> str | None:
+def classify_address(address: IPAddress) -> str | None:  # noqa: PLR0911 - one verdict per rule
     """Say what kind of non-public address this is, or None when it is public.
 
     IPv6 addresses that embed an IPv4 address (IPv4-mapped, NAT64, 6to4) are
@@ -130,6 +132,14 @@ def _embedded_v4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None
     return None
 
 
+def _to_network(value: str | IPNetwork) -> IPNetwork:
+    return ipaddress.ip_network(value)
+
+
+def _to_ports(value: Iterable[int]) -> frozenset[int]:
+    return frozenset(value)
+
+
 @attrs.frozen(kw_only=True)
 class AllowRule:
     """An operator's exception to the egress policy: a network, and optionally the ports on it.
@@ -138,8 +148,8 @@ class AllowRule:
     ``ports`` empty means any port.
     """
 
-    network: IPNetwork = attrs.field(converter=lambda value: ipaddress.ip_network(value))
-    ports: frozenset[int] = attrs.field(default=frozenset(), converter=frozenset)
+    network: IPNetwork = attrs.field(converter=_to_network)
+    ports: frozenset[int] = attrs.field(default=frozenset(), converter=_to_ports)
 
     @classmethod
     def parse(cls, text: str) -> AllowRule:
@@ -156,8 +166,10 @@ class AllowRule:
 
     def matches(self, address: IPAddress, port: int) -> bool:
         """Whether this rule lets a connection to ``address:port`` through."""
-        return address.version == self.network.version and address in self.network and (
-            not self.ports or port in self.ports
+        return (
+            address.version == self.network.version
+            and address in self.network
+            and (not self.ports or port in self.ports)
         )
 
 
@@ -224,7 +236,7 @@ class EgressPolicy:
     allow: tuple[AllowRule, ...] = attrs.field(default=(), converter=tuple)
 
     def check_url(self, url: str) -> Target:
-        """Check a URL's form; return its target or raise `EgressError` saying which rule refused."""
+        """Check a URL's form; return its target, or raise `EgressError` naming the rule."""
         if len(url) > 8192:
             raise _refuse("the URL is longer than 8192 characters")
         if _FORBIDDEN_URL_CHARS.search(url):
@@ -278,13 +290,19 @@ class EgressPolicy:
             try:
                 address = ipaddress.ip_address(answer)
             except ValueError:
-                raise _refuse(f"{target.host} resolved to {answer!r}, which is not an IP address") from None
+                raise _refuse(
+                    f"{target.host} resolved to {answer!r}, which is not an IP address"
+                ) from None
             if self._allowed(address, target.port):
                 addresses.append(str(address))
                 continue
             why = classify_address(address)
             if why is not None:
-                shown = str(address) if target.literal is not None else f"{target.host} resolves to {address}, which"
+                shown = (
+                    str(address)
+                    if target.literal is not None
+                    else f"{target.host} resolves to {address}, which"
+                )
                 raise _refuse(f"{shown} is {why}")
             if target.port not in ALLOWED_PORTS:
                 raise _refuse(f"port {target.port} is not allowed")
@@ -320,7 +338,7 @@ class EgressPolicy:
         bare = host[:-1] if host.endswith(".") else host
         labels = bare.split(".")
         if _NUMERIC_LABEL.match(labels[-1]):
-            if _CANONICAL_V4.match(host):
+            if raw.isascii() and _CANONICAL_V4.match(host):
                 v4 = ipaddress.IPv4Address(host)
                 return str(v4), v4
             raise _refuse(

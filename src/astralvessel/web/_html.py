@@ -16,17 +16,73 @@ __all__ = ["html_to_text"]
 
 # Elements whose contents never reach the reader.
 _DROPPED = frozenset(
-    {"script", "style", "template", "noscript", "head", "svg", "math", "iframe", "object",
-     "canvas", "select", "button", "datalist", "dialog", "map", "audio", "video"}
+    {
+        "script",
+        "style",
+        "template",
+        "noscript",
+        "head",
+        "svg",
+        "math",
+        "iframe",
+        "object",
+        "canvas",
+        "select",
+        "button",
+        "datalist",
+        "dialog",
+        "map",
+        "audio",
+        "video",
+    }
 )
 _VOID = frozenset(
-    {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param",
-     "source", "track", "wbr", "keygen"}
+    {
+        "area",
+        "base",
+        "br",
+        "col",
+        "embed",
+        "hr",
+        "img",
+        "input",
+        "link",
+        "meta",
+        "param",
+        "source",
+        "track",
+        "wbr",
+        "keygen",
+    }
 )
 _BLOCK = frozenset(
-    {"address", "article", "aside", "blockquote", "center", "dd", "details", "div", "dl", "dt",
-     "fieldset", "figcaption", "figure", "footer", "form", "header", "hgroup", "main", "nav",
-     "section", "summary", "caption", "legend", "body", "html"}
+    {
+        "address",
+        "article",
+        "aside",
+        "blockquote",
+        "center",
+        "dd",
+        "details",
+        "div",
+        "dl",
+        "dt",
+        "fieldset",
+        "figcaption",
+        "figure",
+        "footer",
+        "form",
+        "header",
+        "hgroup",
+        "main",
+        "nav",
+        "section",
+        "summary",
+        "caption",
+        "legend",
+        "body",
+        "html",
+    }
 )
 _PARAGRAPH = frozenset({"p"})
 # Starting one of these closes an open <p>, as in the HTML parsing algorithm.
@@ -84,7 +140,7 @@ class _Converter(HTMLParser):
 
     # -- parser callbacks -------------------------------------------------------------------
 
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:  # noqa: PLR0912
         if tag == "title":
             # The title lives in <head>, which is otherwise dropped; keep the first one only.
             self.in_title = not self.title
@@ -96,11 +152,12 @@ class _Converter(HTMLParser):
         hidden = tag in _DROPPED
         href = None
         for name, value in attrs:
-            if name == "hidden" or (name == "aria-hidden" and value == "true"):
-                hidden = True
-            elif name == "style" and value and _HIDDEN_STYLE.search(value):
-                hidden = True
-            elif name == "type" and tag == "input" and value == "hidden":
+            if (
+                name == "hidden"
+                or (name == "aria-hidden" and value == "true")
+                or (name == "style" and value and _HIDDEN_STYLE.search(value))
+                or (name == "type" and tag == "input" and value == "hidden")
+            ):
                 hidden = True
             elif name == "href":
                 href = value
@@ -199,7 +256,7 @@ class _Converter(HTMLParser):
             self.emit("---")
             self.block(2)
 
-    def _open(self, tag: str, href: str | None) -> None:
+    def _open(self, tag: str, href: str | None) -> None:  # noqa: PLR0912, PLR0915 - one case per tag
         if tag in _HEADINGS:
             self.block(2)
             self.emit("#" * _HEADINGS[tag] + " ")
@@ -263,7 +320,7 @@ class _Converter(HTMLParser):
         self.at_line_start = False
         self.space_owed = False
 
-    def _end(self, tag: str) -> None:
+    def _end(self, tag: str) -> None:  # noqa: PLR0912 - one case per tag
         if tag in _HEADINGS or tag in _PARAGRAPH or tag == "blockquote":
             self.block(2)
         elif tag in ("ul", "ol"):

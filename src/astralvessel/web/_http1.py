@@ -25,7 +25,9 @@ def format_request(request: HttpRequest, *, host_header: str | None = None) -> b
     lines = [f"{request.method} {request.target} HTTP/1.1"]
     host = f"[{request.host}]" if ":" in request.host else request.host
     default = {"http": 80, "https": 443}[request.scheme]
-    lines.append(f"Host: {host_header or (host if request.port == default else f'{host}:{request.port}')}")
+    lines.append(
+        f"Host: {host_header or (host if request.port == default else f'{host}:{request.port}')}"
+    )
     for name, value in request.headers:
         if name.lower() in ("host", "connection", "content-length", "transfer-encoding"):
             continue
@@ -93,7 +95,9 @@ class ResponseReader:
             self._state = _State.DONE
         elif self._state is not _State.DONE:
             where = "headers" if self._state is _State.HEAD else "body"
-            raise TransportError(f"the server closed the connection before the response {where} ended")
+            raise TransportError(
+                f"the server closed the connection before the response {where} ended"
+            )
 
     def take_body(self) -> bytes:
         """Return the body bytes decoded from framing since the last call."""
@@ -103,7 +107,7 @@ class ResponseReader:
         self._body.clear()
         return out
 
-    def _advance(self) -> None:
+    def _advance(self) -> None:  # noqa: PLR0911, PLR0912 - one case per parser state
         while True:
             state = self._state
             if state is _State.HEAD:
@@ -176,7 +180,9 @@ class ResponseReader:
                 )
             return False
         if match.end() > self._max_header_bytes:
-            raise TransportError(f"the response headers are larger than {self._max_header_bytes} bytes")
+            raise TransportError(
+                f"the response headers are larger than {self._max_header_bytes} bytes"
+            )
         raw = bytes(self._buffer[: match.start()])
         del self._buffer[: match.end()]
         lines = raw.split(b"\n")

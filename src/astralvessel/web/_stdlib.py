@@ -47,7 +47,9 @@ class StdlibTransport:
     # -- sync -------------------------------------------------------------------------------
 
     def _connect(self, request: HttpRequest) -> socket.socket:
-        return socket.create_connection((request.address, request.port), timeout=request.remaining())
+        return socket.create_connection(
+            (request.address, request.port), timeout=request.remaining()
+        )
 
     def send(self, request: HttpRequest) -> HttpResponse:
         """Connect, send, and return once the response head is in."""
@@ -58,13 +60,16 @@ class StdlibTransport:
                 sock = self.ssl_context.wrap_socket(sock, server_hostname=request.host)
             sock.settimeout(request.remaining())
             sock.sendall(format_request(request))
-            reader = ResponseReader(method=request.method, max_header_bytes=request.max_header_bytes)
+            reader = ResponseReader(
+                method=request.method, max_header_bytes=request.max_header_bytes
+            )
             _fill_head(sock, reader, request)
         except BaseException:
             sock.close()
             raise
         head = reader.head
-        assert head is not None
+        if head is None:  # pragma: no cover - _fill_head returns only with a head
+            raise TransportError("the server closed the connection without answering")
         return HttpResponse(
             status=head.status,
             reason=head.reason,
@@ -90,15 +95,10 @@ class StdlibTransport:
                 stream, writer = await _astart_tls(stream, writer, self.ssl_context, request)
             writer.write(format_request(request))
             await asyncio.wait_for(writer.drain(), request.remaining())
-            reader = ResponseReader(method=request.method, max_header_bytes=request.max_header_bytes)
-            while reader.head is None:
-                data = await asyncio.wait_for(stream.read(_READ_SIZE), request.remaining())
-                if not data:
-                    reader.feed_eof()
-                    break
-                reader.feed(data)
-            if reader.head is None:
-                raise TransportError("the server closed the connection without answering")
+            reader = ResponseReader(
+                method=request.method, max_header_bytes=request.max_header_bytes
+            )
+            await _afill_head(stream, reader, request)
         except BaseException:
             writer.close()
             raise
@@ -108,10 +108,13 @@ class StdlibTransport:
             with contextlib.suppress(OSError, asyncio.TimeoutError):
                 await asyncio.wait_for(writer.wait_closed(), 1.0)
 
+        head = reader.head
+        if head is None:  # pragma: no cover - _afill_head returns only with a head
+            raise TransportError("the server closed the connection without answering")
         return AsyncHttpResponse(
-            status=reader.head.status,
-            reason=reader.head.reason,
-            headers=reader.head.headers,
+            status=head.status,
+            reason=head.reason,
+            headers=head.headers,
             chunks=_abody_chunks(stream, reader, request),
             aclose=aclose,
         )
@@ -139,7 +142,8 @@ class ProxyTransport(StdlibTransport):
 
     def _connect_request(self, request: HttpRequest) -> bytes:
         authority = (
-            f"[{request.address}]:{request.port}" if ":" in request.address
+            f"[{request.address}]:{request.port}"
+            if ":" in request.address
             else f"{request.address}:{request.port}"
         )
         lines = [f"CONNECT {authority} HTTP/1.1", f"Host: {authority}"]
@@ -153,17 +157,7 @@ class ProxyTransport(StdlibTransport):
         )
         try:
             sock.sendall(self._connect_request(request))
-            # Read byte-wise up to the end of the proxy's head so no tunnel bytes are consumed.
-            head = bytearray()
-            while not head.endswith(b"\r\n\r\n") and not head.endswith(b"\n\n"):
-                sock.settimeout(request.remaining())
-                byte = sock.recv(1)
-                if not byte:
-                    raise TransportError("the proxy closed the connection during CONNECT")
-                head += byte
-                if len(head) > request.max_header_bytes:
-                    raise TransportError("the proxy's CONNECT answer is too large")
-            _check_connect_answer(bytes(head))
+            _check_connect_answer(_read_connect_answer(sock, request))
         except BaseException:
             sock.close()
             raise
@@ -189,6 +183,31 @@ class ProxyTransport(StdlibTransport):
             writer.close()
             raise
         return stream, writer
+
+
+def _read_connect_answer(sock: socket.socket, request: HttpRequest) -> bytes:
+    # Read byte-wise up to the end of the proxy's head so no tunnel bytes are consumed.
+    head = bytearray()
+    while not head.endswith(b"\r\n\r\n") and not head.endswith(b"\n\n"):
+        sock.settimeout(request.remaining())
+        byte = sock.recv(1)
+        if not byte:
+            raise TransportError("the proxy closed the connection during CONNECT")
+        head += byte
+        if len(head) > request.max_header_bytes:
+            raise TransportError("the proxy's CONNECT answer is too large")
+    return bytes(head)
+
+
+async def _afill_head(
+    stream: asyncio.StreamReader, reader: ResponseReader, request: HttpRequest
+) -> None:
+    while reader.head is None:
+        data = await asyncio.wait_for(stream.read(_READ_SIZE), request.remaining())
+        if not data:
+            reader.feed_eof()
+            raise TransportError("the server closed the connection without answering")
+        reader.feed(data)
 
 
 def _check_connect_answer(head: bytes) -> None:
@@ -219,7 +238,8 @@ async def _astart_tls(
     )
     new_stream = asyncio.StreamReader()  # pragma: no cover
     new_protocol = asyncio.StreamReaderProtocol(new_stream)  # pragma: no cover
-    assert new_transport is not None  # pragma: no cover
+    if new_transport is None:  # pragma: no cover
+        raise TransportError("TLS could not start over the connection")
     new_transport.set_protocol(new_protocol)  # pragma: no cover
     new_protocol.connection_made(new_transport)  # pragma: no cover
     return new_stream, asyncio.StreamWriter(new_transport, new_protocol, new_stream, loop)
@@ -235,7 +255,9 @@ def _fill_head(sock: socket.socket, reader: ResponseReader, request: HttpRequest
         reader.feed(data)
 
 
-def _body_chunks(sock: socket.socket, reader: ResponseReader, request: HttpRequest) -> Iterator[bytes]:
+def _body_chunks(
+    sock: socket.socket, reader: ResponseReader, request: HttpRequest
+) -> Iterator[bytes]:
     try:
         while True:
             data = reader.take_body()

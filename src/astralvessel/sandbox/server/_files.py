@@ -20,13 +20,15 @@ sandbox it runs on the image's ``python3``.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import posixpath
 import re
 import stat
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 __all__ = ["BINARY_PROBE_BYTES", "FileContext", "handle"]
 
@@ -77,20 +79,45 @@ class FileContext:
         timeout: float | None = None,
         path_map: dict[str, str] | None = None,
     ) -> None:
-        self.workdir = posixpath.normpath("/" + str(workdir).lstrip("/"))
-        roots = []
+        self.path_map = {
+            posixpath.normpath(str(key)): posixpath.normpath(str(value))
+            for key, value in (path_map or {}).items()
+            if posixpath.normpath(str(key)) != posixpath.normpath(str(value))
+        }
+        self.workdir = self.sandbox_path(_absolute(workdir))
+        roots: list[str] = []
         for root in visible_roots:
-            clean = posixpath.normpath("/" + str(root).lstrip("/"))
+            clean = self.sandbox_path(_absolute(root))
             if clean not in _NEVER_ROOTS and clean not in roots:
                 roots.append(clean)
         self.visible_roots = roots
         self.deadline = deadline
         self.timeout = timeout
-        self.path_map = {
-            posixpath.normpath(key): value
-            for key, value in (path_map or {}).items()
-            if posixpath.normpath(key) != value
-        }
+
+    @classmethod
+    def coerce(cls, ctx: object) -> FileContext:
+        """This module's context from any object with the same attributes (the server's own)."""
+        if isinstance(ctx, cls):
+            return ctx
+        return cls(
+            workdir=getattr(ctx, "workdir"),  # noqa: B009 - any object with these attributes
+            visible_roots=tuple(getattr(ctx, "visible_roots")),  # noqa: B009
+            deadline=getattr(ctx, "deadline", None),
+            timeout=getattr(ctx, "timeout", None),
+            path_map=dict(getattr(ctx, "path_map", None) or {}),
+        )
+
+    def sandbox_path(self, path: str) -> str:
+        """Map a real path under a ``path_map`` target back to its sandbox path.
+
+        The server may hand over paths it already mapped to the host's view;
+        everything here works in the sandbox's view, so the model sees only
+        sandbox paths and links are followed as they would be in a sandbox.
+        """
+        for prefix, real in sorted(self.path_map.items(), key=lambda item: -len(item[1])):
+            if path == real or path.startswith(real.rstrip("/") + "/"):
+                return prefix + path[len(real) :] if prefix != "/" else path[len(real) :] or "/"
+        return path
 
     def __repr__(self) -> str:
         return (
@@ -99,12 +126,20 @@ class FileContext:
         )
 
 
+def _absolute(path: object) -> str:
+    return posixpath.normpath("/" + str(path).lstrip("/"))
+
+
 class _Refusal(Exception):
     """The model's mistake: the message is the tool's error result."""
 
 
 def handle(tool: str, arguments: dict[str, Any], ctx: FileContext) -> tuple[str, bool]:
-    """Run ``read``, ``glob`` or ``list`` and return ``(text, is_error)``; never raises for bad input."""
+    """Run ``read``, ``glob`` or ``list``: ``(text, is_error)``, never raising for bad input.
+
+    ``ctx`` may be a ``FileContext`` or any object with its attributes.
+    """
+    ctx = FileContext.coerce(ctx)
     try:
         if tool == "read":
             return _read(arguments, ctx), False
@@ -120,7 +155,9 @@ def handle(tool: str, arguments: dict[str, Any], ctx: FileContext) -> tuple[str,
 # -- arguments ----------------------------------------------------------------------------
 
 
-def _int_argument(arguments: dict[str, Any], name: str, default: int, low: int, high: int | None) -> int:
+def _int_argument(
+    arguments: dict[str, Any], name: str, default: int, low: int, high: int | None
+) -> int:
     value = arguments.get(name)
     if value is None:
         return default
@@ -136,14 +173,16 @@ def _path_argument(arguments: dict[str, Any], ctx: FileContext, *, required: boo
     value = arguments.get("path")
     if value is None or value == "":
         if required:
-            raise _Refusal("path is required: give the file's path, absolute or relative to the workdir.")
+            raise _Refusal(
+                "path is required: give the file's path, absolute or relative to the workdir."
+            )
         return ctx.workdir
     if not isinstance(value, str):
         raise _Refusal(f"path must be a string, not {value!r}.")
     if "\x00" in value:
         raise _Refusal("path must not contain a NUL character.")
     # Joined, not normalised: ".." is resolved during the walk, after the links before it.
-    return posixpath.join(ctx.workdir, value)
+    return ctx.sandbox_path(posixpath.join(ctx.workdir, value))
 
 
 # -- safe resolution ------------------------------------------------------------------------
@@ -176,10 +215,14 @@ class _Node:
     of a mapped path that exists only to lead to it.
     """
 
-    def __init__(self, path: str, fd: int | None, st: os.stat_result | None) -> None:
+    def __init__(
+        self, path: str, fd: int | None, st: os.stat_result | None, real: str | None = None
+    ) -> None:
         self.path = path
         self.fd = fd
         self.st = st
+        #: The trusted host path of a mapped node (unconfined mode), else None.
+        self.real = real
 
     @property
     def is_dir(self) -> bool:
@@ -188,10 +231,8 @@ class _Node:
 
 def _close(fd: int | None) -> None:
     if fd is not None:
-        try:
+        with contextlib.suppress(OSError):
             os.close(fd)
-        except OSError:
-            pass
 
 
 def _open_root(ctx: FileContext) -> _Node:
@@ -210,7 +251,7 @@ def _open_child(parent: _Node, name: str, ctx: FileContext) -> _Node:
     if real is not None:
         # The host configured this mapping; its real path is trusted, not the model's.
         fd = os.open(real, _O_PATH | _O_CLOEXEC)
-        return _Node(path, fd, os.fstat(fd))
+        return _Node(path, fd, os.fstat(fd), real)
     if any(_under(key, path) for key in ctx.path_map):
         return _Node(path, None, None)
     if parent.fd is None:
@@ -223,9 +264,10 @@ def _split(path: str) -> list[str]:
     return [part for part in path.split("/") if part not in ("", ".")]
 
 
-def _resolve(path: str, ctx: FileContext) -> _Node:
+def _resolve(path: str, ctx: FileContext) -> tuple[_Node, _Node]:
     """Resolve an absolute sandbox path to a link-free node inside the visible roots.
 
+    Returns the node and its parent directory (both open: the caller closes them).
     Raises ``_Refusal`` for anything outside them, missing, or unreadable on the way.
     """
     stack = [_open_root(ctx)]
@@ -251,14 +293,7 @@ def _resolve(path: str, ctx: FileContext) -> _Node:
                 raise _os_refusal(error, path, child) from None
             if node.st is not None and stat.S_ISLNK(node.st.st_mode):
                 links += 1
-                try:
-                    target = os.readlink("", dir_fd=node.fd)
-                except OSError as error:
-                    raise _os_refusal(error, path, child) from None
-                finally:
-                    _close(node.fd)
-                if links > _MAX_LINKS:
-                    raise _Refusal(f"{path} has too many levels of symbolic links.")
+                target = _link_target(node, path, child, links)
                 if target.startswith("/"):
                     while len(stack) > 1:
                         _close(stack.pop().fd)
@@ -268,17 +303,34 @@ def _resolve(path: str, ctx: FileContext) -> _Node:
         final = stack[-1]
         if not _visible(final.path, ctx):
             raise _outside(path if final.path == path else f"{path} (which is {final.path})", ctx)
-        stack.pop()
-        return final
+        parent = stack[-2]
+        del stack[-2:]
+        return final, parent
     finally:
         for node in stack:
             _close(node.fd)
 
 
+def _link_target(node: _Node, path: str, child: str, links: int) -> str:
+    """Read (and close) a link met while resolving ``path``; the caller walks its target."""
+    try:
+        if links > _MAX_LINKS:
+            raise _Refusal(f"{path} has too many levels of symbolic links.")
+        return os.readlink("", dir_fd=node.fd)
+    except OSError as error:
+        raise _os_refusal(error, path, child) from None
+    finally:
+        _close(node.fd)
+
+
 def _os_refusal(error: OSError, path: str, where: str) -> _Refusal:
     code = error.errno
     if code == errno.ENOENT:
-        return _Refusal(f"{path} does not exist." if where == path else f"{path} does not exist ({where} is missing).")
+        return _Refusal(
+            f"{path} does not exist."
+            if where == path
+            else f"{path} does not exist ({where} is missing)."
+        )
     if code in (errno.EACCES, errno.EPERM):
         return _Refusal(f"{path}: permission denied; the sandbox user cannot read {where}.")
     if code == errno.ENOTDIR:
@@ -302,18 +354,25 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def _open_for_reading(node: _Node, path: str) -> int:
+def _open_for_reading(node: _Node, parent: _Node, path: str) -> int:
     """Open a resolved node's file for reading; only a regular file, and never blocking."""
-    if node.st is None or not stat.S_ISREG(node.st.st_mode):
-        if node.is_dir:
-            raise _Refusal(f"{path} is a directory, not a file; use list or glob to see what it holds.")
-        raise _Refusal(f"{path} is {_kind(node.st.st_mode)}, not a regular file; read shows text files only.")
-    # Reopen through the O_PATH descriptor so the file opened is exactly the one checked;
-    # O_NONBLOCK keeps a FIFO swapped in meanwhile from blocking, and fstat refuses it.
+    if node.st is None or node.is_dir:
+        raise _Refusal(f"{path} is a directory, not a file; use list or glob to see what it holds.")
+    if not stat.S_ISREG(node.st.st_mode):
+        what = _kind(node.st.st_mode)
+        raise _Refusal(f"{path} is {what}, not a regular file; read shows text files only.")
+    # Reopen relative to the checked parent without following a link, then make sure it is
+    # the very file checked: O_NONBLOCK keeps a FIFO swapped in meanwhile from blocking.
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | _O_CLOEXEC
     try:
-        fd = os.open(
-            f"/proc/self/fd/{node.fd}", os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | _O_CLOEXEC
-        )
+        if node.real is not None:
+            fd = os.open(node.real, flags)
+        elif parent.fd is not None:
+            name = posixpath.basename(node.path)
+            fd = os.open(name, flags | os.O_NOFOLLOW, dir_fd=parent.fd)
+        else:
+            # Only a mapped path sits in a virtual directory; never open relative to the cwd.
+            raise _Refusal(f"{path} does not exist.")
     except OSError as error:
         if error.errno in (errno.EACCES, errno.EPERM):
             raise _Refusal(f"{path}: permission denied; the sandbox user cannot read it.") from None
@@ -326,8 +385,7 @@ def _open_for_reading(node: _Node, path: str) -> int:
 
 
 def _open_directory(node: _Node, path: str) -> int:
-    if not node.is_dir:
-        assert node.st is not None
+    if node.st is not None and not node.is_dir:
         what = "a file" if stat.S_ISREG(node.st.st_mode) else _kind(node.st.st_mode)
         raise _Refusal(f"{path} is {what}, not a directory; use read for a file.")
     if node.fd is None:
@@ -338,3 +396,449 @@ def _open_directory(node: _Node, path: str) -> int:
         if error.errno in (errno.EACCES, errno.EPERM):
             raise _Refusal(f"{path}: permission denied; the sandbox user cannot list it.") from None
         raise _os_refusal(error, path, path) from None
+
+
+# -- read -----------------------------------------------------------------------------------
+
+
+class _Lines:
+    """A file's lines, read in large chunks so that skipping lines is only a scan for newlines."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._buffer = b""
+        self._eof = False
+
+    def _fill(self) -> bool:
+        if self._eof:
+            return False
+        chunk = os.read(self._fd, _CHUNK)
+        if not chunk:
+            self._eof = True
+            return False
+        self._buffer += chunk
+        return True
+
+    def skip(self, count: int) -> int:
+        """Skip up to ``count`` lines without keeping them; return how many there were."""
+        skipped = 0
+        # Whether the bytes dropped last ended inside a line: at the end of the file that
+        # unterminated last line still counts as one.
+        partial = False
+        while skipped < count:
+            newlines = self._buffer.count(b"\n")
+            if skipped + newlines >= count:
+                position = -1
+                for _ in range(count - skipped):
+                    position = self._buffer.index(b"\n", position + 1)
+                self._buffer = self._buffer[position + 1 :]
+                return count
+            skipped += newlines
+            if self._buffer:
+                partial = not self._buffer.endswith(b"\n")
+            self._buffer = b""
+            if not self._fill():
+                return skipped + (1 if partial else 0)
+        return skipped
+
+    def at_end(self) -> bool:
+        """Whether no further line follows."""
+        return not self._buffer and not self._fill()
+
+    def line(self, cap: int) -> tuple[bytes, bool] | None:
+        """The next line (without its newline), at most ``cap`` bytes, and whether it was longer."""
+        while b"\n" not in self._buffer[: cap + 1] and len(self._buffer) <= cap:
+            if not self._fill():
+                break
+        if not self._buffer:
+            return None
+        end = self._buffer.find(b"\n", 0, cap + 1)
+        if end >= 0:
+            text, self._buffer = self._buffer[:end], self._buffer[end + 1 :]
+            return text, False
+        if len(self._buffer) <= cap:
+            text, self._buffer = self._buffer, b""
+            return text, False
+        # Longer than the cap: keep the head, then drop the rest of the line unread into memory.
+        text = self._buffer[:cap]
+        self._buffer = self._buffer[cap:]
+        while True:
+            end = self._buffer.find(b"\n")
+            if end >= 0:
+                self._buffer = self._buffer[end + 1 :]
+                break
+            self._buffer = b""
+            if not self._fill():
+                break
+        return text, True
+
+
+def _render_line(raw: bytes, longer: bool) -> str:
+    if raw.endswith(b"\r"):
+        raw = raw[:-1]
+    text = raw.decode("utf-8", "replace")
+    if longer or len(text) > READ_MAX_LINE_CHARS:
+        return text[:READ_MAX_LINE_CHARS] + TRUNCATED_MARK
+    return text
+
+
+def _read(arguments: dict[str, Any], ctx: FileContext) -> str:
+    path = _path_argument(arguments, ctx, required=True)
+    offset = _int_argument(arguments, "offset", READ_DEFAULT_OFFSET, 1, None)
+    limit = _int_argument(arguments, "limit", READ_DEFAULT_LIMIT, 1, READ_MAX_LIMIT)
+    node, parent = _resolve(path, ctx)
+    try:
+        fd = _open_for_reading(node, parent, path)
+    finally:
+        _close(node.fd)
+        _close(parent.fd)
+    try:
+        return _read_lines(fd, path, offset, limit)
+    except OSError as error:
+        raise _os_refusal(error, path, path) from None
+    finally:
+        os.close(fd)
+
+
+def _read_lines(fd: int, path: str, offset: int, limit: int) -> str:
+    head = os.pread(fd, BINARY_PROBE_BYTES, 0)
+    if b"\x00" in head:
+        raise _Refusal(f"{path} is a binary file; read shows text files only.")
+    lines = _Lines(fd)
+    skipped = lines.skip(offset - 1)
+    out: list[str] = []
+    number = offset
+    while len(out) < limit:
+        got = lines.line(_LINE_BYTES)
+        if got is None:
+            break
+        out.append(f"{number}\t{_render_line(*got)}")
+        number += 1
+    if not out:
+        if offset == 1:
+            return f"[{path} is empty]"
+        total = skipped
+        raise _Refusal(
+            f"offset {offset} is past the end of {path}, which has {total} "
+            f"line{'' if total == 1 else 's'}; use an offset from 1 to {max(total, 1)}."
+        )
+    if not lines.at_end():
+        out.append(f"[more lines follow; call read with offset={number} to continue]")
+    return "\n".join(out)
+
+
+# -- list -----------------------------------------------------------------------------------
+
+
+def _display(name: str) -> str:
+    """A file name as text the model can see, even when it is not valid UTF-8."""
+    return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
+def _links_to_directory(path: str, ctx: FileContext) -> bool:
+    """Whether a link at ``path`` leads, within the visible roots, to a directory."""
+    try:
+        node, parent = _resolve(path, ctx)
+    except _Refusal:
+        return False
+    _close(node.fd)
+    _close(parent.fd)
+    return node.is_dir
+
+
+def _list(arguments: dict[str, Any], ctx: FileContext) -> str:
+    path = _path_argument(arguments, ctx, required=False)
+    node, parent = _resolve(path, ctx)
+    try:
+        fd = _open_directory(node, path)
+    finally:
+        _close(node.fd)
+        _close(parent.fd)
+    directories: list[str] = []
+    files: list[str] = []
+    try:
+        with os.scandir(fd) as entries:
+            for entry in entries:
+                try:
+                    is_dir = entry.is_dir(follow_symlinks=False)
+                    if not is_dir and entry.is_symlink():
+                        # Shown by what it leads to, and only when that is within the agent's data.
+                        is_dir = _links_to_directory(_child_path(node.path, entry.name), ctx)
+                except OSError:
+                    is_dir = False
+                (directories if is_dir else files).append(_display(entry.name))
+    except OSError as error:
+        raise _os_refusal(error, path, path) from None
+    finally:
+        os.close(fd)
+    # In the unconfined mode a mount may sit inside another without a directory for it on the host.
+    for key in ctx.path_map:
+        if posixpath.dirname(key) == node.path:
+            name = posixpath.basename(key)
+            if name not in directories:
+                directories.append(name)
+                if name in files:
+                    files.remove(name)
+    entries_shown = [d + "/" for d in sorted(directories)] + sorted(files)
+    if not entries_shown:
+        return f"[{path} is empty]"
+    lines = entries_shown[:LIST_MAX_ENTRIES]
+    left_out = len(entries_shown) - len(lines)
+    if left_out:
+        lines.append(
+            f"[{left_out} more entr{'y' if left_out == 1 else 'ies'} not shown: "
+            f"only the first {LIST_MAX_ENTRIES} are listed; use glob to find specific files]"
+        )
+    return "\n".join(lines)
+
+
+# -- glob -----------------------------------------------------------------------------------
+
+
+def _translate(pattern: str) -> str:
+    """A regular expression for a glob over paths: ``*``, ``?``, ``[...]``, ``{a,b}`` and ``**``."""
+    out = []
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "*":
+            piece, i = _translate_stars(pattern, i)
+        elif c == "?":
+            piece, i = "[^/]", i + 1
+        elif c == "[":
+            piece, i = _translate_class(pattern, i)
+        elif c == "{":
+            piece, i = _translate_braces(pattern, i)
+        elif c == "\\" and i + 1 < len(pattern):
+            piece, i = re.escape(pattern[i + 1]), i + 2
+        else:
+            piece, i = re.escape(c), i + 1
+        out.append(piece)
+    return "".join(out)
+
+
+def _translate_stars(pattern: str, i: int) -> tuple[str, int]:
+    n = len(pattern)
+    j = i
+    while j < n and pattern[j] == "*":
+        j += 1
+    whole_segment = (i == 0 or pattern[i - 1] == "/") and (j == n or pattern[j] == "/")
+    if j - i >= 2 and whole_segment:
+        # "**" as a whole segment spans any number of directories, including none.
+        return (".*", j) if j == n else ("(?:.*/)?", j + 1)
+    return "[^/]*", j
+
+
+def _translate_class(pattern: str, i: int) -> tuple[str, int]:
+    n = len(pattern)
+    j = i + 1
+    if j < n and pattern[j] in "!^":
+        j += 1
+    if j < n and pattern[j] == "]":
+        j += 1
+    while j < n and pattern[j] != "]":
+        j += 1
+    if j >= n:
+        return re.escape("["), i + 1
+    body = pattern[i + 1 : j]
+    negate = body[:1] in ("!", "^")
+    if negate:
+        body = body[1:]
+    body = body.replace("\\", "\\\\")
+    return (f"[^/{body}]" if negate else f"[{body}]"), j + 1
+
+
+def _translate_braces(pattern: str, i: int) -> tuple[str, int]:
+    depth = 0
+    parts = []
+    start = i + 1
+    for j in range(i, len(pattern)):
+        c = pattern[j]
+        if c == "{":
+            depth += 1
+        elif c == "}":
+            depth -= 1
+            if depth == 0:
+                parts.append(pattern[start:j])
+                return "(?:" + "|".join(_translate(part) for part in parts) + ")", j + 1
+        elif c == "," and depth == 1:
+            parts.append(pattern[start:j])
+            start = j + 1
+    return re.escape("{"), i + 1
+
+
+class _Glob:
+    """A compiled glob: the full-path match and which directories can still lead to one."""
+
+    def __init__(self, pattern: str) -> None:
+        text = pattern
+        while text.startswith("./"):
+            text = text[2:]
+        text = text.rstrip("/")
+        if "/" not in text:
+            text = "**/" + text
+        self.regex = re.compile(_translate(text), re.DOTALL)
+        self.segments = text.split("/")
+        # A brace alternative holding "/" spans segments: then prune nothing.
+        self.prunable = not re.search(r"\{[^}]*/", text)
+        self.segment_regexes = [
+            None
+            if segment == "**" or "**" in segment
+            else re.compile(_translate(segment), re.DOTALL)
+            for segment in self.segments
+        ]
+
+    def matches(self, relative: str) -> bool:
+        return self.regex.fullmatch(relative) is not None
+
+    def may_hold_matches(self, parts: list[str]) -> bool:
+        """Whether the directory at relative ``parts`` can contain a match."""
+        if not self.prunable:
+            return True
+        for index, part in enumerate(parts):
+            if index >= len(self.segments):
+                return False
+            regex = self.segment_regexes[index]
+            if regex is None:
+                return True
+            if regex.fullmatch(part) is None:
+                return False
+        return len(parts) < len(self.segments)
+
+
+def _glob_pattern(arguments: dict[str, Any]) -> str:
+    pattern = arguments.get("pattern")
+    if not isinstance(pattern, str) or not pattern.strip():
+        raise _Refusal("pattern is required: a glob such as *.md or src/**/*.py.")
+    if "\x00" in pattern:
+        raise _Refusal("pattern must not contain a NUL character.")
+    if pattern.startswith("/"):
+        raise _Refusal(
+            f"pattern {pattern!r} is absolute; give a relative pattern and put the directory "
+            "to search from in path."
+        )
+    if ".." in pattern.split("/"):
+        raise _Refusal(
+            f"pattern {pattern!r} contains '..'; give the directory to search from in path."
+        )
+    return pattern
+
+
+def _glob(arguments: dict[str, Any], ctx: FileContext) -> str:
+    pattern = _glob_pattern(arguments)
+    max_results = _int_argument(arguments, "max_results", GLOB_DEFAULT_MAX, 1, GLOB_MAX)
+    path = _path_argument(arguments, ctx, required=False)
+    given = arguments.get("path")
+    shown_base = given if isinstance(given, str) and given else ""
+    compiled = _Glob(pattern)
+    node, parent = _resolve(path, ctx)
+    try:
+        top = _open_directory(node, path)
+    finally:
+        _close(node.fd)
+        _close(parent.fd)
+    found: list[str] = []
+    unreadable = 0
+    timed_out = False
+    for relative, error in _walk(top, compiled, ctx):
+        if error:
+            unreadable += 1
+            continue
+        if relative is None:
+            timed_out = True
+            break
+        found.append(relative)
+        if len(found) > max_results:
+            break
+    more = len(found) > max_results
+    shown = [
+        _display(posixpath.join(shown_base, rel) if shown_base else rel)
+        for rel in found[:max_results]
+    ]
+    lines = shown or [f"No files match {pattern!r} under {path}."]
+    if more:
+        lines.append(
+            f"[more than {max_results} files match; showing the first {max_results}: narrow the "
+            f"pattern or path, or raise max_results (at most {GLOB_MAX})]"
+        )
+    if unreadable:
+        lines.append(
+            f"[{unreadable} director{'y' if unreadable == 1 else 'ies'} could not be read "
+            "by the sandbox user and were skipped]"
+        )
+    if timed_out:
+        limit = f"{ctx.timeout:g} s" if ctx.timeout is not None else "its time limit"
+        lines.append(
+            f"[stopped after {limit}, the tool timeout: the list above is incomplete; "
+            "narrow the pattern or path]"
+        )
+    return "\n".join(lines)
+
+
+def _sorted_entries(fd: int) -> Iterator[tuple[str, bool]]:
+    """A directory's ``(name, is a real directory)`` pairs in name order."""
+    listed = []
+    with os.scandir(fd) as scan:
+        for entry in scan:
+            try:
+                is_dir = entry.is_dir(follow_symlinks=False)
+            except OSError:
+                is_dir = False
+            listed.append((entry.name, is_dir))
+    listed.sort()
+    return iter(listed)
+
+
+def _walk(top: int, compiled: _Glob, ctx: FileContext) -> Iterator[tuple[str | None, bool]]:
+    """Yield ``(relative path, False)`` for each match in name order, depth first.
+
+    Never follows a link: directories are entered with ``O_NOFOLLOW`` relative to
+    their parent's descriptor. Yields ``(None, True)`` for each directory it
+    cannot read and ``(None, False)`` once when the deadline passes, then stops.
+    """
+    deadline = ctx.deadline
+    stack: list[tuple[int, list[str], Iterator[tuple[str, bool]]]] = []
+
+    try:
+        stack.append((top, [], _sorted_entries(top)))
+    except OSError:
+        os.close(top)
+        yield None, True
+        return
+    checked = 0
+    try:
+        while stack:
+            fd, parts, iterator = stack[-1]
+            item = next(iterator, None)
+            if item is None:
+                os.close(fd)
+                stack.pop()
+                continue
+            checked += 1
+            if deadline is not None and checked % 64 == 0 and time.monotonic() > deadline:
+                yield None, False
+                return
+            name, is_dir = item
+            child_parts = [*parts, name]
+            if is_dir:
+                if not compiled.may_hold_matches(child_parts):
+                    continue
+                try:
+                    child = os.open(
+                        name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _O_CLOEXEC, dir_fd=fd
+                    )
+                except OSError:
+                    yield None, True
+                    continue
+                try:
+                    stack.append((child, child_parts, _sorted_entries(child)))
+                except OSError:
+                    os.close(child)
+                    yield None, True
+                continue
+            relative = "/".join(child_parts)
+            if compiled.matches(relative):
+                yield relative, False
+    finally:
+        for fd, _, _ in stack:
+            _close(fd)

@@ -106,6 +106,8 @@ def split_chars(data: bytes, chars: int) -> int:
     Continuation bytes right after the cut still belong to the last character
     kept, so they are kept too; the cut never splits a character.
     """
+    if count_chars(data) <= chars:
+        return len(data)
     if chars <= 0:
         index = 0
     else:

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Prepare a fresh Debian machine (as root) for the whole test suite: the system
+# packages the sandboxes need, a running Docker engine and the locally built
+# test images (no registry is reachable here, so nothing is pulled).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+export DEBIAN_FRONTEND=noninteractive
+if [ "$(id -u)" -ne 0 ]; then
+  echo "setup.sh must run as root (it installs packages and starts dockerd)" >&2
+  exit 1
+fi
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends \
+  ripgrep bubblewrap docker.io debootstrap iproute2 ca-certificates python3 >/dev/null
+
+bash .ci/docker-up.sh
+bash .ci/build-images.sh

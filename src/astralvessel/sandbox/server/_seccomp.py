@@ -1,0 +1,70 @@
+"""Install a compiled seccomp program in this process (stdlib only, Python 3.8+).
+
+The sandbox server calls ``install`` in a forked child right before ``execve``:
+the program (built on the host by ``astralvessel.sandbox._seccomp.compile_bpf``)
+then confines the call and everything it starts. The filter applies to the
+calling thread and is inherited across fork and exec; it can never be removed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Callable
+
+__all__ = ["install"]
+
+PR_SET_SECCOMP = 22
+PR_SET_NO_NEW_PRIVS = 38
+SECCOMP_MODE_FILTER = 2
+# sizeof(struct sock_filter), and the kernel's limit on one program.
+_INSN_SIZE = 8
+_MAX_INSNS = 4096
+
+
+class _SockFprog(ctypes.Structure):
+    """struct sock_fprog { unsigned short len; struct sock_filter *filter; }"""
+
+    _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_void_p))
+
+
+def _prctl() -> Callable[..., int]:
+    libc = ctypes.CDLL(None, use_errno=True)
+    prctl = libc.prctl
+    prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong)
+    prctl.restype = ctypes.c_int
+    return prctl
+
+
+def install(program: bytes) -> None:
+    """Set ``no_new_privs`` and install ``program`` as this thread's seccomp filter.
+
+    Raises ``ValueError`` if ``program`` is not a whole number of instructions
+    (1 to 4096) and ``OSError`` if the kernel refuses either step.
+    """
+    size = len(program)
+    if size == 0 or size % _INSN_SIZE or size // _INSN_SIZE > _MAX_INSNS:
+        raise ValueError(
+            f"a seccomp program is 1 to {_MAX_INSNS} instructions of {_INSN_SIZE} bytes, "
+            f"not {size} bytes; build it with compile_bpf"
+        )
+    prctl = _prctl()
+    # Without no_new_privs an unprivileged process may not install a filter, and
+    # a setuid program run later could otherwise shed it.
+    if prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(
+            err,
+            f"prctl(PR_SET_NO_NEW_PRIVS) failed: {os.strerror(err)}; "
+            "the kernel is too old or forbids it",
+        )
+    buffer = ctypes.create_string_buffer(program, size)
+    fprog = _SockFprog(size // _INSN_SIZE, ctypes.cast(buffer, ctypes.c_void_p))
+    if prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0) != 0:
+        err = ctypes.get_errno()
+        raise OSError(
+            err,
+            f"prctl(PR_SET_SECCOMP) refused the filter: {os.strerror(err)}; "
+            "the kernel lacks CONFIG_SECCOMP_FILTER or the program is malformed (EINVAL), "
+            "or too many filters are stacked (ENOMEM)",
+        )

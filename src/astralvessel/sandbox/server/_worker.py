@@ -1,0 +1,136 @@
+"""The file worker: answers read, glob and list as the sandbox's unprivileged user (stdlib, 3.8+).
+
+The server may hold privileges (to make namespaces and mount ``/proc``), so it
+never opens a path a model named. It forks this worker once at startup; the
+worker drops to the call's uid and gid, sets ``no_new_privs`` and then serves
+one request at a time over a pair of pipes, in the same frame format as the
+host protocol. So a file tool can never show more than a confined call could
+read.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import traceback
+from typing import Any, Callable
+
+from . import _launch, _protocol
+
+__all__ = ["FileContext", "Worker", "start_worker"]
+
+Handler = Callable[[str, "dict[str, Any]", "FileContext"], "tuple[str, bool]"]
+
+
+class FileContext:
+    """What a file tool needs to know about the sandbox for one request."""
+
+    def __init__(
+        self,
+        *,
+        workdir: str,
+        visible_roots: tuple[str, ...],
+        timeout: float,
+        path_map: dict[str, str],
+        workspace: str,
+        outbox: str,
+    ) -> None:
+        self.workdir = workdir
+        self.visible_roots = visible_roots
+        self.timeout = timeout
+        #: ``time.monotonic()`` value by which the tool should stop and say so.
+        self.deadline = time.monotonic() + timeout
+        self.path_map = path_map
+        self.workspace = workspace
+        self.outbox = outbox
+
+
+def _load_handler() -> Handler | None:
+    try:
+        from . import _files  # noqa: PLC0415 - optional: written separately, may be absent
+    except ImportError:
+        return None
+    handle: Handler = _files.handle
+    return handle
+
+
+class Worker:
+    """The server's handle on a running worker: its pid and the two pipe ends."""
+
+    def __init__(self, pid: int, requests: int, replies: int) -> None:
+        self.pid = pid
+        self.requests = requests
+        self.replies = replies
+
+    def kill(self) -> None:
+        """Kill and reap the worker and close its pipes."""
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        try:
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+        for fd in (self.requests, self.replies):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def start_worker(
+    *, drop_uid: int | None, drop_gid: int | None, context: dict[str, Any]
+) -> Worker:
+    """Fork the worker; the server writes request frames to ``requests`` and reads ``replies``."""
+    req_r, req_w = os.pipe()
+    rep_r, rep_w = os.pipe()
+    server = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            _launch.close_fds_except({req_r, rep_w})
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            _launch.prctl(_launch.PR_SET_PDEATHSIG, 9)
+            if os.getppid() == server:
+                _launch._drop(drop_uid, drop_gid)
+                _launch.prctl(_launch.PR_SET_NO_NEW_PRIVS, 1)
+                _serve(req_r, rep_w, context)
+        except BaseException:  # noqa: BLE001 - the server sees the worker die and reports it
+            traceback.print_exc()
+        finally:
+            os._exit(0)
+    os.close(req_r)
+    os.close(rep_w)
+    os.set_blocking(rep_r, False)
+    return Worker(pid, req_w, rep_r)
+
+
+def _serve(requests: int, replies: int, context: dict[str, Any]) -> None:
+    handler = _load_handler()
+    decoder = _protocol.FrameDecoder()
+    while True:
+        frame = decoder.next()
+        if frame is None:
+            data = os.read(requests, 65536)
+            if not data:
+                return
+            decoder.feed(data)
+            continue
+        header, _ = frame
+        text, is_error = _answer(handler, header, context)
+        reply = {"type": "file_result", "id": header.get("id"), "text": text, "is_error": is_error}
+        _launch._write_all(replies, _protocol.encode(reply))
+
+
+def _answer(handler: Handler | None, header: dict[str, Any], context: dict[str, Any]) -> tuple[str, bool]:
+    if handler is None:
+        return "file tools are not available in this sandbox server", True
+    ctx = FileContext(timeout=float(header.get("timeout", 30.0)), **context)
+    try:
+        text, is_error = handler(str(header.get("tool")), dict(header.get("arguments") or {}), ctx)
+    except Exception as exc:  # noqa: BLE001 - a bug in a tool is the call's error, not the sandbox's
+        return f"internal error in the file tool: {type(exc).__name__}: {exc}", True
+    return str(text), bool(is_error)

@@ -1,0 +1,369 @@
+"""The `Fetcher`: the policy's shell around a transport, and what `webfetch` calls.
+
+Per hop it checks the URL, resolves the host once, approves every address,
+and asks the transport for one exchange with the approved address; it follows
+at most five redirects (each a new hop, checked from scratch), reads at most
+4 MB after decompression, and stops at one deadline for the whole fetch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import errno
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from importlib.metadata import PackageNotFoundError, version
+from urllib.parse import urljoin
+
+import attrs
+
+from ..errors import EgressError
+from ._content import ACCEPT, ACCEPT_ENCODING, BodyCollector, ContentRefused, fence, render
+from ._egress import Approval, EgressPolicy, Resolver, SystemResolver, Target
+from ._stdlib import StdlibTransport
+from ._transport import AsyncHttpResponse, AsyncTransport, HttpRequest, HttpResponse, Transport
+
+__all__ = ["FetchLimits", "Fetcher", "WebResult"]
+
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+# Errors that mean "this address did not answer", so the next approved address may be tried.
+_TRY_NEXT = frozenset(
+    {errno.ECONNREFUSED, errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL}
+)
+try:
+    _VERSION = version("astralvessel")
+except PackageNotFoundError:  # pragma: no cover - a source tree without metadata
+    _VERSION = "0"
+
+_RESOLVER_THREADS = concurrent.futures.ThreadPoolExecutor(
+    max_workers=4, thread_name_prefix="astralvessel-resolve"
+)
+
+
+@attrs.frozen(kw_only=True)
+class WebResult:
+    """What a web tool returns: ``text`` exactly as the model sees it, and ``is_error``."""
+
+    text: str
+    is_error: bool = False
+    url: str | None = None  # the final URL, after redirects
+    status: int | None = None
+    content_type: str | None = None
+    truncated: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class FetchLimits:
+    """How far one fetch may go; the defaults are the spec's."""
+
+    max_bytes: int = 4 * 1024 * 1024
+    timeout_seconds: float = 30.0
+    max_redirects: int = 5
+    max_header_bytes: int = 65536
+
+    def __attrs_post_init__(self) -> None:
+        if self.max_bytes <= 0 or self.timeout_seconds <= 0 or self.max_redirects < 0:
+            raise ValueError("fetch limits must be positive (max_redirects may be 0)")
+
+
+class _Failure(Exception):
+    """A fetch failed in a way the model should hear about in these words."""
+
+
+def _size(limit: int) -> str:
+    if limit % (1024 * 1024) == 0:
+        return f"{limit // (1024 * 1024)} MB"
+    return f"{limit} bytes"
+
+
+def _seconds(value: float) -> str:
+    return f"{value:g} s"
+
+
+class Fetcher:
+    """Fetches a public page as text for a model, behind an `EgressPolicy`.
+
+    ``transport`` performs the HTTP exchanges (the stdlib one by default);
+    ``resolver`` answers DNS (``getaddrinfo`` by default), once per hop.
+    Refusals and failures come back as a `WebResult` with ``is_error`` set;
+    only a misconfigured host (a transport without ``send`` for ``fetch``)
+    raises.
+    """
+
+    def __init__(
+        self,
+        policy: EgressPolicy | None = None,
+        transport: Transport | AsyncTransport | None = None,
+        *,
+        resolver: Resolver | None = None,
+        limits: FetchLimits | None = None,
+        user_agent: str | None = None,
+    ) -> None:
+        self.policy = policy if policy is not None else EgressPolicy()
+        self.transport = transport if transport is not None else StdlibTransport()
+        self.resolver = resolver if resolver is not None else SystemResolver()
+        self.limits = limits if limits is not None else FetchLimits()
+        self.user_agent = user_agent or f"astralvessel/{_VERSION} (webfetch)"
+
+    # -- shared decisions -------------------------------------------------------------------
+
+    def _request(self, approval: Approval, address: str, deadline: float) -> HttpRequest:
+        target = approval.target
+        return HttpRequest(
+            method="GET",
+            scheme=target.scheme,
+            host=target.host,
+            address=address,
+            port=target.port,
+            target=target.request_target,
+            headers=(
+                ("User-Agent", self.user_agent),
+                ("Accept", ACCEPT),
+                ("Accept-Encoding", ACCEPT_ENCODING),
+            ),
+            deadline=deadline,
+            max_header_bytes=self.limits.max_header_bytes,
+        )
+
+    def _next_url(
+        self, current: str, hop: int, status: int, headers: Sequence[tuple[str, str]]
+    ) -> str | None:
+        if status not in _REDIRECTS:
+            return None
+        location = next((v for k, v in headers if k.lower() == "location"), None)
+        if not location:
+            return None
+        if hop >= self.limits.max_redirects:
+            raise _Failure(
+                f"webfetch stopped after {self.limits.max_redirects} redirects; "
+                f"the last one pointed to {urljoin(current, location.strip())}"
+            )
+        return urljoin(current, location.strip()).partition("#")[0]
+
+    def _check(self, url: str, origin: str | None) -> Target:
+        try:
+            return self.policy.check_url(url)
+        except EgressError as error:
+            if origin is None:
+                raise
+            raise EgressError(f"{origin} redirected to {url}, which was {error}") from None
+
+    def _approve(self, target: Target, answers: Sequence[str], origin: str | None) -> Approval:
+        try:
+            return self.policy.approve(target, answers)
+        except EgressError as error:
+            if origin is None:
+                raise
+            raise EgressError(f"{origin} redirected to {target.url}, which was {error}") from None
+
+    def _collector(self, headers: Sequence[tuple[str, str]]) -> BodyCollector:
+        encoding = ", ".join(v for k, v in headers if k.lower() == "content-encoding") or None
+        return BodyCollector.for_encoding(encoding, self.limits.max_bytes)
+
+    def _result(
+        self,
+        url: str,
+        status: int,
+        reason: str,
+        headers: Sequence[tuple[str, str]],
+        body: BodyCollector,
+    ) -> WebResult:
+        content_type = next((v for k, v in headers if k.lower() == "content-type"), None)
+        text = render(body.body(), content_type, url)
+        wrapped = fence(url, text if text.strip() else "[the page has no readable text]")
+        if body.truncated:
+            wrapped += (
+                f"\n[webfetch stopped reading at {_size(self.limits.max_bytes)}; "
+                "the rest of the page was not fetched]"
+            )
+        is_error = status >= 300
+        if is_error:
+            shown = f"{status} {reason}".strip()
+            wrapped = f"[HTTP {shown}: the server answered with an error]\n{wrapped}"
+        return WebResult(
+            text=wrapped,
+            is_error=is_error,
+            url=url,
+            status=status,
+            content_type=content_type,
+            truncated=body.truncated,
+        )
+
+    def _error(self, url: str, error: BaseException) -> WebResult:
+        if isinstance(error, EgressError | _Failure):
+            message = str(error)
+        elif isinstance(error, ContentRefused):
+            message = f"webfetch could not read {url}: {error}."
+        elif isinstance(error, TimeoutError | asyncio.TimeoutError):
+            message = (
+                f"webfetch gave up on {url}: it did not finish within "
+                f"{_seconds(self.limits.timeout_seconds)}. The site may be slow or down; "
+                "try again later or try another page."
+            )
+        else:
+            detail = getattr(error, "strerror", None) or str(error) or type(error).__name__
+            message = f"webfetch could not fetch {url}: {detail}."
+        return WebResult(text=message, is_error=True, url=url)
+
+    # -- sync -------------------------------------------------------------------------------
+
+    def fetch(self, url: str) -> WebResult:
+        """Fetch ``url`` and return its text wrapped as untrusted, or an error result."""
+        if not isinstance(self.transport, Transport):
+            raise TypeError(f"{type(self.transport).__name__} has no send(); use afetch() with it")
+        deadline = time.monotonic() + self.limits.timeout_seconds
+        current, origin = url, None
+        try:
+            for hop in range(self.limits.max_redirects + 1):
+                target = self._check(current, origin)
+                approval = self._approve(target, self._resolve(target, deadline), origin)
+                response = self._send(self.transport, approval, deadline)
+                try:
+                    following = self._next_url(current, hop, response.status, response.headers)
+                    if following is None:
+                        collector = self._collector(response.headers)
+                        _drain(response.chunks, collector, deadline)
+                        return self._result(
+                            current, response.status, response.reason, response.headers, collector
+                        )
+                finally:
+                    response.close()
+                current, origin = following, current
+        except (OSError, EgressError, ContentRefused, _Failure, asyncio.TimeoutError) as error:
+            return self._error(current, error)
+        raise AssertionError("unreachable: the redirect loop always returns")  # pragma: no cover
+
+    def _resolve(self, target: Target, deadline: float) -> Sequence[str]:
+        if target.literal is not None:
+            return (str(target.literal),)
+        # getaddrinfo cannot be interrupted, so it runs in a worker the deadline can abandon.
+        future = _RESOLVER_THREADS.submit(self.resolver.resolve, target.host, target.port)
+        try:
+            return future.result(timeout=max(0.0, deadline - time.monotonic()))
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(f"resolving {target.host} took too long") from None
+        except OSError as error:
+            raise _Failure(
+                f"webfetch could not resolve {target.host} ({error.strerror or error}); "
+                "check the spelling of the host name"
+            ) from None
+
+    def _send(self, transport: Transport, approval: Approval, deadline: float) -> HttpResponse:
+        for index, address in enumerate(approval.addresses):
+            try:
+                return transport.send(self._request(approval, address, deadline))
+            except OSError as error:
+                if error.errno not in _TRY_NEXT or index == len(approval.addresses) - 1:
+                    raise
+        raise AssertionError(
+            "unreachable: approve() never returns no addresses"
+        )  # pragma: no cover
+
+    # -- async ------------------------------------------------------------------------------
+
+    async def afetch(self, url: str) -> WebResult:
+        """The async twin of `fetch`."""
+        transport = self.transport
+        atransport: AsyncTransport = (
+            transport if isinstance(transport, AsyncTransport) else _ThreadedTransport(transport)
+        )
+        deadline = time.monotonic() + self.limits.timeout_seconds
+        current, origin = url, None
+        try:
+            for hop in range(self.limits.max_redirects + 1):
+                target = self._check(current, origin)
+                approval = self._approve(target, await self._aresolve(target, deadline), origin)
+                response = await self._asend(atransport, approval, deadline)
+                try:
+                    following = self._next_url(current, hop, response.status, response.headers)
+                    if following is None:
+                        collector = self._collector(response.headers)
+                        await _adrain(response.chunks, collector, deadline)
+                        return self._result(
+                            current, response.status, response.reason, response.headers, collector
+                        )
+                finally:
+                    await response.aclose()
+                current, origin = following, current
+        except (OSError, EgressError, ContentRefused, _Failure, asyncio.TimeoutError) as error:
+            return self._error(current, error)
+        raise AssertionError("unreachable: the redirect loop always returns")  # pragma: no cover
+
+    async def _aresolve(self, target: Target, deadline: float) -> Sequence[str]:
+        if target.literal is not None:
+            return (str(target.literal),)
+        try:
+            return await asyncio.wait_for(
+                asyncio.to_thread(self.resolver.resolve, target.host, target.port),
+                max(0.0, deadline - time.monotonic()),
+            )
+        except (TimeoutError, asyncio.TimeoutError):
+            raise TimeoutError(f"resolving {target.host} took too long") from None
+        except OSError as error:
+            raise _Failure(
+                f"webfetch could not resolve {target.host} ({error.strerror or error}); "
+                "check the spelling of the host name"
+            ) from None
+
+    async def _asend(
+        self, transport: AsyncTransport, approval: Approval, deadline: float
+    ) -> AsyncHttpResponse:
+        for index, address in enumerate(approval.addresses):
+            try:
+                return await transport.asend(self._request(approval, address, deadline))
+            except OSError as error:
+                if error.errno not in _TRY_NEXT or index == len(approval.addresses) - 1:
+                    raise
+        raise AssertionError(
+            "unreachable: approve() never returns no addresses"
+        )  # pragma: no cover
+
+
+def _drain(chunks: Iterator[bytes], collector: BodyCollector, deadline: float) -> None:
+    for chunk in chunks:
+        collector.feed(chunk)
+        if collector.full:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError("the fetch deadline passed while reading the body")
+
+
+async def _adrain(chunks: AsyncIterator[bytes], collector: BodyCollector, deadline: float) -> None:
+    async for chunk in chunks:
+        collector.feed(chunk)
+        if collector.full:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError("the fetch deadline passed while reading the body")
+
+
+class _ThreadedTransport:
+    """Lets a sync-only transport serve ``afetch`` by running each blocking step in a thread."""
+
+    def __init__(self, transport: Transport | AsyncTransport) -> None:
+        if not isinstance(transport, Transport):
+            raise TypeError(f"{type(transport).__name__} has neither send() nor asend()")
+        self._transport = transport
+
+    async def asend(self, request: HttpRequest) -> AsyncHttpResponse:
+        response = await asyncio.to_thread(self._transport.send, request)
+
+        async def chunks() -> AsyncIterator[bytes]:
+            iterator = iter(response.chunks)
+            while True:
+                chunk = await asyncio.to_thread(next, iterator, None)
+                if chunk is None:
+                    return
+                yield chunk
+
+        async def aclose() -> None:
+            await asyncio.to_thread(response.close)
+
+        return AsyncHttpResponse(
+            status=response.status,
+            reason=response.reason,
+            headers=response.headers,
+            chunks=chunks(),
+            aclose=aclose,
+        )

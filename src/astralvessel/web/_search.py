@@ -1,0 +1,495 @@
+"""`websearch`: a `Searcher` over a `SearchProvider` the deployment chooses.
+
+Providers: `SearxngProvider` (a SearXNG instance's JSON API),
+`BraveProvider` (the Brave Search API) and `LocalIndexProvider` (SQLite FTS5
+over a folder of documents, for offline deployments). A provider returns
+`SearchHit` values or raises `SearchError`; the `Searcher` fences the hits
+for the model and turns every failure into an error result that says a
+failed search does not mean nothing exists.
+
+The endpoints of SearXNG and Brave are the operator's configuration, not
+the model's, so they are reached directly through the provider's transport
+(a SearXNG instance often lives on a private address on purpose).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import html
+import json
+import os
+import re
+import sqlite3
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+from urllib.parse import urlencode, urlsplit
+
+import attrs
+
+from ..errors import AstralVesselError
+from ._content import BodyCollector, ContentRefused, fence, parse_content_type, render
+from ._egress import SystemResolver
+from ._fetch import WebResult
+from ._stdlib import StdlibTransport
+from ._transport import HttpRequest, Transport
+
+__all__ = [
+    "DEFAULT_MAX_RESULTS",
+    "MAX_RESULTS",
+    "BraveProvider",
+    "LocalIndexProvider",
+    "SearchError",
+    "SearchHit",
+    "SearchProvider",
+    "Searcher",
+    "SearxngProvider",
+]
+
+DEFAULT_MAX_RESULTS = 8
+MAX_RESULTS = 20
+_RESPONSE_LIMIT = 2 * 1024 * 1024
+_TAGS = re.compile(r"<[^>]*>")
+_SPACES = re.compile(r"\s+")
+
+
+class SearchError(AstralVesselError, RuntimeError):
+    """A provider could not answer; the `Searcher` shows the model the message."""
+
+
+@attrs.frozen(kw_only=True)
+class SearchHit:
+    """One result: a title, a link and a short snippet."""
+
+    title: str
+    url: str
+    snippet: str = ""
+
+
+@runtime_checkable
+class SearchProvider(Protocol):
+    """Where search results come from. ``search`` raises `SearchError` when it cannot answer."""
+
+    name: str
+
+    def search(self, query: str, max_results: int) -> Sequence[SearchHit]:
+        """Return at most ``max_results`` hits, best first."""
+        ...
+
+    async def asearch(self, query: str, max_results: int) -> Sequence[SearchHit]:
+        """The async twin of ``search``."""
+        ...
+
+
+def _failure(reason: str) -> str:
+    return (
+        f"websearch failed: {reason}. This does not mean nothing exists on the web about "
+        "this; the search itself did not work. Try again, rephrase the query, or use "
+        "webfetch on a page you know."
+    )
+
+
+def _clean(text: str) -> str:
+    return _SPACES.sub(" ", html.unescape(_TAGS.sub("", text))).strip()
+
+
+class Searcher:
+    """Runs `websearch` calls against one provider and formats what the model sees."""
+
+    def __init__(self, provider: SearchProvider) -> None:
+        self.provider = provider
+
+    def _check(self, query: str, max_results: int | None) -> tuple[str, int] | str:
+        if not isinstance(query, str) or not query.strip():
+            return "websearch needs a non-empty query."
+        count = DEFAULT_MAX_RESULTS if max_results is None else max_results
+        if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_RESULTS:
+            return (
+                f"max_results must be a whole number from 1 to {MAX_RESULTS}; got {max_results!r}."
+            )
+        return query.strip(), count
+
+    def _format(self, query: str, hits: Sequence[SearchHit], count: int) -> WebResult:
+        lines: list[str] = []
+        for number, hit in enumerate(hits[:count], start=1):
+            lines.append(f"{number}. {_clean(hit.title) or '(untitled)'}")
+            lines.append(f"   {hit.url}")
+            snippet = _clean(hit.snippet)
+            if snippet:
+                lines.append(f"   {snippet}")
+            lines.append("")
+        body = "\n".join(lines) if lines else "The search ran and found no results for this query."
+        return WebResult(text=fence(f"{self.provider.name} search: {query}", body), is_error=False)
+
+    def search(self, query: str, max_results: int | None = None) -> WebResult:
+        """Search and return fenced results, or an error result that says the search failed."""
+        checked = self._check(query, max_results)
+        if isinstance(checked, str):
+            return WebResult(text=checked, is_error=True)
+        text, count = checked
+        try:
+            hits = self.provider.search(text, count)
+        except (SearchError, OSError, ContentRefused, asyncio.TimeoutError) as error:
+            return WebResult(text=_failure(_reason(error)), is_error=True)
+        return self._format(text, hits, count)
+
+    async def asearch(self, query: str, max_results: int | None = None) -> WebResult:
+        """The async twin of `search`."""
+        checked = self._check(query, max_results)
+        if isinstance(checked, str):
+            return WebResult(text=checked, is_error=True)
+        text, count = checked
+        try:
+            hits = await self.provider.asearch(text, count)
+        except (SearchError, OSError, ContentRefused, asyncio.TimeoutError) as error:
+            return WebResult(text=_failure(_reason(error)), is_error=True)
+        return self._format(text, hits, count)
+
+
+def _reason(error: BaseException) -> str:
+    if isinstance(error, TimeoutError | asyncio.TimeoutError):
+        return "the search service did not answer in time"
+    if isinstance(error, SearchError):
+        return str(error)
+    return f"the search service could not be reached ({getattr(error, 'strerror', None) or error})"
+
+
+# -- HTTP providers ---------------------------------------------------------------------------
+
+
+class _HttpProvider:
+    """Shared plumbing: one GET to an operator-configured endpoint, JSON back."""
+
+    name = "web"
+
+    def __init__(
+        self, endpoint: str, *, transport: Transport | None, timeout_seconds: float
+    ) -> None:
+        parts = urlsplit(endpoint)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"search endpoint {endpoint!r} must be an http:// or https:// URL")
+        self.endpoint = endpoint
+        self.transport: Transport = transport if transport is not None else StdlibTransport()
+        self.timeout_seconds = timeout_seconds
+        self._resolver = SystemResolver()
+
+    def _headers(self) -> tuple[tuple[str, str], ...]:
+        return (("Accept", "application/json"), ("Accept-Encoding", "gzip, deflate"))
+
+    def _params(self, query: str, max_results: int) -> dict[str, str]:
+        raise NotImplementedError
+
+    def _hits(self, data: object, max_results: int) -> list[SearchHit]:
+        raise NotImplementedError
+
+    def _request(self, query: str, max_results: int) -> HttpRequest:
+        parts = urlsplit(self.endpoint)
+        host = parts.hostname or ""
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        try:
+            address = self._resolver.resolve(host, port)[0]
+        except (OSError, IndexError) as error:
+            raise SearchError(
+                f"the search service's host {host} does not resolve ({error})"
+            ) from None
+        query_string = urlencode(self._params(query, max_results))
+        path = parts.path or "/"
+        target = f"{path}?{parts.query + '&' if parts.query else ''}{query_string}"
+        return HttpRequest(
+            method="GET",
+            scheme=parts.scheme,
+            host=host,
+            address=address,
+            port=port,
+            target=target,
+            headers=self._headers(),
+            deadline=time.monotonic() + self.timeout_seconds,
+        )
+
+    def _decode(
+        self, status: int, headers: Sequence[tuple[str, str]], body: bytes, max_results: int
+    ) -> list[SearchHit]:
+        if status != 200:
+            raise SearchError(f"the search service answered HTTP {status}")
+        media, _ = parse_content_type(
+            next((v for k, v in headers if k.lower() == "content-type"), None)
+        )
+        try:
+            data = json.loads(body)
+        except ValueError:
+            raise SearchError(
+                f"the search service sent something other than JSON ({media or 'no type'})"
+            ) from None
+        return self._hits(data, max_results)[:max_results]
+
+    def search(self, query: str, max_results: int) -> Sequence[SearchHit]:
+        """Ask the service once."""
+        request = self._request(query, max_results)
+        response = self.transport.send(request)
+        try:
+            collector = _collector(response.headers)
+            for chunk in response.chunks:
+                collector.feed(chunk)
+                if collector.full:
+                    break
+                request.remaining()
+        finally:
+            response.close()
+        return self._decode(response.status, response.headers, collector.body(), max_results)
+
+    async def asearch(self, query: str, max_results: int) -> Sequence[SearchHit]:
+        """Ask the service once, without blocking the event loop."""
+        transport = self.transport
+        asend = getattr(transport, "asend", None)
+        if asend is None:
+            return await asyncio.to_thread(self.search, query, max_results)
+        request = await asyncio.to_thread(self._request, query, max_results)
+        response = await asend(request)
+        try:
+            collector = _collector(response.headers)
+            async for chunk in response.chunks:
+                collector.feed(chunk)
+                if collector.full:
+                    break
+                request.remaining()
+        finally:
+            await response.aclose()
+        return self._decode(response.status, response.headers, collector.body(), max_results)
+
+
+def _collector(headers: Sequence[tuple[str, str]]) -> BodyCollector:
+    encoding = ", ".join(v for k, v in headers if k.lower() == "content-encoding") or None
+    return BodyCollector.for_encoding(encoding, _RESPONSE_LIMIT)
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+class SearxngProvider(_HttpProvider):
+    """Searches a SearXNG instance through its JSON API (``format=json`` must be enabled)."""
+
+    name = "searxng"
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        transport: Transport | None = None,
+        timeout_seconds: float = 15.0,
+        categories: str = "general",
+    ) -> None:
+        endpoint = (
+            base_url.rstrip("/") + "/search"
+            if not base_url.rstrip("/").endswith("/search")
+            else base_url
+        )
+        super().__init__(endpoint, transport=transport, timeout_seconds=timeout_seconds)
+        self.categories = categories
+
+    def _params(self, query: str, max_results: int) -> dict[str, str]:
+        return {"q": query, "format": "json", "categories": self.categories}
+
+    def _hits(self, data: object, max_results: int) -> list[SearchHit]:
+        results = data.get("results") if isinstance(data, dict) else None
+        if not isinstance(results, list):
+            raise SearchError("the SearXNG instance's answer has no 'results' list")
+        return [
+            SearchHit(
+                title=_text(item.get("title")),
+                url=_text(item.get("url")),
+                snippet=_text(item.get("content")),
+            )
+            for item in results
+            if isinstance(item, dict) and _text(item.get("url"))
+        ]
+
+
+class BraveProvider(_HttpProvider):
+    """Searches with the Brave Search API; needs the operator's subscription token."""
+
+    name = "brave"
+
+    def __init__(
+        self,
+        api_key: str,
+        *,
+        endpoint: str = "https://api.search.brave.com/res/v1/web/search",
+        transport: Transport | None = None,
+        timeout_seconds: float = 15.0,
+    ) -> None:
+        if not api_key:
+            raise ValueError("BraveProvider needs an API key (the X-Subscription-Token value)")
+        super().__init__(endpoint, transport=transport, timeout_seconds=timeout_seconds)
+        self._api_key = api_key
+
+    def _headers(self) -> tuple[tuple[str, str], ...]:
+        return (*super()._headers(), ("X-Subscription-Token", self._api_key))
+
+    def _params(self, query: str, max_results: int) -> dict[str, str]:
+        return {"q": query, "count": str(max_results)}
+
+    def _hits(self, data: object, max_results: int) -> list[SearchHit]:
+        web = data.get("web") if isinstance(data, dict) else None
+        if web is None and isinstance(data, dict) and "type" in data:
+            return []  # an answer without web results: a real "nothing found"
+        results = web.get("results") if isinstance(web, dict) else None
+        if not isinstance(results, list):
+            raise SearchError("the Brave API's answer has no web results list")
+        return [
+            SearchHit(
+                title=_text(item.get("title")),
+                url=_text(item.get("url")),
+                snippet=_text(item.get("description")),
+            )
+            for item in results
+            if isinstance(item, dict) and _text(item.get("url"))
+        ]
+
+
+# -- local index ------------------------------------------------------------------------------
+
+_INDEXED_SUFFIXES = (".txt", ".md", ".markdown", ".html", ".htm", ".rst", ".json")
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+class LocalIndexProvider:
+    """Full-text search over a folder of documents with SQLite FTS5, for offline deployments.
+
+    Text, markdown, reStructuredText, JSON and HTML files are indexed (HTML
+    reduced to text first); the index is refreshed before each search when
+    files changed. ``database`` keeps the index on disk between runs;
+    ``base_url`` turns a file's relative path into its link, for a folder
+    that mirrors a site.
+    """
+
+    name = "local"
+
+    def __init__(
+        self,
+        folder: str | os.PathLike[str],
+        *,
+        database: str | os.PathLike[str] | None = None,
+        base_url: str | None = None,
+    ) -> None:
+        self.folder = Path(folder).resolve()
+        if not self.folder.is_dir():
+            raise ValueError(f"local search folder {self.folder} does not exist or is not a folder")
+        self.base_url = base_url
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(
+            str(database) if database else ":memory:", check_same_thread=False
+        )
+        with self._db:
+            self._db.execute(
+                "CREATE VIRTUAL TABLE IF NOT EXISTS docs"
+                " USING fts5(path UNINDEXED, title, body, tokenize='unicode61')"
+            )
+            self._db.execute("CREATE TABLE IF NOT EXISTS files (path TEXT PRIMARY KEY, stamp TEXT)")
+        self._signature: str | None = None
+
+    def close(self) -> None:
+        """Close the index database."""
+        self._db.close()
+
+    def _scan(self) -> dict[str, tuple[Path, str]]:
+        found: dict[str, tuple[Path, str]] = {}
+        for path in sorted(self.folder.rglob("*")):
+            if (
+                path.suffix.lower() not in _INDEXED_SUFFIXES
+                or not path.is_file()
+                or path.is_symlink()
+            ):
+                continue
+            stat = path.stat()
+            found[path.relative_to(self.folder).as_posix()] = (
+                path,
+                f"{stat.st_mtime_ns}:{stat.st_size}",
+            )
+        return found
+
+    def refresh(self) -> int:
+        """Bring the index up to date with the folder; return how many files were (re)indexed."""
+        with self._lock:
+            found = self._scan()
+            signature = hashlib.sha256(
+                repr(sorted((k, v[1]) for k, v in found.items())).encode()
+            ).hexdigest()
+            if signature == self._signature:
+                return 0
+            known = dict(self._db.execute("SELECT path, stamp FROM files").fetchall())
+            changed = 0
+            with self._db:
+                for gone in set(known) - set(found):
+                    self._db.execute("DELETE FROM docs WHERE path = ?", (gone,))
+                    self._db.execute("DELETE FROM files WHERE path = ?", (gone,))
+                for relative, (path, stamp) in found.items():
+                    if known.get(relative) == stamp:
+                        continue
+                    title, body = _document(path, relative)
+                    self._db.execute("DELETE FROM docs WHERE path = ?", (relative,))
+                    self._db.execute(
+                        "INSERT INTO docs (path, title, body) VALUES (?, ?, ?)",
+                        (relative, title, body),
+                    )
+                    self._db.execute(
+                        "INSERT OR REPLACE INTO files (path, stamp) VALUES (?, ?)",
+                        (relative, stamp),
+                    )
+                    changed += 1
+            self._signature = signature
+            return changed
+
+    def search(self, query: str, max_results: int) -> Sequence[SearchHit]:
+        """Rank documents by BM25 for any of the query's words."""
+        words = _WORD.findall(query)
+        if not words:
+            raise SearchError("the query has no words to look for")
+        # Each word is quoted, so FTS5 query syntax in the model's text is only ever text.
+        match = " OR ".join('"' + word.replace('"', "") + '"' for word in words[:32])
+        self.refresh()
+        with self._lock:
+            try:
+                rows = self._db.execute(
+                    "SELECT path, title, snippet(docs, 2, '', '', ' … ', 24) FROM docs "
+                    "WHERE docs MATCH ? ORDER BY bm25(docs, 0.0, 5.0, 1.0) LIMIT ?",
+                    (match, max_results),
+                ).fetchall()
+            except sqlite3.Error as error:
+                raise SearchError(f"the local index failed ({error})") from None
+        return [
+            SearchHit(title=title, url=self._link(path), snippet=snippet)
+            for path, title, snippet in rows
+        ]
+
+    async def asearch(self, query: str, max_results: int) -> Sequence[SearchHit]:
+        """Search in a worker thread, so the event loop keeps running."""
+        return await asyncio.to_thread(self.search, query, max_results)
+
+    def _link(self, relative: str) -> str:
+        if self.base_url:
+            return self.base_url.rstrip("/") + "/" + relative
+        return relative
+
+
+def _document(path: Path, relative: str) -> tuple[str, str]:
+    raw = path.read_bytes()[: 4 * 1024 * 1024]
+    suffix = path.suffix.lower()
+    try:
+        text = render(
+            raw,
+            "text/html" if suffix in (".html", ".htm") else "text/plain; charset=utf-8",
+            relative,
+        )
+    except ContentRefused:
+        return relative, ""
+    title = relative
+    for line in text.splitlines():
+        stripped = line.strip().lstrip("#").strip()
+        if stripped:
+            title = stripped[:200]
+            break
+    return title, text

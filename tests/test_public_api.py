@@ -1,0 +1,36 @@
+"""The public surface: __all__ lists exactly the public names, sorted, and each imports."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+
+import astralvessel
+
+PUBLIC_MODULES = ["astralvessel", "astralvessel.sandbox", "astralvessel.web"]
+
+
+@pytest.mark.parametrize("module_name", PUBLIC_MODULES)
+def test_all_is_sorted_and_complete(module_name: str) -> None:
+    """__all__ is sorted, and every public attribute defined there is listed."""
+    module = importlib.import_module(module_name)
+    exported = list(module.__all__)
+    assert exported == sorted(exported)
+    for name in exported:
+        assert getattr(module, name) is not None
+    public = {
+        name
+        for name, value in vars(module).items()
+        if not name.startswith("_")
+        and not isinstance(value, type(importlib))
+        and name not in {"annotations", "TYPE_CHECKING", "Any"}
+    }
+    assert public <= set(exported) | {"version", "PackageNotFoundError", "importlib"}
+
+
+def test_version_comes_from_metadata() -> None:
+    """__version__ is the installed distribution's version."""
+    from importlib.metadata import version
+
+    assert astralvessel.__version__ == version("astralvessel")

@@ -1,0 +1,44 @@
+"""Type-checked only (by ``nox -s typing``): uses the public API as a host would.
+
+If a change breaks this file's types, it breaks our users' code.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import astralvessel as av
+from astralvessel.sandbox import Limits, Mount, Policy, Promise, Sandbox
+
+
+def embed(agent_dir: Path, data: Path, backend: Sandbox) -> list[str]:
+    agent: av.Agent = av.Agent.load(agent_dir)
+    registry = av.Registry.for_agent(agent)
+    schemas: list[dict[str, object]] = registry.schemas("anthropic", scopes=[av.Scope.READ])
+    executor = av.Executor(registry, sandbox=backend, mounts={"/data": data}, scopes=["tools:read"])
+    texts = [str(s["name"]) for s in schemas]
+    with executor.turn() as turn:
+        result: av.ToolResult = turn.call("species", '{"habitat": "rivers"}')
+        texts.append(result.text)
+        flag: bool = result.is_error
+        code: int | None = result.exit_code
+        _ = (flag, code, result.dropped_chars, result.timed_out, result.files, result.duration)
+    return texts
+
+
+async def embed_async(executor: av.Executor) -> av.ToolResult:
+    async with executor.turn() as turn:
+        return await turn.acall("species", {"habitat": "lakes"})
+
+
+def policy_values(data: Path) -> str:
+    policy = Policy(mounts=(Mount.from_pair("/data", data),), limits=Limits(disk_mb=64))
+    return policy.relax(Promise.MEMORY_LIMIT).identity
+
+
+def errors() -> None:
+    try:
+        av.Agent.load("nowhere")
+    except av.ConfigError as exc:
+        problems: tuple[str, ...] = exc.problems
+        _ = problems
