@@ -148,7 +148,8 @@ def _signature_schema(
     for param in signature.parameters.values():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             raise ToolRegistrationError(
-                f"Python tool {tool_name!r} takes *{param.name} or **{param.name}; "
+                f"Python tool {tool_name!r} takes "
+                f"{'*' if param.kind is param.VAR_POSITIONAL else '**'}{param.name}; "
                 "the model can only fill named parameters, so list each one"
             )
         if param.name not in resolved:
@@ -163,8 +164,10 @@ def _signature_schema(
             raise ToolRegistrationError(
                 f"parameter {param.name!r} of Python tool {tool_name!r}: {exc}"
             ) from None
-        if param.name in param_docs and "description" not in schema:
-            schema = {"description": param_docs[param.name], **schema}
+        # The parameter's own note wins over its type's docstring; an Annotated note wins over both.
+        if param_docs.get(param.name) and typing.get_origin(hint) is not typing.Annotated:
+            schema = {**schema, "description": param_docs[param.name]}
+            schema = {"description": schema.pop("description"), **schema}
         if param.default is param.empty:
             required.append(param.name)
         elif _json_value(param.default):

@@ -128,9 +128,9 @@ def _call(args: argparse.Namespace) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from .sandbox._discovery import doctor_reports
+    from .sandbox._discovery import all_backends
 
-    reports = doctor_reports()
+    reports = [backend.probe() for backend in all_backends()]
     if args.json:
         json.dump([_report_json(r) for r in reports], sys.stdout, indent=2)
         print()
@@ -138,7 +138,7 @@ def _doctor(args: argparse.Namespace) -> int:
     for report in reports:
         state = "can run" if report.available else "cannot run"
         print(f"{report.name}: {state}{f' ({report.reason})' if report.reason else ''}")
-        if report.binary:
+        if report.binary and "binary" not in report.details:
             print(f"  binary: {report.binary}")
         for key, value in sorted(report.details.items()):
             print(f"  {key}: {value}")

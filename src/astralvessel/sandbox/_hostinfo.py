@@ -34,6 +34,7 @@ __all__ = [
     "interpreter_mount",
     "parse_version",
     "python_runtime",
+    "run_for_text",
     "unenforced_promises",
     "userns_verdict",
 ]
@@ -108,7 +109,10 @@ def userns_verdict(
     if max_user_namespaces is not None and max_user_namespaces.strip() == "0":
         return False, "user namespaces are disabled (user.max_user_namespaces = 0)"
     if unprivileged_userns_clone is not None and unprivileged_userns_clone.strip() == "0":
-        return False, "unprivileged user namespaces are disabled (kernel.unprivileged_userns_clone = 0)"
+        return (
+            False,
+            "unprivileged user namespaces are disabled (kernel.unprivileged_userns_clone = 0)",
+        )
     if apparmor_restrict is not None and apparmor_restrict.strip() == "1":
         return False, (
             "AppArmor restricts unprivileged user namespaces "
@@ -151,10 +155,8 @@ def interpreter_mount(runtime: PythonRuntime, system_dirs: Iterable[SystemDir]) 
     return runtime.prefix
 
 
-def unenforced_promises(
-    facts: HostFacts, *, backend: str, features: frozenset[str] = frozenset()
-) -> dict[Promise, str]:
-    """The promises ``backend`` cannot keep on this host, each with the reason, for ``doctor`` and ``start``."""
+def unenforced_promises(facts: HostFacts) -> dict[Promise, str]:
+    """The promises no namespace backend can keep on this host, each with the reason."""
     missing: dict[Promise, str] = {}
     if not facts.is_root:
         # Without root the calls would run as uid 0 of a user namespace, mapped to
@@ -164,15 +166,9 @@ def unenforced_promises(
             f"host user (uid {NOBODY_UID}); run the host as root (CI does)"
         )
     if facts.machine not in ("x86_64", "aarch64"):
-        missing[Promise.SECCOMP] = f"no seccomp filter is built for the {facts.machine} architecture"
-    if backend == "bubblewrap":
-        if "size" not in features:
-            missing[Promise.DISK_LIMIT] = (
-                "this bwrap cannot size its tmpfs (no --size, added in bubblewrap 0.8); "
-                "install astralvessel[bubblewrap] for a bundled bwrap 0.11"
-            )
-        if "seccomp" not in features:
-            missing[Promise.SECCOMP] = "this bwrap has no --seccomp option"
+        missing[Promise.SECCOMP] = (
+            f"no seccomp filter is built for the {facts.machine} architecture"
+        )
     return missing
 
 
@@ -219,7 +215,7 @@ def _system_binaries(tool: str) -> list[str]:
     return found
 
 
-def _run_for_text(argv: list[str]) -> str:
+def run_for_text(argv: list[str]) -> str:
     try:
         done = subprocess.run(argv, capture_output=True, timeout=10, check=False)
     except (OSError, subprocess.SubprocessError):
@@ -241,8 +237,8 @@ def find_binaries(tool: str) -> list[BinaryInfo]:
             continue
         seen.add(path)
         if tool == "bwrap":
-            version = parse_version(_run_for_text([path, "--version"]))
-            features = bwrap_features(_run_for_text([path, "--help"]))
+            version = parse_version(run_for_text([path, "--version"]))
+            features = bwrap_features(run_for_text([path, "--help"]))
         else:
             version, features = "", frozenset()
         result.append(BinaryInfo(path=path, origin=origin, version=version, features=features))
@@ -256,7 +252,9 @@ def python_runtime() -> PythonRuntime:
     if not executable.startswith(prefix + os.sep):
         # A venv's python is a symlink into the base install; if it resolves
         # elsewhere, run the base install's own interpreter.
-        executable = os.path.join(prefix, "bin", f"python{sys.version_info[0]}.{sys.version_info[1]}")
+        executable = os.path.join(
+            prefix, "bin", f"python{sys.version_info[0]}.{sys.version_info[1]}"
+        )
     return PythonRuntime(executable=executable, prefix=prefix)
 
 

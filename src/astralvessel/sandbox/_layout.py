@@ -85,7 +85,9 @@ def sandbox_layout(policy: Policy, facts: HostFacts) -> tuple[Step, ...]:
         targets.append(AGENT_DIR)
     # Parents before children, so a mount inside another mount stays visible.
     for mount in sorted(policy.mounts, key=lambda m: (len(m.target.parts), str(m.target))):
-        steps.append(Bind(source=str(mount.source), target=str(mount.target), writable=mount.writable))
+        steps.append(
+            Bind(source=str(mount.source), target=str(mount.target), writable=mount.writable)
+        )
         targets.append(mount.target)
     steps.append(Tmpfs(path=str(WORKSPACE_DIR), size_bytes=policy.limits.disk_mb * 1024 * 1024))
     targets.append(WORKSPACE_DIR)

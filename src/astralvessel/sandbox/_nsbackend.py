@@ -9,30 +9,31 @@ here once.
 from __future__ import annotations
 
 import abc
-import contextlib
 import os
-import subprocess
 import threading
 from collections.abc import Sequence
 from typing import ClassVar
 
 from ..errors import BackendUnavailableError, PromiseNotEnforcedError
-from ._base import BackendReport, Sandbox, SandboxSession
+from ._base import BackendReport, Sandbox
 from ._hostinfo import (
     NOBODY_GID,
     NOBODY_UID,
     BinaryInfo,
     HostFacts,
+    bwrap_features,
     collect_host_facts,
     find_binaries,
+    parse_version,
+    run_for_text,
     unenforced_promises,
 )
 from ._policy import Policy, Promise
+from ._seccomp import CALLS, SERVER, compile_bpf, to_kafel
+from ._session import PipeChannel, ServerSession, server_command
+from ._session import unenforced_promises as server_unenforced
 
 __all__ = ["NamespaceBackend", "check_promises", "choose_binary"]
-
-#: How long a probe's trial sandbox may take before the backend is called unusable.
-PROBE_TIMEOUT = 20.0
 
 
 def check_promises(backend: str, unenforced: dict[Promise, str], policy: Policy) -> None:
@@ -65,7 +66,11 @@ class NamespaceBackend(Sandbox):
         self._found: tuple[HostFacts, BinaryInfo | None] | None = None
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}()" if self._explicit is None else f"{type(self).__name__}({self._explicit!r})"
+        return (
+            f"{type(self).__name__}()"
+            if self._explicit is None
+            else f"{type(self).__name__}({self._explicit!r})"
+        )
 
     # -- what a subclass provides -------------------------------------------------
 
@@ -113,7 +118,7 @@ class NamespaceBackend(Sandbox):
             return self._found
 
     def _unenforced(self, facts: HostFacts, binary: BinaryInfo) -> dict[Promise, str]:
-        missing = unenforced_promises(facts, backend=self.name)
+        missing = unenforced_promises(facts)
         for promise, why in self._backend_unenforced(binary, facts).items():
             missing.setdefault(promise, why)
         return missing
@@ -124,11 +129,13 @@ class NamespaceBackend(Sandbox):
         if not os.access(binary.path, os.X_OK):
             return f"{binary.path} is not executable"
         if not facts.is_root and not facts.userns:
-            return f"{self.tool} needs user namespaces when not run as root, and {facts.userns_reason}"
+            return (
+                f"{self.tool} needs user namespaces when not run as root, and {facts.userns_reason}"
+            )
         return ""
 
     def probe(self) -> BackendReport:
-        """Say whether this backend can start here (by starting a trial sandbox) and what it enforces."""
+        """Say whether this backend can start here, by starting a trial turn, and what it enforces."""
         try:
             facts, binary = self._discover()
         except Exception as exc:  # noqa: BLE001 - probe never raises, it reports
@@ -139,62 +146,97 @@ class NamespaceBackend(Sandbox):
         missing = self._unenforced(facts, binary)
         details = {
             "binary": binary.describe(),
-            "user": "root: calls run as host uid 65534" if facts.is_root else f"uid {facts.uid}",
-            "interpreter": facts.python.executable,
+            "calls run as": f"host uid {NOBODY_UID}"
+            if facts.is_root
+            else "uid 0 of a user namespace",
+            "server interpreter": facts.python.executable,
         }
-        trial = self._trial(facts, binary)
+        # A real turn, with every promise it cannot keep relaxed, is the only honest
+        # test: it runs the binary, the layout and the server's own confinement probe.
+        trial_reason = ""
+        try:
+            session = self.start(Policy().relax(*missing))
+        except Exception as exc:  # noqa: BLE001 - probe never raises, it reports
+            trial_reason = f"a trial sandbox failed to start: {exc}"
+        else:
+            problems = dict(session.ready_info.get("problems") or {})
+            session.close()
+            for promise, why in server_unenforced(problems).items():
+                missing.setdefault(promise, why)
         return BackendReport(
             name=self.name,
-            available=not trial,
-            reason=trial,
+            available=not trial_reason,
+            reason=trial_reason,
             binary=binary.path,
             enforced=frozenset(p for p in Promise if p not in missing),
             unenforced=missing,
             details=details,
         )
 
-    def _trial(self, facts: HostFacts, binary: BinaryInfo) -> str:
-        """Start a default-policy sandbox that runs only the interpreter; say why it failed, or ``""``."""
-        policy = Policy().relax(*self._unenforced(facts, binary))
-        try:
-            self._host_setup(facts)
-            with self._launch(facts, binary, policy, [facts.python.executable, "-I", "-S", "-c", ""]) as proc:
-                try:
-                    _out, err = proc.communicate(timeout=PROBE_TIMEOUT)
-                except subprocess.TimeoutExpired:
-                    return f"a trial {self.tool} sandbox did not finish within {PROBE_TIMEOUT:.0f} s"
-        except OSError as exc:
-            return f"cannot run {binary.path}: {exc}"
-        if proc.returncode != 0:
-            tail = err.decode(errors="replace").strip().splitlines()[-3:]
-            return f"a trial {self.tool} sandbox failed (exit {proc.returncode}): " + " | ".join(tail)
-        return ""
-
-    @contextlib.contextmanager
-    def _launch(
-        self, facts: HostFacts, binary: BinaryInfo, policy: Policy, command: Sequence[str]
-    ) -> contextlib.AbstractContextManager[subprocess.Popen[bytes]]:  # type: ignore[misc]
-        raise NotImplementedError
-
-    def start(self, policy: Policy) -> SandboxSession:
+    def start(self, policy: Policy) -> ServerSession:
         """Start one turn's sandbox with the server in it; fail closed on any promise not kept here."""
         facts, binary = self._discover()
         reason = self._unavailable(facts, binary)
         if reason or binary is None:
             raise BackendUnavailableError(f"{self.name} cannot start: {reason}")
-        check_promises(self.name, self._unenforced(facts, binary), policy)
-        raise NotImplementedError
+        missing = self._unenforced(facts, binary)
+        check_promises(self.name, missing, policy)
+        try:
+            self._host_setup(facts)
+        except OSError as exc:
+            raise BackendUnavailableError(f"{self.name} cannot prepare the host: {exc}") from exc
+        # Without a filter for this host (only when the host relaxed SECCOMP) nothing is installed.
+        use_seccomp = Promise.SECCOMP not in missing
+        server_filter: int | str | None = None
+        memfd: int | None = None
+        if use_seccomp:
+            if self.seccomp_as_fd:
+                memfd = _memfd(compile_bpf(SERVER, facts.machine))
+                server_filter = memfd
+            else:
+                server_filter = to_kafel(SERVER, facts.machine)
+        try:
+            argv = self._argv(
+                binary, policy, facts, server_command(facts.python.executable), server_filter
+            )
+            channel = PipeChannel.spawn(
+                argv, name=self.name, env={}, pass_fds=() if memfd is None else (memfd,)
+            )
+        except ValueError as exc:
+            raise BackendUnavailableError(f"{self.name} cannot build this sandbox: {exc}") from exc
+        finally:
+            if memfd is not None:
+                os.close(memfd)
+        uid, gid = (NOBODY_UID, NOBODY_GID) if facts.is_root else (None, None)
+        return ServerSession.start(
+            channel,
+            policy,
+            backend=self.name,
+            confine=True,
+            drop_uid=uid,
+            drop_gid=gid,
+            seccomp=compile_bpf(CALLS, facts.machine) if use_seccomp else None,
+        )
+
+
+def _memfd(data: bytes) -> int:
+    """An anonymous file holding ``data``, read from the start by whoever inherits it."""
+    fd = os.memfd_create("astralvessel-seccomp", 0)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.lseek(fd, 0, os.SEEK_SET)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def _describe_bwrap(path: str) -> BinaryInfo:
-    from ._hostinfo import _run_for_text, bwrap_features, parse_version  # noqa: PLC0415
-
     return BinaryInfo(
         path=path,
         origin="explicit",
-        version=parse_version(_run_for_text([path, "--version"])),
-        features=bwrap_features(_run_for_text([path, "--help"])),
+        version=parse_version(run_for_text([path, "--version"])),
+        features=bwrap_features(run_for_text([path, "--help"])),
     )
-
-
-__all__ += ["NOBODY_GID", "NOBODY_UID"]

@@ -177,4 +177,6 @@ class Nsjail(NamespaceBackend):
         seccomp: int | str | None,
     ) -> list[str]:
         kafel = seccomp if isinstance(seccomp, str) else None
-        return nsjail_argv(binary, policy, facts, command, seccomp_kafel=kafel, cgroups=cgroup_plan(facts))
+        return nsjail_argv(
+            binary, policy, facts, command, seccomp_kafel=kafel, cgroups=cgroup_plan(facts)
+        )

@@ -8,7 +8,6 @@ exchange with the address the policy approved. Search goes through a
 
 from __future__ import annotations
 
-from ._content import WARNING as WARNING
 from ._content import fence as fence
 from ._egress import AllowRule as AllowRule
 from ._egress import Approval as Approval
@@ -39,7 +38,6 @@ from ._transport import Transport as Transport
 from ._transport import TransportError as TransportError
 
 __all__ = [
-    "WARNING",
     "AllowRule",
     "Approval",
     "AsyncHttpResponse",

@@ -323,7 +323,7 @@ class Fetcher:
 def _drain(chunks: Iterator[bytes], collector: BodyCollector, deadline: float) -> None:
     for chunk in chunks:
         collector.feed(chunk)
-        if collector.full:
+        if collector.truncated:
             return
         if time.monotonic() > deadline:
             raise TimeoutError("the fetch deadline passed while reading the body")
@@ -332,7 +332,7 @@ def _drain(chunks: Iterator[bytes], collector: BodyCollector, deadline: float) -
 async def _adrain(chunks: AsyncIterator[bytes], collector: BodyCollector, deadline: float) -> None:
     async for chunk in chunks:
         collector.feed(chunk)
-        if collector.full:
+        if collector.truncated:
             return
         if time.monotonic() > deadline:
             raise TimeoutError("the fetch deadline passed while reading the body")

@@ -233,7 +233,7 @@ class _HttpProvider:
             collector = _collector(response.headers)
             for chunk in response.chunks:
                 collector.feed(chunk)
-                if collector.full:
+                if collector.truncated:
                     break
                 request.remaining()
         finally:
@@ -252,7 +252,7 @@ class _HttpProvider:
             collector = _collector(response.headers)
             async for chunk in response.chunks:
                 collector.feed(chunk)
-                if collector.full:
+                if collector.truncated:
                     break
                 request.remaining()
         finally:

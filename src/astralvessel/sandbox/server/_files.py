@@ -52,7 +52,7 @@ _MAX_LINKS = 40
 # Sandbox paths that are never data, whatever the caller passes as a visible root:
 # /proc/self/root alone would otherwise lead anywhere.
 _NEVER_ROOTS = ("/", "/proc", "/sys", "/dev")
-_CHUNK = 1 << 20
+_CHUNK = 1 << 17
 # Bytes read of one line before it is known to be over the character cap (UTF-8 is at
 # most 4 bytes a character, and an invalid byte decodes to one character).
 _LINE_BYTES = READ_MAX_LINE_CHARS * 4 + 4
@@ -425,21 +425,32 @@ class _Lines:
         # Whether the bytes dropped last ended inside a line: at the end of the file that
         # unterminated last line still counts as one.
         partial = False
-        while skipped < count:
+        if self._buffer:
             newlines = self._buffer.count(b"\n")
+            if newlines >= count:
+                self._buffer = self._buffer[_nth_newline(self._buffer, count, len(self._buffer)) :]
+                return count
+            skipped = newlines
+            partial = not self._buffer.endswith(b"\n")
+            self._buffer = b""
+        # Read into one reused buffer: no allocation per chunk, and memchr (find) skips
+        # newline-free stretches, such as a huge line, at memory speed.
+        scratch = bytearray(_CHUNK)
+        while skipped < count and not self._eof:
+            size = os.readv(self._fd, [scratch])
+            if not size:
+                self._eof = True
+                break
+            if scratch.find(b"\n", 0, size) < 0:
+                partial = True
+                continue
+            newlines = scratch.count(b"\n", 0, size)
             if skipped + newlines >= count:
-                position = -1
-                for _ in range(count - skipped):
-                    position = self._buffer.index(b"\n", position + 1)
-                self._buffer = self._buffer[position + 1 :]
+                self._buffer = bytes(scratch[_nth_newline(scratch, count - skipped, size) : size])
                 return count
             skipped += newlines
-            if self._buffer:
-                partial = not self._buffer.endswith(b"\n")
-            self._buffer = b""
-            if not self._fill():
-                return skipped + (1 if partial else 0)
-        return skipped
+            partial = scratch[size - 1] != 0x0A
+        return skipped + (1 if partial and skipped < count else 0)
 
     def at_end(self) -> bool:
         """Whether no further line follows."""
@@ -471,6 +482,14 @@ class _Lines:
             if not self._fill():
                 break
         return text, True
+
+
+def _nth_newline(data: bytes | bytearray, n: int, end: int) -> int:
+    """The index just past the ``n``-th newline in ``data[:end]`` (which holds at least ``n``)."""
+    position = -1
+    for _ in range(n):
+        position = data.index(b"\n", position + 1, end)
+    return position + 1
 
 
 def _render_line(raw: bytes, longer: bool) -> str:
@@ -730,6 +749,8 @@ def _glob(arguments: dict[str, Any], ctx: FileContext) -> str:
     path = _path_argument(arguments, ctx, required=False)
     given = arguments.get("path")
     shown_base = given if isinstance(given, str) and given else ""
+    if shown_base.startswith("/"):
+        shown_base = ctx.sandbox_path(shown_base)
     compiled = _Glob(pattern)
     node, parent = _resolve(path, ctx)
     try:

@@ -19,11 +19,13 @@ so plain Python is safe there; each child ends in ``os._exit``.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import resource
 import signal
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 __all__ = ["LaunchPlan", "Spawned", "exit_code_of", "probe", "spawn"]
 
@@ -83,7 +85,10 @@ def prctl(option: int, value: int) -> None:
 
 
 def exit_code_of(status: int) -> int:
-    """Turn a wait status into an exit code; a signal N becomes -N (os.waitstatus_to_exitcode is 3.9+)."""
+    """Turn a wait status into an exit code; a signal N becomes -N.
+
+    (``os.waitstatus_to_exitcode`` is Python 3.9+.)
+    """
     if os.WIFSIGNALED(status):
         return -os.WTERMSIG(status)
     return os.WEXITSTATUS(status)
@@ -132,10 +137,8 @@ def close_fds_except(keep: set[int]) -> None:
         fds = list(range(3, min(resource.getrlimit(resource.RLIMIT_NOFILE)[0], 65536)))
     for fd in fds:
         if fd > 2 and fd not in keep:
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -146,18 +149,14 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def _report(fd: int, line: str) -> None:
     """Send one line to the server on the status pipe; a failure here has nowhere to go."""
-    try:
+    with contextlib.suppress(OSError):
         _write_all(fd, (line.replace("\n", " ") + "\n").encode("utf-8", "replace"))
-    except OSError:
-        pass
 
 
 def _child_signals() -> None:
     """Undo the server's signal setup, which a fork inherits and an exec partly keeps."""
-    try:
+    with contextlib.suppress(ValueError, OSError):
         signal.set_wakeup_fd(-1)
-    except (ValueError, OSError):
-        pass
     for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(sig, signal.SIG_DFL)
 
@@ -181,12 +180,24 @@ def _apply_limits(limits: dict[str, int]) -> None:
             resource.setrlimit(which, (low, low))
 
 
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+
+def _clear_inheritable() -> None:
+    """Empty every capability set, the inheritable one too (setresuid leaves it as it was)."""
+    # nsjail's --keep_caps hands the server a full inheritable set; a call must not carry it.
+    header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
+    data = (ctypes.c_uint32 * 6)()
+    _check(_lib().capset(header, data), "capset")
+
+
 def _drop(uid: int | None, gid: int | None) -> None:
     if gid is not None:
         os.setgroups([])
         os.setresgid(gid, gid, gid)
     if uid is not None:
         os.setresuid(uid, uid, uid)
+        _clear_inheritable()
 
 
 def _confine_self(plan: LaunchPlan) -> None:
@@ -201,8 +212,14 @@ def _confine_self(plan: LaunchPlan) -> None:
         plan.install_seccomp(plan.seccomp)
 
 
-def _exec_command(
-    plan: LaunchPlan, argv: list[str], cwd: str, env: dict[str, str], stdin: int, output: int, status: int
+def _exec_command(  # noqa: PLR0917 - the child gets everything as plain values
+    plan: LaunchPlan,
+    argv: list[str],
+    cwd: str,
+    env: dict[str, str],
+    stdin: int,
+    output: int,
+    status: int,
 ) -> None:
     """Become the call's command: wire the pipes, confine, chdir, exec. Never returns."""
     code = EXIT_SETUP_FAILED
@@ -225,20 +242,25 @@ def _exec_command(
             code = EXIT_CANNOT_EXECUTE
             raise SystemExit from None
         try:
-            os.execvpe(argv[0], argv, env)
+            os.execvpe(argv[0], argv, env)  # noqa: S606 - argv, never a shell line
         except OSError as exc:
             _write_all(2, f"astralvessel: cannot run {argv[0]!r}: {exc.strerror}\n".encode())
             code = EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_CANNOT_EXECUTE
             raise SystemExit from None
     except SystemExit:
         pass
-    except BaseException as exc:  # noqa: BLE001 - report any failure of confinement, then die
+    except BaseException as exc:
         _report(status, f"E cannot confine the call: {exc}")
     os._exit(code)
 
 
-def _run_init(plan: LaunchPlan, argv: list[str], cwd: str, env: dict[str, str], fds: dict[str, int]) -> None:
-    """Pid 1 of the call's namespace: mount /proc, start the command, reap, report. Never returns."""
+def _run_init(
+    plan: LaunchPlan, argv: list[str], cwd: str, env: dict[str, str], fds: dict[str, int]
+) -> None:
+    """Pid 1 of the call's namespace: mount /proc, start the command, reap, report.
+
+    Never returns.
+    """
     status_fd = fds["status"]
     try:
         os.close(fds["alive_w"])
@@ -262,13 +284,18 @@ def _run_init(plan: LaunchPlan, argv: list[str], cwd: str, env: dict[str, str], 
             if pid == command:
                 break
         _report(status_fd, f"X{status}")
-    except BaseException as exc:  # noqa: BLE001 - report any failure of confinement, then die
+    except BaseException as exc:
         _report(status_fd, f"E cannot start the call's PID namespace: {exc}")
     os._exit(0)
 
 
-def _run_intermediate(
-    plan: LaunchPlan, argv: list[str], cwd: str, env: dict[str, str], fds: dict[str, int], server: int
+def _run_intermediate(  # noqa: PLR0917 - the child gets everything as plain values
+    plan: LaunchPlan,
+    argv: list[str],
+    cwd: str,
+    env: dict[str, str],
+    fds: dict[str, int],
+    server: int,
 ) -> None:
     """Make the namespaces, fork their pid 1, wait for it. Never returns."""
     try:
@@ -288,7 +315,7 @@ def _run_intermediate(
         os.close(fds["output"])
         _report(fds["status"], f"P{init}")
         os.waitpid(init, 0)
-    except BaseException as exc:  # noqa: BLE001 - report any failure of confinement, then die
+    except BaseException as exc:
         _report(fds["status"], f"E cannot start the call's namespaces: {exc}")
     os._exit(0)
 
@@ -307,10 +334,14 @@ def spawn(plan: LaunchPlan, argv: list[str], cwd: str, env: dict[str, str]) -> S
             _child_signals()
             fds = {"stdin": in_r, "output": out_w, "status": st_w}
             if namespaces:
+                # A session of its own: a call's killpg(0) then reaches only its own tree,
+                # never the server's group (in Docker the server shares the calls' uid).
+                os.setsid()
                 _run_intermediate(plan, argv, cwd, env, fds, server)
             else:
                 os.setpgid(0, 0)
-                # Without namespaces nothing else kills a call whose server died; this kills its leader.
+                # Without namespaces nothing else kills a call whose server died;
+                # this at least kills its leader.
                 prctl(PR_SET_PDEATHSIG, 9)
                 _exec_command(plan, argv, cwd, env, in_r, out_w, st_w)
         finally:
@@ -362,18 +393,20 @@ def _probe_steps(plan: LaunchPlan, problems: dict[str, str], out: int) -> None:
             unshare(CLONE_NEWPID | CLONE_NEWNS)
             mount(None, "/", None, MS_REC | MS_PRIVATE)
             child = os.fork()
+        except BaseException as exc:
+            fail("pid_namespace", exc)
+        else:
             if child == 0:
                 try:
                     mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-                    _probe_confinement(plan, fail)
-                except BaseException as exc:  # noqa: BLE001 - reported to the parent
+                except BaseException as exc:
                     fail("pid_namespace", exc)
+                try:
+                    _probe_confinement(plan, fail)
                 finally:
                     os._exit(0)
             os.waitpid(child, 0)
             return
-        except BaseException as exc:  # noqa: BLE001 - reported to the parent
-            fail("pid_namespace", exc)
     _probe_confinement(plan, fail)
 
 
@@ -381,20 +414,21 @@ def _probe_confinement(plan: LaunchPlan, fail: Callable[[str, BaseException], No
     if plan.limits is not None:
         try:
             _apply_limits(plan.limits)
-        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        except BaseException as exc:
             fail("rlimits", exc)
     try:
         _drop(plan.drop_uid, plan.drop_gid)
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+    except BaseException as exc:
         fail("unprivileged", exc)
     try:
         prctl(PR_SET_NO_NEW_PRIVS, 1)
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent
+    except BaseException as exc:
         fail("no_new_privs", exc)
     if plan.seccomp is not None:
+        if plan.install_seccomp is None:
+            fail("seccomp", OSError("the seccomp installer is missing from this server"))
+            return
         try:
-            if plan.install_seccomp is None:
-                raise OSError("the seccomp installer is missing from this server")
             plan.install_seccomp(plan.seccomp)
-        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+        except BaseException as exc:
             fail("seccomp", exc)

@@ -10,6 +10,7 @@ thread held, and frames to the host never interleave.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import platform
 import selectors
@@ -17,7 +18,8 @@ import signal
 import stat
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from . import _launch, _protocol, _worker
 
@@ -34,7 +36,7 @@ _WORKER_GRACE = 5.0
 
 def _seccomp_installer() -> Callable[[bytes], None] | None:
     try:
-        from . import _seccomp  # noqa: PLC0415 - optional: written separately, may be absent
+        from . import _seccomp
     except ImportError:
         return None
     install: Callable[[bytes], None] = _seccomp.install
@@ -45,7 +47,7 @@ def map_path(path: str, path_map: dict[str, str]) -> str:
     """Rewrite a sandbox path through ``path_map`` (longest prefix wins); others are unchanged."""
     for prefix in sorted(path_map, key=len, reverse=True):
         base = prefix.rstrip("/")
-        if path == prefix or path == base or path.startswith(base + "/"):
+        if path in (prefix, base) or path.startswith(base + "/"):
             return path_map[prefix].rstrip("/") + path[len(base) :]
     return path
 
@@ -53,7 +55,9 @@ def map_path(path: str, path_map: dict[str, str]) -> str:
 class Call:
     """One running call, from fork until its exit frame is sent."""
 
-    def __init__(self, call_id: int, spawned: _launch.Spawned, timeout: float, output_chars: int) -> None:
+    def __init__(
+        self, call_id: int, spawned: _launch.Spawned, timeout: float, output_chars: int
+    ) -> None:
         self.id = call_id
         self.spawned = spawned
         self.started = time.monotonic()
@@ -72,7 +76,7 @@ class Call:
         self.status_text = b""
 
     def take(self, chunk: bytes) -> bytes:
-        """Count ``chunk`` and return the part to stream: at most ``output_chars`` characters in all."""
+        """Count ``chunk``; return the part to stream (``output_chars`` characters in all)."""
         if self.cut:
             self.dropped_chars += _protocol.count_chars(chunk)
             return b""
@@ -140,7 +144,10 @@ class Server:
             self._stop_everything()
 
     def _next_timeout(self) -> float | None:
-        deadlines = [c.drain_deadline if c.drain_deadline is not None else c.deadline for c in self.calls.values()]
+        deadlines = [
+            c.drain_deadline if c.drain_deadline is not None else c.deadline
+            for c in self.calls.values()
+        ]
         if self.worker_busy is not None:
             deadlines.append(self.worker_busy[1])
         if not deadlines:
@@ -264,12 +271,21 @@ class Server:
             try:
                 os.chown(path, uid, -1 if gid is None else gid, follow_symlinks=False)
             except OSError as exc:
-                print(f"astralvessel server: cannot hand {path} to uid {uid}: {exc}", file=sys.stderr)
+                print(
+                    f"astralvessel server: cannot hand {path} to uid {uid}: {exc}", file=sys.stderr
+                )
+
+    def _configured(self) -> tuple[dict[str, Any], _launch.LaunchPlan]:
+        if self.config is None or self.plan is None:
+            raise RuntimeError("the server is used before hello")
+        return self.config, self.plan
 
     def _start_worker(self) -> None:
-        assert self.config is not None
+        config, _ = self._configured()
         self.worker = _worker.start_worker(
-            drop_uid=self.config["drop_uid"], drop_gid=self.config["drop_gid"], context=self.worker_context
+            drop_uid=config["drop_uid"],
+            drop_gid=config["drop_gid"],
+            context=self.worker_context,
         )
         self.worker_decoder = _protocol.FrameDecoder()
         self.selector.register(self.worker.replies, selectors.EVENT_READ, self._on_worker)
@@ -277,7 +293,7 @@ class Server:
     # -- calls -----------------------------------------------------------------
 
     def _run(self, call_id: int, header: dict[str, Any], body: bytes) -> None:
-        assert self.config is not None and self.plan is not None
+        config, plan = self._configured()
         argv = header.get("argv")
         if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
             self.fail(call_id, "'argv' must be a non-empty list of strings")
@@ -285,7 +301,7 @@ class Server:
         if call_id in self.calls:
             self.fail(call_id, f"call id {call_id} is already running")
             return
-        cwd = header.get("cwd") or self.config["workdir"]
+        cwd = header.get("cwd") or config["workdir"]
         try:
             timeout = float(header.get("timeout", 30.0))
             output_chars = int(header.get("output_chars", 30000))
@@ -293,7 +309,7 @@ class Server:
             self.fail(call_id, "'timeout' and 'output_chars' must be numbers")
             return
         argv = [map_path(a, self.path_map) if a.startswith("/") else a for a in argv]
-        spawned = _launch.spawn(self.plan, argv, map_path(str(cwd), self.path_map), self.env)
+        spawned = _launch.spawn(plan, argv, map_path(str(cwd), self.path_map), self.env)
         call = Call(call_id, spawned, timeout, output_chars)
         self.calls[call_id] = call
         self.selector.register(spawned.output, selectors.EVENT_READ, self._on_output)
@@ -326,10 +342,8 @@ class Server:
     def _close_stdin(self, call: Call) -> None:
         if call.spawned.stdin < 0:
             return
-        try:
+        with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(call.spawned.stdin)
-        except (KeyError, ValueError):
-            pass
         os.close(call.spawned.stdin)
         call.spawned.stdin = -1
 
@@ -354,10 +368,8 @@ class Server:
         if not call.output_open:
             return
         call.output_open = False
-        try:
+        with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(call.spawned.output)
-        except (KeyError, ValueError):
-            pass
         os.close(call.spawned.output)
 
     def _on_wake(self, fd: int, events: int) -> None:
@@ -383,7 +395,8 @@ class Server:
             call.drain_deadline = time.monotonic() + (
                 _DRAIN_GROUP if call.spawned.group else _DRAIN_NAMESPACE
             )
-            self._on_output(call.spawned.output, 0) if call.output_open else None
+            if call.output_open:
+                self._on_output(call.spawned.output, 0)
             self._maybe_finish(call)
         worker = self.worker
         if worker is not None:
@@ -406,17 +419,15 @@ class Server:
         return call.status_text.decode("utf-8", "replace").splitlines()
 
     def _kill(self, call: Call) -> None:
-        """SIGKILL the call: its pid 1 (so the kernel empties the namespace) or its process group."""
+        """SIGKILL the call: its pid 1 (the kernel then empties the namespace) or its group."""
         if call.spawned.group:
             _killpg(call.spawned.pid)
             return
         init = [line[1:] for line in self._read_status(call) if line.startswith("P")]
         # Before the intermediate has forked pid 1, killing it is enough: PDEATHSIG does the rest.
         target = int(init[0]) if init else call.spawned.pid
-        try:
+        with contextlib.suppress(OSError):
             os.kill(target, signal.SIGKILL)
-        except OSError:
-            pass
 
     def _check_deadlines(self) -> None:
         now = time.monotonic()
@@ -433,7 +444,7 @@ class Server:
             self._replace_worker(f"timed out after {busy[2]:g} s")
 
     def _maybe_finish(self, call: Call) -> None:
-        if call.status is None or call.output_open:
+        if call.status is None or call.output_open or self.calls.get(call.id) is not call:
             return
         del self.calls[call.id]
         lines = self._read_status(call)
@@ -470,10 +481,10 @@ class Server:
 
     def _collect_outbox(self) -> list[tuple[str, int, int]]:
         """Take the regular files out of the outbox (never following a link) and empty it."""
-        assert self.config is not None
+        config, _ = self._configured()
         outbox = self.worker_context["outbox"]
-        budget = self.config["limits"]["disk_mb"] << 20
-        uid = self.config["drop_uid"]
+        budget = config["limits"]["disk_mb"] << 20
+        uid = config["drop_uid"]
         try:
             dfd = os.open(outbox, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         except OSError:
@@ -564,16 +575,16 @@ class Server:
         """Kill the worker, answer its current request with ``why``, start a fresh one."""
         worker = self.worker
         if worker is not None:
-            try:
+            with contextlib.suppress(KeyError, ValueError):
                 self.selector.unregister(worker.replies)
-            except (KeyError, ValueError):
-                pass
             worker.kill()
             self.worker = None
         busy = self.worker_busy
         self.worker_busy = None
         if busy is not None:
-            self.send({"type": "file_result", "id": busy[0], "text": f"file tool {why}", "is_error": True})
+            self.send(
+                {"type": "file_result", "id": busy[0], "text": f"file tool {why}", "is_error": True}
+            )
         if self.running:
             self._start_worker()
             self._feed_worker()
@@ -584,19 +595,15 @@ class Server:
         for call in list(self.calls.values()):
             self._kill(call)
         for call in list(self.calls.values()):
-            try:
+            with contextlib.suppress(ChildProcessError):
                 os.waitpid(call.spawned.pid, 0)
-            except ChildProcessError:
-                pass
         if self.worker is not None:
             self.worker.kill()
 
 
 def _killpg(pgid: int) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.killpg(pgid, signal.SIGKILL)
-    except OSError:
-        pass
 
 
 def _open_regular(dfd: int, name: str, uid: int | None) -> int | None:
@@ -607,7 +614,11 @@ def _open_regular(dfd: int, name: str, uid: int | None) -> int | None:
         return None
     info = os.fstat(fd)
     # A hard link or a file of another owner could be something the call could not read itself.
-    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1 or (uid is not None and info.st_uid != uid):
+    if (
+        not stat.S_ISREG(info.st_mode)
+        or info.st_nlink != 1
+        or (uid is not None and info.st_uid != uid)
+    ):
         os.close(fd)
         return None
     return fd
@@ -632,15 +643,13 @@ def _remove_tree(dfd: int, name: str) -> None:
             _remove(sub, entry)
     finally:
         os.close(sub)
-    try:
+    with contextlib.suppress(OSError):
         os.rmdir(name, dir_fd=dfd)
-    except OSError:
-        pass
 
 
 def _parse_hello(header: dict[str, Any]) -> dict[str, Any]:
     """Check the hello's fields and return them with defaults; raise on a bad field."""
-    import base64  # noqa: PLC0415 - only needed once
+    import base64
 
     def optional_int(name: str) -> int | None:
         value = header.get(name)

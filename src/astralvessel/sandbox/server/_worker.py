@@ -10,17 +10,20 @@ read.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from . import _launch, _protocol
 
 __all__ = ["FileContext", "Worker", "start_worker"]
 
-Handler = Callable[[str, "dict[str, Any]", "FileContext"], "tuple[str, bool]"]
+if TYPE_CHECKING:  # collections.abc.Callable is not subscriptable at run time on Python 3.8
+    Handler = Callable[[str, dict[str, Any], Any], tuple[str, bool]]
 
 
 class FileContext:
@@ -48,7 +51,7 @@ class FileContext:
 
 def _load_handler() -> Handler | None:
     try:
-        from . import _files  # noqa: PLC0415 - optional: written separately, may be absent
+        from . import _files
     except ImportError:
         return None
     handle: Handler = _files.handle
@@ -65,24 +68,16 @@ class Worker:
 
     def kill(self) -> None:
         """Kill and reap the worker and close its pipes."""
-        try:
+        with contextlib.suppress(OSError):
             os.kill(self.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        try:
+        with contextlib.suppress(ChildProcessError):
             os.waitpid(self.pid, 0)
-        except ChildProcessError:
-            pass
         for fd in (self.requests, self.replies):
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
 
 
-def start_worker(
-    *, drop_uid: int | None, drop_gid: int | None, context: dict[str, Any]
-) -> Worker:
+def start_worker(*, drop_uid: int | None, drop_gid: int | None, context: dict[str, Any]) -> Worker:
     """Fork the worker; the server writes request frames to ``requests`` and reads ``replies``."""
     req_r, req_w = os.pipe()
     rep_r, rep_w = os.pipe()
@@ -98,7 +93,7 @@ def start_worker(
                 _launch._drop(drop_uid, drop_gid)
                 _launch.prctl(_launch.PR_SET_NO_NEW_PRIVS, 1)
                 _serve(req_r, rep_w, context)
-        except BaseException:  # noqa: BLE001 - the server sees the worker die and reports it
+        except BaseException:
             traceback.print_exc()
         finally:
             os._exit(0)
@@ -125,12 +120,14 @@ def _serve(requests: int, replies: int, context: dict[str, Any]) -> None:
         _launch._write_all(replies, _protocol.encode(reply))
 
 
-def _answer(handler: Handler | None, header: dict[str, Any], context: dict[str, Any]) -> tuple[str, bool]:
+def _answer(
+    handler: Handler | None, header: dict[str, Any], context: dict[str, Any]
+) -> tuple[str, bool]:
     if handler is None:
         return "file tools are not available in this sandbox server", True
     ctx = FileContext(timeout=float(header.get("timeout", 30.0)), **context)
     try:
         text, is_error = handler(str(header.get("tool")), dict(header.get("arguments") or {}), ctx)
-    except Exception as exc:  # noqa: BLE001 - a bug in a tool is the call's error, not the sandbox's
+    except Exception as exc:
         return f"internal error in the file tool: {type(exc).__name__}: {exc}", True
     return str(text), bool(is_error)

@@ -1,0 +1,84 @@
+"""Anthropic Messages adapter, as plain dicts.
+
+::
+
+    messages.append({"role": "assistant", "content": response["content"]})
+    if response["stop_reason"] == "tool_use":
+        messages.append(run_tool_calls(turn, response))   # one user message of tool_result blocks
+
+The calls of one response run concurrently in the turn (``arun_tool_calls``
+with ``acall`` and ``asyncio.gather``, ``run_tool_calls`` on threads).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ._common import ToolCall, arun_calls, as_dict, run_calls
+
+if TYPE_CHECKING:
+    from ..executor import Turn
+    from ..results import ToolResult
+
+__all__ = [
+    "arun_tool_calls",
+    "run_tool_calls",
+    "tool_calls",
+    "tool_result_blocks",
+    "tool_result_message",
+]
+
+
+def tool_calls(message: object) -> list[ToolCall]:
+    """The ``tool_use`` blocks of a Messages API response (or its ``content`` list), in order."""
+    if isinstance(message, Sequence) and not isinstance(message, (str, bytes)):
+        blocks: Sequence[Any] = message
+    else:
+        blocks = as_dict(message, "a Messages API response").get("content") or ()
+    calls = []
+    for raw in blocks if not isinstance(blocks, str) else ():
+        block = as_dict(raw, "a content block")
+        if block.get("type") == "tool_use":
+            calls.append(
+                ToolCall(
+                    id=str(block.get("id", "")),
+                    name=str(block.get("name", "")),
+                    arguments=block.get("input"),
+                )
+            )
+    return calls
+
+
+def tool_result_blocks(
+    calls: Sequence[ToolCall], results: Sequence[ToolResult]
+) -> list[dict[str, Any]]:
+    """One ``tool_result`` block per call, with ``is_error`` set on failures."""
+    blocks = []
+    for call, result in zip(calls, results, strict=True):
+        block: dict[str, Any] = {
+            "type": "tool_result",
+            "tool_use_id": call.id,
+            "content": result.text,
+        }
+        if result.is_error:
+            block["is_error"] = True
+        blocks.append(block)
+    return blocks
+
+
+def tool_result_message(calls: Sequence[ToolCall], results: Sequence[ToolResult]) -> dict[str, Any]:
+    """The user message that answers every call: its content is the ``tool_result`` blocks."""
+    return {"role": "user", "content": tool_result_blocks(calls, results)}
+
+
+def run_tool_calls(turn: Turn, message: object) -> dict[str, Any]:
+    """Run every ``tool_use`` block of a response; return the user message of results."""
+    calls = tool_calls(message)
+    return tool_result_message(calls, run_calls(turn, calls))
+
+
+async def arun_tool_calls(turn: Turn, message: object) -> dict[str, Any]:
+    """Async twin of ``run_tool_calls``: the calls run concurrently with ``acall``."""
+    calls = tool_calls(message)
+    return tool_result_message(calls, await arun_calls(turn, calls))

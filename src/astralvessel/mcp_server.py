@@ -1,0 +1,101 @@
+"""Serve an executor's tools over the Model Context Protocol (needs the ``mcp`` extra).
+
+One MCP session is one turn: the session's calls share one sandbox and one
+workspace, which end when the client disconnects. Tools are listed with the
+registry's ``"mcp"`` schemas, limited to the executor's granted scopes; each
+result is one text content block with ``isError`` set as the turn decided, so a
+refusal, a failing command or a timeout reaches the client's model as an error
+result it can act on. The host's own failures (a sandbox that cannot start)
+are protocol errors.
+
+From the command line: ``astralvessel mcp AGENT_DIR [--backend NAME] [--mount ...]``.
+From Python::
+
+    executor = Executor(registry, sandbox="bubblewrap", mounts={"/data": "data"})
+    asyncio.run(serve_stdio(executor))
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from . import __version__
+
+try:
+    import mcp.types as mcp_types
+    from mcp.server.lowlevel import Server
+    from mcp.server.stdio import stdio_server
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "serving tools over MCP needs the mcp package (2.3 or newer): "
+        "pip install 'astralvessel[mcp]'"
+    ) from exc
+
+if TYPE_CHECKING:
+    from mcp.server.context import ServerRequestContext
+
+    from .executor import Executor, Turn
+    from .results import ToolResult
+
+__all__ = ["create_server", "serve_stdio", "to_mcp_result"]
+
+
+def to_mcp_result(result: ToolResult) -> mcp_types.CallToolResult:
+    """One ``ToolResult`` as an MCP ``CallToolResult``: its text, and ``isError``."""
+    return mcp_types.CallToolResult.model_validate(
+        {"content": [{"type": "text", "text": result.text}], "isError": result.is_error}
+    )
+
+
+def create_server(turn: Turn, *, name: str | None = None) -> Server[Any]:
+    """A low-level MCP server whose tools are ``turn``'s executor's tools, called in ``turn``."""
+    executor = turn.executor
+    agent = executor.registry.agent
+    server_name = name or (agent.name if agent is not None else "astralvessel")
+
+    async def list_tools(
+        ctx: ServerRequestContext[Any], params: mcp_types.PaginatedRequestParams | None
+    ) -> mcp_types.ListToolsResult:
+        schemas = executor.registry.schemas("mcp", scopes=executor.scopes)
+        return mcp_types.ListToolsResult.model_validate({"tools": schemas})
+
+    async def call_tool(
+        ctx: ServerRequestContext[Any], params: mcp_types.CallToolRequestParams
+    ) -> mcp_types.CallToolResult:
+        # The turn checks the name, the scopes and the arguments; its refusals are results.
+        result = await turn.acall(params.name, params.arguments or {})
+        return to_mcp_result(result)
+
+    return Server(
+        server_name,
+        version=__version__,
+        instructions=(
+            f"Tools of the {server_name} agent. Each call runs in a sandbox; "
+            "a result marked as an error says what went wrong and what to try."
+        ),
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+    )
+
+
+async def serve_stdio(
+    executor: Executor, *, name: str | None = None, start_sandbox: bool = False
+) -> None:
+    """Serve ``executor``'s tools on stdin and stdout until the client disconnects.
+
+    The whole session is one turn. ``start_sandbox`` starts the turn's sandbox
+    before serving, so a backend that cannot run here raises at once instead
+    of failing the first call.
+    """
+    async with executor.turn() as turn:
+        if start_sandbox:
+            await _start(turn)
+        server = create_server(turn, name=name)
+        async with stdio_server() as (read_stream, write_stream):
+            await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+async def _start(turn: Turn) -> None:
+    import asyncio
+
+    await asyncio.to_thread(lambda: turn.session)

@@ -1,0 +1,334 @@
+"""What a Docker turn looks like, decided as pure functions over a ``Policy``.
+
+``container_spec`` turns a policy into the engine's container settings (one
+container per turn), ``server_argv`` wraps the sandbox server's command in the
+user-namespace bootstrap, ``exec_argv`` builds the fallback's per-call command,
+and the label helpers decide which containers are leftovers of dead turns.
+Nothing here talks to an engine; ``_docker`` does that.
+
+How the promises are kept (see ``docs/docker.md``): the container runs as uid
+65534 with no capabilities, ``no-new-privileges``, no network, a read-only
+root, Docker's seccomp profile compiled from the ``server`` deny list, and
+engine-enforced pids, memory, cpu, ``nofile`` and ``fsize`` limits. Its first
+process creates a user namespace that maps only uid 65534 to itself; inside
+it the server holds capabilities over its own namespaces alone, which is
+enough to give every call a fresh PID and mount namespace with its own
+``/proc`` and to install the ``calls`` filter. A call execs as uid 65534, so
+the kernel clears every capability at exec.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import PurePosixPath
+
+import attrs
+
+from ._policy import AGENT_DIR, SYSTEM_DIRS, WORKSPACE_DIR, Policy
+
+__all__ = [
+    "CALL_GID",
+    "CALL_UID",
+    "DEFAULT_BASE_IMAGE",
+    "LABEL_MODE",
+    "LABEL_OWNER",
+    "LABEL_POLICY",
+    "LABEL_TURN",
+    "USERNS_BOOTSTRAP",
+    "VIEW_ROOT",
+    "ContainerSpec",
+    "container_spec",
+    "context_digest",
+    "exec_argv",
+    "is_leftover",
+    "owner_label",
+    "parse_owner",
+    "server_argv",
+    "view_binds",
+]
+
+#: The base image when the host names none: a common slim image with ``python3``.
+DEFAULT_BASE_IMAGE = "python:3.12-slim"
+#: The unprivileged user every call (and, in server mode, the container) runs as.
+CALL_UID = 65534
+CALL_GID = 65534
+
+LABEL_TURN = "org.astralvessel.turn"
+LABEL_OWNER = "org.astralvessel.owner"
+LABEL_MODE = "org.astralvessel.mode"
+LABEL_POLICY = "org.astralvessel.policy"
+
+#: Memory the server, the file worker and the kernel's page tables need beyond the calls'.
+SERVER_MEMORY_MB = 128
+#: Processes beyond ``limits.processes``: the server, its file worker, and each call's
+#: intermediate and init processes.
+SERVER_PROCESSES = 32
+#: Docker's masked paths outside ``/proc``. Any mask inside ``/proc`` makes the kernel
+#: refuse a fresh ``/proc`` in a call's PID namespace, so none is kept there; nothing in
+#: the container ever runs as root, so the masks would protect nothing in ``/proc``.
+MASKED_PATHS = ("/sys/firmware", "/sys/devices/virtual/powercap")
+
+#: Where Docker mounts the (empty) tmpfs the bootstrap builds the sandbox's root on.
+VIEW_ROOT = "/.astralvessel-root"
+
+#: Runs first in the container's own process, before the server's code. It makes a
+#: user namespace mapping only our uid and gid to themselves: in it the server may
+#: create the PID and mount namespaces of each call; outside it, it holds nothing.
+#: Then it builds the sandbox's view, as bubblewrap does: a read-only root on a fresh
+#: tmpfs holding only the image's system dirs, /proc, a minimal /dev and the turn's
+#: binds (``BINDS``, filled in by ``server_argv``), and pivots into it, so the image's
+#: /var, /home, /tmp, /sys and Docker's /dev/mqueue are not there. If the kernel
+#: refuses the namespace, the server's own probe reports the PID namespace as missing
+#: and the host refuses the turn unless it relaxed process isolation.
+USERNS_BOOTSTRAP = r"""
+def _astralvessel_view(binds, system_dirs, root, workdir):
+    import ctypes, os, sys
+    libc = ctypes.CDLL(None, use_errno=True)
+    def check(result, what):
+        if result != 0:
+            raise OSError(ctypes.get_errno(), "%s: %s" % (what, os.strerror(ctypes.get_errno())))
+    def mount(src, dst, kind, flags, data=None):
+        check(libc.mount(src and src.encode(), dst.encode(), kind and kind.encode(),
+                         ctypes.c_ulong(flags), data and data.encode()), "mount " + dst)
+    uid, gid = os.getuid(), os.getgid()
+    if libc.unshare(ctypes.c_int(0x10000000)) != 0:
+        sys.stderr.write("astralvessel: cannot create a user namespace: %s\n"
+                         % os.strerror(ctypes.get_errno()))
+        return
+    for name, text in (("setgroups", "deny"), ("uid_map", "%d %d 1" % (uid, uid)),
+                       ("gid_map", "%d %d 1" % (gid, gid))):
+        with open("/proc/self/" + name, "w") as handle:
+            handle.write(text)
+    MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
+        1, 2, 4, 32, 4096, 16384, 1 << 18)
+    check(libc.unshare(ctypes.c_int(0x00020000)), "unshare mount namespace")
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+    def bind(path):
+        target = root + path
+        if os.path.isdir(path):
+            os.makedirs(target, exist_ok=True)
+        else:
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            open(target, "a").close()
+        mount(path, target, None, MS_BIND | MS_REC)
+    for path in system_dirs:
+        if os.path.islink(path):
+            os.symlink(os.readlink(path), root + path)
+        elif os.path.isdir(path):
+            bind(path)
+    bind("/proc")
+    os.mkdir(root + "/dev")
+    mount("tmpfs", root + "/dev", "tmpfs", MS_NOSUID, "mode=0755,size=64k")
+    for name in ("null", "zero", "full", "random", "urandom", "tty"):
+        if os.path.exists("/dev/" + name):
+            bind("/dev/" + name)
+    for name, link in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),
+                       ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")):
+        os.symlink(link, root + "/dev/" + name)
+    mount(None, root + "/dev", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID)
+    for path in binds:
+        bind(path)
+    os.mkdir(root + "/.old-root")
+    check(libc.syscall(155 if os.uname().machine == "x86_64" else 41,
+                       root.encode(), (root + "/.old-root").encode()), "pivot_root")
+    os.chdir("/")
+    check(libc.umount2(b"/.old-root", 2), "umount old root")
+    os.rmdir("/.old-root")
+    mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
+    os.chdir(workdir)
+"""
+
+
+@attrs.frozen(kw_only=True)
+class ContainerSpec:
+    """One turn's container, as the engine's create-container settings."""
+
+    image: str
+    command: tuple[str, ...] = attrs.field(converter=tuple)
+    user: str
+    environment: Mapping[str, str]
+    working_dir: str
+    labels: Mapping[str, str]
+    #: Keyword arguments of ``docker.APIClient.create_host_config``.
+    host_config: Mapping[str, object]
+    #: Host-config keys the SDK has no argument for, merged in as-is.
+    host_config_extra: Mapping[str, object]
+
+
+def _covered(path: PurePosixPath, targets: Iterable[PurePosixPath]) -> bool:
+    return any(path == t or t in path.parents for t in targets)
+
+
+def container_spec(
+    policy: Policy,
+    *,
+    image: str,
+    command: Sequence[str],
+    seccomp_profile: Mapping[str, object],
+    labels: Mapping[str, str],
+    server: bool,
+    cpus: float | None = 1.0,
+) -> ContainerSpec:
+    """The container of one turn for ``policy``.
+
+    ``server`` is true when the sandbox server runs as the container's process;
+    false for the fallback, where an idle root process without capabilities
+    holds the container open and each call is a ``docker exec`` as uid 65534
+    (root, so that calls, which run as another uid, cannot signal it).
+    """
+    limits = policy.limits
+    mib = 1024 * 1024
+    disk_bytes = limits.disk_mb * mib
+    binds: list[str] = []
+    targets: list[PurePosixPath] = [WORKSPACE_DIR]
+    if policy.agent_dir is not None:
+        binds.append(f"{policy.agent_dir}:{AGENT_DIR}:ro")
+        targets.append(AGENT_DIR)
+    for mount in sorted(policy.mounts, key=lambda m: (len(m.target.parts), str(m.target))):
+        binds.append(f"{mount.source}:{mount.target}:{'rw' if mount.writable else 'ro'}")
+        targets.append(mount.target)
+    tmpfs = {
+        # The turn's only writable place: owned by the call user, at most the disk limit.
+        str(WORKSPACE_DIR): (
+            f"rw,nosuid,nodev,size={disk_bytes},mode=0755,uid={CALL_UID},gid={CALL_GID}"
+        ),
+    }
+    if not _covered(policy.workdir, targets):
+        # A workdir nobody mounted still exists, empty and read-only, so calls can start in it.
+        tmpfs[str(policy.workdir)] = "ro,nosuid,nodev,size=4096,mode=0755"
+    if server:
+        # An empty mount point the bootstrap mounts its own tmpfs root on.
+        tmpfs[VIEW_ROOT] = "ro,nosuid,nodev,size=4096,mode=0755"
+    # The workspace tmpfs is charged to the container's memory, so a full workspace
+    # must not be what pushes the server out of memory.
+    memory = (limits.memory_mb + limits.disk_mb + SERVER_MEMORY_MB) * mib
+    profile = json.dumps(seccomp_profile, sort_keys=True, separators=(",", ":"))
+    host_config: dict[str, object] = {
+        "network_mode": "none",
+        "read_only": True,
+        "cap_drop": ["ALL"],
+        "security_opt": ["no-new-privileges", f"seccomp={profile}"],
+        "ulimits": [
+            {"Name": "nofile", "Soft": limits.open_files, "Hard": limits.open_files},
+            {"Name": "fsize", "Soft": disk_bytes, "Hard": disk_bytes},
+            {"Name": "core", "Soft": 0, "Hard": 0},
+        ],
+        "pids_limit": limits.processes + SERVER_PROCESSES,
+        "mem_limit": memory,
+        "memswap_limit": memory,
+        "tmpfs": tmpfs,
+        "binds": binds,
+        # No IPC namespace shared with anyone, and no /dev/shm for POSIX shared memory.
+        "ipc_mode": "none",
+        "log_config": {"Type": "none", "Config": {}},
+    }
+    if cpus is not None:
+        host_config["nano_cpus"] = int(cpus * 1e9)
+    extra: dict[str, object] = {}
+    if server:
+        extra = {"MaskedPaths": list(MASKED_PATHS), "ReadonlyPaths": []}
+    return ContainerSpec(
+        image=image,
+        command=tuple(command),
+        user=f"{CALL_UID}:{CALL_GID}" if server else "0:0",
+        environment=dict(policy.environment),
+        working_dir=str(policy.workdir) if server else "/",
+        labels=dict(labels),
+        host_config=host_config,
+        host_config_extra=extra,
+    )
+
+
+def view_binds(policy: Policy) -> list[str]:
+    """The turn's paths bound into the sandbox's root, parents before children."""
+    paths = [str(WORKSPACE_DIR)]
+    if policy.agent_dir is not None:
+        paths.append(str(AGENT_DIR))
+    paths += [str(m.target) for m in policy.mounts]
+    paths.append(str(policy.workdir))
+    unique = dict.fromkeys(paths)
+    return sorted(unique, key=lambda p: (len(PurePosixPath(p).parts), p))
+
+
+def server_argv(command: Sequence[str], policy: Policy) -> list[str]:
+    """Wrap the server's ``python -c CODE`` command so the namespace bootstrap runs first.
+
+    The bootstrap must run in the server's own process: capabilities gained by
+    creating a user namespace would be lost across an ``exec`` by a non-root uid.
+    """
+    argv = list(command)
+    try:
+        index = argv.index("-c")
+    except ValueError:
+        raise ValueError(f"the server command {argv!r} has no '-c CODE' to wrap") from None
+    if index + 1 >= len(argv):
+        raise ValueError(f"the server command {argv!r} ends at '-c'")
+    code = argv[index + 1]
+    call = (
+        f"_astralvessel_view({view_binds(policy)!r}, {[str(d) for d in SYSTEM_DIRS]!r}, "
+        f"{VIEW_ROOT!r}, {str(policy.workdir)!r})\ndel _astralvessel_view\n"
+    )
+    argv[index + 1] = (
+        USERNS_BOOTSTRAP
+        + call
+        + f"\nexec(compile({code!r}, '<astralvessel-server>', 'exec'), "
+        + "{'__name__': '__main__', '__builtins__': __builtins__})\n"
+    )
+    return argv
+
+
+def exec_argv(policy: Policy, argv: Sequence[str]) -> list[str]:
+    """The fallback's ``docker exec`` command: exactly the policy's environment, stderr into stdout.
+
+    Docker adds ``HOSTNAME`` and the image's own variables to every exec, so
+    ``env -i`` clears them; ``sh`` then merges stderr into stdout in order.
+    """
+    env = [f"{name}={value}" for name, value in policy.environment.items()]
+    return ["env", "-i", *env, "/bin/sh", "-c", 'exec "$@" 2>&1', "sh", *argv]
+
+
+def owner_label(hostname: str, pid: int, start_time: str) -> str:
+    """Name the host process that owns a turn's container: ``host:pid:start``."""
+    return f"{hostname}:{pid}:{start_time}"
+
+
+def parse_owner(label: str) -> tuple[str, int, str] | None:
+    """Split an owner label; ``None`` if it is not one."""
+    host, sep, rest = label.rpartition(":")
+    host, sep2, pid_text = host.rpartition(":")
+    if not sep or not sep2 or not pid_text.isdigit():
+        return None
+    return host, int(pid_text), rest
+
+
+def is_leftover(
+    labels: Mapping[str, str], hostname: str, start_time_of: Callable[[int], str | None]
+) -> bool:
+    """Whether a labelled container belongs to a dead host process on this machine.
+
+    ``start_time_of(pid)`` returns the process's start time, or ``None`` if no
+    such process exists; a pid reused by another process has another start time.
+    Containers owned by other machines (a shared remote engine) are never touched.
+    """
+    if LABEL_TURN not in labels:
+        return False
+    owner = parse_owner(labels.get(LABEL_OWNER, ""))
+    if owner is None:
+        return False
+    host, pid, started = owner
+    return host == hostname and start_time_of(pid) != started
+
+
+def context_digest(
+    files: Iterable[tuple[str, int, bytes]], *, dockerfile: str, base_image_id: str
+) -> str:
+    """Hash a build context (relative path, mode, content), the Dockerfile's path and the base image."""
+    digest = hashlib.sha256()
+    digest.update(f"dockerfile\0{dockerfile}\0base\0{base_image_id}\0".encode())
+    for path, mode, content in sorted(files):
+        digest.update(f"{path}\0{mode:o}\0{len(content)}\0".encode())
+        digest.update(content)
+    return digest.hexdigest()[:16]

@@ -1,0 +1,679 @@
+"""The host side of the sandbox server: how to start it, and a session that speaks to it.
+
+Every built-in backend starts the same server inside its sandbox with
+``server_command(python)`` and writes ``server_payload()`` to its stdin first:
+the server's modules travel as source, so nothing has to be mounted and any
+Python 3.8+ in the sandbox will do. ``ServerSession`` then says ``hello``, waits
+for ``ready`` and multiplexes calls over the pipe; one reader thread hands each
+frame to the call waiting for it. See ``docs/sandbox-server.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import collections
+import concurrent.futures
+import contextlib
+import functools
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from importlib import resources
+from pathlib import Path
+from types import TracebackType
+from typing import IO, Any
+
+from ..errors import PromiseNotEnforcedError, SandboxError
+from ._base import Channel, FileOutcome, OutboxFile, RunOutcome, RunRequest, SandboxSession
+from ._policy import OUTBOX_DIR, WORKSPACE_DIR, Policy, Promise
+from .server import _protocol
+
+__all__ = ["PipeChannel", "ServerSession", "server_command", "server_payload"]
+
+#: The server's modules, in the order they are executed (each may import those before it).
+#: ``_seccomp`` and ``_files`` are optional: the server reports what it lacks.
+SERVER_MODULES = ("_protocol", "_seccomp", "_launch", "_files", "_worker", "_main")
+_PACKAGE = "_astralvessel_server"
+
+# Reads exactly argv[1] bytes of JSON {module: source} from stdin with os.read (a buffered
+# read could swallow the frames behind it), makes each module in a private package, runs main.
+BOOTSTRAP = f"""\
+import os,sys,json,types
+n=int(sys.argv[1]);b=b''
+while len(b)<n:
+ c=os.read(0,n-len(b))
+ if not c:sys.exit('astralvessel server: payload cut short')
+ b+=c
+P={_PACKAGE!r};p=types.ModuleType(P);p.__path__=[];sys.modules[P]=p
+for k,v in json.loads(b).items():
+ m=types.ModuleType(P+'.'+k);m.__package__=P;sys.modules[m.__name__]=m;setattr(p,k,m)
+ try:exec(compile(v,P+'/'+k+'.py','exec'),m.__dict__)
+ except ImportError:del sys.modules[m.__name__];delattr(p,k)
+p._main.main()
+"""
+
+# How long past a call's own timeout the host waits before declaring the server stuck
+# (covers killing the call and sending its outbox files).
+_ANSWER_GRACE = 60.0
+_STDERR_TAIL = 64 * 1024
+
+
+@functools.cache
+def server_payload() -> bytes:
+    """Return the bytes to write to the server's stdin before anything else: its own source."""
+    package = resources.files("astralvessel.sandbox.server")
+    sources: dict[str, str] = {}
+    for name in SERVER_MODULES:
+        source = package / f"{name}.py"
+        if source.is_file():
+            sources[name] = source.read_text(encoding="utf-8")
+    return _json_bytes(sources)
+
+
+def _json_bytes(value: object) -> bytes:
+    import json
+
+    return json.dumps(value, ensure_ascii=False).encode("utf-8")
+
+
+def server_command(python: str) -> list[str]:
+    """Return the argv that starts the server on ``python`` (a path inside the sandbox)."""
+    return [python, "-I", "-S", "-B", "-c", BOOTSTRAP, str(len(server_payload()))]
+
+
+class PipeChannel:
+    """A ``Channel`` over a child process's stdin and stdout; its stderr feeds ``describe_exit``.
+
+    The process is started in a new session, and ``close`` kills its whole
+    process group, so whatever the backend's launcher started goes with it.
+    """
+
+    def __init__(
+        self,
+        process: subprocess.Popen[bytes],
+        *,
+        name: str,
+        cleanup: Callable[[], None] | None = None,
+    ) -> None:
+        if process.stdin is None or process.stdout is None or process.stderr is None:
+            raise ValueError("PipeChannel needs a process with stdin, stdout and stderr pipes")
+        self.process = process
+        self.name = name
+        self._cleanup = cleanup
+        self._stdin = process.stdin.fileno()
+        self._stdout = process.stdout.fileno()
+        self._tail: collections.deque[bytes] = collections.deque()
+        self._tail_size = 0
+        self._tail_lock = threading.Lock()
+        self._closed = False
+        self._close_lock = threading.Lock()
+        self._stderr_thread = threading.Thread(
+            target=self._drain_stderr, args=(process.stderr,), name=f"{name}-stderr", daemon=True
+        )
+        self._stderr_thread.start()
+
+    @classmethod
+    def spawn(
+        cls,
+        argv: Sequence[str],
+        *,
+        name: str,
+        env: Mapping[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+        pass_fds: Iterable[int] = (),
+        cleanup: Callable[[], None] | None = None,
+    ) -> PipeChannel:
+        """Start ``argv`` with piped stdin, stdout and stderr, in its own session."""
+        try:
+            process = subprocess.Popen(
+                list(argv),
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                bufsize=0,
+                env=None if env is None else dict(env),
+                cwd=cwd,
+                pass_fds=tuple(pass_fds),
+                start_new_session=True,
+            )
+        except OSError as exc:
+            if cleanup is not None:
+                cleanup()
+            raise SandboxError(f"cannot start the {name} sandbox ({argv[0]}): {exc}") from exc
+        return cls(process, name=name, cleanup=cleanup)
+
+    def _drain_stderr(self, stream: IO[bytes]) -> None:
+        # A ring of the last bytes: enough to explain a death, never unbounded.
+        while chunk := stream.read1(65536) if hasattr(stream, "read1") else stream.read(65536):
+            with self._tail_lock:
+                self._tail.append(chunk)
+                self._tail_size += len(chunk)
+                while self._tail_size - len(self._tail[0]) >= _STDERR_TAIL:
+                    self._tail_size -= len(self._tail.popleft())
+
+    def stderr_tail(self) -> str:
+        """The last bytes the process wrote to stderr, decoded."""
+        with self._tail_lock:
+            data = b"".join(self._tail)[-_STDERR_TAIL:]
+        return data.decode("utf-8", "replace")
+
+    def send(self, data: bytes) -> None:
+        """Write all of ``data`` to the process's stdin."""
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._stdin, view) :]
+
+    def recv(self, size: int) -> bytes:
+        """Read up to ``size`` bytes of the process's stdout; ``b""`` at end of stream."""
+        return os.read(self._stdout, size)
+
+    def describe_exit(self) -> str:
+        """Say how the process ended (waiting a moment for it) and what it last wrote to stderr."""
+        try:
+            code = self.process.wait(timeout=2.0)
+        except subprocess.TimeoutExpired:
+            status = "is still running"
+        else:
+            if code < 0:
+                try:
+                    signame = signal.Signals(-code).name
+                except ValueError:
+                    signame = f"signal {-code}"
+                status = f"was killed by {signame}"
+            else:
+                status = f"exited with status {code}"
+        self._stderr_thread.join(timeout=1.0)
+        tail = self.stderr_tail().strip()
+        lines = tail.splitlines()[-20:]
+        text = f"the {self.name} sandbox {status}"
+        return text + (":\n" + "\n".join(lines) if lines else " (no diagnostics on stderr)")
+
+    def close(self) -> None:
+        """Kill the process group, reap it, release the pipes and run the backend's cleanup."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        with contextlib.suppress(OSError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        with contextlib.suppress(OSError):
+            self.process.kill()
+        with contextlib.suppress(Exception):
+            self.process.wait(timeout=10.0)
+        self._stderr_thread.join(timeout=2.0)
+        for stream in (self.process.stdin, self.process.stdout, self.process.stderr):
+            with contextlib.suppress(Exception):
+                stream.close()  # type: ignore[union-attr]
+        if self._cleanup is not None:
+            with contextlib.suppress(Exception):
+                self._cleanup()
+
+
+# Which promises a failed confinement step breaks (keys are the server's probe steps).
+_PROBLEM_PROMISES: dict[str, tuple[Promise, ...]] = {
+    "pid_namespace": (Promise.PROCESS_ISOLATION, Promise.NO_NEW_SESSIONS),
+    "unprivileged": (Promise.UNPRIVILEGED,),
+    "no_new_privs": (Promise.UNPRIVILEGED,),
+    "seccomp": (Promise.SECCOMP,),
+    "rlimits": (
+        Promise.OPEN_FILES_LIMIT,
+        Promise.DISK_LIMIT,
+        Promise.MEMORY_LIMIT,
+        Promise.PROCESS_LIMIT,
+    ),
+}
+
+
+def unenforced_promises(problems: Mapping[str, str]) -> dict[Promise, str]:
+    """Map the server's failed probe steps to the promises they break, each with why."""
+    broken: dict[Promise, str] = {}
+    for step, why in problems.items():
+        for promise in _PROBLEM_PROMISES.get(step, ()):
+            broken.setdefault(promise, f"{step}: {why}")
+    return broken
+
+
+class _Pending:
+    """A request the host is waiting on; the reader thread fills it in."""
+
+    def __init__(self, kind: str, output_chars: int = 0, outbox: Path | None = None) -> None:
+        self.kind = kind
+        self.future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        self.output_chars = output_chars
+        self.max_bytes = output_chars * 4
+        self.output = bytearray()
+        self.kept_chars = 0
+        self.dropped_chars = 0
+        self.cut = False
+        self.outbox = outbox
+        self.exit: dict[str, Any] | None = None
+        self.files: list[OutboxFile] = []
+        self.expected: collections.deque[tuple[str, int]] = collections.deque()
+        self.current: IO[bytes] | None = None
+        self.current_written = 0
+
+    def add_output(self, chunk: bytes) -> None:
+        # The server already bounds what it streams; the host bounds it again, by characters
+        # and by bytes (invalid UTF-8 can pack many bytes into one counted character).
+        if not self.cut:
+            index = _protocol.split_chars(chunk, self.output_chars - self.kept_chars)
+            index = min(index, self.max_bytes - len(self.output))
+            keep = chunk[:index]
+            self.output += keep
+            self.kept_chars += _protocol.count_chars(keep)
+            if index == len(chunk):
+                return
+            self.cut = True
+            chunk = chunk[index:]
+        self.dropped_chars += _protocol.count_chars(chunk)
+
+
+def _outbox_of(item: _Pending) -> Path:
+    if item.outbox is None:
+        raise _protocol.ProtocolError("outbox files for a request that is not a run")
+    return item.outbox
+
+
+class ServerSession(SandboxSession):
+    """A turn's sandbox reached through its server; every backend's session is one of these."""
+
+    def __init__(
+        self, channel: Channel, policy: Policy, *, backend: str, outbox_dir: Path | None
+    ) -> None:
+        self.policy = policy
+        self.backend = backend
+        self.ready_info: Mapping[str, Any] = {}
+        #: The most output bytes the host held for any one call (the bound is ``output_chars * 4``).
+        self.max_buffered_output = 0
+        self._channel = channel
+        self._lock = threading.Lock()
+        self._send_lock = threading.Lock()
+        self._pending: dict[int, _Pending] = {}
+        self._next_id = 1
+        self._dead: str | None = None
+        self._closed = False
+        self._ready: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
+        self._own_outbox = outbox_dir is None
+        self._outbox_dir = outbox_dir
+        self._reader = threading.Thread(
+            target=self._read_loop, name=f"{backend}-server-reader", daemon=True
+        )
+
+    @classmethod
+    def start(
+        cls,
+        channel: Channel,
+        policy: Policy,
+        *,
+        backend: str,
+        confine: bool,
+        drop_uid: int | None,
+        drop_gid: int | None,
+        seccomp: bytes | None,
+        path_map: Mapping[str, str] | None = None,
+        outbox_dir: Path | None = None,
+        ready_timeout: float = 30.0,
+    ) -> ServerSession:
+        """Boot the server on ``channel`` (payload, then ``hello``) and wait for ``ready``.
+
+        Raises ``SandboxError`` if the server does not come up (with its stderr
+        tail), and ``PromiseNotEnforcedError`` if it cannot confine calls as
+        asked and ``policy.relaxed`` does not allow that. Closes the channel on
+        any failure. ``outbox_dir`` keeps outbox files after ``close``; without
+        it they live in a temporary folder removed at ``close``.
+        """
+        session = cls(channel, policy, backend=backend, outbox_dir=outbox_dir)
+        hello = {
+            "type": "hello",
+            "confine": confine,
+            "drop_uid": drop_uid,
+            "drop_gid": drop_gid,
+            "seccomp": None if seccomp is None else base64.b64encode(seccomp).decode("ascii"),
+            "env": dict(policy.environment),
+            "workdir": str(policy.workdir),
+            "workspace": str(WORKSPACE_DIR),
+            "outbox": str(OUTBOX_DIR),
+            "limits": {
+                "disk_mb": policy.limits.disk_mb,
+                "memory_mb": policy.limits.memory_mb,
+                "processes": policy.limits.processes,
+                "open_files": policy.limits.open_files,
+            },
+            "visible_roots": [str(root) for root in policy.visible_roots],
+            "path_map": dict(path_map or {}),
+        }
+        try:
+            session._reader.start()
+            session._send(server_payload() + _protocol.encode(hello))
+            try:
+                info = session._ready.result(timeout=ready_timeout)
+            except concurrent.futures.TimeoutError:
+                raise SandboxError(
+                    f"the {backend} sandbox server did not become ready "
+                    f"within {ready_timeout:g} s; "
+                    f"{channel.describe_exit()}"
+                ) from None
+            session._check_ready(info, confine=confine, seccomp=seccomp)
+        except BaseException:
+            session.close()
+            raise
+        return session
+
+    def _check_ready(
+        self, info: Mapping[str, Any], *, confine: bool, seccomp: bytes | None
+    ) -> None:
+        if info.get("version") != _protocol.VERSION:
+            raise SandboxError(
+                f"the {self.backend} sandbox server speaks protocol {info.get('version')!r}, "
+                f"this library {_protocol.VERSION}: reinstall astralvessel"
+            )
+        self.ready_info = info
+        if not confine:
+            return
+        problems = dict(info.get("problems") or {})
+        if seccomp is not None and not info.get("seccomp"):
+            problems.setdefault("seccomp", "the server cannot install a seccomp filter")
+        for promise, why in unenforced_promises(problems).items():
+            if promise not in self.policy.relaxed:
+                raise PromiseNotEnforcedError(self.backend, promise.value, why)
+
+    # -- wire --------------------------------------------------------------------
+
+    def _send(self, data: bytes) -> None:
+        with self._send_lock:
+            try:
+                self._channel.send(data)
+            except OSError as exc:
+                raise SandboxError(
+                    self._death(f"cannot write to the sandbox server ({exc})")
+                ) from None
+
+    def _death(self, what: str) -> str:
+        return f"{what}; {self._channel.describe_exit()}"
+
+    def _read_loop(self) -> None:
+        decoder = _protocol.FrameDecoder()
+        reason = "the sandbox server closed its output"
+        try:
+            while True:
+                data = self._channel.recv(65536)
+                if not data:
+                    break
+                decoder.feed(data)
+                while (frame := decoder.next()) is not None:
+                    self._on_frame(*frame)
+        except _protocol.ProtocolError as exc:
+            reason = f"the sandbox server broke protocol ({exc})"
+            self._channel.close()
+        except OSError as exc:
+            reason = f"cannot read from the sandbox server ({exc})"
+        except Exception as exc:
+            reason = f"the sandbox session failed ({type(exc).__name__}: {exc})"
+            self._channel.close()
+        self._fail_all(reason if self._closed else self._death(reason))
+
+    def _fail_all(self, message: str) -> None:
+        with self._lock:
+            if self._dead is None:
+                self._dead = message
+            pending = list(self._pending.values())
+            self._pending.clear()
+        error = SandboxError(self._dead)
+        if not self._ready.done():
+            self._ready.set_exception(error)
+        for item in pending:
+            self._settle(item, exception=error)
+
+    @staticmethod
+    def _settle(
+        item: _Pending, *, result: object = None, exception: BaseException | None = None
+    ) -> None:
+        if item.current is not None:
+            item.current.close()
+            item.current = None
+        with contextlib.suppress(concurrent.futures.InvalidStateError):
+            if exception is not None:
+                item.future.set_exception(exception)
+            else:
+                item.future.set_result(result)
+
+    def _on_frame(self, header: dict[str, Any], body: bytes) -> None:
+        kind = header["type"]
+        if kind == "ready":
+            if not self._ready.done():
+                self._ready.set_result(header)
+            return
+        raw_id = header.get("id")
+        if kind == "error" and raw_id is None:
+            raise _protocol.ProtocolError(f"the server gave up: {header.get('message')}")
+        call_id = raw_id if isinstance(raw_id, int) else -1
+        with self._lock:
+            item = self._pending.get(call_id)
+        if item is None:
+            return  # a call the host stopped waiting for (cancelled): drop what is left of it
+        if kind == "error":
+            self._finish(
+                call_id,
+                exception=SandboxError(
+                    f"the sandbox server failed a call: {header.get('message')}"
+                ),
+            )
+        elif kind == "file_result":
+            self._finish(
+                call_id,
+                FileOutcome(
+                    text=str(header.get("text", "")), is_error=bool(header.get("is_error"))
+                ),
+            )
+        elif kind == "out":
+            item.add_output(body)
+            self.max_buffered_output = max(self.max_buffered_output, len(item.output))
+        elif kind == "exit":
+            self._on_exit(call_id, item, header)
+        elif kind == "file":
+            self._on_file_chunk(call_id, item, body)
+        else:
+            raise _protocol.ProtocolError(f"unexpected frame type {kind!r}")
+
+    def _finish(
+        self, call_id: int, result: object = None, *, exception: BaseException | None = None
+    ) -> None:
+        with self._lock:
+            item = self._pending.pop(call_id, None)
+        if item is not None:
+            self._settle(item, result=result, exception=exception)
+
+    def _on_exit(self, call_id: int, item: _Pending, header: dict[str, Any]) -> None:
+        item.exit = header
+        for entry in header.get("files") or ():
+            name, size = entry.get("name"), entry.get("size")
+            if not isinstance(name, str) or name in {"", ".", ".."} or "/" in name or "\0" in name:
+                raise _protocol.ProtocolError(f"outbox file name {name!r} is not a plain name")
+            if not isinstance(size, int) or size < 0:
+                raise _protocol.ProtocolError(f"outbox file size {size!r} is not a size")
+            item.expected.append((name, size))
+        self._next_file(call_id, item)
+
+    def _next_file(self, call_id: int, item: _Pending) -> None:
+        """Open the next expected outbox file; resolve the call when none is left."""
+        while item.expected:
+            name, size = item.expected[0]
+            outbox = _outbox_of(item)
+            outbox.mkdir(parents=True, exist_ok=True)
+            path = outbox / name
+            item.current = path.open("wb")
+            item.current_written = 0
+            if size:
+                return
+            item.current.close()
+            item.current = None
+            item.files.append(OutboxFile(name=name, size=0, path=path))
+            item.expected.popleft()
+        self._finish(call_id, self._outcome(item))
+
+    def _on_file_chunk(self, call_id: int, item: _Pending, body: bytes) -> None:
+        if item.current is None or not item.expected:
+            raise _protocol.ProtocolError("outbox data for no announced file")
+        name, size = item.expected[0]
+        if item.current_written + len(body) > size:
+            raise _protocol.ProtocolError(f"outbox file {name!r} is longer than announced")
+        item.current.write(body)
+        item.current_written += len(body)
+        if item.current_written == size:
+            item.current.close()
+            item.current = None
+            item.files.append(OutboxFile(name=name, size=size, path=_outbox_of(item) / name))
+            item.expected.popleft()
+            self._next_file(call_id, item)
+
+    @staticmethod
+    def _outcome(item: _Pending) -> RunOutcome:
+        exit_info = item.exit or {}
+        code = exit_info.get("exit_code")
+        return RunOutcome(
+            output=bytes(item.output).decode("utf-8", "replace"),
+            exit_code=code if isinstance(code, int) else None,
+            timed_out=bool(exit_info.get("timed_out")),
+            dropped_chars=int(exit_info.get("dropped_chars") or 0) + item.dropped_chars,
+            files=tuple(item.files),
+            duration=float(exit_info.get("duration") or 0.0),
+        )
+
+    # -- requests ----------------------------------------------------------------
+
+    def _submit(self, item: _Pending, header: dict[str, Any], body: bytes = b"") -> int:
+        with self._lock:
+            if self._closed:
+                raise SandboxError(f"the {self.backend} sandbox session is closed")
+            if self._dead is not None:
+                raise SandboxError(self._dead)
+            call_id = self._next_id
+            self._next_id += 1
+            if item.kind == "run":
+                item.outbox = self._outbox_root() / f"call-{call_id}"
+            self._pending[call_id] = item
+        try:
+            self._send(_protocol.encode(dict(header, id=call_id), body))
+        except SandboxError:
+            self._finish(call_id)
+            raise
+        return call_id
+
+    def _outbox_root(self) -> Path:
+        if self._outbox_dir is None:
+            self._outbox_dir = Path(tempfile.mkdtemp(prefix=f"astralvessel-{self.backend}-outbox-"))
+        return self._outbox_dir
+
+    def _submit_run(self, request: RunRequest) -> tuple[int, _Pending]:
+        item = _Pending("run", output_chars=request.output_chars)
+        header = {
+            "type": "run",
+            "argv": list(request.argv),
+            "cwd": request.cwd,
+            "timeout": request.timeout,
+            "output_chars": request.output_chars,
+        }
+        return self._submit(item, header, request.stdin), item
+
+    def _stuck(self, call_id: int, waited: float) -> SandboxError:
+        message = self._death(
+            f"the sandbox server did not answer request {call_id} within {waited:g} s"
+        )
+        self._channel.close()
+        return SandboxError(message)
+
+    def _wait(self, call_id: int, item: _Pending, limit: float) -> Any:
+        try:
+            return item.future.result(timeout=limit)
+        except concurrent.futures.TimeoutError:
+            raise self._stuck(call_id, limit) from None
+
+    async def _await(self, call_id: int, item: _Pending, limit: float) -> Any:
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(item.future), limit)
+        except asyncio.TimeoutError:
+            raise self._stuck(call_id, limit) from None
+        except asyncio.CancelledError:
+            self._cancel(call_id)
+            raise
+
+    def _cancel(self, call_id: int) -> None:
+        with self._lock:
+            item = self._pending.pop(call_id, None)
+        if item is None:
+            return
+        self._settle(item, exception=SandboxError("cancelled"))
+        with contextlib.suppress(SandboxError):
+            self._send(_protocol.encode({"type": "cancel", "id": call_id}))
+
+    def run(self, request: RunRequest) -> RunOutcome:
+        """Run one confined call in the sandbox and wait for it."""
+        call_id, item = self._submit_run(request)
+        outcome: RunOutcome = self._wait(call_id, item, request.timeout + _ANSWER_GRACE)
+        return outcome
+
+    async def arun(self, request: RunRequest) -> RunOutcome:
+        """Async twin of ``run``; cancelling it kills the call."""
+        call_id, item = self._submit_run(request)
+        outcome: RunOutcome = await self._await(call_id, item, request.timeout + _ANSWER_GRACE)
+        return outcome
+
+    def file_tool(
+        self, tool: str, arguments: Mapping[str, object], *, timeout: float
+    ) -> FileOutcome:
+        """Answer read, glob or list in the sandbox's view, as its unprivileged user."""
+        item = _Pending("file")
+        call_id = self._submit(
+            item, {"type": "file", "tool": tool, "arguments": dict(arguments), "timeout": timeout}
+        )
+        outcome: FileOutcome = self._wait(call_id, item, timeout + _ANSWER_GRACE)
+        return outcome
+
+    async def afile_tool(
+        self, tool: str, arguments: Mapping[str, object], *, timeout: float
+    ) -> FileOutcome:
+        """Async twin of ``file_tool``."""
+        item = _Pending("file")
+        call_id = self._submit(
+            item, {"type": "file", "tool": tool, "arguments": dict(arguments), "timeout": timeout}
+        )
+        outcome: FileOutcome = await self._await(call_id, item, timeout + _ANSWER_GRACE)
+        return outcome
+
+    # -- end ---------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Ask the server to stop, kill the sandbox, fail what is pending. Never raises."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            alive = self._dead is None
+        if alive and self._reader.is_alive():
+            with contextlib.suppress(Exception):
+                self._send(_protocol.encode({"type": "shutdown"}))
+            # Let the server kill its calls itself (it knows their process groups), briefly.
+            self._reader.join(timeout=2.0)
+        with contextlib.suppress(Exception):
+            self._channel.close()
+        if self._reader.ident is not None:
+            self._reader.join(timeout=5.0)
+        self._fail_all(f"the {self.backend} sandbox session was closed")
+        if self._own_outbox and self._outbox_dir is not None:
+            shutil.rmtree(self._outbox_dir, ignore_errors=True)
+
+    def __enter__(self) -> ServerSession:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

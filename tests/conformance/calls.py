@@ -1,0 +1,57 @@
+"""Helpers that make a confined call read like one line of a test."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+from astralvessel.sandbox import RunOutcome, RunRequest, SandboxSession
+
+__all__ = ["host_processes_with", "py", "py_json", "run", "wait_until_gone"]
+
+#: The interpreter calls use: the sandbox's own (the host's /usr, read-only).
+PYTHON = "/usr/bin/python3"
+
+
+def run(
+    session: SandboxSession, *argv: str, timeout: float = 30.0, stdin: bytes = b"", output_chars: int = 100_000
+) -> RunOutcome:
+    """Run ``argv`` as one confined call of ``session``."""
+    return session.run(RunRequest(argv=argv, stdin=stdin, timeout=timeout, output_chars=output_chars))
+
+
+def py(session: SandboxSession, code: str, **kwargs: Any) -> RunOutcome:
+    """Run Python ``code`` (dedented) as one confined call."""
+    return run(session, PYTHON, "-c", textwrap.dedent(code), **kwargs)
+
+
+def py_json(session: SandboxSession, code: str, **kwargs: Any) -> Any:
+    """Run ``code``, which prints one JSON value last, and return that value."""
+    outcome = py(session, code, **kwargs)
+    assert outcome.exit_code == 0, outcome.output
+    return json.loads(outcome.output.strip().splitlines()[-1])
+
+
+def host_processes_with(marker: str) -> list[int]:
+    """Host pids whose command line contains ``marker``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if marker in cmdline:
+                found.append(int(entry.name))
+    return found
+
+
+def wait_until_gone(marker: str, seconds: float = 5.0) -> list[int]:
+    # The kernel tears a PID namespace down asynchronously; give it a moment.
+    deadline = time.monotonic() + seconds
+    while (left := host_processes_with(marker)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left

@@ -1,0 +1,119 @@
+"""Promises: no unix sockets or socket files, no SysV or POSIX IPC."""
+
+from __future__ import annotations
+
+import errno
+
+from .calls import py_json
+
+
+def test_af_unix_socket_refused(session):
+    """``socket(AF_UNIX)`` and ``socketpair(AF_UNIX)`` fail with EPERM in a call."""
+    result = py_json(
+        session,
+        """
+        import json, socket
+        out = {}
+        for kind in (socket.SOCK_STREAM, socket.SOCK_DGRAM):
+            try:
+                socket.socket(socket.AF_UNIX, kind)
+                out[str(kind)] = "created"
+            except OSError as exc:
+                out[str(kind)] = exc.errno
+        try:
+            socket.socketpair(socket.AF_UNIX)
+            out["pair"] = "created"
+        except OSError as exc:
+            out["pair"] = exc.errno
+        print(json.dumps(out))
+        """,
+    )
+    assert set(result.values()) == {errno.EPERM}
+
+
+def test_no_socket_file_in_workspace(session):
+    """A call cannot bind a unix socket file, not even in its own workspace."""
+    result = py_json(
+        session,
+        """
+        import json, os, socket
+        try:
+            s = socket.socket(socket.AF_UNIX)
+            s.bind("/workspace/sock")
+            print(json.dumps("bound"))
+        except OSError as exc:
+            print(json.dumps(exc.errno))
+        """,
+    )
+    assert result == errno.EPERM
+
+
+def test_sysv_ipc_refused(session):
+    """SysV shared memory, message queues and semaphores all fail in a call."""
+    result = py_json(
+        session,
+        """
+        import ctypes, json
+        libc = ctypes.CDLL(None, use_errno=True)
+        IPC_PRIVATE, IPC_CREAT = 0, 0o1000
+        out = {}
+        for name, call in (
+            ("shmget", lambda: libc.shmget(IPC_PRIVATE, 4096, IPC_CREAT | 0o600)),
+            ("msgget", lambda: libc.msgget(IPC_PRIVATE, IPC_CREAT | 0o600)),
+            ("semget", lambda: libc.semget(IPC_PRIVATE, 1, IPC_CREAT | 0o600)),
+        ):
+            out[name] = call() if call() >= 0 else -ctypes.get_errno()
+        print(json.dumps(out))
+        """,
+    )
+    assert result == {"shmget": -errno.EPERM, "msgget": -errno.EPERM, "semget": -errno.EPERM}
+
+
+def test_posix_shared_memory_refused(session):
+    """POSIX shared memory (``shm_open`` on /dev/shm) fails in a call."""
+    result = py_json(
+        session,
+        """
+        import json
+        from multiprocessing import shared_memory
+        try:
+            shared_memory.SharedMemory(name="vessel-test", create=True, size=4096)
+            print(json.dumps("created"))
+        except OSError as exc:
+            print(json.dumps(exc.errno))
+        """,
+    )
+    assert result != "created"
+
+
+def test_posix_message_queue_refused(session):
+    """``mq_open`` fails with EPERM in a call."""
+    result = py_json(
+        session,
+        """
+        import ctypes, ctypes.util, json, os
+        librt = ctypes.CDLL(ctypes.util.find_library("rt") or None, use_errno=True)
+        fd = librt.mq_open(b"/vessel-test", os.O_CREAT | os.O_RDWR, 0o600, None)
+        print(json.dumps(fd if fd >= 0 else -ctypes.get_errno()))
+        """,
+    )
+    assert result == -errno.EPERM
+
+
+def test_dev_shm_not_writable(session):
+    """Nothing in /dev/shm or /dev/mqueue can be created by a call."""
+    result = py_json(
+        session,
+        """
+        import json, os
+        out = {}
+        for path in ("/dev/shm/x", "/dev/mqueue/x"):
+            try:
+                os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+                out[path] = "created"
+            except OSError as exc:
+                out[path] = exc.errno
+        print(json.dumps(out))
+        """,
+    )
+    assert "created" not in result.values()

@@ -1,0 +1,136 @@
+"""Promises: open files, file size, workspace size, memory and process count are all limited."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from .calls import py, py_json, run, wait_until_gone
+from .conftest import TEST_LIMITS
+
+MIB = 1024 * 1024
+
+
+def test_open_files_limited(session):
+    """A call cannot hold more than ``open_files`` descriptors; the next open fails with EMFILE."""
+    result = py_json(
+        session,
+        """
+        import json, os, resource
+        fds = []
+        try:
+            while len(fds) < 10000:
+                fds.append(os.open("/dev/null", os.O_RDONLY))
+            err = None
+        except OSError as exc:
+            err = exc.errno
+        print(json.dumps({"opened": len(fds), "errno": err, "limit": resource.getrlimit(resource.RLIMIT_NOFILE)}))
+        """,
+    )
+    assert result["errno"] == errno.EMFILE
+    assert result["opened"] < TEST_LIMITS.open_files
+    assert result["limit"] == [TEST_LIMITS.open_files, TEST_LIMITS.open_files]
+
+
+def test_file_larger_than_disk_limit_fails(session):
+    """Writing one file past the disk limit fails with EFBIG, like a full disk, and the call goes on."""
+    result = py_json(
+        session,
+        f"""
+        import json
+        written = 0
+        try:
+            with open("/workspace/big", "wb") as f:
+                chunk = b"x" * (1024 * 1024)
+                for _ in range({TEST_LIMITS.disk_mb + 4}):
+                    f.write(chunk)
+                    f.flush()
+                    written += len(chunk)
+            err = None
+        except OSError as exc:
+            err = exc.errno
+        print(json.dumps({{"written": written, "errno": err}}))
+        """,
+    )
+    assert result["errno"] in (errno.EFBIG, errno.ENOSPC)
+    assert result["written"] <= TEST_LIMITS.disk_mb * MIB
+
+
+def test_workspace_total_limited(session):
+    """Many files together cannot exceed the disk limit: the workspace fills up with ENOSPC."""
+    result = py_json(
+        session,
+        f"""
+        import json, os
+        total, err = 0, None
+        try:
+            for i in range({TEST_LIMITS.disk_mb} * 2):
+                with open(f"/workspace/part{{i}}", "wb") as f:
+                    f.write(b"y" * (1024 * 1024))
+                total += 1024 * 1024
+        except OSError as exc:
+            err = exc.errno
+        st = os.statvfs("/workspace")
+        print(json.dumps({{"total": total, "errno": err, "size": st.f_blocks * st.f_frsize}}))
+        """,
+    )
+    assert result["errno"] == errno.ENOSPC
+    assert result["total"] <= TEST_LIMITS.disk_mb * MIB
+    assert result["size"] <= TEST_LIMITS.disk_mb * MIB
+
+
+def test_workspace_full_persists_across_calls(session):
+    """The limit is the turn's, not one call's: a second call cannot add past what the first left."""
+    first = run(session, "/bin/sh", "-c", f"head -c {(TEST_LIMITS.disk_mb - 2) * MIB} /dev/zero > /workspace/a")
+    assert first.exit_code == 0, first.output
+    second = run(session, "/bin/sh", "-c", f"head -c {4 * MIB} /dev/zero > /workspace/b")
+    assert second.exit_code != 0
+
+
+def test_memory_limited(session):
+    """Allocating more than ``memory_mb`` fails inside the call (MemoryError), not on the host."""
+    outcome = py(
+        session,
+        f"""
+        try:
+            block = bytearray({TEST_LIMITS.memory_mb * 2} * 1024 * 1024)
+            print("allocated", len(block))
+        except MemoryError:
+            print("MemoryError")
+        """,
+    )
+    assert "MemoryError" in outcome.output
+    assert "allocated" not in outcome.output
+
+
+def test_process_count_limited(session):
+    """A call cannot run more than ``processes`` processes: fork fails with EAGAIN."""
+    result = py_json(
+        session,
+        f"""
+        import json, os, time
+        children, err = [], None
+        try:
+            for _ in range({TEST_LIMITS.processes} * 2):
+                pid = os.fork()
+                if pid == 0:
+                    time.sleep(30)
+                    os._exit(0)
+                children.append(pid)
+        except OSError as exc:
+            err = exc.errno
+        print(json.dumps({{"forked": len(children), "errno": err}}))
+        """,
+    )
+    assert result["errno"] == errno.EAGAIN
+    assert result["forked"] < TEST_LIMITS.processes
+
+
+def test_fork_bomb_ends_the_call_cleanly(session):
+    """A fork bomb is held to the process limit, ends at the timeout, and leaves nothing behind."""
+    marker = f"vessel-bomb-{os.urandom(4).hex()}"
+    outcome = run(session, "/bin/bash", "-c", f"bomb() {{ bomb | bomb & }}; bomb; wait # {marker}", timeout=3.0)
+    assert outcome.timed_out or outcome.exit_code is not None
+    # The turn still works, and no process of the bomb survived on the host.
+    assert run(session, "echo", "calm").output.strip() == "calm"
+    assert wait_until_gone(marker) == []

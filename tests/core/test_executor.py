@@ -1,0 +1,281 @@
+"""Executor and Turn against a real sandbox: dispatch, refusals and the result rules."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import textwrap
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from astralvessel import Agent, Executor, Registry, Scope, ToolSpec
+from astralvessel.sandbox import Sandbox
+
+from .conftest import MakeAgent
+
+ROOT = Path(__file__).parents[2]
+EXAMPLE = ROOT / "examples" / "field-guide"
+SAMPLE = ROOT / "examples" / "sample-data"
+
+
+@pytest.fixture(scope="module")
+def backend() -> Sandbox:
+    """The default confined backend of this host (bubblewrap in CI): the real thing."""
+    from astralvessel.sandbox import Bubblewrap
+
+    return Bubblewrap()
+
+
+@pytest.fixture
+def example(backend: Sandbox) -> Executor:
+    registry = Registry.for_agent(Agent.load(EXAMPLE))
+    return Executor(registry, sandbox=backend, mounts={"/data": SAMPLE})
+
+
+def py_tool(name: str, code: str, **kw: object) -> ToolSpec:
+    return ToolSpec.command_tool(
+        name,
+        f"Test tool {name}.",
+        ["python3", "-c", textwrap.dedent(code)],
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def executor_for(backend: Sandbox, *tools: ToolSpec, **kw: object) -> Executor:
+    return Executor(Registry(tools), sandbox=backend, **kw)  # type: ignore[arg-type]
+
+
+def test_species_rivers_in_a_sandbox(example: Executor) -> None:
+    """The example's species tool filters the sample pages by habitat, reading JSON on stdin."""
+    with example.turn() as turn:
+        result = turn.call("species", '{"habitat": "rivers"}')
+    assert not result.is_error, result.text
+    rows = json.loads(result.text)
+    assert {r["page"] for r in rows} == {
+        "beaver.md",
+        "eel.md",
+        "grayling.md",
+        "grey-heron.md",
+        "kingfisher.md",
+        "otter.md",
+        "salmon.md",
+        "dipper.md",
+        "water-vole.md",
+    }
+    assert result.exit_code == 0
+    assert result.backend == "bubblewrap"
+    assert result.policy_id == example.policy.identity
+
+
+def test_args_mode_tool(example: Executor) -> None:
+    """The args-mode example receives --path=value and prints its count."""
+    with example.turn() as turn:
+        result = turn.call("word_count", {"path": "species/otter.md"})
+    assert result.text == "species/otter.md: 39 words\n"
+
+
+def test_args_values_are_single_argv_elements(backend: Sandbox) -> None:
+    """Hostile values stay inside one --name=value element: no shell, no extra flags."""
+    tool = py_tool(
+        "argv",
+        "import sys, json; print(json.dumps(sys.argv[1:]))",
+        input="args",
+        parameters={
+            "type": "object",
+            "properties": {
+                "a": {"type": "string"},
+                "b": {"type": "boolean"},
+                "c": {"type": "array"},
+            },
+        },
+    )
+    with executor_for(backend, tool).turn() as turn:
+        result = turn.call("argv", {"c": ["x", "y"], "a": "v; rm -rf / $(id) --evil", "b": False})
+    assert json.loads(result.text) == [
+        "--a=v; rm -rf / $(id) --evil",
+        "--b=False",
+        "--c=['x', 'y']",
+    ]
+
+
+def test_json_stdin_receives_the_object(backend: Sandbox) -> None:
+    """json-stdin tools get exactly the model's object on stdin."""
+    tool = py_tool("echo", "import sys; print(sys.stdin.read())")
+    with executor_for(backend, tool).turn() as turn:
+        result = turn.call("echo", '{"q": "ünïcode", "n": [1, 2]}')
+    assert json.loads(result.text) == {"q": "ünïcode", "n": [1, 2]}
+
+
+def test_refusals_run_nothing(backend: Sandbox, tmp_path: Path) -> None:
+    """Bad JSON, non-objects, schema failures and unknown args-mode names never start the command."""
+    marker = tmp_path / "ran"
+    tmp_path.chmod(0o777)  # a writable mount must be writable by the sandbox's user too
+    tool = py_tool(
+        "mark",
+        "open('/out/ran', 'a').write('x')",
+        input="args",
+        parameters={"type": "object", "properties": {"n": {"type": "integer"}}},
+    )
+    executor = executor_for(backend, tool, mounts={"/out": f"{tmp_path}:rw"})
+    with executor.turn() as turn:
+        for arguments in ['{"n": ', "[1]", '{"n": "one"}', '{"n": 1, "m": 2}']:
+            result = turn.call("mark", arguments)
+            assert result.is_error
+            assert result.exit_code is None
+        assert not marker.exists()
+        assert not turn.call("mark", {"n": 1}).is_error
+    assert marker.read_text() == "x"
+
+
+def test_unknown_tool_lists_the_callable_ones(example: Executor) -> None:
+    """A call to a tool that does not exist lists the tools the model may call."""
+    with example.turn() as turn:
+        result = turn.call("rm", "{}")
+    assert result.is_error
+    assert result.text == (
+        "Error: there is no tool named 'rm'. The tools you can call are: "
+        "read, grep, glob, list, species, word_count."
+    )
+
+
+def test_tool_outside_granted_scopes_is_refused(backend: Sandbox) -> None:
+    """A tool outside the executor's scopes is refused as if absent, and absent from the list."""
+    registry = Registry.for_agent(Agent.load(EXAMPLE))
+    executor = Executor(registry, sandbox=backend, mounts={"/data": SAMPLE}, scopes=[Scope.FILES])
+    with executor.turn() as turn:
+        result = turn.call("species", "{}")
+    assert result.is_error
+    assert result.text.endswith("The tools you can call are: read, glob, list.")
+
+
+def test_vessel_scopes_are_the_default(make_agent: MakeAgent, backend: Sandbox) -> None:
+    """Without scopes from the host, vessel.toml's scopes apply."""
+    folder = make_agent(
+        'scopes = ["tools:files"]\n[tools]\nbuiltin = ["list", "bash"]\n',
+    )
+    executor = Executor(Registry.for_agent(Agent.load(folder)), sandbox=backend)
+    assert executor.tool_names() == ["list"]
+
+
+def test_empty_output_shows_exit_code(backend: Sandbox) -> None:
+    """A command that prints nothing shows the model `[exit code N]`; non-zero is an error."""
+    ok = py_tool("ok", "pass")
+    bad = py_tool("bad", "raise SystemExit(3)")
+    with executor_for(backend, ok, bad).turn() as turn:
+        first, second = turn.call("ok"), turn.call("bad")
+    assert (first.text, first.is_error, first.exit_code) == ("[exit code 0]", False, 0)
+    assert (second.text, second.is_error, second.exit_code) == ("[exit code 3]", True, 3)
+
+
+def test_stdout_and_stderr_are_combined_in_order(backend: Sandbox) -> None:
+    """Standard output and standard error arrive interleaved as written."""
+    tool = py_tool(
+        "mix",
+        """
+        import sys
+        for i in range(3):
+            print(f"out{i}", flush=True)
+            print(f"err{i}", file=sys.stderr, flush=True)
+        sys.exit(1)
+        """,
+    )
+    with executor_for(backend, tool).turn() as turn:
+        result = turn.call("mix")
+    assert result.text == "out0\nerr0\nout1\nerr1\nout2\nerr2\n"
+    assert result.is_error
+
+
+def test_timeout_keeps_output_and_says_so(backend: Sandbox) -> None:
+    """A call past its time limit is killed, keeps its output and ends with the timeout note."""
+    tool = py_tool(
+        "slow", "import time; print('started', flush=True); time.sleep(60)", timeout_seconds=1
+    )
+    with executor_for(backend, tool).turn() as turn:
+        result = turn.call("slow")
+    assert result.text == "started\n[timed out after 1 s]"
+    assert result.timed_out
+    assert result.is_error
+
+
+def test_agent_timeout_applies_when_tool_has_none(make_agent: MakeAgent, backend: Sandbox) -> None:
+    """tool_timeout_seconds is the limit of a tool that sets none."""
+    folder = make_agent(
+        'tool_timeout_seconds = 0.5\n[tools]\ndeclared = ["t.toml"]\n',
+        {"t.toml": 'name = "t"\ndescription = "d"\ncommand = ["sleep", "30"]\n'},
+    )
+    with Executor(Registry.for_agent(Agent.load(folder)), sandbox=backend).turn() as turn:
+        result = turn.call("t")
+    assert result.text == "[timed out after 0.5 s]"
+
+
+def test_output_is_cut_at_the_cap_with_a_count(backend: Sandbox) -> None:
+    """Output beyond the cap is cut, and the note names exactly how many characters were dropped."""
+    tool = py_tool("big", "print('é' * 50000)")
+    with executor_for(backend, tool, output_chars=1000).turn() as turn:
+        result = turn.call("big")
+    assert result.dropped_chars == 50001 - 1000
+    assert result.text == "é" * 1000 + "\n[output truncated: 49001 more characters were dropped]"
+
+
+def test_huge_output_keeps_host_memory_bounded(backend: Sandbox) -> None:
+    """A tool printing 300 MB leaves the host holding no more than a small bound of it."""
+    tool = ToolSpec.command_tool(
+        "flood", "Print a lot.", ["sh", "-c", "head -c 314572800 /dev/zero | tr '\\0' 'y'"]
+    )
+    executor = executor_for(backend, tool, output_chars=30_000)
+    with executor.turn() as turn:
+        turn.call("flood")  # warm the sandbox so its start is not measured
+        tracemalloc.start()
+        try:
+            result = turn.call("flood")
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+    assert result.dropped_chars == 314_572_800 - 30_000
+    assert len(result.text) < 31_000
+    # The host's Python heap peak during the call: a few copies of the 30,000-character
+    # cap plus buffers, never anything near the 300 MB the tool printed.
+    assert peak < 8 * 1024 * 1024, peak
+
+
+def test_workspace_lives_for_the_turn(backend: Sandbox) -> None:
+    """A later call of the same turn reads what an earlier one wrote; the next turn starts empty."""
+    write = ToolSpec.command_tool("write", "w", ["sh", "-c", "echo kept > $HOME/note"])
+    read = ToolSpec.command_tool("read_note", "r", ["sh", "-c", "cat $TMPDIR/note"])
+    executor = executor_for(backend, write, read)
+    with executor.turn() as turn:
+        turn.call("write")
+        assert turn.call("read_note").text == "kept\n"
+    with executor.turn() as turn:
+        assert turn.call("read_note").is_error
+
+
+def test_outbox_files_come_back(backend: Sandbox) -> None:
+    """Files a call leaves in $VESSEL_OUTBOX are returned with name and size, until the turn ends."""
+    tool = ToolSpec.command_tool("report", "r", ["sh", "-c", "printf hello > $VESSEL_OUTBOX/r.txt"])
+    with executor_for(backend, tool).turn() as turn:
+        result = turn.call("report")
+        (file,) = result.files
+        assert (file.name, file.size) == ("r.txt", 5)
+        assert Path(file.path).read_bytes() == b"hello"
+    assert not Path(file.path).exists()
+
+
+async def test_async_calls_run_concurrently(backend: Sandbox) -> None:
+    """acall works under asyncio, and calls of one turn may overlap."""
+    tool = py_tool("nap", "import time, sys; time.sleep(0.5); print(sys.stdin.read())")
+    async with executor_for(backend, tool).turn() as turn:
+        results = await asyncio.gather(*(turn.acall("nap", {"i": i}) for i in range(4)))
+    assert [json.loads(r.text)["i"] for r in results] == [0, 1, 2, 3]
+
+
+def test_closed_turn_refuses_new_calls(backend: Sandbox) -> None:
+    """A turn that has ended says so instead of starting a new sandbox."""
+    tool = py_tool("ok", "pass")
+    turn = executor_for(backend, tool).turn()
+    with turn:
+        turn.call("ok")
+    with pytest.raises(RuntimeError, match="this turn has ended"):
+        turn.call("ok")

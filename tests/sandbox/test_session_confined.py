@@ -1,0 +1,203 @@
+"""The server's confined launch, run directly as root: PID namespace, uid drop, rlimits, seccomp."""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from astralvessel.errors import PromiseNotEnforcedError
+from astralvessel.sandbox._base import RunRequest
+from astralvessel.sandbox._policy import Limits, Policy
+from astralvessel.sandbox._seccomp import CALLS, available_arch, compile_bpf
+from astralvessel.sandbox._session import PipeChannel, ServerSession, server_command
+
+NOBODY = 65534
+
+
+@pytest.fixture
+def workspace() -> Iterator[Path]:
+    """A host folder standing in for /workspace, reachable by the unprivileged uid."""
+    with tempfile.TemporaryDirectory(prefix="vessel-ws-", dir="/tmp") as path:
+        os.chmod(path, 0o755)  # noqa: S103 - the unprivileged uid must reach it
+        yield Path(path)
+
+
+def start(
+    workspace: Path, *, seccomp: bytes | None = None, policy: Policy | None = None
+) -> ServerSession:
+    """Start a root server that confines its calls to uid 65534 in fresh namespaces."""
+    channel = PipeChannel.spawn(server_command(sys.executable), name="root-test")
+    return ServerSession.start(
+        channel,
+        policy or Policy(limits=Limits(processes=64, open_files=256, disk_mb=8, memory_mb=512)),
+        backend="root-test",
+        confine=True,
+        drop_uid=NOBODY,
+        drop_gid=NOBODY,
+        seccomp=seccomp,
+        path_map={"/workspace": str(workspace)},
+    )
+
+
+@pytest.fixture
+def session(workspace: Path) -> Iterator[ServerSession]:
+    """A running confined server without a seccomp filter."""
+    with start(workspace) as started:
+        yield started
+
+
+def sh(script: str, *, timeout: float = 10.0) -> RunRequest:
+    """A call running ``script`` with /bin/sh."""
+    return RunRequest(argv=["/bin/sh", "-c", script], timeout=timeout, output_chars=20_000)
+
+
+def test_server_reports_namespaces(session: ServerSession) -> None:
+    """Started as root, the server can confine calls in a PID namespace and reports no problem."""
+    assert session.ready_info["pid_namespace"] is True
+    assert session.ready_info["problems"] == {}
+
+
+def test_call_runs_unprivileged(session: ServerSession) -> None:
+    """A call runs as the dropped uid and gid with no supplementary groups and no capabilities."""
+    outcome = session.run(
+        sh("id -u; id -g; id -G; grep -E '^(CapEff|NoNewPrivs)' /proc/self/status")
+    )
+    lines = outcome.output.split()
+    assert lines[:3] == ["65534", "65534", "65534"]
+    assert "0000000000000000" in lines
+    assert lines[-1] == "1"
+
+
+def test_call_sees_only_its_own_processes(session: ServerSession) -> None:
+    """A call's /proc shows its own processes only: not the server, not another call."""
+    blocker = threading.Thread(target=session.run, args=(sh("sleep 2"),))
+    blocker.start()
+    outcome = session.run(sh("ls /proc | grep -E '^[0-9]+$' | sort -n | tr '\\n' ' '"))
+    blocker.join()
+    pids = [int(p) for p in outcome.output.split()]
+    # pid 1 is the call's init, 2 its shell, then the pipeline's processes.
+    assert pids[0] == 1
+    assert max(pids) < 10
+    assert "sleep" not in session.run(sh("cat /proc/*/cmdline 2>/dev/null | tr '\\0' ' '")).output
+
+
+def test_double_forked_daemon_is_gone_after_return(session: ServerSession, workspace: Path) -> None:
+    """A daemon that double-forked and left the process group is killed when the call returns."""
+    script = (
+        "(setsid sh -c 'trap \"\" TERM; echo $$ > daemon; exec sleep 300' &) ; sleep 0.3; echo back"
+    )
+    outcome = session.run(sh(script))
+    assert outcome.output == "back\n"
+    marker = (workspace / "daemon").read_text()
+    assert marker.strip()
+    assert not _sleepers()
+
+
+def test_timeout_kills_the_whole_namespace(session: ServerSession) -> None:
+    """A timed-out call, daemons included, is gone when run returns, and its output is kept."""
+    outcome = session.run(sh("echo hi; (setsid sleep 300 &); sleep 300", timeout=0.5))
+    assert outcome.timed_out
+    assert outcome.output == "hi\n"
+    assert not _sleepers()
+
+
+def test_rlimits_apply(session: ServerSession) -> None:
+    """Open files, file size, address space and core size are limited as the policy says."""
+    outcome = session.run(
+        sh("ulimit -n; ulimit -f; ulimit -v; ulimit -c; grep 'Max processes' /proc/self/limits")
+    )
+    assert outcome.output.split()[:4] == ["256", str(8 * 1024 * 2), str(512 * 1024), "0"]
+    assert outcome.output.split()[6:8] == ["64", "64"]
+
+
+def test_file_past_disk_limit_fails_like_a_full_disk(session: ServerSession) -> None:
+    """Writing past the disk limit fails inside the call (EFBIG) rather than killing it."""
+    outcome = session.run(sh("head -c 9000000 /dev/zero > $TMPDIR/big; echo status $?"))
+    assert "File too large" in outcome.output
+    assert outcome.output.endswith("status 1\n")
+
+
+def test_outbox_file_of_another_owner_is_refused(session: ServerSession, workspace: Path) -> None:
+    """The server only takes outbox files the call's user owns (root's own files stay out)."""
+    outbox = workspace / "outbox"
+    (outbox / "planted").write_text("root's")
+    outcome = session.run(sh("echo mine > $VESSEL_OUTBOX/mine"))
+    assert [f.name for f in outcome.files] == ["mine"]
+    assert not (outbox / "planted").exists()
+
+
+def test_file_worker_runs_unprivileged(session: ServerSession, workspace: Path) -> None:
+    """File tools run as the unprivileged user: a root-only file cannot be read through them."""
+    secret = workspace / "secret"
+    secret.write_text("top")
+    secret.chmod(0o600)
+    outcome = session.file_tool("read", {"path": "/workspace/secret"}, timeout=10)
+    assert outcome.is_error
+    assert "top" not in outcome.text
+
+
+def test_seccomp_filter_refuses_setsid_and_unix_sockets(workspace: Path) -> None:
+    """With the calls' seccomp program installed, setsid and AF_UNIX sockets are refused."""
+    arch = available_arch()
+    assert arch is not None
+    with start(workspace, seccomp=compile_bpf(CALLS, arch)) as session:
+        assert session.ready_info["seccomp"] is True
+        code = (
+            "import os, socket\n"
+            "try:\n    os.setsid(); print('setsid ok')\nexcept OSError as e: print('setsid', e.errno)\n"
+            "try:\n    socket.socket(socket.AF_UNIX); print('unix ok')\nexcept OSError as e: print('unix', e.errno)\n"
+        )
+        outcome = session.run(
+            RunRequest(argv=["python3", "-c", code], timeout=20, output_chars=1000)
+        )
+    assert "setsid ok" not in outcome.output
+    assert "unix ok" not in outcome.output
+    assert outcome.exit_code == 0
+
+
+def test_missing_privilege_refuses_to_start(workspace: Path) -> None:
+    """A server that cannot make namespaces (not root) fails closed with the promise it breaks."""
+    channel = PipeChannel.spawn(
+        [
+            "setpriv",
+            f"--reuid={NOBODY}",
+            f"--regid={NOBODY}",
+            "--clear-groups",
+            *server_command(sys.executable),
+        ],
+        name="unprivileged-test",
+    )
+    with pytest.raises(PromiseNotEnforcedError, match="process-isolation"):
+        ServerSession.start(
+            channel,
+            Policy(),
+            backend="unprivileged-test",
+            confine=True,
+            drop_uid=None,
+            drop_gid=None,
+            seccomp=None,
+            path_map={"/workspace": str(workspace)},
+        )
+
+
+def _sleepers() -> list[str]:
+    """Processes of the unprivileged uid still running ``sleep 300``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid != NOBODY:
+                continue
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if cmdline.startswith(b"sleep\x00300"):
+            found.append(entry.name)
+    return found

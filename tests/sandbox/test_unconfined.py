@@ -1,0 +1,60 @@
+"""The Unconfined backend: the same server on the host, sandbox paths mapped to host folders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from astralvessel.sandbox._base import RunRequest
+from astralvessel.sandbox._policy import Mount, Policy, Promise
+from astralvessel.sandbox._unconfined import Unconfined
+
+
+def test_probe_is_available_and_enforces_nothing() -> None:
+    """Unconfined is always available, never chosen automatically, and keeps no promise."""
+    report = Unconfined().probe()
+    assert report.available
+    assert report.name == "unconfined"
+    assert not Unconfined.confined
+    assert report.enforced == frozenset()
+    assert set(report.unenforced) == set(Promise)
+
+
+def test_calls_see_mapped_paths(tmp_path: Path) -> None:
+    """The workdir, /agent and mounts are the host folders behind them; the workspace is writable."""
+    agent = tmp_path / "agent"
+    agent.mkdir()
+    (agent / "tool.sh").write_text("echo agent tool")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "fish.txt").write_text("trout\n")
+    policy = Policy(agent_dir=agent, workdir="/data", mounts=[Mount.from_pair("/data", data)])
+    session = Unconfined().start(policy)
+    try:
+        outcome = session.run(
+            RunRequest(argv=["sh", "/agent/tool.sh"], timeout=10, output_chars=1000)
+        )
+        assert outcome.output == "agent tool\n"
+        outcome = session.run(
+            RunRequest(
+                argv=["sh", "-c", "cat fish.txt; echo made > $HOME/new; cat $HOME/new"],
+                timeout=10,
+                output_chars=1000,
+            )
+        )
+        assert outcome.output == "trout\nmade\n"
+        listing = session.file_tool("list", {"path": "/data"}, timeout=10)
+        assert "fish.txt" in listing.text
+    finally:
+        session.close()
+
+
+def test_workspace_is_removed_at_close() -> None:
+    """Closing the session removes its host workspace folder."""
+    session = Unconfined().start(Policy())
+    outcome = session.run(
+        RunRequest(argv=["sh", "-c", "echo $HOME"], timeout=10, output_chars=1000)
+    )
+    workspace = Path(outcome.output.strip())
+    assert workspace.is_dir()
+    session.close()
+    assert not workspace.exists()
