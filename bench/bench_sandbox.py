@@ -62,7 +62,9 @@ def bench(name: str, runs: int) -> None:
         session.close()
     print(f"{name} ({binary.describe()})")
     print(f"  raw one-shot sandbox    {raw_time * 1000:8.2f} ms")
-    print(f"  turn start (+close)     {start_time * 1000:8.2f} ms   {start_time / raw_time:5.1f}x raw")
+    print(
+        f"  turn start (+close)     {start_time * 1000:8.2f} ms   {start_time / raw_time:5.1f}x raw"
+    )
     print(f"  bare fork+exec          {fork_exec * 1000:8.2f} ms")
     print(
         f"  call into running turn  {call_time * 1000:8.2f} ms   {call_time / raw_time:5.2f}x raw, "

@@ -17,10 +17,16 @@ PYTHON = "/usr/bin/python3"
 
 
 def run(
-    session: SandboxSession, *argv: str, timeout: float = 30.0, stdin: bytes = b"", output_chars: int = 100_000
+    session: SandboxSession,
+    *argv: str,
+    timeout: float = 30.0,
+    stdin: bytes = b"",
+    output_chars: int = 100_000,
 ) -> RunOutcome:
     """Run ``argv`` as one confined call of ``session``."""
-    return session.run(RunRequest(argv=argv, stdin=stdin, timeout=timeout, output_chars=output_chars))
+    return session.run(
+        RunRequest(argv=argv, stdin=stdin, timeout=timeout, output_chars=output_chars)
+    )
 
 
 def py(session: SandboxSession, code: str, **kwargs: Any) -> RunOutcome:
@@ -50,6 +56,7 @@ def host_processes_with(marker: str) -> list[int]:
 
 
 def wait_until_gone(marker: str, seconds: float = 5.0) -> list[int]:
+    """Wait until no host process matches ``marker``; return those still there after ``seconds``."""
     # The kernel tears a PID namespace down asynchronously; give it a moment.
     deadline = time.monotonic() + seconds
     while (left := host_processes_with(marker)) and time.monotonic() < deadline:

@@ -79,7 +79,15 @@ def test_shadow_file_unreadable(session):
 
 @pytest.mark.parametrize(
     "target",
-    ["/usr/vessel-x", "/etc/vessel-x", "/agent/vessel-x", "/data/vessel-x", "/vessel-x", "/proc/vessel-x", "/dev/vessel-x"],
+    [
+        "/usr/vessel-x",
+        "/etc/vessel-x",
+        "/agent/vessel-x",
+        "/data/vessel-x",
+        "/vessel-x",
+        "/proc/vessel-x",
+        "/dev/vessel-x",
+    ],
 )
 def test_cannot_write_outside_workspace(session, target, data_dir, agent_dir):
     """Creating a file anywhere outside the workspace fails, and nothing appears on the host."""
@@ -143,7 +151,8 @@ def test_writable_mount_is_writable(backend: Sandbox, policy: Policy, tmp_path):
     turn = backend.start(rw_policy)
     try:
         result = py_json(
-            turn, "import json; open('/shared/out.txt', 'w').write('from the call'); print(json.dumps('ok'))"
+            turn,
+            "import json; open('/shared/out.txt', 'w').write('from the call'); print(json.dumps('ok'))",
         )
     finally:
         turn.close()
@@ -172,5 +181,7 @@ def test_no_host_sys_or_kernel_knobs(session):
 
 def test_host_untouched_by_workspace_writes(session):
     """Files a call writes to its workspace stay in the sandbox: nothing appears in the host's /workspace."""
-    py_json(session, "import json; open('/workspace/inside.txt', 'w').write('x'); print(json.dumps(1))")
+    py_json(
+        session, "import json; open('/workspace/inside.txt', 'w').write('x'); print(json.dumps(1))"
+    )
     assert not os.path.exists("/workspace/inside.txt")

@@ -24,7 +24,11 @@ def test_agent_folder_is_at_agent(session):
 
 def test_stdin_reaches_the_call(session):
     """The request's stdin bytes arrive on the call's standard input."""
-    outcome = py(session, "import sys, json; print(json.load(sys.stdin)['habitat'])", stdin=b'{"habitat": "rivers"}')
+    outcome = py(
+        session,
+        "import sys, json; print(json.load(sys.stdin)['habitat'])",
+        stdin=b'{"habitat": "rivers"}',
+    )
     assert outcome.output == "rivers\n"
 
 
@@ -58,7 +62,9 @@ def test_next_turn_starts_empty(backend: Sandbox, policy: Policy):
         first.close()
     second = backend.start(policy)
     try:
-        listing = py_json(second, "import json, os; print(json.dumps(sorted(os.listdir('/workspace'))))")
+        listing = py_json(
+            second, "import json, os; print(json.dumps(sorted(os.listdir('/workspace'))))"
+        )
     finally:
         second.close()
     assert listing == ["outbox"]
@@ -74,7 +80,9 @@ def test_output_is_bounded(session):
 def test_concurrent_calls(session):
     """Several calls of one turn run at the same time and each gets its own result."""
     with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
-        futures = [pool.submit(run, session, "/bin/sh", "-c", f"sleep 0.2; echo {n}") for n in range(4)]
+        futures = [
+            pool.submit(run, session, "/bin/sh", "-c", f"sleep 0.2; echo {n}") for n in range(4)
+        ]
         outputs = [f.result().output.strip() for f in futures]
     assert outputs == ["0", "1", "2", "3"]
 

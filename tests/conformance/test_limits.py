@@ -81,7 +81,12 @@ def test_workspace_total_limited(session):
 
 def test_workspace_full_persists_across_calls(session):
     """The limit is the turn's, not one call's: a second call cannot add past what the first left."""
-    first = run(session, "/bin/sh", "-c", f"head -c {(TEST_LIMITS.disk_mb - 2) * MIB} /dev/zero > /workspace/a")
+    first = run(
+        session,
+        "/bin/sh",
+        "-c",
+        f"head -c {(TEST_LIMITS.disk_mb - 2) * MIB} /dev/zero > /workspace/a",
+    )
     assert first.exit_code == 0, first.output
     second = run(session, "/bin/sh", "-c", f"head -c {4 * MIB} /dev/zero > /workspace/b")
     assert second.exit_code != 0
@@ -129,7 +134,13 @@ def test_process_count_limited(session):
 def test_fork_bomb_ends_the_call_cleanly(session):
     """A fork bomb is held to the process limit, ends at the timeout, and leaves nothing behind."""
     marker = f"vessel-bomb-{os.urandom(4).hex()}"
-    outcome = run(session, "/bin/bash", "-c", f"bomb() {{ bomb | bomb & }}; bomb; wait # {marker}", timeout=3.0)
+    outcome = run(
+        session,
+        "/bin/bash",
+        "-c",
+        f"bomb() {{ bomb | bomb & }}; bomb; wait # {marker}",
+        timeout=3.0,
+    )
     assert outcome.timed_out or outcome.exit_code is not None
     # The turn still works, and no process of the bomb survived on the host.
     assert run(session, "echo", "calm").output.strip() == "calm"

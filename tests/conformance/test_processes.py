@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from .calls import host_processes_with, py, py_json, run, wait_until_gone
+from .calls import py, py_json, run, wait_until_gone
 
 
 @pytest.fixture
@@ -135,7 +135,9 @@ def test_setsid_and_setpgid_refused(session):
 def test_timeout_kills_the_whole_tree(session):
     """A call past its timeout is killed with every process it started, and says so."""
     marker = f"{os.getpid() % 1000 + 300}.{int(time.time() * 1000) % 100000}"
-    outcome = run(session, "/bin/sh", "-c", f"sleep {marker} & sleep {marker}; echo never", timeout=1.0)
+    outcome = run(
+        session, "/bin/sh", "-c", f"sleep {marker} & sleep {marker}; echo never", timeout=1.0
+    )
     assert outcome.timed_out
     assert "never" not in outcome.output
     assert wait_until_gone(f"sleep {marker}") == []

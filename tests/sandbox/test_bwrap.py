@@ -11,13 +11,18 @@ from astralvessel.sandbox import Limits, Mount, Policy, Promise
 from astralvessel.sandbox._bwrap import Bubblewrap, bwrap_argv
 from astralvessel.sandbox._hostinfo import BinaryInfo, HostFacts, PythonRuntime, SystemDir
 
-FULL = frozenset({"size", "perms", "seccomp", "remount-ro", "unshare-cgroup-try", "die-with-parent"})
+FULL = frozenset(
+    {"size", "perms", "seccomp", "remount-ro", "unshare-cgroup-try", "die-with-parent"}
+)
 BWRAP = BinaryInfo(path="/opt/bwrap", origin="wheel", version="0.11.0", features=FULL)
 ROOT = HostFacts(
     uid=0,
     machine="x86_64",
     userns=True,
-    system_dirs=(SystemDir(path=PurePosixPath("/usr")), SystemDir(path=PurePosixPath("/bin"), symlink="usr/bin")),
+    system_dirs=(
+        SystemDir(path=PurePosixPath("/usr")),
+        SystemDir(path=PurePosixPath("/bin"), symlink="usr/bin"),
+    ),
     python=PythonRuntime(executable="/opt/py/bin/python3.11", prefix="/opt/py"),
 )
 
@@ -31,7 +36,13 @@ def test_root_host_uses_no_user_namespace(tmp_path):
     """As root, bwrap makes every namespace but the user one, so calls can drop to a real host uid."""
     argv = bwrap_argv(BWRAP, Policy(), ROOT, ["python3"], seccomp_fd=5)
     assert "--unshare-user" not in argv
-    for flag in ("--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts", "--die-with-parent"):
+    for flag in (
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--die-with-parent",
+    ):
         assert flag in argv
     assert argv[-2:] == ["--", "python3"]
     assert argv[argv.index("--seccomp") + 1] == "5"
@@ -39,7 +50,13 @@ def test_root_host_uses_no_user_namespace(tmp_path):
 
 def test_non_root_host_uses_a_user_namespace():
     """Without root, bwrap creates a user namespace with the server as its uid 0."""
-    argv = bwrap_argv(BWRAP, Policy(), HostFacts(uid=1000, machine="x86_64", userns=True, python=ROOT.python), ["x"], seccomp_fd=None)
+    argv = bwrap_argv(
+        BWRAP,
+        Policy(),
+        HostFacts(uid=1000, machine="x86_64", userns=True, python=ROOT.python),
+        ["x"],
+        seccomp_fd=None,
+    )
     assert "--unshare-user" in argv
     assert "--seccomp" not in argv
 
@@ -81,7 +98,9 @@ def test_unmounted_workdir_is_created_empty():
 def test_old_bwrap_without_size_fails_closed_on_disk_limit():
     """A bwrap that cannot size its tmpfs makes start refuse with the disk-limit promise named."""
     backend = Bubblewrap()
-    old = BinaryInfo(path=BWRAP.path, origin="system", version="0.4.0", features=frozenset({"seccomp"}))
+    old = BinaryInfo(
+        path=BWRAP.path, origin="system", version="0.4.0", features=frozenset({"seccomp"})
+    )
     missing = backend._backend_unenforced(old, ROOT)
     assert Promise.DISK_LIMIT in missing
     assert "--size" in missing[Promise.DISK_LIMIT]
@@ -108,7 +127,9 @@ def test_probe_reports_every_promise_enforced_here():
 def test_unenforced_promise_refuses_start(monkeypatch):
     """A promise the backend cannot keep makes start raise PromiseNotEnforcedError naming it."""
     backend = Bubblewrap()
-    monkeypatch.setattr(backend, "_backend_unenforced", lambda binary, facts: {Promise.DISK_LIMIT: "no --size"})
+    monkeypatch.setattr(
+        backend, "_backend_unenforced", lambda binary, facts: {Promise.DISK_LIMIT: "no --size"}
+    )
     with pytest.raises(PromiseNotEnforcedError, match="disk-limit"):
         backend.start(Policy())
 
@@ -116,7 +137,9 @@ def test_unenforced_promise_refuses_start(monkeypatch):
 def test_relaxed_promise_lets_start_proceed(monkeypatch):
     """The host can relax a promise explicitly, and the turn then starts."""
     backend = Bubblewrap()
-    monkeypatch.setattr(backend, "_backend_unenforced", lambda binary, facts: {Promise.DISK_LIMIT: "no --size"})
+    monkeypatch.setattr(
+        backend, "_backend_unenforced", lambda binary, facts: {Promise.DISK_LIMIT: "no --size"}
+    )
     session = backend.start(Policy().relax(Promise.DISK_LIMIT))
     try:
         assert session.backend == "bubblewrap"
@@ -130,7 +153,7 @@ def test_system_bwrap_works_too():
     assert system.exists(), "CI installs the system bubblewrap too"
     session = Bubblewrap(system).start(Policy())
     try:
-        from astralvessel.sandbox import RunRequest  # noqa: PLC0415
+        from astralvessel.sandbox import RunRequest
 
         outcome = session.run(RunRequest(argv=("id", "-u"), timeout=10, output_chars=100))
     finally:

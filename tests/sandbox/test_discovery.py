@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 
 from astralvessel.errors import BackendUnavailableError
-from astralvessel.sandbox import BackendReport, Bubblewrap, Nsjail, Promise, Sandbox
-from astralvessel.sandbox import _discovery
+from astralvessel.sandbox import BackendReport, Bubblewrap, Nsjail, Promise, Sandbox, _discovery
 from astralvessel.sandbox._discovery import (
     AUTOMATIC_ORDER,
     all_backends,
@@ -30,7 +29,7 @@ def test_builtins_by_name():
 
 def test_unknown_name_says_how_to_install():
     """An unknown backend name raises with the known names and how to install a third-party one."""
-    with pytest.raises(BackendUnavailableError, match="astralvessel.backends") as info:
+    with pytest.raises(BackendUnavailableError, match=r"astralvessel\.backends") as info:
         get_backend("firecracker")
     assert "bubblewrap" in str(info.value)
 
@@ -52,7 +51,9 @@ def third_party(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
         )
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    point = EntryPoint(name="fake", value="vessel_fake_backend:Fake", group=_discovery.ENTRY_POINT_GROUP)
+    point = EntryPoint(
+        name="fake", value="vessel_fake_backend:Fake", group=_discovery.ENTRY_POINT_GROUP
+    )
     monkeypatch.setattr(_discovery, "_entry_points", lambda: {"fake": point})
     yield "fake"
     sys.modules.pop("vessel_fake_backend", None)
@@ -70,7 +71,9 @@ def test_third_party_loaded_only_when_asked(third_party):
 
 def test_all_backends_lists_every_name(third_party):
     """all_backends gives one instance per known name; one that cannot load still reports."""
-    names = [backend.probe().name if backend.name != "fake" else "fake" for backend in all_backends()]
+    names = [
+        backend.probe().name if backend.name != "fake" else "fake" for backend in all_backends()
+    ]
     assert {"bubblewrap", "nsjail", "docker", "unconfined", "fake"} <= set(names)
 
 
@@ -83,7 +86,9 @@ def test_best_available_never_unconfined():
     """When no confined backend can run, best_available raises with each one's reason, never unconfined."""
 
     def nothing_works(backend: Sandbox) -> BackendReport:
-        return BackendReport(name=backend.name, available=False, reason=f"{backend.name} is broken here")
+        return BackendReport(
+            name=backend.name, available=False, reason=f"{backend.name} is broken here"
+        )
 
     with pytest.raises(BackendUnavailableError) as info:
         best_available(probe=nothing_works)
@@ -97,7 +102,9 @@ def test_best_available_skips_a_backend_with_a_broken_promise():
 
     def bwrap_leaks(backend: Sandbox) -> BackendReport:
         if backend.name == "bubblewrap":
-            return BackendReport(name="bubblewrap", available=True, unenforced={Promise.DISK_LIMIT: "old bwrap"})
+            return BackendReport(
+                name="bubblewrap", available=True, unenforced={Promise.DISK_LIMIT: "old bwrap"}
+            )
         return BackendReport(name=backend.name, available=True)
 
     assert isinstance(best_available(probe=bwrap_leaks), Nsjail)

@@ -40,7 +40,10 @@ def test_interpreter_under_system_dir_needs_no_mount():
     """An interpreter under /usr is already visible; one elsewhere is mounted at its own path."""
     dirs = (SystemDir(path=PurePosixPath("/usr")),)
     assert interpreter_mount(PY, dirs) is None
-    assert interpreter_mount(PythonRuntime(executable="/opt/py/bin/python3", prefix="/opt/py"), dirs) == "/opt/py"
+    assert (
+        interpreter_mount(PythonRuntime(executable="/opt/py/bin/python3", prefix="/opt/py"), dirs)
+        == "/opt/py"
+    )
 
 
 def test_non_root_cannot_keep_unprivileged():
@@ -48,7 +51,9 @@ def test_non_root_cannot_keep_unprivileged():
     facts = HostFacts(uid=1000, machine="x86_64", userns=True, python=PY)
     assert set(unenforced_promises(facts)) == {Promise.UNPRIVILEGED}
     assert unenforced_promises(HostFacts(uid=0, machine="x86_64", userns=True, python=PY)) == {}
-    assert Promise.SECCOMP in unenforced_promises(HostFacts(uid=0, machine="riscv64", userns=True, python=PY))
+    assert Promise.SECCOMP in unenforced_promises(
+        HostFacts(uid=0, machine="riscv64", userns=True, python=PY)
+    )
 
 
 def test_this_host_facts():

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ._hostinfo import BinaryInfo, HostFacts
-from ._layout import Bind, Dir, Step, Symlink, Tmpfs, sandbox_layout
+from ._layout import Bind, Step, Symlink, Tmpfs, sandbox_layout
 from ._nsbackend import NamespaceBackend
 from ._policy import Policy, Promise
 
@@ -45,7 +45,7 @@ def bwrap_argv(
     *,
     seccomp_fd: int | None,
 ) -> list[str]:
-    """The full ``bwrap`` command line that runs ``command`` (the server) in ``policy``'s sandbox."""
+    """The ``bwrap`` command line that runs ``command`` (the server) in ``policy``'s sandbox."""
     features = binary.features
     argv = [binary.path]
     if not facts.is_root:

@@ -109,7 +109,8 @@ def get_backend(name: str) -> Sandbox:
         loaded = point.load()
     except Exception as exc:
         raise BackendUnavailableError(
-            f"the {name!r} backend ({point.value}) failed to load: {exc}; reinstall the package that provides it"
+            f"the {name!r} backend ({point.value}) failed to load: {exc}; "
+            "reinstall the package that provides it"
         ) from exc
     return _instantiate(name, loaded)
 
@@ -117,24 +118,26 @@ def get_backend(name: str) -> Sandbox:
 class _Unloadable(Sandbox):
     """Stands in, in ``all_backends``, for a backend that cannot even be loaded here."""
 
+    name = "unloadable"
     confined = False
 
-    def __init__(self, name: str, reason: str) -> None:
-        self._name = name
+    def __init__(self, reason: str) -> None:
         self._reason = reason
 
-    @property  # type: ignore[override]
-    def name(self) -> str:  # type: ignore[override]
-        return self._name
-
     def probe(self) -> BackendReport:
-        return BackendReport(name=self._name, available=False, reason=self._reason)
+        return BackendReport(name=self.name, available=False, reason=self._reason)
 
     def start(self, policy: Policy) -> SandboxSession:
         raise BackendUnavailableError(self._reason)
 
     def __repr__(self) -> str:
-        return f"<unloadable backend {self._name!r}>"
+        return f"<unloadable backend {self.name!r}>"
+
+
+def _unloadable(name: str, reason: str) -> Sandbox:
+    # ``name`` is a class attribute of every backend, so each stand-in gets its own class.
+    stand_in: type[_Unloadable] = type(f"Unloadable[{name}]", (_Unloadable,), {"name": name})
+    return stand_in(reason)
 
 
 def all_backends() -> list[Sandbox]:
@@ -144,7 +147,7 @@ def all_backends() -> list[Sandbox]:
         try:
             backends.append(get_backend(name))
         except BackendUnavailableError as exc:
-            backends.append(_Unloadable(name, str(exc)))
+            backends.append(_unloadable(name, str(exc)))
     return backends
 
 
@@ -156,7 +159,9 @@ def _why_not(report: BackendReport) -> str:
 
 
 def best_available(probe: Callable[[Sandbox], BackendReport] | None = None) -> Sandbox:
-    """The best confined backend that runs here and keeps every promise: bubblewrap, nsjail, then docker.
+    """The best confined backend that runs here and keeps every promise.
+
+    Tried in order: bubblewrap, nsjail, then docker.
 
     Never ``unconfined``. Raises ``BackendUnavailableError`` saying why each one was passed over.
     """

