@@ -68,7 +68,7 @@ def _searcher(executor: Executor) -> Searcher | None:
 
 
 def cap_fenced(text: str, limit: int) -> tuple[str, int]:
-    """Cut ``text`` to ``limit`` characters, keeping a closing fence intact; return it and the drop."""
+    """Cut ``text`` to ``limit`` characters, keeping its closing fence; return it and the drop."""
     if len(text) <= limit:
         return text, 0
     fenced = text.endswith(_CLOSING)
