@@ -64,6 +64,14 @@ def make_big(path: Path) -> int:
     return lines
 
 
+def row(name: str, ours: float, baseline: str, raw: float) -> None:
+    """Print one comparison: our time, the baseline's, and their ratio."""
+    print(
+        f"{name:6} {ours * 1000:8.1f} ms   {baseline:12} {raw * 1000:8.1f} ms"
+        f"   ratio {ours / raw:7.2f}"
+    )
+
+
 def run(argv: list[str], cwd: Path) -> str:
     done = subprocess.run(argv, cwd=cwd, capture_output=True, check=False)
     return done.stdout.decode("utf-8", "replace")
@@ -86,9 +94,7 @@ def main() -> None:
         )
         ours = best_of(3, lambda: grep_finish(run(argv, tree), 0))
         raw = best_of(3, lambda: run(["rg", "needle"], tree))
-        print(
-            f"grep   {ours * 1000:8.1f} ms   rg          {raw * 1000:8.1f} ms   ratio {ours / raw:5.2f}"
-        )
+        row("grep", ours, "rg", raw)
 
         def our_glob() -> str:
             return handle("glob", {"pattern": "*.py", "max_results": 2000}, ctx)[0]
@@ -97,17 +103,14 @@ def main() -> None:
         assert len(our_glob().splitlines()) == len(run(raw_glob, tree).splitlines())
         ours = best_of(3, our_glob)
         raw = best_of(3, lambda: run(raw_glob, tree))
-        print(
-            f"glob   {ours * 1000:8.1f} ms   rg --files  {raw * 1000:8.1f} ms   ratio {ours / raw:5.2f}"
-        )
+        row("glob", ours, "rg --files", raw)
 
         shutil.rmtree(tree)
         big = base / "big.txt"
         started = time.perf_counter()
         lines = make_big(big)
-        print(
-            f"wrote {big.stat().st_size >> 20} MiB ({lines} lines) in {time.perf_counter() - started:.1f} s"
-        )
+        took = time.perf_counter() - started
+        print(f"wrote {big.stat().st_size >> 20} MiB ({lines} lines) in {took:.1f} s")
         offset = lines - READ_LIMIT + 1
         big_ctx = FileContext(str(base), [str(base)])
 
@@ -123,12 +126,8 @@ def main() -> None:
         ours = best_of(3, our_read)
         raw_scan = best_of(3, lambda: run(scan, base))
         raw_seek = best_of(3, lambda: run(["tail", "-n", str(READ_LIMIT), "big.txt"], base))
-        print(
-            f"read   {ours * 1000:8.1f} ms   tail +K     {raw_scan * 1000:8.1f} ms   ratio {ours / raw_scan:5.2f}"
-        )
-        print(
-            f"read   {ours * 1000:8.1f} ms   tail -n 400 {raw_seek * 1000:8.1f} ms   ratio {ours / raw_seek:5.2f}"
-        )
+        row("read", ours, "tail -n +K", raw_scan)
+        row("read", ours, "tail -n 400", raw_seek)
     finally:
         shutil.rmtree(base, ignore_errors=True)
     own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

@@ -8,7 +8,15 @@ import pytest
 
 import astralvessel
 
-PUBLIC_MODULES = ["astralvessel", "astralvessel.sandbox", "astralvessel.web"]
+PUBLIC_MODULES = [
+    "astralvessel",
+    "astralvessel.adapters",
+    "astralvessel.adapters.anthropic",
+    "astralvessel.adapters.openai",
+    "astralvessel.mcp_server",
+    "astralvessel.sandbox",
+    "astralvessel.web",
+]
 
 
 @pytest.mark.parametrize("module_name", PUBLIC_MODULES)

@@ -16,6 +16,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 from .agent import Agent as Agent
 from .agent import Service as Service
+from ._pytools import ToolError as ToolError
 from .errors import AstralVesselError as AstralVesselError
 from .errors import BackendUnavailableError as BackendUnavailableError
 from .errors import ConfigError as ConfigError
@@ -52,6 +53,7 @@ __all__ = [
     "SandboxError",
     "Scope",
     "Service",
+    "ToolError",
     "ToolKind",
     "ToolRegistrationError",
     "ToolResult",

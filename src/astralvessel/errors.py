@@ -10,6 +10,8 @@ caller would naturally catch::
     │   └── PromiseNotEnforcedError             ... because a promise would be broken
     ├── SandboxError(RuntimeError)              a running sandbox failed (server died, engine gone)
     ├── ToolRegistrationError(ValueError)       a tool cannot join a registry
+    ├── ToolError(RuntimeError)                 a Python tool's failure, shown to the model
+    │                                            (defined in _pytools, exported at the top)
     └── EgressError(ValueError)                 web: a URL or address the policy refuses
 """
 

@@ -37,6 +37,9 @@ class Executor:
     paths to host folders (read-only) or lists ``Mount`` values. ``scopes``
     defaults to the agent's ``scopes``, or all four when it names none.
     ``relax`` names confinement promises the host explicitly gives up.
+    ``fetcher`` and ``searcher`` serve webfetch and websearch; ``services`` binds
+    Python callables to ``[services]`` names, and ``service_transport`` carries
+    service tools' HTTP posts.
     """
 
     def __init__(
@@ -53,6 +56,7 @@ class Executor:
         fetcher: Any | None = None,
         searcher: Any | None = None,
         services: Mapping[str, Callable[..., Any]] | None = None,
+        service_transport: Any | None = None,
     ) -> None:
         agent = registry.agent
         self.registry = registry
@@ -73,6 +77,8 @@ class Executor:
         self.fetcher = fetcher
         self.searcher = searcher
         self.services = dict(services or {})
+        #: The web Transport service tools post through (the stdlib one when None).
+        self.service_transport = service_transport
 
     def turn(self) -> Turn:
         """Open one turn: a context manager (``with`` or ``async with``) owning one sandbox."""
@@ -285,7 +291,12 @@ class Turn:
         from . import builtins
 
         if spec.name == "grep":
-            argv, stdin = builtins.grep_request(args, workdir=str(self.executor.policy.workdir))
+            policy = self.executor.policy
+            argv, stdin = builtins.grep_request(
+                args,
+                workdir=str(policy.workdir),
+                visible_roots=[str(root) for root in policy.visible_roots],
+            )
         else:
             argv, stdin = builtins.bash_request(args)
         return RunRequest(

@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any
 from . import __version__
 
 try:
+    import mcp.server.lowlevel as mcp_lowlevel
+    import mcp.server.stdio as mcp_stdio
     import mcp.types as mcp_types
-    from mcp.server.lowlevel import Server
-    from mcp.server.stdio import stdio_server
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         "serving tools over MCP needs the mcp package (2.3 or newer): "
@@ -47,7 +47,7 @@ def to_mcp_result(result: ToolResult) -> mcp_types.CallToolResult:
     )
 
 
-def create_server(turn: Turn, *, name: str | None = None) -> Server[Any]:
+def create_server(turn: Turn, *, name: str | None = None) -> mcp_lowlevel.Server[Any]:
     """A low-level MCP server whose tools are ``turn``'s executor's tools, called in ``turn``."""
     executor = turn.executor
     agent = executor.registry.agent
@@ -66,7 +66,7 @@ def create_server(turn: Turn, *, name: str | None = None) -> Server[Any]:
         result = await turn.acall(params.name, params.arguments or {})
         return to_mcp_result(result)
 
-    return Server(
+    return mcp_lowlevel.Server(
         server_name,
         version=__version__,
         instructions=(
@@ -91,7 +91,7 @@ async def serve_stdio(
         if start_sandbox:
             await _start(turn)
         server = create_server(turn, name=name)
-        async with stdio_server() as (read_stream, write_stream):
+        async with mcp_stdio.stdio_server() as (read_stream, write_stream):
             await server.run(read_stream, write_stream, server.create_initialization_options())
 
 

@@ -95,7 +95,7 @@ class Registry:
         scope: Scope | str = Scope.READ,
         timeout_seconds: float | None = None,
     ) -> Any:
-        """Register a typed Python function as a tool: ``@registry.tool`` or ``@registry.tool(...)``.
+        """Register a typed function as a tool: ``@registry.tool`` or ``@registry.tool(...)``.
 
         The parameters schema comes from the signature and the description and
         parameter notes from the docstring (see the Python tools docs). The

@@ -279,3 +279,29 @@ def test_closed_turn_refuses_new_calls(backend: Sandbox) -> None:
         turn.call("ok")
     with pytest.raises(RuntimeError, match="this turn has ended"):
         turn.call("ok")
+
+
+def test_builtins_through_the_executor(example: Executor) -> None:
+    """read, list, glob and grep work on mounted data through Turn.call, in the sandbox's view."""
+    with example.turn() as turn:
+        listing = turn.call("list", {"path": "species"})
+        page = turn.call("read", {"path": "/data/species/otter.md", "limit": 3})
+        found = turn.call("glob", {"pattern": "*.md"})
+        matches = turn.call("grep", {"pattern": "spraints", "path": "/data"})
+    assert not listing.is_error, listing.text
+    assert "otter.md" in listing.text
+    assert page.text.startswith("1\t---\n2\tname: Eurasian otter\n3\tfamily: Mustelidae\n")
+    assert found.text.count(".md") == 12
+    assert matches.text.startswith("/data/species/otter.md:")
+    assert matches.is_error is False
+
+
+def test_bash_builtin_shows_exit_code(backend: Sandbox) -> None:
+    """bash runs /bin/sh -c in the workdir and always ends with [exit code N]."""
+    registry = Registry()
+    registry.add_builtin("bash")
+    with Executor(registry, sandbox=backend).turn() as turn:
+        ok = turn.call("bash", {"command": "pwd; echo $HOME"})
+        bad = turn.call("bash", {"command": "exit 4"})
+    assert ok.text == "/workspace\n/workspace\n[exit code 0]"
+    assert (bad.text, bad.is_error) == ("[exit code 4]", True)

@@ -9,8 +9,8 @@ import pytest
 from astralvessel.web import (
     AllowRule,
     EgressPolicy,
-    FetchLimits,
     Fetcher,
+    FetchLimits,
     HttpxTransport,
     ProxyTransport,
     StdlibTransport,
@@ -40,7 +40,7 @@ def _transport(kind: str, tls: TLS, proxy: ProxyServer) -> StdlibTransport | Htt
         ("proxy", "sync"),
         ("proxy", "async"),
     ],
-    ids=lambda p: "-".join(p),
+    ids="-".join,
 )
 def make_fetch(
     request: pytest.FixtureRequest, tls: TLS, proxy_server: ProxyServer, resolver: MapResolver
@@ -184,7 +184,9 @@ async def test_large_page_with_length_is_cut(fetch: Fetch, base: str) -> None:
     assert body == "x" * (4 * 1024 * 1024)
 
 
-async def test_slow_endless_body_hits_the_deadline(make_fetch: Callable[..., Fetch], base: str) -> None:
+async def test_slow_endless_body_hits_the_deadline(
+    make_fetch: Callable[..., Fetch], base: str
+) -> None:
     """A server trickling bytes forever is stopped by the whole-fetch deadline."""
     fetch = make_fetch(FetchLimits(timeout_seconds=1))
     result = await fetch(f"{base}/slow")

@@ -12,12 +12,14 @@ with ``acall`` and ``asyncio.gather``, ``run_tool_calls`` on threads).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import abc
 from typing import TYPE_CHECKING, Any
 
-from ._common import ToolCall, arun_calls, as_dict, run_calls
+from . import _common
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from ..executor import Turn
     from ..results import ToolResult
 
@@ -30,18 +32,18 @@ __all__ = [
 ]
 
 
-def tool_calls(message: object) -> list[ToolCall]:
+def tool_calls(message: object) -> list[_common.ToolCall]:
     """The ``tool_use`` blocks of a Messages API response (or its ``content`` list), in order."""
-    if isinstance(message, Sequence) and not isinstance(message, (str, bytes)):
+    if isinstance(message, abc.Sequence) and not isinstance(message, (str, bytes)):
         blocks: Sequence[Any] = message
     else:
-        blocks = as_dict(message, "a Messages API response").get("content") or ()
+        blocks = _common.as_dict(message, "a Messages API response").get("content") or ()
     calls = []
     for raw in blocks if not isinstance(blocks, str) else ():
-        block = as_dict(raw, "a content block")
+        block = _common.as_dict(raw, "a content block")
         if block.get("type") == "tool_use":
             calls.append(
-                ToolCall(
+                _common.ToolCall(
                     id=str(block.get("id", "")),
                     name=str(block.get("name", "")),
                     arguments=block.get("input"),
@@ -51,7 +53,7 @@ def tool_calls(message: object) -> list[ToolCall]:
 
 
 def tool_result_blocks(
-    calls: Sequence[ToolCall], results: Sequence[ToolResult]
+    calls: Sequence[_common.ToolCall], results: Sequence[ToolResult]
 ) -> list[dict[str, Any]]:
     """One ``tool_result`` block per call, with ``is_error`` set on failures."""
     blocks = []
@@ -67,7 +69,9 @@ def tool_result_blocks(
     return blocks
 
 
-def tool_result_message(calls: Sequence[ToolCall], results: Sequence[ToolResult]) -> dict[str, Any]:
+def tool_result_message(
+    calls: Sequence[_common.ToolCall], results: Sequence[ToolResult]
+) -> dict[str, Any]:
     """The user message that answers every call: its content is the ``tool_result`` blocks."""
     return {"role": "user", "content": tool_result_blocks(calls, results)}
 
@@ -75,10 +79,10 @@ def tool_result_message(calls: Sequence[ToolCall], results: Sequence[ToolResult]
 def run_tool_calls(turn: Turn, message: object) -> dict[str, Any]:
     """Run every ``tool_use`` block of a response; return the user message of results."""
     calls = tool_calls(message)
-    return tool_result_message(calls, run_calls(turn, calls))
+    return tool_result_message(calls, _common.run_calls(turn, calls))
 
 
 async def arun_tool_calls(turn: Turn, message: object) -> dict[str, Any]:
     """Async twin of ``run_tool_calls``: the calls run concurrently with ``acall``."""
     calls = tool_calls(message)
-    return tool_result_message(calls, await arun_calls(turn, calls))
+    return tool_result_message(calls, await _common.arun_calls(turn, calls))

@@ -17,12 +17,14 @@ The calls of one response run concurrently in the turn (``arun_*`` with
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections import abc
 from typing import TYPE_CHECKING, Any
 
-from ._common import ToolCall, arun_calls, as_dict, run_calls
+from . import _common
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
     from ..executor import Turn
     from ..results import ToolResult
 
@@ -41,24 +43,24 @@ __all__ = [
 # -- Chat Completions -----------------------------------------------------------------------
 
 
-def chat_tool_calls(response: object) -> list[ToolCall]:
+def chat_tool_calls(response: object) -> list[_common.ToolCall]:
     """The tool calls in a Chat Completions response or its assistant message, in order.
 
     Accepts the whole response (its first choice is read) or the ``message``.
     """
-    data = as_dict(response, "a Chat Completions response or message")
+    data = _common.as_dict(response, "a Chat Completions response or message")
     if "choices" in data:
         choices = data["choices"] or [{}]
-        data = as_dict(choices[0].get("message") or {}, "choices[0].message")
+        data = _common.as_dict(choices[0].get("message") or {}, "choices[0].message")
     calls = []
     for item in data.get("tool_calls") or ():
-        call = as_dict(item, "a tool call")
+        call = _common.as_dict(item, "a tool call")
         kind = call.get("type", "function")
         body: Mapping[str, Any] = call.get(kind) or call.get("function") or {}
         # Custom (free-form) tools carry "input" text; function tools carry "arguments".
         arguments = body.get("arguments", body.get("input"))
         calls.append(
-            ToolCall(
+            _common.ToolCall(
                 id=str(call.get("id", "")), name=str(body.get("name", "")), arguments=arguments
             )
         )
@@ -66,7 +68,7 @@ def chat_tool_calls(response: object) -> list[ToolCall]:
 
 
 def chat_tool_messages(
-    calls: Sequence[ToolCall], results: Sequence[ToolResult]
+    calls: Sequence[_common.ToolCall], results: Sequence[ToolResult]
 ) -> list[dict[str, Any]]:
     """One ``{"role": "tool"}`` message per call, answering it by ``tool_call_id``.
 
@@ -82,31 +84,31 @@ def chat_tool_messages(
 def run_chat_tool_calls(turn: Turn, response: object) -> list[dict[str, Any]]:
     """Run every tool call of a Chat Completions response; return the tool messages."""
     calls = chat_tool_calls(response)
-    return chat_tool_messages(calls, run_calls(turn, calls))
+    return chat_tool_messages(calls, _common.run_calls(turn, calls))
 
 
 async def arun_chat_tool_calls(turn: Turn, response: object) -> list[dict[str, Any]]:
     """Async twin of ``run_chat_tool_calls``: the calls run concurrently with ``acall``."""
     calls = chat_tool_calls(response)
-    return chat_tool_messages(calls, await arun_calls(turn, calls))
+    return chat_tool_messages(calls, await _common.arun_calls(turn, calls))
 
 
 # -- Responses ------------------------------------------------------------------------------
 
 
-def responses_tool_calls(response: object) -> list[ToolCall]:
+def responses_tool_calls(response: object) -> list[_common.ToolCall]:
     """The ``function_call`` items of a Responses API response (or its ``output`` list)."""
-    if isinstance(response, Sequence) and not isinstance(response, (str, bytes)):
+    if isinstance(response, abc.Sequence) and not isinstance(response, (str, bytes)):
         items: Sequence[Any] = response
     else:
-        items = as_dict(response, "a Responses API response").get("output") or ()
+        items = _common.as_dict(response, "a Responses API response").get("output") or ()
     calls = []
     for raw in items:
-        item = as_dict(raw, "an output item")
+        item = _common.as_dict(raw, "an output item")
         if item.get("type") in ("function_call", "custom_tool_call"):
             arguments = item.get("arguments", item.get("input"))
             calls.append(
-                ToolCall(
+                _common.ToolCall(
                     id=str(item.get("call_id", "")),
                     name=str(item.get("name", "")),
                     arguments=arguments,
@@ -116,7 +118,7 @@ def responses_tool_calls(response: object) -> list[ToolCall]:
 
 
 def responses_tool_outputs(
-    calls: Sequence[ToolCall], results: Sequence[ToolResult]
+    calls: Sequence[_common.ToolCall], results: Sequence[ToolResult]
 ) -> list[dict[str, Any]]:
     """One ``function_call_output`` input item per call, answering it by ``call_id``."""
     return [
@@ -128,10 +130,10 @@ def responses_tool_outputs(
 def run_responses_tool_calls(turn: Turn, response: object) -> list[dict[str, Any]]:
     """Run every function call of a Responses API response; return the output items."""
     calls = responses_tool_calls(response)
-    return responses_tool_outputs(calls, run_calls(turn, calls))
+    return responses_tool_outputs(calls, _common.run_calls(turn, calls))
 
 
 async def arun_responses_tool_calls(turn: Turn, response: object) -> list[dict[str, Any]]:
     """Async twin of ``run_responses_tool_calls``: the calls run concurrently with ``acall``."""
     calls = responses_tool_calls(response)
-    return responses_tool_outputs(calls, await arun_calls(turn, calls))
+    return responses_tool_outputs(calls, await _common.arun_calls(turn, calls))

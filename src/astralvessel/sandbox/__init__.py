@@ -17,6 +17,10 @@ from ._base import RunOutcome as RunOutcome
 from ._base import RunRequest as RunRequest
 from ._base import Sandbox as Sandbox
 from ._base import SandboxSession as SandboxSession
+from ._discovery import all_backends as all_backends
+from ._discovery import backend_names as backend_names
+from ._discovery import best_available as best_available
+from ._discovery import get_backend as get_backend
 from ._policy import AGENT_DIR as AGENT_DIR
 from ._policy import OUTBOX_DIR as OUTBOX_DIR
 from ._policy import WORKSPACE_DIR as WORKSPACE_DIR
@@ -40,8 +44,6 @@ _LAZY = {
 
 __all__ = [
     "AGENT_DIR",
-    "OUTBOX_DIR",
-    "WORKSPACE_DIR",
     "BackendReport",
     "Bubblewrap",
     "Channel",
@@ -50,6 +52,7 @@ __all__ = [
     "Limits",
     "Mount",
     "Nsjail",
+    "OUTBOX_DIR",
     "OutboxFile",
     "Policy",
     "Promise",
@@ -58,6 +61,11 @@ __all__ = [
     "Sandbox",
     "SandboxSession",
     "Unconfined",
+    "WORKSPACE_DIR",
+    "all_backends",
+    "backend_names",
+    "best_available",
+    "get_backend",
 ]
 
 

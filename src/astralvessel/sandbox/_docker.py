@@ -21,9 +21,12 @@ import struct
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
+
+import attrs
 
 from ..errors import BackendUnavailableError, PromiseNotEnforcedError, SandboxError
 from ._base import BackendReport, FileOutcome, RunOutcome, RunRequest, Sandbox, SandboxSession
@@ -55,8 +58,10 @@ MIN_PYTHON = (3, 8)
 _STDERR_TAIL = 16 * 1024
 _FALLBACK_NOTE = (
     "the image has no usable python3 (3.8+), so each call is one `docker exec` with the same "
-    "limits; calls of one turn run one at a time and file tools are unavailable"
+    "limits; calls of one turn run one at a time and the file tools are unavailable"
 )
+#: What a fallback call's result says about how it ran.
+FALLBACK_METADATA = {"docker_mode": "exec-per-call", "docker_note": _FALLBACK_NOTE}
 
 
 def _import_docker() -> Any:
@@ -251,6 +256,8 @@ class Docker(Sandbox):
                         "(or Podman's Docker-compatible socket) or set DOCKER_HOST"
                     ) from None
                 self._client = client
+                # Close the engine connections when this backend is collected, not at interpreter exit.
+                weakref.finalize(self, client.close)
             return self._client.api
 
     def _engine(self) -> str:
@@ -543,6 +550,16 @@ class Docker(Sandbox):
     def _start_fallback(self, policy: Policy, image_id: str, arch: Any) -> SandboxSession:
         from . import _seccomp  # noqa: PLC0415
 
+        if Promise.PROCESS_ISOLATION not in policy.relaxed:
+            # Every exec joins the container's PID namespace, where its idle first process
+            # is visible (not signalable: it is another uid). Fail closed unless the host accepts that.
+            raise PromiseNotEnforcedError(
+                self.name,
+                Promise.PROCESS_ISOLATION.value,
+                f"{_FALLBACK_NOTE}, and every call can see the container's idle first process. "
+                "Use an image with python3 3.8+ to run the sandbox server",
+            )
+
         profile = (
             _seccomp.to_docker_profile("calls", arch)
             if arch
@@ -602,8 +619,17 @@ class ExecSession(SandboxSession):
         self._outbox_root = Path(tempfile.mkdtemp(prefix="astralvessel-docker-outbox-"))
 
     def _exec(self, argv: list[str], *, user: str) -> tuple[int | None, bytes]:
+        """Run a short helper command in the container and return its exit code and stdout."""
         exec_id = self._api.exec_create(self.container_id, argv, user=user, workdir="/")["Id"]
-        output = self._api.exec_start(exec_id)
+        attached = self._api.exec_start(exec_id, socket=True)
+        sock = _raw_socket(attached)
+        output = bytearray()
+        try:
+            for kind, payload in _frames(sock):
+                if kind == 1:
+                    output += payload
+        finally:
+            _close_attached(attached)
         return self._api.exec_inspect(exec_id).get("ExitCode"), bytes(output)
 
     def prepare(self) -> None:
@@ -687,10 +713,7 @@ class ExecSession(SandboxSession):
                 kept += payload[:index]
                 kept_chars += _protocol.count_chars(payload[:index])
                 dropped += _protocol.count_chars(payload[index:])
-        with contextlib.suppress(Exception):
-            attached.close()
-        with contextlib.suppress(Exception):
-            sock.close()
+        _close_attached(attached)
         self._kill_calls()
         exit_code: int | None = None
         with contextlib.suppress(Exception):
@@ -698,6 +721,10 @@ class ExecSession(SandboxSession):
         if timed_out:
             exit_code = None
         files = self._collect_outbox()
+        extra: dict[str, Any] = {}
+        if "metadata" in attrs.fields_dict(RunOutcome):
+            # The result says it ran in the fallback, where the outcome type can carry that.
+            extra["metadata"] = dict(FALLBACK_METADATA)
         return RunOutcome(
             output=kept.decode("utf-8", "replace"),
             exit_code=exit_code,
@@ -705,6 +732,7 @@ class ExecSession(SandboxSession):
             dropped_chars=dropped,
             files=files,
             duration=time.monotonic() - started,
+            **extra,
         )
 
     def _collect_outbox(self) -> tuple[Any, ...]:
@@ -761,6 +789,35 @@ class ExecSession(SandboxSession):
         import shutil  # noqa: PLC0415
 
         shutil.rmtree(self._outbox_root, ignore_errors=True)
+
+
+def _frames(sock: Any) -> Iterator[tuple[int, bytes]]:
+    """The engine's multiplexed frames (stream number, payload) until end of stream."""
+    pending = bytearray()
+    while True:
+        while len(pending) >= 8:
+            kind, length = struct.unpack_from(">BxxxI", pending)
+            if len(pending) < 8 + length:
+                break
+            payload = bytes(pending[8 : 8 + length])
+            del pending[: 8 + length]
+            yield kind, payload
+        try:
+            chunk = sock.recv(65536)
+        except OSError:
+            return
+        if not chunk:
+            return
+        pending += chunk
+
+
+def _close_attached(attached: Any) -> None:
+    """Close an attach or exec stream: the SDK's wrapper and the socket under it."""
+    sock = _raw_socket(attached)
+    with contextlib.suppress(Exception):
+        attached.close()
+    with contextlib.suppress(Exception):
+        sock.close()
 
 
 def _owner() -> str:

@@ -66,7 +66,7 @@ class Promise(enum.Enum):
 
 
 _PROMISE_SUMMARIES = {
-    Promise.NO_NETWORK: "no network: no interface but an unconfigured loopback",
+    Promise.NO_NETWORK: "no network: only the sandbox's own loopback, with no routes out",
     Promise.PROCESS_ISOLATION: "cannot see or signal any process but its own",
     Promise.NO_UNIX_SOCKETS: "socket(AF_UNIX) refused: no socket files",
     Promise.NO_IPC: "no SysV or POSIX shared memory, message queues or semaphores",

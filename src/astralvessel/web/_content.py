@@ -143,7 +143,7 @@ class BodyCollector:
             self._keep(data)
             return
         try:
-            while data and not self.full:
+            while data and self._size < self.limit:
                 out = self._inflater.decompress(data, self.limit - self._size + 1)
                 self._keep(out)
                 data = self._inflater.unconsumed_tail

@@ -223,6 +223,10 @@ def _refuse(why: str) -> EgressError:
     return EgressError(f"refused: {why}; {RULE}.")
 
 
+def _to_rules(value: Iterable[AllowRule]) -> tuple[AllowRule, ...]:
+    return tuple(value)
+
+
 @attrs.frozen(kw_only=True)
 class EgressPolicy:
     """Decides which URLs and addresses the web tools may reach.
@@ -233,7 +237,7 @@ class EgressPolicy:
     address and port checks for matching addresses and nothing else.
     """
 
-    allow: tuple[AllowRule, ...] = attrs.field(default=(), converter=tuple)
+    allow: tuple[AllowRule, ...] = attrs.field(default=(), converter=_to_rules)
 
     def check_url(self, url: str) -> Target:
         """Check a URL's form; return its target, or raise `EgressError` naming the rule."""

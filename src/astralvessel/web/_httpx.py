@@ -24,7 +24,7 @@ __all__ = ["HttpxTransport"]
 
 def _import_httpx() -> object:
     try:
-        import httpx  # noqa: PLC0415 - optional dependency, imported on first use
+        import httpx  # optional dependency, imported on first use
     except ImportError:
         raise ImportError(
             "HttpxTransport needs httpx: install astralvessel[httpx] (or pip install httpx)"
@@ -52,13 +52,13 @@ class HttpxTransport:
         return url, headers, extensions
 
     def _timeout(self, request: HttpRequest) -> httpx.Timeout:
-        import httpx  # noqa: PLC0415
+        import httpx
 
         return httpx.Timeout(request.remaining())
 
     def send(self, request: HttpRequest) -> HttpResponse:
         """Send one request with httpx and stream the raw body."""
-        import httpx  # noqa: PLC0415
+        import httpx
 
         url, headers, extensions = self._build(request)
         client = httpx.Client(verify=self._verify, trust_env=False, follow_redirects=False)
@@ -102,7 +102,7 @@ class HttpxTransport:
 
     async def asend(self, request: HttpRequest) -> AsyncHttpResponse:
         """Send one request with httpx's async client and stream the raw body."""
-        import httpx  # noqa: PLC0415
+        import httpx
 
         url, headers, extensions = self._build(request)
         client = httpx.AsyncClient(verify=self._verify, trust_env=False, follow_redirects=False)

@@ -461,7 +461,7 @@ class LocalIndexProvider:
             except sqlite3.Error as error:
                 raise SearchError(f"the local index failed ({error})") from None
         return [
-            SearchHit(title=title, url=self._link(path), snippet=snippet)
+            SearchHit(title=title, url=self._link(path), snippet=snippet.strip())
             for path, title, snippet in rows
         ]
 

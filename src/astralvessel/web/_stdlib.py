@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import socket
 import ssl
 import sys
@@ -100,13 +99,11 @@ class StdlibTransport:
             )
             await _afill_head(stream, reader, request)
         except BaseException:
-            writer.close()
+            _abort(writer)
             raise
 
         async def aclose() -> None:
-            writer.close()
-            with contextlib.suppress(OSError, asyncio.TimeoutError):
-                await asyncio.wait_for(writer.wait_closed(), 1.0)
+            _abort(writer)
 
         head = reader.head
         if head is None:  # pragma: no cover - _afill_head returns only with a head
@@ -180,7 +177,7 @@ class ProxyTransport(StdlibTransport):
                 raise TransportError("the proxy's CONNECT answer is too large") from None
             _check_connect_answer(head)
         except BaseException:
-            writer.close()
+            _abort(writer)
             raise
         return stream, writer
 
@@ -208,6 +205,12 @@ async def _afill_head(
             reader.feed_eof()
             raise TransportError("the server closed the connection without answering")
         reader.feed(data)
+
+
+def _abort(writer: asyncio.StreamWriter) -> None:
+    # One exchange, then done: drop the connection at once. A polite TLS close would need
+    # the event loop to keep running, and it may be gone before the peer answers.
+    writer.transport.abort()
 
 
 def _check_connect_answer(head: bytes) -> None:

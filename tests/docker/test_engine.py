@@ -1,0 +1,329 @@
+"""The Docker backend on a real engine: turns, images, fallback, cleanup and failures."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from astralvessel.errors import BackendUnavailableError, PromiseNotEnforcedError, SandboxError
+from astralvessel.sandbox import Policy, Promise, RunRequest
+from astralvessel.sandbox._docker import Docker
+from astralvessel.sandbox._docker_spec import LABEL_TURN
+
+from .conftest import BASE_IMAGE, NOPYTHON_IMAGE, SMALL_LIMITS
+
+
+def _run(session, *argv: str, timeout: float = 20.0, stdin: bytes = b""):
+    return session.run(RunRequest(argv=argv, stdin=stdin, timeout=timeout, output_chars=20000))
+
+
+def _exists(api, container_id: str) -> bool:
+    import docker  # noqa: PLC0415
+
+    try:
+        api.inspect_container(container_id)
+    except docker.errors.NotFound:
+        return False
+    return True
+
+
+def test_call_runs_in_the_container(turn):
+    """A call runs inside the turn's container, as uid 65534, with the image's ripgrep."""
+    outcome = _run(turn, "/bin/sh", "-c", "id -u; rg --version | head -n1; cat /etc/debian_version")
+    lines = outcome.output.splitlines()
+    assert outcome.exit_code == 0, outcome.output
+    assert lines[0] == "65534"
+    assert lines[1].startswith("ripgrep")
+
+
+def test_each_call_is_a_request_to_the_server(turn, docker_api):
+    """Calls go to the server in the container, not through docker exec: the engine records no exec."""
+    for _ in range(3):
+        assert _run(turn, "true").exit_code == 0
+    assert not docker_api.inspect_container(turn.container_id).get("ExecIDs")
+
+
+def test_container_is_removed_when_the_turn_ends(backend, small_policy, docker_api):
+    """Closing the turn removes its container."""
+    session = backend.start(small_policy)
+    container_id = session.container_id
+    assert _exists(docker_api, container_id)
+    session.close()
+    assert not _exists(docker_api, container_id)
+
+
+def test_container_settings_reach_the_engine(turn, docker_api):
+    """The engine holds the turn's lockdown: no network, read-only root, no capabilities, labels."""
+    info = docker_api.inspect_container(turn.container_id)
+    host = info["HostConfig"]
+    assert host["NetworkMode"] == "none"
+    assert host["ReadonlyRootfs"] is True
+    assert host["CapDrop"] == ["ALL"]
+    assert info["Config"]["User"] == "65534:65534"
+    assert info["Config"]["Labels"][LABEL_TURN] == "1"
+
+
+def test_file_tools_show_the_images_files(backend, agent_with_dockerfile, docker_api):
+    """read shows a file that exists only in the image the agent's Dockerfile built, as commands see it."""
+    session = backend.start(Policy(agent_dir=agent_with_dockerfile, limits=SMALL_LIMITS))
+    try:
+        marker = (agent_with_dockerfile / "sandbox" / "marker.txt").read_text().strip()
+        read = session.file_tool("read", {"path": "/usr/share/vessel-marker.txt"}, timeout=10)
+        assert not read.is_error, read.text
+        assert marker in read.text
+        assert _run(session, "cat", "/usr/share/vessel-marker.txt").output.strip() == marker
+        assert not Path("/usr/share/vessel-marker.txt").exists()
+    finally:
+        session.close()
+
+
+def test_dockerfile_is_built_once_and_cached(backend, agent_with_dockerfile, docker_api):
+    """The agent's Dockerfile is built once; a second turn reuses the image tagged by its content hash."""
+    policy = Policy(agent_dir=agent_with_dockerfile, limits=SMALL_LIMITS)
+    first = backend._turn_image(policy)
+    created = docker_api.inspect_image(first)["Created"]
+    # A fresh backend (no in-process memory) finds the same image by its tag.
+    again = Docker(base_image=BASE_IMAGE, pull=False)._turn_image(policy)
+    assert again == first
+    assert docker_api.inspect_image(again)["Created"] == created
+    # Changing the build context makes a new image.
+    (agent_with_dockerfile / "sandbox" / "marker.txt").write_text("changed\n")
+    assert backend._turn_image(policy) != first
+
+
+def test_broken_dockerfile_shows_the_build_output(backend, agent_with_dockerfile):
+    """A Dockerfile that fails to build raises a clear error that includes the build's output."""
+    (agent_with_dockerfile / "sandbox" / "Dockerfile").write_text(
+        "ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\nRUN echo building-the-broken-step && exit 3\n"
+    )
+    with pytest.raises(BackendUnavailableError) as caught:
+        backend.start(Policy(agent_dir=agent_with_dockerfile, limits=SMALL_LIMITS))
+    message = str(caught.value)
+    assert "cannot build the sandbox image" in message
+    assert "Dockerfile" in message
+    assert "building-the-broken-step" in message
+
+
+def test_missing_image_is_a_clear_error(docker_api):
+    """An image that is neither on the engine nor pullable names itself and how to get it."""
+    backend = Docker(base_image="astralvessel-test/does-not-exist:1", pull=False)
+    with pytest.raises(BackendUnavailableError, match="does-not-exist"):
+        backend.start(Policy())
+
+
+def test_leftovers_of_a_killed_host_are_removed(docker_api, tmp_path):
+    """A host process killed mid-turn leaves a labelled container that the next start removes."""
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        from astralvessel.sandbox import Policy
+        from astralvessel.sandbox._docker import Docker
+        session = Docker(base_image={BASE_IMAGE!r}, pull=False).start(Policy())
+        print(session.container_id, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    container_id = done.stdout.strip()
+    assert container_id, done.stderr
+    assert _exists(docker_api, container_id)
+    removed = Docker(base_image=BASE_IMAGE, pull=False).sweep()
+    assert removed >= 1
+    assert not _exists(docker_api, container_id)
+
+
+def test_killed_host_stops_its_server(docker_api):
+    """When the host process dies, the server reads end of input and its container stops by itself."""
+    script = textwrap.dedent(
+        f"""
+        import os, signal
+        from astralvessel.sandbox import Policy
+        from astralvessel.sandbox._docker import Docker
+        session = Docker(base_image={BASE_IMAGE!r}, pull=False).start(Policy())
+        print(session.container_id, flush=True)
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    container_id = done.stdout.strip()
+    try:
+        status = docker_api.wait(container_id, timeout=30)
+        assert "StatusCode" in status
+    finally:
+        docker_api.remove_container(container_id, force=True)
+
+
+def test_dead_container_is_a_clear_error(turn, docker_api):
+    """A turn whose container was killed reports a SandboxError saying so, instead of hanging."""
+    docker_api.kill(turn.container_id)
+    with pytest.raises(SandboxError, match="container exited"):
+        _run(turn, "sleep", "60", timeout=60)
+
+
+class _EngineProxy:
+    """A unix-socket relay to the real engine that can be cut, as an engine going away is."""
+
+    def __init__(self, path: Path, engine: str = "/var/run/docker.sock") -> None:
+        self.path = path
+        self.engine = engine
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind(str(path))
+        self.listener.listen(16)
+        self.sockets: list[socket.socket] = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            upstream.connect(self.engine)
+            with self.lock:
+                self.sockets += [client, upstream]
+            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, target: socket.socket) -> None:
+        try:
+            while chunk := source.recv(65536):
+                target.sendall(chunk)
+        except OSError:
+            pass
+        try:
+            target.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        # Each socket is the source of exactly one pump, which closes it.
+        source.close()
+
+    def cut(self) -> None:
+        """Drop every connection and stop listening."""
+        self.listener.close()
+        with self.lock:
+            for sock in self.sockets:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+
+def test_engine_going_away_mid_turn_is_a_clear_error(docker_api, tmp_path):
+    """If the engine connection is lost mid-turn, the running call fails with a SandboxError, not a hang."""
+    proxy = _EngineProxy(tmp_path / "engine.sock")
+    backend = Docker(base_image=BASE_IMAGE, pull=False, base_url=f"unix://{proxy.path}")
+    session = backend.start(Policy())
+    container_id = session.container_id
+    try:
+        assert _run(session, "echo", "up").output.strip() == "up"
+        threading.Timer(0.5, proxy.cut).start()
+        started = time.monotonic()
+        with pytest.raises(SandboxError, match="engine|server"):
+            _run(session, "sleep", "60", timeout=60)
+        assert time.monotonic() - started < 50
+    finally:
+        session.close()
+        docker_api.remove_container(container_id, force=True)
+        backend._client.close()
+
+
+def test_image_without_python_falls_back_to_exec(docker_api):
+    """An image without Python runs each call as a docker exec, with the policy's exact environment."""
+    backend = Docker(image=NOPYTHON_IMAGE, pull=False)
+    session = backend.start(Policy(limits=SMALL_LIMITS).relax(Promise.PROCESS_ISOLATION))
+    try:
+        assert session.docker_mode == "exec"
+        outcome = _run(session, "/bin/sh", "-c", "id -u; env | sort; echo to-stderr >&2; exit 3")
+        assert outcome.exit_code == 3
+        lines = outcome.output.splitlines()
+        assert lines[0] == "65534"
+        names = {line.split("=", 1)[0] for line in lines[1:-1]}
+        assert names - {"PWD"} == set(Policy().environment)
+        assert lines[-1] == "to-stderr"
+        file_outcome = session.file_tool("read", {"path": "/etc/hostname"}, timeout=5)
+        assert file_outcome.is_error
+        assert "python3" in file_outcome.text
+    finally:
+        session.close()
+
+
+def test_fallback_kills_leftovers_and_times_out(docker_api):
+    """In the fallback a timed-out call is killed, and a background process does not outlive its call."""
+    backend = Docker(image=NOPYTHON_IMAGE, pull=False)
+    session = backend.start(Policy(limits=SMALL_LIMITS).relax(Promise.PROCESS_ISOLATION))
+    try:
+        assert _run(session, "/bin/sh", "-c", "sleep 300 & echo started").output.strip() == "started"
+        outcome = _run(session, "sleep", "300", timeout=1.0)
+        assert outcome.timed_out
+        processes = docker_api.top(session.container_id)["Processes"] or []
+        assert not [p for p in processes if "sleep" in " ".join(p)]
+        assert _run(session, "/bin/sh", "-c", "echo hi > $VESSEL_OUTBOX/out.txt").files[0].name == "out.txt"
+    finally:
+        session.close()
+
+
+def test_fallback_fails_closed_without_relaxing(docker_api):
+    """The fallback refuses to start unless the host relaxed process isolation, and says why."""
+    backend = Docker(image=NOPYTHON_IMAGE, pull=False)
+    with pytest.raises(PromiseNotEnforcedError, match="python3"):
+        backend.start(Policy())
+
+
+def test_probe_reports_every_promise(backend):
+    """doctor's report: available, every promise enforced, the server mode and the engine."""
+    report = backend.probe()
+    assert report.available, report.reason
+    assert report.enforced == frozenset(Promise)
+    assert "sandbox server" in report.details["mode"]
+    assert "API" in report.details["engine"]
+
+
+def test_probe_says_so_for_the_fallback(docker_api):
+    """doctor says when an image forces the exec fallback, and which promise that costs."""
+    report = Docker(image=NOPYTHON_IMAGE, pull=False).probe()
+    assert report.available, report.reason
+    assert "fallback" in report.details["mode"]
+    assert Promise.PROCESS_ISOLATION in report.unenforced
+
+
+def test_no_engine_is_a_clear_error(tmp_path):
+    """With no engine at the address, start says so and how to fix it."""
+    backend = Docker(base_url=f"unix://{tmp_path / 'nothing.sock'}")
+    with pytest.raises(BackendUnavailableError, match="no Docker engine answers"):
+        backend.start(Policy())
+    assert not backend.probe().available
+
+
+def test_calls_of_a_turn_run_concurrently(turn):
+    """Two calls of one turn run at the same time in the server (neither waits for the other)."""
+    results: list[str] = []
+
+    def call(name: str) -> None:
+        results.append(_run(turn, "/bin/sh", "-c", f"sleep 1; echo {name}").output.strip())
+
+    threads = [threading.Thread(target=call, args=(n,)) for n in ("a", "b")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(results) == ["a", "b"]
+
+
+def test_host_environment_does_not_leak(turn, monkeypatch):
+    """A variable of the host process never reaches a call."""
+    os.environ["VESSEL_HOST_ONLY"] = "secret"
+    try:
+        assert "VESSEL_HOST_ONLY" not in _run(turn, "env").output
+    finally:
+        del os.environ["VESSEL_HOST_ONLY"]

@@ -1,0 +1,168 @@
+"""The Docker backend's pure decisions: container settings, commands, labels, digests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from astralvessel.sandbox import Limits, Mount, Policy
+from astralvessel.sandbox._docker_spec import (
+    CALL_UID,
+    LABEL_OWNER,
+    LABEL_TURN,
+    VIEW_ROOT,
+    container_spec,
+    context_digest,
+    exec_argv,
+    is_leftover,
+    owner_label,
+    parse_owner,
+    server_argv,
+    view_binds,
+)
+
+PROFILE = {"defaultAction": "SCMP_ACT_ALLOW", "syscalls": []}
+
+
+def _spec(policy: Policy, *, server: bool = True):
+    return container_spec(
+        policy, image="img", command=["python3", "-c", "x"], seccomp_profile=PROFILE,
+        labels={LABEL_TURN: "1"}, server=server,
+    )  # fmt: skip
+
+
+def test_container_is_locked_down():
+    """No network, read-only root, no capabilities, no_new_privs, no IPC, no logs."""
+    config = _spec(Policy()).host_config
+    assert config["network_mode"] == "none"
+    assert config["read_only"] is True
+    assert config["cap_drop"] == ["ALL"]
+    assert "no-new-privileges" in config["security_opt"]
+    assert config["ipc_mode"] == "none"
+    assert config["log_config"] == {"Type": "none", "Config": {}}
+
+
+def test_seccomp_profile_is_passed_inline():
+    """The compiled Docker profile travels as the seccomp security option's JSON."""
+    options = _spec(Policy()).host_config["security_opt"]
+    (seccomp,) = [o for o in options if o.startswith("seccomp=")]
+    assert json.loads(seccomp.removeprefix("seccomp=")) == PROFILE
+
+
+def test_limits_become_engine_limits():
+    """open_files and disk_mb become nofile and fsize ulimits; processes and memory cgroup limits."""
+    limits = Limits(disk_mb=16, memory_mb=256, processes=48, open_files=256)
+    config = _spec(Policy(limits=limits)).host_config
+    ulimits = {u["Name"]: (u["Soft"], u["Hard"]) for u in config["ulimits"]}
+    assert ulimits["nofile"] == (256, 256)
+    assert ulimits["fsize"] == (16 << 20, 16 << 20)
+    assert config["pids_limit"] > 48
+    # The workspace tmpfs is charged to the container, so memory covers both.
+    assert config["mem_limit"] >= (256 + 16) << 20
+    assert config["memswap_limit"] == config["mem_limit"]
+
+
+def test_workspace_is_a_sized_tmpfs_owned_by_the_call_user():
+    """The workspace is a tmpfs of exactly the disk limit, owned by uid 65534."""
+    tmpfs = _spec(Policy(limits=Limits(disk_mb=16))).host_config["tmpfs"]
+    options = tmpfs["/workspace"].split(",")
+    assert f"size={16 << 20}" in options
+    assert f"uid={CALL_UID}" in options
+
+
+def test_agent_and_mounts_are_bound_read_only(tmp_path: Path):
+    """/agent and data mounts are read-only binds; a writable mount stays writable."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "out").mkdir()
+    policy = Policy(
+        agent_dir=tmp_path,
+        workdir="/data",
+        mounts=(Mount.from_pair("/data", tmp_path / "data"), Mount.from_pair("/out", tmp_path / "out", writable=True)),
+    )
+    binds = _spec(policy).host_config["binds"]
+    assert f"{tmp_path}:/agent:ro" in binds
+    assert f"{tmp_path / 'data'}:/data:ro" in binds
+    assert f"{tmp_path / 'out'}:/out:rw" in binds
+
+
+def test_unmounted_workdir_is_an_empty_read_only_tmpfs():
+    """A workdir no mount covers still exists, empty and read-only."""
+    tmpfs = _spec(Policy(workdir="/data")).host_config["tmpfs"]
+    assert tmpfs["/data"].startswith("ro,")
+
+
+def test_server_mode_runs_as_nobody_with_its_view_root():
+    """The server's container runs as 65534 and keeps no /proc masks, so calls can mount their own /proc."""
+    spec = _spec(Policy())
+    assert spec.user == f"{CALL_UID}:{CALL_UID}"
+    assert VIEW_ROOT in spec.host_config["tmpfs"]
+    assert not any(p.startswith("/proc") for p in spec.host_config_extra["MaskedPaths"])
+    assert spec.host_config_extra["ReadonlyPaths"] == []
+
+
+def test_fallback_mode_keeps_dockers_masks():
+    """The exec fallback's idle process is a capability-less root; Docker's default masks stay."""
+    spec = _spec(Policy(), server=False)
+    assert spec.user == "0:0"
+    assert spec.host_config_extra == {}
+
+
+def test_environment_is_the_policy_environment():
+    """The container's environment is exactly the policy's."""
+    assert dict(_spec(Policy()).environment) == dict(Policy().environment)
+
+
+def test_server_argv_runs_the_bootstrap_first():
+    """The server's -c code is wrapped: user namespace and view first, the server's code after."""
+    argv = server_argv(["python3", "-I", "-c", "print('server')", "42"], Policy())
+    assert argv[:3] == ["python3", "-I", "-c"]
+    assert argv[4] == "42"
+    code = argv[3]
+    assert code.index("_astralvessel_view(") < code.index("print('server')")
+    compile(code, "<test>", "exec")
+
+
+def test_view_binds_are_parents_first(tmp_path: Path):
+    """The turn's binds are ordered so a parent is mounted before anything inside it."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    policy = Policy(
+        workdir="/data",
+        mounts=(Mount.from_pair("/data/inner", tmp_path / "a"), Mount.from_pair("/data", tmp_path / "b")),
+    )
+    assert view_binds(policy) == ["/data", "/workspace", "/data/inner"]
+
+
+def test_exec_argv_clears_the_environment():
+    """The fallback's exec starts from an empty environment plus exactly the policy's."""
+    argv = exec_argv(Policy(), ["echo", "hi"])
+    assert argv[:2] == ["env", "-i"]
+    assert argv[-2:] == ["echo", "hi"]
+    assigned = [a for a in argv if "=" in a and not a.startswith("exec")]
+    assert sorted(a.split("=")[0] for a in assigned) == sorted(Policy().environment)
+
+
+def test_owner_label_round_trips():
+    """An owner label parses back into host, pid and start time, even with colons in the host."""
+    assert parse_owner(owner_label("host:with:colons", 42, "777")) == ("host:with:colons", 42, "777")
+    assert parse_owner("nonsense") is None
+
+
+def test_leftover_only_when_owner_is_dead_on_this_host():
+    """A container is a leftover when its owner on this host is gone or its pid was reused."""
+    labels = {LABEL_TURN: "1", LABEL_OWNER: owner_label("here", 10, "100")}
+    assert is_leftover(labels, "here", lambda pid: None)
+    assert is_leftover(labels, "here", lambda pid: "999")
+    assert not is_leftover(labels, "here", lambda pid: "100")
+    assert not is_leftover(labels, "elsewhere", lambda pid: None)
+    assert not is_leftover({LABEL_OWNER: labels[LABEL_OWNER]}, "here", lambda pid: None)
+
+
+def test_context_digest_follows_content():
+    """The build cache key changes with any file, mode, the Dockerfile's name or the base image."""
+    files = [("Dockerfile", 0o644, b"FROM x\n"), ("a.txt", 0o644, b"a")]
+    base = context_digest(files, dockerfile="Dockerfile", base_image_id="sha256:1")
+    assert base == context_digest(list(reversed(files)), dockerfile="Dockerfile", base_image_id="sha256:1")
+    assert base != context_digest([*files[:1], ("a.txt", 0o644, b"b")], dockerfile="Dockerfile", base_image_id="sha256:1")
+    assert base != context_digest([*files[:1], ("a.txt", 0o755, b"a")], dockerfile="Dockerfile", base_image_id="sha256:1")
+    assert base != context_digest(files, dockerfile="Dockerfile", base_image_id="sha256:2")
