@@ -45,7 +45,9 @@ def test_tutorial_command(command: str) -> None:
     assert done.returncode == expected, done.stdout + done.stderr
 
 
-def test_tutorial_python(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_tutorial_python(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """The tutorial's embedding example runs and prints what its comment says."""
     monkeypatch.chdir(ROOT)
     (code,) = blocks("python")

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
+from ._pytools import ToolError as ToolError
 from .agent import Agent as Agent
 from .agent import Service as Service
-from ._pytools import ToolError as ToolError
 from .errors import AstralVesselError as AstralVesselError
 from .errors import BackendUnavailableError as BackendUnavailableError
 from .errors import ConfigError as ConfigError

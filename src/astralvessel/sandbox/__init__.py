@@ -44,6 +44,8 @@ _LAZY = {
 
 __all__ = [
     "AGENT_DIR",
+    "OUTBOX_DIR",
+    "WORKSPACE_DIR",
     "BackendReport",
     "Bubblewrap",
     "Channel",
@@ -52,7 +54,6 @@ __all__ = [
     "Limits",
     "Mount",
     "Nsjail",
-    "OUTBOX_DIR",
     "OutboxFile",
     "Policy",
     "Promise",
@@ -61,7 +62,6 @@ __all__ = [
     "Sandbox",
     "SandboxSession",
     "Unconfined",
-    "WORKSPACE_DIR",
     "all_backends",
     "backend_names",
     "best_available",

@@ -166,7 +166,7 @@ class Policy:
     relaxed: frozenset[Promise] = attrs.field(default=frozenset(), converter=_promise_set)
 
     def relax(self, *promises: Promise | str) -> Policy:
-        """Return a copy that no longer requires ``promises``: an explicit, audited choice of the host."""
+        """A copy that no longer requires ``promises``: the host's explicit, audited choice."""
         return attrs.evolve(self, relaxed=self.relaxed | _promise_set(promises))
 
     @property
