@@ -16,6 +16,7 @@ TEST_DEPS = [
     "pytest-timeout>=2.3",
     "cryptography>=42",
     "html2text>=2024.2.26",
+    "urllib3>=2",
 ]
 
 

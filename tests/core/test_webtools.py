@@ -73,8 +73,10 @@ def test_webfetch_refuses_loopback_by_default(server: str) -> None:
 
 def test_websearch_with_a_local_index() -> None:
     """A deployment's search provider answers websearch, fenced like webfetch."""
-    provider = LocalIndexProvider(SAMPLE / "species")
-    with web_executor(searcher=provider).turn() as turn:
+    with (
+        LocalIndexProvider(SAMPLE / "species") as provider,
+        web_executor(searcher=provider).turn() as turn,
+    ):
         result = turn.call("websearch", {"query": "spraints", "max_results": 3})
     assert not result.is_error, result.text
     assert "otter" in result.text.lower()

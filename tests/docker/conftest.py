@@ -25,17 +25,17 @@ SMALL_LIMITS = Limits(disk_mb=16, memory_mb=256, processes=48, open_files=256)
 @pytest.fixture(scope="session")
 def docker_api() -> object:
     """A low-level client of the local engine; fails loudly if none answers."""
-    import docker  # noqa: PLC0415
+    import docker
 
     client = docker.from_env(version="auto")
     try:
         client.ping()
-    except Exception as exc:  # noqa: BLE001 - turn any engine failure into a clear test failure
+    except Exception as exc:
         pytest.fail(f"no Docker engine answers ({exc}); run .ci/docker-up.sh", pytrace=False)
     for image in (BASE_IMAGE, NOPYTHON_IMAGE):
         try:
             client.api.inspect_image(image)
-        except Exception:  # noqa: BLE001
+        except Exception:
             pytest.fail(f"test image {image} is missing; run .ci/build-images.sh", pytrace=False)
     yield client.api
     client.close()

@@ -77,7 +77,10 @@ def test_agent_and_mounts_are_bound_read_only(tmp_path: Path):
     policy = Policy(
         agent_dir=tmp_path,
         workdir="/data",
-        mounts=(Mount.from_pair("/data", tmp_path / "data"), Mount.from_pair("/out", tmp_path / "out", writable=True)),
+        mounts=(
+            Mount.from_pair("/data", tmp_path / "data"),
+            Mount.from_pair("/out", tmp_path / "out", writable=True),
+        ),
     )
     binds = _spec(policy).host_config["binds"]
     assert f"{tmp_path}:/agent:ro" in binds
@@ -128,7 +131,10 @@ def test_view_binds_are_parents_first(tmp_path: Path):
     (tmp_path / "b").mkdir()
     policy = Policy(
         workdir="/data",
-        mounts=(Mount.from_pair("/data/inner", tmp_path / "a"), Mount.from_pair("/data", tmp_path / "b")),
+        mounts=(
+            Mount.from_pair("/data/inner", tmp_path / "a"),
+            Mount.from_pair("/data", tmp_path / "b"),
+        ),
     )
     assert view_binds(policy) == ["/data", "/workspace", "/data/inner"]
 
@@ -144,7 +150,11 @@ def test_exec_argv_clears_the_environment():
 
 def test_owner_label_round_trips():
     """An owner label parses back into host, pid and start time, even with colons in the host."""
-    assert parse_owner(owner_label("host:with:colons", 42, "777")) == ("host:with:colons", 42, "777")
+    assert parse_owner(owner_label("host:with:colons", 42, "777")) == (
+        "host:with:colons",
+        42,
+        "777",
+    )
     assert parse_owner("nonsense") is None
 
 
@@ -162,7 +172,13 @@ def test_context_digest_follows_content():
     """The build cache key changes with any file, mode, the Dockerfile's name or the base image."""
     files = [("Dockerfile", 0o644, b"FROM x\n"), ("a.txt", 0o644, b"a")]
     base = context_digest(files, dockerfile="Dockerfile", base_image_id="sha256:1")
-    assert base == context_digest(list(reversed(files)), dockerfile="Dockerfile", base_image_id="sha256:1")
-    assert base != context_digest([*files[:1], ("a.txt", 0o644, b"b")], dockerfile="Dockerfile", base_image_id="sha256:1")
-    assert base != context_digest([*files[:1], ("a.txt", 0o755, b"a")], dockerfile="Dockerfile", base_image_id="sha256:1")
+    assert base == context_digest(
+        list(reversed(files)), dockerfile="Dockerfile", base_image_id="sha256:1"
+    )
+    assert base != context_digest(
+        [*files[:1], ("a.txt", 0o644, b"b")], dockerfile="Dockerfile", base_image_id="sha256:1"
+    )
+    assert base != context_digest(
+        [*files[:1], ("a.txt", 0o755, b"a")], dockerfile="Dockerfile", base_image_id="sha256:1"
+    )
     assert base != context_digest(files, dockerfile="Dockerfile", base_image_id="sha256:2")

@@ -17,6 +17,7 @@ from astralvessel.sandbox._policy import Limits, Policy
 from astralvessel.sandbox._seccomp import CALLS, available_arch, compile_bpf
 from astralvessel.sandbox._session import PipeChannel, ServerSession, server_command
 
+SYSTEM_PYTHON = "/usr/bin/python3"
 NOBODY = 65534
 
 

@@ -141,3 +141,23 @@ def test_invisible_characters_are_removed() -> None:
     """Zero-width and Unicode tag characters are removed from the text."""
     assert "\u200b" not in fence("s", "a\u200bb\U000e0041c")
     assert "abc" in fence("s", "a\u200bb\U000e0041c")
+
+
+def test_markup_oddities_read_as_a_browser_would() -> None:
+    """Comments, doctypes, quoted '>' in attributes, lone '<' and script text are handled."""
+    html = (
+        "<!DOCTYPE html><!-- <p>not shown</p> --><p title='a > b'>one < two</p>"
+        "<script>if (a < b) { document.write('</p>secret') }</script><?xml x?>three"
+    )
+    assert html_to_text(html) == "one < two\n\nthree"
+
+
+def test_unterminated_script_hides_the_rest() -> None:
+    """A script that never closes swallows the rest of the page, as in a browser."""
+    assert html_to_text("<p>shown</p><script>never closed <p>hidden") == "shown"
+
+
+def test_hostile_list_nesting_keeps_output_small() -> None:
+    """Ten thousand nested lists cannot multiply the output through indentation."""
+    text = html_to_text("<ul><li>x" * 10_000)
+    assert len(text) < 10_000 * 24

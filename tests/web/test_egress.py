@@ -223,3 +223,9 @@ def test_allow_rule_parse_rejects_nonsense() -> None:
     """A malformed allow rule is a host error that says how to write one."""
     with pytest.raises(ValueError, match="write a network such as"):
         AllowRule.parse("not a network")
+
+
+def test_non_ascii_path_is_percent_encoded() -> None:
+    """A path with non-ASCII characters is sent percent-encoded as UTF-8."""
+    target = EgressPolicy().check_url(" https://de.example/wiki/Fischotter_ü?q=Äsche ")
+    assert target.request_target == "/wiki/Fischotter_%C3%BC?q=%C3%84sche"

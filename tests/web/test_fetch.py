@@ -374,3 +374,13 @@ async def test_sync_only_transport_serves_afetch(http_server: Server) -> None:
     result = await fetcher.afetch(f"http://{HOST}:{http_server.port}/page")
     assert not result.is_error, result.text
     assert [r.address for r in spy.requests] == ["127.0.0.1"]
+
+
+async def test_non_ascii_url_reaches_the_server(
+    fetch: Fetch, base: str, http_server: Server, https_server: Server
+) -> None:
+    """A URL with characters outside Latin-1 is fetched, not crashed on."""
+    result = await fetch(f"{base}/выдра")
+    assert not result.is_error, result.text
+    seen = [p for p, _ in http_server.requests + https_server.requests]
+    assert "/%D0%B2%D1%8B%D0%B4%D1%80%D0%B0" in seen

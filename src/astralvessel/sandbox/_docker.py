@@ -14,19 +14,27 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import gc
 import os
 import platform
 import socket
 import struct
+import sys
 import tempfile
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
 import attrs
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 from ..errors import BackendUnavailableError, PromiseNotEnforcedError, SandboxError
 from ._base import BackendReport, FileOutcome, RunOutcome, RunRequest, Sandbox, SandboxSession
@@ -66,7 +74,7 @@ FALLBACK_METADATA = {"docker_mode": "exec-per-call", "docker_note": _FALLBACK_NO
 
 def _import_docker() -> Any:
     try:
-        import docker  # noqa: PLC0415 - an optional extra, imported only when used
+        import docker
     except ImportError:
         raise BackendUnavailableError(
             "the docker backend needs the Docker SDK: pip install 'astralvessel[docker]'"
@@ -172,7 +180,7 @@ class AttachChannel:
     def _exit_status(self) -> str:
         try:
             state = self._api.inspect_container(self._id)["State"]
-        except Exception as exc:  # noqa: BLE001 - the engine itself may be what went away
+        except Exception as exc:
             return f"the Docker engine ({self._engine}) did not answer: {exc}"
         if state.get("Running"):
             return "the container was still running"
@@ -243,22 +251,33 @@ class Docker(Sandbox):
     def _api(self) -> Any:
         with self._lock:
             if self._client is None:
-                docker = _import_docker()
-                try:
-                    if self.base_url is not None:
-                        client = docker.DockerClient(base_url=self.base_url, version="auto")
-                    else:
-                        client = _client_from_context(docker)
-                    client.ping()
-                except Exception as exc:
-                    raise BackendUnavailableError(
-                        f"docker cannot start: no Docker engine answers ({exc}); start dockerd "
-                        "(or Podman's Docker-compatible socket) or set DOCKER_HOST"
-                    ) from None
-                self._client = client
-                # Close the engine connections when this backend is collected, not at interpreter exit.
-                weakref.finalize(self, client.close)
+                self._client = self._connect()
+                # Close the engine connections when this backend is collected, not at exit.
+                weakref.finalize(self, self._client.close)
             return self._client.api
+
+    def _connect(self) -> Any:
+        docker = _import_docker()
+        failure = ""
+        try:
+            if self.base_url is not None:
+                client = docker.DockerClient(base_url=self.base_url, version="auto")
+            else:
+                client = _client_from_context(docker)
+            client.ping()
+        except Exception as exc:
+            failure = str(exc)
+        else:
+            return client
+        # The SDK drops the socket of a refused connection without closing it; with the
+        # exception (and its frames) gone, reap it now, quietly, not at a later collection.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            gc.collect()
+        raise BackendUnavailableError(
+            f"docker cannot start: no Docker engine answers ({failure}); start dockerd "
+            "(or Podman's Docker-compatible socket) or set DOCKER_HOST"
+        )
 
     def _engine(self) -> str:
         try:
@@ -348,7 +367,7 @@ class Docker(Sandbox):
         )
 
     def _has_python(self, image_id: str) -> bool:
-        """Whether ``image_id`` runs ``python3`` 3.8+ (checked once per image, in a throwaway container)."""
+        """Whether ``image_id`` runs ``python3`` 3.8+ (checked once per image, in a throwaway)."""
         with self._lock:
             known = self._python_ok.get(image_id)
         if known is not None:
@@ -368,12 +387,12 @@ class Docker(Sandbox):
             with contextlib.suppress(Exception):
                 api.start(container)
             status = api.wait(container, timeout=self.start_timeout).get("StatusCode", 1)
-        except Exception:  # noqa: BLE001 - "no such file" fails the start; any failure means no Python
+        except Exception:
             status = 1
         finally:
             with contextlib.suppress(Exception):
                 api.remove_container(container, force=True)
-        ok = status == 0
+        ok = bool(status == 0)
         with self._lock:
             self._python_ok[image_id] = ok
         return ok
@@ -381,7 +400,7 @@ class Docker(Sandbox):
     # -- leftovers -----------------------------------------------------------------
 
     def sweep(self) -> int:
-        """Remove containers of turns whose host process died (killed hosts leave them). Returns how many."""
+        """Remove containers of turns whose host process died; return how many were removed."""
         api = self._api()
         hostname = socket.gethostname()
         removed = 0
@@ -410,17 +429,20 @@ class Docker(Sandbox):
             version = api.version()
         except BackendUnavailableError as exc:
             return BackendReport(name=self.name, available=False, reason=str(exc))
-        except Exception as exc:  # noqa: BLE001 - probe never raises, it reports
+        except Exception as exc:
             return BackendReport(name=self.name, available=False, reason=f"probing failed: {exc}")
         details = {
-            "engine": f"{version.get('Version', '?')} (API {version.get('ApiVersion', '?')}) at {api.base_url}",
+            "engine": (
+                f"{version.get('Version', '?')} (API {version.get('ApiVersion', '?')}) "
+                f"at {api.base_url}"
+            ),
             "image": self.image or self.base_image,
             "user": f"uid {CALL_UID} in a user namespace of its own, no capabilities",
         }
         policy = Policy()
         try:
             session = self.start(policy.relax(*Promise))
-        except Exception as exc:  # noqa: BLE001 - probe never raises, it reports
+        except Exception as exc:
             return BackendReport(
                 name=self.name,
                 available=False,
@@ -446,18 +468,17 @@ class Docker(Sandbox):
 
     def start(self, policy: Policy) -> SandboxSession:
         """Start one turn's container with the server in it; fail closed on any promise not kept."""
-        from . import _seccomp  # noqa: PLC0415 - only a started turn needs it
+        from . import _seccomp
 
         self._api()
         self._sweep_once()
         arch = _seccomp.available_arch()
-        if arch is None:
-            if Promise.SECCOMP not in policy.relaxed:
-                raise PromiseNotEnforcedError(
-                    self.name,
-                    Promise.SECCOMP.value,
-                    f"no seccomp filter is built for {platform.machine()}",
-                )
+        if arch is None and Promise.SECCOMP not in policy.relaxed:
+            raise PromiseNotEnforcedError(
+                self.name,
+                Promise.SECCOMP.value,
+                f"no seccomp filter is built for {platform.machine()}",
+            )
         image_id = self._turn_image(policy)
         if self._has_python(image_id):
             return self._start_server(policy, image_id, arch)
@@ -512,8 +533,8 @@ class Docker(Sandbox):
         return channel
 
     def _start_server(self, policy: Policy, image_id: str, arch: Any) -> SandboxSession:
-        from . import _seccomp  # noqa: PLC0415
-        from ._session import ServerSession, server_command  # noqa: PLC0415
+        from . import _seccomp
+        from ._session import ServerSession, server_command
 
         profile = (
             _seccomp.to_docker_profile("server", arch)
@@ -548,11 +569,11 @@ class Docker(Sandbox):
         return session
 
     def _start_fallback(self, policy: Policy, image_id: str, arch: Any) -> SandboxSession:
-        from . import _seccomp  # noqa: PLC0415
+        from . import _seccomp
 
         if Promise.PROCESS_ISOLATION not in policy.relaxed:
             # Every exec joins the container's PID namespace, where its idle first process
-            # is visible (not signalable: it is another uid). Fail closed unless the host accepts that.
+            # is visible (not signalable: another uid). Fail closed unless the host accepts that.
             raise PromiseNotEnforcedError(
                 self.name,
                 Promise.PROCESS_ISOLATION.value,
@@ -588,7 +609,7 @@ class Docker(Sandbox):
 
 def session_unenforced(session: SandboxSession) -> Mapping[Promise, str]:
     """The promises a started Docker session does not keep, each with why."""
-    from ._session import unenforced_promises  # noqa: PLC0415
+    from ._session import unenforced_promises
 
     if isinstance(session, ExecSession):
         return {Promise.PROCESS_ISOLATION: "fallback mode: " + _FALLBACK_NOTE}
@@ -639,7 +660,8 @@ class ExecSession(SandboxSession):
         )
         if code != 0:
             raise SandboxError(
-                f"the docker fallback container cannot prepare its workspace: {out.decode(errors='replace')}"
+                "the docker fallback container cannot prepare its workspace: "
+                + out.decode(errors="replace")
             )
 
     def _kill_calls(self) -> None:
@@ -657,13 +679,12 @@ class ExecSession(SandboxSession):
     def _run_locked(self, request: RunRequest) -> RunOutcome:
         api = self._api
         started = time.monotonic()
-        cwd = request.cwd or str(self.policy.workdir)
         try:
             exec_id = api.exec_create(
                 self.container_id,
                 exec_argv(self.policy, request.argv),
                 user=f"{CALL_UID}:{CALL_UID}",
-                workdir=cwd,
+                workdir=request.cwd or str(self.policy.workdir),
                 stdin=True,
             )["Id"]
             attached = api.exec_start(exec_id, socket=True)
@@ -671,72 +692,53 @@ class ExecSession(SandboxSession):
             raise SandboxError(
                 f"docker exec failed: {exc}; {self._channel.describe_exit()}"
             ) from None
-        sock = _raw_socket(attached)
-        timed_out = False
-        kept = bytearray()
-        dropped = 0
-        kept_chars = 0
-        from .server import _protocol  # noqa: PLC0415
-
-        def writer() -> None:
-            with contextlib.suppress(OSError):
-                sock.sendall(request.stdin)
-                sock.shutdown(socket.SHUT_WR)
-
-        threading.Thread(target=writer, daemon=True).start()
-        deadline = started + request.timeout
-        pending = bytearray()
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                timed_out = True
-                self._kill_calls()
-                break
-            sock.settimeout(remaining)
-            try:
-                chunk = sock.recv(65536)
-            except (TimeoutError, socket.timeout):
-                continue
-            except OSError:
-                break
-            if not chunk:
-                break
-            pending += chunk
-            while len(pending) >= 8:
-                length = struct.unpack_from(">I", pending, 4)[0]
-                if len(pending) < 8 + length:
-                    break
-                payload = bytes(pending[8 : 8 + length])
-                del pending[: 8 + length]
-                room = request.output_chars - kept_chars
-                index = _protocol.split_chars(payload, room) if room > 0 else 0
-                kept += payload[:index]
-                kept_chars += _protocol.count_chars(payload[:index])
-                dropped += _protocol.count_chars(payload[index:])
-        _close_attached(attached)
+        try:
+            output, timed_out = self._stream(
+                _raw_socket(attached), request, started + request.timeout
+            )
+        finally:
+            _close_attached(attached)
         self._kill_calls()
-        exit_code: int | None = None
-        with contextlib.suppress(Exception):
-            exit_code = api.exec_inspect(exec_id).get("ExitCode")
-        if timed_out:
-            exit_code = None
-        files = self._collect_outbox()
+        try:
+            exit_code = None if timed_out else api.exec_inspect(exec_id).get("ExitCode")
+        except Exception as exc:
+            raise SandboxError(
+                f"the docker engine lost the call ({exc}); {self._channel.describe_exit()}"
+            ) from None
         extra: dict[str, Any] = {}
         if "metadata" in attrs.fields_dict(RunOutcome):
             # The result says it ran in the fallback, where the outcome type can carry that.
             extra["metadata"] = dict(FALLBACK_METADATA)
         return RunOutcome(
-            output=kept.decode("utf-8", "replace"),
+            output=output.text,
             exit_code=exit_code,
             timed_out=timed_out,
-            dropped_chars=dropped,
-            files=files,
+            dropped_chars=output.dropped,
+            files=self._collect_outbox(),
             duration=time.monotonic() - started,
             **extra,
         )
 
+    def _stream(self, sock: Any, request: RunRequest, deadline: float) -> tuple[_Output, bool]:
+        """Feed stdin, collect bounded output until the exec ends or the deadline passes."""
+
+        def feed() -> None:
+            with contextlib.suppress(OSError):
+                sock.sendall(request.stdin)
+                sock.shutdown(socket.SHUT_WR)
+
+        threading.Thread(target=feed, daemon=True).start()
+        output = _Output(request.output_chars)
+        frames = _frames(sock, deadline=deadline)
+        for kind, payload in frames:
+            if kind == _TIMED_OUT:
+                self._kill_calls()
+                return output, True
+            output.add(payload)
+        return output, False
+
     def _collect_outbox(self) -> tuple[Any, ...]:
-        from ._base import OutboxFile  # noqa: PLC0415
+        from ._base import OutboxFile
 
         outbox = str(self.policy.environment["VESSEL_OUTBOX"])
         code, listing = self._exec(
@@ -786,13 +788,17 @@ class ExecSession(SandboxSession):
         """Remove the container and the host's outbox copies. Never raises."""
         self._closed = True
         self._channel.close()
-        import shutil  # noqa: PLC0415
+        import shutil
 
         shutil.rmtree(self._outbox_root, ignore_errors=True)
 
 
-def _frames(sock: Any) -> Iterator[tuple[int, bytes]]:
-    """The engine's multiplexed frames (stream number, payload) until end of stream."""
+#: A pseudo stream number ``_frames`` yields when its deadline passes.
+_TIMED_OUT = -1
+
+
+def _frames(sock: Any, *, deadline: float | None = None) -> Iterator[tuple[int, bytes]]:
+    """The engine's multiplexed frames (stream number, payload) until end of stream or deadline."""
     pending = bytearray()
     while True:
         while len(pending) >= 8:
@@ -802,13 +808,45 @@ def _frames(sock: Any) -> Iterator[tuple[int, bytes]]:
             payload = bytes(pending[8 : 8 + length])
             del pending[: 8 + length]
             yield kind, payload
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                yield _TIMED_OUT, b""
+                return
+            sock.settimeout(remaining)
         try:
             chunk = sock.recv(65536)
+        except TimeoutError:
+            continue
         except OSError:
             return
         if not chunk:
             return
         pending += chunk
+
+
+class _Output:
+    """A call's combined output, kept up to ``limit`` characters and counted beyond."""
+
+    def __init__(self, limit: int) -> None:
+        from .server import _protocol
+
+        self._protocol = _protocol
+        self.limit = limit
+        self.kept = bytearray()
+        self.kept_chars = 0
+        self.dropped = 0
+
+    def add(self, payload: bytes) -> None:
+        room = self.limit - self.kept_chars
+        index = self._protocol.split_chars(payload, room) if room > 0 else 0
+        self.kept += payload[:index]
+        self.kept_chars += self._protocol.count_chars(payload[:index])
+        self.dropped += self._protocol.count_chars(payload[index:])
+
+    @property
+    def text(self) -> str:
+        return self.kept.decode("utf-8", "replace")
 
 
 def _close_attached(attached: Any) -> None:
@@ -830,7 +868,7 @@ def _client_from_context(docker: Any) -> Any:
     if os.environ.get("DOCKER_HOST"):
         return docker.from_env(version="auto")
     with contextlib.suppress(Exception):
-        from docker.context import ContextAPI  # noqa: PLC0415
+        from docker.context import ContextAPI
 
         context = ContextAPI.get_current_context()
         if context is not None and context.name != "default" and context.Host:
@@ -857,8 +895,7 @@ def _sdk_host_config(values: Mapping[str, object]) -> dict[str, object]:
     """Turn the spec's plain values into the SDK's argument types."""
     docker = _import_docker()
     out = dict(values)
-    ulimits = out.pop("ulimits", [])
-    assert isinstance(ulimits, list)
+    ulimits: Any = out.pop("ulimits", [])
     out["ulimits"] = [
         docker.types.Ulimit(name=u["Name"], soft=u["Soft"], hard=u["Hard"]) for u in ulimits
     ]
@@ -884,10 +921,6 @@ def _context_files(context: Path) -> list[tuple[str, int, bytes]]:
 
 def agent_dockerfile(agent_dir: Path) -> Path | None:
     """The agent's ``[sandbox] dockerfile``, resolved inside its folder, if it names one."""
-    try:
-        import tomllib  # noqa: PLC0415
-    except ImportError:  # pragma: no cover - Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]  # noqa: PLC0415
     try:
         data = tomllib.loads((agent_dir / "vessel.toml").read_text(encoding="utf-8"))
     except (OSError, ValueError):

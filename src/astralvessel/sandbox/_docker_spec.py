@@ -147,7 +147,7 @@ class ContainerSpec:
     """One turn's container, as the engine's create-container settings."""
 
     image: str
-    command: tuple[str, ...] = attrs.field(converter=tuple)
+    command: tuple[str, ...]
     user: str
     environment: Mapping[str, str]
     working_dir: str
@@ -325,7 +325,7 @@ def is_leftover(
 def context_digest(
     files: Iterable[tuple[str, int, bytes]], *, dockerfile: str, base_image_id: str
 ) -> str:
-    """Hash a build context (relative path, mode, content), the Dockerfile's path and the base image."""
+    """Hash a build context (each file's path, mode, content), the Dockerfile and base image."""
     digest = hashlib.sha256()
     digest.update(f"dockerfile\0{dockerfile}\0base\0{base_image_id}\0".encode())
     for path, mode, content in sorted(files):

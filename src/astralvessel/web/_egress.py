@@ -15,7 +15,7 @@ import re
 import socket
 from collections.abc import Iterable, Sequence
 from typing import Protocol
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import attrs
 
@@ -92,6 +92,7 @@ _CANONICAL_V4 = re.compile(
     r"^(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])(\.(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])){3}$"
 )
 _FORBIDDEN_URL_CHARS = re.compile(r"[\x00-\x20\x7f\\]")
+_NON_ASCII = re.compile(r"[^\x00-\x7f]+")
 
 
 def classify_address(address: IPAddress) -> str | None:  # noqa: PLR0911 - one verdict per rule
@@ -241,6 +242,7 @@ class EgressPolicy:
 
     def check_url(self, url: str) -> Target:
         """Check a URL's form; return its target, or raise `EgressError` naming the rule."""
+        url = url.strip()
         if len(url) > 8192:
             raise _refuse("the URL is longer than 8192 characters")
         if _FORBIDDEN_URL_CHARS.search(url):
@@ -274,6 +276,8 @@ class EgressPolicy:
             raise _refuse(f"port {port} is not allowed")
         host, literal = self._canonical_host(raw_host)
         request_target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        # Non-ASCII characters in a path or query go on the wire percent-encoded as UTF-8.
+        request_target = _NON_ASCII.sub(lambda m: quote(m.group(0)), request_target)
         return Target(
             url=url,
             scheme=scheme,

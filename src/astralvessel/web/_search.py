@@ -391,6 +391,12 @@ class LocalIndexProvider:
             self._db.execute("CREATE TABLE IF NOT EXISTS files (path TEXT PRIMARY KEY, stamp TEXT)")
         self._signature: str | None = None
 
+    def __enter__(self) -> LocalIndexProvider:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def close(self) -> None:
         """Close the index database."""
         self._db.close()
