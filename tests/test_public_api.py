@@ -20,11 +20,14 @@ PUBLIC_MODULES = [
 
 
 @pytest.mark.parametrize("module_name", PUBLIC_MODULES)
-def test_all_is_sorted_and_complete(module_name: str) -> None:
-    """__all__ is sorted, and every public attribute defined there is listed."""
+def test_all_is_complete(module_name: str) -> None:
+    """__all__ has no repeats, and every public attribute defined there is listed.
+
+    (Its order is ruff's RUF022 isort-style order, checked by the lint session.)
+    """
     module = importlib.import_module(module_name)
     exported = list(module.__all__)
-    assert exported == sorted(exported)
+    assert len(exported) == len(set(exported))
     for name in exported:
         assert getattr(module, name) is not None
     public = {

@@ -155,5 +155,10 @@ def run_search(args: argparse.Namespace) -> int:
     except (ValueError, _HostError) as error:
         sys.stderr.write(f"astralvessel search: {error}\n")
         return EXIT_HOST_ERROR
-    result = Searcher(provider).search(args.query, args.max_results)
+    try:
+        result = Searcher(provider).search(args.query, args.max_results)
+    finally:
+        close = getattr(provider, "close", None)
+        if close is not None:
+            close()  # the local index holds a database open
     return _show(result, args.json)

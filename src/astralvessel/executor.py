@@ -255,7 +255,7 @@ class Turn:
             tool=spec.name,
             backend=self.executor.sandbox.name,
             policy_id=self.executor.policy.identity,
-            metadata=dict(getattr(outcome, "metadata", {}) or {}),
+            metadata=dict(outcome.metadata),
         )
 
     # built-ins: read/glob/list are served by the sandbox server; grep and bash are

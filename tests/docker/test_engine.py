@@ -255,6 +255,7 @@ def test_image_without_python_falls_back_to_exec(docker_api):
         assert session.docker_mode == "exec"
         outcome = _run(session, "/bin/sh", "-c", "id -u; env | sort; echo to-stderr >&2; exit 3")
         assert outcome.exit_code == 3
+        assert outcome.metadata["docker_mode"] == "exec-per-call"
         lines = outcome.output.splitlines()
         assert lines[0] == "65534"
         names = {line.split("=", 1)[0] for line in lines[1:-1]}

@@ -82,6 +82,8 @@ class RunOutcome:
     dropped_chars: int = 0
     files: tuple[OutboxFile, ...] = ()
     duration: float = 0.0
+    #: Backend notes for the host (never shown to the model), such as a fallback taken.
+    metadata: Mapping[str, str] = attrs.field(factory=dict)
 
 
 @attrs.frozen(kw_only=True)

@@ -279,12 +279,6 @@ class Docker(Sandbox):
             "(or Podman's Docker-compatible socket) or set DOCKER_HOST"
         )
 
-    def _engine(self) -> str:
-        try:
-            return str(self._api().base_url)
-        except BackendUnavailableError:
-            return "unknown engine"
-
     # -- images -------------------------------------------------------------------
 
     def _ensure_image(self, name: str) -> str:
@@ -705,10 +699,6 @@ class ExecSession(SandboxSession):
             raise SandboxError(
                 f"the docker engine lost the call ({exc}); {self._channel.describe_exit()}"
             ) from None
-        extra: dict[str, Any] = {}
-        if "metadata" in attrs.fields_dict(RunOutcome):
-            # The result says it ran in the fallback, where the outcome type can carry that.
-            extra["metadata"] = dict(FALLBACK_METADATA)
         return RunOutcome(
             output=output.text,
             exit_code=exit_code,
@@ -716,7 +706,8 @@ class ExecSession(SandboxSession):
             dropped_chars=output.dropped,
             files=self._collect_outbox(),
             duration=time.monotonic() - started,
-            **extra,
+            # The host learns the call ran in the fallback; the model never sees this.
+            metadata=dict(FALLBACK_METADATA),
         )
 
     def _stream(self, sock: Any, request: RunRequest, deadline: float) -> tuple[_Output, bool]:

@@ -263,6 +263,10 @@ def _run_init(
     """
     status_fd = fds["status"]
     try:
+        # A session of its own, inherited by the command: a call's killpg(0) then reaches
+        # only this init (which ignores it) and the call's own tree, never the intermediate
+        # or the server's group (in Docker the server shares the calls' uid).
+        os.setsid()
         os.close(fds["alive_w"])
         prctl(PR_SET_PDEATHSIG, 9)
         # If the intermediate died before PDEATHSIG was armed, its end of this pipe is closed.
@@ -334,9 +338,6 @@ def spawn(plan: LaunchPlan, argv: list[str], cwd: str, env: dict[str, str]) -> S
             _child_signals()
             fds = {"stdin": in_r, "output": out_w, "status": st_w}
             if namespaces:
-                # A session of its own: a call's killpg(0) then reaches only its own tree,
-                # never the server's group (in Docker the server shares the calls' uid).
-                os.setsid()
                 _run_intermediate(plan, argv, cwd, env, fds, server)
             else:
                 os.setpgid(0, 0)
