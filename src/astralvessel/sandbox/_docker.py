@@ -29,8 +29,6 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-import attrs
-
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
