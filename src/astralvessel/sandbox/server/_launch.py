@@ -10,6 +10,14 @@ kernel then kills everything left in the namespace, which is how a daemon or a
 double fork is gone when the call returns. The command is not pid 1 itself, so
 signals and orphan reaping behave as the program expects.
 
+Those three forks are the expensive part of a call, and none of them depends
+on the request. So ``prepare`` builds the whole chain ahead of time (a *spare*):
+the command process wires its pipes and then blocks reading its request (argv
+and working directory) from a control pipe; only after reading it does it
+confine itself and exec, exactly as an on-demand call would. ``start`` writes
+the request. The server keeps one spare ready, so a call's critical path is a
+pipe write and an exec.
+
 Unconfined (or confined without namespaces, where the host allowed it), the
 command runs as the leader of a new process group that the server kills.
 
@@ -21,13 +29,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import resource
 import signal
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["LaunchPlan", "Spawned", "exit_code_of", "probe", "spawn"]
+__all__ = ["LaunchPlan", "Spawned", "exit_code_of", "prepare", "probe", "spawn", "start"]
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWPID = 0x20000000
@@ -118,15 +127,28 @@ class LaunchPlan:
 
 
 class Spawned:
-    """What the server keeps of a started call: the child to reap and the pipes to it."""
+    """What the server keeps of a call (or a spare): the child to reap and the pipes to it."""
 
-    def __init__(self, pid: int, output: int, stdin: int, status: int, group: bool) -> None:
+    def __init__(  # noqa: PLR0917 - plain record of descriptors
+        self, pid: int, output: int, stdin: int, status: int, group: bool, control: int = -1
+    ) -> None:
         self.pid = pid
         self.output = output
         self.stdin = stdin
         self.status = status
         #: True when ``pid`` leads a process group to kill (no PID namespace).
         self.group = group
+        #: Write end of a prepared command's request pipe; -1 once the request is sent.
+        self.control = control
+
+    def close(self) -> None:
+        """Close every descriptor the server still holds for this child."""
+        for name in ("output", "stdin", "status", "control"):
+            fd = getattr(self, name)
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+                setattr(self, name, -1)
 
 
 def close_fds_except(keep: set[int]) -> None:
@@ -212,6 +234,35 @@ def _confine_self(plan: LaunchPlan) -> None:
         plan.install_seccomp(plan.seccomp)
 
 
+def _wire_command(stdin: int, output: int) -> None:
+    """Reset signals and put the call's pipes on 0, 1 and 2 (none of it needs the request)."""
+    _child_signals()
+    # A write past RLIMIT_FSIZE then fails with EFBIG, as on a full disk, instead of killing.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    os.dup2(stdin, 0)
+    os.dup2(output, 1)
+    os.dup2(output, 2)
+    for fd in (stdin, output):
+        if fd > 2:
+            os.close(fd)
+
+
+def _confine_and_exec(plan: LaunchPlan, argv: list[str], cwd: str, env: dict[str, str]) -> int:
+    """Confine this process, enter ``cwd`` and exec; return the exit code if that fails."""
+    if plan.confine:
+        _confine_self(plan)
+    try:
+        os.chdir(cwd)
+    except OSError as exc:
+        _write_all(2, f"astralvessel: cannot enter {cwd}: {exc.strerror}\n".encode())
+        return EXIT_CANNOT_EXECUTE
+    try:
+        os.execvpe(argv[0], argv, env)  # noqa: S606 - argv, never a shell line
+    except OSError as exc:
+        _write_all(2, f"astralvessel: cannot run {argv[0]!r}: {exc.strerror}\n".encode())
+        return EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_CANNOT_EXECUTE
+
+
 def _exec_command(  # noqa: PLR0917 - the child gets everything as plain values
     plan: LaunchPlan,
     argv: list[str],
@@ -224,39 +275,48 @@ def _exec_command(  # noqa: PLR0917 - the child gets everything as plain values
     """Become the call's command: wire the pipes, confine, chdir, exec. Never returns."""
     code = EXIT_SETUP_FAILED
     try:
-        _child_signals()
-        # A write past RLIMIT_FSIZE then fails with EFBIG, as on a full disk, instead of killing.
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        os.dup2(stdin, 0)
-        os.dup2(output, 1)
-        os.dup2(output, 2)
-        for fd in (stdin, output):
-            if fd > 2:
-                os.close(fd)
-        if plan.confine:
-            _confine_self(plan)
-        try:
-            os.chdir(cwd)
-        except OSError as exc:
-            _write_all(2, f"astralvessel: cannot enter {cwd}: {exc.strerror}\n".encode())
-            code = EXIT_CANNOT_EXECUTE
-            raise SystemExit from None
-        try:
-            os.execvpe(argv[0], argv, env)  # noqa: S606 - argv, never a shell line
-        except OSError as exc:
-            _write_all(2, f"astralvessel: cannot run {argv[0]!r}: {exc.strerror}\n".encode())
-            code = EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_CANNOT_EXECUTE
-            raise SystemExit from None
-    except SystemExit:
-        pass
+        _wire_command(stdin, output)
+        code = _confine_and_exec(plan, argv, cwd, env)
     except BaseException as exc:
         _report(status, f"E cannot confine the call: {exc}")
     os._exit(code)
 
 
-def _run_init(
-    plan: LaunchPlan, argv: list[str], cwd: str, env: dict[str, str], fds: dict[str, int]
-) -> None:
+def _read_request(control: int) -> dict[str, Any] | None:
+    """Read the whole request from the control pipe; None if the server closed it unused."""
+    chunks = []
+    while True:
+        chunk = os.read(control, 65536)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(control)
+    if not chunks:
+        return None
+    request: dict[str, Any] = json.loads(b"".join(chunks).decode("utf-8"))
+    return request
+
+
+def _await_command(plan: LaunchPlan, env: dict[str, str], fds: dict[str, int]) -> None:
+    """The prepared command: wire the pipes, wait for the request, then confine and exec.
+
+    Never returns. It stays as privileged as init until the request arrives, so a
+    spare holds no unprivileged process (RLIMIT_NPROC counts those) and every
+    confinement step runs in the same order, in the same process, as it always did.
+    """
+    code = EXIT_SETUP_FAILED
+    try:
+        _wire_command(fds["stdin"], fds["output"])
+        request = _read_request(fds["control"])
+        if request is None:
+            os._exit(0)  # a spare the server threw away
+        code = _confine_and_exec(plan, list(request["argv"]), str(request["cwd"]), env)
+    except BaseException as exc:
+        _report(fds["status"], f"E cannot confine the call: {exc}")
+    os._exit(code)
+
+
+def _run_init(plan: LaunchPlan, env: dict[str, str], fds: dict[str, int]) -> None:
     """Pid 1 of the call's namespace: mount /proc, start the command, reap, report.
 
     Never returns.
@@ -280,9 +340,9 @@ def _run_init(
             mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
         command = os.fork()
         if command == 0:
-            _exec_command(plan, argv, cwd, env, fds["stdin"], fds["output"], status_fd)
-        os.close(fds["stdin"])
-        os.close(fds["output"])
+            _await_command(plan, env, fds)
+        for name in ("stdin", "output", "control"):
+            os.close(fds[name])
         while True:
             pid, status = os.waitpid(-1, 0)
             if pid == command:
@@ -293,13 +353,8 @@ def _run_init(
     os._exit(0)
 
 
-def _run_intermediate(  # noqa: PLR0917 - the child gets everything as plain values
-    plan: LaunchPlan,
-    argv: list[str],
-    cwd: str,
-    env: dict[str, str],
-    fds: dict[str, int],
-    server: int,
+def _run_intermediate(
+    plan: LaunchPlan, env: dict[str, str], fds: dict[str, int], server: int
 ) -> None:
     """Make the namespaces, fork their pid 1, wait for it. Never returns."""
     try:
@@ -313,10 +368,10 @@ def _run_intermediate(  # noqa: PLR0917 - the child gets everything as plain val
         fds = dict(fds, alive_r=alive_r, alive_w=alive_w)
         init = os.fork()
         if init == 0:
-            _run_init(plan, argv, cwd, env, fds)
+            _run_init(plan, env, fds)
         os.close(alive_r)
-        os.close(fds["stdin"])
-        os.close(fds["output"])
+        for name in ("stdin", "output", "control"):
+            os.close(fds[name])
         _report(fds["status"], f"P{init}")
         os.waitpid(init, 0)
     except BaseException as exc:
@@ -324,34 +379,73 @@ def _run_intermediate(  # noqa: PLR0917 - the child gets everything as plain val
     os._exit(0)
 
 
-def spawn(plan: LaunchPlan, argv: list[str], cwd: str, env: dict[str, str]) -> Spawned:
-    """Start one call and return at once; the caller polls the pipes and reaps ``pid``."""
+def prepare(plan: LaunchPlan, env: dict[str, str]) -> Spawned:
+    """Build a call's namespaces and processes up to the exec, waiting for ``start``.
+
+    Only for a plan with a PID namespace. Returns at once; the chain sets itself
+    up in the background, and a request written before it is ready just waits
+    in the pipe.
+    """
     out_r, out_w = os.pipe()
     in_r, in_w = os.pipe()
     st_r, st_w = os.pipe()
+    ctl_r, ctl_w = os.pipe()
     server = os.getpid()
-    namespaces = plan.confine and plan.pid_namespace
+    pid = os.fork()
+    if pid == 0:
+        try:
+            close_fds_except({out_w, in_r, st_w, ctl_r})
+            _child_signals()
+            fds = {"stdin": in_r, "output": out_w, "status": st_w, "control": ctl_r}
+            _run_intermediate(plan, env, fds, server)
+        finally:
+            os._exit(EXIT_SETUP_FAILED)
+    for fd in (out_w, in_r, st_w, ctl_r):
+        os.close(fd)
+    for fd in (out_r, in_w, st_r):
+        os.set_blocking(fd, False)
+    return Spawned(pid, out_r, in_w, st_r, group=False, control=ctl_w)
+
+
+def start(spawned: Spawned, argv: list[str], cwd: str) -> None:
+    """Hand a prepared command its request; it then confines itself and execs.
+
+    Raises ``OSError`` (``BrokenPipeError``) if the prepared chain is gone.
+    """
+    control, spawned.control = spawned.control, -1
+    try:
+        _write_all(control, json.dumps({"argv": argv, "cwd": cwd}).encode("utf-8"))
+    finally:
+        os.close(control)
+
+
+def spawn(plan: LaunchPlan, argv: list[str], cwd: str, env: dict[str, str]) -> Spawned:
+    """Start one call now and return at once; the caller polls the pipes and reaps ``pid``."""
+    if plan.confine and plan.pid_namespace:
+        spawned = prepare(plan, env)
+        # If the chain died while setting up, its status pipe says why.
+        with contextlib.suppress(OSError):
+            start(spawned, argv, cwd)
+        return spawned
+    out_r, out_w = os.pipe()
+    in_r, in_w = os.pipe()
+    st_r, st_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
             close_fds_except({out_w, in_r, st_w})
-            _child_signals()
-            fds = {"stdin": in_r, "output": out_w, "status": st_w}
-            if namespaces:
-                _run_intermediate(plan, argv, cwd, env, fds, server)
-            else:
-                os.setpgid(0, 0)
-                # Without namespaces nothing else kills a call whose server died;
-                # this at least kills its leader.
-                prctl(PR_SET_PDEATHSIG, 9)
-                _exec_command(plan, argv, cwd, env, in_r, out_w, st_w)
+            os.setpgid(0, 0)
+            # Without namespaces nothing else kills a call whose server died;
+            # this at least kills its leader.
+            prctl(PR_SET_PDEATHSIG, 9)
+            _exec_command(plan, argv, cwd, env, in_r, out_w, st_w)
         finally:
             os._exit(EXIT_SETUP_FAILED)
     for fd in (out_w, in_r, st_w):
         os.close(fd)
     for fd in (out_r, in_w, st_r):
         os.set_blocking(fd, False)
-    return Spawned(pid, out_r, in_w, st_r, group=not namespaces)
+    return Spawned(pid, out_r, in_w, st_r, group=True)
 
 
 def probe(plan: LaunchPlan) -> dict[str, str]:

@@ -5,6 +5,12 @@ pipe and stdin pipe, the file worker's replies and a SIGCHLD wake-up pipe. A
 single thread means every fork happens in a single-threaded process, so the
 Python code that runs between fork and exec cannot deadlock on a lock another
 thread held, and frames to the host never interleave.
+
+A confining server keeps one *spare*: a call's namespaces and processes built
+ahead of time, up to the command waiting for its request (see ``_launch``).
+A call takes the spare, and the server forks the next one right away, while
+the call runs, so the forks stay off the call's critical path. A call that
+finds no spare (it died, or none could be built) prepares one on demand.
 """
 
 from __future__ import annotations
@@ -108,6 +114,8 @@ class Server:
         self.worker_decoder = _protocol.FrameDecoder()
         self.worker_queue: collections.deque[dict[str, Any]] = collections.deque()
         self.worker_busy: tuple[int, float, float] | None = None  # id, deadline, timeout
+        #: The next call's prepared namespaces (confined with a PID namespace only).
+        self.spare: _launch.Spawned | None = None
 
     # -- host I/O ------------------------------------------------------------
 
@@ -257,6 +265,7 @@ class Server:
                 "problems": problems,
             }
         )
+        self._refill_spare()
 
     @staticmethod
     def _prepare_workspace(workspace: str, outbox: str, uid: int | None, gid: int | None) -> None:
@@ -309,7 +318,10 @@ class Server:
             self.fail(call_id, "'timeout' and 'output_chars' must be numbers")
             return
         argv = [map_path(a, self.path_map) if a.startswith("/") else a for a in argv]
-        spawned = _launch.spawn(plan, argv, map_path(str(cwd), self.path_map), self.env)
+        cwd = map_path(str(cwd), self.path_map)
+        spawned = self._start_on_spare(argv, cwd)
+        if spawned is None:
+            spawned = _launch.spawn(plan, argv, cwd, self.env)
         call = Call(call_id, spawned, timeout, output_chars)
         self.calls[call_id] = call
         self.selector.register(spawned.output, selectors.EVENT_READ, self._on_output)
@@ -318,6 +330,44 @@ class Server:
             self.selector.register(spawned.stdin, selectors.EVENT_WRITE, self._on_stdin)
         else:
             self._close_stdin(call)
+        # The call is running: build the next one's namespaces now, while it runs.
+        self._refill_spare()
+
+    # -- spare -------------------------------------------------------------------
+
+    def _refill_spare(self) -> None:
+        """Prepare the next call's namespaces unless one is ready (confined with namespaces)."""
+        plan = self.plan
+        if self.spare is not None or not self.running or plan is None:
+            return
+        if plan.confine and plan.pid_namespace:
+            self.spare = _launch.prepare(plan, self.env)
+
+    def _start_on_spare(self, argv: list[str], cwd: str) -> _launch.Spawned | None:
+        """Hand the request to the spare and return it; None if there is no live spare."""
+        spare, self.spare = self.spare, None
+        if spare is None:
+            return None
+        if _has_exited(spare.pid):
+            # Killed from outside: its command might still read the request as it dies.
+            spare.close()
+            return None
+        try:
+            _launch.start(spare, argv, cwd)
+        except OSError:
+            # It died before its command read the request (its SIGCHLD is not handled yet).
+            self._discard_spare(spare)
+            return None
+        return spare
+
+    @staticmethod
+    def _discard_spare(spare: _launch.Spawned) -> None:
+        """Kill a spare's chain (its init and command go with the intermediate) and reap it."""
+        with contextlib.suppress(OSError):
+            os.kill(spare.pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(spare.pid, 0)
+        spare.close()
 
     def _call_by_fd(self, fd: int, attr: str) -> Call | None:
         for call in self.calls.values():
@@ -398,14 +448,13 @@ class Server:
             if call.output_open:
                 self._on_output(call.spawned.output, 0)
             self._maybe_finish(call)
-        worker = self.worker
-        if worker is not None:
-            try:
-                pid, _ = os.waitpid(worker.pid, os.WNOHANG)
-            except ChildProcessError:
-                pid = worker.pid
-            if pid != 0:
-                self._replace_worker("the file worker died")
+        spare = self.spare
+        if spare is not None and _has_exited(spare.pid):
+            # It could not set itself up; the next call prepares its own and reports why.
+            self.spare = None
+            spare.close()
+        if self.worker is not None and _has_exited(self.worker.pid):
+            self._replace_worker("the file worker died")
 
     def _read_status(self, call: Call) -> list[str]:
         try:
@@ -592,6 +641,9 @@ class Server:
     # -- shutdown ----------------------------------------------------------------
 
     def _stop_everything(self) -> None:
+        spare, self.spare = self.spare, None
+        if spare is not None:
+            self._discard_spare(spare)
         for call in list(self.calls.values()):
             self._kill(call)
         for call in list(self.calls.values()):
@@ -599,6 +651,15 @@ class Server:
                 os.waitpid(call.spawned.pid, 0)
         if self.worker is not None:
             self.worker.kill()
+
+
+def _has_exited(pid: int) -> bool:
+    """Reap ``pid`` if it has exited (a child that is already gone counts as exited)."""
+    try:
+        reaped, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return reaped != 0
 
 
 def _killpg(pgid: int) -> None:
