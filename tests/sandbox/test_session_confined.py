@@ -170,7 +170,9 @@ def test_missing_privilege_refuses_to_start(workspace: Path) -> None:
             f"--reuid={NOBODY}",
             f"--regid={NOBODY}",
             "--clear-groups",
-            *server_command(sys.executable),
+            # The system interpreter: a pyenv or venv one under /root is not readable
+            # by nobody (its shared libpython sits behind /root's 0700).
+            *server_command(SYSTEM_PYTHON),
         ],
         name="unprivileged-test",
     )
