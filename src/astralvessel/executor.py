@@ -34,7 +34,8 @@ class Executor:
 
     ``sandbox`` is a backend instance, a backend name (``"bubblewrap"``...), or
     None for the best confined backend that can run here. ``mounts`` maps sandbox
-    paths to host folders (read-only) or lists ``Mount`` values. ``scopes``
+    paths to host folders, read-only (a host path ending in ``:rw`` is writable), or
+    lists ``Mount`` values. ``scopes``
     defaults to the agent's ``scopes``, or all four when it names none.
     ``relax`` names confinement promises the host explicitly gives up.
     ``fetcher`` and ``searcher`` serve webfetch and websearch; ``services`` binds
