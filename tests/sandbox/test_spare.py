@@ -1,0 +1,250 @@
+"""The confining server's spare: the next call's namespaces, prepared ahead of time.
+
+These tests watch the server's process tree on the host (``/proc``): a spare is
+a child of the server (the intermediate) with init and the waiting command below.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from astralvessel.sandbox._base import RunOutcome, RunRequest
+from astralvessel.sandbox._policy import Limits, Policy
+from astralvessel.sandbox._session import PipeChannel, ServerSession, server_command
+
+NOBODY = 65534
+# How long to wait for the process tree to reach an expected shape (never a timing assertion).
+SETTLE = 10.0
+
+
+@pytest.fixture
+def workspace() -> Iterator[Path]:
+    """A host folder standing in for /workspace, reachable by the unprivileged uid."""
+    with tempfile.TemporaryDirectory(prefix="vessel-spare-", dir="/tmp") as path:
+        os.chmod(path, 0o777)  # noqa: S103 - the unprivileged call writes its marker files here
+        yield Path(path)
+
+
+def start(workspace: Path, *, confine: bool = True) -> ServerSession:
+    """Start a server on this interpreter; confined, it runs calls as 65534 in namespaces."""
+    channel = PipeChannel.spawn(server_command(sys.executable), name="spare-test")
+    return ServerSession.start(
+        channel,
+        Policy(limits=Limits(processes=64, open_files=256, disk_mb=8, memory_mb=512)),
+        backend="spare-test",
+        confine=confine,
+        drop_uid=NOBODY if confine else None,
+        drop_gid=NOBODY if confine else None,
+        seccomp=None,
+        path_map={"/workspace": str(workspace)},
+    )
+
+
+@pytest.fixture
+def session(workspace: Path) -> Iterator[ServerSession]:
+    """A running root-confined server."""
+    with start(workspace) as started:
+        yield started
+
+
+def children() -> dict[int, list[int]]:
+    """Map every live process to its children, from ``/proc``."""
+    tree: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if fields[0] == "Z":
+            continue  # a zombie is dead, only not reaped yet
+        tree.setdefault(int(fields[1]), []).append(int(name))
+    return tree
+
+
+def chains(server: int) -> dict[int, list[int]]:
+    """Each server child that has descendants (a spare or a call), with those descendants."""
+    tree = children()
+    found: dict[int, list[int]] = {}
+    for child in tree.get(server, []):
+        below: list[int] = []
+        todo = list(tree.get(child, []))
+        while todo:
+            pid = todo.pop()
+            below.append(pid)
+            todo.extend(tree.get(pid, []))
+        if below:
+            found[child] = below
+    return found
+
+
+def wait_for(condition: Callable[[], bool], what: str) -> None:
+    """Poll ``condition`` until it holds; fail saying ``what`` if it never does."""
+    deadline = time.monotonic() + SETTLE
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"never happened: {what}")
+        time.sleep(0.02)
+
+
+def spare_of(session: ServerSession) -> tuple[int, list[int]]:
+    """Wait until the server holds exactly one idle chain (its spare) and return it."""
+    server = int(session.ready_info["pid"])
+    wait_for(
+        lambda: len(chains(server)) == 1 and len(next(iter(chains(server).values()))) >= 2,
+        "one spare with init and its waiting command",
+    )
+    ((intermediate, below),) = chains(server).items()
+    return intermediate, below
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` still exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def gated(workspace: Path, then: str, tag: str = "call") -> RunRequest:
+    """A call that touches ``<tag>.started``, waits for the file ``go``, then runs ``then``."""
+    # The server runs on the host here: a script sees the real folder, not /workspace.
+    script = (
+        f"touch {workspace}/{tag}.started; "
+        f"while [ ! -e {workspace}/go ]; do sleep 0.02; done; {then}"
+    )
+    return RunRequest(argv=["/bin/sh", "-c", script], timeout=30, output_chars=1000)
+
+
+def run_in_thread(
+    session: ServerSession, request: RunRequest
+) -> tuple[threading.Thread, list[RunOutcome]]:
+    """Start ``session.run(request)`` in a thread; its outcome lands in the returned list."""
+    results: list[RunOutcome] = []
+    thread = threading.Thread(target=lambda: results.append(session.run(request)))
+    thread.start()
+    return thread, results
+
+
+def test_first_call_runs_in_the_spare_prepared_at_hello(
+    session: ServerSession, workspace: Path
+) -> None:
+    """After ready a spare waits; the next call runs in it and a fresh spare replaces it."""
+    spare, _ = spare_of(session)
+    server = int(session.ready_info["pid"])
+    thread, results = run_in_thread(session, gated(workspace, "echo $$; id -u"))
+    wait_for((workspace / "call.started").exists, "the call started")
+    running = chains(server)
+    assert spare in running  # the call's own chain is the spare's
+    wait_for(lambda: len(chains(server)) == 2, "a new spare next to the running call")
+    assert set(chains(server)) - {spare}
+    (workspace / "go").touch()
+    thread.join()
+    # The command is pid 2 of its namespace (init is 1) and runs unprivileged.
+    assert results[0].output.split() == ["2", str(NOBODY)]
+    assert results[0].exit_code == 0
+
+
+def test_each_call_takes_a_new_spare(session: ServerSession) -> None:
+    """Back-to-back calls each run in a fresh namespace; a spare is never used twice."""
+    seen: list[int] = []
+    for _ in range(3):
+        spare, _ = spare_of(session)
+        assert spare not in seen
+        seen.append(spare)
+        outcome = session.run(
+            RunRequest(argv=["/bin/sh", "-c", "echo $$"], timeout=10, output_chars=100)
+        )
+        assert outcome.output == "2\n"
+    wait_for(lambda: not any(alive(pid) for pid in seen), "the used spares' chains are gone")
+
+
+def test_concurrent_calls_each_get_their_own_namespace(
+    session: ServerSession, workspace: Path
+) -> None:
+    """Calls running at once each have their own chain; none shares the spare or another's."""
+    server = int(session.ready_info["pid"])
+    started = [
+        run_in_thread(session, gated(workspace, f"echo {n} $$ $(id -u)", tag=f"call{n}"))
+        for n in range(4)
+    ]
+    wait_for(
+        lambda: len(list(workspace.glob("call*.started"))) == 4 and len(chains(server)) == 5,
+        "four running calls and one spare",
+    )
+    (workspace / "go").touch()
+    outputs = []
+    for thread, results in started:
+        thread.join()
+        outputs.append(results[0].output.split())
+    assert sorted(outputs) == [[str(n), "2", str(NOBODY)] for n in range(4)]
+    spare_of(session)
+
+
+def test_dead_spare_is_replaced_on_demand(session: ServerSession) -> None:
+    """A spare that died (killed here) is not used: the call prepares its own and succeeds."""
+    spare, below = spare_of(session)
+    os.kill(spare, signal.SIGKILL)
+    wait_for(lambda: not alive(spare), "the spare's intermediate died")
+    outcome = session.run(RunRequest(argv=["/bin/echo", "fine"], timeout=10, output_chars=100))
+    assert outcome.output == "fine\n"
+    assert outcome.exit_code == 0
+    new, _ = spare_of(session)
+    assert new != spare
+    wait_for(lambda: not any(alive(pid) for pid in below), "the killed spare's chain is gone")
+
+
+def test_spare_is_killed_at_close(workspace: Path) -> None:
+    """Closing the session kills the spare's whole chain."""
+    session = start(workspace)
+    spare, below = spare_of(session)
+    session.close()
+    wait_for(lambda: not any(alive(pid) for pid in [spare, *below]), "the spare died with close")
+
+
+def test_spare_dies_with_its_server(workspace: Path) -> None:
+    """If the server is killed outright, its spare goes too (parent-death signals)."""
+    with start(workspace) as session:
+        spare, below = spare_of(session)
+        os.kill(int(session.ready_info["pid"]), signal.SIGKILL)
+        wait_for(
+            lambda: not any(alive(pid) for pid in [spare, *below]), "the spare died with the server"
+        )
+
+
+def test_spare_never_reaches_the_next_turn(workspace: Path) -> None:
+    """A turn's spare is gone once it closes; the next turn's call runs in a chain of its own."""
+    with start(workspace) as first:
+        old, old_below = spare_of(first)
+    with start(workspace) as second:
+        server = int(second.ready_info["pid"])
+        thread, results = run_in_thread(second, gated(workspace, "echo ok"))
+        wait_for((workspace / "call.started").exists, "the call started")
+        pids = {pid for chain, below in chains(server).items() for pid in [chain, *below]}
+        (workspace / "go").touch()
+        thread.join()
+    assert results[0].output == "ok\n"
+    assert not pids & {old, *old_below}
+    wait_for(
+        lambda: not any(alive(pid) for pid in [old, *old_below]), "the first turn's spare died"
+    )
+
+
+def test_unconfined_server_keeps_no_spare(workspace: Path) -> None:
+    """Without confinement a call is a plain fork and exec: nothing is prepared ahead."""
+    with start(workspace, confine=False) as session:
+        outcome = session.run(RunRequest(argv=["/bin/echo", "hi"], timeout=10, output_chars=100))
+        assert outcome.output == "hi\n"
+        assert chains(int(session.ready_info["pid"])) == {}
