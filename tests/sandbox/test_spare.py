@@ -248,3 +248,72 @@ def test_unconfined_server_keeps_no_spare(workspace: Path) -> None:
         outcome = session.run(RunRequest(argv=["/bin/echo", "hi"], timeout=10, output_chars=100))
         assert outcome.output == "hi\n"
         assert chains(int(session.ready_info["pid"])) == {}
+
+
+def zombies_of(parent: int) -> list[int]:
+    """The children of ``parent`` that have exited and wait to be reaped."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{name}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        if fields[0] == "Z" and int(fields[1]) == parent:
+            found.append(int(name))
+    return found
+
+
+def processes_running(marker: str) -> list[int]:
+    """Live host processes whose command line contains ``marker``."""
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            cmdline = Path(f"/proc/{name}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if marker.encode() in cmdline and alive(int(name)):
+            found.append(int(name))
+    return found
+
+
+def test_call_returns_only_once_its_processes_are_gone(session: ServerSession) -> None:
+    """A background process is already gone when the call returns, not merely dying."""
+    marker = f"{os.getpid() % 1000 + 400}.{os.urandom(3).hex().translate(str.maketrans('abcdef', '123456'))}"
+    for _ in range(3):
+        outcome = session.run(
+            RunRequest(
+                argv=["/bin/sh", "-c", f"sleep {marker} & sleep {marker} & echo started"],
+                timeout=10,
+                output_chars=100,
+            )
+        )
+        assert outcome.output == "started\n"
+        # No grace period: the server answers only after pid 1 has emptied the namespace.
+        assert processes_running(marker) == []
+
+
+def test_timed_out_call_returns_only_once_its_processes_are_gone(session: ServerSession) -> None:
+    """A call killed at its timeout has no process left when its outcome arrives."""
+    marker = f"{os.getpid() % 1000 + 500}.{os.urandom(3).hex().translate(str.maketrans('abcdef', '123456'))}"
+    outcome = session.run(
+        RunRequest(
+            argv=["/bin/sh", "-c", f"sleep {marker} & sleep {marker}"],
+            timeout=0.5,
+            output_chars=100,
+        )
+    )
+    assert outcome.timed_out
+    assert processes_running(marker) == []
+
+
+def test_finished_calls_leave_no_zombie(session: ServerSession) -> None:
+    """The server reaps each finished call's intermediate after answering, so none piles up."""
+    server = int(session.ready_info["pid"])
+    for _ in range(5):
+        session.run(RunRequest(argv=["/bin/true"], timeout=10, output_chars=100))
+    wait_for(lambda: zombies_of(server) == [], "every finished call's intermediate reaped")

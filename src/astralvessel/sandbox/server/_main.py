@@ -80,6 +80,8 @@ class Call:
         self.cancelled = False
         self.duration = 0.0
         self.status_text = b""
+        #: The intermediate wrote ``D``: its pid 1 is reaped, so the namespace is empty.
+        self.namespace_empty = False
 
     def take(self, chunk: bytes) -> bytes:
         """Count ``chunk``; return the part to stream (``output_chars`` characters in all)."""
@@ -116,6 +118,8 @@ class Server:
         self.worker_busy: tuple[int, float, float] | None = None  # id, deadline, timeout
         #: The next call's prepared namespaces (confined with a PID namespace only).
         self.spare: _launch.Spawned | None = None
+        #: Intermediates whose call is over (they said ``D``) but not reaped yet.
+        self.exiting: set[int] = set()
 
     # -- host I/O ------------------------------------------------------------
 
@@ -325,6 +329,9 @@ class Server:
         call = Call(call_id, spawned, timeout, output_chars)
         self.calls[call_id] = call
         self.selector.register(spawned.output, selectors.EVENT_READ, self._on_output)
+        if not spawned.group:
+            # The end of a namespace call comes on the status pipe, before the intermediate exits.
+            self.selector.register(spawned.status, selectors.EVENT_READ, self._on_status)
         if body:
             call.stdin = memoryview(body)
             self.selector.register(spawned.stdin, selectors.EVENT_WRITE, self._on_stdin)
@@ -437,17 +444,10 @@ class Server:
                 pid, status = call.spawned.pid, 0
             if pid == 0:
                 continue
-            call.status = status
-            call.duration = time.monotonic() - call.started
-            if call.spawned.group:
-                _killpg(call.spawned.pid)
-            self._close_stdin(call)
-            call.drain_deadline = time.monotonic() + (
-                _DRAIN_GROUP if call.spawned.group else _DRAIN_NAMESPACE
-            )
-            if call.output_open:
-                self._on_output(call.spawned.output, 0)
-            self._maybe_finish(call)
+            self._ended(call, status)
+        for pid in list(self.exiting):
+            if _has_exited(pid):
+                self.exiting.discard(pid)
         spare = self.spare
         if spare is not None and _has_exited(spare.pid):
             # It could not set itself up; the next call prepares its own and reports why.
@@ -456,15 +456,53 @@ class Server:
         if self.worker is not None and _has_exited(self.worker.pid):
             self._replace_worker("the file worker died")
 
-    def _read_status(self, call: Call) -> list[str]:
+    def _ended(self, call: Call, status: int) -> None:
+        """The call's processes are gone (``status`` is its reaped child's): drain and finish."""
+        call.status = status
+        call.duration = time.monotonic() - call.started
+        if call.spawned.group:
+            _killpg(call.spawned.pid)
+        self._close_stdin(call)
+        call.drain_deadline = time.monotonic() + (
+            _DRAIN_GROUP if call.spawned.group else _DRAIN_NAMESPACE
+        )
+        if call.output_open:
+            self._on_output(call.spawned.output, 0)
+        self._maybe_finish(call)
+
+    def _on_status(self, fd: int, events: int) -> None:
+        call = self._call_by_fd(fd, "status")
+        if call is None:
+            return
+        closed = self._drain_status(call)
+        if closed or call.namespace_empty:
+            self._stop_watching_status(call)
+        if call.namespace_empty and call.status is None:
+            # Finish now and reap the exiting intermediate later, from the SIGCHLD wake-up.
+            self.exiting.add(call.spawned.pid)
+            self._ended(call, 0)
+
+    def _stop_watching_status(self, call: Call) -> None:
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(call.spawned.status)
+
+    def _drain_status(self, call: Call) -> bool:
+        """Read what the status pipe holds; return True once it is closed."""
+        closed = False
         try:
             while True:
                 data = os.read(call.spawned.status, 4096)
                 if not data:
+                    closed = True
                     break
                 call.status_text += data
         except BlockingIOError:
             pass
+        call.namespace_empty = b"D\n" in call.status_text.splitlines(keepends=True)
+        return closed
+
+    def _read_status(self, call: Call) -> list[str]:
+        self._drain_status(call)
         return call.status_text.decode("utf-8", "replace").splitlines()
 
     def _kill(self, call: Call) -> None:
@@ -472,6 +510,8 @@ class Server:
         if call.spawned.group:
             _killpg(call.spawned.pid)
             return
+        if call.status is not None:
+            return  # the namespace is empty and its pid 1 reaped: that pid may name another
         init = [line[1:] for line in self._read_status(call) if line.startswith("P")]
         # Before the intermediate has forked pid 1, killing it is enough: PDEATHSIG does the rest.
         target = int(init[0]) if init else call.spawned.pid
@@ -497,6 +537,7 @@ class Server:
             return
         del self.calls[call.id]
         lines = self._read_status(call)
+        self._stop_watching_status(call)
         os.close(call.spawned.status)
         errors = [line[1:].strip() for line in lines if line.startswith("E")]
         if errors:
@@ -646,9 +687,9 @@ class Server:
             self._discard_spare(spare)
         for call in list(self.calls.values()):
             self._kill(call)
-        for call in list(self.calls.values()):
+        for pid in [call.spawned.pid for call in self.calls.values()] + list(self.exiting):
             with contextlib.suppress(ChildProcessError):
-                os.waitpid(call.spawned.pid, 0)
+                os.waitpid(pid, 0)
         if self.worker is not None:
             self.worker.kill()
 
