@@ -9,7 +9,8 @@ import pytest
 from astralvessel import Agent, ConfigError, InputMode, Scope
 from astralvessel.sandbox import Limits
 
-from .conftest import ECHO_TOOL, MakeAgent
+from ..conftest import MakeAgent
+from .conftest import ECHO_TOOL
 
 MINIMAL = """
 [tools]

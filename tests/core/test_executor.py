@@ -13,7 +13,7 @@ import pytest
 from astralvessel import Agent, Executor, Registry, Scope, ToolSpec
 from astralvessel.sandbox import Sandbox
 
-from .conftest import MakeAgent
+from ..conftest import MakeAgent
 
 ROOT = Path(__file__).parents[2]
 EXAMPLE = ROOT / "examples" / "field-guide"

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import json
-import textwrap
 import threading
 import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -17,8 +15,6 @@ import pytest
 
 from astralvessel.sandbox._base import Sandbox
 from astralvessel.sandbox._discovery import get_backend
-
-MakeAgent = Callable[..., Path]
 
 #: The backend the integration tests confine declared tools with; CI must have it.
 BACKEND = "bubblewrap"
@@ -28,23 +24,6 @@ BACKEND = "bubblewrap"
 def backend() -> Sandbox:
     """The real sandbox backend the tests run declared tools in."""
     return get_backend(BACKEND)
-
-
-@pytest.fixture
-def make_agent(tmp_path: Path) -> MakeAgent:
-    """Write ``vessel.toml`` and any tool files into a fresh folder and return it."""
-
-    def make(vessel: str, files: dict[str, str] | None = None, *, name: str = "agent") -> Path:
-        folder = tmp_path / name
-        folder.mkdir()
-        (folder / "vessel.toml").write_text(textwrap.dedent(vessel))
-        for rel, text in (files or {}).items():
-            path = folder / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(textwrap.dedent(text))
-        return folder
-
-    return make
 
 
 @attrs.define

@@ -14,7 +14,7 @@ from astralvessel.adapters import anthropic as anthropic_adapter
 from astralvessel.adapters import openai as openai_adapter
 from astralvessel.sandbox._base import Sandbox
 
-from .conftest import MakeAgent
+from ..conftest import MakeAgent
 
 ECHO_TOOL = """
 name = "echo"

@@ -15,7 +15,8 @@ import astralvessel as av
 from astralvessel._pytools import ToolError
 from astralvessel.sandbox._base import Sandbox
 
-from .conftest import MakeAgent, Reply, Service
+from ..conftest import MakeAgent
+from .conftest import Reply, Service
 
 LOOKUP_TOOL = """
 name = "lookup"
