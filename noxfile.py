@@ -47,7 +47,7 @@ def typing(session: nox.Session) -> None:
 @nox.session
 def docs(session: nox.Session) -> None:
     """Build the docs with warnings as errors."""
-    session.install(".", "sphinx>=7", "myst-parser>=3", "furo")
+    session.install(".[all]", "sphinx>=7", "myst-parser>=3", "furo")
     session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", "docs/_build/html")
 
 

@@ -170,6 +170,7 @@ class AttachChannel:
             self._api.remove_container(self._id, force=True)
         with contextlib.suppress(Exception):
             self._sock.shutdown(socket.SHUT_RDWR)
+        _release_response(self._attached)
         with contextlib.suppress(Exception):
             self._attached.close()
         with contextlib.suppress(Exception):
@@ -841,10 +842,25 @@ class _Output:
 def _close_attached(attached: Any) -> None:
     """Close an attach or exec stream: the SDK's wrapper and the socket under it."""
     sock = _raw_socket(attached)
+    _release_response(attached)
     with contextlib.suppress(Exception):
         attached.close()
     with contextlib.suppress(Exception):
         sock.close()
+
+
+def _release_response(attached: Any) -> None:
+    """Close the HTTP response the SDK keeps alive on an attach socket (``_response``).
+
+    Closed only with the socket under it, that response's finalizer later flushes a
+    closed file, which Python 3.13 reports as an unraisable ``ValueError``.
+    """
+    response = getattr(attached, "_response", None) or getattr(
+        _raw_socket(attached), "_response", None
+    )
+    if response is not None:
+        with contextlib.suppress(Exception):
+            response.close()
 
 
 def _owner() -> str:
