@@ -8,12 +8,15 @@ a turn owns one running sandbox and its workspace. Every model mistake becomes a
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
+
+import attrs
 
 from ._arguments import Refusal, args_argv, check_arguments, parse_arguments, unknown_tool
 from .results import ToolResult, render_output
@@ -373,16 +376,12 @@ class Turn:
 
 
 def _finish(result: ToolResult, spec: ToolSpec, started: float) -> ToolResult:
-    import attrs
-
     return attrs.evolve(
         result, tool=spec.name, duration=result.duration or time.monotonic() - started
     )
 
 
 def _json_bytes(args: Mapping[str, Any]) -> bytes:
-    import json
-
     return json.dumps(args, ensure_ascii=False).encode("utf-8")
 
 
