@@ -1,7 +1,7 @@
 """What a call into a running sandbox server costs, against a bare fork+exec of /bin/true.
 
 Run as root to include the root-confined server (PID namespace, uid drop, rlimits).
-Prints milliseconds per call and the ratio to the baseline measured in the same run.
+Prints milliseconds per call and the ratios to both baselines measured in the same run.
 """
 
 from __future__ import annotations
@@ -42,6 +42,11 @@ def bare_fork_exec() -> None:
     os.waitpid(pid, 0)
 
 
+def spawn_exec() -> None:
+    """The other baseline: posix_spawn (a vfork and exec, as subprocess does), then wait."""
+    os.waitpid(os.posix_spawn("/bin/true", ["/bin/true"], {}), 0)
+
+
 def server(confine: bool, workspace: str) -> ServerSession:
     """A running server on this interpreter, confining its calls as root if asked."""
     channel = PipeChannel.spawn(server_command(sys.executable), name="bench")
@@ -60,7 +65,9 @@ def server(confine: bool, workspace: str) -> ServerSession:
 def main() -> None:
     """Measure and print each figure with its ratio to the baseline."""
     baseline = per_call(bare_fork_exec)
+    spawned = per_call(spawn_exec)
     print(f"bare fork+exec of /bin/true: {baseline * 1000:.2f} ms/call (1.0x)")
+    print(f"posix_spawn of /bin/true: {spawned * 1000:.2f} ms/call ({spawned / baseline:.2f}x)")
     modes = [("unconfined server", False)]
     if os.geteuid() == 0:
         modes.append(("root-confined server", True))
@@ -69,7 +76,10 @@ def main() -> None:
             os.chmod(workspace, 0o755)  # noqa: S103 - the unprivileged uid must reach it
             with server(confine, workspace) as session:
                 cost = per_call(functools.partial(session.run, TRUE))
-        print(f"{label} call of /bin/true: {cost * 1000:.2f} ms/call ({cost / baseline:.1f}x)")
+        print(
+            f"{label} call of /bin/true: {cost * 1000:.2f} ms/call "
+            f"({cost / baseline:.2f}x fork+exec, {cost / spawned:.1f}x posix_spawn)"
+        )
     if os.geteuid() != 0:
         print("(run as root to measure the root-confined server)")
 

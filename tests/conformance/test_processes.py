@@ -82,6 +82,34 @@ def test_cannot_signal_the_server_by_pid(session):
     assert run(session, "echo", "alive").output.strip() == "alive"
 
 
+def test_cannot_stop_kill_or_read_its_own_init(session):
+    """The call's pid 1 shares the call's uid, yet ignores the call's signals and hides in /proc."""
+    result = py_json(
+        session,
+        """
+        import json, os, signal, time
+        for sig in (signal.SIGSTOP, signal.SIGKILL, signal.SIGTERM, signal.SIGINT):
+            os.kill(1, sig)
+        time.sleep(0.2)
+        state = open("/proc/1/stat").read().rsplit(")", 1)[1].split()[0]
+        denied = []
+        for name in ("environ", "mem", "fd", "maps"):
+            try:
+                if name == "fd":
+                    os.listdir("/proc/1/fd")
+                else:
+                    open(f"/proc/1/{name}", "rb").read(1)
+            except PermissionError:
+                denied.append(name)
+        print(json.dumps({"state": state, "denied": denied}))
+        """,
+    )
+    # Still sleeping in wait(), neither stopped (T) nor gone; its memory and descriptors closed.
+    assert result["state"] == "S"
+    assert result["denied"] == ["environ", "mem", "fd", "maps"]
+    assert run(session, "echo", "next").output.strip() == "next"
+
+
 def test_background_process_is_gone_after_call(session):
     """A process a call leaves running in the background is killed when the call returns."""
     marker = f"{os.getpid() % 1000 + 100}.{os.urandom(3).hex().translate(str.maketrans('abcdef', '123456'))}"

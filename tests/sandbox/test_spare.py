@@ -1,7 +1,8 @@
 """The confining server's spare: the next call's namespaces, prepared ahead of time.
 
-These tests watch the server's process tree on the host (``/proc``): a spare is
-a child of the server (the intermediate) with init and the waiting command below.
+These tests watch the server's process tree on the host (``/proc``): the server
+forks a zygote once, and the zygote forks every chain; a spare is one of its
+children (the intermediate) with init, waiting for its request, below it.
 """
 
 from __future__ import annotations
@@ -74,19 +75,28 @@ def children() -> dict[int, list[int]]:
 
 
 def chains(server: int) -> dict[int, list[int]]:
-    """Each server child that has descendants (a spare or a call), with those descendants."""
+    """Each chain (a spare or a call) the server's zygote forked, with its descendants."""
     tree = children()
     found: dict[int, list[int]] = {}
-    for child in tree.get(server, []):
-        below: list[int] = []
-        todo = list(tree.get(child, []))
-        while todo:
-            pid = todo.pop()
-            below.append(pid)
-            todo.extend(tree.get(pid, []))
-        if below:
-            found[child] = below
+    for zygote in tree.get(server, []):
+        for intermediate in tree.get(zygote, []):
+            below: list[int] = []
+            todo = list(tree.get(intermediate, []))
+            while todo:
+                pid = todo.pop()
+                below.append(pid)
+                todo.extend(tree.get(pid, []))
+            if below:
+                found[intermediate] = below
     return found
+
+
+def zygote_of(server: int) -> int:
+    """The server's child that forks the chains (the other child, the file worker, forks none)."""
+    wait_for(lambda: bool(chains(server)), "a chain under the zygote")
+    tree = children()
+    (zygote,) = [child for child in tree.get(server, []) if tree.get(child)]
+    return zygote
 
 
 def wait_for(condition: Callable[[], bool], what: str) -> None:
@@ -102,8 +112,8 @@ def spare_of(session: ServerSession) -> tuple[int, list[int]]:
     """Wait until the server holds exactly one idle chain (its spare) and return it."""
     server = int(session.ready_info["pid"])
     wait_for(
-        lambda: len(chains(server)) == 1 and len(next(iter(chains(server).values()))) >= 2,
-        "one spare with init and its waiting command",
+        lambda: len(chains(server)) == 1 and len(next(iter(chains(server).values()))) >= 1,
+        "one spare: an intermediate with init waiting below it",
     )
     ((intermediate, below),) = chains(server).items()
     return intermediate, below
@@ -146,15 +156,14 @@ def test_first_call_runs_in_the_spare_prepared_at_hello(
     server = int(session.ready_info["pid"])
     thread, results = run_in_thread(session, gated(workspace, "echo $$; id -u"))
     wait_for((workspace / "call.started").exists, "the call started")
-    running = chains(server)
-    assert spare in running  # the call's own chain is the spare's
-    wait_for(lambda: len(chains(server)) == 2, "a new spare next to the running call")
-    assert set(chains(server)) - {spare}
+    assert spare in chains(server)  # the call's own chain is the spare's
     (workspace / "go").touch()
     thread.join()
     # The command is pid 2 of its namespace (init is 1) and runs unprivileged.
     assert results[0].output.split() == ["2", str(NOBODY)]
     assert results[0].exit_code == 0
+    new, _ = spare_of(session)
+    assert new != spare
 
 
 def test_each_call_takes_a_new_spare(session: ServerSession) -> None:
@@ -181,8 +190,8 @@ def test_concurrent_calls_each_get_their_own_namespace(
         for n in range(4)
     ]
     wait_for(
-        lambda: len(list(workspace.glob("call*.started"))) == 4 and len(chains(server)) == 5,
-        "four running calls and one spare",
+        lambda: len(list(workspace.glob("call*.started"))) == 4 and len(chains(server)) >= 4,
+        "four running calls",
     )
     (workspace / "go").touch()
     outputs = []
@@ -312,8 +321,24 @@ def test_timed_out_call_returns_only_once_its_processes_are_gone(session: Server
 
 
 def test_finished_calls_leave_no_zombie(session: ServerSession) -> None:
-    """The server reaps each finished call's intermediate after answering, so none piles up."""
+    """Each finished call's intermediate is reaped as it exits, so none piles up."""
     server = int(session.ready_info["pid"])
+    zygote = zygote_of(server)
     for _ in range(5):
         session.run(RunRequest(argv=["/bin/true"], timeout=10, output_chars=100))
-    wait_for(lambda: zombies_of(server) == [], "every finished call's intermediate reaped")
+    wait_for(lambda: zombies_of(zygote) == [], "every finished call's intermediate reaped")
+    assert zombies_of(server) == []
+
+
+def test_zygote_is_restarted_if_killed(session: ServerSession) -> None:
+    """A zygote that died (killed here) is replaced: calls go on, in fresh namespaces."""
+    server = int(session.ready_info["pid"])
+    zygote = zygote_of(server)
+    os.kill(zygote, signal.SIGKILL)
+    wait_for(lambda: not alive(zygote), "the zygote died")
+    for _ in range(2):
+        outcome = session.run(
+            RunRequest(argv=["/bin/sh", "-c", "echo $$"], timeout=10, output_chars=100)
+        )
+        assert outcome.output == "2\n"
+    assert zygote_of(server) != zygote

@@ -37,7 +37,7 @@ __all__ = ["PipeChannel", "ServerSession", "server_command", "server_payload"]
 
 #: The server's modules, in the order they are executed (each may import those before it).
 #: ``_seccomp`` and ``_files`` are optional: the server reports what it lacks.
-SERVER_MODULES = ("_protocol", "_seccomp", "_launch", "_files", "_worker", "_main")
+SERVER_MODULES = ("_protocol", "_seccomp", "_launch", "_zygote", "_files", "_worker", "_main")
 _PACKAGE = "_astralvessel_server"
 
 # Reads exactly argv[1] bytes of JSON {module: source} from stdin with os.read (a buffered

@@ -1,22 +1,27 @@
 """Starting one call: fork, confine, exec (stdlib only, Python 3.8+).
 
-Confined, a call is three processes deep. The server forks an *intermediate*
-child, which unshares a PID and a mount namespace and forks the call's *init*:
-pid 1 of a fresh PID namespace, which mounts its own ``/proc`` (so the call
-sees only its own processes) and forks the *command*, which applies rlimits,
-drops to the unprivileged uid, sets ``no_new_privs``, installs the seccomp
-filter and execs. The init reaps orphans and exits when the command does; the
-kernel then kills everything left in the namespace, which is how a daemon or a
-double fork is gone when the call returns. The command is not pid 1 itself, so
-signals and orphan reaping behave as the program expects.
+Confined, a call runs under two processes of ours. The server forks an
+*intermediate* child, which unshares a PID and a mount namespace and forks the
+call's *init*: pid 1 of a fresh PID namespace, which mounts its own ``/proc``
+(so the call sees only its own processes), confines itself (rlimits, the
+unprivileged uid, ``no_new_privs``, the seccomp filter) and starts the
+*command* as its child. Everything the kernel passes on to a child (limits,
+credentials, the filter) the command inherits, so init can start it with
+``posix_spawn`` (a vfork and an exec: no copy of this Python process to make
+or to tear down) and fall back to fork and exec when that is refused. When the
+command exits, init kills everything left in its namespace, reaps it all and
+says so; a daemon or a double fork is gone before the call returns. The
+command is not pid 1 itself, so signals and orphan reaping behave as the
+program expects; and pid 1 ignores every signal sent from inside its own
+namespace, so the call cannot kill the init that watches it.
 
-Those three forks are the expensive part of a call, and none of them depends
-on the request. So ``prepare`` builds the whole chain ahead of time (a *spare*):
-the command process wires its pipes and then blocks reading its request (argv
-and working directory) from a control pipe; only after reading it does it
-confine itself and exec, exactly as an on-demand call would. ``start`` writes
-the request. The server keeps one spare ready, so a call's critical path is a
-pipe write and an exec.
+The forks are the expensive part, and none of them depends on the request. So
+``prepare`` builds the chain ahead of time (a *spare*): init gets as far as the
+steps that do not change who it is (``no_new_privs`` and the seccomp filter)
+and blocks reading its request (argv and working directory) from a control
+pipe. ``start`` writes the request; init then sets the limits, drops to the
+unprivileged uid and starts the command. The server keeps one spare ready, so a
+call's critical path is a pipe write, a few system calls and a vfork.
 
 Unconfined (or confined without namespaces, where the host allowed it), the
 command runs as the leader of a new process group that the server kills.
@@ -29,14 +34,25 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import json
 import os
 import resource
 import signal
+import stat
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["LaunchPlan", "Spawned", "exit_code_of", "prepare", "probe", "spawn", "start"]
+__all__ = [
+    "CHAIN_FDS",
+    "LaunchPlan",
+    "Spawned",
+    "chain_alive",
+    "exit_code_of",
+    "fork_chain",
+    "prepare",
+    "probe",
+    "spawn",
+    "start",
+]
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWPID = 0x20000000
@@ -46,6 +62,7 @@ MS_NOEXEC = 0x8
 MS_REC = 0x4000
 MS_PRIVATE = 1 << 18
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
 PR_SET_NO_NEW_PRIVS = 38
 
 # Exit codes of a child that failed before exec, as a shell would report them.
@@ -62,6 +79,17 @@ def _lib() -> Any:
     if _libc is None:
         _libc = ctypes.CDLL(None, use_errno=True)
     return _libc
+
+
+def warm() -> None:
+    """Load libc and look up every function a call needs, so each fork inherits them ready.
+
+    Loading libc and resolving a symbol through ctypes costs about a millisecond
+    on a small VM; done once in the server, no call pays it again.
+    """
+    lib = _lib()
+    for name in ("unshare", "mount", "prctl", "capset"):
+        getattr(lib, name)
 
 
 def _check(result: int, what: str) -> None:
@@ -127,7 +155,11 @@ class LaunchPlan:
 
 
 class Spawned:
-    """What the server keeps of a call (or a spare): the child to reap and the pipes to it."""
+    """What the server keeps of a call (or a spare): its pipes, and the child to reap.
+
+    ``pid`` is -1 for a namespace call: the zygote forked it and reaps it, and
+    the status pipe names its processes.
+    """
 
     def __init__(  # noqa: PLR0917 - plain record of descriptors
         self, pid: int, output: int, stdin: int, status: int, group: bool, control: int = -1
@@ -136,6 +168,8 @@ class Spawned:
         self.output = output
         self.stdin = stdin
         self.status = status
+        #: What the chain wrote on the status pipe so far (namespace calls).
+        self.status_text = b""
         #: True when ``pid`` leads a process group to kill (no PID namespace).
         self.group = group
         #: Write end of a prepared command's request pipe; -1 once the request is sent.
@@ -183,6 +217,15 @@ def _child_signals() -> None:
         signal.signal(sig, signal.SIG_DFL)
 
 
+_LIMITS = (
+    resource.RLIMIT_NOFILE,
+    resource.RLIMIT_FSIZE,
+    resource.RLIMIT_AS,
+    resource.RLIMIT_NPROC,
+    resource.RLIMIT_CORE,
+)
+
+
 def _apply_limits(limits: dict[str, int]) -> None:
     mib = 1 << 20
     wanted = [
@@ -203,14 +246,15 @@ def _apply_limits(limits: dict[str, int]) -> None:
 
 
 _LINUX_CAPABILITY_VERSION_3 = 0x20080522
+# Made once: building a ctypes array type takes longer than the system call.
+_CapHeader = ctypes.c_uint32 * 2
+_CapData = ctypes.c_uint32 * 6
 
 
 def _clear_inheritable() -> None:
     """Empty every capability set, the inheritable one too (setresuid leaves it as it was)."""
     # nsjail's --keep_caps hands the server a full inheritable set; a call must not carry it.
-    header = (ctypes.c_uint32 * 2)(_LINUX_CAPABILITY_VERSION_3, 0)
-    data = (ctypes.c_uint32 * 6)()
-    _check(_lib().capset(header, data), "capset")
+    _check(_lib().capset(_CapHeader(_LINUX_CAPABILITY_VERSION_3, 0), _CapData()), "capset")
 
 
 def _drop(uid: int | None, gid: int | None) -> None:
@@ -234,17 +278,22 @@ def _confine_self(plan: LaunchPlan) -> None:
         plan.install_seccomp(plan.seccomp)
 
 
-def _wire_command(stdin: int, output: int) -> None:
-    """Reset signals and put the call's pipes on 0, 1 and 2 (none of it needs the request)."""
-    _child_signals()
-    # A write past RLIMIT_FSIZE then fails with EFBIG, as on a full disk, instead of killing.
-    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+def _take_pipes(stdin: int, output: int) -> None:
+    """Put the call's pipes on 0, 1 and 2 (stdout and stderr share one) and close the originals."""
     os.dup2(stdin, 0)
     os.dup2(output, 1)
     os.dup2(output, 2)
     for fd in (stdin, output):
         if fd > 2:
             os.close(fd)
+
+
+def _wire_command(stdin: int, output: int) -> None:
+    """Reset signals and put the call's pipes on 0, 1 and 2 (none of it needs the request)."""
+    _child_signals()
+    # A write past RLIMIT_FSIZE then fails with EFBIG, as on a full disk, instead of killing.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    _take_pipes(stdin, output)
 
 
 def _confine_and_exec(plan: LaunchPlan, argv: list[str], cwd: str, env: dict[str, str]) -> int:
@@ -282,7 +331,21 @@ def _exec_command(  # noqa: PLR0917 - the child gets everything as plain values
     os._exit(code)
 
 
-def _read_request(control: int) -> dict[str, Any] | None:
+def encode_request(argv: list[str], cwd: str) -> bytes:
+    """The request a prepared init reads: the working directory, then argv, NUL-separated.
+
+    None of them can hold a NUL (the server refuses such a call), and splitting
+    bytes is far less work than parsing JSON on the call's critical path.
+    """
+    return b"\0".join(os.fsencode(part) for part in (cwd, *argv))
+
+
+def _parse_request(data: bytes) -> tuple[list[str], str]:
+    cwd, *argv = (os.fsdecode(part) for part in data.split(b"\0"))
+    return argv, cwd
+
+
+def _read_request(control: int) -> tuple[list[str], str] | None:
     """Read the whole request from the control pipe; None if the server closed it unused."""
     chunks = []
     while True:
@@ -293,33 +356,163 @@ def _read_request(control: int) -> dict[str, Any] | None:
     os.close(control)
     if not chunks:
         return None
-    request: dict[str, Any] = json.loads(b"".join(chunks).decode("utf-8"))
-    return request
+    return _parse_request(b"".join(chunks))
 
 
-def _await_command(plan: LaunchPlan, env: dict[str, str], fds: dict[str, int]) -> None:
-    """The prepared command: wire the pipes, wait for the request, then confine and exec.
+def _filter_early(plan: LaunchPlan) -> None:
+    """The confinement steps that leave init's identity alone: ``no_new_privs``, seccomp."""
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+    if plan.seccomp is not None:
+        if plan.install_seccomp is None:
+            raise OSError("the seccomp installer is missing from this server")
+        plan.install_seccomp(plan.seccomp)
 
-    Never returns. It stays as privileged as init until the request arrives, so a
-    spare holds no unprivileged process (RLIMIT_NPROC counts those) and every
-    confinement step runs in the same order, in the same process, as it always did.
+
+def _become_unprivileged(plan: LaunchPlan) -> None:
+    """The rest of init's confinement, applied once the request is in: limits, then the uid."""
+    if plan.limits is not None:
+        # Init runs as the call's uid from here on, so RLIMIT_NPROC counts it too: one more,
+        # so that the call's own processes number exactly ``processes``.
+        _apply_limits(dict(plan.limits, processes=plan.limits["processes"] + 1))
+    _drop(plan.drop_uid, plan.drop_gid)
+    # No other process of that uid may read init's memory or descriptors through /proc.
+    prctl(PR_SET_DUMPABLE, 0)
+
+
+def _executable(name: str, env: dict[str, str]) -> str | None:
+    """The file ``execvpe`` would run for ``name``, if an obvious one exists; else None."""
+    if "/" in name:
+        return name
+    for directory in os.get_exec_path(env):
+        candidate = os.path.join(directory, name)
+        try:
+            info = os.stat(candidate)
+        except OSError:
+            continue
+        if stat.S_ISREG(info.st_mode) and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def _reset_ignored_signals() -> None:
+    """Un-ignore every signal but SIGXFSZ: exec resets handlers, but an ignored signal stays so."""
+    for sig in signal.valid_signals():
+        if sig not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGXFSZ):
+            with contextlib.suppress(OSError, ValueError):
+                if signal.getsignal(sig) == signal.SIG_IGN:
+                    signal.signal(sig, signal.SIG_DFL)
+
+
+def _rehearse(plan: LaunchPlan, env: dict[str, str]) -> None:
+    """Walk the request's path once, to no effect, before the request comes.
+
+    Init shares its memory copy-on-write with the processes it was forked from,
+    so the first write to each page (Python writes reference counts everywhere)
+    costs a page fault and a copy. Taking those here, while the spare waits,
+    keeps them off the call's path.
     """
-    code = EXIT_SETUP_FAILED
+    _parse_request(encode_request(["true"], "/"))
+    _executable("true", env)
+    if plan.limits is not None:
+        for which in _LIMITS:
+            with contextlib.suppress(ValueError, OSError):
+                resource.setrlimit(which, resource.getrlimit(which))
+
+
+def _spawn_command(argv: list[str], env: dict[str, str]) -> int | None:
+    """Start the command as this process's child, on this process's 0, 1 and 2; return its pid.
+
+    ``posix_spawn`` first: it shares this process's memory until the exec instead
+    of copying it. If it fails for any reason, fork and ``execvpe`` decide, and
+    report a command that cannot run exactly as they always have. None if not
+    even the fork works (``RLIMIT_NPROC``), after saying so on stderr.
+    """
+    path = _executable(argv[0], env)
+    if path is not None:
+        with contextlib.suppress(OSError):
+            return os.posix_spawn(path, argv, env, setsigmask=())
     try:
-        _wire_command(fds["stdin"], fds["output"])
-        request = _read_request(fds["control"])
-        if request is None:
-            os._exit(0)  # a spare the server threw away
-        code = _confine_and_exec(plan, list(request["argv"]), str(request["cwd"]), env)
-    except BaseException as exc:
-        _report(fds["status"], f"E cannot confine the call: {exc}")
-    os._exit(code)
+        pid = os.fork()
+    except OSError as exc:
+        _write_all(2, f"astralvessel: cannot run {argv[0]!r}: {exc.strerror}\n".encode())
+        return None
+    if pid == 0:
+        code = EXIT_SETUP_FAILED
+        try:
+            try:
+                os.execvpe(argv[0], argv, env)  # noqa: S606 - argv, never a shell line
+            except OSError as exc:
+                _write_all(2, f"astralvessel: cannot run {argv[0]!r}: {exc.strerror}\n".encode())
+                code = EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_CANNOT_EXECUTE
+        finally:
+            os._exit(code)
+    return pid
+
+
+def _run_request(plan: LaunchPlan, env: dict[str, str], fds: dict[str, int]) -> int | None:
+    """Wait for the request, confine init, start the command, wait for it; return its status.
+
+    None when the server threw this spare away unused.
+    """
+    request = _read_request(fds["control"])
+    if request is None:
+        return None
+    argv, cwd = request
+    # Init's own 0, 1 and 2 become the call's pipes, for the command to inherit. Before the
+    # limits: a tiny RLIMIT_NOFILE would refuse the dup2.
+    _take_pipes(fds["stdin"], fds["output"])
+    if plan.confine:
+        _become_unprivileged(plan)
+    command: int | None = None
+    try:
+        os.chdir(cwd)
+    except OSError as exc:
+        _write_all(2, f"astralvessel: cannot enter {cwd}: {exc.strerror}\n".encode())
+    else:
+        command = _spawn_command(argv, env)
+    # Init holds no end of the call's pipes: the output ends when the call's processes do.
+    for fd in (0, 1, 2):
+        os.close(fd)
+    if command is None:
+        return EXIT_CANNOT_EXECUTE << 8
+    while True:
+        pid, status = os.waitpid(-1, 0)
+        if pid == command:
+            return status
+
+
+def _idle_priority() -> None:
+    """Run this process only when nothing else wants the CPU (``SCHED_IDLE``); best effort.
+
+    A process may always lower its own priority, but not raise it again, so
+    only a process that has nothing left to do on a call's path does this.
+    """
+    with contextlib.suppress(OSError, AttributeError):
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+
+
+def _empty_namespace() -> None:
+    """Kill every other process of this PID namespace and reap them all (pid 1 only).
+
+    Every process here descends from init, and an orphan is re-parented to init
+    before its parent can be reaped, so once ``waitpid`` finds no child left the
+    namespace holds nothing but init. A fork racing the kill cannot slip through:
+    the kernel refuses a fork to a process that has a fatal signal pending.
+    """
+    with contextlib.suppress(OSError):
+        os.kill(-1, signal.SIGKILL)
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
 
 
 def _run_init(plan: LaunchPlan, env: dict[str, str], fds: dict[str, int]) -> None:
-    """Pid 1 of the call's namespace: mount /proc, start the command, reap, report.
+    """Pid 1 of the call's namespace: mount /proc, confine, run the command, empty, report.
 
-    Never returns.
+    Never returns. Reports ``X<status>`` when the command exits and ``D`` once
+    the namespace is empty, which is when the server answers the call.
     """
     status_fd = fds["status"]
     try:
@@ -338,28 +531,42 @@ def _run_init(plan: LaunchPlan, env: dict[str, str], fds: dict[str, int]) -> Non
             pass
         if plan.pid_namespace:
             mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-        command = os.fork()
-        if command == 0:
-            _await_command(plan, env, fds)
-        for name in ("stdin", "output", "control"):
-            os.close(fds[name])
-        while True:
-            pid, status = os.waitpid(-1, 0)
-            if pid == command:
-                break
-        _report(status_fd, f"X{status}")
+        # A write past RLIMIT_FSIZE then fails with EFBIG, as on a full disk, instead of
+        # killing; an ignored signal stays ignored across exec.
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        _reset_ignored_signals()
+        if plan.confine:
+            _filter_early(plan)
+        _rehearse(plan, env)
     except BaseException as exc:
         _report(status_fd, f"E cannot start the call's PID namespace: {exc}")
-    os._exit(0)
+        os._exit(0)
+    try:
+        status = _run_request(plan, env, fds)
+        if status is None:
+            os._exit(0)  # a spare the server threw away
+        _report(status_fd, f"X{status}")
+    except BaseException as exc:
+        _report(status_fd, f"E cannot confine the call: {exc}")
+    try:
+        _empty_namespace()
+        _report(status_fd, "D")
+        # Tearing this process down takes a millisecond or more, likely on the CPU where
+        # ``D`` just woke the server: at idle priority the answer goes first. (Not before
+        # the report: an idle process waits for every other one before it writes.)
+        _idle_priority()
+    finally:
+        os._exit(0)
 
 
 def _run_intermediate(
-    plan: LaunchPlan, env: dict[str, str], fds: dict[str, int], server: int
+    plan: LaunchPlan, env: dict[str, str], fds: dict[str, int], parent: int
 ) -> None:
     """Make the namespaces, fork their pid 1, wait for it. Never returns."""
     try:
+        _report(fds["status"], f"I{os.getpid()}")
         prctl(PR_SET_PDEATHSIG, 9)
-        if os.getppid() != server:
+        if os.getppid() != parent:
             os._exit(1)
         unshare(CLONE_NEWPID | CLONE_NEWNS)
         # Private mounts, so the call's /proc never shows up in the sandbox's own view.
@@ -373,42 +580,82 @@ def _run_intermediate(
         for name in ("stdin", "output", "control"):
             os.close(fds[name])
         _report(fds["status"], f"P{init}")
+        # From here on this process only waits and exits (tearing down the mount namespace):
+        # work that must never delay a call. Init, forked already, keeps the normal policy.
+        _idle_priority()
         os.waitpid(init, 0)
         # The kernel reaps every other process of the namespace before it lets pid 1's
-        # parent reap pid 1, so the call has left nothing behind: say so now, ahead of this
-        # process's own exit, which tears down the mount namespace and takes milliseconds.
+        # parent reap pid 1, so the call has left nothing behind. Init says ``D`` itself
+        # when the call ends on its own; this one covers an init killed on a timeout, a
+        # cancel or a failure, and may come after the server stopped listening.
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         _report(fds["status"], "D")
     except BaseException as exc:
         _report(fds["status"], f"E cannot start the call's namespaces: {exc}")
     os._exit(0)
 
 
-def prepare(plan: LaunchPlan, env: dict[str, str]) -> Spawned:
+#: The descriptors a chain gets, in the order ``prepare`` hands them to ``fork_chain``.
+CHAIN_FDS = ("output", "stdin", "status", "control")
+
+
+def fork_chain(plan: LaunchPlan, env: dict[str, str], child_fds: list[int]) -> None:
+    """Fork a call's intermediate on ``child_fds`` (see ``CHAIN_FDS``); the caller closes them.
+
+    The intermediate reports its own pid (``I``), then its init's (``P``), on the
+    status pipe: whoever forked it reaps it, the server only reads the pipe.
+    """
+    parent = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            close_fds_except(set(child_fds))
+            _child_signals()
+            fds = dict(zip(CHAIN_FDS, child_fds))  # noqa: B905 - no strict= before Python 3.10
+            _run_intermediate(plan, env, fds, parent)
+        finally:
+            os._exit(EXIT_SETUP_FAILED)
+
+
+def prepare(order: Callable[[list[int]], None]) -> Spawned:
     """Build a call's namespaces and processes up to the exec, waiting for ``start``.
 
-    Only for a plan with a PID namespace. Returns at once; the chain sets itself
-    up in the background, and a request written before it is ready just waits
-    in the pipe.
+    Only for a plan with a PID namespace. ``order`` forks the chain on the
+    child's ends of its pipes (``fork_chain``, usually in the zygote). Returns at
+    once; the chain sets itself up in the background, and a request written
+    before it is ready just waits in the pipe. Raises ``OSError`` if ``order`` does.
     """
     out_r, out_w = os.pipe()
     in_r, in_w = os.pipe()
     st_r, st_w = os.pipe()
     ctl_r, ctl_w = os.pipe()
-    server = os.getpid()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            close_fds_except({out_w, in_r, st_w, ctl_r})
-            _child_signals()
-            fds = {"stdin": in_r, "output": out_w, "status": st_w, "control": ctl_r}
-            _run_intermediate(plan, env, fds, server)
-        finally:
-            os._exit(EXIT_SETUP_FAILED)
-    for fd in (out_w, in_r, st_w, ctl_r):
-        os.close(fd)
+    try:
+        order([out_w, in_r, st_w, ctl_r])
+    except OSError:
+        for fd in (out_r, in_w, st_r, ctl_w):
+            os.close(fd)
+        raise
+    finally:
+        for fd in (out_w, in_r, st_w, ctl_r):
+            os.close(fd)
     for fd in (out_r, in_w, st_r):
         os.set_blocking(fd, False)
-    return Spawned(pid, out_r, in_w, st_r, group=False, control=ctl_w)
+    return Spawned(-1, out_r, in_w, st_r, group=False, control=ctl_w)
+
+
+def chain_alive(spawned: Spawned) -> bool:
+    """Read what a prepared chain said so far; False once it died or failed."""
+    closed = False
+    try:
+        while True:
+            data = os.read(spawned.status, 4096)
+            if not data:
+                closed = True
+                break
+            spawned.status_text += data
+    except BlockingIOError:
+        pass
+    return not closed and b"\nE" not in b"\n" + spawned.status_text
 
 
 def start(spawned: Spawned, argv: list[str], cwd: str) -> None:
@@ -418,19 +665,17 @@ def start(spawned: Spawned, argv: list[str], cwd: str) -> None:
     """
     control, spawned.control = spawned.control, -1
     try:
-        _write_all(control, json.dumps({"argv": argv, "cwd": cwd}).encode("utf-8"))
+        _write_all(control, encode_request(argv, cwd))
     finally:
         os.close(control)
 
 
 def spawn(plan: LaunchPlan, argv: list[str], cwd: str, env: dict[str, str]) -> Spawned:
-    """Start one call now and return at once; the caller polls the pipes and reaps ``pid``."""
-    if plan.confine and plan.pid_namespace:
-        spawned = prepare(plan, env)
-        # If the chain died while setting up, its status pipe says why.
-        with contextlib.suppress(OSError):
-            start(spawned, argv, cwd)
-        return spawned
+    """Start one call in a process group now and return at once.
+
+    For a plan without PID namespaces; the caller polls the pipes, reaps ``pid``
+    and kills its group.
+    """
     out_r, out_w = os.pipe()
     in_r, in_w = os.pipe()
     st_r, st_w = os.pipe()

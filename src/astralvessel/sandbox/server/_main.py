@@ -6,11 +6,13 @@ single thread means every fork happens in a single-threaded process, so the
 Python code that runs between fork and exec cannot deadlock on a lock another
 thread held, and frames to the host never interleave.
 
-A confining server keeps one *spare*: a call's namespaces and processes built
-ahead of time, up to the command waiting for its request (see ``_launch``).
-A call takes the spare, and the server forks the next one right away, while
-the call runs, so the forks stay off the call's critical path. A call that
-finds no spare (it died, or none could be built) prepares one on demand.
+A confining server forks every call's namespaces through its zygote (see
+``_zygote``) and keeps one *spare*: a call's namespaces and init built ahead
+of time, init waiting for its request (see ``_launch``). A call takes the
+spare; the next one is ordered a moment after the answer, or while the call
+runs if the host calls back to back, so the forks stay off the call's critical
+path. A call that finds no spare (it died, or none could be built) has one
+built on demand.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import _launch, _protocol, _worker
+from . import _launch, _protocol, _worker, _zygote
 
 __all__ = ["Server", "main"]
 
@@ -38,6 +40,10 @@ _DRAIN_NAMESPACE = 5.0
 _DRAIN_GROUP = 0.5
 # A file request may run this long past its timeout before the worker is replaced.
 _WORKER_GRACE = 5.0
+# A call that comes this soon after the last answer means the host calls back to back.
+_BACK_TO_BACK = 0.01
+# How long after an answer the next spare's forks wait, so the host gets the CPUs first.
+_REFILL_DELAY = 0.003
 
 
 def _seccomp_installer() -> Callable[[bytes], None] | None:
@@ -47,6 +53,19 @@ def _seccomp_installer() -> Callable[[bytes], None] | None:
         return None
     install: Callable[[bytes], None] = _seccomp.install
     return install
+
+
+def _warm(plan: _launch.LaunchPlan) -> None:
+    """Do once, before any fork, the setup every call would otherwise repeat in its child."""
+    with contextlib.suppress(OSError, AttributeError):
+        _launch.warm()
+    if plan.seccomp is not None:
+        try:
+            from . import _seccomp
+        except ImportError:
+            return
+        with contextlib.suppress(ValueError, OSError, AttributeError):
+            _seccomp.prepare(plan.seccomp)
 
 
 def map_path(path: str, path_map: dict[str, str]) -> str:
@@ -79,8 +98,7 @@ class Call:
         self.timed_out = False
         self.cancelled = False
         self.duration = 0.0
-        self.status_text = b""
-        #: The intermediate wrote ``D``: its pid 1 is reaped, so the namespace is empty.
+        #: Init (or, if init was killed, the intermediate) wrote ``D``: the namespace is empty.
         self.namespace_empty = False
 
     def take(self, chunk: bytes) -> bytes:
@@ -118,8 +136,12 @@ class Server:
         self.worker_busy: tuple[int, float, float] | None = None  # id, deadline, timeout
         #: The next call's prepared namespaces (confined with a PID namespace only).
         self.spare: _launch.Spawned | None = None
-        #: Intermediates whose call is over (they said ``D``) but not reaped yet.
-        self.exiting: set[int] = set()
+        #: Forks every call's namespaces (see ``_zygote``); started on first need.
+        self.zygote: _zygote.Zygote | None = None
+        #: When the last call's exit frame went out (``time.monotonic``).
+        self.last_answer = float("-inf")
+        #: When to build the next spare, if one is due (``time.monotonic``).
+        self.refill_at: float | None = None
 
     # -- host I/O ------------------------------------------------------------
 
@@ -150,6 +172,8 @@ class Server:
                 for key, events in self.selector.select(self._next_timeout()):
                     key.data(key.fd, events)
                 self._check_deadlines()
+                if self.refill_at is not None and time.monotonic() >= self.refill_at:
+                    self._refill_spare()
         except BrokenPipeError:
             pass  # the host is gone: nobody to report to
         finally:
@@ -162,6 +186,8 @@ class Server:
         ]
         if self.worker_busy is not None:
             deadlines.append(self.worker_busy[1])
+        if self.refill_at is not None:
+            deadlines.append(self.refill_at)
         if not deadlines:
             return None
         return max(0.0, min(deadlines) - time.monotonic())
@@ -235,6 +261,7 @@ class Server:
         )
         problems: dict[str, str] = {}
         if plan.confine:
+            _warm(plan)
             problems = _launch.probe(plan)
             # Degrade what cannot work; the host refuses to go on unless it relaxed that promise.
             if "pid_namespace" in problems:
@@ -311,6 +338,9 @@ class Server:
         if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
             self.fail(call_id, "'argv' must be a non-empty list of strings")
             return
+        if any("\0" in a for a in argv) or "\0" in str(header.get("cwd") or ""):
+            self.fail(call_id, "'argv' and 'cwd' may not contain NUL characters")
+            return
         if call_id in self.calls:
             self.fail(call_id, f"call id {call_id} is already running")
             return
@@ -324,57 +354,75 @@ class Server:
         argv = [map_path(a, self.path_map) if a.startswith("/") else a for a in argv]
         cwd = map_path(str(cwd), self.path_map)
         spawned = self._start_on_spare(argv, cwd)
-        if spawned is None:
+        if spawned is None and plan.confine and plan.pid_namespace:
+            try:
+                spawned = self._prepare()
+            except OSError as exc:
+                self.fail(call_id, f"cannot start the call's namespaces: {exc}")
+                return
+            # If the chain died while setting up, its status pipe says why.
+            with contextlib.suppress(OSError):
+                _launch.start(spawned, argv, cwd)
+        elif spawned is None:
             spawned = _launch.spawn(plan, argv, cwd, self.env)
         call = Call(call_id, spawned, timeout, output_chars)
         self.calls[call_id] = call
         self.selector.register(spawned.output, selectors.EVENT_READ, self._on_output)
         if not spawned.group:
-            # The end of a namespace call comes on the status pipe, before the intermediate exits.
+            # The end of a namespace call comes on the status pipe (init's ``D``).
             self.selector.register(spawned.status, selectors.EVENT_READ, self._on_status)
         if body:
             call.stdin = memoryview(body)
             self.selector.register(spawned.stdin, selectors.EVENT_WRITE, self._on_stdin)
         else:
             self._close_stdin(call)
-        # The call is running: build the next one's namespaces now, while it runs.
-        self._refill_spare()
+        # The host calls back to back: build the next call's namespaces now, while this one
+        # runs, or the next would wait for them. Otherwise wait for this call's answer
+        # (see ``_maybe_finish``), so the forks do not compete with the call for the CPUs.
+        now = time.monotonic()
+        if now - self.last_answer < _BACK_TO_BACK:
+            self._refill_spare()
 
     # -- spare -------------------------------------------------------------------
 
     def _refill_spare(self) -> None:
         """Prepare the next call's namespaces unless one is ready (confined with namespaces)."""
+        self.refill_at = None
         plan = self.plan
         if self.spare is not None or not self.running or plan is None:
             return
         if plan.confine and plan.pid_namespace:
-            self.spare = _launch.prepare(plan, self.env)
+            # A call that finds no spare prepares its own and reports why it failed.
+            with contextlib.suppress(OSError):
+                self.spare = self._prepare()
+
+    def _prepare(self) -> _launch.Spawned:
+        """Have the zygote fork a call's chain, (re)starting the zygote if it is not running."""
+        zygote = self.zygote
+        if zygote is not None:
+            with contextlib.suppress(OSError):
+                return _launch.prepare(zygote.order)
+            zygote.close()  # it died; one new zygote, then give up
+        _, plan = self._configured()
+        self.zygote = zygote = _zygote.start(plan, self.env)
+        return _launch.prepare(zygote.order)
 
     def _start_on_spare(self, argv: list[str], cwd: str) -> _launch.Spawned | None:
         """Hand the request to the spare and return it; None if there is no live spare."""
         spare, self.spare = self.spare, None
         if spare is None:
             return None
-        if _has_exited(spare.pid):
-            # Killed from outside: its command might still read the request as it dies.
+        if not _launch.chain_alive(spare):
+            # Killed from outside, or it could not set itself up.
             spare.close()
             return None
         try:
             _launch.start(spare, argv, cwd)
         except OSError:
-            # It died before its command read the request (its SIGCHLD is not handled yet).
-            self._discard_spare(spare)
+            # It died before its init read the request.
+            spare.close()
             return None
         return spare
-
-    @staticmethod
-    def _discard_spare(spare: _launch.Spawned) -> None:
-        """Kill a spare's chain (its init and command go with the intermediate) and reap it."""
-        with contextlib.suppress(OSError):
-            os.kill(spare.pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(spare.pid, 0)
-        spare.close()
 
     def _call_by_fd(self, fd: int, attr: str) -> Call | None:
         for call in self.calls.values():
@@ -436,8 +484,8 @@ class Server:
         except BlockingIOError:
             pass
         for call in list(self.calls.values()):
-            if call.status is not None:
-                continue
+            if call.status is not None or not call.spawned.group:
+                continue  # a namespace call ends on its status pipe
             try:
                 pid, status = os.waitpid(call.spawned.pid, os.WNOHANG)
             except ChildProcessError:
@@ -445,14 +493,10 @@ class Server:
             if pid == 0:
                 continue
             self._ended(call, status)
-        for pid in list(self.exiting):
-            if _has_exited(pid):
-                self.exiting.discard(pid)
-        spare = self.spare
-        if spare is not None and _has_exited(spare.pid):
-            # It could not set itself up; the next call prepares its own and reports why.
-            self.spare = None
-            spare.close()
+        zygote = self.zygote
+        if zygote is not None and _has_exited(zygote.pid):
+            zygote.close()
+            self.zygote = None  # the next spare starts a new one
         if self.worker is not None and _has_exited(self.worker.pid):
             self._replace_worker("the file worker died")
 
@@ -477,10 +521,10 @@ class Server:
         closed = self._drain_status(call)
         if closed or call.namespace_empty:
             self._stop_watching_status(call)
-        if call.namespace_empty and call.status is None:
-            # Finish now and reap the exiting intermediate later, from the SIGCHLD wake-up.
-            self.exiting.add(call.spawned.pid)
-            self._ended(call, 0)
+            if call.status is None:
+                # Init said the namespace is empty, or the whole chain is gone (the
+                # intermediate's own exit, and reaping it, are the zygote's business).
+                self._ended(call, 0)
 
     def _stop_watching_status(self, call: Call) -> None:
         with contextlib.suppress(KeyError, ValueError):
@@ -495,15 +539,15 @@ class Server:
                 if not data:
                     closed = True
                     break
-                call.status_text += data
+                call.spawned.status_text += data
         except BlockingIOError:
             pass
-        call.namespace_empty = b"D\n" in call.status_text.splitlines(keepends=True)
+        call.namespace_empty = b"D\n" in call.spawned.status_text.splitlines(keepends=True)
         return closed
 
     def _read_status(self, call: Call) -> list[str]:
         self._drain_status(call)
-        return call.status_text.decode("utf-8", "replace").splitlines()
+        return call.spawned.status_text.decode("utf-8", "replace").splitlines()
 
     def _kill(self, call: Call) -> None:
         """SIGKILL the call: its pid 1 (the kernel then empties the namespace) or its group."""
@@ -512,11 +556,18 @@ class Server:
             return
         if call.status is not None:
             return  # the namespace is empty and its pid 1 reaped: that pid may name another
-        init = [line[1:] for line in self._read_status(call) if line.startswith("P")]
+        lines = self._read_status(call)
+        if not any(line[:1] in "IP" for line in lines if line):
+            # The intermediate names itself first thing; wait the moment that takes.
+            _wait_readable(call.spawned.status, 1.0)
+            lines = self._read_status(call)
+        init = [line[1:] for line in lines if line.startswith("P")]
         # Before the intermediate has forked pid 1, killing it is enough: PDEATHSIG does the rest.
-        target = int(init[0]) if init else call.spawned.pid
-        with contextlib.suppress(OSError):
-            os.kill(target, signal.SIGKILL)
+        intermediate = [line[1:] for line in lines if line.startswith("I")]
+        targets = init or intermediate
+        if targets:
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(int(targets[0]), signal.SIGKILL)
 
     def _check_deadlines(self) -> None:
         now = time.monotonic()
@@ -536,6 +587,17 @@ class Server:
         if call.status is None or call.output_open or self.calls.get(call.id) is not call:
             return
         del self.calls[call.id]
+        self._answer(call, call.status)
+        self.last_answer = time.monotonic()
+        if self.spare is None and self.refill_at is None:
+            # Let the host take the answer first; the next spare's forks come a moment later.
+            self.refill_at = self.last_answer + _REFILL_DELAY
+
+    def _answer(self, call: Call, status: int) -> None:
+        """Send a finished call's exit frame (or its error) and its outbox files.
+
+        ``status`` is the wait status of the call's reaped child (a group call's).
+        """
         lines = self._read_status(call)
         self._stop_watching_status(call)
         os.close(call.spawned.status)
@@ -547,10 +609,17 @@ class Server:
         if call.timed_out or call.cancelled:
             exit_code = None
         elif call.spawned.group:
-            exit_code = _launch.exit_code_of(call.status)
+            exit_code = _launch.exit_code_of(status)
         else:
             statuses = [int(line[1:]) for line in lines if line.startswith("X")]
-            exit_code = _launch.exit_code_of(statuses[0]) if statuses else None
+            if not statuses:
+                self.fail(
+                    call.id,
+                    "the call's pid 1 died before its command's exit "
+                    "(was it killed from outside the sandbox?)",
+                )
+                return
+            exit_code = _launch.exit_code_of(statuses[0])
         files = self._collect_outbox()
         self.send(
             {
@@ -684,14 +753,25 @@ class Server:
     def _stop_everything(self) -> None:
         spare, self.spare = self.spare, None
         if spare is not None:
-            self._discard_spare(spare)
+            spare.close()  # its init reads end-of-file for a request and exits
         for call in list(self.calls.values()):
             self._kill(call)
-        for pid in [call.spawned.pid for call in self.calls.values()] + list(self.exiting):
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
+        for call in self.calls.values():
+            if call.spawned.group:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(call.spawned.pid, 0)
+        if self.zygote is not None:
+            # Its death takes every intermediate (PDEATHSIG), and each init with it.
+            self.zygote.close()
         if self.worker is not None:
             self.worker.kill()
+
+
+def _wait_readable(fd: int, timeout: float) -> None:
+    """Block until ``fd`` has something to read (or end of file), at most ``timeout`` seconds."""
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        selector.select(timeout)
 
 
 def _has_exited(pid: int) -> bool:

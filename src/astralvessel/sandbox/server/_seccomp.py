@@ -12,7 +12,7 @@ import ctypes
 import os
 from collections.abc import Callable
 
-__all__ = ["install"]
+__all__ = ["install", "prepare"]
 
 PR_SET_SECCOMP = 22
 PR_SET_NO_NEW_PRIVS = 38
@@ -28,12 +28,44 @@ class _SockFprog(ctypes.Structure):
     _fields_ = (("len", ctypes.c_ushort), ("filter", ctypes.c_void_p))
 
 
+_prctl_function: Callable[..., int] | None = None
+# The last program made ready, kept alive with the buffer its sock_fprog points into.
+_prepared: tuple[bytes, ctypes.Array[ctypes.c_char], _SockFprog] | None = None
+
+
 def _prctl() -> Callable[..., int]:
-    libc = ctypes.CDLL(None, use_errno=True)
-    prctl = libc.prctl
-    prctl.argtypes = (ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong)
-    prctl.restype = ctypes.c_int
-    return prctl
+    global _prctl_function  # noqa: PLW0603 - resolved once, inherited by every fork
+    if _prctl_function is None:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+        prctl.argtypes = (
+            ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong
+        )  # fmt: skip
+        prctl.restype = ctypes.c_int
+        _prctl_function = prctl
+    return _prctl_function
+
+
+def prepare(program: bytes) -> _SockFprog:
+    """Check ``program`` and build its ``sock_fprog`` once; later calls reuse it.
+
+    The server prepares its calls' program before it forks them, so no call pays
+    for loading libc or building the structure. Raises ``ValueError`` if
+    ``program`` is not a whole number of instructions (1 to 4096).
+    """
+    global _prepared  # noqa: PLW0603 - one program per server
+    if _prepared is not None and _prepared[0] == program:
+        return _prepared[2]
+    size = len(program)
+    if size == 0 or size % _INSN_SIZE or size // _INSN_SIZE > _MAX_INSNS:
+        raise ValueError(
+            f"a seccomp program is 1 to {_MAX_INSNS} instructions of {_INSN_SIZE} bytes, "
+            f"not {size} bytes; build it with compile_bpf"
+        )
+    _prctl()
+    buffer = ctypes.create_string_buffer(program, size)
+    fprog = _SockFprog(size // _INSN_SIZE, ctypes.cast(buffer, ctypes.c_void_p))
+    _prepared = (program, buffer, fprog)
+    return fprog
 
 
 def install(program: bytes) -> None:
@@ -42,12 +74,7 @@ def install(program: bytes) -> None:
     Raises ``ValueError`` if ``program`` is not a whole number of instructions
     (1 to 4096) and ``OSError`` if the kernel refuses either step.
     """
-    size = len(program)
-    if size == 0 or size % _INSN_SIZE or size // _INSN_SIZE > _MAX_INSNS:
-        raise ValueError(
-            f"a seccomp program is 1 to {_MAX_INSNS} instructions of {_INSN_SIZE} bytes, "
-            f"not {size} bytes; build it with compile_bpf"
-        )
+    fprog = prepare(program)
     prctl = _prctl()
     # Without no_new_privs an unprivileged process may not install a filter, and
     # a setuid program run later could otherwise shed it.
@@ -58,8 +85,6 @@ def install(program: bytes) -> None:
             f"prctl(PR_SET_NO_NEW_PRIVS) failed: {os.strerror(err)}; "
             "the kernel is too old or forbids it",
         )
-    buffer = ctypes.create_string_buffer(program, size)
-    fprog = _SockFprog(size // _INSN_SIZE, ctypes.cast(buffer, ctypes.c_void_p))
     if prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.addressof(fprog), 0, 0) != 0:
         err = ctypes.get_errno()
         raise OSError(
