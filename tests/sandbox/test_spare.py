@@ -1,8 +1,9 @@
 """The confining server's spare: the next call's namespaces, prepared ahead of time.
 
 These tests watch the server's process tree on the host (``/proc``): the server
-forks a zygote once, and the zygote forks every chain; a spare is one of its
-children (the intermediate) with init, waiting for its request, below it.
+forks the zygote's launcher once, the launcher forks the zygote, and the zygote
+forks every call's init; a spare is an init with no child yet, waiting for its
+request.
 """
 
 from __future__ import annotations
@@ -75,27 +76,27 @@ def children() -> dict[int, list[int]]:
 
 
 def chains(server: int) -> dict[int, list[int]]:
-    """Each chain (a spare or a call) the server's zygote forked, with its descendants."""
+    """Each init (a spare's or a call's) the server's zygote forked, with its descendants."""
     tree = children()
     found: dict[int, list[int]] = {}
-    for zygote in tree.get(server, []):
-        for intermediate in tree.get(zygote, []):
+    zygotes = [zygote for child in tree.get(server, []) for zygote in tree.get(child, [])]
+    for zygote in zygotes:
+        for init in tree.get(zygote, []):
             below: list[int] = []
-            todo = list(tree.get(intermediate, []))
+            todo = list(tree.get(init, []))
             while todo:
                 pid = todo.pop()
                 below.append(pid)
                 todo.extend(tree.get(pid, []))
-            if below:
-                found[intermediate] = below
+            found[init] = below
     return found
 
 
 def zygote_of(server: int) -> int:
-    """The server's child that forks the chains (the other child, the file worker, forks none)."""
-    wait_for(lambda: bool(chains(server)), "a chain under the zygote")
+    """The server's grandchild that forks the inits (under its launcher; the worker has none)."""
+    wait_for(lambda: bool(chains(server)), "an init under the zygote")
     tree = children()
-    (zygote,) = [child for child in tree.get(server, []) if tree.get(child)]
+    (zygote,) = [zygote for child in tree.get(server, []) for zygote in tree.get(child, [])]
     return zygote
 
 
@@ -109,14 +110,14 @@ def wait_for(condition: Callable[[], bool], what: str) -> None:
 
 
 def spare_of(session: ServerSession) -> tuple[int, list[int]]:
-    """Wait until the server holds exactly one idle chain (its spare) and return it."""
+    """Wait until the zygote holds exactly one idle init (the spare) and return it."""
     server = int(session.ready_info["pid"])
     wait_for(
-        lambda: len(chains(server)) == 1 and len(next(iter(chains(server).values()))) >= 1,
-        "one spare: an intermediate with init waiting below it",
+        lambda: len(chains(server)) == 1 and not next(iter(chains(server).values())),
+        "one spare: an init with no command yet",
     )
-    ((intermediate, below),) = chains(server).items()
-    return intermediate, below
+    ((init, below),) = chains(server).items()
+    return init, below
 
 
 def alive(pid: int) -> bool:
@@ -206,7 +207,7 @@ def test_dead_spare_is_replaced_on_demand(session: ServerSession) -> None:
     """A spare that died (killed here) is not used: the call prepares its own and succeeds."""
     spare, below = spare_of(session)
     os.kill(spare, signal.SIGKILL)
-    wait_for(lambda: not alive(spare), "the spare's intermediate died")
+    wait_for(lambda: not alive(spare), "the spare's init died")
     outcome = session.run(RunRequest(argv=["/bin/echo", "fine"], timeout=10, output_chars=100))
     assert outcome.output == "fine\n"
     assert outcome.exit_code == 0
@@ -321,12 +322,12 @@ def test_timed_out_call_returns_only_once_its_processes_are_gone(session: Server
 
 
 def test_finished_calls_leave_no_zombie(session: ServerSession) -> None:
-    """Each finished call's intermediate is reaped as it exits, so none piles up."""
+    """Each finished call's init is reaped as it exits, so none piles up."""
     server = int(session.ready_info["pid"])
     zygote = zygote_of(server)
     for _ in range(5):
         session.run(RunRequest(argv=["/bin/true"], timeout=10, output_chars=100))
-    wait_for(lambda: zombies_of(zygote) == [], "every finished call's intermediate reaped")
+    wait_for(lambda: zombies_of(zygote) == [], "every finished call's init reaped")
     assert zombies_of(server) == []
 
 

@@ -62,8 +62,8 @@ LABEL_POLICY = "org.astralvessel.policy"
 
 #: Memory the server, the file worker and the kernel's page tables need beyond the calls'.
 SERVER_MEMORY_MB = 128
-#: Processes beyond ``limits.processes``: the server, its file worker, and each call's
-#: intermediate and init processes.
+#: Processes beyond ``limits.processes``: the server, its file worker and zygote, and
+#: each call's init.
 SERVER_PROCESSES = 32
 #: Docker's masked paths outside ``/proc``. Any mask inside ``/proc`` makes the kernel
 #: refuse a fresh ``/proc`` in a call's PID namespace, so none is kept there; nothing in

@@ -1,10 +1,10 @@
 """Starting one call: fork, confine, exec (stdlib only, Python 3.8+).
 
-Confined, a call runs under two processes of ours. The server forks an
-*intermediate* child, which unshares a PID and a mount namespace and forks the
-call's *init*: pid 1 of a fresh PID namespace, which mounts its own ``/proc``
-(so the call sees only its own processes), confines itself (rlimits, the
-unprivileged uid, ``no_new_privs``, the seccomp filter) and starts the
+Confined, a call runs under one process of ours: its *init*, pid 1 of a fresh
+PID namespace, which the zygote (see ``_zygote``) forks with
+``fork_chain``. Init makes a mount namespace of its own and mounts a fresh
+``/proc`` (so the call sees only its own processes), confines itself (rlimits,
+the unprivileged uid, ``no_new_privs``, the seccomp filter) and starts the
 *command* as its child. Everything the kernel passes on to a child (limits,
 credentials, the filter) the command inherits, so init can start it with
 ``posix_spawn`` (a vfork and an exec: no copy of this Python process to make
@@ -16,17 +16,17 @@ program expects; and pid 1 ignores every signal sent from inside its own
 namespace, so the call cannot kill the init that watches it.
 
 The forks are the expensive part, and none of them depends on the request. So
-``prepare`` builds the chain ahead of time (a *spare*): init gets as far as the
-steps that do not change who it is (``no_new_privs`` and the seccomp filter)
-and blocks reading its request (argv and working directory) from a control
-pipe. ``start`` writes the request; init then sets the limits, drops to the
-unprivileged uid and starts the command. The server keeps one spare ready, so a
-call's critical path is a pipe write, a few system calls and a vfork.
+``prepare`` has the chain built ahead of time (a *spare*): init gets as far as
+the steps that do not change who it is (``no_new_privs`` and the seccomp
+filter) and blocks reading its request (working directory and argv) from a
+control pipe. ``start`` writes the request; init then sets the limits, drops to
+the unprivileged uid and starts the command. The server keeps one spare ready,
+so a call's critical path is a pipe write, a few system calls and a vfork.
 
 Unconfined (or confined without namespaces, where the host allowed it), the
 command runs as the leader of a new process group that the server kills.
 
-Everything between fork and exec runs in a copy of the single-threaded server,
+Everything between fork and exec runs in a copy of a single-threaded process,
 so plain Python is safe there; each child ends in ``os._exit``.
 """
 
@@ -88,7 +88,7 @@ def warm() -> None:
     on a small VM; done once in the server, no call pays it again.
     """
     lib = _lib()
-    for name in ("unshare", "mount", "prctl", "capset"):
+    for name in ("unshare", "setns", "mount", "prctl", "capset"):
         getattr(lib, name)
 
 
@@ -101,6 +101,11 @@ def _check(result: int, what: str) -> None:
 def unshare(flags: int) -> None:
     """Call unshare(2)."""
     _check(_lib().unshare(ctypes.c_int(flags)), "unshare")
+
+
+def setns(fd: int, nstype: int) -> None:
+    """Call setns(2)."""
+    _check(_lib().setns(ctypes.c_int(fd), ctypes.c_int(nstype)), "setns")
 
 
 def mount(source: str | None, target: str, fstype: str | None, flags: int) -> None:
@@ -508,7 +513,7 @@ def _empty_namespace() -> None:
             return
 
 
-def _run_init(plan: LaunchPlan, env: dict[str, str], fds: dict[str, int]) -> None:
+def _run_init(plan: LaunchPlan, env: dict[str, str], fds: dict[str, int], alive: int) -> None:
     """Pid 1 of the call's namespace: mount /proc, confine, run the command, empty, report.
 
     Never returns. Reports ``X<status>`` when the command exits and ``D`` once
@@ -517,20 +522,23 @@ def _run_init(plan: LaunchPlan, env: dict[str, str], fds: dict[str, int]) -> Non
     status_fd = fds["status"]
     try:
         # A session of its own, inherited by the command: a call's killpg(0) then reaches
-        # only this init (which ignores it) and the call's own tree, never the intermediate
-        # or the server's group (in Docker the server shares the calls' uid).
+        # only this init (which ignores it) and the call's own tree, never the zygote or
+        # the server's group (in Docker the server shares the calls' uid).
         os.setsid()
-        os.close(fds["alive_w"])
         prctl(PR_SET_PDEATHSIG, 9)
-        # If the intermediate died before PDEATHSIG was armed, its end of this pipe is closed.
-        os.set_blocking(fds["alive_r"], False)
+        # If the zygote died before PDEATHSIG was armed, the write end of this pipe is gone.
+        os.set_blocking(alive, False)
         try:
-            if os.read(fds["alive_r"], 1) == b"":
+            if os.read(alive, 1) == b"":
                 os._exit(1)
         except BlockingIOError:
             pass
-        if plan.pid_namespace:
-            mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        os.close(alive)
+        # A mount namespace of its own with private mounts, so this call's /proc never
+        # shows up in the sandbox's view or another call's.
+        unshare(CLONE_NEWNS)
+        mount(None, "/", None, MS_REC | MS_PRIVATE)
+        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
         # A write past RLIMIT_FSIZE then fails with EFBIG, as on a full disk, instead of
         # killing; an ignored signal stays ignored across exec.
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
@@ -559,62 +567,38 @@ def _run_init(plan: LaunchPlan, env: dict[str, str], fds: dict[str, int]) -> Non
         os._exit(0)
 
 
-def _run_intermediate(
-    plan: LaunchPlan, env: dict[str, str], fds: dict[str, int], parent: int
-) -> None:
-    """Make the namespaces, fork their pid 1, wait for it. Never returns."""
-    try:
-        _report(fds["status"], f"I{os.getpid()}")
-        prctl(PR_SET_PDEATHSIG, 9)
-        if os.getppid() != parent:
-            os._exit(1)
-        unshare(CLONE_NEWPID | CLONE_NEWNS)
-        # Private mounts, so the call's /proc never shows up in the sandbox's own view.
-        mount(None, "/", None, MS_REC | MS_PRIVATE)
-        alive_r, alive_w = os.pipe()
-        fds = dict(fds, alive_r=alive_r, alive_w=alive_w)
-        init = os.fork()
-        if init == 0:
-            _run_init(plan, env, fds)
-        os.close(alive_r)
-        for name in ("stdin", "output", "control"):
-            os.close(fds[name])
-        _report(fds["status"], f"P{init}")
-        # From here on this process only waits and exits (tearing down the mount namespace):
-        # work that must never delay a call. Init, forked already, keeps the normal policy.
-        _idle_priority()
-        os.waitpid(init, 0)
-        # The kernel reaps every other process of the namespace before it lets pid 1's
-        # parent reap pid 1, so the call has left nothing behind. Init says ``D`` itself
-        # when the call ends on its own; this one covers an init killed on a timeout, a
-        # cancel or a failure, and may come after the server stopped listening.
-        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
-        _report(fds["status"], "D")
-    except BaseException as exc:
-        _report(fds["status"], f"E cannot start the call's namespaces: {exc}")
-    os._exit(0)
-
-
 #: The descriptors a chain gets, in the order ``prepare`` hands them to ``fork_chain``.
 CHAIN_FDS = ("output", "stdin", "status", "control")
 
 
-def fork_chain(plan: LaunchPlan, env: dict[str, str], child_fds: list[int]) -> None:
-    """Fork a call's intermediate on ``child_fds`` (see ``CHAIN_FDS``); the caller closes them.
+def fork_chain(
+    plan: LaunchPlan, env: dict[str, str], child_fds: list[int], *, alive: int, own_pid_ns: int
+) -> int:
+    """Fork a call's init, pid 1 of a new PID namespace, on ``child_fds``; return its pid.
 
-    The intermediate reports its own pid (``I``), then its init's (``P``), on the
-    status pipe: whoever forked it reaps it, the server only reads the pipe.
+    ``child_fds`` are in ``CHAIN_FDS`` order and the caller closes them after;
+    ``alive`` is the read end of a pipe whose write end only the caller holds
+    (init's check that its parent is still there), and ``own_pid_ns`` an open
+    descriptor of the caller's PID namespace. ``unshare(CLONE_NEWPID)`` puts
+    only the *next* child in a new namespace, and works once, so the caller
+    returns to its own namespace (for its children) right after the fork;
+    raises ``OSError`` if either step fails, and then the caller cannot fork
+    another chain. The caller must reap init.
     """
-    parent = os.getpid()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            close_fds_except(set(child_fds))
-            _child_signals()
-            fds = dict(zip(CHAIN_FDS, child_fds))  # noqa: B905 - no strict= before Python 3.10
-            _run_intermediate(plan, env, fds, parent)
-        finally:
-            os._exit(EXIT_SETUP_FAILED)
+    unshare(CLONE_NEWPID)
+    try:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                close_fds_except({*child_fds, alive})
+                _child_signals()
+                fds = dict(zip(CHAIN_FDS, child_fds))  # noqa: B905 - no strict= before Python 3.10
+                _run_init(plan, env, fds, alive)
+            finally:
+                os._exit(EXIT_SETUP_FAILED)
+    finally:
+        setns(own_pid_ns, CLONE_NEWPID)
+    return pid
 
 
 def prepare(order: Callable[[list[int]], None]) -> Spawned:
@@ -644,7 +628,7 @@ def prepare(order: Callable[[list[int]], None]) -> Spawned:
 
 
 def chain_alive(spawned: Spawned) -> bool:
-    """Read what a prepared chain said so far; False once it died or failed."""
+    """Read what a prepared chain said so far; False once it died, failed or ended."""
     closed = False
     try:
         while True:
@@ -655,7 +639,8 @@ def chain_alive(spawned: Spawned) -> bool:
             spawned.status_text += data
     except BlockingIOError:
         pass
-    return not closed and b"\nE" not in b"\n" + spawned.status_text
+    said = b"\n" + spawned.status_text
+    return not closed and b"\nE" not in said and b"\nD" not in said
 
 
 def start(spawned: Spawned, argv: list[str], cwd: str) -> None:
@@ -733,25 +718,42 @@ def _probe_steps(plan: LaunchPlan, problems: dict[str, str], out: int) -> None:
         _report(out, f"{key} {exc}")
 
     if plan.pid_namespace:
-        try:
-            unshare(CLONE_NEWPID | CLONE_NEWNS)
-            mount(None, "/", None, MS_REC | MS_PRIVATE)
-            child = os.fork()
-        except BaseException as exc:
-            fail("pid_namespace", exc)
-        else:
-            if child == 0:
-                try:
-                    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-                except BaseException as exc:
-                    fail("pid_namespace", exc)
-                try:
-                    _probe_confinement(plan, fail)
-                finally:
-                    os._exit(0)
-            os.waitpid(child, 0)
-            return
+        _probe_namespaces(plan, fail)
+        return
     _probe_confinement(plan, fail)
+
+
+def _probe_namespaces(plan: LaunchPlan, fail: Callable[[str, BaseException], None]) -> None:
+    """Take the zygote's and init's namespace steps, then probe confinement inside them."""
+    try:
+        # The zygote's launcher: a PID namespace for the zygote.
+        unshare(CLONE_NEWPID)
+        zygote = os.fork()
+    except BaseException as exc:
+        fail("pid_namespace", exc)
+        return
+    if zygote:
+        os.waitpid(zygote, 0)
+        return
+    try:
+        # The zygote: a PID namespace for one child, then back to its own.
+        own = os.open("/proc/self/ns/pid", os.O_RDONLY)
+        unshare(CLONE_NEWPID)
+        init = os.fork()
+        if init:
+            setns(own, CLONE_NEWPID)
+            os.waitpid(init, 0)
+            os._exit(0)
+        # Init: a mount namespace of its own with a fresh /proc.
+        unshare(CLONE_NEWNS)
+        mount(None, "/", None, MS_REC | MS_PRIVATE)
+        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    except BaseException as exc:
+        fail("pid_namespace", exc)
+    try:
+        _probe_confinement(plan, fail)
+    finally:
+        os._exit(0)
 
 
 def _probe_confinement(plan: LaunchPlan, fail: Callable[[str, BaseException], None]) -> None:

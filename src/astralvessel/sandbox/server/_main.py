@@ -98,7 +98,7 @@ class Call:
         self.timed_out = False
         self.cancelled = False
         self.duration = 0.0
-        #: Init (or, if init was killed, the intermediate) wrote ``D``: the namespace is empty.
+        #: Init (or, if init was killed, the zygote) wrote ``D``: the namespace is empty.
         self.namespace_empty = False
 
     def take(self, chunk: bytes) -> bytes:
@@ -522,8 +522,8 @@ class Server:
         if closed or call.namespace_empty:
             self._stop_watching_status(call)
             if call.status is None:
-                # Init said the namespace is empty, or the whole chain is gone (the
-                # intermediate's own exit, and reaping it, are the zygote's business).
+                # Init (or the zygote, having reaped init) said the namespace is empty,
+                # or the chain is gone altogether.
                 self._ended(call, 0)
 
     def _stop_watching_status(self, call: Call) -> None:
@@ -557,17 +557,15 @@ class Server:
         if call.status is not None:
             return  # the namespace is empty and its pid 1 reaped: that pid may name another
         lines = self._read_status(call)
-        if not any(line[:1] in "IP" for line in lines if line):
-            # The intermediate names itself first thing; wait the moment that takes.
+        if not any(line.startswith("P") for line in lines):
+            # The zygote names init as soon as it has forked it; wait the moment that takes.
             _wait_readable(call.spawned.status, 1.0)
             lines = self._read_status(call)
         init = [line[1:] for line in lines if line.startswith("P")]
-        # Before the intermediate has forked pid 1, killing it is enough: PDEATHSIG does the rest.
-        intermediate = [line[1:] for line in lines if line.startswith("I")]
-        targets = init or intermediate
-        if targets:
-            with contextlib.suppress(OSError, ValueError):
-                os.kill(int(targets[0]), signal.SIGKILL)
+        if init and init[0].isdigit() and self.zygote is not None:
+            # Init's parent kills it (no pid reuse there); the kernel then empties its
+            # namespace, and the zygote says D once it has reaped init.
+            self.zygote.kill(int(init[0]))
 
     def _check_deadlines(self) -> None:
         now = time.monotonic()
@@ -761,7 +759,7 @@ class Server:
                 with contextlib.suppress(ChildProcessError):
                     os.waitpid(call.spawned.pid, 0)
         if self.zygote is not None:
-            # Its death takes every intermediate (PDEATHSIG), and each init with it.
+            # Its death takes every init (PDEATHSIG), and each namespace with it.
             self.zygote.close()
         if self.worker is not None:
             self.worker.kill()
