@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import tempfile
 import threading
@@ -235,3 +236,21 @@ def test_nul_in_argv_is_refused_clearly(session: ServerSession) -> None:
     with pytest.raises(SandboxError, match="may not contain NUL"):
         session.run(RunRequest(argv=["/bin/echo", "a\0b"], timeout=10, output_chars=500))
     assert session.run(sh("echo fine")).output == "fine\n"
+
+
+def test_call_ignores_no_signal_but_sigxfsz(workspace: Path) -> None:
+    """A signal ignored by whoever started the server (SIGHUP here) is not ignored in a call."""
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        session = start(workspace)
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    with session:
+        outcome = session.run(
+            RunRequest(argv=["grep", "SigIgn", "/proc/self/status"], timeout=10, output_chars=500)
+        )
+    ignored = int(outcome.output.split()[1], 16)
+    # glibc's posix_spawn leaves its own two internal signals (32 and 33) ignored; a glibc
+    # program re-arms them at start, and they are no signal anything else sends.
+    glibc_internal = (1 << 31) | (1 << 32)
+    assert ignored & ~glibc_internal == 1 << (signal.SIGXFSZ - 1)

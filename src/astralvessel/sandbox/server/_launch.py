@@ -50,6 +50,7 @@ __all__ = [
     "fork_chain",
     "prepare",
     "probe",
+    "reset_ignored_signals",
     "spawn",
     "start",
 ]
@@ -399,8 +400,13 @@ def _executable(name: str, env: dict[str, str]) -> str | None:
     return None
 
 
-def _reset_ignored_signals() -> None:
-    """Un-ignore every signal but SIGXFSZ: exec resets handlers, but an ignored signal stays so."""
+def reset_ignored_signals() -> None:
+    """Un-ignore every signal but SIGXFSZ: exec resets handlers, but an ignored signal stays so.
+
+    The zygote does this once for every init it forks (an ignored SIGHUP, say,
+    could come all the way from the host application); ``_child_signals`` then
+    resets the few the server and the zygote set themselves.
+    """
     for sig in signal.valid_signals():
         if sig not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGXFSZ):
             with contextlib.suppress(OSError, ValueError):
@@ -542,7 +548,6 @@ def _run_init(plan: LaunchPlan, env: dict[str, str], fds: dict[str, int], alive:
         # A write past RLIMIT_FSIZE then fails with EFBIG, as on a full disk, instead of
         # killing; an ignored signal stays ignored across exec.
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        _reset_ignored_signals()
         if plan.confine:
             _filter_early(plan)
         _rehearse(plan, env)

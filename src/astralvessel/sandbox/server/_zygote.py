@@ -141,6 +141,7 @@ class _Loop:
         """Fork on every order and reap every init, until the server closes the socket."""
         # Nothing here makes reference cycles; a collection would touch (and copy) every object.
         gc.disable()
+        _launch.reset_ignored_signals()
         signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # a status pipe the server closed
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_r, False)
