@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import errno
 
-from .calls import py_json
+from .calls import py, py_json
 
 
 def test_af_unix_socket_refused(session):
@@ -117,3 +117,43 @@ def test_dev_shm_not_writable(session):
         """,
     )
     assert "created" not in result.values()
+
+
+def test_call_holds_no_descriptor_but_its_own_three(session):
+    """A call starts with stdin, stdout and stderr open and nothing else: no pipe to the server."""
+    result = py_json(
+        session,
+        """
+        import json, os
+        held = []
+        for fd in range(3, 4096):
+            try:
+                os.fstat(fd)
+            except OSError:
+                continue
+            held.append([fd, os.readlink(f"/proc/self/fd/{fd}")])
+        print(json.dumps(held))
+        """,
+    )
+    assert result == []
+
+
+def test_call_cannot_forge_its_own_end(session):
+    """A call that closes its output and writes "done" lines everywhere still runs to its timeout."""
+    outcome = py(
+        session,
+        """
+        import os, time
+        os.close(1)
+        os.close(2)
+        for fd in range(3, 4096):
+            try:
+                os.write(fd, b"X0\\nD\\n")
+            except OSError:
+                pass
+        time.sleep(30)
+        """,
+        timeout=1.0,
+    )
+    assert outcome.timed_out
+    assert outcome.exit_code is None

@@ -472,6 +472,9 @@ def _run_request(plan: LaunchPlan, env: dict[str, str], fds: dict[str, int]) -> 
     # Init's own 0, 1 and 2 become the call's pipes, for the command to inherit. Before the
     # limits: a tiny RLIMIT_NOFILE would refuse the dup2.
     _take_pipes(fds["stdin"], fds["output"])
+    # The only other descriptor init holds: a call that could write to it could say it was
+    # done while still running. (The zygote receives it close-on-exec already.)
+    os.set_inheritable(fds["status"], False)
     if plan.confine:
         _become_unprivileged(plan)
     command: int | None = None

@@ -165,8 +165,10 @@ class _Loop:
     def _take_order(self) -> bool:
         """Carry out one order; False once the server has closed the socket."""
         try:
+            # Close-on-exec from the start: a received descriptor is inheritable otherwise,
+            # and the call's status pipe must never reach the call.
             message, ancillary, _, _ = self.sock.recvmsg(
-                16, socket.CMSG_SPACE(len(_launch.CHAIN_FDS) * _FD_BYTES)
+                16, socket.CMSG_SPACE(len(_launch.CHAIN_FDS) * _FD_BYTES), socket.MSG_CMSG_CLOEXEC
             )
         except InterruptedError:
             return True
