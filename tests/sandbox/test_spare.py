@@ -58,9 +58,8 @@ def session(workspace: Path) -> Iterator[ServerSession]:
         yield started
 
 
-def children() -> dict[int, list[int]]:
-    """Map every live process to its children, from ``/proc``."""
-    tree: dict[int, list[int]] = {}
+def processes() -> Iterator[tuple[int, str, int]]:
+    """Every process on the host, from ``/proc``: pid, state letter and parent pid."""
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
@@ -69,9 +68,15 @@ def children() -> dict[int, list[int]]:
         except OSError:
             continue
         fields = stat[stat.rindex(")") + 2 :].split()
-        if fields[0] == "Z":
-            continue  # a zombie is dead, only not reaped yet
-        tree.setdefault(int(fields[1]), []).append(int(name))
+        yield int(name), fields[0], int(fields[1])
+
+
+def children() -> dict[int, list[int]]:
+    """Map every live process to its children, from ``/proc``."""
+    tree: dict[int, list[int]] = {}
+    for pid, state, parent in processes():
+        if state != "Z":  # a zombie is dead, only not reaped yet
+            tree.setdefault(parent, []).append(pid)
     return tree
 
 
@@ -262,18 +267,7 @@ def test_unconfined_server_keeps_no_spare(workspace: Path) -> None:
 
 def zombies_of(parent: int) -> list[int]:
     """The children of ``parent`` that have exited and wait to be reaped."""
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{name}/stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        if fields[0] == "Z" and int(fields[1]) == parent:
-            found.append(int(name))
-    return found
+    return [pid for pid, state, ppid in processes() if state == "Z" and ppid == parent]
 
 
 def processes_running(marker: str) -> list[int]:

@@ -351,18 +351,22 @@ def _parse_request(data: bytes) -> tuple[list[str], str]:
     return argv, cwd
 
 
-def _read_request(control: int) -> tuple[list[str], str] | None:
-    """Read the whole request from the control pipe; None if the server closed it unused."""
+def _read_to_end(fd: int) -> bytes:
+    """Read ``fd`` (blocking) until end of file, then close it."""
     chunks = []
     while True:
-        chunk = os.read(control, 65536)
+        chunk = os.read(fd, 65536)
         if not chunk:
             break
         chunks.append(chunk)
-    os.close(control)
-    if not chunks:
-        return None
-    return _parse_request(b"".join(chunks))
+    os.close(fd)
+    return b"".join(chunks)
+
+
+def _read_request(control: int) -> tuple[list[str], str] | None:
+    """Read the whole request from the control pipe; None if the server closed it unused."""
+    data = _read_to_end(control)
+    return _parse_request(data) if data else None
 
 
 def _filter_early(plan: LaunchPlan) -> None:
@@ -706,16 +710,10 @@ def probe(plan: LaunchPlan) -> dict[str, str]:
         finally:
             os._exit(0)
     os.close(write_end)
-    chunks = []
-    while True:
-        chunk = os.read(read_end, 65536)
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(read_end)
+    report = _read_to_end(read_end)
     os.waitpid(pid, 0)
     found: dict[str, str] = {}
-    for line in b"".join(chunks).decode("utf-8", "replace").splitlines():
+    for line in report.decode("utf-8", "replace").splitlines():
         key, _, why = line.partition(" ")
         found[key] = why
     return found
