@@ -30,6 +30,7 @@ from typing import IO, Any
 
 from ..errors import PromiseNotEnforcedError, SandboxError
 from ._base import Channel, FileOutcome, OutboxFile, RunOutcome, RunRequest, SandboxSession
+from ._lifeline import on_lifeline
 from ._policy import OUTBOX_DIR, WORKSPACE_DIR, Policy, Promise
 from .server import _protocol
 
@@ -129,8 +130,9 @@ class PipeChannel:
         cleanup: Callable[[], None] | None = None,
     ) -> PipeChannel:
         """Start ``argv`` with piped stdin, stdout and stderr, in its own session."""
-        try:
-            process = subprocess.Popen(
+
+        def popen() -> subprocess.Popen[bytes]:
+            return subprocess.Popen(
                 list(argv),
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
@@ -141,6 +143,11 @@ class PipeChannel:
                 pass_fds=tuple(pass_fds),
                 start_new_session=True,
             )
+
+        try:
+            # Forked on the lifeline thread: a parent-death signal then follows this
+            # process, not the thread that happened to open the turn.
+            process = on_lifeline(popen)
         except OSError as exc:
             if cleanup is not None:
                 cleanup()
