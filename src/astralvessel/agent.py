@@ -10,6 +10,7 @@ from typing import Any
 
 import attrs
 
+from ._arguments import schema_problem
 from ._convert import converter, describe_errors
 from .errors import ConfigError
 from .sandbox._policy import AGENT_DIR, SYSTEM_DIRS, WORKSPACE_DIR, Limits
@@ -23,6 +24,9 @@ else:  # pragma: no cover - exercised on 3.10 only
 __all__ = ["Agent", "Service"]
 
 VESSEL_FILE = "vessel.toml"
+#: The largest vessel.toml or tool file read: a config file is a few kilobytes, and a
+#: huge one would cost the TOML parser seconds and hundreds of megabytes to refuse.
+MAX_CONFIG_BYTES = 1 << 20
 
 
 @attrs.frozen(kw_only=True)
@@ -64,10 +68,15 @@ class Agent:
         try:
             raw = converter.structure(data, _VesselFile)
         except Exception as exc:
-            raise ConfigError([f"{VESSEL_FILE}: {line}" for line in describe_errors(exc)]) from None
+            # Still check the tool files vessel.toml names: every problem in one pass.
+            problems = [f"{VESSEL_FILE}: {line}" for line in describe_errors(exc)]
+            services = data.get("services")
+            named = set(services) if isinstance(services, Mapping) else set()
+            _load_tools(folder, _declared_anyway(data), named, problems)
+            raise ConfigError(problems) from None
 
         problems = [f"{VESSEL_FILE}: {p}" for p in _vessel_problems(raw)]
-        tools = _load_tools(folder, raw, problems)
+        tools = _load_tools(folder, raw.tools.declared, set(raw.services), problems)
         dockerfile = None
         if raw.sandbox.dockerfile is not None:
             dockerfile, problem = _resolve_inside(folder, raw.sandbox.dockerfile)
@@ -99,11 +108,22 @@ class Agent:
         return AGENT_DIR
 
 
-def _load_tools(folder: Path, raw: _VesselFile, problems: list[str]) -> list[ToolSpec]:
+def _declared_anyway(data: Mapping[str, Any]) -> list[str]:
+    """The tool files a vessel.toml names, read leniently from one that failed its checks."""
+    tools = data.get("tools")
+    declared = tools.get("declared") if isinstance(tools, Mapping) else None
+    if not isinstance(declared, list):
+        return []
+    return [rel for rel in declared if isinstance(rel, str)]
+
+
+def _load_tools(
+    folder: Path, declared: list[str], services: set[str], problems: list[str]
+) -> list[ToolSpec]:
     """Read every declared tool file, appending each problem found to ``problems``."""
     tools: list[ToolSpec] = []
     seen: dict[str, str] = {}
-    for index, rel in enumerate(raw.tools.declared):
+    for index, rel in enumerate(declared):
         tool_path, problem = _resolve_inside(folder, rel)
         if tool_path is None:
             problems.append(f"{VESSEL_FILE}: tools.declared[{index}]: {problem}")
@@ -116,12 +136,15 @@ def _load_tools(folder: Path, raw: _VesselFile, problems: list[str]) -> list[Too
         problems.extend(f"{rel}: {p}" for p in spec_problems)
         if spec is None:
             continue
+        problem = schema_problem(spec.parameters)
+        if problem is not None:
+            problems.append(f"{rel}: parameters: {problem}")
         if spec.name in seen:
             problems.append(f"{rel}: name: {spec.name!r} is already declared in {seen[spec.name]}")
             continue
         seen[spec.name] = rel
-        if spec.service is not None and spec.service not in raw.services:
-            known = ", ".join(sorted(raw.services)) or "none are defined"
+        if spec.service is not None and spec.service not in services:
+            known = ", ".join(sorted(services)) or "none are defined"
             problems.append(
                 f"{rel}: service: {spec.service!r} names no [services.{spec.service}] "
                 f"table in {VESSEL_FILE} ({known})"
@@ -135,7 +158,11 @@ _TOML_POSITION = re.compile(r"\(at line (\d+), column (\d+)\)")
 
 def _read_toml(path: Path, *, label: str) -> tuple[dict[str, Any] | None, list[str]]:
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as stream:
+            data = stream.read(MAX_CONFIG_BYTES + 1)
+        if len(data) > MAX_CONFIG_BYTES:
+            return None, [f"{label}: larger than {MAX_CONFIG_BYTES} bytes; not a config file"]
+        text = data.decode("utf-8")
     except FileNotFoundError:
         return None, [f"{label}: file not found (expected at {path.name} in the agent folder)"]
     except (OSError, UnicodeDecodeError) as exc:

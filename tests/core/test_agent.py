@@ -342,3 +342,35 @@ def test_example_agent_loads() -> None:
     agent = Agent.load(Path(__file__).parents[2] / "examples" / "field-guide")
     assert [t.name for t in agent.tools] == ["species", "word_count"]
     assert agent.tools[1].input is InputMode.ARGS
+
+
+def test_vessel_error_does_not_hide_tool_file_problems(make_agent: MakeAgent) -> None:
+    """A bad key in vessel.toml and a broken tool file are reported in the same pass."""
+    folder = make_agent(
+        """
+        surprise = 1
+        [tools]
+        declared = ["tools/echo.toml"]
+        """,
+        {"tools/echo.toml": 'name = "Echo"\n'},
+    )
+    problems = problems_of(folder)
+    assert any(p.startswith("vessel.toml:") and "surprise" in p for p in problems)
+    assert any(p.startswith("tools/echo.toml:") for p in problems)
+
+
+def test_oversized_vessel_file_is_refused_without_parsing(make_agent: MakeAgent) -> None:
+    """A vessel.toml over 1 MiB is refused by its size, not parsed."""
+    folder = make_agent(MINIMAL, {"tools/echo.toml": ECHO_TOOL})
+    with (folder / "vessel.toml").open("a") as stream:
+        stream.write("# " + "x" * (2 << 20) + "\n")
+    assert problems_of(folder) == [f"vessel.toml: larger than {1 << 20} bytes; not a config file"]
+
+
+def test_dangling_ref_fails_the_load(make_agent: MakeAgent) -> None:
+    """A parameters schema with a $ref that resolves nowhere is a load problem."""
+    tool = ECHO_TOOL + (
+        '[parameters]\ntype = "object"\n[parameters.properties.v]\n"$ref" = "#/$defs/gone"\n'
+    )
+    (problem,) = one_tool(make_agent, tool)
+    assert problem.startswith("tools/echo.toml: parameters: cannot be used to check arguments")

@@ -565,7 +565,13 @@ class ServerSession(SandboxSession):
                 item.outbox = self._outbox_root() / f"call-{call_id}"
             self._pending[call_id] = item
         try:
-            self._send(_protocol.encode(dict(header, id=call_id), body))
+            # Checked before sending: a frame the server must refuse would end the session.
+            frame = _protocol.encode(dict(header, id=call_id), body)
+        except _protocol.FrameTooLarge as exc:
+            self._finish(call_id)
+            raise SandboxError(f"the request is too large to send to the sandbox ({exc})") from None
+        try:
+            self._send(frame)
         except SandboxError:
             self._finish(call_id)
             raise

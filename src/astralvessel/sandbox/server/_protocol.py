@@ -21,6 +21,7 @@ __all__ = [
     "PREFIX",
     "VERSION",
     "FrameDecoder",
+    "FrameTooLarge",
     "ProtocolError",
     "count_chars",
     "encode",
@@ -43,9 +44,24 @@ class ProtocolError(Exception):
     """The peer sent bytes that are not a valid frame."""
 
 
+class FrameTooLarge(ProtocolError):
+    """A frame to send would pass ``MAX_HEADER`` or ``MAX_BODY``; nothing was sent."""
+
+
 def encode(header: dict[str, Any], body: bytes = b"") -> bytes:
-    """Return one frame holding ``header`` and ``body``."""
-    head = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+    """Return one frame holding ``header`` and ``body``.
+
+    Raises ``FrameTooLarge`` rather than build a frame the peer must refuse (a
+    refused frame ends the whole session). Text that is not valid Unicode (a
+    file name's undecodable bytes) is sent with replacement characters: the
+    peer always receives UTF-8.
+    """
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False)
+    head = text.encode("utf-8", "replace")
+    if len(head) > MAX_HEADER:
+        raise FrameTooLarge(f"frame header of {len(head)} bytes exceeds {MAX_HEADER}")
+    if len(body) > MAX_BODY:
+        raise FrameTooLarge(f"frame body of {len(body)} bytes exceeds {MAX_BODY}")
     return PREFIX.pack(len(head), len(body)) + head + body
 
 

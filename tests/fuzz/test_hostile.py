@@ -1,0 +1,68 @@
+"""Each hostile input the issue names is an error result, and the turn lives on."""
+
+from __future__ import annotations
+
+import json
+
+import astralvessel as av
+
+
+def alive(turn: av.Turn) -> None:
+    result = turn.call("bash", {"command": "echo still here"})
+    assert not result.is_error, result.text
+    assert result.text.startswith("still here")
+
+
+def test_two_megabyte_bash_command_is_an_error_result(turn: av.Turn) -> None:
+    """A 2 MB bash command is refused with the bound, and the turn's sandbox survives."""
+    alive(turn)
+    result = turn.call("bash", {"command": "echo " + "x" * (2 << 20)})
+    assert result.is_error
+    assert "at most" in result.text
+    alive(turn)
+
+
+def test_command_over_the_argv_bound_is_an_error_result(turn: av.Turn) -> None:
+    """A 600 KiB bash command (under the argument bound, over a command line's) is refused."""
+    result = turn.call("bash", {"command": "echo " + "y" * 600_000})
+    assert result.is_error
+    assert "a command line takes at most 131072" in result.text
+    alive(turn)
+
+
+def test_two_megabyte_args_value_is_an_error_result(turn: av.Turn) -> None:
+    """A 2 MB args-mode value is refused and the turn goes on."""
+    result = turn.call("flags", json.dumps({"v": "z" * (2 << 20)}))
+    assert result.is_error
+    alive(turn)
+
+
+def test_nul_in_bash_and_args_value_is_an_error_result(turn: av.Turn) -> None:
+    """A NUL byte in a bash command or an args-mode value is a refusal, not a SandboxError."""
+    for name, arguments in (("bash", {"command": "echo a\0b"}), ("flags", {"v": "a\0b"})):
+        result = turn.call(name, arguments)
+        assert result.is_error
+        assert "NUL character" in result.text
+    alive(turn)
+
+
+def test_odd_json_is_an_error_result(turn: av.Turn) -> None:
+    """Deep nesting, a lone surrogate and a 5000-digit integer each come back as errors."""
+    for text in ("[" * 50_000, '{"v": "\\ud800"}', '{"v": ' + "7" * 5000 + "}"):
+        result = turn.call("emit", text)
+        assert result.is_error
+        assert result.text.startswith("Error:")
+    alive(turn)
+
+
+def test_oversized_frame_is_refused_before_sending(turn: av.Turn) -> None:
+    """A request whose frame would pass the 1 MiB header bound raises before it is sent."""
+    import pytest
+
+    from astralvessel import SandboxError
+    from astralvessel.sandbox import RunRequest
+
+    request = RunRequest(argv=("/bin/echo", "w" * (2 << 20)), timeout=10, output_chars=100)
+    with pytest.raises(SandboxError, match="too large to send"):
+        turn.session.run(request)
+    alive(turn)
