@@ -21,8 +21,8 @@ from ._fetch import FetchLimits as FetchLimits
 from ._fetch import WebResult as WebResult
 from ._html import html_to_text as html_to_text
 from ._httpx import HttpxTransport as HttpxTransport
+from ._local import LocalIndexProvider as LocalIndexProvider
 from ._search import BraveProvider as BraveProvider
-from ._search import LocalIndexProvider as LocalIndexProvider
 from ._search import Searcher as Searcher
 from ._search import SearchError as SearchError
 from ._search import SearchHit as SearchHit

@@ -13,6 +13,7 @@ the finished text, never to the markup.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from html import unescape
 from urllib.parse import urljoin
 
@@ -88,7 +89,6 @@ _BLOCK = frozenset(
         "html",
     }
 )
-_PARAGRAPH = frozenset({"p"})
 # Starting one of these closes an open <p>, as in the HTML parsing algorithm.
 _CLOSES_P = _BLOCK | {"p", "ul", "ol", "pre", "table", "h1", "h2", "h3", "h4", "h5", "h6", "hr"}
 _HEADINGS = {"h1": 1, "h2": 2, "h3": 3, "h4": 4, "h5": 5, "h6": 6}
@@ -167,7 +167,7 @@ class _Converter:
 
     # -- parser callbacks -------------------------------------------------------------------
 
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:  # noqa: PLR0912
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         if tag == "title":
             # The title lives in <head>, which is otherwise dropped; keep the first one only.
             self.in_title = not self.title
@@ -176,28 +176,12 @@ class _Converter:
             if tag not in _VOID and len(self.stack) < _MAX_DEPTH:
                 self.stack.append(tag)
             return
-        hidden = tag in _DROPPED
-        href = None
-        for name, value in attrs:
-            if (
-                name == "hidden"
-                or (name == "aria-hidden" and value == "true")
-                or (name == "style" and value and _HIDDEN_STYLE.search(value))
-                or (name == "type" and tag == "input" and value == "hidden")
-            ):
-                hidden = True
-            elif name == "href":
-                href = value
+        hidden, href = _hidden_and_href(tag, attrs)
         if tag in _CLOSES_P and "p" in self.stack[-8:]:
             self._close("p")
-        if tag == "li":
-            self._close_within("li", ("ul", "ol"))
-        elif tag in ("td", "th"):
-            self._close_within(("td", "th"), ("tr", "table"))
-        elif tag == "tr":
-            self._close_within("tr", ("table",))
-        elif tag in ("dt", "dd"):
-            self._close_within(("dt", "dd"), ("dl",))
+        implied = _IMPLIED_END.get(tag)
+        if implied is not None:
+            self._close_within(*implied)
         if tag in _VOID:
             if not hidden:
                 self._void(tag)
@@ -209,7 +193,9 @@ class _Converter:
         if hidden:
             self.skip_at = len(self.stack)
             return
-        self._open(tag, href)
+        opener = _OPENERS.get(tag)
+        if opener is not None:
+            opener(self, tag, href)
 
     def handle_endtag(self, tag: str) -> None:
         if tag == "title":
@@ -244,8 +230,7 @@ class _Converter:
 
     # -- structure --------------------------------------------------------------------------
 
-    def _close_within(self, names: str | tuple[str, ...], scope: tuple[str, ...]) -> None:
-        wanted = (names,) if isinstance(names, str) else names
+    def _close_within(self, wanted: tuple[str, ...], scope: tuple[str, ...]) -> None:
         for index in range(len(self.stack) - 1, max(-1, len(self.stack) - 64), -1):
             name = self.stack[index]
             if name in scope:
@@ -278,62 +263,6 @@ class _Converter:
             self.emit("---")
             self.block(2)
 
-    def _open(self, tag: str, href: str | None) -> None:  # noqa: PLR0912, PLR0915 - one case per tag
-        if tag in _HEADINGS:
-            self.block(2)
-            self.emit("#" * _HEADINGS[tag] + " ")
-        elif tag in _PARAGRAPH:
-            self.block(2)
-        elif tag in ("ul", "ol"):
-            self.block(1 if self.lists else 2)
-            self.lists.append([tag == "ol", 1])
-        elif tag == "li":
-            self.block(1)
-            if self.lists:
-                kind = self.lists[-1]
-                if kind[0]:
-                    marker = f"{kind[1]}. "
-                    kind[1] += 1
-                else:
-                    marker = "- "
-                self._emit_marker(marker)
-            else:
-                self.emit("- ")
-        elif tag == "pre":
-            self.block(2)
-            self.emit("```\n")
-            self.pre_depth += 1
-        elif tag == "code" and not self.pre_depth:
-            self.emit("`")
-        elif tag == "a":
-            if href and not href.lower().lstrip().startswith(("javascript:", "data:", "#")):
-                self.emit("[")
-                self.links.append((len(self.out) - 1, urljoin(self.base_url, href.strip())))
-            else:
-                self.links.append((-1, ""))
-        elif tag in ("b", "strong"):
-            self.emit("**")
-        elif tag in ("i", "em"):
-            self.emit("*")
-        elif tag == "table":
-            self.block(2)
-            self.header_rule_done.append(False)
-        elif tag == "tr":
-            self.block(1)
-            self.row_cells = 0
-            self.row_has_header = False
-            self.emit("|")
-        elif tag in ("td", "th"):
-            self.cell_depth += 1
-            self.row_cells += 1
-            self.row_has_header |= tag == "th"
-            self.space_owed = True
-        elif tag == "blockquote":
-            self.block(2)
-            self.emit("> ")
-        elif tag in _BLOCK or tag in ("dt", "dd"):
-            self.block(1)
-
     def _emit_marker(self, marker: str) -> None:
         if self.pending_breaks:
             self.out.append("\n" * self.pending_breaks)
@@ -342,53 +271,139 @@ class _Converter:
         self.at_line_start = False
         self.space_owed = False
 
-    def _end(self, tag: str) -> None:  # noqa: PLR0912 - one case per tag
-        if tag in _HEADINGS or tag in _PARAGRAPH or tag == "blockquote":
-            self.block(2)
-        elif tag in ("ul", "ol"):
-            if self.lists:
-                self.lists.pop()
-            self.block(1 if self.lists else 2)
-        elif tag == "li":
-            self.block(1)
-        elif tag == "pre":
-            self.pre_depth = max(0, self.pre_depth - 1)
-            if not self.at_line_start:
-                self.emit("\n")
-            self.emit("```")
-            self.block(2)
-        elif tag == "code" and not self.pre_depth:
+    # -- one opener and one closer per element, chosen by the tables below the class ---------
+
+    def _open_block(self, tag: str, href: str | None) -> None:
+        self.block(1)
+
+    def _open_paragraph(self, tag: str, href: str | None) -> None:
+        self.block(2)
+
+    def _open_heading(self, tag: str, href: str | None) -> None:
+        self.block(2)
+        self.emit("#" * _HEADINGS[tag] + " ")
+
+    def _open_list(self, tag: str, href: str | None) -> None:
+        self.block(1 if self.lists else 2)
+        self.lists.append([tag == "ol", 1])
+
+    def _open_item(self, tag: str, href: str | None) -> None:
+        self.block(1)
+        if not self.lists:
+            self.emit("- ")
+            return
+        kind = self.lists[-1]
+        if kind[0]:
+            marker = f"{kind[1]}. "
+            kind[1] += 1
+        else:
+            marker = "- "
+        self._emit_marker(marker)
+
+    def _open_pre(self, tag: str, href: str | None) -> None:
+        self.block(2)
+        self.emit("```\n")
+        self.pre_depth += 1
+
+    def _open_code(self, tag: str, href: str | None) -> None:
+        if not self.pre_depth:
+            self.emit("`")
+
+    def _open_link(self, tag: str, href: str | None) -> None:
+        if href and not href.lower().lstrip().startswith(("javascript:", "data:", "#")):
+            self.emit("[")
+            self.links.append((len(self.out) - 1, urljoin(self.base_url, href.strip())))
+        else:
+            self.links.append((-1, ""))
+
+    def _open_strong(self, tag: str, href: str | None) -> None:
+        self.emit("**")
+
+    def _open_emphasis(self, tag: str, href: str | None) -> None:
+        self.emit("*")
+
+    def _open_table(self, tag: str, href: str | None) -> None:
+        self.block(2)
+        self.header_rule_done.append(False)
+
+    def _open_row(self, tag: str, href: str | None) -> None:
+        self.block(1)
+        self.row_cells = 0
+        self.row_has_header = False
+        self.emit("|")
+
+    def _open_cell(self, tag: str, href: str | None) -> None:
+        self.cell_depth += 1
+        self.row_cells += 1
+        self.row_has_header |= tag == "th"
+        self.space_owed = True
+
+    def _open_quote(self, tag: str, href: str | None) -> None:
+        self.block(2)
+        self.emit("> ")
+
+    def _end_block(self) -> None:
+        self.block(1)
+
+    def _end_paragraph(self) -> None:
+        self.block(2)
+
+    def _end_list(self) -> None:
+        if self.lists:
+            self.lists.pop()
+        self.block(1 if self.lists else 2)
+
+    def _end_pre(self) -> None:
+        self.pre_depth = max(0, self.pre_depth - 1)
+        if not self.at_line_start:
+            self.emit("\n")
+        self.emit("```")
+        self.block(2)
+
+    def _end_code(self) -> None:
+        if not self.pre_depth:
             self.space_owed = False
             self.out.append("`")
-        elif tag == "a":
-            if self.links:
-                start, url = self.links.pop()
-                if start >= 0:
-                    if "".join(self.out[start + 1 :]).strip():
-                        self.out.append(f"]({url})")
-                        self.at_line_start = False
-                    else:
-                        del self.out[start]
-        elif tag in ("b", "strong"):
-            self.out.append("**")
-        elif tag in ("i", "em"):
-            self.out.append("*")
-        elif tag in ("td", "th"):
-            self.cell_depth = max(0, self.cell_depth - 1)
-            self.space_owed = False
-            self.out.append(" |")
-        elif tag == "tr":
-            if self.row_has_header and self.header_rule_done and not self.header_rule_done[-1]:
-                self.header_rule_done[-1] = True
-                self.block(1)
-                self.emit("|" + " --- |" * max(1, self.row_cells))
+
+    def _end_link(self) -> None:
+        if not self.links:
+            return
+        start, url = self.links.pop()
+        if start < 0:
+            return
+        if "".join(self.out[start + 1 :]).strip():
+            self.out.append(f"]({url})")
+            self.at_line_start = False
+        else:
+            del self.out[start]
+
+    def _end_strong(self) -> None:
+        self.out.append("**")
+
+    def _end_emphasis(self) -> None:
+        self.out.append("*")
+
+    def _end_cell(self) -> None:
+        self.cell_depth = max(0, self.cell_depth - 1)
+        self.space_owed = False
+        self.out.append(" |")
+
+    def _end_row(self) -> None:
+        if self.row_has_header and self.header_rule_done and not self.header_rule_done[-1]:
+            self.header_rule_done[-1] = True
             self.block(1)
-        elif tag == "table":
-            if self.header_rule_done:
-                self.header_rule_done.pop()
-            self.block(2)
-        elif tag in _BLOCK or tag in ("dt", "dd"):
-            self.block(1)
+            self.emit("|" + " --- |" * max(1, self.row_cells))
+        self.block(1)
+
+    def _end_table(self) -> None:
+        if self.header_rule_done:
+            self.header_rule_done.pop()
+        self.block(2)
+
+    def _end(self, tag: str) -> None:
+        closer = _CLOSERS.get(tag)
+        if closer is not None:
+            closer(self)
 
     def result(self) -> str:
         body = "".join(self.out).strip("\n")
@@ -430,6 +445,75 @@ class _Converter:
                 if not text.startswith(("<!", "<?")):
                     self.handle_data(unescape(text) if "&" in text else text)
             # Comments, declarations and processing instructions carry no text.
+
+
+def _hidden_and_href(tag: str, attrs: list[tuple[str, str | None]]) -> tuple[bool, str | None]:
+    """Whether an element is hidden from a reader (so dropped whole), and its link target."""
+    hidden = tag in _DROPPED
+    href = None
+    for name, value in attrs:
+        if (
+            name == "hidden"
+            or (name == "aria-hidden" and value == "true")
+            or (name == "style" and value and _HIDDEN_STYLE.search(value))
+            or (name == "type" and tag == "input" and value == "hidden")
+        ):
+            hidden = True
+        elif name == "href":
+            href = value
+    return hidden, href
+
+
+# Starting one of these ends the named open elements, searching up to (not past) the scope.
+_IMPLIED_END: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "li": (("li",), ("ul", "ol")),
+    "td": (("td", "th"), ("tr", "table")),
+    "th": (("td", "th"), ("tr", "table")),
+    "tr": (("tr",), ("table",)),
+    "dt": (("dt", "dd"), ("dl",)),
+    "dd": (("dt", "dd"), ("dl",)),
+}
+
+# What each element writes when it opens and when it closes; a tag not listed writes nothing.
+_OPENERS: dict[str, Callable[[_Converter, str, str | None], None]] = {
+    **dict.fromkeys(_BLOCK | {"dt", "dd"}, _Converter._open_block),
+    **dict.fromkeys(_HEADINGS, _Converter._open_heading),
+    "p": _Converter._open_paragraph,
+    "ul": _Converter._open_list,
+    "ol": _Converter._open_list,
+    "li": _Converter._open_item,
+    "pre": _Converter._open_pre,
+    "code": _Converter._open_code,
+    "a": _Converter._open_link,
+    "b": _Converter._open_strong,
+    "strong": _Converter._open_strong,
+    "i": _Converter._open_emphasis,
+    "em": _Converter._open_emphasis,
+    "table": _Converter._open_table,
+    "tr": _Converter._open_row,
+    "td": _Converter._open_cell,
+    "th": _Converter._open_cell,
+    "blockquote": _Converter._open_quote,
+}
+_CLOSERS: dict[str, Callable[[_Converter], None]] = {
+    **dict.fromkeys(_BLOCK | {"dt", "dd", "li"}, _Converter._end_block),
+    **dict.fromkeys(_HEADINGS, _Converter._end_paragraph),
+    "p": _Converter._end_paragraph,
+    "blockquote": _Converter._end_paragraph,
+    "ul": _Converter._end_list,
+    "ol": _Converter._end_list,
+    "pre": _Converter._end_pre,
+    "code": _Converter._end_code,
+    "a": _Converter._end_link,
+    "b": _Converter._end_strong,
+    "strong": _Converter._end_strong,
+    "i": _Converter._end_emphasis,
+    "em": _Converter._end_emphasis,
+    "td": _Converter._end_cell,
+    "th": _Converter._end_cell,
+    "tr": _Converter._end_row,
+    "table": _Converter._end_table,
+}
 
 
 def _attributes(text: str) -> list[tuple[str, str | None]]:
