@@ -20,7 +20,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from astralvessel.builtins import grep_finish, grep_request
+from astralvessel.builtins import grep_request
+from astralvessel.results import grep_text
 from astralvessel.sandbox.server._files import FileContext, handle
 
 FILES = 50_000
@@ -92,7 +93,7 @@ def main() -> None:
         argv, _ = grep_request(
             {"pattern": "needle", "max_results": 1000}, workdir=str(tree), visible_roots=[str(tree)]
         )
-        ours = best_of(3, lambda: grep_finish(run(argv, tree), 0))
+        ours = best_of(3, lambda: grep_text(run(argv, tree), 0))
         raw = best_of(3, lambda: run(["rg", "needle"], tree))
         row("grep", ours, "rg", raw)
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
-from ._pytools import ToolError as ToolError
 from .agent import Agent as Agent
 from .agent import Service as Service
 from .errors import AstralVesselError as AstralVesselError
@@ -23,7 +22,10 @@ from .errors import ConfigError as ConfigError
 from .errors import EgressError as EgressError
 from .errors import PromiseNotEnforcedError as PromiseNotEnforcedError
 from .errors import SandboxError as SandboxError
+from .errors import ToolError as ToolError
 from .errors import ToolRegistrationError as ToolRegistrationError
+from .errors import TurnClosedError as TurnClosedError
+from .errors import UsageError as UsageError
 from .executor import Executor as Executor
 from .executor import Turn as Turn
 from .registry import Registry as Registry
@@ -59,5 +61,7 @@ __all__ = [
     "ToolResult",
     "ToolSpec",
     "Turn",
+    "TurnClosedError",
+    "UsageError",
     "__version__",
 ]

@@ -29,23 +29,18 @@ import attrs
 import cattrs
 
 from ._convert import describe_errors
-from .errors import AstralVesselError, ToolRegistrationError
+from .errors import ToolError, ToolRegistrationError
 from .spec import BUILTIN_NAMES, Scope, ToolKind, ToolSpec, check_name, check_parameters
 
 __all__ = ["PythonTool", "ToolError", "python_tool", "schema_for"]
 
-
-class ToolError(AstralVesselError, RuntimeError):
-    """Raise this in a Python tool or a bound service callable to report a failure to the model.
-
-    Its message becomes the result text, with ``is_error=True``. Any other
-    exception is the host's problem and propagates out of ``Turn.call``.
-    """
+# ToolError lives in errors.py with the rest of the tree; it is re-exported here,
+# where Python tools have always imported it from.
 
 
 # One converter for every Python tool: arguments were already checked against the
 # derived schema, so it only has to build the hinted types (enums, attrs classes...).
-_converter = cattrs.Converter(forbid_extra_keys=True)
+_argument_converter = cattrs.Converter(forbid_extra_keys=True)
 
 _SCALARS: dict[Any, dict[str, Any]] = {
     str: {"type": "string"},
@@ -73,7 +68,7 @@ class PythonTool:
         problems: list[str] = []
         for name, value in arguments.items():
             try:
-                values[name] = _converter.structure(value, self.hints[name])
+                values[name] = _argument_converter.structure(value, self.hints[name])
             except Exception as exc:  # cattrs raises errors of many kinds
                 problems.extend(f"{name}{_join(line)}" for line in describe_errors(exc))
         if problems:
@@ -93,8 +88,8 @@ def python_tool(
     description: str | None = None,
     scope: Scope | str = Scope.READ,
     timeout_seconds: float | None = None,
-) -> tuple[ToolSpec, PythonTool]:
-    """Derive a tool from ``func``; raise ``ToolRegistrationError`` saying what is missing."""
+) -> ToolSpec:
+    """Derive a tool from ``func``, carrying it as ``handler``; raise ``ToolRegistrationError``."""
     tool_name = name if name is not None else getattr(func, "__name__", "")
     problem = check_name(tool_name)
     if problem:
@@ -114,21 +109,21 @@ def python_tool(
     problem = check_parameters(parameters)
     if problem:  # pragma: no cover - a derived schema that fails is a bug here
         raise ToolRegistrationError(f"the schema derived for {tool_name!r} {problem}")
-    spec = ToolSpec(
+    handler = PythonTool(
+        func=func,
+        hints=hints,
+        positional=positional,
+        is_async=inspect.iscoroutinefunction(func),
+    )
+    return ToolSpec(
         name=tool_name,
         description=text,
         kind=ToolKind.PYTHON,
         parameters=parameters,
         timeout_seconds=timeout_seconds,
         scope=Scope.parse(str(scope)),
+        handler=handler,
     )
-    tool = PythonTool(
-        func=func,
-        hints=hints,
-        positional=positional,
-        is_async=inspect.iscoroutinefunction(func),
-    )
-    return spec, tool
 
 
 def _signature_schema(
@@ -171,7 +166,7 @@ def _signature_schema(
         if param.default is param.empty:
             required.append(param.name)
         elif _json_value(param.default):
-            schema["default"] = _converter.unstructure(param.default)
+            schema["default"] = _argument_converter.unstructure(param.default)
         properties[param.name] = schema
         hints[param.name] = hint
         if param.kind is param.POSITIONAL_ONLY:

@@ -1,87 +1,79 @@
-"""The webfetch and websearch built-ins: glue between the executor and ``astralvessel.web``.
+"""The webfetch and websearch runners: one step through ``astralvessel.web``.
 
 They run in the host process, never in the sandbox: the web package's policy
-decides every address, and these functions only map its results to ToolResults
-and keep the output cap without breaking the untrusted-content fence.
+decides every address. The turn context carries the fetcher and searcher the
+executor built once; what the model sees is ``results.render_web``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
-from .results import ToolResult, truncation_note
+import attrs
+
+from ._plans import Call, Plan, TurnContext
+from .results import ToolResult, render_web
 
 if TYPE_CHECKING:
-    from .executor import Executor
-    from .spec import ToolSpec
-    from .web import Fetcher, Searcher, WebResult
+    from .sandbox._base import SandboxSession
+    from .web import WebResult
 
-__all__ = ["aweb_call", "web_call"]
+__all__ = ["plan_webfetch", "plan_websearch"]
 
-_CLOSING = "\n</web_content>"
 _NOT_CONFIGURED = (
     "Error: websearch is not set up in this deployment, so no search ran. This does not "
     "mean nothing exists; answer from what you know or other tools, and say you could not search."
 )
 
 
-def web_call(executor: Executor, spec: ToolSpec, args: Mapping[str, Any]) -> ToolResult:
-    """Run webfetch or websearch and return what the model sees."""
-    if spec.name == "webfetch":
-        return _result(executor, spec, _fetcher(executor).fetch(str(args["url"])))
-    searcher = _searcher(executor)
+@attrs.frozen(kw_only=True)
+class WebRun:
+    """One fetch or search: the fetcher's or searcher's sync and async twins of one step."""
+
+    step: Callable[[], WebResult]
+    astep: Callable[[], Awaitable[WebResult]]
+    output_chars: int
+    sandboxed: bool = attrs.field(default=False, init=False)
+
+    def run(self, session: SandboxSession | None) -> WebResult:
+        return self.step()
+
+    async def arun(self, session: SandboxSession | None) -> WebResult:
+        return await self.astep()
+
+    def finish(self, outcome: WebResult) -> ToolResult:
+        metadata = {
+            key: str(value)
+            for key, value in (("url", outcome.url), ("status", outcome.status))
+            if value is not None
+        }
+        return render_web(
+            outcome.text, is_error=outcome.is_error, cap=self.output_chars, metadata=metadata
+        )
+
+    def rescue(self, exc: Exception) -> ToolResult | None:
+        return None
+
+
+def plan_webfetch(context: TurnContext, call: Call) -> Plan[Any]:
+    """Fetch ``url`` through the executor's fetcher."""
+    fetcher, url = context.fetcher, str(call.arguments["url"])
+    return WebRun(
+        step=lambda: fetcher.fetch(url),
+        astep=lambda: fetcher.afetch(url),
+        output_chars=context.output_chars,
+    )
+
+
+def plan_websearch(context: TurnContext, call: Call) -> Plan[Any] | ToolResult:
+    """Search through the executor's searcher; without one, say that no search ran."""
+    searcher = context.searcher
     if searcher is None:
-        return ToolResult.error(_NOT_CONFIGURED, tool=spec.name)
-    return _result(executor, spec, searcher.search(str(args["query"]), args.get("max_results")))
-
-
-async def aweb_call(executor: Executor, spec: ToolSpec, args: Mapping[str, Any]) -> ToolResult:
-    """Async twin of ``web_call``."""
-    if spec.name == "webfetch":
-        return _result(executor, spec, await _fetcher(executor).afetch(str(args["url"])))
-    searcher = _searcher(executor)
-    if searcher is None:
-        return ToolResult.error(_NOT_CONFIGURED, tool=spec.name)
-    result = await searcher.asearch(str(args["query"]), args.get("max_results"))
-    return _result(executor, spec, result)
-
-
-def _fetcher(executor: Executor) -> Fetcher:
-    if executor.fetcher is None:
-        from .web import Fetcher
-
-        executor.fetcher = Fetcher()
-    fetcher: Fetcher = executor.fetcher
-    return fetcher
-
-
-def _searcher(executor: Executor) -> Searcher | None:
-    from .web import Searcher
-
-    configured = executor.searcher
-    if configured is None or isinstance(configured, Searcher):
-        return configured
-    # A bare SearchProvider: wrap it so its results are checked and fenced.
-    executor.searcher = Searcher(configured)
-    return executor.searcher
-
-
-def cap_fenced(text: str, limit: int) -> tuple[str, int]:
-    """Cut ``text`` to ``limit`` characters, keeping its closing fence; return it and the drop."""
-    if len(text) <= limit:
-        return text, 0
-    fenced = text.endswith(_CLOSING)
-    body = text[: -len(_CLOSING)] if fenced else text
-    keep = max(0, limit - (len(_CLOSING) if fenced else 0))
-    dropped = len(body) - keep
-    cut = f"{body[:keep]}\n{truncation_note(dropped)}"
-    return (cut + _CLOSING if fenced else cut), dropped
-
-
-def _result(executor: Executor, spec: ToolSpec, web: WebResult) -> ToolResult:
-    text, dropped = cap_fenced(web.text, executor.output_chars)
-    metadata = {k: str(v) for k, v in (("url", web.url), ("status", web.status)) if v is not None}
-    return ToolResult(
-        text=text, is_error=web.is_error, dropped_chars=dropped, tool=spec.name, metadata=metadata
+        return ToolResult.error(_NOT_CONFIGURED)
+    query, count = str(call.arguments["query"]), call.arguments.get("max_results")
+    return WebRun(
+        step=lambda: searcher.search(query, count),
+        astep=lambda: searcher.asearch(query, count),
+        output_chars=context.output_chars,
     )

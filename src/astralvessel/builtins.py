@@ -1,58 +1,104 @@
-"""The seven built-in tools: their schemas, scopes, and how the executor runs each.
+"""The seven built-in tools: their schemas, scopes, and how each one runs.
 
-``read``, ``glob`` and ``list`` are answered by the sandbox server in the
-sandbox's own view (see ``sandbox/server/_files.py``). ``grep`` and ``bash``
-are confined calls: this module turns their arguments into an argv for the
-sandbox (``grep_request``, ``bash_request``) and their outcome into the text
-the model sees (``grep_finish``, ``bash_finish``); all four are pure functions.
-``webfetch`` and ``websearch`` run in the host through the web policy.
+Each row of ``BUILTINS`` says how its tool runs through ``plan``: ``read``,
+``glob`` and ``list`` are answered by the sandbox server in the sandbox's own
+view (see ``sandbox/server/_files.py``, whose limits the descriptions quote);
+``grep`` and ``bash`` are confined calls whose argv this module builds
+(``grep_request``, ``bash_request``, both pure); ``webfetch`` and
+``websearch`` run in the host through the web policy (``_webtools``). What the
+model sees of each is built in ``results``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Literal
 
 import attrs
 
+from ._kinds import Scope
+from ._plans import Call, FileToolRun, Plan, SandboxRun, TurnContext
+from ._webtools import plan_webfetch, plan_websearch
+from .results import GREP_LINE_COLUMNS, ToolResult, render_command, render_grep
+from .sandbox._base import RunOutcome, RunRequest
 from .sandbox._policy import AGENT_DIR, SYSTEM_DIRS, WORKSPACE_DIR
+from .sandbox.server._files import (
+    GLOB_DEFAULT_MAX,
+    GLOB_MAX,
+    LIST_MAX_ENTRIES,
+    READ_DEFAULT_LIMIT,
+    READ_MAX_LIMIT,
+    READ_MAX_LINE_CHARS,
+)
 
 __all__ = [
     "BUILTINS",
+    "BUILTIN_NAMES",
     "GREP_DEFAULT_MAX",
     "GREP_LINE_COLUMNS",
     "GREP_MAX",
     "Builtin",
-    "bash_finish",
     "bash_request",
-    "grep_finish",
     "grep_request",
 ]
 
-#: ``grep``: default and largest ``max_results``, and the columns each result line keeps.
+#: ``grep``: default and largest ``max_results`` (the columns kept are the renderer's).
 GREP_DEFAULT_MAX = 100
 GREP_MAX = 1000
-GREP_LINE_COLUMNS = 400
-#: What ``grep`` answers when nothing matches (not an error).
-NO_MATCHES = "No matches found."
 
 Kind = Literal["server", "confined", "web"]
+#: Turns a checked call into its plan (or a result, when nothing needs to run).
+Planner = Callable[[TurnContext, Call], "Plan[Any] | ToolResult"]
+
+
+def _plan_file_tool(context: TurnContext, call: Call) -> Plan[Any]:
+    return FileToolRun(call=call, output_chars=context.output_chars)
+
+
+def _plan_grep(context: TurnContext, call: Call) -> Plan[Any]:
+    policy = context.policy
+    argv, stdin = grep_request(
+        call.arguments,
+        workdir=str(policy.workdir),
+        visible_roots=[str(root) for root in policy.visible_roots],
+    )
+    return SandboxRun(
+        request=_request(context, call, argv, stdin),
+        finisher=lambda outcome, timeout: render_grep(outcome, timeout=timeout),
+    )
+
+
+def _plan_bash(context: TurnContext, call: Call) -> Plan[Any]:
+    argv, stdin = bash_request(call.arguments)
+    return SandboxRun(request=_request(context, call, argv, stdin), finisher=_bash_result)
+
+
+def _bash_result(outcome: RunOutcome, timeout: float) -> ToolResult:
+    return render_command(outcome, timeout=timeout, show_exit_code=True)
+
+
+def _request(context: TurnContext, call: Call, argv: Sequence[str], stdin: bytes) -> RunRequest:
+    return RunRequest(
+        argv=tuple(argv), stdin=stdin, timeout=call.timeout, output_chars=context.output_chars
+    )
 
 
 @attrs.frozen(kw_only=True)
 class Builtin:
-    """One built-in tool: what the model sees of it, its scope, and where it runs.
+    """One built-in tool: what the model sees of it, its scope, and how it runs.
 
-    ``kind`` is ``"server"`` (answered by the sandbox server), ``"confined"``
-    (a confined call in the sandbox) or ``"web"`` (the host, through the web policy).
+    ``kind`` says where: ``"server"`` (answered by the sandbox server),
+    ``"confined"`` (a confined call in the sandbox) or ``"web"`` (the host,
+    through the web policy). ``plan`` is how: the runner the executor calls.
     """
 
     name: str
     description: str
     parameters: Mapping[str, Any]
-    scope: str
+    scope: Scope = attrs.field(converter=Scope)
     kind: Kind
+    plan: Planner = attrs.field(eq=False, repr=False)
 
 
 def _schema(properties: dict[str, dict[str, Any]], required: Sequence[str] = ()) -> dict[str, Any]:
@@ -72,7 +118,8 @@ _READ = Builtin(
     name="read",
     description=(
         "Read a text file. Returns its lines numbered as 'N<tab>text', from line `offset` "
-        "(default 1) for `limit` lines (default 400, at most 2000). A line longer than 4000 "
+        f"(default 1) for `limit` lines (default {READ_DEFAULT_LIMIT}, at most "
+        f"{READ_MAX_LIMIT}). A line longer than {READ_MAX_LINE_CHARS} "
         "characters is cut and marked [line truncated]. When more lines follow, the last line "
         "names the offset to continue with. Refuses directories (use list) and binary files."
     ),
@@ -88,15 +135,16 @@ _READ = Builtin(
             "limit": {
                 "type": "integer",
                 "minimum": 1,
-                "maximum": 2000,
-                "default": 400,
-                "description": "How many lines to return, at most 2000.",
+                "maximum": READ_MAX_LIMIT,
+                "default": READ_DEFAULT_LIMIT,
+                "description": f"How many lines to return, at most {READ_MAX_LIMIT}.",
             },
         },
         required=["path"],
     ),
-    scope="tools:files",
+    scope=Scope.FILES,
     kind="server",
+    plan=_plan_file_tool,
 )
 
 _GREP = Builtin(
@@ -104,7 +152,8 @@ _GREP = Builtin(
     description=(
         "Search file contents for a regular expression (ripgrep syntax) in a file or under a "
         "directory, skipping binary files. Returns matching lines as 'path:line:text', each cut "
-        "at 400 columns, at most `max_results` lines (default 100, at most 1000); says so when "
+        f"at {GREP_LINE_COLUMNS} columns, at most `max_results` lines (default "
+        f"{GREP_DEFAULT_MAX}, at most {GREP_MAX}); says so when "
         "more matched. Use `glob` to limit the files searched, such as '*.md'."
     ),
     parameters=_schema(
@@ -136,8 +185,9 @@ _GREP = Builtin(
         },
         required=["pattern"],
     ),
-    scope="tools:search",
+    scope=Scope.SEARCH,
     kind="confined",
+    plan=_plan_grep,
 )
 
 _GLOB = Builtin(
@@ -145,7 +195,8 @@ _GLOB = Builtin(
     description=(
         "Find files by path pattern, such as '*.md' (a pattern without '/' matches file names "
         "at any depth) or 'src/**/*.py' (relative to `path`; '**' spans directories). Returns "
-        "one path per line in name order, at most `max_results` (default 200, at most 2000). "
+        f"one path per line in name order, at most `max_results` (default {GLOB_DEFAULT_MAX}, "
+        f"at most {GLOB_MAX}). "
         "Does not follow symbolic links into directories."
     ),
     parameters=_schema(
@@ -161,22 +212,23 @@ _GLOB = Builtin(
             "max_results": {
                 "type": "integer",
                 "minimum": 1,
-                "maximum": 2000,
-                "default": 200,
-                "description": "Most paths to return, at most 2000.",
+                "maximum": GLOB_MAX,
+                "default": GLOB_DEFAULT_MAX,
+                "description": f"Most paths to return, at most {GLOB_MAX}.",
             },
         },
         required=["pattern"],
     ),
-    scope="tools:files",
+    scope=Scope.FILES,
     kind="server",
+    plan=_plan_file_tool,
 )
 
 _LIST = Builtin(
     name="list",
     description=(
         "List a directory: subdirectories first, each with a trailing '/', then files, in name "
-        "order, up to 500 entries."
+        f"order, up to {LIST_MAX_ENTRIES} entries."
     ),
     parameters=_schema(
         {
@@ -186,8 +238,9 @@ _LIST = Builtin(
             },
         }
     ),
-    scope="tools:files",
+    scope=Scope.FILES,
     kind="server",
+    plan=_plan_file_tool,
 )
 
 _BASH = Builtin(
@@ -201,8 +254,9 @@ _BASH = Builtin(
         {"command": {"type": "string", "description": "The shell command line to run."}},
         required=["command"],
     ),
-    scope="tools:execute",
+    scope=Scope.EXECUTE,
     kind="confined",
+    plan=_plan_bash,
 )
 
 _WEBFETCH = Builtin(
@@ -221,8 +275,9 @@ _WEBFETCH = Builtin(
         },
         required=["url"],
     ),
-    scope="tools:search",
+    scope=Scope.SEARCH,
     kind="web",
+    plan=plan_webfetch,
 )
 
 _WEBSEARCH = Builtin(
@@ -245,14 +300,17 @@ _WEBSEARCH = Builtin(
         },
         required=["query"],
     ),
-    scope="tools:search",
+    scope=Scope.SEARCH,
     kind="web",
+    plan=plan_websearch,
 )
 
 #: Every built-in by name, in the order the spec lists them.
 BUILTINS: Mapping[str, Builtin] = MappingProxyType(
     {b.name: b for b in (_READ, _GREP, _GLOB, _LIST, _BASH, _WEBFETCH, _WEBSEARCH)}
 )
+#: The built-in tools' names, in the same order; no declared or host tool may take one.
+BUILTIN_NAMES: tuple[str, ...] = tuple(BUILTINS)
 
 
 # -- grep -------------------------------------------------------------------------------------
@@ -263,7 +321,8 @@ BUILTINS: Mapping[str, Builtin] = MappingProxyType(
 # links met inside directories, and list files in the same order: ripgrep's
 # `--sort path` is name order per directory, which is a byte sort of the paths with
 # '/' ranked below every other byte (the two `tr` calls). Results pass through
-# `cut` (bytes; the host cuts characters) and `head`, so the sandbox never sends more
+# `cut` (4 bytes per column kept, the most one UTF-8 character takes; the host cuts
+# characters) and `head`, so the sandbox never sends more
 # than max_results + 1 lines of bounded length, however much matched.
 GREP_SCRIPT = r"""
 pattern=$1 path=$2 glob=$3 icase=$4 max=$5 engine=$6 reach=$7
@@ -322,7 +381,7 @@ search_grep() {
   find "$path" -type f "$@" -print0 2>/dev/null | tr '/' '\001' | LC_ALL=C sort -z \
     | tr '\001' '/' | xargs -0 -r grep -I -H -n -s -E $icase -e "$pattern" --
 }
-out=$(search_$engine | cut -b 1-1600 | head -n "$((max + 1))")
+out=$(search_$engine | cut -b 1-@LINE_BYTES@ | head -n "$((max + 1))")
 [ -n "$out" ] || exit 1
 if [ "$(printf '%s\n' "$out" | wc -l)" -gt "$max" ]; then
   printf '%s\n' "$out" | head -n "$max"
@@ -331,7 +390,7 @@ if [ "$(printf '%s\n' "$out" | wc -l)" -gt "$max" ]; then
 else
   printf '%s\n' "$out"
 fi
-""".replace("@GREP_MAX@", str(GREP_MAX))
+""".replace("@GREP_MAX@", str(GREP_MAX)).replace("@LINE_BYTES@", str(4 * GREP_LINE_COLUMNS))
 
 
 def _default_roots(workdir: str) -> tuple[str, ...]:
@@ -378,38 +437,9 @@ def grep_request(
     return argv, b""
 
 
-def grep_finish(output: str, exit_code: int | None) -> tuple[str, bool]:
-    """The text the model sees for a finished ``grep`` call, and whether it is an error.
-
-    Exit 0 is matches (each line cut at 400 columns), 1 is no match (not an error),
-    anything else an error whose text says why.
-    """
-    if exit_code == 0:
-        lines = []
-        for line in output.splitlines():
-            # ripgrep and find print "./" before paths found from the workdir; drop it.
-            shown = line[2:] if line.startswith("./") else line
-            lines.append(shown[:GREP_LINE_COLUMNS])
-        return "\n".join(lines), False
-    if exit_code == 1 and not output.strip():
-        return NO_MATCHES, False
-    text = output.strip() or f"grep failed with exit code {exit_code}."
-    return text, True
-
-
 # -- bash -------------------------------------------------------------------------------------
 
 
 def bash_request(arguments: Mapping[str, Any]) -> tuple[list[str], bytes]:
     """The argv (and empty stdin) of one ``bash`` call: ``/bin/sh -c COMMAND`` in the workdir."""
     return ["/bin/sh", "-c", str(arguments.get("command", ""))], b""
-
-
-def bash_finish(output: str, exit_code: int | None, timed_out: bool) -> str:
-    """The combined output, then ``[exit code N]``; a timed-out call gets its note elsewhere."""
-    if timed_out or exit_code is None:
-        return output
-    note = f"[exit code {exit_code}]"
-    if not output:
-        return note
-    return output.removesuffix("\n") + "\n" + note

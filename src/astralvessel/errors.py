@@ -9,10 +9,15 @@ caller would naturally catch::
     ├── BackendUnavailableError(RuntimeError)   a sandbox cannot start here
     │   └── PromiseNotEnforcedError             ... because a promise would be broken
     ├── SandboxError(RuntimeError)              a running sandbox failed (server died, engine gone)
+    ├── TurnClosedError(RuntimeError)           a call on a turn that has ended
     ├── ToolRegistrationError(ValueError)       a tool cannot join a registry
-    ├── ToolError(RuntimeError)                 a Python tool's failure, shown to the model
-    │                                            (defined in _pytools, exported at the top)
+    ├── ToolError(RuntimeError)                 raised by a host tool: a failure shown to the model
+    ├── UsageError(ValueError)                  a value the API does not accept (a bad mount,
+    │                                            an unknown dialect or scope)
     └── EgressError(ValueError)                 web: a URL or address the policy refuses
+
+``astralvessel.web.SearchError`` (a search provider could not answer) also
+derives from ``AstralVesselError``; the ``Searcher`` shows its message to the model.
 """
 
 from __future__ import annotations
@@ -26,7 +31,10 @@ __all__ = [
     "EgressError",
     "PromiseNotEnforcedError",
     "SandboxError",
+    "ToolError",
     "ToolRegistrationError",
+    "TurnClosedError",
+    "UsageError",
 ]
 
 
@@ -66,6 +74,22 @@ class PromiseNotEnforcedError(BackendUnavailableError):
 
 class SandboxError(AstralVesselError, RuntimeError):
     """A running sandbox failed: its server died, its engine went away, or it broke protocol."""
+
+
+class TurnClosedError(AstralVesselError, RuntimeError):
+    """A call on a turn that has ended; open a new one with ``executor.turn()``."""
+
+
+class ToolError(AstralVesselError, RuntimeError):
+    """Raise this in a Python tool or a bound service callable to report a failure to the model.
+
+    Its message becomes the result text, with ``is_error=True``. Any other
+    exception is the host's problem and propagates out of ``Turn.call``.
+    """
+
+
+class UsageError(AstralVesselError, ValueError):
+    """The host passed a value the API does not accept; the message says which and why."""
 
 
 class ToolRegistrationError(AstralVesselError, ValueError):

@@ -8,7 +8,6 @@ a turn owns one running sandbox and its workspace. Every model mistake becomes a
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -18,14 +17,18 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ._arguments import Refusal, args_argv, check_arguments, parse_arguments, unknown_tool
-from .results import ToolResult, render_output
-from .sandbox._base import RunOutcome, RunRequest, Sandbox, SandboxSession
-from .sandbox._policy import AGENT_DIR, WORKSPACE_DIR, Limits, Mount, Policy, Promise
-from .spec import ALL_SCOPES, InputMode, Scope, ToolKind, ToolSpec
+from ._arguments import Refusal, check_arguments, parse_arguments, unknown_tool
+from ._plans import Call, Plan, TurnContext
+from ._runners import plan_call
+from .errors import SandboxError, TurnClosedError
+from .results import ToolResult, render_refusal, render_sandbox_died
+from .sandbox._base import Sandbox, SandboxSession
+from .sandbox._policy import WORKSPACE_DIR, Limits, Mount, Policy, Promise
+from .spec import ALL_SCOPES, Scope
 
 if TYPE_CHECKING:
     from .registry import Registry
+    from .web import AsyncTransport, Fetcher, Searcher, SearchProvider, Transport
 
 __all__ = ["Executor", "Turn"]
 
@@ -37,13 +40,14 @@ class Executor:
 
     ``sandbox`` is a backend instance, a backend name (``"bubblewrap"``...), or
     None for the best confined backend that can run here. ``mounts`` maps sandbox
-    paths to host folders, read-only (a host path ending in ``:rw`` is writable), or
-    lists ``Mount`` values. ``scopes``
+    paths to host folders, read-only unless the host path ends in ``:rw`` (``:ro``
+    says read-only explicitly), or lists ``Mount`` values. ``scopes``
     defaults to the agent's ``scopes``, or all four when it names none.
     ``relax`` names confinement promises the host explicitly gives up.
-    ``fetcher`` and ``searcher`` serve webfetch and websearch; ``services`` binds
-    Python callables to ``[services]`` names, and ``service_transport`` carries
-    service tools' HTTP posts.
+    ``fetcher`` serves webfetch (a default ``Fetcher`` when None); ``searcher``
+    (a ``Searcher`` or a bare ``SearchProvider``) serves websearch. ``services``
+    binds Python callables to ``[services]`` names, and ``service_transport``
+    carries service tools' HTTP posts (the stdlib transport when None).
     """
 
     def __init__(
@@ -57,10 +61,10 @@ class Executor:
         relax: Iterable[Promise | str] = (),
         timeout_seconds: float | None = None,
         output_chars: int | None = None,
-        fetcher: Any | None = None,
-        searcher: Any | None = None,
+        fetcher: Fetcher | None = None,
+        searcher: Searcher | SearchProvider | None = None,
         services: Mapping[str, Callable[..., Any]] | None = None,
-        service_transport: Any | None = None,
+        service_transport: Transport | AsyncTransport | None = None,
     ) -> None:
         agent = registry.agent
         self.registry = registry
@@ -78,11 +82,11 @@ class Executor:
             mounts=_mounts(mounts),
             limits=limits or (agent.limits if agent is not None else Limits()),
         ).relax(*relax)
-        self.fetcher = fetcher
-        self.searcher = searcher
-        self.services = dict(services or {})
+        self.fetcher: Fetcher = _fetcher(fetcher)
+        self.searcher: Searcher | None = _searcher(searcher)
+        self.services: dict[str, Callable[..., Any]] = dict(services or {})
         #: The web Transport service tools post through (the stdlib one when None).
-        self.service_transport = service_transport
+        self.service_transport: Transport | AsyncTransport | None = service_transport
 
     def turn(self) -> Turn:
         """Open one turn: a context manager (``with`` or ``async with``) owning one sandbox."""
@@ -97,6 +101,21 @@ class Executor:
         """The tools the model may call under the granted scopes."""
         return self.registry.names(self.scopes)
 
+    def context(self) -> TurnContext:
+        """What a turn's runners may use of this executor, frozen as it is now."""
+        agent = self.registry.agent
+        return TurnContext(
+            policy=self.policy,
+            policy_id=self.policy.identity,
+            backend=self.sandbox.name,
+            output_chars=self.output_chars,
+            fetcher=self.fetcher,
+            searcher=self.searcher,
+            services=dict(self.services),
+            service_urls={n: s.url for n, s in agent.services.items()} if agent else {},
+            transport=self.service_transport or _default_transport(),
+        )
+
     def __repr__(self) -> str:
         return f"Executor({self.registry!r}, sandbox={self.sandbox!r})"
 
@@ -104,11 +123,14 @@ class Executor:
 class Turn:
     """One turn: one sandbox, one workspace, any number of (concurrent) calls.
 
-    The sandbox starts on the first call that needs it and ends with the turn.
+    The sandbox starts on the first call that needs it and ends with the turn. If
+    it dies, the call that saw it die gets an error result saying the workspace is
+    lost, and the turn's next call starts a fresh sandbox.
     """
 
     def __init__(self, executor: Executor) -> None:
         self.executor = executor
+        self._context = executor.context()
         self._session: SandboxSession | None = None
         self._lock = threading.Lock()
         self._closed = False
@@ -146,256 +168,136 @@ class Turn:
 
     @property
     def session(self) -> SandboxSession:
-        """The turn's running sandbox, started now if it has not been yet."""
+        """The turn's running sandbox, started now if it has not been yet.
+
+        Raises ``TurnClosedError`` once the turn has ended.
+        """
         with self._lock:
             if self._closed:
-                raise RuntimeError("this turn has ended; open a new one with executor.turn()")
+                raise TurnClosedError("this turn has ended; open a new one with executor.turn()")
             if self._session is None:
                 self._session = self.executor.sandbox.start(self.executor.policy)
             return self._session
+
+    async def _asession(self) -> SandboxSession:
+        with self._lock:
+            if self._session is not None and not self._closed:
+                return self._session
+        return await asyncio.to_thread(lambda: self.session)
+
+    def _discard(self, session: SandboxSession) -> None:
+        """Forget a sandbox that died, so the next call starts a fresh one."""
+        with self._lock:
+            if self._session is session:
+                self._session = None
+        session.close()
 
     # -- calls ----------------------------------------------------------------------------
 
     def call(self, name: str, arguments: object = None) -> ToolResult:
         """Run one tool call; ``arguments`` is a dict or the model's raw JSON text."""
         started = time.monotonic()
-        prepared = self._prepare(name, arguments)
-        if isinstance(prepared, ToolResult):
-            return prepared
-        spec, args = prepared
-        result = self._dispatch_sync(spec, args)
-        return _finish(result, spec, started)
+        plan = self._plan(name, arguments)
+        if isinstance(plan, ToolResult):
+            return self._stamp(plan, str(name), None, started)
+        session = self.session if plan.sandboxed else None
+        try:
+            outcome = plan.run(session)
+        except Exception as exc:
+            return self._stamp(self._rescue(plan, session, exc), name, plan, started)
+        return self._stamp(plan.finish(outcome), name, plan, started)
 
     async def acall(self, name: str, arguments: object = None) -> ToolResult:
         """Async twin of ``call``; calls of one turn may run concurrently."""
         started = time.monotonic()
-        prepared = self._prepare(name, arguments)
-        if isinstance(prepared, ToolResult):
-            return prepared
-        spec, args = prepared
-        result = await self._dispatch_async(spec, args)
-        return _finish(result, spec, started)
+        plan = self._plan(name, arguments)
+        if isinstance(plan, ToolResult):
+            return self._stamp(plan, str(name), None, started)
+        session = await self._asession() if plan.sandboxed else None
+        try:
+            outcome = await plan.arun(session)
+        except Exception as exc:
+            return self._stamp(self._rescue(plan, session, exc), name, plan, started)
+        return self._stamp(plan.finish(outcome), name, plan, started)
 
-    def _prepare(
-        self, name: str, arguments: object
-    ) -> tuple[ToolSpec, dict[str, Any]] | ToolResult:
+    def _plan(self, name: str, arguments: object) -> Plan[Any] | ToolResult:
+        """Check the call and choose its runner (pure but for the registry lookup)."""
         executor = self.executor
         if not isinstance(name, str) or not executor.allowed(name):
-            return ToolResult.error(unknown_tool(name, executor.tool_names()), tool=str(name))
+            return render_refusal(unknown_tool(name, executor.tool_names()))
         spec = executor.registry[name]
         try:
             args = parse_arguments(name, arguments)
             check_arguments(spec, args)
         except Refusal as refusal:
-            return ToolResult.error(str(refusal), tool=name)
-        return spec, args
+            return render_refusal(str(refusal))
+        timeout = spec.timeout_seconds or executor.timeout_seconds
+        return plan_call(self._context, spec, Call(tool=name, arguments=args, timeout=timeout))
 
-    # -- dispatch ---------------------------------------------------------------------------
-
-    def _dispatch_sync(self, spec: ToolSpec, args: dict[str, Any]) -> ToolResult:
-        if spec.kind is ToolKind.COMMAND:
-            request = self._command_request(spec, args)
-            return self._run_result(spec, request, self.session.run(request))
-        if spec.kind is ToolKind.BUILTIN:
-            return self._builtin_sync(spec, args)
-        return self._host_tool_sync(spec, args)
-
-    async def _dispatch_async(self, spec: ToolSpec, args: dict[str, Any]) -> ToolResult:
-        if spec.kind is ToolKind.COMMAND:
-            request = self._command_request(spec, args)
-            session = await self._asession()
-            return self._run_result(spec, request, await session.arun(request))
-        if spec.kind is ToolKind.BUILTIN:
-            return await self._builtin_async(spec, args)
-        return await self._host_tool_async(spec, args)
-
-    async def _asession(self) -> SandboxSession:
-        with self._lock:
-            if self._session is not None:
-                return self._session
-        return await asyncio.to_thread(lambda: self.session)
-
-    def _timeout(self, spec: ToolSpec) -> float:
-        return spec.timeout_seconds or self.executor.timeout_seconds
-
-    def _command_request(self, spec: ToolSpec, args: Mapping[str, Any]) -> RunRequest:
-        argv = [part.replace("{package}", str(AGENT_DIR)) for part in spec.command or ()]
-        if spec.input is InputMode.ARGS:
-            argv += args_argv(spec, args)
-            stdin = b""
-        else:
-            stdin = _json_bytes(args)
-        return RunRequest(
-            argv=tuple(argv),
-            stdin=stdin,
-            timeout=self._timeout(spec),
-            output_chars=self.executor.output_chars,
-        )
-
-    def _run_result(
-        self,
-        spec: ToolSpec,
-        request: RunRequest,
-        outcome: RunOutcome,
-        *,
-        show_exit_code: bool = False,
+    def _rescue(
+        self, plan: Plan[Any], session: SandboxSession | None, exc: Exception
     ) -> ToolResult:
-        text = render_output(
-            outcome.output,
-            exit_code=outcome.exit_code,
-            timed_out=outcome.timed_out,
-            dropped_chars=outcome.dropped_chars,
-            timeout=request.timeout,
-            show_exit_code=show_exit_code,
-        )
-        return ToolResult(
-            text=text,
-            is_error=outcome.timed_out or outcome.exit_code != 0,
-            exit_code=outcome.exit_code,
-            timed_out=outcome.timed_out,
-            dropped_chars=outcome.dropped_chars,
-            files=outcome.files,
-            duration=outcome.duration,
-            tool=spec.name,
-            backend=self.executor.sandbox.name,
-            policy_id=self.executor.policy.identity,
-            metadata=dict(outcome.metadata),
-        )
+        """The result for a call whose step raised, or the exception again if it is the host's."""
+        if isinstance(exc, SandboxError) and session is not None:
+            # The sandbox died (or broke protocol): this call cannot be retried in it,
+            # and every later call would fail the same way.
+            self._discard(session)
+            return render_sandbox_died(str(exc))
+        result = plan.rescue(exc)
+        if result is None:
+            raise exc
+        return result
 
-    # built-ins: read/glob/list are served by the sandbox server; grep and bash are
-    # confined calls; webfetch and websearch run here, in the host, through the web policy.
-
-    def _builtin_sync(self, spec: ToolSpec, args: dict[str, Any]) -> ToolResult:
-        from . import builtins
-
-        kind = builtins.BUILTINS[spec.name].kind
-        if kind == "server":
-            outcome = self.session.file_tool(spec.name, args, timeout=self._timeout(spec))
-            return self._file_result(spec, outcome.text, outcome.is_error)
-        if kind == "confined":
-            request = self._builtin_request(spec, args)
-            return self._builtin_run_result(spec, request, self.session.run(request))
-        return self._web_sync(spec, args)
-
-    async def _builtin_async(self, spec: ToolSpec, args: dict[str, Any]) -> ToolResult:
-        from . import builtins
-
-        kind = builtins.BUILTINS[spec.name].kind
-        if kind == "server":
-            session = await self._asession()
-            outcome = await session.afile_tool(spec.name, args, timeout=self._timeout(spec))
-            return self._file_result(spec, outcome.text, outcome.is_error)
-        if kind == "confined":
-            request = self._builtin_request(spec, args)
-            session = await self._asession()
-            return self._builtin_run_result(spec, request, await session.arun(request))
-        return await self._web_async(spec, args)
-
-    def _builtin_request(self, spec: ToolSpec, args: Mapping[str, Any]) -> RunRequest:
-        from . import builtins
-
-        if spec.name == "grep":
-            policy = self.executor.policy
-            argv, stdin = builtins.grep_request(
-                args,
-                workdir=str(policy.workdir),
-                visible_roots=[str(root) for root in policy.visible_roots],
-            )
-        else:
-            argv, stdin = builtins.bash_request(args)
-        return RunRequest(
-            argv=tuple(argv),
-            stdin=stdin,
-            timeout=self._timeout(spec),
-            output_chars=self.executor.output_chars,
-        )
-
-    def _builtin_run_result(
-        self, spec: ToolSpec, request: RunRequest, outcome: RunOutcome
+    def _stamp(
+        self, result: ToolResult, name: str, plan: Plan[Any] | None, started: float
     ) -> ToolResult:
-        from . import builtins
-
-        if spec.name == "bash":
-            return self._run_result(spec, request, outcome, show_exit_code=True)
-        result = self._run_result(spec, request, outcome)
-        if outcome.timed_out:
-            return result
-        text, is_error = builtins.grep_finish(outcome.output, outcome.exit_code)
-        if outcome.dropped_chars:
-            text = render_output(
-                text, exit_code=0, timed_out=False, dropped_chars=outcome.dropped_chars, timeout=0
-            )
-        return ToolResult(
-            text=text,
-            is_error=is_error,
-            exit_code=outcome.exit_code,
-            dropped_chars=outcome.dropped_chars,
-            duration=outcome.duration,
-            tool=spec.name,
-            backend=result.backend,
-            policy_id=result.policy_id,
+        """Every result names its tool and duration; one that ran in the sandbox, which one."""
+        sandboxed = plan is not None and plan.sandboxed
+        return attrs.evolve(
+            result,
+            tool=name,
+            duration=result.duration or time.monotonic() - started,
+            backend=self._context.backend if sandboxed else None,
+            policy_id=self._context.policy_id if sandboxed else None,
         )
-
-    def _file_result(self, spec: ToolSpec, text: str, is_error: bool) -> ToolResult:
-        cap = self.executor.output_chars
-        dropped = max(0, len(text) - cap)
-        if dropped:
-            text = render_output(
-                text[:cap], exit_code=0, timed_out=False, dropped_chars=dropped, timeout=0
-            )
-        return ToolResult(
-            text=text,
-            is_error=is_error,
-            dropped_chars=dropped,
-            tool=spec.name,
-            backend=self.executor.sandbox.name,
-            policy_id=self.executor.policy.identity,
-        )
-
-    def _web_sync(self, spec: ToolSpec, args: Mapping[str, Any]) -> ToolResult:
-        from ._webtools import web_call
-
-        return web_call(self.executor, spec, args)
-
-    async def _web_async(self, spec: ToolSpec, args: Mapping[str, Any]) -> ToolResult:
-        from ._webtools import aweb_call
-
-        return await aweb_call(self.executor, spec, args)
-
-    # service and Python tools run in the host process (see the integrations docs).
-
-    def _host_tool_sync(self, spec: ToolSpec, args: dict[str, Any]) -> ToolResult:
-        from ._hosttools import host_call
-
-        return host_call(self.executor, spec, args, timeout=self._timeout(spec))
-
-    async def _host_tool_async(self, spec: ToolSpec, args: dict[str, Any]) -> ToolResult:
-        from ._hosttools import ahost_call
-
-        return await ahost_call(self.executor, spec, args, timeout=self._timeout(spec))
-
-
-def _finish(result: ToolResult, spec: ToolSpec, started: float) -> ToolResult:
-    return attrs.evolve(
-        result, tool=spec.name, duration=result.duration or time.monotonic() - started
-    )
-
-
-def _json_bytes(args: Mapping[str, Any]) -> bytes:
-    return json.dumps(args, ensure_ascii=False).encode("utf-8")
 
 
 def _mounts(mounts: MountsArg | None) -> tuple[Mount, ...]:
     if mounts is None:
         return ()
     if isinstance(mounts, Mapping):
-        result = []
-        for target, source in mounts.items():
-            text = str(source)
-            writable = text.endswith(":rw")
-            result.append(Mount.from_pair(target, text.removesuffix(":rw"), writable=writable))
-        return tuple(result)
+        return tuple(Mount.from_text(target, str(source)) for target, source in mounts.items())
     return tuple(mounts)
+
+
+def _fetcher(fetcher: Fetcher | None) -> Fetcher:
+    if fetcher is not None:
+        return fetcher
+    from .web import Fetcher
+
+    return Fetcher()
+
+
+def _searcher(searcher: Searcher | SearchProvider | None) -> Searcher | None:
+    from .web import Searcher
+
+    if searcher is None or isinstance(searcher, Searcher):
+        return searcher
+    # A bare SearchProvider: wrap it so its results are checked and fenced.
+    return Searcher(searcher)
+
+
+_shared_transport: Transport | None = None
+
+
+def _default_transport() -> Transport:
+    """One stdlib transport for every executor without its own: it keeps no state."""
+    global _shared_transport  # noqa: PLW0603 - one shared, stateless default
+    if _shared_transport is None:
+        from .web import StdlibTransport
+
+        _shared_transport = StdlibTransport()
+    return _shared_transport
 
 
 def _resolve_backend(sandbox: Sandbox | str | None) -> Sandbox:

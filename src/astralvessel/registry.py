@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 from ._pytools import python_tool
-from .errors import ToolRegistrationError
+from .builtins import BUILTINS
+from .errors import ToolRegistrationError, UsageError
 from .spec import ALL_SCOPES, BUILTIN_NAMES, Scope, ToolKind, ToolSpec, check_name
 
 if TYPE_CHECKING:
@@ -24,8 +24,6 @@ DIALECTS: tuple[str, ...] = ("openai", "openai-responses", "anthropic", "mcp")
 
 def builtin_spec(name: str) -> ToolSpec:
     """The ``ToolSpec`` of one built-in tool."""
-    from .builtins import BUILTINS
-
     try:
         builtin = BUILTINS[name]
     except KeyError:
@@ -36,8 +34,8 @@ def builtin_spec(name: str) -> ToolSpec:
         name=builtin.name,
         description=builtin.description,
         kind=ToolKind.BUILTIN,
-        parameters=copy.deepcopy(dict(builtin.parameters)),
-        scope=Scope(builtin.scope),
+        parameters=builtin.parameters,
+        scope=builtin.scope,
     )
 
 
@@ -51,8 +49,6 @@ class Registry:
     def __init__(self, tools: Iterable[ToolSpec] = (), *, agent: Agent | None = None) -> None:
         self.agent = agent
         self._tools: dict[str, ToolSpec] = {}
-        self._callables: dict[str, Any] = {}
-        self._services: dict[str, Any] = {}
         for spec in tools:
             self.add(spec)
 
@@ -70,6 +66,12 @@ class Registry:
             raise ToolRegistrationError(f"a tool named {spec.name!r} is already registered")
         if spec.kind is not ToolKind.BUILTIN and spec.name in BUILTIN_NAMES:
             raise ToolRegistrationError(f"{spec.name!r} is a built-in tool's name; choose another")
+        if spec.kind is ToolKind.BUILTIN and spec.name not in BUILTINS:
+            raise ToolRegistrationError(f"{spec.name!r} is not a built-in tool")
+        if spec.kind is ToolKind.PYTHON and spec.handler is None:
+            raise ToolRegistrationError(
+                f"Python tool {spec.name!r} has no function; register it with @registry.tool"
+            )
         self._tools[spec.name] = spec
 
     @overload
@@ -106,15 +108,15 @@ class Registry:
         """
 
         def register(target: _F) -> _F:
-            spec, tool = python_tool(
-                target,
-                name=name,
-                description=description,
-                scope=scope,
-                timeout_seconds=timeout_seconds,
+            self.add(
+                python_tool(
+                    target,
+                    name=name,
+                    description=description,
+                    scope=scope,
+                    timeout_seconds=timeout_seconds,
+                )
             )
-            self.add(spec)
-            self._callables[spec.name] = tool
             return target
 
         return register if func is None else register(func)
@@ -125,9 +127,7 @@ class Registry:
 
     def remove(self, name: str) -> ToolSpec:
         """Remove and return the tool called ``name``; raise KeyError if there is none."""
-        spec = self._tools.pop(name)
-        self._callables.pop(name, None)
-        return spec
+        return self._tools.pop(name)
 
     def get(self, name: str) -> ToolSpec | None:
         """The tool called ``name``, or None."""
@@ -164,7 +164,7 @@ class Registry:
         fresh dicts the caller may change.
         """
         if dialect not in DIALECTS:
-            raise ValueError(f"unknown dialect {dialect!r}; use one of {', '.join(DIALECTS)}")
+            raise UsageError(f"unknown dialect {dialect!r}; use one of {', '.join(DIALECTS)}")
         granted = _scopes(scopes)
         return [
             render_schema(spec, dialect) for spec in self._tools.values() if spec.scope in granted
@@ -173,7 +173,7 @@ class Registry:
 
 def render_schema(spec: ToolSpec, dialect: Dialect) -> dict[str, Any]:
     """One tool in one model API's shape."""
-    parameters = copy.deepcopy(dict(spec.parameters))
+    parameters = spec.parameters
     parameters.setdefault("properties", {})
     if dialect == "openai":
         return {

@@ -1,14 +1,44 @@
-"""ToolResult, and the exact rules that turn a command's outcome into what the model sees."""
+"""ToolResult, and every rule that turns what a call did into what the model sees.
+
+This module is the one renderer: command and built-in outcomes, file-tool text,
+web pages, values returned by host tools, service replies, timeouts, refusals
+and a sandbox that died all become a ``ToolResult`` here, with the notes worded
+and joined one way. The executor then stamps each result with the tool's name,
+the duration and, for calls that ran in the sandbox, the backend and policy.
+"""
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping
 
 import attrs
+import cattrs
 
-from .sandbox._base import OutboxFile
+from .sandbox._base import FileOutcome, OutboxFile, RunOutcome
 
-__all__ = ["OutboxFile", "ToolResult", "render_output"]
+__all__ = [
+    "NO_MATCHES",
+    "OutboxFile",
+    "ToolResult",
+    "cap_text",
+    "grep_text",
+    "render_command",
+    "render_file",
+    "render_grep",
+    "render_host_value",
+    "render_output",
+    "render_refusal",
+    "render_sandbox_died",
+    "render_service_reply",
+    "render_timeout",
+    "render_tool_error",
+    "render_unreachable",
+    "render_web",
+    "timeout_note",
+    "truncation_note",
+]
 
 
 @attrs.frozen(kw_only=True)
@@ -26,9 +56,10 @@ class ToolResult:
     duration: float = 0.0
     #: The tool called, as the model named it.
     tool: str = ""
-    #: The sandbox backend that ran it, if any.
+    #: The sandbox backend that ran it; None when it ran in the host (web, service and
+    #: Python tools) or nothing ran (a refusal).
     backend: str | None = None
-    #: ``Policy.identity`` of the sandbox it ran in, for audit.
+    #: ``Policy.identity`` of the sandbox it ran in, for audit; None exactly when ``backend`` is.
     policy_id: str | None = None
     #: Backend notes for the host (never shown to the model), such as a fallback taken.
     metadata: Mapping[str, str] = attrs.field(factory=dict)
@@ -55,6 +86,9 @@ class ToolResult:
         }
 
 
+# -- notes ----------------------------------------------------------------------------------
+
+
 def format_seconds(seconds: float) -> str:
     """``30`` for 30.0, ``2.5`` for 2.5: how limits are named to the model."""
     return f"{seconds:g}"
@@ -68,6 +102,15 @@ def truncation_note(dropped_chars: int) -> str:
 def timeout_note(timeout: float) -> str:
     """The note that ends the result of a call that ran out of time."""
     return f"[timed out after {format_seconds(timeout)} s]"
+
+
+def _joined(text: str, notes: list[str]) -> str:
+    # One line break separates the text from the notes, whether or not it ended with one.
+    if not notes:
+        return text
+    if not text:
+        return "\n".join(notes)
+    return "\n".join([text.removesuffix("\n"), *notes])
 
 
 def render_output(
@@ -93,9 +136,245 @@ def render_output(
         notes.append(timeout_note(timeout))
     elif show_exit_code or not output:
         notes.append(f"[exit code {exit_code}]")
-    if not notes:
-        return output
-    if not output:
-        return "\n".join(notes)
-    # One line break separates the output from the notes, whether or not it ended with one.
-    return "\n".join([output.removesuffix("\n"), *notes])
+    return _joined(output, notes)
+
+
+def cap_text(text: str, cap: int) -> tuple[str, int]:
+    """Cut ``text`` to ``cap`` characters with the truncation note; return it and the drop."""
+    dropped = max(0, len(text) - cap)
+    if not dropped:
+        return text, 0
+    return _joined(text[:cap], [truncation_note(dropped)]), dropped
+
+
+# -- calls that ran in the sandbox ----------------------------------------------------------
+
+
+def render_command(
+    outcome: RunOutcome, *, timeout: float, show_exit_code: bool = False
+) -> ToolResult:
+    """A confined call's outcome (a declared command, or ``bash`` with ``show_exit_code``)."""
+    return ToolResult(
+        text=render_output(
+            outcome.output,
+            exit_code=outcome.exit_code,
+            timed_out=outcome.timed_out,
+            dropped_chars=outcome.dropped_chars,
+            timeout=timeout,
+            show_exit_code=show_exit_code,
+        ),
+        is_error=outcome.timed_out or outcome.exit_code != 0,
+        exit_code=outcome.exit_code,
+        timed_out=outcome.timed_out,
+        dropped_chars=outcome.dropped_chars,
+        files=outcome.files,
+        duration=outcome.duration,
+        metadata=dict(outcome.metadata),
+    )
+
+
+#: What ``grep`` answers when nothing matches (not an error).
+NO_MATCHES = "No matches found."
+#: The columns each ``grep`` result line keeps.
+GREP_LINE_COLUMNS = 400
+
+
+def grep_text(output: str, exit_code: int | None) -> tuple[str, bool]:
+    """The text the model sees for a finished ``grep`` call, and whether it is an error.
+
+    Exit 0 is matches (each line cut at 400 columns), 1 is no match (not an error),
+    anything else an error whose text says why.
+    """
+    if exit_code == 0:
+        lines = []
+        for line in output.splitlines():
+            # ripgrep and find print "./" before paths found from the workdir; drop it.
+            shown = line[2:] if line.startswith("./") else line
+            lines.append(shown[:GREP_LINE_COLUMNS])
+        return "\n".join(lines), False
+    if exit_code == 1 and not output.strip():
+        return NO_MATCHES, False
+    text = output.strip() or f"grep failed with exit code {exit_code}."
+    return text, True
+
+
+def render_grep(outcome: RunOutcome, *, timeout: float) -> ToolResult:
+    """A ``grep`` call's outcome: its matches, "No matches found." or why it failed."""
+    if outcome.timed_out:
+        return render_command(outcome, timeout=timeout)
+    text, is_error = grep_text(outcome.output, outcome.exit_code)
+    notes = [truncation_note(outcome.dropped_chars)] if outcome.dropped_chars else []
+    return ToolResult(
+        text=_joined(text, notes),
+        is_error=is_error,
+        exit_code=outcome.exit_code,
+        dropped_chars=outcome.dropped_chars,
+        duration=outcome.duration,
+    )
+
+
+def render_file(outcome: FileOutcome, *, cap: int) -> ToolResult:
+    """What ``read``, ``glob`` or ``list`` answered, cut to the cap."""
+    text, dropped = cap_text(outcome.text, cap)
+    return ToolResult(text=text, is_error=outcome.is_error, dropped_chars=dropped)
+
+
+def render_sandbox_died(reason: str) -> ToolResult:
+    """The one result a call gets when the turn's sandbox died under it."""
+    return ToolResult.error(
+        f"Error: the sandbox died while running this call ({reason}). Everything the turn "
+        "had written in its workspace ($HOME, $TMPDIR) is lost. This was not caused by your "
+        "arguments as such; the next call starts in a fresh, empty sandbox, so redo any "
+        "setup the workspace needs before relying on it."
+    )
+
+
+# -- web pages ------------------------------------------------------------------------------
+
+_OPEN_TAG = "<web_content"
+_CLOSE_TAG = "</web_content>"
+# Inside the fence, anything that could close or reopen it, and any line that looks
+# like one of our own notes, is defused: the model must be able to trust that the
+# closing tag and the notes after it are ours, however the page text was cut.
+_FENCE_TAG = re.compile(r"<(/?\s*web_content)", re.IGNORECASE)
+_OUR_NOTE = re.compile(
+    r"^(\s*)\[(?=\s*(output truncated|timed out after|exit code|webfetch |http \d))",
+    re.IGNORECASE | re.MULTILINE,
+)
+
+
+def _defuse(page: str) -> str:
+    return _OUR_NOTE.sub(r"\1&#91;", _FENCE_TAG.sub(r"&lt;\1", page))
+
+
+def _split_fence(text: str) -> tuple[str, str, str] | None:
+    """Split fenced web text into head (through the opening tag's line), page and tail."""
+    start = text.find(_OPEN_TAG)
+    close = text.rfind("\n" + _CLOSE_TAG)
+    if start < 0 or close < 0:
+        return None
+    head_end = text.find("\n", start)
+    if head_end < 0 or head_end > close:
+        return None
+    return text[: head_end + 1], text[head_end + 1 : close], text[close:]
+
+
+def render_web(text: str, *, is_error: bool, cap: int, metadata: Mapping[str, str]) -> ToolResult:
+    """A webfetch or websearch result, cut to the cap without ever losing its fence.
+
+    The page text is cut, never the fence: the closing ``</web_content>`` tag, our
+    truncation note and any note the fetcher added always follow the page text, so
+    they may pass the cap by their own length. Inside the fence, a literal
+    ``</web_content`` and lines that look like our notes are defused.
+    """
+    parts = _split_fence(text)
+    if parts is None:  # an error message with no page in it
+        shown, dropped = cap_text(text, cap)
+        return ToolResult(
+            text=shown, is_error=is_error, dropped_chars=dropped, metadata=dict(metadata)
+        )
+    head, page, tail = parts
+    page = _defuse(page)
+    room = max(0, cap - len(head) - len(tail))
+    dropped = max(0, len(page) - room)
+    if dropped:
+        kept = page[:room].removesuffix("\n")
+        # Our note goes after the closing tag: outside the fence, where only we write.
+        tail = f"\n{_CLOSE_TAG}\n{truncation_note(dropped)}{tail[len(_CLOSE_TAG) + 1 :]}"
+        page = kept
+    return ToolResult(
+        text=head + page + tail, is_error=is_error, dropped_chars=dropped, metadata=dict(metadata)
+    )
+
+
+# -- host tools -----------------------------------------------------------------------------
+
+#: What a host tool that returned nothing (None or "") shows the model.
+NO_OUTPUT = "[no output]"
+#: What a 2xx service reply with an empty body shows the model.
+EMPTY_RESPONSE = "[empty response]"
+
+# Host values are turned into JSON-ready data by cattrs' default unstructuring (attrs
+# classes, dataclasses, enums, containers); this converter never structures anything.
+_values = cattrs.Converter()
+
+
+def render_host_value(value: object, *, tool: str, cap: int) -> ToolResult:
+    """What a Python tool or bound callable returned: text as is, anything else as JSON.
+
+    Raises ``TypeError`` (the host's mistake) for a value that cannot be shown.
+    """
+    if isinstance(value, ToolResult):
+        return value
+    if value is None:
+        text = ""
+    elif isinstance(value, str):
+        text = value
+    elif isinstance(value, (bytes, bytearray)):
+        text = bytes(value).decode("utf-8", "replace")
+    else:
+        try:
+            text = json.dumps(_values.unstructure(value), ensure_ascii=False)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(
+                f"tool {tool!r} returned a {type(value).__name__}, which cannot be shown "
+                f"to the model ({exc}); return str, a JSON-ready value, or an attrs instance"
+            ) from None
+    shown, dropped = cap_text(text or NO_OUTPUT, cap)
+    return ToolResult(text=shown, dropped_chars=dropped)
+
+
+def render_tool_error(message: str, *, cap: int) -> ToolResult:
+    """A ``ToolError`` a host tool raised: its message is the error text."""
+    shown, dropped = cap_text(message, cap)
+    return ToolResult(text=shown, is_error=True, dropped_chars=dropped)
+
+
+def render_timeout(output: str, *, timeout: float, dropped_chars: int = 0) -> ToolResult:
+    """A host call past its timeout: what arrived so far, then ``[timed out after N s]``."""
+    return ToolResult(
+        text=render_output(
+            output, exit_code=None, timed_out=True, dropped_chars=dropped_chars, timeout=timeout
+        ),
+        is_error=True,
+        timed_out=True,
+        dropped_chars=dropped_chars,
+    )
+
+
+def render_service_reply(
+    service: str, *, status: int, reason: str, text: str, dropped_chars: int, cap: int
+) -> ToolResult:
+    """A service's HTTP answer: a 2xx body is the result; any other status is an error.
+
+    ``text`` is the body decoded, already cut to the cap (a 2xx reply) or to a
+    short quote (any other), with ``dropped_chars`` more that were not kept.
+    """
+    metadata = {"http_status": str(status)}
+    if 200 <= status < 300:
+        if not text and not dropped_chars:
+            return ToolResult(text=EMPTY_RESPONSE, metadata=metadata)
+        notes = [truncation_note(dropped_chars)] if dropped_chars else []
+        return ToolResult(text=_joined(text, notes), dropped_chars=dropped_chars, metadata=metadata)
+    quoted = " ".join(text.split()) + (" ..." if dropped_chars else "")
+    redirect = " (redirects are not followed)" if 300 <= status < 400 else ""
+    message = (
+        f"Error: the {service} service answered HTTP {status} {reason}".rstrip()
+        + redirect
+        + (f": {quoted.strip()}" if quoted.strip() else "")
+    )
+    return attrs.evolve(render_tool_error(message, cap=cap), metadata=metadata)
+
+
+def render_unreachable(service: str, exc: BaseException) -> ToolResult:
+    """A service that could not be reached at all."""
+    detail = str(exc) or type(exc).__name__
+    return ToolResult.error(
+        f"Error: the {service} service could not be reached ({detail}). "
+        "This is not a problem with your arguments; you may try again later."
+    )
+
+
+def render_refusal(message: str) -> ToolResult:
+    """A call refused before anything ran (unknown tool, bad arguments)."""
+    return ToolResult.error(message)

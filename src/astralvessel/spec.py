@@ -2,75 +2,51 @@
 
 from __future__ import annotations
 
-import copy
-import enum
+import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import attrs
 import jsonschema
 
 from ._convert import converter, describe_errors
+from ._kinds import ALL_SCOPES, InputMode, Scope, ToolKind
+from .builtins import BUILTIN_NAMES
+from .errors import UsageError
 
 __all__ = [
+    "ALL_SCOPES",
     "BUILTIN_NAMES",
+    "Handler",
     "InputMode",
     "Scope",
     "ToolKind",
     "ToolSpec",
 ]
 
-#: The built-in tools' names; no declared or host tool may take one.
-BUILTIN_NAMES: tuple[str, ...] = ("read", "grep", "glob", "list", "bash", "webfetch", "websearch")
-
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 _EMPTY_OBJECT: Mapping[str, Any] = {"type": "object", "properties": {}}
 
 
-class Scope(str, enum.Enum):
-    """A permission scope; the host grants scopes to an executor."""
+class Handler(Protocol):
+    """What a Python tool's spec carries: the function, and how to call it with arguments."""
 
-    READ = "tools:read"
-    FILES = "tools:files"
-    SEARCH = "tools:search"
-    EXECUTE = "tools:execute"
+    @property
+    def func(self) -> Callable[..., Any]: ...
 
-    def __str__(self) -> str:
-        return self.value
-
-    @classmethod
-    def parse(cls, text: str) -> Scope:
-        """Return the scope named ``text``, or raise ValueError listing the known ones."""
-        try:
-            return cls(text)
-        except ValueError:
-            known = ", ".join(s.value for s in cls)
-            raise ValueError(f"unknown scope {text!r}; known scopes: {known}") from None
+    def structure(self, arguments: Mapping[str, Any]) -> tuple[list[Any], dict[str, Any]]:
+        """Arguments for ``func`` as (positional, keyword); raise ``ValueError`` if unfit."""
+        ...
 
 
-#: Every scope, granted when neither the host nor vessel.toml narrows them.
-ALL_SCOPES: frozenset[Scope] = frozenset(Scope)
-
-
-class InputMode(str, enum.Enum):
-    """How a declared command receives its arguments."""
-
-    JSON_STDIN = "json-stdin"
-    ARGS = "args"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-class ToolKind(str, enum.Enum):
-    """Where a tool runs."""
-
-    COMMAND = "command"  # a declared command, confined in the turn's sandbox
-    SERVICE = "service"  # an HTTP POST to a [services] entry, or a bound Python callable
-    BUILTIN = "builtin"  # one of BUILTIN_NAMES
-    PYTHON = "python"  # a host-process Python function registered with Registry.tool
+def _canonical(schema: Mapping[str, Any] | str) -> str:
+    # Compact JSON in the author's key order: the order of ``properties`` is meaningful
+    # (it is the argv order of an args-mode tool, and the order the model reads).
+    # A string is JSON text, such as the canonical default below.
+    value = json.loads(schema) if isinstance(schema, str) else schema
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, default=str)
 
 
 def check_name(name: object) -> str | None:
@@ -105,14 +81,17 @@ class ToolSpec:
     """One tool: its name, description, parameters schema, and how it runs.
 
     Build declared tools with ``ToolSpec.command_tool``; ``Agent.load`` reads them
-    from tool files with ``ToolSpec.from_toml``.
+    from tool files with ``ToolSpec.from_toml``; ``Registry.tool`` builds Python
+    tools, whose function the spec carries as ``handler``. The schema is kept as
+    compact JSON text, so a spec is immutable and two specs with different schemas
+    are never equal; ``parameters`` hands out a fresh copy each time.
     """
 
     name: str
     description: str
     kind: ToolKind
-    parameters: Mapping[str, Any] = attrs.field(
-        factory=lambda: copy.deepcopy(dict(_EMPTY_OBJECT)), eq=False
+    _schema: str = attrs.field(
+        alias="parameters", converter=_canonical, default=_canonical(_EMPTY_OBJECT), repr=False
     )
     command: tuple[str, ...] | None = None
     service: str | None = None
@@ -122,6 +101,14 @@ class ToolSpec:
     scope: Scope = Scope.READ
     #: The tool file it came from, for error messages.
     source: Path | None = attrs.field(default=None, eq=False)
+    #: A Python tool's function (``Registry.tool`` sets it); None for every other kind.
+    handler: Handler | None = attrs.field(default=None, eq=False, repr=False)
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        """The JSON Schema of the tool's arguments (a fresh dict the caller may change)."""
+        schema: dict[str, Any] = json.loads(self._schema)
+        return schema
 
     @classmethod
     def command_tool(
@@ -139,9 +126,9 @@ class ToolSpec:
         params = dict(parameters) if parameters is not None else dict(_EMPTY_OBJECT)
         for problem in (check_name(name), _named("parameters", check_parameters(params))):
             if problem:
-                raise ValueError(problem)
+                raise UsageError(problem)
         if not command or not all(isinstance(a, str) for a in command):
-            raise ValueError("command must be a non-empty list of strings")
+            raise UsageError("command must be a non-empty list of strings")
         return cls(
             name=name,
             description=description,
@@ -156,7 +143,7 @@ class ToolSpec:
     @property
     def property_names(self) -> tuple[str, ...]:
         """The argument names declared under ``parameters.properties``, in declaration order."""
-        return tuple(self.parameters.get("properties", {}) or {})
+        return tuple(json.loads(self._schema).get("properties", {}) or {})
 
     @classmethod
     def from_toml(

@@ -9,14 +9,9 @@ from typing import Any
 
 import pytest
 
-from astralvessel.builtins import (
-    BUILTINS,
-    GREP_MAX,
-    bash_finish,
-    bash_request,
-    grep_finish,
-    grep_request,
-)
+from astralvessel.builtins import BUILTINS, GREP_MAX, bash_request, grep_request
+from astralvessel.results import grep_text, render_command
+from astralvessel.sandbox import RunOutcome
 
 from .conftest import CANARY, Tree
 
@@ -42,7 +37,7 @@ def grep(request: pytest.FixtureRequest, tree: Tree) -> Grep:
             engine=request.param,
         )
         assert stdin == b""
-        return grep_finish(*_run(argv, tree.data))
+        return grep_text(*_run(argv, tree.data))
 
     return run
 
@@ -189,7 +184,7 @@ def test_rg_and_grep_give_the_same_output(tree: Tree) -> None:
             visible_roots=[str(tree.data)],
             engine=engine,
         )
-        outputs.append(grep_finish(*_run(argv, tree.data)))
+        outputs.append(grep_text(*_run(argv, tree.data)))
     assert outputs[0] == outputs[1]
     assert outputs[0][0].count("\n") > 10
 
@@ -200,15 +195,15 @@ def test_auto_uses_ripgrep_when_present(tree: Tree) -> None:
     argv, _ = grep_request(
         {"pattern": r"\d+"}, workdir=str(tree.data), visible_roots=[str(tree.data)]
     )
-    assert grep_finish(*_run(argv, tree.data)) == ("a.txt:1:id 42", False)
+    assert grep_text(*_run(argv, tree.data)) == ("a.txt:1:id 42", False)
 
 
-def test_grep_finish_rules() -> None:
+def test_grep_text_rules() -> None:
     """Exit 0 is matches, 1 with no output is no match, anything else an error."""
-    assert grep_finish("./a:1:x\n", 0) == ("a:1:x", False)
-    assert grep_finish("", 1) == ("No matches found.", False)
-    assert grep_finish("boom\n", 2) == ("boom", True)
-    assert grep_finish("", None) == ("grep failed with exit code None.", True)
+    assert grep_text("./a:1:x\n", 0) == ("a:1:x", False)
+    assert grep_text("", 1) == ("No matches found.", False)
+    assert grep_text("boom\n", 2) == ("boom", True)
+    assert grep_text("", None) == ("grep failed with exit code None.", True)
 
 
 def test_bash_runs_sh_c_in_the_workdir() -> None:
@@ -216,16 +211,24 @@ def test_bash_runs_sh_c_in_the_workdir() -> None:
     assert bash_request({"command": "echo $HOME; ls"}) == (["/bin/sh", "-c", "echo $HOME; ls"], b"")
 
 
+def bash_text(output: str, exit_code: int | None, *, timed_out: bool) -> str:
+    return render_command(
+        RunOutcome(output=output, exit_code=exit_code, timed_out=timed_out),
+        timeout=5,
+        show_exit_code=True,
+    ).text
+
+
 def test_bash_output_is_followed_by_the_exit_code() -> None:
     """The combined output is followed by [exit code N], even when it is zero or empty."""
-    assert bash_finish("hi\n", 0, timed_out=False) == "hi\n[exit code 0]"
-    assert bash_finish("oops", 3, timed_out=False) == "oops\n[exit code 3]"
-    assert bash_finish("", 0, timed_out=False) == "[exit code 0]"
+    assert bash_text("hi\n", 0, timed_out=False) == "hi\n[exit code 0]"
+    assert bash_text("oops", 3, timed_out=False) == "oops\n[exit code 3]"
+    assert bash_text("", 0, timed_out=False) == "[exit code 0]"
 
 
-def test_bash_timeout_leaves_the_note_to_the_executor() -> None:
-    """A timed-out call has no exit code line; the timeout note is added by the executor."""
-    assert bash_finish("partial", None, timed_out=True) == "partial"
+def test_bash_timeout_ends_with_the_timeout_note() -> None:
+    """A timed-out call has no exit code line; it ends with the timeout note instead."""
+    assert bash_text("partial", None, timed_out=True) == "partial\n[timed out after 5 s]"
 
 
 def test_bash_argv_really_runs_the_command(tree: Tree) -> None:
@@ -233,4 +236,4 @@ def test_bash_argv_really_runs_the_command(tree: Tree) -> None:
     argv, _ = bash_request({"command": "echo out; echo err >&2; exit 4"})
     output, code = _run(argv, tree.data)
     assert code == 4
-    assert bash_finish(output, code, timed_out=False) == "out\nerr\n[exit code 4]"
+    assert bash_text(output, code, timed_out=False) == "out\nerr\n[exit code 4]"

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from astralvessel.builtins import bash_finish, bash_request, grep_finish, grep_request
+from astralvessel.builtins import bash_request, grep_request
+from astralvessel.results import grep_text, render_command
 from astralvessel.sandbox import Bubblewrap, Mount, Policy, RunRequest, SandboxSession
 
 from .conftest import CANARY
@@ -50,13 +51,14 @@ def _grep(session: SandboxSession, engine: str, **arguments: object) -> tuple[st
         engine=engine,  # type: ignore[arg-type]
     )
     outcome = session.run(RunRequest(argv=argv, stdin=stdin, timeout=20, output_chars=30_000))
-    return grep_finish(outcome.output, outcome.exit_code)
+    return grep_text(outcome.output, outcome.exit_code)
 
 
 def _bash(session: SandboxSession, command: str) -> tuple[str, int | None]:
     argv, stdin = bash_request({"command": command})
     outcome = session.run(RunRequest(argv=argv, stdin=stdin, timeout=20, output_chars=30_000))
-    return bash_finish(outcome.output, outcome.exit_code, outcome.timed_out), outcome.exit_code
+    shown = render_command(outcome, timeout=20, show_exit_code=True).text
+    return shown, outcome.exit_code
 
 
 def test_read_list_and_glob_in_the_sandbox(session: SandboxSession) -> None:

@@ -15,6 +15,8 @@ from pathlib import Path, PurePosixPath
 
 import attrs
 
+from ..errors import UsageError
+
 __all__ = [
     "AGENT_DIR",
     "OUTBOX_DIR",
@@ -86,40 +88,59 @@ _PROMISE_SUMMARIES = {
 }
 
 
+def _host_path(value: str | Path) -> Path:
+    return Path(value).expanduser().resolve()
+
+
+def _existing(instance: Mount, attribute: object, source: Path) -> None:
+    if not source.exists():
+        raise UsageError(f"host path {str(source)!r} for {str(instance.target)!r} does not exist")
+
+
+def _mountable(instance: Mount, attribute: object, target: PurePosixPath) -> None:
+    if not target.is_absolute() or ".." in target.parts:
+        raise UsageError(f"sandbox path {str(target)!r} must be absolute and free of '..'")
+    if target == PurePosixPath("/") or any(target == d or d in target.parents for d in _RESERVED):
+        raise UsageError(
+            f"sandbox path {str(target)!r} is reserved; mount data elsewhere, such as /data"
+        )
+
+
 @attrs.frozen(kw_only=True)
 class Mount:
-    """A host folder shown inside the sandbox at ``target``, read-only unless ``writable``."""
+    """A host folder shown inside the sandbox at ``target``, read-only unless ``writable``.
 
-    source: Path = attrs.field(converter=Path)
-    target: PurePosixPath = attrs.field(converter=PurePosixPath)
-    writable: bool = False
+    Every way of building one (``Mount(...)``, ``attrs.evolve``, the named
+    constructors) resolves ``source`` and checks that it exists, and that
+    ``target`` is absolute, free of ``..`` and not a reserved sandbox path;
+    a mount that fails raises ``UsageError``.
+    """
+
+    source: Path = attrs.field(converter=_host_path, validator=_existing)
+    target: PurePosixPath = attrs.field(converter=PurePosixPath, validator=_mountable)
+    writable: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     @classmethod
     def parse(cls, text: str) -> Mount:
-        """Parse the CLI's ``SANDBOX_PATH=HOST_PATH[:rw]`` form."""
+        """Parse the CLI's ``SANDBOX_PATH=HOST_PATH[:rw|:ro]`` form."""
         target, sep, rest = text.partition("=")
         if not sep or not target or not rest:
-            raise ValueError(f"mount {text!r} is not of the form SANDBOX_PATH=HOST_PATH[:rw]")
-        writable = rest.endswith(":rw")
-        source = rest[: -len(":rw")] if writable else rest.removesuffix(":ro")
-        return cls.from_pair(target, source, writable=writable)
+            raise UsageError(f"mount {text!r} is not of the form SANDBOX_PATH=HOST_PATH[:rw]")
+        return cls.from_text(target, rest)
+
+    @classmethod
+    def from_text(cls, target: str | PurePosixPath, source: str) -> Mount:
+        """A sandbox path and ``HOST_PATH[:rw|:ro]``: the dict form of ``Executor(mounts=)``."""
+        writable = source.endswith(":rw")
+        path = source[: -len(":rw")] if writable else source.removesuffix(":ro")
+        return cls.from_pair(target, path, writable=writable)
 
     @classmethod
     def from_pair(
         cls, target: str | PurePosixPath, source: str | Path, *, writable: bool = False
     ) -> Mount:
-        """Check and build a mount from a sandbox path and a host path."""
-        tgt = PurePosixPath(target)
-        if not tgt.is_absolute() or ".." in tgt.parts:
-            raise ValueError(f"sandbox path {str(tgt)!r} must be absolute and free of '..'")
-        if tgt == PurePosixPath("/") or any(tgt == d or d in tgt.parents for d in _RESERVED):
-            raise ValueError(
-                f"sandbox path {str(tgt)!r} is reserved; mount data elsewhere, such as /data"
-            )
-        src = Path(source).expanduser().resolve()
-        if not src.exists():
-            raise ValueError(f"host path {str(source)!r} for {str(tgt)!r} does not exist")
-        return cls(source=src, target=tgt, writable=writable)
+        """Build a mount from a sandbox path and a host path (checked like every Mount)."""
+        return cls(source=Path(source), target=PurePosixPath(target), writable=writable)
 
 
 _RESERVED = (*SYSTEM_DIRS, AGENT_DIR, WORKSPACE_DIR, PurePosixPath("/proc"), PurePosixPath("/dev"))
