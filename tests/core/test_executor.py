@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import textwrap
 import tracemalloc
 from pathlib import Path
 
 import pytest
 
-from astralvessel import Agent, Executor, Registry, Scope, ToolSpec
+from astralvessel import (
+    Agent,
+    Executor,
+    Registry,
+    Scope,
+    ToolSpec,
+    TurnClosedError,
+    UsageError,
+)
 from astralvessel.sandbox import Sandbox
 
 from ..conftest import MakeAgent
@@ -264,11 +274,99 @@ def test_outbox_files_come_back(backend: Sandbox) -> None:
 
 
 async def test_async_calls_run_concurrently(backend: Sandbox) -> None:
-    """acall works under asyncio, and calls of one turn may overlap."""
-    tool = py_tool("nap", "import time, sys; time.sleep(0.5); print(sys.stdin.read())")
+    """Calls of one turn overlap: each waits until all four have started, which serial calls never would."""
+    tool = py_tool(
+        "meet",
+        """
+        import json, os, sys, time
+        i = json.load(sys.stdin)["i"]
+        home = os.environ["HOME"]
+        open(os.path.join(home, f"arrived-{i}"), "w").close()
+        deadline = time.monotonic() + 20
+        met = False
+        while not met and time.monotonic() < deadline:
+            met = sum(n.startswith("arrived-") for n in os.listdir(home)) == 4
+            time.sleep(0.01)
+        print(json.dumps({"i": i, "met": met}))
+        """,
+        timeout_seconds=30,
+    )
     async with executor_for(backend, tool).turn() as turn:
-        results = await asyncio.gather(*(turn.acall("nap", {"i": i}) for i in range(4)))
-    assert [json.loads(r.text)["i"] for r in results] == [0, 1, 2, 3]
+        results = await asyncio.gather(*(turn.acall("meet", {"i": i}) for i in range(4)))
+    assert [json.loads(r.text) for r in results] == [{"i": i, "met": True} for i in range(4)]
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                stat = Path(f"/proc/{name}/stat").read_text()
+            except OSError:
+                continue
+            parent = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(parent, []).append(int(name))
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        found.append(pid)
+        todo.extend(children.get(pid, []))
+    return found
+
+
+def kill_server(session: object) -> None:
+    """SIGKILL the turn's sandbox server, found on the host as our descendant by its inner pid.
+
+    A call's own processes may bear the same inner pid in their nested namespace; the
+    server is the match in the fewest namespaces.
+    """
+    inner = str(session.ready_info["pid"])  # type: ignore[attr-defined]
+    matches = []
+    for pid in _descendants(os.getpid()):
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            continue
+        nspid = next(line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:"))
+        if len(nspid) > 1 and nspid[-1] == inner:
+            matches.append((len(nspid), pid))
+    assert matches, "the sandbox server was not found"
+    os.kill(min(matches)[1], signal.SIGKILL)
+
+
+def test_dead_sandbox_costs_one_call_not_the_turn(backend: Sandbox) -> None:
+    """A call whose sandbox dies gets one error saying the workspace is lost; the next starts fresh."""
+    registry = Registry()
+    registry.add_builtin("bash")
+    with Executor(registry, sandbox=backend).turn() as turn:
+        assert not turn.call("bash", {"command": "echo kept > $HOME/note"}).is_error
+        first = turn.session
+        kill_server(first)
+        died = turn.call("bash", {"command": "cat $HOME/note"})
+        after = turn.call("bash", {"command": "cat $HOME/note; echo fresh"})
+        assert turn.session is not first
+    assert died.is_error
+    assert "the sandbox died" in died.text
+    assert "is lost" in died.text
+    assert died.backend == "bubblewrap"
+    assert after.text.endswith("fresh\n[exit code 0]")
+    assert "kept" not in after.text
+
+
+async def test_dead_sandbox_fails_the_call_in_flight(backend: Sandbox) -> None:
+    """A call waiting in a sandbox that dies gets the dead-sandbox error, not an exception."""
+    registry = Registry()
+    registry.add_builtin("bash")
+    async with Executor(registry, sandbox=backend, timeout_seconds=60).turn() as turn:
+        session = turn.session
+        waiting = asyncio.create_task(turn.acall("bash", {"command": "sleep 50"}))
+        await asyncio.sleep(0.2)  # lets the call reach the sandbox (or not: both must hold)
+        kill_server(session)
+        died = await waiting
+        again = await turn.acall("bash", {"command": "echo alive"})
+    assert died.is_error
+    assert "the sandbox died" in died.text
+    assert again.text == "alive\n[exit code 0]"
 
 
 def test_closed_turn_refuses_new_calls(backend: Sandbox) -> None:
@@ -277,8 +375,9 @@ def test_closed_turn_refuses_new_calls(backend: Sandbox) -> None:
     turn = executor_for(backend, tool).turn()
     with turn:
         turn.call("ok")
-    with pytest.raises(RuntimeError, match="this turn has ended"):
+    with pytest.raises(TurnClosedError, match="this turn has ended") as info:
         turn.call("ok")
+    assert isinstance(info.value, RuntimeError)
 
 
 def test_builtins_through_the_executor(example: Executor) -> None:
@@ -305,3 +404,40 @@ def test_bash_builtin_shows_exit_code(backend: Sandbox) -> None:
         bad = turn.call("bash", {"command": "exit 4"})
     assert ok.text == "/workspace\n/workspace\n[exit code 0]"
     assert (bad.text, bad.is_error) == ("[exit code 4]", True)
+
+
+def test_dict_mounts_accept_ro_and_rw(backend: Sandbox, tmp_path: Path) -> None:
+    """The dict form of mounts takes a host path with an optional :ro or :rw suffix."""
+    executor = executor_for(
+        backend, mounts={"/data": f"{tmp_path}:ro", "/out": f"{tmp_path}:rw", "/x": tmp_path}
+    )
+    assert [(str(m.target), m.writable) for m in executor.policy.mounts] == [
+        ("/data", False),
+        ("/out", True),
+        ("/x", False),
+    ]
+
+
+def test_results_of_host_and_sandbox_calls_are_stamped_alike(backend: Sandbox) -> None:
+    """Every result names its tool and duration; backend and policy_id mark sandboxed calls."""
+    registry = Registry([py_tool("hello", "print('hi')")])
+
+    @registry.tool
+    def answer() -> str:
+        """Answer in the host."""
+        return "42"
+
+    executor = Executor(registry, sandbox=backend)
+    with executor.turn() as turn:
+        confined, host, refused = turn.call("hello"), turn.call("answer"), turn.call("nope")
+    assert (confined.backend, confined.policy_id) == ("bubblewrap", executor.policy.identity)
+    assert (host.backend, host.policy_id, host.text) == (None, None, "42")
+    assert (refused.backend, refused.tool, refused.is_error) == (None, "nope", True)
+    assert all(r.duration > 0 for r in (confined, host, refused))
+
+
+def test_unknown_dialect_is_a_usage_error() -> None:
+    """Asking for schemas in an unknown dialect raises UsageError, also a ValueError."""
+    with pytest.raises(UsageError, match="unknown dialect") as info:
+        Registry().schemas("gemini")  # type: ignore[arg-type]
+    assert isinstance(info.value, ValueError)

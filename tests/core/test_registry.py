@@ -178,3 +178,34 @@ def test_mcp_shape_accepted_by_the_sdk(registry: Registry) -> None:
 
     for schema in registry.schemas("mcp"):
         types.Tool.model_validate(schema)
+
+
+def test_specs_with_different_schemas_are_not_equal() -> None:
+    """ToolSpec equality includes the parameters schema, and a spec's schema cannot be changed."""
+    one = ToolSpec.command_tool("t", "d", ["true"], parameters={"type": "object"})
+    same = ToolSpec.command_tool("t", "d", ["true"], parameters={"type": "object"})
+    other = ToolSpec.command_tool(
+        "t", "d", ["true"], parameters={"type": "object", "properties": {"x": {"type": "string"}}}
+    )
+    assert one == same
+    assert hash(one) == hash(same)
+    assert one != other
+    one.parameters["properties"] = {"y": {}}
+    assert one == same
+
+
+def test_a_python_spec_without_its_function_cannot_join() -> None:
+    """A Python tool's spec carries its function; one built without it is refused at once."""
+    registry = Registry()
+
+    @registry.tool
+    def shout(text: str) -> str:
+        """Shout the text."""
+        return text.upper()
+
+    spec = registry["shout"]
+    assert spec.handler is not None
+    assert spec.handler.func is shout
+    bare = ToolSpec(name="whisper", description="d", kind=ToolKind.PYTHON)
+    with pytest.raises(ToolRegistrationError, match="has no function"):
+        Registry([bare])

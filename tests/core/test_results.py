@@ -2,7 +2,22 @@
 
 from __future__ import annotations
 
-from astralvessel.results import render_output
+import enum
+
+import attrs
+import pytest
+
+from astralvessel.results import (
+    ToolResult,
+    render_file,
+    render_grep,
+    render_host_value,
+    render_output,
+    render_service_reply,
+    render_timeout,
+    render_tool_error,
+)
+from astralvessel.sandbox import FileOutcome, RunOutcome
 
 
 def render(output: str, **kw: object) -> str:
@@ -45,3 +60,104 @@ def test_cut_output_names_dropped_characters() -> None:
 def test_bash_always_shows_exit_code() -> None:
     """The bash built-in's output is always followed by `[exit code N]`."""
     assert render("hi\n", exit_code=1, show_exit_code=True) == "hi\n[exit code 1]"
+
+
+class Colour(enum.Enum):
+    RED = "red"
+
+
+@attrs.frozen
+class Point:
+    x: int
+    colour: Colour
+
+
+@pytest.mark.parametrize(
+    ("value", "text"),
+    [
+        ("plain text", "plain text"),
+        (b"caf\xc3\xa9 \xff", "café \ufffd"),
+        (None, "[no output]"),
+        ("", "[no output]"),
+        ({"n": [1, 2]}, '{"n": [1, 2]}'),
+        (Point(1, Colour.RED), '{"x": 1, "colour": "red"}'),
+    ],
+)
+def test_host_values_as_the_model_sees_them(value: object, text: str) -> None:
+    """A host tool's value: text as is, bytes decoded, nothing as [no output], the rest JSON."""
+    result = render_host_value(value, tool="t", cap=1000)
+    assert (result.text, result.is_error) == (text, False)
+
+
+def test_host_value_that_cannot_be_shown_is_the_hosts_error() -> None:
+    """A value with no JSON form raises TypeError naming the tool."""
+    with pytest.raises(TypeError, match="tool 't' returned a object"):
+        render_host_value(object(), tool="t", cap=1000)
+
+
+@pytest.mark.parametrize(
+    ("result", "text", "dropped"),
+    [
+        (
+            render_host_value("x" * 12, tool="t", cap=5),
+            "xxxxx\n[output truncated: 7 more characters were dropped]",
+            7,
+        ),
+        (render_tool_error("no such species", cap=100), "no such species", 0),
+        (
+            render_file(FileOutcome(text="abcdef", is_error=True), cap=4),
+            "abcd\n[output truncated: 2 more characters were dropped]",
+            2,
+        ),
+        (render_timeout("so far\n", timeout=1.5), "so far\n[timed out after 1.5 s]", 0),
+        (
+            render_timeout("", timeout=2, dropped_chars=3),
+            "[output truncated: 3 more characters were dropped]\n[timed out after 2 s]",
+            3,
+        ),
+        (render_grep(RunOutcome(output="", exit_code=1), timeout=5), "No matches found.", 0),
+        (
+            render_grep(RunOutcome(output="./a:1:x\n", exit_code=0, dropped_chars=9), timeout=5),
+            "a:1:x\n[output truncated: 9 more characters were dropped]",
+            9,
+        ),
+    ],
+)
+def test_every_renderer_joins_notes_one_way(result: ToolResult, text: str, dropped: int) -> None:
+    """Each renderer cuts at the cap and ends with the same notes, joined by one line break."""
+    assert (result.text, result.dropped_chars) == (text, dropped)
+
+
+@pytest.mark.parametrize(
+    ("head", "body", "dropped", "expected", "is_error"),
+    [
+        ((200, "OK"), "found otter", 0, "found otter", False),
+        ((204, "No Content"), "", 0, "[empty response]", False),
+        ((200, "OK"), "abc", 5, "abc\n[output truncated: 5 more characters were dropped]", False),
+        (
+            (503, "Service Unavailable"),
+            "db\n  down",
+            0,
+            "Error: the catalog service answered HTTP 503 Service Unavailable: db down",
+            True,
+        ),
+        (
+            (302, "Found"),
+            "",
+            0,
+            "Error: the catalog service answered HTTP 302 Found (redirects are not followed)",
+            True,
+        ),
+        ((500, ""), "x", 9, "Error: the catalog service answered HTTP 500: x ...", True),
+    ],
+)
+def test_service_replies(
+    head: tuple[int, str], body: str, dropped: int, expected: str, is_error: bool
+) -> None:
+    """A 2xx body is the result; any other status is an error quoting the body's start."""
+    status, reason = head
+    result = render_service_reply(
+        "catalog", status=status, reason=reason, text=body, dropped_chars=dropped, cap=100
+    )
+    assert (result.text, result.is_error) == (expected, is_error)
+    assert result.metadata == {"http_status": str(status)}
