@@ -14,9 +14,8 @@ from __future__ import annotations
 import asyncio
 import codecs
 import json
-import socket
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -25,7 +24,7 @@ import attrs
 from ._plans import Call, Plan, TurnContext
 from .errors import ConfigError
 from .results import ToolResult, render_service_reply, render_timeout, render_unreachable
-from .web._transport import AsyncTransport, HttpRequest, Transport
+from .web import AsyncTransport, HttpRequest, SystemResolver, Transport
 
 if TYPE_CHECKING:
     from .sandbox._base import SandboxSession
@@ -126,10 +125,14 @@ class _Body:
         return "".join(self.parts)
 
 
-def _address(infos: Iterable[tuple[Any, ...]]) -> str:
-    for info in infos:
-        return str(info[4][0])
-    raise OSError("the name resolved to no address")
+def _address(addresses: Sequence[str]) -> str:
+    if not addresses:
+        raise OSError("the name resolved to no address")
+    return addresses[0]
+
+
+# The web package's resolver, with no egress check: service URLs are the operator's.
+_resolver = SystemResolver()
 
 
 @attrs.frozen(kw_only=True)
@@ -144,13 +147,13 @@ class ServicePost:
     body: _Body
     sandboxed: bool = attrs.field(default=False, init=False)
 
-    def _request(self, infos: Iterable[tuple[Any, ...]], deadline: float) -> HttpRequest:
+    def _request(self, addresses: Sequence[str], deadline: float) -> HttpRequest:
         target = self.target
         return HttpRequest(
             method="POST",
             scheme=target.scheme,
             host=target.host,
-            address=_address(infos),
+            address=_address(addresses),
             port=target.port,
             target=target.path,
             headers=(
@@ -169,8 +172,8 @@ class ServicePost:
         if not isinstance(transport, Transport):
             raise TypeError(f"{type(transport).__name__} has no send(); use acall() with it")
         deadline = time.monotonic() + self.timeout
-        infos = socket.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM)
-        response = transport.send(self._request(infos, deadline))
+        addresses = _resolver.resolve(target.host, target.port)
+        response = transport.send(self._request(addresses, deadline))
         try:
             body.start(response.status, response.reason)
             for chunk in response.chunks:
@@ -187,11 +190,10 @@ class ServicePost:
         if not isinstance(transport, AsyncTransport):
             return await asyncio.to_thread(self.run, session)
         deadline = time.monotonic() + self.timeout
-        loop = asyncio.get_running_loop()
-        infos = await asyncio.wait_for(
-            loop.getaddrinfo(target.host, target.port, type=socket.SOCK_STREAM), self.timeout
+        addresses = await asyncio.wait_for(
+            asyncio.to_thread(_resolver.resolve, target.host, target.port), self.timeout
         )
-        response = await transport.asend(self._request(infos, deadline))
+        response = await transport.asend(self._request(addresses, deadline))
         try:
             body.start(response.status, response.reason)
             async for chunk in response.chunks:

@@ -129,6 +129,8 @@ class ToolSpec:
                 raise UsageError(problem)
         if not command or not all(isinstance(a, str) for a in command):
             raise UsageError("command must be a non-empty list of strings")
+        if str(input) not in {m.value for m in InputMode}:
+            raise UsageError(f'input: {str(input)!r} is not accepted; use "json-stdin" or "args"')
         return cls(
             name=name,
             description=description,
