@@ -179,16 +179,120 @@ def test_every_rule_says_why() -> None:
     assert all(len(rule.why) > 10 for rule in CALLS.rules)
 
 
+ENOSYS_CALLS = {
+    "clone3",
+    "openat2",
+    "inotify_init",
+    "inotify_init1",
+    "inotify_add_watch",
+    "fanotify_init",
+    "fanotify_mark",
+}
+
+
 def test_clone3_is_refused_with_enosys() -> None:
-    """clone3 answers ENOSYS so libc falls back to clone, whose flags the filter can read."""
+    """clone3 and openat2 answer ENOSYS so libc falls back to calls whose arguments a filter reads."""
     assert CALLS.decide("clone3") == errno.ENOSYS
-    assert {r.errno for r in CALLS.rules if r.syscall != "clone3"} == {errno.EPERM}
+    assert CALLS.decide("openat2") == errno.ENOSYS
+    assert {r.syscall for r in CALLS.rules if r.errno == errno.ENOSYS} == ENOSYS_CALLS
+    assert {r.errno for r in CALLS.rules if r.syscall not in ENOSYS_CALLS} == {errno.EPERM}
+
+
+def test_inotify_is_refused_as_if_absent() -> None:
+    """inotify and fanotify answer ENOSYS, as on a kernel built without them; dnotify is refused."""
+    for name in ("inotify_init", "inotify_init1", "inotify_add_watch", "fanotify_init"):
+        assert CALLS.decide(name) == errno.ENOSYS
+    assert CALLS.decide("fcntl", [3, sc.F_NOTIFY]) == errno.EPERM
+    assert CALLS.decide("fcntl", [3, sc.F_SETLEASE]) == errno.EPERM
+    assert CALLS.decide("fcntl", [3, 0]) is None  # F_DUPFD
+    assert CALLS.decide("fcntl", [3, 6]) is None  # F_SETLK: locks stay allowed
+
+
+AF_VSOCK, AF_PACKET, AF_ALG, AF_TIPC, AF_RDS = 40, 17, 38, 30, 21
+
+
+@pytest.mark.parametrize("profile", [CALLS, SERVER], ids=["calls", "server"])
+def test_only_ip_and_netlink_route_sockets(profile: DenyList) -> None:
+    """Calls may open IP and netlink-route sockets only; the server may also open unix ones."""
+    for family in (sc.AF_INET, sc.AF_INET6):
+        assert profile.decide("socket", [family, 1, 0]) is None
+    assert profile.decide("socket", [sc.AF_NETLINK, 3, sc.NETLINK_ROUTE]) is None
+    for protocol in (4, 9, 15):  # sock_diag, audit, kobject_uevent
+        assert profile.decide("socket", [sc.AF_NETLINK, 3, protocol]) == errno.EPERM
+    for family in (0, AF_VSOCK, AF_PACKET, AF_ALG, AF_TIPC, AF_RDS, 45, 0xFFFF):
+        assert profile.decide("socket", [family, 1, 0]) == errno.EPERM
+    unix = profile.decide("socket", [sc.AF_UNIX, 1, 0])
+    assert unix == (errno.EPERM if profile is CALLS else None)
+    # The kernel reads the low word only: a high word cannot turn vsock into IP.
+    assert profile.decide("socket", [(1 << 32) | AF_VSOCK, 1, 0]) == errno.EPERM
+
+
+def test_socketpair_only_for_the_server() -> None:
+    """Calls make no socket pairs at all; the server makes unix ones only."""
+    assert CALLS.decide("socketpair", [sc.AF_UNIX, 1, 0, 0]) == errno.EPERM
+    assert CALLS.decide("socketpair", [AF_TIPC, 1, 0, 0]) == errno.EPERM
+    assert SERVER.decide("socketpair", [sc.AF_UNIX, 1, 0, 0]) is None
+    assert SERVER.decide("socketpair", [AF_TIPC, 1, 0, 0]) == errno.EPERM
+
+
+SETID = (0o4755, 0o2755, 0o6755, 0o4000, (1 << 32) | 0o4755)
+
+
+@pytest.mark.parametrize(
+    ("name", "mode_index"),
+    [
+        ("chmod", 1),
+        ("fchmod", 1),
+        ("creat", 1),
+        ("mknod", 1),
+        ("fchmodat", 2),
+        ("fchmodat2", 2),
+        ("mknodat", 2),
+    ],
+)
+def test_setid_modes_refused(name: str, mode_index: int) -> None:
+    """Every call that takes a mode refuses a set-id bit in it and allows plain modes."""
+    for mode in SETID:
+        args = [0] * 6
+        args[mode_index] = mode
+        assert CALLS.decide(name, args) == errno.EPERM, (name, oct(mode))
+    for mode in (0o755, 0o1777, 0o644, 0o100755):
+        args = [0] * 6
+        args[mode_index] = mode
+        assert CALLS.decide(name, args) is None, (name, oct(mode))
+
+
+@pytest.mark.parametrize(("name", "flags_index"), [("open", 1), ("openat", 2)])
+def test_setid_modes_refused_only_when_creating(name: str, flags_index: int) -> None:
+    """open and openat refuse a set-id mode with O_CREAT or O_TMPFILE, and ignore it otherwise."""
+    o_rdwr, o_tmpfile = 2, sc.O_TMPFILE_BIT | 0o200000
+
+    def decide(flags: int, mode: int) -> int | None:
+        args = [0] * 6
+        args[flags_index], args[flags_index + 1] = flags, mode
+        return CALLS.decide(name, args)
+
+    assert decide(sc.O_CREAT | o_rdwr, 0o4755) == errno.EPERM
+    assert decide(o_tmpfile | o_rdwr, 0o2755) == errno.EPERM
+    assert decide(sc.O_CREAT | o_rdwr, 0o755) is None
+    assert decide(o_rdwr, 0o4755) is None  # no file is created: the mode is unused
+    assert CALLS.decide("openat2") == errno.ENOSYS
+
+
+def test_all_of_needs_distinct_arguments() -> None:
+    """A conjunction puts each condition on its own argument (libseccomp's limit)."""
+    one = ArgEquals(index=0, name="domain", value=1)
+    with pytest.raises(ValueError, match="distinct arguments"):
+        sc.AllOf(conditions=(one, ArgEquals(index=0, name="domain", value=2)))
+    with pytest.raises(ValueError, match="two or more"):
+        sc.AllOf(conditions=(one,))
 
 
 def test_server_list_is_a_subset_allowing_namespace_work() -> None:
     """The server list keeps the dangerous calls but allows what launching calls needs."""
-    assert set(SERVER.rules) < set(CALLS.rules)
-    for needed in ("unshare", "mount", "setpgid", "setsid", "setns", "clone", "socket", "chroot"):
+    own = {r for r in SERVER.rules if r.syscall in ("socket", "socketpair")}
+    assert set(SERVER.rules) - own < set(CALLS.rules)
+    for needed in ("unshare", "mount", "setpgid", "setsid", "setns", "clone", "chroot"):
         assert needed not in SERVER.syscalls
     for refused in ("ptrace", "kexec_load", "init_module", "bpf", "keyctl", "perf_event_open"):
         assert refused in SERVER.syscalls
@@ -292,8 +396,20 @@ def test_program_allows_everything_else(arch: sc.Arch) -> None:
             assert run_bpf(program, data) == ALLOW, nr
 
 
+#: Every call with a conditional rule in either list.
+CONDITIONAL = sorted({r.syscall for r in (*CALLS.rules, *SERVER.rules) if r.when is not None})
+#: Values for rules that look at two arguments (creation flags and mode, domain and protocol).
+PAIR_ARGS = (0, 2, 4, 15, 16, sc.O_CREAT, sc.O_TMPFILE_BIT, 0o4755, 0o2000, 0o755, (1 << 32) | 16)
+
 EDGE_ARGS = (
     0,
+    16,
+    40,
+    0o4000,
+    0o2755,
+    (1 << 32) | 0o4755,
+    (1 << 32) | 0o755,
+    0o100 | 2,
     1,
     2,
     10,
@@ -316,14 +432,32 @@ EDGE_ARGS = (
 
 
 @pytest.mark.parametrize("arch", ARCHES)
-@pytest.mark.parametrize("name", ["socket", "socketpair", "ioctl", "clone", "personality"])
-def test_program_argument_edges(arch: sc.Arch, name: str) -> None:
+@pytest.mark.parametrize("name", [*CONDITIONAL, "socketpair"])
+@pytest.mark.parametrize("profile", [CALLS, SERVER], ids=["calls", "server"])
+def test_program_argument_edges(arch: sc.Arch, name: str, profile: DenyList) -> None:
     """Conditional rules agree with the reference for low words, high words and both."""
+    if syscall_number(name, arch) is None:
+        return
+    for args in _edge_arg_lists():
+        assert verdict(arch, name, args, profile) == expected(profile, name, args), (name, args)
+
+
+def _edge_arg_lists() -> list[list[int]]:
+    """Each edge value in each of the first four arguments, and pairs for two-argument rules."""
+    lists = []
     for value in EDGE_ARGS:
-        for index in (0, 1):
-            args = [0, 0, 0]
+        for index in range(4):
+            args = [0] * 6
             args[index] = value
-            assert verdict(arch, name, args) == expected(CALLS, name, args), (name, index, value)
+            lists.append(args)
+    for first in PAIR_ARGS:
+        for second in PAIR_ARGS:
+            for index in range(3):
+                args = [0] * 6
+                args[index], args[index + 1] = first, second
+                lists.append(args)
+            lists.append([first, 3, second, 0, 0, 0])  # socket(domain, type, protocol)
+    return lists
 
 
 def test_high_word_cannot_smuggle_a_32_bit_argument() -> None:
@@ -335,6 +469,8 @@ def test_high_word_cannot_smuggle_a_32_bit_argument() -> None:
     # The kernel reads personality(2^32 + 0xffffffff) as the query; so does the filter.
     assert verdict("x86_64", "personality", [(1 << 32) | 0xFFFFFFFF]) == ALLOW
     assert verdict("x86_64", "socket", [(1 << 32) | 2]) == ALLOW
+    assert verdict("x86_64", "socket", [(1 << 32) | 40]) == ioctl
+    assert verdict("x86_64", "chmod", [0, (1 << 32) | 0o4755]) == ioctl
 
 
 def test_clone_checks_each_namespace_flag() -> None:
@@ -457,7 +593,17 @@ def test_kafel_policy_shape() -> None:
     assert "SYSCALL[0x400003ff] }" in text
     assert "SYSCALL[16] /* ioctl */ (arg0, cmd) { (cmd & 0xffffffff) == 0x5412," in text
     assert "SYSCALL[56] /* clone */ (flags) { (flags & 0x7e020080) != 0 }" in text
-    assert "ERRNO(38) {\n    SYSCALL[435] /* clone3 */\n  }" in text
+    assert (
+        "ERRNO(38) {\n    SYSCALL[437] /* openat2 */,\n    SYSCALL[253] /* inotify_init */," in text
+    )
+    assert "    SYSCALL[435] /* clone3 */\n  }" in text
+    assert (
+        "SYSCALL[257] /* openat */ (arg0, arg1, flags, mode) { (flags & 0x400040) != 0 && " in text
+    )
+    assert (
+        "SYSCALL[41] /* socket */ (domain, arg1, protocol) { (domain & 0xffffffff) != 0x2 && "
+        in text
+    )
 
 
 def test_kafel_policy_for_aarch64_has_no_x32_block() -> None:
@@ -521,20 +667,31 @@ def test_docker_profile_matches_reference(profile: DenyList) -> None:
     """Evaluated like libseccomp, the Docker profile refuses exactly what the list refuses."""
     docker = to_docker_profile(profile, "x86_64")
     for name in sc._TABLES["x86_64"]:
-        for value in EDGE_ARGS:
-            for index in (0, 1):
-                args = [0] * 6
-                args[index] = value
-                assert _docker_decides(docker, name, args) == profile.decide(name, args), (
-                    name,
-                    value,
-                )
+        arg_lists = _edge_arg_lists() if name in CONDITIONAL else [[0] * 6]
+        for args in arg_lists:
+            assert _docker_decides(docker, name, args) == profile.decide(name, args), (name, args)
+
+
+def test_docker_expresses_small_allow_lists_exactly() -> None:
+    """An allow-list of values spanning few bits becomes exact masked comparisons."""
+    rule = Rule(
+        syscall="socket",
+        why="test list",
+        when=ArgNotIn(index=0, name="domain", values=(2, 10, 16)),
+    )
+    listed = DenyList(name="few", rules=(rule,))
+    docker = to_docker_profile(listed, "x86_64")
+    for value in [*range(64), 1 << 31, (1 << 32) | 2, 0xFFFFFFFF]:
+        args = [value, 0, 0, 0, 0, 0]
+        assert _docker_decides(docker, "socket", args) == listed.decide("socket", args), value
 
 
 def test_docker_cannot_express_arbitrary_allow_lists() -> None:
-    """An allow-list of values beyond 0 and 0xffffffff is refused with a clear message."""
+    """An allow-list whose values span too many bits is refused with a clear message."""
     rule = Rule(
-        syscall="personality", why="test list", when=ArgNotIn(index=0, name="persona", values=(8,))
+        syscall="personality",
+        why="test list",
+        when=ArgNotIn(index=0, name="persona", values=(0x12345678,)),
     )
     with pytest.raises(ValueError, match="cannot express persona not in"):
         to_docker_profile(DenyList(name="odd", rules=(rule,)), "x86_64")

@@ -70,7 +70,7 @@ class Promise(enum.Enum):
 _PROMISE_SUMMARIES = {
     Promise.NO_NETWORK: "no network: only the sandbox's own loopback, with no routes out",
     Promise.PROCESS_ISOLATION: "cannot see or signal any process but its own",
-    Promise.NO_UNIX_SOCKETS: "socket(AF_UNIX) refused: no socket files",
+    Promise.NO_UNIX_SOCKETS: "only IP and netlink-route sockets: no unix sockets, no vsock",
     Promise.NO_IPC: "no SysV or POSIX shared memory, message queues or semaphores",
     Promise.CLEAN_ENVIRONMENT: "environment is exactly PATH, LANG, HOME, TMPDIR, VESSEL_OUTBOX",
     Promise.NO_NEW_SESSIONS: (

@@ -35,6 +35,7 @@ __all__ = [
     "CALLS",
     "PROFILES",
     "SERVER",
+    "AllOf",
     "Arch",
     "ArgEquals",
     "ArgHasBits",
@@ -82,6 +83,29 @@ _MASK32 = 0xFFFFFFFF
 
 # Values compared in arguments (identical on x86_64 and aarch64).
 AF_UNIX = 1
+AF_INET = 2
+AF_INET6 = 10
+AF_NETLINK = 16
+NETLINK_ROUTE = 0
+#: Socket families a confined call may create: IP for the sandbox's own loopback
+#: (test servers, local databases) and netlink's route protocol, which getifaddrs,
+#: ``if_nameindex`` and ``ip`` use to list the sandbox's interfaces. Every other
+#: family (unix, vsock, packet, alg, tipc, rds, bluetooth, ...) reaches past the
+#: network namespace or is kernel attack surface no tool here needs.
+CALL_SOCKET_FAMILIES = (AF_INET, AF_INET6, AF_NETLINK)
+#: The sandbox server also needs unix socketpairs (asyncio's self-pipe).
+SERVER_SOCKET_FAMILIES = (AF_UNIX, *CALL_SOCKET_FAMILIES)
+# open(2) flags that create a file (identical on both architectures; O_TMPFILE
+# is __O_TMPFILE with O_DIRECTORY, and __O_TMPFILE alone is enough to test).
+O_CREAT = 0o100
+O_TMPFILE_BIT = 0o20000000
+# A mode with either set-id bit runs a program as the file's owner or group.
+S_ISUID = 0o4000
+S_ISGID = 0o2000
+# fcntl commands: a lease makes the host's open of the file wait up to 45 s;
+# dnotify reports accesses to and changes in a directory, like inotify.
+F_SETLEASE = 1024
+F_NOTIFY = 1026
 TIOCSTI = 0x5412
 TIOCLINUX = 0x541C
 CLONE_NEWTIME = 0x00000080
@@ -109,6 +133,10 @@ PERSONALITY_QUERY = 0xFFFFFFFF
 # arch/x86/entry/syscalls/syscall_64.tbl; aarch64 uses the generic table
 # (include/uapi/asm-generic/unistd.h), which has no iopl or ioperm.
 _X86_64: Mapping[str, int] = {
+    "open": 2, "fcntl": 72, "creat": 85, "chmod": 90, "fchmod": 91, "mknod": 133,
+    "inotify_init": 253, "inotify_add_watch": 254, "inotify_rm_watch": 255, "openat": 257,
+    "mknodat": 259, "fchmodat": 268, "inotify_init1": 294, "fanotify_init": 300,
+    "fanotify_mark": 301, "openat2": 437, "fchmodat2": 452,
     "ioctl": 16, "shmget": 29, "shmat": 30, "shmctl": 31, "socket": 41, "socketpair": 53,
     "clone": 56, "semget": 64, "semop": 65, "semctl": 66, "shmdt": 67, "msgget": 68,
     "msgsnd": 69, "msgrcv": 70, "msgctl": 71, "ptrace": 101, "syslog": 103, "setpgid": 109,
@@ -127,6 +155,9 @@ _X86_64: Mapping[str, int] = {
     "pidfd_getfd": 438, "mount_setattr": 442, "quotactl_fd": 443, "open_tree_attr": 467,
 }  # fmt: skip
 _AARCH64: Mapping[str, int] = {
+    "fcntl": 25, "inotify_init1": 26, "inotify_add_watch": 27, "inotify_rm_watch": 28,
+    "mknodat": 33, "fchmod": 52, "fchmodat": 53, "openat": 56, "fanotify_init": 262,
+    "fanotify_mark": 263, "openat2": 437, "fchmodat2": 452,
     "lookup_dcookie": 18, "ioctl": 29, "umount2": 39, "mount": 40, "pivot_root": 41,
     "chroot": 51, "vhangup": 58, "quotactl": 60, "acct": 89, "personality": 92, "unshare": 97,
     "kexec_load": 104, "init_module": 105, "delete_module": 106, "clock_settime": 112,
@@ -228,10 +259,37 @@ class ArgNotIn:
             raise ValueError(f"values of {self.name} must be non-empty and fit {self.width} bits")
 
 
-Condition: TypeAlias = ArgEquals | ArgHasBits | ArgNotIn
+ArgCondition: TypeAlias = ArgEquals | ArgHasBits | ArgNotIn
 
 
-def _condition_matches(cond: Condition, raw: int) -> bool:
+def _arg_tuple(conditions: Iterable[ArgCondition]) -> tuple[ArgCondition, ...]:
+    return tuple(conditions)
+
+
+@attrs.frozen(kw_only=True)
+class AllOf:
+    """Matches when every one of ``conditions`` holds, each on a different argument.
+
+    One argument per condition keeps every form able to express it: libseccomp
+    (Docker) takes at most one comparison per argument in a rule.
+    """
+
+    conditions: tuple[ArgCondition, ...] = attrs.field(converter=_arg_tuple)
+
+    def __attrs_post_init__(self) -> None:
+        indexes = [c.index for c in self.conditions]
+        if len(indexes) < 2 or len(set(indexes)) != len(indexes):
+            raise ValueError(
+                f"AllOf needs two or more conditions on distinct arguments, not {indexes}"
+            )
+        if not all(isinstance(c, ArgEquals | ArgHasBits | ArgNotIn) for c in self.conditions):
+            raise ValueError("AllOf holds argument conditions only")
+
+
+Condition: TypeAlias = ArgCondition | AllOf
+
+
+def _arg_matches(cond: ArgCondition, raw: int) -> bool:
     """Whether ``cond`` holds for a raw 64-bit argument, as the kernel would see it."""
     value = raw & _MASK32 if cond.width == 32 else raw
     if isinstance(cond, ArgEquals):
@@ -239,6 +297,15 @@ def _condition_matches(cond: Condition, raw: int) -> bool:
     if isinstance(cond, ArgHasBits):
         return value & cond.mask != 0
     return value not in cond.values
+
+
+def _parts(cond: Condition) -> tuple[ArgCondition, ...]:
+    return cond.conditions if isinstance(cond, AllOf) else (cond,)
+
+
+def _condition_matches(cond: Condition, args: Sequence[int]) -> bool:
+    """Whether ``cond`` holds for a call's six raw arguments."""
+    return all(_arg_matches(part, args[part.index]) for part in _parts(cond))
 
 
 @attrs.frozen(kw_only=True)
@@ -258,7 +325,7 @@ class Rule:
 
     def matches(self, args: Sequence[int]) -> bool:
         """Whether a call with these six raw arguments is refused by this rule."""
-        return self.when is None or _condition_matches(self.when, args[self.when.index])
+        return self.when is None or _condition_matches(self.when, args)
 
 
 def _rule_tuple(rules: Iterable[Rule]) -> tuple[Rule, ...]:
@@ -310,8 +377,56 @@ def _always(syscall: str, why: str, err: int = errno.EPERM) -> Rule:
     return Rule(syscall=syscall, why=why, errno=err)
 
 
-def _group(names: str, why: str) -> tuple[Rule, ...]:
-    return tuple(_always(name, why) for name in names.split())
+def _group(names: str, why: str, err: int = errno.EPERM) -> tuple[Rule, ...]:
+    return tuple(_always(name, why, err) for name in names.split())
+
+
+def _setid_mode(syscall: str, index: int) -> Rule:
+    return Rule(
+        syscall=syscall,
+        when=ArgHasBits(index=index, name="mode", mask=S_ISUID | S_ISGID),
+        why=_SETID_WHY,
+    )
+
+
+def _setid_create(syscall: str, flags: int) -> Rule:
+    return Rule(
+        syscall=syscall,
+        when=AllOf(
+            conditions=(
+                ArgHasBits(index=flags, name="flags", mask=O_CREAT | O_TMPFILE_BIT),
+                ArgHasBits(index=flags + 1, name="mode", mask=S_ISUID | S_ISGID),
+            )
+        ),
+        why=_SETID_WHY,
+    )
+
+
+_SETID_WHY = (
+    "a set-id file left in a writable mount would run as the call's user for anyone on the host"
+)
+#: Every way to give a file a mode names the mode in a register, except openat2.
+_SETID_RULES: tuple[Rule, ...] = (
+    *(_setid_mode(name, 1) for name in ("chmod", "fchmod", "creat", "mknod")),
+    *(_setid_mode(name, 2) for name in ("fchmodat", "fchmodat2", "mknodat")),
+    _setid_create("open", 1),
+    _setid_create("openat", 2),
+    _always(
+        "openat2",
+        "its mode sits in memory a filter cannot read; ENOSYS makes libc fall back to openat",
+        errno.ENOSYS,
+    ),
+)
+_NETLINK_ROUTE_ONLY = Rule(
+    syscall="socket",
+    when=AllOf(
+        conditions=(
+            ArgEquals(index=0, name="domain", value=AF_NETLINK),
+            ArgNotIn(index=2, name="protocol", values=(NETLINK_ROUTE,)),
+        )
+    ),
+    why="netlink protocols but route reach the host's audit, uevents and other subsystems",
+)
 
 
 _IPC_WHY = "SysV/POSIX IPC would let a call talk to processes outside its own tree"
@@ -325,13 +440,30 @@ _CALLS_RULES: tuple[Rule, ...] = (
     _always("setpgid", "a new process group would escape the kill at the end of the call"),
     Rule(
         syscall="socket",
-        when=ArgEquals(index=0, name="domain", value=AF_UNIX),
-        why="unix sockets reach services by path or abstract name; no socket files",
+        when=ArgNotIn(index=0, name="domain", values=CALL_SOCKET_FAMILIES),
+        why=(
+            "only IP (the sandbox's own loopback) and netlink; unix sockets reach services "
+            "by path or name, vsock reaches the hypervisor past the network namespace"
+        ),
+    ),
+    _NETLINK_ROUTE_ONLY,
+    _always("socketpair", "a call needs no socket pairs; unix ones are refused like socket files"),
+    *_SETID_RULES,
+    *_group(
+        "inotify_init inotify_init1 inotify_add_watch fanotify_init fanotify_mark",
+        "watches on bound host folders would show what the host runs and opens; "
+        "ENOSYS, as on a kernel without them, makes tools fall back to polling",
+        errno.ENOSYS,
     ),
     Rule(
-        syscall="socketpair",
-        when=ArgEquals(index=0, name="domain", value=AF_UNIX),
-        why="the same family as socket(AF_UNIX), refused for the same reason",
+        syscall="fcntl",
+        when=ArgEquals(index=1, name="cmd", value=F_NOTIFY),
+        why="dnotify reports accesses in a directory, as inotify does",
+    ),
+    Rule(
+        syscall="fcntl",
+        when=ArgEquals(index=1, name="cmd", value=F_SETLEASE),
+        why="a lease on a file in a writable mount stalls the host's own opens of it",
     ),
     *_group("shmget shmat shmctl shmdt msgget msgsnd msgrcv msgctl", _IPC_WHY),
     *_group("semget semop semtimedop semctl", _IPC_WHY),
@@ -395,10 +527,11 @@ _CALLS_RULES: tuple[Rule, ...] = (
 CALLS = DenyList(name="calls", rules=_CALLS_RULES)
 
 #: Refused in the sandbox server: ``CALLS`` less what a server that forks namespaced,
-#: process-group-led children needs. Sockets stay allowed because asyncio's
-#: self-pipe is a ``socketpair(AF_UNIX)``; the sandbox's network namespace has no
-#: interfaces anyway.
-SERVER = CALLS.without(
+#: process-group-led children needs. Unix sockets stay allowed because asyncio's
+#: self-pipe is a ``socketpair(AF_UNIX)``; every family a call may not use but
+#: unix is refused here too, so Docker's container profile (which replaces
+#: Docker's default one) refuses vsock and the rest as well.
+_SERVER_BASE = CALLS.without(
     "setsid",
     "setpgid",
     "socket",
@@ -420,6 +553,23 @@ SERVER = CALLS.without(
     "pivot_root",
     "chroot",
     name="server",
+)
+SERVER = DenyList(
+    name="server",
+    rules=(
+        *_SERVER_BASE.rules,
+        Rule(
+            syscall="socket",
+            when=ArgNotIn(index=0, name="domain", values=SERVER_SOCKET_FAMILIES),
+            why="the server uses unix socket pairs; other families as for calls",
+        ),
+        _NETLINK_ROUTE_ONLY,
+        Rule(
+            syscall="socketpair",
+            when=ArgNotIn(index=0, name="domain", values=(AF_UNIX,)),
+            why="the server's socket pairs are unix ones",
+        ),
+    ),
 )
 
 #: The shipped lists by name.
@@ -582,6 +732,15 @@ def _arg_offsets(index: int) -> tuple[int, int]:
 
 
 def _emit_condition(asm: _Assembler, cond: Condition, match: _Label, miss: _Label) -> None:
+    parts = _parts(cond)
+    for part in parts[:-1]:
+        holds = asm.label()
+        _emit_arg(asm, part, holds, miss)
+        asm.mark(holds)
+    _emit_arg(asm, parts[-1], match, miss)
+
+
+def _emit_arg(asm: _Assembler, cond: ArgCondition, match: _Label, miss: _Label) -> None:
     low, high = _arg_offsets(cond.index)
     if isinstance(cond, ArgEquals):
         if cond.width == 64:
@@ -676,13 +835,18 @@ def compile_bpf(deny_list: DenyList | str, arch: str) -> bytes:
 # nsjail's kafel language.
 
 
-def _kafel_arg(cond: Condition) -> str:
+def _kafel_arg(cond: ArgCondition) -> str:
     # Masking with 0xffffffff makes kafel compare the low word only, whatever
     # size its own syscall table gives the argument.
     return f"({cond.name} & 0xffffffff)" if cond.width == 32 else cond.name
 
 
 def _kafel_expr(cond: Condition) -> str:
+    # Kafel separates alternatives with commas; a conjunction needs no parentheses.
+    return " && ".join(_kafel_arg_expr(part) for part in _parts(cond))
+
+
+def _kafel_arg_expr(cond: ArgCondition) -> str:
     arg = _kafel_arg(cond)
     if isinstance(cond, ArgEquals):
         return f"{arg} == {cond.value:#x}"
@@ -691,7 +855,8 @@ def _kafel_expr(cond: Condition) -> str:
     return " && ".join(f"{arg} != {v:#x}" for v in cond.values)
 
 
-def _kafel_params(conds: Sequence[Condition]) -> str:
+def _kafel_params(conditions: Sequence[Condition]) -> str:
+    conds = [part for cond in conditions for part in _parts(cond)]
     names = {c.index: c.name for c in conds}
     if len({(c.index, c.name) for c in conds}) != len(names):
         raise ValueError("conditions on one argument must use one name")
@@ -744,6 +909,19 @@ def _masked(index: int, mask: int, expected: int) -> dict[str, object]:
 
 def _docker_arg_sets(cond: Condition) -> list[list[dict[str, object]]]:
     """Alternatives (OR) of argument lists (AND); libseccomp takes one comparison per argument."""
+    alternatives: list[list[dict[str, object]]] = [[]]
+    # A conjunction of per-argument alternatives is every combination of them;
+    # AllOf puts each condition on its own argument, so each combination is valid.
+    for part in _parts(cond):
+        alternatives = [a + b for a in alternatives for b in _docker_arg_alternatives(part)]
+    return alternatives
+
+
+#: The most bits an allow-list's values may span for Docker's form (2**n comparisons).
+_DOCKER_SPAN_BITS = 6
+
+
+def _docker_arg_alternatives(cond: ArgCondition) -> list[list[dict[str, object]]]:
     if isinstance(cond, ArgEquals):
         if cond.width == 64:
             return [[{"index": cond.index, "value": cond.value, "op": "SCMP_CMP_EQ"}]]
@@ -752,19 +930,43 @@ def _docker_arg_sets(cond: Condition) -> list[list[dict[str, object]]]:
     if isinstance(cond, ArgHasBits):
         bits = [1 << b for b in range(cond.width) if cond.mask >> b & 1]
         return [[_masked(cond.index, bit, bit)] for bit in bits]
+    return _docker_not_in(cond)
+
+
+def _docker_not_in(cond: ArgNotIn) -> list[list[dict[str, object]]]:
     values = set(cond.values)
-    if cond.width == 32 and values <= {0, _MASK32}:
-        if values == {0}:  # some bit set
-            return [[_masked(cond.index, 1 << b, 1 << b)] for b in range(32)]
-        if values == {_MASK32}:  # some bit clear
-            return [[_masked(cond.index, 1 << b, 0)] for b in range(32)]
+    span = 0
+    for value in values:
+        span |= value
+    if span.bit_count() <= _DOCKER_SPAN_BITS:
+        # Every allowed value uses only the bits of ``span``: a value with any other
+        # bit set is refused by one comparison per such bit, and a value within the
+        # span by one exact comparison for each pattern of its bits not allowed.
+        outside = [
+            [_masked(cond.index, 1 << b, 1 << b)] for b in range(cond.width) if not span >> b & 1
+        ]
+        inside = [
+            [_masked(cond.index, span, pattern)]
+            for pattern in _sub_patterns(span)
+            if pattern not in values
+        ]
+        return outside + inside
+    if cond.width == 32 and values == {_MASK32}:  # some bit clear
+        return [[_masked(cond.index, 1 << b, 0)] for b in range(32)]
+    if cond.width == 32 and values == {0, _MASK32}:
         # Neither all zeros nor all ones: somewhere (cyclically) a set bit is
         # followed by a clear one, so these 32 single comparisons cover it exactly.
         return [[_masked(cond.index, 1 << b | 1 << (b + 1) % 32, 1 << b)] for b in range(32)]
     raise ValueError(
         f"Docker's profile format cannot express {cond.name} not in {sorted(values)}; "
-        "use values drawn from 0 and 0xffffffff"
+        f"use values spanning at most {_DOCKER_SPAN_BITS} bits, or drawn from 0 and 0xffffffff"
     )
+
+
+def _sub_patterns(span: int) -> list[int]:
+    """Every value whose set bits are a subset of ``span``'s."""
+    bits = [1 << b for b in range(span.bit_length()) if span >> b & 1]
+    return [sum(bit for i, bit in enumerate(bits) if n >> i & 1) for n in range(1 << len(bits))]
 
 
 def to_docker_profile(deny_list: DenyList | str, arch: str) -> dict[str, object]:
