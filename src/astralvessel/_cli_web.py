@@ -14,6 +14,7 @@ import ssl
 import sys
 from typing import Any
 
+from ._terminal import for_terminal
 from .web import (
     AllowRule,
     BraveProvider,
@@ -100,7 +101,8 @@ def _show(result: WebResult, as_json: bool) -> int:
         }
         sys.stdout.write(json.dumps(payload, ensure_ascii=False) + "\n")
     else:
-        sys.stdout.write(result.text + "\n")
+        # A page's text is untrusted: its control sequences are shown, not obeyed.
+        sys.stdout.write(for_terminal(result.text) + "\n")
     return EXIT_ERROR_RESULT if result.is_error else EXIT_OK
 
 

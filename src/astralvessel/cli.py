@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
+from ._terminal import for_terminal
 from .errors import AstralVesselError, ConfigError
 
 if TYPE_CHECKING:
@@ -123,7 +124,10 @@ def _call(args: argparse.Namespace) -> int:
         json.dump(result.to_json(), sys.stdout, indent=2, ensure_ascii=False)
         print()
     else:
-        sys.stdout.write(result.text if result.text.endswith("\n") else result.text + "\n")
+        # The text is untrusted and this is often a terminal (and a pipe often ends
+        # in one): its control sequences are shown, not obeyed. --json is exact.
+        text = for_terminal(result.text)
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
     return EXIT_TOOL_ERROR if result.is_error else EXIT_OK
 
 
