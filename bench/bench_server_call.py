@@ -14,8 +14,9 @@ import time
 from collections.abc import Callable
 
 from astralvessel.sandbox._base import RunRequest
+from astralvessel.sandbox._channels import PipeChannel
 from astralvessel.sandbox._policy import Policy
-from astralvessel.sandbox._session import PipeChannel, ServerSession, server_command
+from astralvessel.sandbox._session import ServerSession, server_command
 
 ROUNDS = 200
 TRUE = RunRequest(argv=["/bin/true"], timeout=10, output_chars=1000)

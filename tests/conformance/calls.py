@@ -10,7 +10,7 @@ from typing import Any
 
 from astralvessel.sandbox import RunOutcome, RunRequest, SandboxSession
 
-__all__ = ["host_processes_with", "py", "py_json", "run", "wait_until_gone"]
+__all__ = ["barrier", "host_processes_with", "py", "py_json", "run", "wait_until_gone"]
 
 #: The interpreter calls use: the sandbox's own (the host's /usr, read-only).
 PYTHON = "/usr/bin/python3"
@@ -62,3 +62,18 @@ def wait_until_gone(marker: str, seconds: float = 5.0) -> list[int]:
     while (left := host_processes_with(marker)) and time.monotonic() < deadline:
         time.sleep(0.05)
     return left
+
+
+def barrier(folder: str, name: str, parties: int, *, wait_s: int = 20) -> str:
+    """A script that checks in at ``folder`` and waits for ``parties`` check-ins: ``met`` or ``alone``.
+
+    Calls that run one at a time can never all be checked in at once, so the
+    first prints ``alone`` after ``wait_s`` seconds: the proof of overlap is
+    the rendezvous itself, not a clock.
+    """
+    return (
+        f'touch "{folder}/in-{name}"; '
+        f"i=0; while [ $i -lt {wait_s * 10} ]; do "
+        f'[ "$(ls "{folder}" | grep -c "^in-")" -ge {parties} ] && {{ echo met; exit 0; }}; '
+        "sleep 0.1; i=$((i+1)); done; echo alone"
+    )

@@ -21,6 +21,7 @@ from astralvessel.sandbox import Policy, Promise, RunRequest
 from astralvessel.sandbox._docker import Docker
 from astralvessel.sandbox._docker_spec import LABEL_TURN
 
+from ..conformance.calls import barrier
 from .conftest import BASE_IMAGE, NOPYTHON_IMAGE, SMALL_LIMITS
 
 
@@ -51,13 +52,13 @@ def test_each_call_is_a_request_to_the_server(turn, docker_api):
     """Calls go to the server in the container, not through docker exec: the engine records no exec."""
     for _ in range(3):
         assert _run(turn, "true").exit_code == 0
-    assert not docker_api.inspect_container(turn.container_id).get("ExecIDs")
+    assert not docker_api.inspect_container(turn.channel.container_id).get("ExecIDs")
 
 
 def test_container_is_removed_when_the_turn_ends(backend, small_policy, docker_api):
     """Closing the turn removes its container."""
     session = backend.start(small_policy)
-    container_id = session.container_id
+    container_id = session.channel.container_id
     assert _exists(docker_api, container_id)
     session.close()
     assert not _exists(docker_api, container_id)
@@ -65,7 +66,7 @@ def test_container_is_removed_when_the_turn_ends(backend, small_policy, docker_a
 
 def test_container_settings_reach_the_engine(turn, docker_api):
     """The engine holds the turn's lockdown: no network, read-only root, no capabilities, labels."""
-    info = docker_api.inspect_container(turn.container_id)
+    info = docker_api.inspect_container(turn.channel.container_id)
     host = info["HostConfig"]
     assert host["NetworkMode"] == "none"
     assert host["ReadonlyRootfs"] is True
@@ -130,7 +131,7 @@ def test_leftovers_of_a_killed_host_are_removed(docker_api, tmp_path):
         from astralvessel.sandbox import Policy
         from astralvessel.sandbox._docker import Docker
         session = Docker(base_image={BASE_IMAGE!r}, pull=False).start(Policy())
-        print(session.container_id, flush=True)
+        print(session.channel.container_id, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
         """
     )
@@ -153,7 +154,7 @@ def test_killed_host_stops_its_server(docker_api):
         from astralvessel.sandbox import Policy
         from astralvessel.sandbox._docker import Docker
         session = Docker(base_image={BASE_IMAGE!r}, pull=False).start(Policy())
-        print(session.container_id, flush=True)
+        print(session.channel.container_id, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
         """
     )
@@ -170,7 +171,7 @@ def test_killed_host_stops_its_server(docker_api):
 
 def test_dead_container_is_a_clear_error(turn, docker_api):
     """A turn whose container was killed reports a SandboxError saying so, instead of hanging."""
-    docker_api.kill(turn.container_id)
+    docker_api.kill(turn.channel.container_id)
     with pytest.raises(SandboxError, match="container exited"):
         _run(turn, "sleep", "60", timeout=60)
 
@@ -229,7 +230,7 @@ def test_engine_going_away_mid_turn_is_a_clear_error(docker_api, tmp_path):
     proxy = _EngineProxy(tmp_path / "engine.sock")
     backend = Docker(base_image=BASE_IMAGE, pull=False, base_url=f"unix://{proxy.path}")
     session = backend.start(Policy())
-    container_id = session.container_id
+    container_id = session.channel.container_id
     try:
         assert _run(session, "echo", "up").output.strip() == "up"
         threading.Timer(0.5, proxy.cut).start()
@@ -252,7 +253,7 @@ def test_image_without_python_falls_back_to_exec(docker_api):
     backend = Docker(image=NOPYTHON_IMAGE, pull=False)
     session = backend.start(Policy(limits=SMALL_LIMITS).relax(Promise.PROCESS_ISOLATION))
     try:
-        assert session.docker_mode == "exec"
+        assert Promise.PROCESS_ISOLATION in session.unenforced()
         outcome = _run(session, "/bin/sh", "-c", "id -u; env | sort; echo to-stderr >&2; exit 3")
         assert outcome.exit_code == 3
         assert outcome.metadata["docker_mode"] == "exec-per-call"
@@ -321,18 +322,20 @@ def test_no_engine_is_a_clear_error(tmp_path):
 
 
 def test_calls_of_a_turn_run_concurrently(turn):
-    """Two calls of one turn run at the same time in the server (neither waits for the other)."""
+    """Two calls of one turn are in flight at once in the server: each waits for the other to start."""
     results: list[str] = []
 
     def call(name: str) -> None:
-        results.append(_run(turn, "/bin/sh", "-c", f"sleep 1; echo {name}").output.strip())
+        script = barrier("$TMPDIR", name, 2)
+        results.append(_run(turn, "/bin/sh", "-c", script, timeout=60).output.strip())
 
     threads = [threading.Thread(target=call, args=(n,)) for n in ("a", "b")]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert sorted(results) == ["a", "b"]
+    # Serialised calls would leave the first one waiting alone until it gave up.
+    assert results == ["met", "met"]
 
 
 def test_host_environment_does_not_leak(turn, monkeypatch):

@@ -45,7 +45,7 @@ def third_party(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
                 name = "fake"
                 def probe(self):
                     return BackendReport(name="fake", available=False, reason="fake")
-                def start(self, policy):
+                def open(self, policy):
                     raise RuntimeError("fake")
             """
         )

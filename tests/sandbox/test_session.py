@@ -16,8 +16,11 @@ import pytest
 
 from astralvessel.errors import SandboxError
 from astralvessel.sandbox._base import RunRequest
+from astralvessel.sandbox._channels import PipeChannel
 from astralvessel.sandbox._policy import Policy
-from astralvessel.sandbox._session import PipeChannel, ServerSession, server_command
+from astralvessel.sandbox._session import ServerSession, server_command
+
+from ..conformance.calls import barrier
 
 
 @pytest.fixture
@@ -98,21 +101,21 @@ def test_killed_by_signal_is_negative(session: ServerSession) -> None:
     assert session.run(sh("kill -9 $$")).exit_code == -9
 
 
-def test_calls_run_concurrently(session: ServerSession) -> None:
-    """Several calls run at once: four 1-second sleeps in parallel all finish together."""
-    results = []
+def test_calls_run_concurrently(session: ServerSession, workspace: Path) -> None:
+    """Four calls of one turn are in flight at once: each waits until all four have started."""
+    results: list[str] = []
 
-    def call() -> None:
-        results.append(session.run(sh("sleep 1; echo done")))
+    def call(name: str) -> None:
+        request = sh(barrier(str(workspace), name, 4), timeout=60)
+        results.append(session.run(request).output.strip())
 
-    threads = [threading.Thread(target=call) for _ in range(4)]
+    threads = [threading.Thread(target=call, args=(str(n),)) for n in range(4)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert [r.output for r in results] == ["done\n"] * 4
-    # Each call's own duration is its sleep, so none waited for another to finish.
-    assert all(r.duration < 4 for r in results)
+    # Serialised calls would leave the first one waiting alone until it gave up.
+    assert results == ["met"] * 4
 
 
 def test_output_is_cut_and_counted(session: ServerSession) -> None:

@@ -14,9 +14,10 @@ import pytest
 
 from astralvessel.errors import PromiseNotEnforcedError, SandboxError
 from astralvessel.sandbox._base import RunRequest
+from astralvessel.sandbox._channels import PipeChannel
 from astralvessel.sandbox._policy import Limits, Policy
 from astralvessel.sandbox._seccomp import CALLS, available_arch, compile_bpf
-from astralvessel.sandbox._session import PipeChannel, ServerSession, server_command
+from astralvessel.sandbox._session import ServerSession, server_command
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 NOBODY = 65534

@@ -20,8 +20,9 @@ from pathlib import Path
 import pytest
 
 from astralvessel.sandbox._base import RunOutcome, RunRequest
+from astralvessel.sandbox._channels import PipeChannel
 from astralvessel.sandbox._policy import Limits, Policy
-from astralvessel.sandbox._session import PipeChannel, ServerSession, server_command
+from astralvessel.sandbox._session import ServerSession, server_command
 
 NOBODY = 65534
 # How long to wait for the process tree to reach an expected shape (never a timing assertion).

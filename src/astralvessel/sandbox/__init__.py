@@ -1,5 +1,8 @@
 """Sandbox backends: one ``Policy``, compiled by each backend into its own mechanism.
 
+A backend implements ``probe`` and ``open`` (a ``Channel`` to the sandbox
+server it started, see ``Sandbox``); the library owns the session on top.
+
 Backends are imported lazily by name (``Bubblewrap``, ``Nsjail``, ``Docker``,
 ``Unconfined``), so importing this package never needs Docker's SDK.
 """
@@ -17,6 +20,9 @@ from ._base import RunOutcome as RunOutcome
 from ._base import RunRequest as RunRequest
 from ._base import Sandbox as Sandbox
 from ._base import SandboxSession as SandboxSession
+from ._base import ServerLink as ServerLink
+from ._base import ServerOptions as ServerOptions
+from ._channels import PipeChannel as PipeChannel
 from ._discovery import all_backends as all_backends
 from ._discovery import backend_names as backend_names
 from ._discovery import best_available as best_available
@@ -28,6 +34,7 @@ from ._policy import Limits as Limits
 from ._policy import Mount as Mount
 from ._policy import Policy as Policy
 from ._policy import Promise as Promise
+from ._session import server_command as server_command
 
 if TYPE_CHECKING:
     from ._bwrap import Bubblewrap as Bubblewrap
@@ -55,17 +62,21 @@ __all__ = [
     "Mount",
     "Nsjail",
     "OutboxFile",
+    "PipeChannel",
     "Policy",
     "Promise",
     "RunOutcome",
     "RunRequest",
     "Sandbox",
     "SandboxSession",
+    "ServerLink",
+    "ServerOptions",
     "Unconfined",
     "all_backends",
     "backend_names",
     "best_available",
     "get_backend",
+    "server_command",
 ]
 
 

@@ -1,23 +1,37 @@
-"""The contract between the executor and a sandbox backend.
+"""The contract between the library and a sandbox backend: a channel to a running server.
 
-A ``Sandbox`` is a backend's factory: cheap to build, it probes the host and
-starts one ``SandboxSession`` per turn. Every built-in backend starts the same
-sandbox server (``astralvessel.sandbox.server``) inside its sandbox and talks
-to it through a ``Channel``; the shared ``ServerSession`` (in ``_session``)
-speaks the server's protocol, so a backend only has to say how to start the
-sandbox and how to reach the server's stdin and stdout.
+Every backend runs the same sandbox server (``astralvessel.sandbox.server``)
+inside its sandbox. So a backend says only two things: whether it can run here
+(``probe``) and how to start a sandbox for a policy with the server in it,
+returning a ``Channel`` to the server's stdin and stdout (``open``). The
+library owns everything above the channel: ``Sandbox.start`` boots the server
+and wraps it in the one ``ServerSession``, which speaks the protocol, runs
+calls and answers the file tools, sync and async. A backend therefore names
+no model-facing tool and writes no sync/async twins. See ``docs/backends.md``.
+
+The request and outcome values and the session API live in ``_api``; they are
+re-exported here, where backends and the executor have always found them.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Mapping
-from pathlib import Path
-from typing import ClassVar, Protocol
+from collections.abc import Mapping
+from typing import ClassVar
 
 import attrs
 
-from ._policy import Policy, Promise
+from ._api import (
+    BackendReport,
+    Channel,
+    FileOutcome,
+    OutboxFile,
+    RunOutcome,
+    RunRequest,
+    SandboxSession,
+)
+from ._policy import Policy
+from ._session import ServerSession
 
 __all__ = [
     "BackendReport",
@@ -28,128 +42,59 @@ __all__ = [
     "RunRequest",
     "Sandbox",
     "SandboxSession",
+    "ServerLink",
+    "ServerOptions",
 ]
 
 
-@attrs.frozen(kw_only=True)
-class BackendReport:
-    """What ``doctor`` says of one backend on this host."""
-
-    name: str
-    available: bool
-    reason: str = ""
-    binary: str | None = None
-    enforced: frozenset[Promise] = frozenset()
-    #: Promises this backend cannot keep here, each with why.
-    unenforced: Mapping[Promise, str] = attrs.field(factory=dict)
-    details: Mapping[str, str] = attrs.field(factory=dict)
+def _str_map(value: Mapping[str, str]) -> Mapping[str, str]:
+    return dict(value)
 
 
-def _str_tuple(items: Iterable[str]) -> tuple[str, ...]:
-    return tuple(items)
+def _optional_uid(value: int | None) -> int | None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise ValueError(f"a uid or gid is a non-negative integer or None, not {value!r}")
+    return value
 
 
 @attrs.frozen(kw_only=True)
-class RunRequest:
-    """One confined call: an argv run in the turn's sandbox with the policy's confinement."""
+class ServerOptions:
+    """How the library boots the sandbox server on a channel: what the server must do per call.
 
-    argv: tuple[str, ...] = attrs.field(converter=_str_tuple)
-    stdin: bytes = b""
-    timeout: float
-    #: Characters of combined output kept; the rest is counted, not kept.
-    output_chars: int
-    #: Sandbox path of the working directory; ``None`` means the policy's workdir.
-    cwd: str | None = None
-
-
-@attrs.frozen(kw_only=True)
-class OutboxFile:
-    """A file a call left in ``$VESSEL_OUTBOX``, copied out to the host."""
-
-    name: str
-    size: int
-    path: Path
-
-
-@attrs.frozen(kw_only=True)
-class RunOutcome:
-    """What a confined call did: its output (bounded), exit status and outbox files."""
-
-    output: str
-    exit_code: int | None
-    timed_out: bool = False
-    #: Characters of output beyond ``output_chars`` that were counted and dropped.
-    dropped_chars: int = 0
-    files: tuple[OutboxFile, ...] = ()
-    duration: float = 0.0
-    #: Backend notes for the host (never shown to the model), such as a fallback taken.
-    metadata: Mapping[str, str] = attrs.field(factory=dict)
-
-
-@attrs.frozen(kw_only=True)
-class FileOutcome:
-    """The text a file tool (read, glob, list) produced in the sandbox's own view."""
-
-    text: str
-    is_error: bool = False
-
-
-class Channel(Protocol):
-    """A byte pipe to a running sandbox server, plus the means to tear the sandbox down.
-
-    ``recv`` returns ``b""`` only at end of stream. ``close`` must kill the whole
-    sandbox (every process in it) and release what the backend created for the
-    turn; it is idempotent and never raises. ``describe_exit`` says, for an
-    error message, why the sandbox ended (exit status, the backend's stderr tail).
+    ``confine`` asks the server to confine each call (its own PID and mount
+    namespaces, rlimits, the call filter) and to refuse, unless the policy
+    relaxed it, any promise it cannot keep. ``drop_uid`` and ``drop_gid`` are
+    the host user calls become (``None`` where the sandbox already runs as its
+    unprivileged user). ``seccomp`` is the call filter as BPF bytes.
+    ``path_map`` maps sandbox paths to where the server sees them (only for a
+    server that runs without a mount namespace of its own, as ``unconfined``).
     """
 
-    def send(self, data: bytes) -> None: ...
-    def recv(self, size: int) -> bytes: ...
-    def close(self) -> None: ...
-    def describe_exit(self) -> str: ...
+    confine: bool
+    drop_uid: int | None = attrs.field(default=None, converter=_optional_uid)
+    drop_gid: int | None = attrs.field(default=None, converter=_optional_uid)
+    seccomp: bytes | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(bytes))
+    )
+    path_map: Mapping[str, str] = attrs.field(factory=dict, converter=_str_map)
+    #: Seconds the server may take to say ``ready`` (an engine may be slow to start a container).
+    ready_timeout: float = attrs.field(default=30.0, validator=attrs.validators.gt(0))
 
 
-class SandboxSession(abc.ABC):
-    """One turn's running sandbox. Methods may be called from several threads at once."""
+@attrs.frozen(kw_only=True)
+class ServerLink:
+    """What ``Sandbox.open`` returns: a channel to a just-started server and how to boot it."""
 
-    policy: Policy
-    backend: str
-
-    @abc.abstractmethod
-    def run(self, request: RunRequest) -> RunOutcome:
-        """Run one confined call and wait for it.
-
-        Must raise ``SandboxError`` if the sandbox died or broke protocol; a
-        command that fails, crashes or times out is a normal ``RunOutcome``.
-        """
-
-    @abc.abstractmethod
-    async def arun(self, request: RunRequest) -> RunOutcome:
-        """Async twin of ``run``; same contract."""
-
-    @abc.abstractmethod
-    def file_tool(
-        self, tool: str, arguments: Mapping[str, object], *, timeout: float
-    ) -> FileOutcome:
-        """Answer ``read``, ``glob`` or ``list`` in the sandbox's view, as its unprivileged user.
-
-        The model's mistakes (missing file, path outside the agent's data) are a
-        ``FileOutcome`` with ``is_error``; a dead sandbox raises ``SandboxError``.
-        """
-
-    @abc.abstractmethod
-    async def afile_tool(
-        self, tool: str, arguments: Mapping[str, object], *, timeout: float
-    ) -> FileOutcome:
-        """Async twin of ``file_tool``; same contract."""
-
-    @abc.abstractmethod
-    def close(self) -> None:
-        """End the turn: kill everything in the sandbox and remove its workspace. Never raises."""
+    channel: Channel
+    options: ServerOptions = attrs.field(validator=attrs.validators.instance_of(ServerOptions))
 
 
 class Sandbox(abc.ABC):
-    """A sandbox backend. Subclasses set ``name`` and implement ``probe`` and ``start``."""
+    """A sandbox backend. Subclasses set ``name`` and implement ``probe`` and ``open``.
+
+    ``start`` is implemented here, once, over ``open``: hosts and tests call
+    it; a backend need not override it.
+    """
 
     #: The backend's name in ``--backend``, discovery and ``doctor``.
     name: ClassVar[str]
@@ -161,13 +106,39 @@ class Sandbox(abc.ABC):
         """Say whether this backend can start here and which promises it enforces. Never raises."""
 
     @abc.abstractmethod
-    def start(self, policy: Policy) -> SandboxSession:
-        """Start one turn's sandbox for ``policy``.
+    def open(self, policy: Policy) -> ServerLink:
+        """Start a sandbox for ``policy`` with the server in it; return the channel to it.
 
-        Must raise ``BackendUnavailableError`` when the backend cannot run here
-        (with what to install), and ``PromiseNotEnforcedError`` when it would
-        break a promise that ``policy.relaxed`` does not name.
+        The server is started with ``server_command(python)`` (a path inside
+        the sandbox) and nothing written to it yet: the library sends its
+        payload and ``hello``. Must raise ``BackendUnavailableError`` when the
+        backend cannot run here (saying what to install),
+        ``PromiseNotEnforcedError`` when it would break a promise that
+        ``policy.relaxed`` does not name, and ``SandboxError`` when the
+        sandbox fails to start. Whatever it created must be released by the
+        channel's ``close``.
         """
+
+    def start(self, policy: Policy) -> SandboxSession:
+        """Start one turn's sandbox for ``policy`` and boot the server in it.
+
+        Raises what ``open`` raises; ``SandboxError`` if the server does not
+        come up; ``PromiseNotEnforcedError`` if the server cannot confine calls
+        as the policy asks.
+        """
+        link = self.open(policy)
+        options = link.options
+        return ServerSession.start(
+            link.channel,
+            policy,
+            backend=self.name,
+            confine=options.confine,
+            drop_uid=options.drop_uid,
+            drop_gid=options.drop_gid,
+            seccomp=options.seccomp,
+            path_map=options.path_map,
+            ready_timeout=options.ready_timeout,
+        )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

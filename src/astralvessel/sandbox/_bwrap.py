@@ -16,14 +16,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ._hostinfo import BinaryInfo, HostFacts
-from ._layout import Bind, Step, Symlink, Tmpfs, sandbox_layout
+from ._layout import HOSTNAME, Bind, Step, Symlink, Tmpfs, sandbox_layout
 from ._nsbackend import NamespaceBackend
 from ._policy import Policy, Promise
 
 __all__ = ["Bubblewrap", "bwrap_argv"]
-
-#: The sandbox's hostname: says where a call runs, names nothing of the host.
-HOSTNAME = "sandbox"
 
 
 def _step_options(step: Step, features: frozenset[str]) -> list[str]:

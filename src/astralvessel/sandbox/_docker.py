@@ -35,7 +35,16 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 from ..errors import BackendUnavailableError, PromiseNotEnforcedError, SandboxError
-from ._base import BackendReport, FileOutcome, RunOutcome, RunRequest, Sandbox, SandboxSession
+from ._base import (
+    BackendReport,
+    FileOutcome,
+    RunOutcome,
+    RunRequest,
+    Sandbox,
+    SandboxSession,
+    ServerLink,
+    ServerOptions,
+)
 from ._docker_spec import (
     CALL_UID,
     DEFAULT_BASE_IMAGE,
@@ -105,6 +114,8 @@ class AttachChannel:
 
     def __init__(self, api: Any, container_id: str, attached: Any, *, engine: str) -> None:
         self._api = api
+        #: The turn's container.
+        self.container_id = container_id
         self._id = container_id
         self._sock = _raw_socket(attached)
         self._attached = attached
@@ -443,12 +454,12 @@ class Docker(Sandbox):
                 details=details,
             )
         try:
-            unenforced = dict(session_unenforced(session))
-            mode = getattr(session, "docker_mode", "server")
+            unenforced = dict(session.unenforced())
+            fallback = isinstance(session, ExecSession)
         finally:
             session.close()
         details["mode"] = (
-            "sandbox server in the container" if mode == "server" else f"fallback: {_FALLBACK_NOTE}"
+            f"fallback: {_FALLBACK_NOTE}" if fallback else "sandbox server in the container"
         )
         return BackendReport(
             name=self.name,
@@ -459,8 +470,8 @@ class Docker(Sandbox):
             details=details,
         )
 
-    def start(self, policy: Policy) -> SandboxSession:
-        """Start one turn's container with the server in it; fail closed on any promise not kept."""
+    def _prepare(self, policy: Policy) -> tuple[str, Any]:
+        """The turn's image id and seccomp architecture; fail closed without a filter."""
         from . import _seccomp
 
         self._api()
@@ -472,10 +483,23 @@ class Docker(Sandbox):
                 Promise.SECCOMP.value,
                 f"no seccomp filter is built for {platform.machine()}",
             )
-        image_id = self._turn_image(policy)
+        return self._turn_image(policy), arch
+
+    def start(self, policy: Policy) -> SandboxSession:
+        """Start one turn's container with the server in it; fail closed on any promise not kept."""
+        image_id, arch = self._prepare(policy)
         if self._has_python(image_id):
-            return self._start_server(policy, image_id, arch)
+            return super().start(policy)
         return self._start_fallback(policy, image_id, arch)
+
+    def open(self, policy: Policy) -> ServerLink:
+        """Start one turn's container with the server as its process; return the attach channel."""
+        image_id, arch = self._prepare(policy)
+        if not self._has_python(image_id):
+            raise BackendUnavailableError(
+                f"docker cannot run the sandbox server: image {image_id} has no python3 3.8+"
+            )
+        return self._open_server(policy, image_id, arch)
 
     def _labels(self, policy: Policy, mode: str) -> dict[str, str]:
         return {
@@ -525,9 +549,9 @@ class Docker(Sandbox):
             ) from None
         return channel
 
-    def _start_server(self, policy: Policy, image_id: str, arch: Any) -> SandboxSession:
+    def _open_server(self, policy: Policy, image_id: str, arch: Any) -> ServerLink:
         from . import _seccomp
-        from ._session import ServerSession, server_command
+        from ._session import server_command
 
         profile = (
             _seccomp.to_docker_profile("server", arch)
@@ -545,21 +569,16 @@ class Docker(Sandbox):
         )
         container_id = self._create(spec)
         channel = self._attach_and_start(container_id)
-        session = ServerSession.start(
-            channel,
-            policy,
-            backend=self.name,
-            confine=True,
-            # The container already runs as uid 65534; in its user namespace only that uid
-            # exists, so there is nothing to drop to: a call loses its capabilities at exec.
-            drop_uid=None,
-            drop_gid=None,
-            seccomp=_seccomp.compile_bpf("calls", arch) if arch else None,
-            ready_timeout=self.start_timeout,
+        return ServerLink(
+            channel=channel,
+            options=ServerOptions(
+                confine=True,
+                # The container already runs as uid 65534; in its user namespace only that uid
+                # exists, so there is nothing to drop to: a call loses its capabilities at exec.
+                seccomp=_seccomp.compile_bpf("calls", arch) if arch else None,
+                ready_timeout=self.start_timeout,
+            ),
         )
-        session.docker_mode = "server"  # type: ignore[attr-defined]
-        session.container_id = container_id  # type: ignore[attr-defined]
-        return session
 
     def _start_fallback(self, policy: Policy, image_id: str, arch: Any) -> SandboxSession:
         from . import _seccomp
@@ -600,16 +619,6 @@ class Docker(Sandbox):
         return session
 
 
-def session_unenforced(session: SandboxSession) -> Mapping[Promise, str]:
-    """The promises a started Docker session does not keep, each with why."""
-    from ._session import unenforced_promises
-
-    if isinstance(session, ExecSession):
-        return {Promise.PROCESS_ISOLATION: "fallback mode: " + _FALLBACK_NOTE}
-    info = getattr(session, "ready_info", {}) or {}
-    return unenforced_promises(dict(info.get("problems") or {}))
-
-
 class ExecSession(SandboxSession):
     """The fallback: each call is one ``docker exec`` as uid 65534 in the turn's container.
 
@@ -617,8 +626,6 @@ class ExecSession(SandboxSession):
     exec gets them too. Calls run one at a time, and after each one every
     process of the call user is killed, which is how a call's leftovers go.
     """
-
-    docker_mode = "exec"
 
     def __init__(
         self, api: Any, container_id: str, channel: AttachChannel, policy: Policy, *, backend: str
@@ -773,6 +780,10 @@ class ExecSession(SandboxSession):
     ) -> FileOutcome:
         """Async twin of ``file_tool``."""
         return self.file_tool(tool, arguments, timeout=timeout)
+
+    def unenforced(self) -> Mapping[Promise, str]:
+        """The fallback joins the container's PID namespace: process isolation is not kept."""
+        return {Promise.PROCESS_ISOLATION: "fallback mode: " + _FALLBACK_NOTE}
 
     def close(self) -> None:
         """Remove the container and the host's outbox copies. Never raises."""

@@ -17,7 +17,10 @@ import attrs
 from ._hostinfo import HostFacts, interpreter_mount
 from ._policy import AGENT_DIR, WORKSPACE_DIR, Policy
 
-__all__ = ["Bind", "Dir", "Step", "Symlink", "Tmpfs", "sandbox_layout"]
+__all__ = ["HOSTNAME", "Bind", "Dir", "Step", "Symlink", "Tmpfs", "sandbox_layout"]
+
+#: The sandbox's hostname: says where a call runs, names nothing of the host.
+HOSTNAME = "sandbox"
 
 #: The workspace tmpfs starts root-owned and private; the server hands it (and the
 #: outbox it creates inside) to the call's unprivileged user at hello.

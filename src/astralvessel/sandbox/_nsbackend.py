@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from typing import ClassVar
 
 from ..errors import BackendUnavailableError, PromiseNotEnforcedError
-from ._base import BackendReport, Sandbox
+from ._base import BackendReport, Sandbox, ServerLink, ServerOptions
+from ._channels import PipeChannel
 from ._hostinfo import (
     NOBODY_GID,
     NOBODY_UID,
@@ -30,8 +31,7 @@ from ._hostinfo import (
 )
 from ._policy import Policy, Promise
 from ._seccomp import CALLS, SERVER, compile_bpf, to_kafel
-from ._session import PipeChannel, ServerSession, server_command
-from ._session import unenforced_promises as server_unenforced
+from ._session import server_command
 
 __all__ = ["NamespaceBackend", "check_promises", "choose_binary"]
 
@@ -159,9 +159,9 @@ class NamespaceBackend(Sandbox):
         except Exception as exc:
             trial_reason = f"a trial sandbox failed to start: {exc}"
         else:
-            problems = dict(session.ready_info.get("problems") or {})
+            found = session.unenforced()
             session.close()
-            for promise, why in server_unenforced(problems).items():
+            for promise, why in found.items():
                 missing.setdefault(promise, why)
         return BackendReport(
             name=self.name,
@@ -173,7 +173,7 @@ class NamespaceBackend(Sandbox):
             details=details,
         )
 
-    def start(self, policy: Policy) -> ServerSession:
+    def open(self, policy: Policy) -> ServerLink:
         """Start one turn's sandbox with the server in it; fail closed on any unkept promise."""
         facts, binary = self._discover()
         reason = self._unavailable(facts, binary)
@@ -208,14 +208,14 @@ class NamespaceBackend(Sandbox):
             if memfd is not None:
                 os.close(memfd)
         uid, gid = (NOBODY_UID, NOBODY_GID) if facts.is_root else (None, None)
-        return ServerSession.start(
-            channel,
-            policy,
-            backend=self.name,
-            confine=True,
-            drop_uid=uid,
-            drop_gid=gid,
-            seccomp=compile_bpf(CALLS, facts.machine) if use_seccomp else None,
+        return ServerLink(
+            channel=channel,
+            options=ServerOptions(
+                confine=True,
+                drop_uid=uid,
+                drop_gid=gid,
+                seccomp=compile_bpf(CALLS, facts.machine) if use_seccomp else None,
+            ),
         )
 
 

@@ -19,9 +19,8 @@ from collections.abc import Sequence
 
 import attrs
 
-from ._bwrap import HOSTNAME
 from ._hostinfo import BinaryInfo, HostFacts
-from ._layout import Bind, Dir, Step, Symlink, Tmpfs, sandbox_layout
+from ._layout import HOSTNAME, Bind, Dir, Step, Symlink, Tmpfs, sandbox_layout
 from ._nsbackend import NamespaceBackend
 from ._policy import Policy
 

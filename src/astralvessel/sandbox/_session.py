@@ -16,25 +16,21 @@ import collections
 import concurrent.futures
 import contextlib
 import functools
-import os
 import shutil
-import signal
-import subprocess
 import tempfile
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 from types import TracebackType
 from typing import IO, Any
 
 from ..errors import PromiseNotEnforcedError, SandboxError
-from ._base import Channel, FileOutcome, OutboxFile, RunOutcome, RunRequest, SandboxSession
-from ._lifeline import on_lifeline
+from ._api import Channel, FileOutcome, OutboxFile, RunOutcome, RunRequest, SandboxSession
 from ._policy import OUTBOX_DIR, WORKSPACE_DIR, Policy, Promise
 from .server import _protocol
 
-__all__ = ["PipeChannel", "ServerSession", "server_command", "server_payload"]
+__all__ = ["ServerSession", "server_command", "server_payload"]
 
 #: The server's modules, in the order they are executed (each may import those before it).
 #: ``_seccomp`` and ``_files`` are optional: the server reports what it lacks.
@@ -61,7 +57,6 @@ p._main.main()
 # How long past a call's own timeout the host waits before declaring the server stuck
 # (covers killing the call and sending its outbox files).
 _ANSWER_GRACE = 60.0
-_STDERR_TAIL = 64 * 1024
 
 
 @functools.cache
@@ -85,140 +80,6 @@ def _json_bytes(value: object) -> bytes:
 def server_command(python: str) -> list[str]:
     """Return the argv that starts the server on ``python`` (a path inside the sandbox)."""
     return [python, "-I", "-S", "-B", "-c", BOOTSTRAP, str(len(server_payload()))]
-
-
-class PipeChannel:
-    """A ``Channel`` over a child process's stdin and stdout; its stderr feeds ``describe_exit``.
-
-    The process is started in a new session, and ``close`` kills its whole
-    process group, so whatever the backend's launcher started goes with it.
-    """
-
-    def __init__(
-        self,
-        process: subprocess.Popen[bytes],
-        *,
-        name: str,
-        cleanup: Callable[[], None] | None = None,
-    ) -> None:
-        if process.stdin is None or process.stdout is None or process.stderr is None:
-            raise ValueError("PipeChannel needs a process with stdin, stdout and stderr pipes")
-        self.process = process
-        self.name = name
-        self._cleanup = cleanup
-        self._stdin = process.stdin.fileno()
-        self._stdout = process.stdout.fileno()
-        self._tail: collections.deque[bytes] = collections.deque()
-        self._tail_size = 0
-        self._tail_lock = threading.Lock()
-        self._closed = False
-        self._close_lock = threading.Lock()
-        self._stderr_thread = threading.Thread(
-            target=self._drain_stderr, args=(process.stderr,), name=f"{name}-stderr", daemon=True
-        )
-        self._stderr_thread.start()
-
-    @classmethod
-    def spawn(
-        cls,
-        argv: Sequence[str],
-        *,
-        name: str,
-        env: Mapping[str, str] | None = None,
-        cwd: str | os.PathLike[str] | None = None,
-        pass_fds: Iterable[int] = (),
-        cleanup: Callable[[], None] | None = None,
-    ) -> PipeChannel:
-        """Start ``argv`` with piped stdin, stdout and stderr, in its own session."""
-
-        def popen() -> subprocess.Popen[bytes]:
-            return subprocess.Popen(
-                list(argv),
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                bufsize=0,
-                env=None if env is None else dict(env),
-                cwd=cwd,
-                pass_fds=tuple(pass_fds),
-                start_new_session=True,
-            )
-
-        try:
-            # Forked on the lifeline thread: a parent-death signal then follows this
-            # process, not the thread that happened to open the turn.
-            process = on_lifeline(popen)
-        except OSError as exc:
-            if cleanup is not None:
-                cleanup()
-            raise SandboxError(f"cannot start the {name} sandbox ({argv[0]}): {exc}") from exc
-        return cls(process, name=name, cleanup=cleanup)
-
-    def _drain_stderr(self, stream: IO[bytes]) -> None:
-        # A ring of the last bytes: enough to explain a death, never unbounded.
-        while chunk := stream.read1(65536) if hasattr(stream, "read1") else stream.read(65536):
-            with self._tail_lock:
-                self._tail.append(chunk)
-                self._tail_size += len(chunk)
-                while self._tail_size - len(self._tail[0]) >= _STDERR_TAIL:
-                    self._tail_size -= len(self._tail.popleft())
-
-    def stderr_tail(self) -> str:
-        """The last bytes the process wrote to stderr, decoded."""
-        with self._tail_lock:
-            data = b"".join(self._tail)[-_STDERR_TAIL:]
-        return data.decode("utf-8", "replace")
-
-    def send(self, data: bytes) -> None:
-        """Write all of ``data`` to the process's stdin."""
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self._stdin, view) :]
-
-    def recv(self, size: int) -> bytes:
-        """Read up to ``size`` bytes of the process's stdout; ``b""`` at end of stream."""
-        return os.read(self._stdout, size)
-
-    def describe_exit(self) -> str:
-        """Say how the process ended (waiting a moment for it) and what it last wrote to stderr."""
-        try:
-            code = self.process.wait(timeout=2.0)
-        except subprocess.TimeoutExpired:
-            status = "is still running"
-        else:
-            if code < 0:
-                try:
-                    signame = signal.Signals(-code).name
-                except ValueError:
-                    signame = f"signal {-code}"
-                status = f"was killed by {signame}"
-            else:
-                status = f"exited with status {code}"
-        self._stderr_thread.join(timeout=1.0)
-        tail = self.stderr_tail().strip()
-        lines = tail.splitlines()[-20:]
-        text = f"the {self.name} sandbox {status}"
-        return text + (":\n" + "\n".join(lines) if lines else " (no diagnostics on stderr)")
-
-    def close(self) -> None:
-        """Kill the process group, reap it, release the pipes and run the backend's cleanup."""
-        with self._close_lock:
-            if self._closed:
-                return
-            self._closed = True
-        with contextlib.suppress(OSError):
-            os.killpg(self.process.pid, signal.SIGKILL)
-        with contextlib.suppress(OSError):
-            self.process.kill()
-        with contextlib.suppress(Exception):
-            self.process.wait(timeout=10.0)
-        self._stderr_thread.join(timeout=2.0)
-        for stream in (self.process.stdin, self.process.stdout, self.process.stderr):
-            with contextlib.suppress(Exception):
-                stream.close()  # type: ignore[union-attr]
-        if self._cleanup is not None:
-            with contextlib.suppress(Exception):
-                self._cleanup()
 
 
 # Which promises a failed confinement step breaks (keys are the server's probe steps).
@@ -388,6 +249,15 @@ class ServerSession(SandboxSession):
         for promise, why in unenforced_promises(problems).items():
             if promise not in self.policy.relaxed:
                 raise PromiseNotEnforcedError(self.backend, promise.value, why)
+
+    @property
+    def channel(self) -> Channel:
+        """The channel the backend opened to this turn's server (what it ran on, for tests)."""
+        return self._channel
+
+    def unenforced(self) -> Mapping[Promise, str]:
+        """The promises the server reported it cannot keep here, each with why."""
+        return unenforced_promises(dict(self.ready_info.get("problems") or {}))
 
     # -- wire --------------------------------------------------------------------
 

@@ -13,9 +13,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ._base import BackendReport, Sandbox, SandboxSession
+from ._base import BackendReport, Sandbox, ServerLink, ServerOptions
+from ._channels import PipeChannel
 from ._policy import AGENT_DIR, SANDBOX_LANG, SANDBOX_PATH, WORKSPACE_DIR, Policy, Promise
-from ._session import PipeChannel, ServerSession, server_command
+from ._session import server_command
 
 __all__ = ["Unconfined"]
 
@@ -49,7 +50,7 @@ class Unconfined(Sandbox):
             unenforced=dict.fromkeys(Promise, _WHY),
         )
 
-    def start(self, policy: Policy) -> SandboxSession:
+    def open(self, policy: Policy) -> ServerLink:
         """Start a server on ``sys.executable`` with a host temporary folder as the workspace."""
         workspace = Path(tempfile.mkdtemp(prefix="astralvessel-workspace-"))
         channel = PipeChannel.spawn(
@@ -59,13 +60,7 @@ class Unconfined(Sandbox):
             cwd=workspace,
             cleanup=lambda: shutil.rmtree(workspace, ignore_errors=True),
         )
-        return ServerSession.start(
-            channel,
-            policy,
-            backend=self.name,
-            confine=False,
-            drop_uid=None,
-            drop_gid=None,
-            seccomp=None,
-            path_map=path_map_for(policy, workspace),
+        return ServerLink(
+            channel=channel,
+            options=ServerOptions(confine=False, path_map=path_map_for(policy, workspace)),
         )
