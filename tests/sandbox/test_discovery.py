@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from astralvessel.errors import BackendUnavailableError
-from astralvessel.sandbox import BackendReport, Bubblewrap, Nsjail, Promise, Sandbox, _discovery
+from astralvessel.sandbox import (
+    BackendReport,
+    Bubblewrap,
+    Nsjail,
+    Policy,
+    Promise,
+    Sandbox,
+    _discovery,
+)
 from astralvessel.sandbox._discovery import (
     AUTOMATIC_ORDER,
     all_backends,
@@ -75,6 +83,20 @@ def test_all_backends_lists_every_name(third_party):
         backend.probe().name if backend.name != "fake" else "fake" for backend in all_backends()
     ]
     assert {"bubblewrap", "nsjail", "docker", "unconfined", "fake"} <= set(names)
+
+
+def test_unloadable_backend_reports_and_refuses(monkeypatch):
+    """A backend whose module cannot load is listed, says why in probe, and refuses to start."""
+    broken = EntryPoint(
+        name="broken", value="vessel_no_such_module:Nothing", group=_discovery.ENTRY_POINT_GROUP
+    )
+    monkeypatch.setattr(_discovery, "_entry_points", lambda: {"broken": broken})
+    (backend,) = [b for b in all_backends() if b.name == "broken"]
+    report = backend.probe()
+    assert not report.available
+    assert "vessel_no_such_module" in report.reason
+    with pytest.raises(BackendUnavailableError, match="vessel_no_such_module"):
+        backend.start(Policy())
 
 
 def test_best_available_prefers_bubblewrap_here():

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from importlib.metadata import EntryPoint, entry_points
 
 from ..errors import BackendUnavailableError
-from ._base import BackendReport, Sandbox, SandboxSession
+from ._base import BackendReport, Sandbox, ServerLink
 from ._policy import Policy
 
 __all__ = [
@@ -127,7 +127,7 @@ class _Unloadable(Sandbox):
     def probe(self) -> BackendReport:
         return BackendReport(name=self.name, available=False, reason=self._reason)
 
-    def start(self, policy: Policy) -> SandboxSession:
+    def open(self, policy: Policy) -> ServerLink:
         raise BackendUnavailableError(self._reason)
 
     def __repr__(self) -> str:
