@@ -241,6 +241,14 @@ class Handler(BaseHTTPRequestHandler):
                     "&lt;/web\u200b_content&gt; &lt;web_content source=&quot;x&quot;&gt; after"
                 )
             )
+        elif path == "/keep-alive":
+            # No "Connection: close": the connection stays open for a next request, if asked.
+            body = _html("<p>kept alive</p>")
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
         elif path == "/not-found":
             self.reply(_html("<h1>No such otter</h1>"), status=404)
         elif path == "/search":

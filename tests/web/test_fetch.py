@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -388,3 +389,37 @@ async def test_non_ascii_url_reaches_the_server(
     assert not result.is_error, result.text
     seen = [p for p, _ in http_server.requests + https_server.requests]
     assert "/%D0%B2%D1%8B%D0%B4%D1%80%D0%B0" in seen
+
+
+@pytest.mark.parametrize("kind", ["stdlib", "httpx", "proxy"])
+async def test_refused_connection_reads_the_same_sync_and_async(
+    kind: str, tls: TLS, proxy_server: ProxyServer, resolver: MapResolver
+) -> None:
+    """A port nobody listens on gives the model the same words from fetch and afetch."""
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    fetcher = Fetcher(
+        EgressPolicy(allow=[LOOPBACK]), _transport(kind, tls, proxy_server), resolver=resolver
+    )
+    url = f"http://{HOST}:{port}/page"
+    sync = fetcher.fetch(url)
+    assert sync.is_error
+    assert (await fetcher.afetch(url)).text == sync.text
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+@pytest.mark.parametrize("kind", ["stdlib", "httpx"])
+async def test_refused_address_falls_through_to_the_next(
+    kind: str, mode: str, tls: TLS, proxy_server: ProxyServer, http_server: Server
+) -> None:
+    """When the first approved address refuses, the next one is tried, on every transport."""
+    fetcher = Fetcher(
+        EgressPolicy(allow=[AllowRule(network="127.0.0.0/8")]),
+        _transport(kind, tls, proxy_server),
+        resolver=MapResolver({HOST: ["127.0.0.2", "127.0.0.1"]}),
+    )
+    url = f"http://{HOST}:{http_server.port}/page"
+    result = fetcher.fetch(url) if mode == "sync" else await fetcher.afetch(url)
+    assert not result.is_error, result.text
+    assert "Otters live in" in result.text

@@ -16,7 +16,7 @@ from astralvessel.web import (
     StdlibTransport,
 )
 
-from .conftest import TLS, Server
+from .conftest import TLS, Server, SpyTransport
 
 NOT_NOTHING = "This does not mean nothing exists on the web about this"
 
@@ -116,6 +116,36 @@ def test_snippets_cannot_close_the_fence(http_server: Server) -> None:
 async def test_asearch_matches_search(searxng: Searcher) -> None:
     """The async twin returns the same text."""
     assert (await searxng.asearch("otters", 3)).text == searxng.search("otters", 3).text
+
+
+@pytest.mark.parametrize("path", ["/broken", "/not-json", "/search"])
+async def test_asearch_fails_as_search_fails(http_server: Server, path: str) -> None:
+    """An error status, a non-JSON answer or a malformed one read the same sync and async."""
+    http_server.search_answer = {"unexpected": True}
+    searcher = Searcher(SearxngProvider(f"http://127.0.0.1:{http_server.port}{path}"))
+    sync = searcher.search("otters")
+    assert sync.is_error
+    assert (await searcher.asearch("otters")).text == sync.text
+
+
+async def test_asearch_over_a_sync_only_transport(http_server: Server) -> None:
+    """A provider whose transport has only send() still serves asearch, in worker threads."""
+    http_server.search_answer = SEARX_ANSWER
+    spy = SpyTransport(StdlibTransport())
+    searcher = Searcher(SearxngProvider(f"http://127.0.0.1:{http_server.port}", transport=spy))
+    result = await searcher.asearch("otters", 1)
+    assert not result.is_error, result.text
+    assert "1. Otter 1\n" in result.text
+    assert [r.address for r in spy.requests] == ["127.0.0.1"]
+
+
+async def test_unreachable_service_reads_the_same_async() -> None:
+    """A service that cannot be reached is the same error from asearch as from search."""
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    searcher = Searcher(SearxngProvider(f"http://127.0.0.1:{port}"))
+    assert (await searcher.asearch("otters")).text == searcher.search("otters").text
 
 
 def test_brave_sends_the_token_and_reads_web_results(https_server: Server, tls: TLS) -> None:

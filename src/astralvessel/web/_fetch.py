@@ -9,10 +9,9 @@ at most five redirects (each a new hop, checked from scratch), reads at most
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import errno
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from urllib.parse import urljoin
 
@@ -21,8 +20,10 @@ import attrs
 from ..errors import EgressError
 from ._content import ACCEPT, ACCEPT_ENCODING, BodyCollector, ContentRefused, fence, render
 from ._egress import Approval, EgressPolicy, Resolver, SystemResolver, Target
+from ._exchange import AsyncExchangeIO, Close, ExchangeIO, Head, Resolve, Send, read_body
+from ._flow import Flow, arun, run
 from ._stdlib import StdlibTransport
-from ._transport import AsyncHttpResponse, AsyncTransport, HttpRequest, HttpResponse, Transport
+from ._transport import AsyncTransport, HttpRequest, Transport
 
 __all__ = ["FetchLimits", "Fetcher", "WebResult"]
 
@@ -35,10 +36,6 @@ try:
     _VERSION = version("astralvessel")
 except PackageNotFoundError:  # pragma: no cover - a source tree without metadata
     _VERSION = "0"
-
-_RESOLVER_THREADS = concurrent.futures.ThreadPoolExecutor(
-    max_workers=4, thread_name_prefix="astralvessel-resolve"
-)
 
 
 @attrs.frozen(kw_only=True)
@@ -206,164 +203,62 @@ class Fetcher:
             message = f"webfetch could not fetch {url}: {detail}."
         return WebResult(text=message, is_error=True, url=url)
 
-    # -- sync -------------------------------------------------------------------------------
+    # -- the one fetch flow, and its two drivers ---------------------------------------------
 
     def fetch(self, url: str) -> WebResult:
         """Fetch ``url`` and return its text wrapped as untrusted, or an error result."""
         if not isinstance(self.transport, Transport):
             raise TypeError(f"{type(self.transport).__name__} has no send(); use afetch() with it")
-        deadline = time.monotonic() + self.limits.timeout_seconds
-        current, origin = url, None
-        try:
-            for hop in range(self.limits.max_redirects + 1):
-                target = self._check(current, origin)
-                approval = self._approve(target, self._resolve(target, deadline), origin)
-                response = self._send(self.transport, approval, deadline)
-                try:
-                    following = self._next_url(current, hop, response.status, response.headers)
-                    if following is None:
-                        collector = self._collector(response.headers)
-                        _drain(response.chunks, collector, deadline)
-                        return self._result(
-                            current, response.status, response.reason, response.headers, collector
-                        )
-                finally:
-                    response.close()
-                current, origin = following, current
-        except (OSError, EgressError, ContentRefused, _Failure, asyncio.TimeoutError) as error:
-            return self._error(current, error)
-        raise AssertionError("unreachable: the redirect loop always returns")  # pragma: no cover
-
-    def _resolve(self, target: Target, deadline: float) -> Sequence[str]:
-        if target.literal is not None:
-            return (str(target.literal),)
-        # getaddrinfo cannot be interrupted, so it runs in a worker the deadline can abandon.
-        future = _RESOLVER_THREADS.submit(self.resolver.resolve, target.host, target.port)
-        try:
-            return future.result(timeout=max(0.0, deadline - time.monotonic()))
-        except concurrent.futures.TimeoutError:
-            raise TimeoutError(f"resolving {target.host} took too long") from None
-        except OSError as error:
-            raise _Failure(
-                f"webfetch could not resolve {target.host} ({error.strerror or error}); "
-                "check the spelling of the host name"
-            ) from None
-
-    def _send(self, transport: Transport, approval: Approval, deadline: float) -> HttpResponse:
-        for index, address in enumerate(approval.addresses):
-            try:
-                return transport.send(self._request(approval, address, deadline))
-            except OSError as error:
-                if error.errno not in _TRY_NEXT or index == len(approval.addresses) - 1:
-                    raise
-        raise AssertionError(
-            "unreachable: approve() never returns no addresses"
-        )  # pragma: no cover
-
-    # -- async ------------------------------------------------------------------------------
+        return run(self._flow(url), ExchangeIO(self.transport, self.resolver).perform)
 
     async def afetch(self, url: str) -> WebResult:
-        """The async twin of `fetch`."""
-        transport = self.transport
-        atransport: AsyncTransport = (
-            transport if isinstance(transport, AsyncTransport) else _ThreadedTransport(transport)
-        )
+        """The async twin of `fetch`: the same flow, its steps awaited."""
+        return await arun(self._flow(url), AsyncExchangeIO(self.transport, self.resolver).perform)
+
+    def _flow(self, url: str) -> Flow[WebResult]:
         deadline = time.monotonic() + self.limits.timeout_seconds
         current, origin = url, None
         try:
             for hop in range(self.limits.max_redirects + 1):
                 target = self._check(current, origin)
-                approval = self._approve(target, await self._aresolve(target, deadline), origin)
-                response = await self._asend(atransport, approval, deadline)
+                answers = yield from self._resolve(target, deadline)
+                approval = self._approve(target, answers, origin)
+                response = yield from self._send(approval, deadline)
                 try:
                     following = self._next_url(current, hop, response.status, response.headers)
                     if following is None:
                         collector = self._collector(response.headers)
-                        await _adrain(response.chunks, collector, deadline)
+                        yield from read_body(collector, deadline)
                         return self._result(
                             current, response.status, response.reason, response.headers, collector
                         )
                 finally:
-                    await response.aclose()
+                    yield from Close()
                 current, origin = following, current
         except (OSError, EgressError, ContentRefused, _Failure, asyncio.TimeoutError) as error:
             return self._error(current, error)
         raise AssertionError("unreachable: the redirect loop always returns")  # pragma: no cover
 
-    async def _aresolve(self, target: Target, deadline: float) -> Sequence[str]:
+    def _resolve(self, target: Target, deadline: float) -> Flow[Sequence[str]]:
         if target.literal is not None:
             return (str(target.literal),)
         try:
-            return await asyncio.wait_for(
-                asyncio.to_thread(self.resolver.resolve, target.host, target.port),
-                max(0.0, deadline - time.monotonic()),
-            )
-        except (TimeoutError, asyncio.TimeoutError):
-            raise TimeoutError(f"resolving {target.host} took too long") from None
+            return (yield from Resolve(target.host, target.port, deadline))
+        except TimeoutError:
+            raise
         except OSError as error:
             raise _Failure(
                 f"webfetch could not resolve {target.host} ({error.strerror or error}); "
                 "check the spelling of the host name"
             ) from None
 
-    async def _asend(
-        self, transport: AsyncTransport, approval: Approval, deadline: float
-    ) -> AsyncHttpResponse:
+    def _send(self, approval: Approval, deadline: float) -> Flow[Head]:
         for index, address in enumerate(approval.addresses):
             try:
-                return await transport.asend(self._request(approval, address, deadline))
+                return (yield from Send(self._request(approval, address, deadline)))
             except OSError as error:
                 if error.errno not in _TRY_NEXT or index == len(approval.addresses) - 1:
                     raise
         raise AssertionError(
             "unreachable: approve() never returns no addresses"
         )  # pragma: no cover
-
-
-def _drain(chunks: Iterator[bytes], collector: BodyCollector, deadline: float) -> None:
-    for chunk in chunks:
-        collector.feed(chunk)
-        if collector.truncated:
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError("the fetch deadline passed while reading the body")
-
-
-async def _adrain(chunks: AsyncIterator[bytes], collector: BodyCollector, deadline: float) -> None:
-    async for chunk in chunks:
-        collector.feed(chunk)
-        if collector.truncated:
-            return
-        if time.monotonic() > deadline:
-            raise TimeoutError("the fetch deadline passed while reading the body")
-
-
-class _ThreadedTransport:
-    """Lets a sync-only transport serve ``afetch`` by running each blocking step in a thread."""
-
-    def __init__(self, transport: Transport | AsyncTransport) -> None:
-        if not isinstance(transport, Transport):
-            raise TypeError(f"{type(transport).__name__} has neither send() nor asend()")
-        self._transport = transport
-
-    async def asend(self, request: HttpRequest) -> AsyncHttpResponse:
-        response = await asyncio.to_thread(self._transport.send, request)
-
-        async def chunks() -> AsyncIterator[bytes]:
-            iterator = iter(response.chunks)
-            while True:
-                chunk = await asyncio.to_thread(next, iterator, None)
-                if chunk is None:
-                    return
-                yield chunk
-
-        async def aclose() -> None:
-            await asyncio.to_thread(response.close)
-
-        return AsyncHttpResponse(
-            status=response.status,
-            reason=response.reason,
-            headers=response.headers,
-            chunks=chunks(),
-            aclose=aclose,
-        )

@@ -6,14 +6,29 @@ real host name as the Host header and as the TLS server name (httpcore's
 while the connection goes to the address. Redirects, cookies, proxies from
 the environment and automatic decompression are all off: the `Fetcher`
 does those itself, under its limits.
+
+The transport keeps one `httpx.Client` and one `httpx.AsyncClient`, made on
+first use (or given by the host, already configured with its certificates,
+proxies or limits), and closes the ones it made in ``close()`` / ``aclose()``.
+Every exchange still asks for ``Connection: close``: a pooled connection is
+keyed by address, and one verified for one name must never carry a request
+for another name served from the same address.
+
+The exchange is one flow (see ``_flow.py``) over two steps, `_Send` and
+`_Read`; `_Sync` and `_Async` perform them with the two clients.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import ssl
 from collections.abc import AsyncIterator, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import attrs
+
+from ._flow import APerform, Emit, Flow, Perform, Step, aiterate, arun, iterate, run
 from ._transport import AsyncHttpResponse, HttpRequest, HttpResponse, TransportError
 
 if TYPE_CHECKING:
@@ -22,7 +37,7 @@ if TYPE_CHECKING:
 __all__ = ["HttpxTransport"]
 
 
-def _import_httpx() -> object:
+def _import_httpx() -> Any:
     try:
         import httpx  # optional dependency, imported on first use
     except ImportError:
@@ -32,115 +47,209 @@ def _import_httpx() -> object:
     return httpx
 
 
+@attrs.frozen
+class _Send(Step["httpx.Response"]):
+    """Send the built request and return once the response head is in."""
+
+    request: httpx.Request
+
+
+@attrs.frozen
+class _Read(Step["bytes | None"]):
+    """The next raw body chunk; ``None`` at the end."""
+
+
+@contextlib.contextmanager
+def _translated() -> Iterator[None]:
+    """Turn httpx's errors into the transport contract's: `TimeoutError` or `TransportError`."""
+    import httpx
+
+    try:
+        yield
+    except httpx.TimeoutException as error:
+        raise TimeoutError(str(error) or "the exchange timed out") from None
+    except httpx.ConnectError as error:
+        # The sync and async backends word a refused connection differently, and hide its
+        # errno; raise the socket's own error, so the model reads the same words from fetch
+        # and afetch, and the Fetcher can try the next approved address.
+        cause = _socket_error(error)
+        if cause is None:
+            raise TransportError(str(error) or type(error).__name__) from None
+        raise OSError(cause, os.strerror(cause)) from None
+    except httpx.HTTPError as error:
+        raise TransportError(str(error) or type(error).__name__) from None
+
+
+def _socket_error(error: BaseException) -> int | None:
+    """The errno of the socket error behind ``error``, if one is in its chain (TLS aside)."""
+    seen: BaseException | None = error
+    for _ in range(8):
+        if seen is None:
+            return None
+        if isinstance(seen, OSError) and not isinstance(seen, ssl.SSLError) and seen.errno:
+            return seen.errno
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _exchange(request: httpx.Request) -> Flow[httpx.Response]:
+    with _translated():
+        return (yield from _Send(request))
+
+
+def _body() -> Flow[None]:
+    with _translated():
+        while (chunk := (yield from _Read())) is not None:
+            yield from Emit(chunk)
+
+
+def _headers(response: httpx.Response) -> tuple[tuple[str, str], ...]:
+    return tuple((k.decode("latin-1"), v.decode("latin-1")) for k, v in response.headers.raw)
+
+
 class HttpxTransport:
-    """Performs each exchange with a fresh httpx client, sync or async."""
+    """Performs each exchange with one reused httpx client, sync or async.
 
-    def __init__(self, *, ssl_context: ssl.SSLContext | None = None) -> None:
+    Pass ``client`` / ``async_client`` to use clients the host configured
+    (mutual TLS, an outbound proxy, connection limits); their transport
+    settings apply, while their default headers, cookies, auth, base URL and
+    redirect setting do not: the `Fetcher` decides the request. A client the
+    host passed stays the host's to close. ``ssl_context`` configures the
+    clients this transport makes itself.
+    """
+
+    def __init__(
+        self,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+        client: httpx.Client | None = None,
+        async_client: httpx.AsyncClient | None = None,
+    ) -> None:
         _import_httpx()
+        if ssl_context is not None and (client is not None or async_client is not None):
+            raise ValueError("pass ssl_context or clients, not both: a client has its own TLS")
         self._verify: ssl.SSLContext | bool = ssl_context if ssl_context is not None else True
+        self._client = client
+        self._async_client = async_client
+        self._owns_client = client is None
+        self._owns_async_client = async_client is None
 
-    def _build(self, request: HttpRequest) -> tuple[str, dict[str, str], dict[str, object]]:
+    # -- resources --------------------------------------------------------------------------
+
+    def _sync_client(self) -> httpx.Client:
+        if self._client is None:
+            self._client = _import_httpx().Client(verify=self._verify, trust_env=False)
+        return self._client
+
+    def _async_client_now(self) -> httpx.AsyncClient:
+        if self._async_client is None:
+            self._async_client = _import_httpx().AsyncClient(verify=self._verify, trust_env=False)
+        return self._async_client
+
+    def close(self) -> None:
+        """Close the sync client this transport made; a later exchange makes a new one."""
+        if self._owns_client and self._client is not None:
+            self._client.close()
+            self._client = None
+
+    async def aclose(self) -> None:
+        """Close both clients this transport made."""
+        self.close()
+        if self._owns_async_client and self._async_client is not None:
+            await self._async_client.aclose()
+            self._async_client = None
+
+    def __enter__(self) -> HttpxTransport:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> HttpxTransport:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- the exchange -----------------------------------------------------------------------
+
+    def _build(self, request: HttpRequest) -> httpx.Request:
+        """The httpx request: to the approved address, for the real name in Host and TLS."""
+        lib = _import_httpx()
         address = f"[{request.address}]" if ":" in request.address else request.address
-        url = f"{request.scheme}://{address}:{request.port}{request.target}"
         default = {"http": 80, "https": 443}[request.scheme]
         host = f"[{request.host}]" if ":" in request.host else request.host
         headers = dict(request.headers)
         headers["Host"] = host if request.port == default else f"{host}:{request.port}"
-        extensions: dict[str, object] = {}
+        headers["Connection"] = "close"
+        extensions: dict[str, object] = {"timeout": lib.Timeout(request.remaining()).as_dict()}
         if request.scheme == "https":
             extensions["sni_hostname"] = request.host
-        return url, headers, extensions
-
-    def _timeout(self, request: HttpRequest) -> httpx.Timeout:
-        import httpx
-
-        return httpx.Timeout(request.remaining())
+        built: httpx.Request = lib.Request(
+            request.method,
+            f"{request.scheme}://{address}:{request.port}{request.target}",
+            headers=headers,
+            content=request.body or None,
+            extensions=extensions,
+        )
+        return built
 
     def send(self, request: HttpRequest) -> HttpResponse:
-        """Send one request with httpx and stream the raw body."""
-        import httpx
-
-        url, headers, extensions = self._build(request)
-        client = httpx.Client(verify=self._verify, trust_env=False, follow_redirects=False)
-        try:
-            built = client.build_request(
-                request.method,
-                url,
-                headers=headers,
-                content=request.body or None,
-                extensions={**extensions, "timeout": self._timeout(request).as_dict()},
-            )
-            response = client.send(built, stream=True)
-        except httpx.TimeoutException as error:
-            client.close()
-            raise TimeoutError(str(error) or "the exchange timed out") from None
-        except httpx.HTTPError as error:
-            client.close()
-            raise TransportError(str(error) or type(error).__name__) from None
-
-        def chunks() -> Iterator[bytes]:
-            try:
-                yield from response.iter_raw()
-            except httpx.TimeoutException as error:
-                raise TimeoutError(str(error) or "the exchange timed out") from None
-            except httpx.HTTPError as error:
-                raise TransportError(str(error) or type(error).__name__) from None
-
-        def close() -> None:
-            response.close()
-            client.close()
-
+        """Send one request with the sync client and stream the raw body."""
+        io = _Sync(self._sync_client())
+        response = run(_exchange(self._build(request)), io.perform)
         return HttpResponse(
             status=response.status_code,
             reason=response.reason_phrase,
-            headers=tuple(
-                (k.decode("latin-1"), v.decode("latin-1")) for k, v in response.headers.raw
-            ),
-            chunks=chunks(),
-            close=close,
+            headers=_headers(response),
+            chunks=iterate(_body(), io.perform),
+            close=response.close,
         )
 
     async def asend(self, request: HttpRequest) -> AsyncHttpResponse:
-        """Send one request with httpx's async client and stream the raw body."""
-        import httpx
-
-        url, headers, extensions = self._build(request)
-        client = httpx.AsyncClient(verify=self._verify, trust_env=False, follow_redirects=False)
-        try:
-            built = client.build_request(
-                request.method,
-                url,
-                headers=headers,
-                content=request.body or None,
-                extensions={**extensions, "timeout": self._timeout(request).as_dict()},
-            )
-            response = await client.send(built, stream=True)
-        except httpx.TimeoutException as error:
-            await client.aclose()
-            raise TimeoutError(str(error) or "the exchange timed out") from None
-        except httpx.HTTPError as error:
-            await client.aclose()
-            raise TransportError(str(error) or type(error).__name__) from None
-
-        async def chunks() -> AsyncIterator[bytes]:
-            try:
-                async for chunk in response.aiter_raw():
-                    yield chunk
-            except httpx.TimeoutException as error:
-                raise TimeoutError(str(error) or "the exchange timed out") from None
-            except httpx.HTTPError as error:
-                raise TransportError(str(error) or type(error).__name__) from None
-
-        async def aclose() -> None:
-            await response.aclose()
-            await client.aclose()
-
+        """Send one request with the async client and stream the raw body."""
+        io = _Async(self._async_client_now())
+        response = await arun(_exchange(self._build(request)), io.perform)
         return AsyncHttpResponse(
             status=response.status_code,
             reason=response.reason_phrase,
-            headers=tuple(
-                (k.decode("latin-1"), v.decode("latin-1")) for k, v in response.headers.raw
-            ),
-            chunks=chunks(),
-            aclose=aclose,
+            headers=_headers(response),
+            chunks=aiterate(_body(), io.perform),
+            aclose=response.aclose,
         )
+
+
+class _Sync:
+    """Performs the steps with an `httpx.Client`."""
+
+    def __init__(self, client: httpx.Client) -> None:
+        self._client = client
+        self._raw: Iterator[bytes] = iter(())
+        self.perform: Perform = {_Send: self._send, _Read: self._read}
+
+    def _send(self, step: _Send) -> httpx.Response:
+        response = self._client.send(step.request, stream=True, auth=None, follow_redirects=False)
+        self._raw = response.iter_raw()
+        return response
+
+    def _read(self, step: _Read) -> bytes | None:
+        return next(self._raw, None)
+
+
+class _Async:
+    """Performs the steps with an `httpx.AsyncClient`."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self._client = client
+        self._raw: AsyncIterator[bytes] | None = None
+        self.perform: APerform = {_Send: self._send, _Read: self._read}
+
+    async def _send(self, step: _Send) -> httpx.Response:
+        response = await self._client.send(
+            step.request, stream=True, auth=None, follow_redirects=False
+        )
+        self._raw = response.aiter_raw()
+        return response
+
+    async def _read(self, step: _Read) -> bytes | None:
+        return None if self._raw is None else await anext(self._raw, None)

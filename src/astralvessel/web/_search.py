@@ -28,7 +28,9 @@ import attrs
 from ..errors import AstralVesselError
 from ._content import BodyCollector, ContentRefused, fence, parse_content_type
 from ._egress import SystemResolver
+from ._exchange import AsyncExchangeIO, Close, ExchangeIO, Resolve, Send, read_body
 from ._fetch import WebResult
+from ._flow import Flow, Step, arun, run
 from ._stdlib import StdlibTransport
 from ._transport import HttpRequest, Transport
 
@@ -120,27 +122,38 @@ class Searcher:
 
     def search(self, query: str, max_results: int | None = None) -> WebResult:
         """Search and return fenced results, or an error result that says the search failed."""
+        provider = self.provider
+        return run(
+            self._flow(query, max_results),
+            {_Ask: lambda step: provider.search(step.query, step.count)},
+        )
+
+    async def asearch(self, query: str, max_results: int | None = None) -> WebResult:
+        """The async twin of `search`: the same flow, the provider awaited."""
+        provider = self.provider
+        return await arun(
+            self._flow(query, max_results),
+            {_Ask: lambda step: provider.asearch(step.query, step.count)},
+        )
+
+    def _flow(self, query: str, max_results: int | None) -> Flow[WebResult]:
         checked = self._check(query, max_results)
         if isinstance(checked, str):
             return WebResult(text=checked, is_error=True)
         text, count = checked
         try:
-            hits = self.provider.search(text, count)
+            hits = yield from _Ask(text, count)
         except (SearchError, OSError, ContentRefused, asyncio.TimeoutError) as error:
             return WebResult(text=_failure(_reason(error)), is_error=True)
         return self._format(text, hits, count)
 
-    async def asearch(self, query: str, max_results: int | None = None) -> WebResult:
-        """The async twin of `search`."""
-        checked = self._check(query, max_results)
-        if isinstance(checked, str):
-            return WebResult(text=checked, is_error=True)
-        text, count = checked
-        try:
-            hits = await self.provider.asearch(text, count)
-        except (SearchError, OSError, ContentRefused, asyncio.TimeoutError) as error:
-            return WebResult(text=_failure(_reason(error)), is_error=True)
-        return self._format(text, hits, count)
+
+@attrs.frozen
+class _Ask(Step[Sequence[SearchHit]]):
+    """Ask the provider for at most ``count`` hits."""
+
+    query: str
+    count: int
 
 
 def _reason(error: BaseException) -> str:
@@ -179,29 +192,51 @@ class _HttpProvider:
     def _hits(self, data: object, max_results: int) -> list[SearchHit]:
         raise NotImplementedError
 
-    def _request(self, query: str, max_results: int) -> HttpRequest:
+    def search(self, query: str, max_results: int) -> Sequence[SearchHit]:
+        """Ask the service once."""
+        io = ExchangeIO(self.transport, self._resolver)
+        return run(self._flow(query, max_results), io.perform)
+
+    async def asearch(self, query: str, max_results: int) -> Sequence[SearchHit]:
+        """Ask the service once, without blocking the event loop."""
+        io = AsyncExchangeIO(self.transport, self._resolver)
+        return await arun(self._flow(query, max_results), io.perform)
+
+    def _flow(self, query: str, max_results: int) -> Flow[list[SearchHit]]:
         parts = urlsplit(self.endpoint)
         host = parts.hostname or ""
         port = parts.port or (443 if parts.scheme == "https" else 80)
+        deadline = time.monotonic() + self.timeout_seconds
         try:
-            address = self._resolver.resolve(host, port)[0]
-        except (OSError, IndexError) as error:
+            addresses = yield from Resolve(host, port, deadline)
+        except TimeoutError:
+            raise
+        except OSError as error:
             raise SearchError(
                 f"the search service's host {host} does not resolve ({error})"
             ) from None
+        if not addresses:
+            raise SearchError(f"the search service's host {host} does not resolve (no addresses)")
         query_string = urlencode(self._params(query, max_results))
         path = parts.path or "/"
-        target = f"{path}?{parts.query + '&' if parts.query else ''}{query_string}"
-        return HttpRequest(
-            method="GET",
-            scheme=parts.scheme,
-            host=host,
-            address=address,
-            port=port,
-            target=target,
-            headers=self._headers(),
-            deadline=time.monotonic() + self.timeout_seconds,
+        response = yield from Send(
+            HttpRequest(
+                method="GET",
+                scheme=parts.scheme,
+                host=host,
+                address=addresses[0],
+                port=port,
+                target=f"{path}?{parts.query + '&' if parts.query else ''}{query_string}",
+                headers=self._headers(),
+                deadline=deadline,
+            )
         )
+        try:
+            collector = _collector(response.headers)
+            yield from read_body(collector, deadline)
+        finally:
+            yield from Close()
+        return self._decode(response.status, response.headers, collector.body(), max_results)
 
     def _decode(
         self, status: int, headers: Sequence[tuple[str, str]], body: bytes, max_results: int
@@ -218,40 +253,6 @@ class _HttpProvider:
                 f"the search service sent something other than JSON ({media or 'no type'})"
             ) from None
         return self._hits(data, max_results)[:max_results]
-
-    def search(self, query: str, max_results: int) -> Sequence[SearchHit]:
-        """Ask the service once."""
-        request = self._request(query, max_results)
-        response = self.transport.send(request)
-        try:
-            collector = _collector(response.headers)
-            for chunk in response.chunks:
-                collector.feed(chunk)
-                if collector.truncated:
-                    break
-                request.remaining()
-        finally:
-            response.close()
-        return self._decode(response.status, response.headers, collector.body(), max_results)
-
-    async def asearch(self, query: str, max_results: int) -> Sequence[SearchHit]:
-        """Ask the service once, without blocking the event loop."""
-        transport = self.transport
-        asend = getattr(transport, "asend", None)
-        if asend is None:
-            return await asyncio.to_thread(self.search, query, max_results)
-        request = await asyncio.to_thread(self._request, query, max_results)
-        response = await asend(request)
-        try:
-            collector = _collector(response.headers)
-            async for chunk in response.chunks:
-                collector.feed(chunk)
-                if collector.truncated:
-                    break
-                request.remaining()
-        finally:
-            await response.aclose()
-        return self._decode(response.status, response.headers, collector.body(), max_results)
 
 
 def _collector(headers: Sequence[tuple[str, str]]) -> BodyCollector:

@@ -5,18 +5,26 @@ the URL's host name as server name and for the certificate check), sends one
 request and streams the response. `ProxyTransport` does the same through an
 operator's HTTP proxy: it asks the proxy for a ``CONNECT`` tunnel to the
 approved address, never to a name, so the proxy cannot resolve it elsewhere.
+
+The exchange is written once, as flows (see ``_flow.py``) over four socket
+steps: `Connect`, `StartTLS`, `Write` and `Recv`. `_Socket` performs them on
+a blocking socket and `_Stream` on asyncio streams; every read and write is
+bounded by the request's deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import os
 import socket
 import ssl
 import sys
-from collections.abc import AsyncIterator, Iterator
 from urllib.parse import unquote, urlsplit
 
+import attrs
+
+from ._flow import APerform, Emit, Flow, Perform, Step, aiterate, arun, iterate, run
 from ._http1 import ResponseReader, format_request
 from ._transport import AsyncHttpResponse, HttpRequest, HttpResponse, TransportError
 
@@ -25,12 +33,62 @@ __all__ = ["ProxyTransport", "StdlibTransport"]
 _READ_SIZE = 65536
 
 
+# -- the steps, and the flows over them --------------------------------------------------------
+
+
+@attrs.frozen
+class Connect(Step[None]):
+    """Open a TCP connection to ``host`` (an address, or the operator's proxy) and ``port``."""
+
+    host: str
+    port: int
+
+
+@attrs.frozen
+class StartTLS(Step[None]):
+    """Wrap the connection in TLS for ``server_hostname``, checking its certificate."""
+
+    context: ssl.SSLContext
+    server_hostname: str
+
+
+@attrs.frozen
+class Write(Step[None]):
+    """Send all of ``data``."""
+
+    data: bytes
+
+
+@attrs.frozen
+class Recv(Step[bytes]):
+    """Receive at most ``size`` bytes; ``b""`` when the peer has closed."""
+
+    size: int = _READ_SIZE
+
+
+def _body(reader: ResponseReader) -> Flow[None]:
+    """Emit the body as the reader decodes it, until the response ends."""
+    while True:
+        data = reader.take_body()
+        if data:
+            yield from Emit(data)
+        if reader.done:
+            return
+        received = yield from Recv()
+        if received:
+            reader.feed(received)
+        else:
+            reader.feed_eof()
+
+
 class StdlibTransport:
     """Sends one request straight to the approved address, sync or async.
 
     ``ssl_context`` defaults to the system's trusted certificates with host
     name checking on; pass one that trusts a private CA for tests or an
-    internal deployment.
+    internal deployment. It holds no connection between exchanges, so
+    ``close()`` has nothing to release; it exists so that every shipped
+    transport can be used as a context manager.
     """
 
     def __init__(self, *, ssl_context: ssl.SSLContext | None = None) -> None:
@@ -43,78 +101,72 @@ class StdlibTransport:
             self._ssl_context = ssl.create_default_context()
         return self._ssl_context
 
-    # -- sync -------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Release nothing: each exchange's connection ends with its response."""
 
-    def _connect(self, request: HttpRequest) -> socket.socket:
-        return socket.create_connection(
-            (request.address, request.port), timeout=request.remaining()
-        )
+    def __enter__(self) -> StdlibTransport:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def send(self, request: HttpRequest) -> HttpResponse:
         """Connect, send, and return once the response head is in."""
-        sock = self._connect(request)
+        connection = _Socket(request)
         try:
-            if request.scheme == "https":
-                sock.settimeout(request.remaining())
-                sock = self.ssl_context.wrap_socket(sock, server_hostname=request.host)
-            sock.settimeout(request.remaining())
-            sock.sendall(format_request(request))
-            reader = ResponseReader(
-                method=request.method, max_header_bytes=request.max_header_bytes
-            )
-            _fill_head(sock, reader, request)
+            reader = run(self._exchange(request), connection.perform)
         except BaseException:
-            sock.close()
+            connection.close()
             raise
         head = reader.head
-        if head is None:  # pragma: no cover - _fill_head returns only with a head
-            raise TransportError("the server closed the connection without answering")
+        assert head is not None  # noqa: S101 - _exchange returns only with a head
         return HttpResponse(
             status=head.status,
             reason=head.reason,
             headers=head.headers,
-            chunks=_body_chunks(sock, reader, request),
-            close=sock.close,
-        )
-
-    # -- async ------------------------------------------------------------------------------
-
-    async def _aconnect(
-        self, request: HttpRequest
-    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        return await asyncio.wait_for(
-            asyncio.open_connection(request.address, request.port), request.remaining()
+            chunks=iterate(_body(reader), connection.perform),
+            close=connection.close,
         )
 
     async def asend(self, request: HttpRequest) -> AsyncHttpResponse:
         """Connect, send, and return once the response head is in."""
-        stream, writer = await self._aconnect(request)
+        connection = _Stream(request)
         try:
-            if request.scheme == "https":
-                stream, writer = await _astart_tls(stream, writer, self.ssl_context, request)
-            writer.write(format_request(request))
-            await asyncio.wait_for(writer.drain(), request.remaining())
-            reader = ResponseReader(
-                method=request.method, max_header_bytes=request.max_header_bytes
-            )
-            await _afill_head(stream, reader, request)
+            reader = await arun(self._exchange(request), connection.perform)
         except BaseException:
-            _abort(writer)
+            connection.close()
             raise
 
         async def aclose() -> None:
-            _abort(writer)
+            connection.close()
 
         head = reader.head
-        if head is None:  # pragma: no cover - _afill_head returns only with a head
-            raise TransportError("the server closed the connection without answering")
+        assert head is not None  # noqa: S101 - _exchange returns only with a head
         return AsyncHttpResponse(
             status=head.status,
             reason=head.reason,
             headers=head.headers,
-            chunks=_abody_chunks(stream, reader, request),
+            chunks=aiterate(_body(reader), connection.perform),
             aclose=aclose,
         )
+
+    def _exchange(self, request: HttpRequest) -> Flow[ResponseReader]:
+        """Connect, start TLS for https, send the request and read up to the end of the head."""
+        yield from self._connect(request)
+        if request.scheme == "https":
+            yield from StartTLS(self.ssl_context, request.host)
+        yield from Write(format_request(request))
+        reader = ResponseReader(method=request.method, max_header_bytes=request.max_header_bytes)
+        while reader.head is None:
+            data = yield from Recv()
+            if not data:
+                reader.feed_eof()
+                raise TransportError("the server closed the connection without answering")
+            reader.feed(data)
+        return reader
+
+    def _connect(self, request: HttpRequest) -> Flow[None]:
+        yield from Connect(request.address, request.port)
 
 
 class ProxyTransport(StdlibTransport):
@@ -148,69 +200,19 @@ class ProxyTransport(StdlibTransport):
             lines.append(f"Proxy-Authorization: {self._auth}")
         return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
-    def _connect(self, request: HttpRequest) -> socket.socket:
-        sock = socket.create_connection(
-            (self._proxy_host, self._proxy_port), timeout=request.remaining()
-        )
-        try:
-            sock.sendall(self._connect_request(request))
-            _check_connect_answer(_read_connect_answer(sock, request))
-        except BaseException:
-            sock.close()
-            raise
-        return sock
-
-    async def _aconnect(
-        self, request: HttpRequest
-    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        stream, writer = await asyncio.wait_for(
-            asyncio.open_connection(self._proxy_host, self._proxy_port), request.remaining()
-        )
-        try:
-            writer.write(self._connect_request(request))
-            await asyncio.wait_for(writer.drain(), request.remaining())
-            try:
-                head = await asyncio.wait_for(stream.readuntil(b"\r\n\r\n"), request.remaining())
-            except asyncio.IncompleteReadError:
-                raise TransportError("the proxy closed the connection during CONNECT") from None
-            except asyncio.LimitOverrunError:
-                raise TransportError("the proxy's CONNECT answer is too large") from None
-            _check_connect_answer(head)
-        except BaseException:
-            _abort(writer)
-            raise
-        return stream, writer
-
-
-def _read_connect_answer(sock: socket.socket, request: HttpRequest) -> bytes:
-    # Read byte-wise up to the end of the proxy's head so no tunnel bytes are consumed.
-    head = bytearray()
-    while not head.endswith(b"\r\n\r\n") and not head.endswith(b"\n\n"):
-        sock.settimeout(request.remaining())
-        byte = sock.recv(1)
-        if not byte:
-            raise TransportError("the proxy closed the connection during CONNECT")
-        head += byte
-        if len(head) > request.max_header_bytes:
-            raise TransportError("the proxy's CONNECT answer is too large")
-    return bytes(head)
-
-
-async def _afill_head(
-    stream: asyncio.StreamReader, reader: ResponseReader, request: HttpRequest
-) -> None:
-    while reader.head is None:
-        data = await asyncio.wait_for(stream.read(_READ_SIZE), request.remaining())
-        if not data:
-            reader.feed_eof()
-            raise TransportError("the server closed the connection without answering")
-        reader.feed(data)
-
-
-def _abort(writer: asyncio.StreamWriter) -> None:
-    # One exchange, then done: drop the connection at once. A polite TLS close would need
-    # the event loop to keep running, and it may be gone before the peer answers.
-    writer.transport.abort()
+    def _connect(self, request: HttpRequest) -> Flow[None]:
+        yield from Connect(self._proxy_host, self._proxy_port)
+        yield from Write(self._connect_request(request))
+        # Read byte-wise up to the end of the proxy's head so no tunnel bytes are consumed.
+        head = bytearray()
+        while not head.endswith(b"\r\n\r\n") and not head.endswith(b"\n\n"):
+            byte = yield from Recv(1)
+            if not byte:
+                raise TransportError("the proxy closed the connection during CONNECT")
+            head += byte
+            if len(head) > request.max_header_bytes:
+                raise TransportError("the proxy's CONNECT answer is too large")
+        _check_connect_answer(bytes(head))
 
 
 def _check_connect_answer(head: bytes) -> None:
@@ -220,15 +222,106 @@ def _check_connect_answer(head: bytes) -> None:
         raise TransportError(f"the proxy refused the tunnel: {status_line[:200]!r}")
 
 
-async def _astart_tls(
-    stream: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
-    context: ssl.SSLContext,
-    request: HttpRequest,
+# -- performing the steps: a blocking socket, or asyncio streams ------------------------------
+
+
+class _Socket:
+    """One exchange's blocking socket; every operation is bounded by the request's deadline."""
+
+    def __init__(self, request: HttpRequest) -> None:
+        self._request = request
+        self._sock: socket.socket | None = None
+        self.perform: Perform = {
+            Connect: self._connect,
+            StartTLS: self._start_tls,
+            Write: self._write,
+            Recv: self._recv,
+        }
+
+    def _ready(self) -> socket.socket:
+        if self._sock is None:
+            raise TransportError("the connection is closed")
+        self._sock.settimeout(self._request.remaining())
+        return self._sock
+
+    def _connect(self, step: Connect) -> None:
+        self._sock = socket.create_connection(
+            (step.host, step.port), timeout=self._request.remaining()
+        )
+
+    def _start_tls(self, step: StartTLS) -> None:
+        self._sock = step.context.wrap_socket(self._ready(), server_hostname=step.server_hostname)
+
+    def _write(self, step: Write) -> None:
+        self._ready().sendall(step.data)
+
+    def _recv(self, step: Recv) -> bytes:
+        return self._ready().recv(step.size)
+
+    def close(self) -> None:
+        """Close the connection, if one was opened."""
+        if self._sock is not None:
+            self._sock.close()
+
+
+class _Stream:
+    """One exchange's asyncio streams; every await is bounded by the request's deadline."""
+
+    def __init__(self, request: HttpRequest) -> None:
+        self._request = request
+        self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self.perform: APerform = {
+            Connect: self._connect,
+            StartTLS: self._start_tls,
+            Write: self._write,
+            Recv: self._recv,
+        }
+
+    def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if self._streams is None:
+            raise TransportError("the connection is closed")
+        return self._streams
+
+    async def _connect(self, step: Connect) -> None:
+        try:
+            self._streams = await asyncio.wait_for(
+                asyncio.open_connection(step.host, step.port), self._request.remaining()
+            )
+        except OSError as error:
+            if error.errno is None:
+                raise
+            # asyncio words a refusal "Connect call failed (address)"; say it as the socket does.
+            raise OSError(error.errno, os.strerror(error.errno)) from None
+
+    async def _start_tls(self, step: StartTLS) -> None:
+        stream, writer = self._open()
+        self._streams = await _start_tls(stream, writer, step, self._request.remaining())
+
+    async def _write(self, step: Write) -> None:
+        _, writer = self._open()
+        writer.write(step.data)
+        await asyncio.wait_for(writer.drain(), self._request.remaining())
+
+    async def _recv(self, step: Recv) -> bytes:
+        stream, _ = self._open()
+        return await asyncio.wait_for(stream.read(step.size), self._request.remaining())
+
+    def close(self) -> None:
+        """Drop the connection at once, if one was opened.
+
+        One exchange, then done: a polite TLS close would need the event loop
+        to keep running, and it may be gone before the peer answers.
+        """
+        if self._streams is not None:
+            self._streams[1].transport.abort()
+
+
+async def _start_tls(
+    stream: asyncio.StreamReader, writer: asyncio.StreamWriter, step: StartTLS, timeout: float
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     if sys.version_info >= (3, 11):
         await asyncio.wait_for(
-            writer.start_tls(context, server_hostname=request.host), request.remaining()
+            writer.start_tls(step.context, server_hostname=step.server_hostname), timeout
         )
         return stream, writer
     # Python 3.10 streams cannot upgrade in place: rebuild them over the TLS transport.
@@ -236,8 +329,8 @@ async def _astart_tls(
     transport = writer.transport  # pragma: no cover
     protocol = transport.get_protocol()  # pragma: no cover
     new_transport = await asyncio.wait_for(  # pragma: no cover
-        loop.start_tls(transport, protocol, context, server_hostname=request.host),
-        request.remaining(),
+        loop.start_tls(transport, protocol, step.context, server_hostname=step.server_hostname),
+        timeout,
     )
     new_stream = asyncio.StreamReader()  # pragma: no cover
     new_protocol = asyncio.StreamReaderProtocol(new_stream)  # pragma: no cover
@@ -246,49 +339,3 @@ async def _astart_tls(
     new_transport.set_protocol(new_protocol)  # pragma: no cover
     new_protocol.connection_made(new_transport)  # pragma: no cover
     return new_stream, asyncio.StreamWriter(new_transport, new_protocol, new_stream, loop)
-
-
-def _fill_head(sock: socket.socket, reader: ResponseReader, request: HttpRequest) -> None:
-    while reader.head is None:
-        sock.settimeout(request.remaining())
-        data = sock.recv(_READ_SIZE)
-        if not data:
-            reader.feed_eof()
-            raise TransportError("the server closed the connection without answering")
-        reader.feed(data)
-
-
-def _body_chunks(
-    sock: socket.socket, reader: ResponseReader, request: HttpRequest
-) -> Iterator[bytes]:
-    try:
-        while True:
-            data = reader.take_body()
-            if data:
-                yield data
-            if reader.done:
-                return
-            sock.settimeout(request.remaining())
-            received = sock.recv(_READ_SIZE)
-            if received:
-                reader.feed(received)
-            else:
-                reader.feed_eof()
-    finally:
-        sock.close()
-
-
-async def _abody_chunks(
-    stream: asyncio.StreamReader, reader: ResponseReader, request: HttpRequest
-) -> AsyncIterator[bytes]:
-    while True:
-        data = reader.take_body()
-        if data:
-            yield data
-        if reader.done:
-            return
-        received = await asyncio.wait_for(stream.read(_READ_SIZE), request.remaining())
-        if received:
-            reader.feed(received)
-        else:
-            reader.feed_eof()

@@ -1,0 +1,149 @@
+"""One core per flow: a generator yields the I/O it needs, and two small drivers perform it.
+
+The web package's flows (the `Fetcher`'s redirect loop, a search, a
+transport's exchange) hold every decision once and never touch I/O. Where a
+flow needs the world it writes ``outcome = yield from SomeStep(...)``: the
+driver performs the step and sends the outcome back in, or throws the step's
+exception in at that very line, so the flow reads and handles errors as if it
+had made the call itself. `run` performs steps in the calling thread, `arun`
+awaits them in an event loop; each is given a table from step type to the
+function that performs it, and those functions are the only code that
+differs between the sync and async halves. This is h11's sans-I/O idea
+applied to a whole flow rather than to the wire format alone.
+
+A flow that produces a stream (a response body) yields `Emit` steps, and
+`iterate` / `aiterate` turn it into an iterator of what it emits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator, Mapping
+from typing import Any, Generic, TypeVar
+
+import attrs
+
+__all__ = [
+    "APerform",
+    "Emit",
+    "Flow",
+    "Perform",
+    "Step",
+    "aiterate",
+    "arun",
+    "in_threads",
+    "iterate",
+    "run",
+]
+
+R = TypeVar("R")
+
+
+class Step(Generic[R]):
+    """One piece of I/O a flow asks for; ``yield from step`` hands it over and returns an ``R``."""
+
+    __slots__ = ()
+
+    def __iter__(self) -> Generator[Step[Any], Any, R]:
+        outcome: R = yield self
+        return outcome
+
+
+#: A flow: yields steps, receives their outcomes, returns its result.
+Flow = Generator[Step[Any], Any, R]
+#: How one driver performs each kind of step, by the step's type.
+Perform = Mapping[type[Step[Any]], Callable[[Any], Any]]
+APerform = Mapping[type[Step[Any]], Callable[[Any], Awaitable[Any]]]
+
+
+@attrs.frozen
+class Emit(Step[None]):
+    """Hand ``data`` to whoever iterates the flow (see `iterate`)."""
+
+    data: bytes
+
+
+def run(flow: Flow[R], perform: Perform) -> R:
+    """Drive ``flow`` to its result, performing each step in the calling thread."""
+    outcome: Any = None
+    failure: BaseException | None = None
+    while True:
+        try:
+            step = flow.send(outcome) if failure is None else flow.throw(failure)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        try:
+            outcome, failure = perform[type(step)](step), None
+        except BaseException as error:  # the flow decides, even on cancellation
+            outcome, failure = None, error
+
+
+async def arun(flow: Flow[R], perform: APerform) -> R:
+    """Drive ``flow`` to its result, awaiting each step; the same loop as `run`."""
+    outcome: Any = None
+    failure: BaseException | None = None
+    while True:
+        try:
+            step = flow.send(outcome) if failure is None else flow.throw(failure)
+        except StopIteration as stop:
+            return stop.value  # type: ignore[no-any-return]
+        try:
+            outcome, failure = await perform[type(step)](step), None
+        except BaseException as error:  # the flow decides, even on cancellation
+            outcome, failure = None, error
+
+
+def iterate(flow: Flow[None], perform: Perform) -> Iterator[bytes]:
+    """Drive a streaming flow, yielding what it emits; closing the iterator closes the flow."""
+    outcome: Any = None
+    failure: BaseException | None = None
+    try:
+        while True:
+            try:
+                step = flow.send(outcome) if failure is None else flow.throw(failure)
+            except StopIteration:
+                return
+            if isinstance(step, Emit):
+                outcome, failure = None, None
+                yield step.data
+                continue
+            try:
+                outcome, failure = perform[type(step)](step), None
+            except BaseException as error:  # the flow decides
+                outcome, failure = None, error
+    finally:
+        flow.close()
+
+
+async def aiterate(flow: Flow[None], perform: APerform) -> AsyncIterator[bytes]:
+    """Drive a streaming flow, yielding what it emits; the same loop as `iterate`."""
+    outcome: Any = None
+    failure: BaseException | None = None
+    try:
+        while True:
+            try:
+                step = flow.send(outcome) if failure is None else flow.throw(failure)
+            except StopIteration:
+                return
+            if isinstance(step, Emit):
+                outcome, failure = None, None
+                yield step.data
+                continue
+            try:
+                outcome, failure = await perform[type(step)](step), None
+            except BaseException as error:  # the flow decides
+                outcome, failure = None, error
+    finally:
+        flow.close()
+
+
+def in_threads(perform: Perform) -> APerform:
+    """Perform blocking steps in worker threads, so a sync-only transport can serve ``arun``."""
+
+    def threaded(function: Callable[[Any], Any]) -> Callable[[Any], Awaitable[Any]]:
+        async def call(step: Any) -> Any:
+            return await asyncio.to_thread(function, step)
+
+        return call
+
+    return {kind: threaded(function) for kind, function in perform.items()}
