@@ -61,12 +61,6 @@ async def test_host_async_client_is_used_and_still_pinned(
     assert [(r.url.host, r.extensions["sni_hostname"]) for r in seen] == [("127.0.0.1", HOST)]
 
 
-def test_ssl_context_and_client_are_exclusive(tls: TLS) -> None:
-    """A client brings its own TLS settings, so an ssl_context beside it is refused."""
-    with httpx.Client() as client, pytest.raises(ValueError, match="not both"):
-        HttpxTransport(ssl_context=tls.client_context(), client=client)
-
-
 @pytest.mark.parametrize("mode", ["sync", "async"])
 async def test_connection_for_one_name_is_not_reused_for_another(
     mode: str, https_server: Server, tls: TLS, resolver: MapResolver

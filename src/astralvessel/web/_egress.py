@@ -19,7 +19,7 @@ from urllib.parse import quote, urlsplit
 
 import attrs
 
-from ..errors import EgressError
+from ..errors import EgressError, UsageError
 
 __all__ = [
     "AllowRule",
@@ -134,7 +134,12 @@ def _embedded_v4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None
 
 
 def _to_network(value: str | IPNetwork) -> IPNetwork:
-    return ipaddress.ip_network(value)
+    try:
+        return ipaddress.ip_network(value)
+    except ValueError as error:
+        raise UsageError(
+            f"invalid allow rule network {value!r}: write a network such as 127.0.0.1/32 ({error})"
+        ) from None
 
 
 def _to_ports(value: Iterable[int]) -> frozenset[int]:
@@ -160,7 +165,7 @@ class AllowRule:
             ports = frozenset(int(p) for p in rest.split(",")) if rest.strip() else frozenset()
             return cls(network=network.strip(), ports=ports)
         except ValueError as error:
-            raise ValueError(
+            raise UsageError(
                 f"invalid allow rule {text!r}: write a network such as 127.0.0.1/32, "
                 f"optionally followed by ' port 8080,8443' ({error})"
             ) from None

@@ -17,7 +17,7 @@ from urllib.parse import urljoin
 
 import attrs
 
-from ..errors import EgressError
+from ..errors import EgressError, UsageError
 from ._content import ACCEPT, ACCEPT_ENCODING, BodyCollector, ContentRefused, fence, render
 from ._egress import Approval, EgressPolicy, Resolver, SystemResolver, Target
 from ._exchange import AsyncExchangeIO, Close, ExchangeIO, Head, Resolve, Send, read_body
@@ -61,7 +61,7 @@ class FetchLimits:
 
     def __attrs_post_init__(self) -> None:
         if self.max_bytes <= 0 or self.timeout_seconds <= 0 or self.max_redirects < 0:
-            raise ValueError("fetch limits must be positive (max_redirects may be 0)")
+            raise UsageError("fetch limits must be positive (max_redirects may be 0)")
 
 
 class _Failure(Exception):

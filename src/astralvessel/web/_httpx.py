@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from ..errors import UsageError
 from ._flow import APerform, Emit, Flow, Perform, Step, aiterate, arun, iterate, run
 from ._transport import AsyncHttpResponse, HttpRequest, HttpResponse, TransportError
 
@@ -127,7 +128,7 @@ class HttpxTransport:
     ) -> None:
         _import_httpx()
         if ssl_context is not None and (client is not None or async_client is not None):
-            raise ValueError("pass ssl_context or clients, not both: a client has its own TLS")
+            raise UsageError("pass ssl_context or clients, not both: a client has its own TLS")
         self._verify: ssl.SSLContext | bool = ssl_context if ssl_context is not None else True
         self._client = client
         self._async_client = async_client

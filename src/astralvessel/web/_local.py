@@ -16,6 +16,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..errors import UsageError
 from ._content import ContentRefused, render
 from ._search import SearchError, SearchHit
 
@@ -46,7 +47,7 @@ class LocalIndexProvider:
     ) -> None:
         self.folder = Path(folder).resolve()
         if not self.folder.is_dir():
-            raise ValueError(f"local search folder {self.folder} does not exist or is not a folder")
+            raise UsageError(f"local search folder {self.folder} does not exist or is not a folder")
         self.base_url = base_url
         self._lock = threading.Lock()
         self._db = sqlite3.connect(

@@ -25,7 +25,7 @@ from urllib.parse import urlencode, urlsplit
 
 import attrs
 
-from ..errors import AstralVesselError
+from ..errors import AstralVesselError, UsageError
 from ._content import BodyCollector, ContentRefused, fence, parse_content_type
 from ._egress import SystemResolver
 from ._exchange import AsyncExchangeIO, Close, ExchangeIO, Resolve, Send, read_body
@@ -177,7 +177,7 @@ class _HttpProvider:
     ) -> None:
         parts = urlsplit(endpoint)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"search endpoint {endpoint!r} must be an http:// or https:// URL")
+            raise UsageError(f"search endpoint {endpoint!r} must be an http:// or https:// URL")
         self.endpoint = endpoint
         self.transport: Transport = transport if transport is not None else StdlibTransport()
         self.timeout_seconds = timeout_seconds
@@ -317,7 +317,7 @@ class BraveProvider(_HttpProvider):
         timeout_seconds: float = 15.0,
     ) -> None:
         if not api_key:
-            raise ValueError("BraveProvider needs an API key (the X-Subscription-Token value)")
+            raise UsageError("BraveProvider needs an API key (the X-Subscription-Token value)")
         super().__init__(endpoint, transport=transport, timeout_seconds=timeout_seconds)
         self._api_key = api_key
 

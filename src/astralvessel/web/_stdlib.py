@@ -24,6 +24,7 @@ from urllib.parse import unquote, urlsplit
 
 import attrs
 
+from ..errors import UsageError
 from ._flow import APerform, Emit, Flow, Perform, Step, aiterate, arun, iterate, run
 from ._http1 import ResponseReader, format_request
 from ._transport import AsyncHttpResponse, HttpRequest, HttpResponse, TransportError
@@ -181,7 +182,7 @@ class ProxyTransport(StdlibTransport):
         super().__init__(ssl_context=ssl_context)
         parts = urlsplit(proxy)
         if parts.scheme != "http" or not parts.hostname:
-            raise ValueError(f"proxy {proxy!r} must be an http://host:port URL")
+            raise UsageError(f"proxy {proxy!r} must be an http://host:port URL")
         self._proxy_host = parts.hostname
         self._proxy_port = parts.port or 80
         self._auth: str | None = None
