@@ -42,3 +42,35 @@ def errors() -> None:
     except av.ConfigError as exc:
         problems: tuple[str, ...] = exc.problems
         _ = problems
+
+
+def web_and_services(registry: av.Registry, folder: Path) -> av.Executor:
+    from astralvessel.web import EgressPolicy, Fetcher, LocalIndexProvider, StdlibTransport
+
+    def lookup(tool: str, arguments: dict[str, object]) -> str:
+        return f"{tool}: {arguments}"
+
+    executor = av.Executor(
+        registry,
+        mounts={"/data": f"{folder}:ro", "/out": f"{folder}:rw"},
+        fetcher=Fetcher(EgressPolicy()),
+        searcher=LocalIndexProvider(folder),
+        services={"catalog": lookup},
+        service_transport=StdlibTransport(),
+    )
+    fetcher: Fetcher = executor.fetcher
+    _ = fetcher
+    return executor
+
+
+def host_errors(turn: av.Turn) -> None:
+    try:
+        turn.call("anything")
+    except av.TurnClosedError as closed:
+        runtime: RuntimeError = closed
+        _ = runtime
+    try:
+        Mount(source=Path("."), target="/data")
+    except av.UsageError as usage:
+        value: ValueError = usage
+        _ = value
