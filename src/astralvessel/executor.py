@@ -101,7 +101,7 @@ class Executor:
         """The tools the model may call under the granted scopes."""
         return self.registry.names(self.scopes)
 
-    def context(self) -> TurnContext:
+    def _turn_context(self) -> TurnContext:
         """What a turn's runners may use of this executor, frozen as it is now."""
         agent = self.registry.agent
         return TurnContext(
@@ -130,7 +130,7 @@ class Turn:
 
     def __init__(self, executor: Executor) -> None:
         self.executor = executor
-        self._context = executor.context()
+        self._context = executor._turn_context()
         self._session: SandboxSession | None = None
         self._lock = threading.Lock()
         self._closed = False
