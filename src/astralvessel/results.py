@@ -231,7 +231,6 @@ def render_sandbox_died(reason: str) -> ToolResult:
 
 # -- web pages ------------------------------------------------------------------------------
 
-_OPEN_TAG = "<web_content"
 _CLOSE_TAG = "</web_content>"
 # Inside the fence, anything that could close or reopen it, and any line that looks
 # like one of our own notes, is defused: the model must be able to trust that the
@@ -247,16 +246,18 @@ def _defuse(page: str) -> str:
     return _OUR_NOTE.sub(r"\1&#91;", _FENCE_TAG.sub(r"&lt;\1", page))
 
 
+# The opening tag begins a line: a server's reason phrase in a "[HTTP ...]" line
+# before it cannot hold a line break, so it cannot pass for the opening.
+_OPENING_LINE = re.compile(r"^<web_content[^\n]*\n", re.MULTILINE)
+
+
 def _split_fence(text: str) -> tuple[str, str, str] | None:
     """Split fenced web text into head (through the opening tag's line), page and tail."""
-    start = text.find(_OPEN_TAG)
+    opening = _OPENING_LINE.search(text)
     close = text.rfind("\n" + _CLOSE_TAG)
-    if start < 0 or close < 0:
+    if opening is None or close < opening.end() - 1:
         return None
-    head_end = text.find("\n", start)
-    if head_end < 0 or head_end > close:
-        return None
-    return text[: head_end + 1], text[head_end + 1 : close], text[close:]
+    return text[: opening.end()], text[opening.end() : close], text[close:]
 
 
 def render_web(text: str, *, is_error: bool, cap: int, metadata: Mapping[str, str]) -> ToolResult:
