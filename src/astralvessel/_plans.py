@@ -93,15 +93,17 @@ def _no_rescue(exc: Exception) -> ToolResult | None:
     return None
 
 
+def _command_result(outcome: RunOutcome, timeout: float) -> ToolResult:
+    return render_command(outcome, timeout=timeout)
+
+
 @attrs.frozen(kw_only=True)
 class SandboxRun:
     """A confined call in the turn's sandbox: a declared command, ``grep`` or ``bash``."""
 
     request: RunRequest
-    #: The pure rule from the outcome to the result (``render_command`` by default).
-    finisher: Callable[[RunOutcome, float], ToolResult] = lambda outcome, timeout: render_command(
-        outcome, timeout=timeout
-    )
+    #: The pure rule from the outcome and timeout to the result (``render_command``'s by default).
+    finisher: Callable[[RunOutcome, float], ToolResult] = _command_result
     sandboxed: bool = attrs.field(default=True, init=False)
 
     def run(self, session: SandboxSession | None) -> RunOutcome:

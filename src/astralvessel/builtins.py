@@ -63,10 +63,11 @@ def _plan_grep(context: TurnContext, call: Call) -> Plan[Any]:
         workdir=str(policy.workdir),
         visible_roots=[str(root) for root in policy.visible_roots],
     )
-    return SandboxRun(
-        request=_request(context, call, argv, stdin),
-        finisher=lambda outcome, timeout: render_grep(outcome, timeout=timeout),
-    )
+    return SandboxRun(request=_request(context, call, argv, stdin), finisher=_grep_result)
+
+
+def _grep_result(outcome: RunOutcome, timeout: float) -> ToolResult:
+    return render_grep(outcome, timeout=timeout)
 
 
 def _plan_bash(context: TurnContext, call: Call) -> Plan[Any]:
