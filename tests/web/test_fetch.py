@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import socket
+import socketserver
+import threading
 from collections.abc import Awaitable, Callable
 
 import pytest
@@ -423,3 +425,39 @@ async def test_refused_address_falls_through_to_the_next(
     result = fetcher.fetch(url) if mode == "sync" else await fetcher.afetch(url)
     assert not result.is_error, result.text
     assert "Otters live in" in result.text
+
+
+class _ChattyProxy(socketserver.BaseRequestHandler):
+    """A proxy that answers CONNECT with 2 KB of headers and then says nothing."""
+
+    def handle(self) -> None:
+        """Read the CONNECT head, answer with a long one."""
+        head = b""
+        while b"\r\n\r\n" not in head:
+            data = self.request.recv(1024)
+            if not data:
+                return
+            head += data
+        filler = b"".join(b"X-Filler-%d: %s\r\n" % (n, b"a" * 60) for n in range(32))
+        self.request.sendall(b"HTTP/1.1 200 Connection established\r\n" + filler + b"\r\n")
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+async def test_proxy_answer_is_bounded_by_the_header_limit(mode: str) -> None:
+    """A proxy's CONNECT answer longer than max_header_bytes is refused, sync and async alike."""
+    with socketserver.ThreadingTCPServer(("127.0.0.1", 0), _ChattyProxy) as proxy:
+        proxy.daemon_threads = True
+        threading.Thread(target=proxy.serve_forever, daemon=True).start()
+        try:
+            fetcher = Fetcher(
+                EgressPolicy(allow=[LOOPBACK]),
+                ProxyTransport(f"http://127.0.0.1:{proxy.server_address[1]}"),
+                resolver=MapResolver({HOST: ["127.0.0.1"]}),
+                limits=FetchLimits(timeout_seconds=10, max_header_bytes=1024),
+            )
+            url = f"http://{HOST}/page"
+            result = fetcher.fetch(url) if mode == "sync" else await fetcher.afetch(url)
+        finally:
+            proxy.shutdown()
+    assert result.is_error
+    assert "the proxy's CONNECT answer is too large" in result.text
