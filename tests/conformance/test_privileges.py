@@ -46,7 +46,7 @@ CLONE_NEWUSER = 0x10000000
 
 
 def test_runs_as_unprivileged_host_user(session):
-    """Every uid and gid of a call is 65534 (a real host user, not a mapped root) with no groups."""
+    """Every uid and gid of a call is 65534, with no supplementary group beyond that one."""
     result = py_json(
         session,
         "import json, os; print(json.dumps([os.getresuid(), os.getresgid(), os.getgroups()]))",
@@ -68,10 +68,53 @@ def test_no_capabilities_and_no_new_privs(session):
         print(json.dumps({k: v.strip() for k, v in fields.items()}))
         """,
     )
-    for field in ("CapInh", "CapPrm", "CapEff", "CapAmb"):
+    for field in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
         assert int(status[field], 16) == 0, field
     assert status["NoNewPrivs"] == "1"
     assert status["Seccomp"] == "2"
+
+
+def test_securebits_locked(session):
+    """The securebits that would hand uid 0 or an exec capabilities are set and locked."""
+    bits = py_json(
+        session,
+        """
+        import ctypes, json
+        libc = ctypes.CDLL(None, use_errno=True)
+        print(json.dumps(libc.prctl(27, 0, 0, 0, 0)))  # PR_GET_SECUREBITS
+        """,
+    )
+    # NOROOT, NO_SETUID_FIXUP and NO_CAP_AMBIENT_RAISE, each locked, and KEEP_CAPS locked off.
+    assert bits == 0xEF
+
+
+def test_cannot_reconfigure_the_network(session):
+    """Taking the loopback down (``ip link set lo down``) and raw sockets are refused."""
+    result = py_json(
+        session,
+        """
+        import fcntl, json, socket, struct
+        found = {}
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            # SIOCSIFFLAGS with no flags: what `ip link set lo down` asks of the kernel.
+            fcntl.ioctl(sock, 0x8914, struct.pack("16sH22x", b"lo", 0))
+            found["lo down"] = "done"
+        except OSError as exc:
+            found["lo down"] = exc.errno
+        for name, family, kind, proto in (
+            ("raw ip", socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP),
+            ("packet", socket.AF_PACKET, socket.SOCK_RAW, 0),
+        ):
+            try:
+                socket.socket(family, kind, proto).close()
+                found[name] = "opened"
+            except OSError as exc:
+                found[name] = exc.errno
+        print(json.dumps(found))
+        """,
+    )
+    assert result == {"lo down": errno.EPERM, "raw ip": errno.EPERM, "packet": errno.EPERM}
 
 
 def test_cannot_become_root(session):

@@ -81,12 +81,13 @@ def test_system_dirs_interpreter_agent_and_mounts_bound(tmp_path):
 
 
 def test_workspace_is_a_sized_tmpfs():
-    """The workspace is a tmpfs of exactly the disk limit, and the root is remounted read-only."""
+    """The workspace is a tmpfs of exactly the disk limit; the root and /dev are read-only."""
     argv = bwrap_argv(BWRAP, Policy(limits=Limits(disk_mb=64)), ROOT, ["x"], seccomp_fd=None)
     at = argv.index("--tmpfs")
     assert argv[at + 1] == "/workspace"
     assert argv[at - 2 : at] == ["--size", str(64 * 1024 * 1024)]
-    assert argv[argv.index("--remount-ro") + 1] == "/"
+    remounted = [argv[i + 1] for i, option in enumerate(argv) if option == "--remount-ro"]
+    assert remounted == ["/dev", "/"]
 
 
 def test_unmounted_workdir_is_created_empty():

@@ -25,6 +25,9 @@ from astralvessel.sandbox._policy import Limits, Policy
 from astralvessel.sandbox._session import ServerSession, server_command
 
 NOBODY = 65534
+#: The pid of a call's command in its namespace: init is 1, and 2 the short-lived helper that
+#: mapped the ids of init's own user namespace from outside it.
+CALL_PID = 3
 # How long to wait for the process tree to reach an expected shape (never a timing assertion).
 SETTLE = 10.0
 
@@ -175,8 +178,8 @@ def test_first_call_runs_in_the_spare_prepared_at_hello(
     assert spare in chains(server)  # the call's own chain is the spare's
     (workspace / "go").touch()
     thread.join()
-    # The command is pid 2 of its namespace (init is 1) and runs unprivileged.
-    assert results[0].output.split() == ["2", str(NOBODY)]
+    # The command is the first process init starts for it, and runs unprivileged.
+    assert results[0].output.split() == [str(CALL_PID), str(NOBODY)]
     assert results[0].exit_code == 0
     # A fresh spare replaces the one the call took (spare_of fails if none comes).
     spare_of(session, used={spare})
@@ -191,8 +194,8 @@ def test_each_call_takes_a_new_spare(session: ServerSession) -> None:
         outcome = session.run(
             RunRequest(argv=["/bin/sh", "-c", "echo $$"], timeout=10, output_chars=100)
         )
-        # pid 2: the first command of its namespace, so no earlier call ran there.
-        assert outcome.output == "2\n"
+        # The first command of its namespace, so no earlier call ran there.
+        assert outcome.output == f"{CALL_PID}\n"
     wait_for(lambda: not any(alive(pid) for pid in seen), "the used spares' chains are gone")
 
 
@@ -214,7 +217,7 @@ def test_concurrent_calls_each_get_their_own_namespace(
     for thread, results in started:
         thread.join()
         outputs.append(results[0].output.split())
-    assert sorted(outputs) == [[str(n), "2", str(NOBODY)] for n in range(4)]
+    assert sorted(outputs) == [[str(n), str(CALL_PID), str(NOBODY)] for n in range(4)]
     spare_of(session)
 
 
@@ -345,5 +348,5 @@ def test_zygote_is_restarted_if_killed(session: ServerSession) -> None:
         outcome = session.run(
             RunRequest(argv=["/bin/sh", "-c", "echo $$"], timeout=10, output_chars=100)
         )
-        assert outcome.output == "2\n"
+        assert outcome.output == f"{CALL_PID}\n"
     assert zygote_of(server) != zygote

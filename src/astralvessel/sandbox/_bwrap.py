@@ -65,7 +65,9 @@ def bwrap_argv(
     for step in sandbox_layout(policy, facts):
         if isinstance(step, Tmpfs):
             # /proc and /dev go in after the system dirs and before the workspace.
-            argv += ["--proc", "/proc", "--dev", "/dev"]
+            # /dev read-only: as an ordinary user the call's host uid owns bwrap's /dev
+            # tmpfs, so only the mount flag keeps files (and /dev/shm) out of it.
+            argv += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev"]
         argv += _step_options(step, features)
     if "remount-ro" in features:
         # bwrap's own root tmpfs holds the mount points; nothing may add files to it.

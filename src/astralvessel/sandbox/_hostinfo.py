@@ -158,13 +158,6 @@ def interpreter_mount(runtime: PythonRuntime, system_dirs: Iterable[SystemDir]) 
 def unenforced_promises(facts: HostFacts) -> dict[Promise, str]:
     """The promises no namespace backend can keep on this host, each with the reason."""
     missing: dict[Promise, str] = {}
-    if not facts.is_root:
-        # Without root the calls would run as uid 0 of a user namespace, mapped to
-        # the invoking user: no real unprivileged host uid to drop to.
-        missing[Promise.UNPRIVILEGED] = (
-            "not running as root, so calls cannot be dropped to a separate unprivileged "
-            f"host user (uid {NOBODY_UID}); run the host as root (CI does)"
-        )
     if facts.machine not in ("x86_64", "aarch64"):
         missing[Promise.SECCOMP] = (
             f"no seccomp filter is built for the {facts.machine} architecture"

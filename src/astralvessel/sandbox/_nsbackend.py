@@ -146,9 +146,11 @@ class NamespaceBackend(Sandbox):
         missing = self._unenforced(facts, binary)
         details = {
             "binary": binary.describe(),
-            "calls run as": f"host uid {NOBODY_UID}"
-            if facts.is_root
-            else "uid 0 of a user namespace",
+            "calls run as": (
+                f"uid {NOBODY_UID} of a user namespace of their own, host uid {NOBODY_UID}"
+                if facts.is_root
+                else f"uid {NOBODY_UID} of a user namespace of their own, your uid {facts.uid}"
+            ),
             "server interpreter": facts.python.executable,
         }
         # A real turn, with every promise it cannot keep relaxed, is the only honest

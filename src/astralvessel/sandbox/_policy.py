@@ -80,7 +80,10 @@ _PROMISE_SUMMARIES = {
     Promise.DISK_LIMIT: "no file above the disk limit, and the workspace never above it",
     Promise.MEMORY_LIMIT: "memory limited to `memory_mb`",
     Promise.PROCESS_LIMIT: "process count limited to `processes`",
-    Promise.UNPRIVILEGED: "unprivileged user, no capabilities, no_new_privs",
+    Promise.UNPRIVILEGED: (
+        "no privilege on the host and nothing beyond what the turn was given: "
+        "no capability in any namespace, securebits locked, no_new_privs"
+    ),
     Promise.SECCOMP: "seccomp filter: architecture checked, dangerous system calls refused",
     Promise.FILESYSTEM_VIEW: (
         "only system dirs, /agent, workdir, mounts and the workspace; read-only but the workspace"

@@ -34,7 +34,16 @@ __all__ = ["ServerSession", "server_command", "server_payload"]
 
 #: The server's modules, in the order they are executed (each may import those before it).
 #: ``_seccomp`` and ``_files`` are optional: the server reports what it lacks.
-SERVER_MODULES = ("_protocol", "_seccomp", "_launch", "_zygote", "_files", "_worker", "_main")
+SERVER_MODULES = (
+    "_protocol",
+    "_seccomp",
+    "_userns",
+    "_launch",
+    "_zygote",
+    "_files",
+    "_worker",
+    "_main",
+)
 _PACKAGE = "_astralvessel_server"
 
 # Reads exactly argv[1] bytes of JSON {module: source} from stdin with os.read (a buffered
@@ -86,6 +95,7 @@ def server_command(python: str) -> list[str]:
 _PROBLEM_PROMISES: dict[str, tuple[Promise, ...]] = {
     "pid_namespace": (Promise.PROCESS_ISOLATION, Promise.NO_NEW_SESSIONS),
     "unprivileged": (Promise.UNPRIVILEGED,),
+    "user_namespace": (Promise.PROCESS_LIMIT,),
     "no_new_privs": (Promise.UNPRIVILEGED,),
     "seccomp": (Promise.SECCOMP,),
     "rlimits": (

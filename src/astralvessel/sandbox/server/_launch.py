@@ -41,6 +41,8 @@ import stat
 from collections.abc import Callable
 from typing import Any
 
+from . import _userns
+
 __all__ = [
     "CHAIN_FDS",
     "LaunchPlan",
@@ -91,6 +93,7 @@ def warm() -> None:
     lib = _lib()
     for name in ("unshare", "setns", "mount", "prctl", "capset"):
         getattr(lib, name)
+    _userns.warm()
 
 
 def _check(result: int, what: str) -> None:
@@ -150,6 +153,7 @@ class LaunchPlan:
         limits: dict[str, int] | None,
         seccomp: bytes | None,
         install_seccomp: Callable[[bytes], None] | None,
+        own_userns: bool = True,
     ) -> None:
         self.confine = confine
         self.pid_namespace = pid_namespace
@@ -158,6 +162,9 @@ class LaunchPlan:
         self.limits = limits
         self.seccomp = seccomp
         self.install_seccomp = install_seccomp
+        #: Whether each call's init enters a user namespace of its own (see ``_userns``);
+        #: only with a PID namespace, and off where the probe found it cannot.
+        self.own_userns = own_userns
 
 
 class Spawned:
@@ -384,7 +391,8 @@ def _become_unprivileged(plan: LaunchPlan) -> None:
         # Init runs as the call's uid from here on, so RLIMIT_NPROC counts it too: one more,
         # so that the call's own processes number exactly ``processes``.
         _apply_limits(dict(plan.limits, processes=plan.limits["processes"] + 1))
-    _drop(plan.drop_uid, plan.drop_gid)
+    if not plan.own_userns:
+        _drop(plan.drop_uid, plan.drop_gid)
     # No other process of that uid may read init's memory or descriptors through /proc.
     prctl(PR_SET_DUMPABLE, 0)
 
@@ -556,6 +564,9 @@ def _run_init(plan: LaunchPlan, env: dict[str, str], fds: dict[str, int], alive:
         # killing; an ignored signal stays ignored across exec.
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         if plan.confine:
+            if plan.own_userns:
+                # Before the filter, which refuses new namespaces.
+                _userns.enter_own_namespace(plan.drop_uid, plan.drop_gid)
             _filter_early(plan)
         _rehearse(plan, env)
     except BaseException as exc:
@@ -698,7 +709,9 @@ def probe(plan: LaunchPlan) -> dict[str, str]:
     """Try every confinement step once in a throwaway child; return each failed step with why.
 
     Keys: ``pid_namespace`` (unshare, fork, mount /proc), ``unprivileged`` (dropping
-    to the uid), ``no_new_privs``, ``seccomp``, ``rlimits``. Empty means all work.
+    to the uid, or as an ordinary user the call's own user namespace),
+    ``user_namespace`` (as root, the call's own user namespace), ``no_new_privs``,
+    ``seccomp``, ``rlimits``. Empty means all work.
     """
     read_end, write_end = os.pipe()
     pid = os.fork()
@@ -756,22 +769,42 @@ def _probe_namespaces(plan: LaunchPlan, fail: Callable[[str, BaseException], Non
         mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     except BaseException as exc:
         fail("pid_namespace", exc)
+    own_userns = False
+    if plan.own_userns:
+        try:
+            _userns.enter_own_namespace(plan.drop_uid, plan.drop_gid)
+            own_userns = True
+        except BaseException as exc:
+            fail(userns_problem(plan), exc)
     try:
-        _probe_confinement(plan, fail)
+        _probe_confinement(plan, fail, dropped=own_userns)
     finally:
         os._exit(0)
 
 
-def _probe_confinement(plan: LaunchPlan, fail: Callable[[str, BaseException], None]) -> None:
+def userns_problem(plan: LaunchPlan) -> str:
+    """The probe's key for a call's own user namespace that cannot be made.
+
+    Without it, an ordinary user's calls would keep the server's capabilities
+    (``unprivileged``); root's calls still drop to the host uid, but share its
+    process count with every other turn (``user_namespace``).
+    """
+    return "unprivileged" if plan.drop_uid is None else "user_namespace"
+
+
+def _probe_confinement(
+    plan: LaunchPlan, fail: Callable[[str, BaseException], None], *, dropped: bool = False
+) -> None:
     if plan.limits is not None:
         try:
             _apply_limits(plan.limits)
         except BaseException as exc:
             fail("rlimits", exc)
-    try:
-        _drop(plan.drop_uid, plan.drop_gid)
-    except BaseException as exc:
-        fail("unprivileged", exc)
+    if not dropped:
+        try:
+            _drop(plan.drop_uid, plan.drop_gid)
+        except BaseException as exc:
+            fail("unprivileged", exc)
     try:
         prctl(PR_SET_NO_NEW_PRIVS, 1)
     except BaseException as exc:

@@ -266,6 +266,8 @@ class Server:
             # Degrade what cannot work; the host refuses to go on unless it relaxed that promise.
             if "pid_namespace" in problems:
                 plan.pid_namespace = False
+            if _launch.userns_problem(plan) in problems:
+                plan.own_userns = False
             if "seccomp" in problems:
                 plan.seccomp = None
         self.plan = plan

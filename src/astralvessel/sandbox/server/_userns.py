@@ -1,0 +1,169 @@
+"""Each call's own user namespace: who a call is, and what it holds (stdlib only, Python 3.8+).
+
+A call's init (see ``_launch``) enters a user namespace of its own before it
+installs the seccomp filter, and the call runs in it as uid and gid 65534:
+
+- **No capability anywhere.** The namespaces the call lives in (its PID and
+  mount namespace, the sandbox's network and IPC ones) belong to the server's
+  user namespace (or the host's, as root); a process in a child namespace holds
+  no capability over them, whatever it holds in its own. In its own namespace
+  init then empties every set (bounding, ambient, inheritable, permitted,
+  effective) and locks the securebits, so no exec can give any back.
+- **A budget of its own.** Since Linux 5.14 ``RLIMIT_NPROC`` counts the
+  processes of one uid *in one user namespace*: the call's count holds the
+  call's own processes and nothing else, however many turns run beside it. The
+  namespace is made while init's limit is still the server's (unlimited as
+  root), so the levels above never refuse a fork on the call's behalf.
+- **Who it is on the host.** The namespace maps 65534 to one host identity:
+  as root, the host uid and gid the server names (65534 by default); as an
+  ordinary user, the server's own, which is the host user's (the only id an
+  unprivileged namespace may map).
+
+Init is not dumpable, and its memory belongs to the namespace it was started
+in, where the call holds nothing: ``/proc/1`` is closed to the call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import resource
+from typing import Any
+
+__all__ = ["CALL_ID", "enter_own_namespace", "warm"]
+
+#: The uid and gid a call has inside its own user namespace.
+CALL_ID = 65534
+
+CLONE_NEWUSER = 0x10000000
+PR_SET_DUMPABLE = 4
+PR_CAPBSET_DROP = 24
+PR_SET_SECUREBITS = 28
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+# SECBIT_NOROOT, SECBIT_NO_SETUID_FIXUP and SECBIT_NO_CAP_AMBIENT_RAISE, each with its lock,
+# and SECBIT_KEEP_CAPS locked off: uid 0 (if ever reached) and exec grant nothing.
+SECUREBITS_LOCKED = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80
+
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+_CapHeader = ctypes.c_uint32 * 2
+_CapData = ctypes.c_uint32 * 6
+
+_libc: Any = None
+
+
+def _lib() -> Any:
+    global _libc  # noqa: PLW0603 - one handle for the process, loaded lazily
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    return _libc
+
+
+def warm() -> None:
+    """Resolve every libc function used here, once, before the server forks."""
+    for name in ("unshare", "prctl", "capset"):
+        getattr(_lib(), name)
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+
+
+def _prctl(option: int, value: int) -> None:
+    zero = ctypes.c_ulong(0)
+    _check(
+        _lib().prctl(ctypes.c_int(option), ctypes.c_ulong(value), zero, zero, zero),
+        f"prctl {option}",
+    )
+
+
+def _capset(effective: int, permitted: int, inheritable: int) -> None:
+    """Set the three capability sets (64-bit masks)."""
+    data = _CapData(
+        effective & 0xFFFFFFFF, permitted & 0xFFFFFFFF, inheritable & 0xFFFFFFFF,
+        effective >> 32, permitted >> 32, inheritable >> 32,
+    )  # fmt: skip
+    _check(_lib().capset(_CapHeader(_LINUX_CAPABILITY_VERSION_3, 0), data), "capset")
+
+
+def _write(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+def _last_cap() -> int:
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as handle:
+            return int(handle.read())
+    except (OSError, ValueError):
+        return 63
+
+
+def _map_from_outside(init: int, uid: int, gid: int, go: int, done: int) -> None:
+    """The mapper (a child of init, still in the parent namespace): map init's ids, say so."""
+    code = 1
+    try:
+        if os.read(go, 1) == b"x":
+            _write(f"/proc/{init}/uid_map", f"{CALL_ID} {uid} 1\n")
+            _write(f"/proc/{init}/gid_map", f"{CALL_ID} {gid} 1\n")
+            os.write(done, b"x")
+            code = 0
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            os.write(done, f"E{exc}".encode(errors="replace"))
+    finally:
+        os._exit(code)
+
+
+def enter_own_namespace(host_uid: int | None, host_gid: int | None) -> None:
+    """Move this process (a call's init) into a new user namespace as ``CALL_ID``, holding nothing.
+
+    ``host_uid``/``host_gid``: the host identity to map to (root); None maps
+    this process's own (an ordinary user's server). Raises ``OSError`` if any
+    step fails; the process is then unusable for a call.
+    """
+    uid = os.geteuid() if host_uid is None else host_uid
+    gid = os.getegid() if host_gid is None else host_gid
+    # The namespace's parent levels count forks against the limit init has when it makes it.
+    with contextlib.suppress(OSError, ValueError):
+        resource.setrlimit(resource.RLIMIT_NPROC, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    # Only a process left in the parent namespace, with our capabilities there, may map any id
+    # but its own; so a child of ours writes the maps. The namespace is then owned by the
+    # server's uid, which no call and no other host user has.
+    go_r, go_w = os.pipe()
+    done_r, done_w = os.pipe()
+    me = os.getpid()
+    mapper = os.fork()
+    if mapper == 0:
+        os.close(go_w)
+        os.close(done_r)
+        _map_from_outside(me, uid, gid, go_r, done_w)
+    os.close(go_r)
+    os.close(done_w)
+    try:
+        _check(_lib().unshare(ctypes.c_int(CLONE_NEWUSER)), "unshare(CLONE_NEWUSER)")
+        os.write(go_w, b"x")
+        answer = os.read(done_r, 4096)
+    finally:
+        os.close(go_w)
+        os.close(done_r)
+        os.waitpid(mapper, 0)
+    if answer != b"x":
+        raise OSError(f"cannot map the call's ids: {answer[1:].decode(errors='replace')}")
+    # The creator holds every capability in the new namespace until it gives them up below.
+    with contextlib.suppress(OSError):
+        os.setgroups([])  # refused where the sandbox's own namespace denies setgroups
+    os.setresgid(CALL_ID, CALL_ID, CALL_ID)
+    os.setresuid(CALL_ID, CALL_ID, CALL_ID)
+    for cap in range(_last_cap() + 1):
+        _prctl(PR_CAPBSET_DROP, cap)
+    _prctl(PR_SET_SECUREBITS, SECUREBITS_LOCKED)
+    _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+    _capset(0, 0, 0)
+    _prctl(PR_SET_DUMPABLE, 0)
