@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
@@ -20,6 +21,7 @@ import attrs
 from ._arguments import Refusal, check_arguments, parse_arguments, unknown_tool
 from ._plans import Call, Plan, TurnContext
 from ._runners import plan_call
+from ._warm import WarmPool, check_warm
 from .errors import SandboxError, TurnClosedError
 from .results import ToolResult, render_refusal, render_sandbox_died
 from .sandbox._base import Sandbox, SandboxSession
@@ -48,6 +50,10 @@ class Executor:
     (a ``Searcher`` or a bare ``SearchProvider``) serves websearch. ``services``
     binds Python callables to ``[services]`` names, and ``service_transport``
     carries service tools' HTTP posts (the stdlib transport when None).
+    ``warm`` keeps that many sandboxes started ahead for this executor's
+    policy, so a turn takes a ready one instead of starting its own; each
+    still serves exactly one turn. ``close()`` (or leaving ``with Executor(...)``)
+    kills the ones still waiting; turns opened after it start cold.
     """
 
     def __init__(
@@ -65,6 +71,7 @@ class Executor:
         searcher: Searcher | SearchProvider | None = None,
         services: Mapping[str, Callable[..., Any]] | None = None,
         service_transport: Transport | AsyncTransport | None = None,
+        warm: int = 0,
     ) -> None:
         agent = registry.agent
         self.registry = registry
@@ -87,10 +94,55 @@ class Executor:
         self.services: dict[str, Callable[..., Any]] = dict(services or {})
         #: The web Transport service tools post through (the stdlib one when None).
         self.service_transport: Transport | AsyncTransport | None = service_transport
+        self._warm: WarmPool | None = None
+        self._release: Callable[[], None] = _nothing
+        if check_warm(warm):
+            self._warm = WarmPool(self.sandbox, self.policy, warm)
+            # Warm sandboxes of an executor nobody closed die when it is collected.
+            self._release = weakref.finalize(self, self._warm.close)
 
     def turn(self) -> Turn:
         """Open one turn: a context manager (``with`` or ``async with``) owning one sandbox."""
         return Turn(self)
+
+    def wait_warm(self, timeout: float | None = None) -> bool:
+        """Block until every warm sandbox is started; False if ``timeout`` passed first.
+
+        Without ``warm`` there is nothing to wait for (True). Raises what
+        starting a sandbox raised, when the pool could not start one.
+        """
+        pool = self._warm
+        return pool is None or pool.wait_filled(timeout)
+
+    def close(self) -> None:
+        """Kill the warm sandboxes still waiting for a turn; turns opened after it start cold."""
+        self._warm = None
+        self._release()
+
+    async def aclose(self) -> None:
+        """Async twin of ``close``."""
+        await asyncio.to_thread(self.close)
+
+    def __enter__(self) -> Executor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Executor:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def _start_session(self) -> SandboxSession:
+        """A running sandbox for one turn: a warm one if one is ready, else one started now."""
+        pool = self._warm
+        if pool is not None and pool.policy == self.policy:
+            session = pool.take()
+            if session is not None:
+                return session
+        return self.sandbox.start(self.policy)
 
     def allowed(self, name: str) -> bool:
         """Whether the model may call ``name``: registered and within the granted scopes."""
@@ -176,7 +228,7 @@ class Turn:
             if self._closed:
                 raise TurnClosedError("this turn has ended; open a new one with executor.turn()")
             if self._session is None:
-                self._session = self.executor.sandbox.start(self.executor.policy)
+                self._session = self.executor._start_session()
             return self._session
 
     async def _asession(self) -> SandboxSession:
@@ -260,6 +312,10 @@ class Turn:
             backend=self._context.backend if sandboxed else None,
             policy_id=self._context.policy_id if sandboxed else None,
         )
+
+
+def _nothing() -> None:
+    return None
 
 
 def _mounts(mounts: MountsArg | None) -> tuple[Mount, ...]:

@@ -74,3 +74,17 @@ def host_errors(turn: av.Turn) -> None:
     except av.UsageError as usage:
         value: ValueError = usage
         _ = value
+
+
+def warm_turns(registry: av.Registry, backend: Sandbox) -> bool:
+    with av.Executor(registry, sandbox=backend, warm=4) as executor:
+        filled: bool = executor.wait_warm(timeout=30.0)
+        with executor.turn() as turn:
+            turn.call("species", {"habitat": "rivers"})
+    return filled
+
+
+async def warm_turns_async(registry: av.Registry) -> None:
+    async with av.Executor(registry, warm=2) as executor, executor.turn() as turn:
+        await turn.acall("species", {})
+    await executor.aclose()

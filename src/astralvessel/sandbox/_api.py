@@ -147,3 +147,7 @@ class SandboxSession(abc.ABC):
     def unenforced(self) -> Mapping[Promise, str]:
         """Promises this running turn does not keep, each with why (what ``doctor`` reports)."""
         return {}
+
+    def alive(self) -> bool:
+        """Whether the sandbox still runs, as far as the session knows (a warm pool asks)."""
+        return True

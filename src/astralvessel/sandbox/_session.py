@@ -269,6 +269,11 @@ class ServerSession(SandboxSession):
         """The promises the server reported it cannot keep here, each with why."""
         return unenforced_promises(dict(self.ready_info.get("problems") or {}))
 
+    def alive(self) -> bool:
+        """False once the session is closed or its server has gone (the reader saw it end)."""
+        with self._lock:
+            return not self._closed and self._dead is None
+
     # -- wire --------------------------------------------------------------------
 
     def _send(self, data: bytes) -> None:
