@@ -17,6 +17,9 @@ TEST_DEPS = [
     "cryptography>=42",
     "html2text>=2024.2.26",
     "urllib3>=2",
+    # The vendors' SDKs, only so their own types can check the shapes we produce.
+    "openai>=1.99",
+    "anthropic>=0.60",
 ]
 
 

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
+from ._dialects import DIALECTS, Dialect, render_schema
 from ._pytools import python_tool
 from .builtins import BUILTINS
 from .errors import ToolRegistrationError, UsageError
@@ -16,10 +17,6 @@ if TYPE_CHECKING:
 __all__ = ["Dialect", "Registry"]
 
 _F = TypeVar("_F", bound=Callable[..., Any])
-
-#: The model APIs ``Registry.schemas`` renders for.
-Dialect = Literal["openai", "openai-responses", "anthropic", "mcp"]
-DIALECTS: tuple[str, ...] = ("openai", "openai-responses", "anthropic", "mcp")
 
 
 def builtin_spec(name: str) -> ToolSpec:
@@ -154,46 +151,31 @@ class Registry:
         return [s.name for s in self._tools.values() if s.scope in granted]
 
     def schemas(
-        self, dialect: Dialect = "openai", *, scopes: Iterable[Scope | str] | None = None
+        self,
+        dialect: Dialect = "openai",
+        *,
+        scopes: Iterable[Scope | str] | None = None,
+        strict: bool = False,
     ) -> list[dict[str, Any]]:
         """Every tool in ``scopes`` (default: all) rendered for ``dialect``.
 
         ``"openai"`` gives Chat Completions function tools, ``"openai-responses"``
         the Responses API's flat function tools, ``"anthropic"`` Messages API tools
-        with ``input_schema``, and ``"mcp"`` MCP ``Tool`` objects. Each call returns
+        with ``input_schema``, and ``"mcp"`` MCP ``Tool`` objects (with a title and
+        behaviour hints for the built-ins). OpenAI tools always carry ``strict``:
+        with ``strict=True`` it is true for every tool whose parameters already lie
+        in OpenAI's strict subset (all properties required, no extra properties),
+        false for the rest, whose schemas are never rewritten. Each call returns
         fresh dicts the caller may change.
         """
         if dialect not in DIALECTS:
             raise UsageError(f"unknown dialect {dialect!r}; use one of {', '.join(DIALECTS)}")
         granted = _scopes(scopes)
         return [
-            render_schema(spec, dialect) for spec in self._tools.values() if spec.scope in granted
+            render_schema(spec, dialect, strict=strict)
+            for spec in self._tools.values()
+            if spec.scope in granted
         ]
-
-
-def render_schema(spec: ToolSpec, dialect: Dialect) -> dict[str, Any]:
-    """One tool in one model API's shape."""
-    parameters = spec.parameters
-    parameters.setdefault("properties", {})
-    if dialect == "openai":
-        return {
-            "type": "function",
-            "function": {
-                "name": spec.name,
-                "description": spec.description,
-                "parameters": parameters,
-            },
-        }
-    if dialect == "openai-responses":
-        return {
-            "type": "function",
-            "name": spec.name,
-            "description": spec.description,
-            "parameters": parameters,
-        }
-    if dialect == "anthropic":
-        return {"name": spec.name, "description": spec.description, "input_schema": parameters}
-    return {"name": spec.name, "description": spec.description, "inputSchema": parameters}
 
 
 def _scopes(scopes: Iterable[Scope | str] | None) -> frozenset[Scope]:

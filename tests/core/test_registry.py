@@ -9,6 +9,7 @@ import jsonschema
 import pytest
 
 from astralvessel import Agent, Registry, Scope, ToolKind, ToolRegistrationError, ToolSpec
+from astralvessel._dialects import strict_compatible
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "field-guide"
 
@@ -73,6 +74,17 @@ MCP_TOOL = {
         "name": {"type": "string"},
         "title": {"type": "string"},
         "description": {"type": "string"},
+        "annotations": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "title": {"type": "string"},
+                "readOnlyHint": {"type": "boolean"},
+                "destructiveHint": {"type": "boolean"},
+                "idempotentHint": {"type": "boolean"},
+                "openWorldHint": {"type": "boolean"},
+            },
+        },
         "inputSchema": {
             "type": "object",
             "required": ["type"],
@@ -178,6 +190,91 @@ def test_mcp_shape_accepted_by_the_sdk(registry: Registry) -> None:
 
     for schema in registry.schemas("mcp"):
         types.Tool.model_validate(schema)
+
+
+def test_openai_schemas_carry_strict(registry: Registry) -> None:
+    """Both OpenAI dialects always say ``strict``; false unless the host asks for strict."""
+    assert {s["strict"] for s in registry.schemas("openai-responses")} == {False}
+    assert {s["function"]["strict"] for s in registry.schemas("openai")} == {False}
+
+
+def test_strict_applies_only_where_the_schema_allows_it() -> None:
+    """Asked for strict, a tool gets it only if its schema is already in the strict subset."""
+    exact = {
+        "type": "object",
+        "properties": {"q": {"type": "string"}, "n": {"type": ["integer", "null"]}},
+        "required": ["q", "n"],
+        "additionalProperties": False,
+    }
+    loose = {"type": "object", "properties": {"q": {"type": "string"}}}
+    registry = Registry(
+        [
+            ToolSpec.command_tool("exact", "d", ["true"], parameters=exact),
+            ToolSpec.command_tool("loose", "d", ["true"], parameters=loose),
+        ]
+    )
+    strict = {s["name"]: s["strict"] for s in registry.schemas("openai-responses", strict=True)}
+    assert strict == {"exact": True, "loose": False}
+    (exact_schema, _) = registry.schemas("openai-responses", strict=True)
+    assert exact_schema["parameters"] == exact
+
+
+@pytest.mark.parametrize(
+    ("schema", "compatible"),
+    [
+        ({"type": "object", "properties": {}, "additionalProperties": False}, True),
+        ({"type": "object", "properties": {}}, False),
+        ({"type": "array", "items": {}}, False),
+        (
+            {
+                "type": "object",
+                "properties": {"a": {"type": "string", "minLength": 1}},
+                "required": ["a"],
+                "additionalProperties": False,
+            },
+            False,
+        ),
+        (
+            {
+                "type": "object",
+                "properties": {
+                    "a": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "properties": {"b": {"type": "string"}},
+                            "additionalProperties": False,
+                        },
+                    }
+                },
+                "required": ["a"],
+                "additionalProperties": False,
+            },
+            False,
+        ),
+        (
+            {
+                "type": "object",
+                "properties": {"a": {"anyOf": [{"type": "string"}, {"type": "null"}]}},
+                "required": ["a"],
+                "additionalProperties": False,
+            },
+            True,
+        ),
+    ],
+)
+def test_strict_compatibility(schema: dict[str, Any], compatible: bool) -> None:
+    """Objects at any depth need every property required and no extras; only known keywords."""
+    assert strict_compatible(schema) is compatible
+
+
+def test_mcp_schemas_mark_the_file_tools_read_only(registry: Registry) -> None:
+    """read, grep, glob and list are read-only with a title in MCP; declared tools claim nothing."""
+    tools = {s["name"]: s for s in registry.schemas("mcp")}
+    for name in ("read", "grep", "glob", "list"):
+        assert tools[name]["annotations"]["readOnlyHint"] is True
+        assert tools[name]["title"]
+    assert "annotations" not in tools["species"]
 
 
 def test_specs_with_different_schemas_are_not_equal() -> None:
