@@ -15,6 +15,7 @@ PUBLIC_MODULES = [
     "astralvessel.adapters.openai",
     "astralvessel.mcp_server",
     "astralvessel.sandbox",
+    "astralvessel.testing",
     "astralvessel.web",
 ]
 

@@ -1,0 +1,180 @@
+"""FakeSandbox: what it records, how it answers, and where it refuses to guess."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from astralvessel import Agent, Executor, Registry, SandboxError, ToolSpec, UsageError
+from astralvessel.testing import FakeCall, FakeRun, FakeSandbox, UnscriptedCallError
+
+ROOT = Path(__file__).parents[2]
+FIELD_GUIDE = ROOT / "examples" / "field-guide"
+
+
+def field_guide(fake: FakeSandbox) -> Executor:
+    return Executor(Registry.for_agent(Agent.load(FIELD_GUIDE)), sandbox=fake)
+
+
+def test_records_what_the_sandbox_would_receive() -> None:
+    """A declared json-stdin tool is recorded with its name, arguments, argv and stdin."""
+    fake = FakeSandbox(tools={"species": "[]"})
+    with field_guide(fake).turn() as turn:
+        result = turn.call("species", '{"habitat": "rivers"}')
+    assert (result.text, result.backend) == ("[]", "fake")
+    assert fake.calls == [
+        FakeCall(
+            tool="species",
+            arguments={"habitat": "rivers"},
+            argv=("python3", "/agent/tools/species.py"),
+            stdin=b'{"habitat": "rivers"}',
+            timeout=20.0,
+        )
+    ]
+
+
+def test_args_mode_arguments_are_recorded_as_the_command_got_them() -> None:
+    """An ``input = "args"`` tool's arguments are its ``--name=value`` flags, as text."""
+    fake = FakeSandbox(tools={"word_count": lambda call: f"{call.arguments['path']}: 12 words"})
+    with field_guide(fake).turn() as turn:
+        result = turn.call("word_count", {"path": "species/otter.md"})
+    (call,) = fake.calls_to("word_count")
+    assert call.argv[-1] == "--path=species/otter.md"
+    assert call.arguments == {"path": "species/otter.md"}
+    assert result.text == "species/otter.md: 12 words"
+
+
+def test_a_function_answer_sees_the_call() -> None:
+    """A function answer receives the recorded call and may return a FakeRun."""
+    fake = FakeSandbox(
+        tools={
+            "species": lambda call: FakeRun(output=json.dumps(dict(call.arguments)), exit_code=1)
+        }
+    )
+    with field_guide(fake).turn() as turn:
+        result = turn.call("species", {"habitat": "rivers"})
+    assert (result.text, result.is_error, result.exit_code) == ('{"habitat": "rivers"}', True, 1)
+
+
+def test_unscripted_call_fails_the_test() -> None:
+    """A call the script does not answer raises UnscriptedCallError, also a LookupError."""
+    fake = FakeSandbox()
+    with field_guide(fake).turn() as turn, pytest.raises(LookupError, match="species"):
+        turn.call("species", {})
+    assert isinstance(UnscriptedCallError("x"), LookupError)
+
+
+def test_default_answers_the_rest() -> None:
+    """``default`` answers any confined call the script does not name."""
+    registry = Registry()
+    registry.add_builtin("bash")
+    fake = FakeSandbox(
+        bash={"ls": "a\n"}, default=FakeRun(output="sh: 1: nope: not found\n", exit_code=127)
+    )
+    with Executor(registry, sandbox=fake).turn() as turn:
+        listed, missing = (
+            turn.call("bash", {"command": "ls"}),
+            turn.call("bash", {"command": "nope"}),
+        )
+    assert listed.text == "a\n[exit code 0]"
+    assert missing.text == "sh: 1: nope: not found\n[exit code 127]"
+    assert [c.arguments["command"] for c in fake.calls_to("bash")] == ["ls", "nope"]
+
+
+def test_grep_arguments_are_read_back_from_its_script() -> None:
+    """A grep call is recorded as grep with the arguments the model gave."""
+    registry = Registry()
+    registry.add_builtin("grep")
+    fake = FakeSandbox(tools={"grep": "notes.md:1:otter\n"})
+    with Executor(registry, sandbox=fake).turn() as turn:
+        result = turn.call("grep", {"pattern": "otter", "glob": "*.md", "ignore_case": True})
+    assert result.text == "notes.md:1:otter"
+    assert fake.calls[0].arguments == {
+        "pattern": "otter",
+        "glob": "*.md",
+        "ignore_case": True,
+        "max_results": 100,
+    }
+
+
+def test_in_memory_files_are_read_as_in_a_sandbox() -> None:
+    """``files`` are served by the sandbox server's own read, list and glob."""
+    registry = Registry()
+    for name in ("read", "list", "glob"):
+        registry.add_builtin(name)
+    fake = FakeSandbox(
+        files={"/workspace/notes/a.md": "one\ntwo\n", "/workspace/b.txt": b"\x00bin"}
+    )
+    with Executor(registry, sandbox=fake).turn() as turn:
+        page = turn.call("read", {"path": "notes/a.md"})
+        listing = turn.call("list", {})
+        binary = turn.call("read", {"path": "b.txt"})
+        system = turn.call("list", {"path": "/etc"})
+    assert page.text == "1\tone\n2\ttwo"
+    assert listing.text == "notes/\noutbox/\nb.txt"
+    assert binary.is_error
+    assert (system.text, system.is_error) == (
+        "[/etc is empty]",
+        False,
+    )  # the host's /etc is never shown
+
+
+def test_file_outside_the_sandbox_view_is_the_hosts_mistake() -> None:
+    """A fake file under no visible root raises UsageError when the turn starts."""
+    registry = Registry()
+    registry.add_builtin("read")
+    fake = FakeSandbox(files={"/elsewhere/a.txt": "x"})
+    with (
+        Executor(registry, sandbox=fake).turn() as turn,
+        pytest.raises(UsageError, match="/elsewhere"),
+    ):
+        turn.call("read", {"path": "/elsewhere/a.txt"})
+
+
+def test_a_raised_sandbox_error_is_a_dead_sandbox() -> None:
+    """An answer that raises SandboxError costs that call, as a dying sandbox does."""
+
+    def die(call: FakeCall) -> str:
+        raise SandboxError("the fake sandbox was told to die")
+
+    tools = [ToolSpec.command_tool("die", "d", ["die"]), ToolSpec.command_tool("ok", "o", ["ok"])]
+    fake = FakeSandbox(tools={"die": die, "ok": "fine"}, registry=tools)
+    with Executor(Registry(tools), sandbox=fake).turn() as turn:
+        died, after = turn.call("die"), turn.call("ok")
+        assert fake.open_sessions == 1
+    assert died.is_error
+    assert "sandbox died" in died.text
+    assert after.text == "fine"
+    assert fake.open_sessions == 0
+
+
+async def test_async_calls_answer_alike() -> None:
+    """acall goes through the same fake session as call."""
+    fake = FakeSandbox(tools={"species": "[]"})
+    async with field_guide(fake).turn() as turn:
+        result = await turn.acall("species", {})
+    assert result.text == "[]"
+    assert fake.open_sessions == 0
+
+
+def test_identical_commands_cannot_both_be_answered() -> None:
+    """Two tools with the very same command are one call to the sandbox; the fake says so."""
+    tools = [ToolSpec.command_tool("a", "a", ["same"]), ToolSpec.command_tool("b", "b", ["same"])]
+    fake = FakeSandbox(tools={"a": "A", "b": "B"}, registry=tools)
+    with (
+        Executor(Registry(tools), sandbox=fake).turn() as turn,
+        pytest.raises(UnscriptedCallError, match="same command"),
+    ):
+        turn.call("a")
+
+
+def test_bad_values_are_refused_when_built() -> None:
+    """A fake file path must be absolute and an outbox name a plain name."""
+    with pytest.raises(UsageError):
+        FakeSandbox(files={"relative.txt": "x"})
+    with pytest.raises(UsageError):
+        FakeRun(files={"../escape": "x"})
+    with pytest.raises(TypeError):
+        FakeRun(exit_code="0")  # type: ignore[arg-type]
