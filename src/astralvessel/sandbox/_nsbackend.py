@@ -30,6 +30,7 @@ from ._hostinfo import (
     unenforced_promises,
 )
 from ._policy import Policy, Promise
+from ._reach import Identity, check_reach
 from ._seccomp import CALLS, SERVER, compile_bpf, to_kafel
 from ._session import server_command
 
@@ -183,6 +184,9 @@ class NamespaceBackend(Sandbox):
             raise BackendUnavailableError(f"{self.name} cannot start: {reason}")
         missing = self._unenforced(facts, binary)
         check_promises(self.name, missing, policy)
+        # A folder the calls cannot use is the host's mistake: say so now, not in a tool result.
+        caller = Identity(uid=NOBODY_UID, gid=NOBODY_GID) if facts.is_root else Identity(uid=None)
+        check_reach(self.name, policy, caller)
         try:
             self._host_setup(facts)
         except OSError as exc:
