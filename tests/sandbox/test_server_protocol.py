@@ -82,7 +82,7 @@ def test_split_chars_never_splits_a_character() -> None:
 def test_server_sources_parse_as_python_38() -> None:
     """Every server module and the bootstrap use only Python 3.8 syntax (Docker images may be old)."""
     package = resources.files("astralvessel.sandbox.server")
-    sources = json.loads(server_payload())
+    sources = json.loads(server_payload())["src"]
     assert next(iter(sources)) == "_protocol"
     assert list(sources)[-1] == "_main"
     for name in SERVER_MODULES:

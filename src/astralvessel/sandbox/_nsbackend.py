@@ -9,6 +9,7 @@ here once.
 from __future__ import annotations
 
 import abc
+import functools
 import os
 import threading
 from collections.abc import Sequence
@@ -31,7 +32,7 @@ from ._hostinfo import (
 )
 from ._policy import Policy, Promise
 from ._reach import Identity, check_reach
-from ._seccomp import CALLS, SERVER, compile_bpf, to_kafel
+from ._seccomp import CALLS, SERVER, DenyList, compile_bpf, to_kafel
 from ._session import server_command
 
 __all__ = ["NamespaceBackend", "check_promises", "choose_binary"]
@@ -197,7 +198,7 @@ class NamespaceBackend(Sandbox):
         memfd: int | None = None
         if use_seccomp:
             if self.seccomp_as_fd:
-                memfd = _memfd(compile_bpf(SERVER, facts.machine))
+                memfd = _memfd(_program(SERVER, facts.machine))
                 server_filter = memfd
             else:
                 server_filter = to_kafel(SERVER, facts.machine)
@@ -220,9 +221,15 @@ class NamespaceBackend(Sandbox):
                 confine=True,
                 drop_uid=uid,
                 drop_gid=gid,
-                seccomp=compile_bpf(CALLS, facts.machine) if use_seccomp else None,
+                seccomp=_program(CALLS, facts.machine) if use_seccomp else None,
             ),
         )
+
+
+@functools.cache
+def _program(deny_list: DenyList, machine: str) -> bytes:
+    """A filter compiled once per process: every turn start would assemble the same program."""
+    return compile_bpf(deny_list, machine)
 
 
 def _memfd(data: bytes) -> int:

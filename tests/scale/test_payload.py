@@ -1,0 +1,44 @@
+"""The server's payload: compiled code for the host's own interpreter, source for any other."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from astralvessel.sandbox._session import server_command, server_payload
+from astralvessel.sandbox.server import _protocol
+
+# What a server that booted says to a request sent before hello.
+BOOTED = b"expected 'hello' first"
+
+
+def boot(payload: dict[str, object]) -> subprocess.CompletedProcess[bytes]:
+    """Run the bootstrap on this interpreter with ``payload``, then one request before hello."""
+    data = json.dumps(payload).encode()
+    argv = [*server_command(sys.executable)[:-1], str(len(data))]
+    return subprocess.run(
+        argv,
+        input=data + _protocol.encode({"type": "run", "id": 1, "argv": ["true"]}),
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_the_same_interpreter_runs_the_compiled_code() -> None:
+    """On the host's interpreter the server runs the code compiled by the host, not the source."""
+    payload = json.loads(server_payload())
+    payload["src"] = dict.fromkeys(payload["src"], "raise SystemExit('compiled source')")
+    done = boot(payload)
+    assert BOOTED in done.stdout, done.stderr
+    assert b"compiled source" not in done.stderr
+
+
+def test_another_interpreter_compiles_the_source() -> None:
+    """A server on another Python (another version, a Docker image's) boots from the source."""
+    payload = json.loads(server_payload())
+    payload["tag"] = [0, "another-python"]
+    payload["code"] = "not base64 of code this interpreter could load"
+    done = boot(payload)
+    assert BOOTED in done.stdout, done.stderr
