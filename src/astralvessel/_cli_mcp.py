@@ -7,6 +7,8 @@ import asyncio
 import sys
 from typing import Any
 
+from ._cli_options import add_relax_option
+
 __all__ = ["register"]
 
 
@@ -28,6 +30,7 @@ def register(subparsers: Any) -> None:
         "--mount", action="append", default=[], metavar="SANDBOX_PATH=HOST_PATH[:rw]"
     )
     parser.add_argument("--scope", action="append", dest="scopes", metavar="S")
+    add_relax_option(parser)
     parser.add_argument("--name", default=None, help="the server name shown to the client")
     parser.set_defaults(handler=_serve)
 
@@ -49,7 +52,11 @@ def _serve(args: argparse.Namespace) -> int:
     agent = Agent.load(args.agent_dir)
     mounts = [Mount.parse(text) for text in args.mount]
     executor = Executor(
-        Registry.for_agent(agent), sandbox=args.backend, mounts=mounts, scopes=args.scopes
+        Registry.for_agent(agent),
+        sandbox=args.backend,
+        mounts=mounts,
+        scopes=args.scopes,
+        relax=args.relax,
     )
     asyncio.run(serve_stdio(executor, name=args.name, start_sandbox=True))
     return 0

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, NoReturn
 
+from ._cli_options import add_relax_option
 from ._terminal import for_terminal
 from .errors import AstralVesselError, ConfigError
 
@@ -58,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     call.add_argument("--mount", action="append", default=[], metavar="SANDBOX_PATH=HOST_PATH[:rw]")
     call.add_argument("--backend", default=None, help="bubblewrap, nsjail, docker, unconfined, ...")
     call.add_argument("--scope", action="append", dest="scopes", metavar="S")
+    add_relax_option(call)
     call.add_argument("--json", action="store_true", help="print the whole result as JSON")
     call.set_defaults(handler=_call)
 
@@ -116,7 +118,11 @@ def _call(args: argparse.Namespace) -> int:
     mounts = [Mount.parse(text) for text in args.mount]
     arguments = sys.stdin.read() if args.arguments == "-" else args.arguments
     executor = Executor(
-        Registry.for_agent(agent), sandbox=args.backend, mounts=mounts, scopes=args.scopes
+        Registry.for_agent(agent),
+        sandbox=args.backend,
+        mounts=mounts,
+        scopes=args.scopes,
+        relax=args.relax,
     )
     with executor.turn() as turn:
         result = turn.call(args.tool, arguments)

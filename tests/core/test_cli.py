@@ -89,6 +89,17 @@ def test_call_reads_arguments_from_stdin_and_prints_json() -> None:
     assert result["backend"] != "unconfined"
 
 
+def test_call_relax_gives_up_a_promise_as_the_api_does() -> None:
+    """--relax PROMISE reaches the executor: the result's policy identity records it."""
+    args = ["call", EXAMPLE, "word_count", '{"path": "species/eel.md"}', "--mount", MOUNT, "--json"]
+    strict, relaxed = cli(*args), cli(*args, "--relax", "process-limit")
+    assert strict.returncode == relaxed.returncode == 0, strict.stderr + relaxed.stderr
+    strict_id, relaxed_id = (json.loads(d.stdout)["policy_id"] for d in (strict, relaxed))
+    assert strict_id
+    assert relaxed_id
+    assert strict_id != relaxed_id
+
+
 def test_call_error_result_exits_1() -> None:
     """A result that is an error exits 1 and still prints its text."""
     done = cli("call", EXAMPLE, "species", '{"habitat": 3}', "--mount", MOUNT)
@@ -104,6 +115,7 @@ def test_call_error_result_exits_1() -> None:
         ["call", EXAMPLE, "species", "--mount", "data"],
         ["call", EXAMPLE, "species", "--scope", "tools:root"],
         ["call", EXAMPLE, "species", "--frobnicate"],
+        ["call", EXAMPLE, "species", "--relax", "teleportation"],
         ["tools", EXAMPLE, "--dialect", "gemini"],
     ],
 )

@@ -12,7 +12,7 @@ import pytest
 from mcp import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
-from astralvessel.cli import main
+from astralvessel.cli import build_parser, main
 
 from .conftest import BACKEND
 
@@ -185,3 +185,13 @@ def test_unknown_backend_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[s
     (tmp_path / "vessel.toml").write_text("[tools]\nbuiltin = ['list']\n")
     assert main(["mcp", str(tmp_path), "--backend", "teleporter"]) == 2
     assert "unknown sandbox backend 'teleporter'" in capsys.readouterr().err
+
+
+def test_relax_takes_promise_names(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``astralvessel mcp --relax`` takes the API's promise names and refuses others with exit 2."""
+    parsed = build_parser().parse_args(["mcp", str(tmp_path), "--relax", "no-network"])
+    assert parsed.relax == ["no-network"]
+    with pytest.raises(SystemExit) as caught:
+        build_parser().parse_args(["mcp", str(tmp_path), "--relax", "teleportation"])
+    assert caught.value.code == 2
+    assert "invalid choice: 'teleportation'" in capsys.readouterr().err
