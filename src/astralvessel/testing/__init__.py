@@ -14,11 +14,21 @@ from ._fake import FakeCall as FakeCall
 from ._fake import FakeRun as FakeRun
 from ._fake import FakeSandbox as FakeSandbox
 from ._fake import UnscriptedCallError as UnscriptedCallError
+from ._model import ModelTurn as ModelTurn
+from ._model import ScriptedCall as ScriptedCall
+from ._model import ScriptedModel as ScriptedModel
+from ._model import ToolAnswer as ToolAnswer
+from ._model import tool_call as tool_call
 
 __all__ = [
     "Answer",
     "FakeCall",
     "FakeRun",
     "FakeSandbox",
+    "ModelTurn",
+    "ScriptedCall",
+    "ScriptedModel",
+    "ToolAnswer",
     "UnscriptedCallError",
+    "tool_call",
 ]

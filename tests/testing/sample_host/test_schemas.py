@@ -1,0 +1,18 @@
+"""The sample host's tool schemas, per model API, against reviewed snapshots."""
+
+from __future__ import annotations
+
+import pytest
+
+import astralvessel as av
+from astralvessel.testing.pytest_plugin import SchemaSnapshot
+
+pytestmark = pytest.mark.vessel_agent("agent")
+
+
+@pytest.mark.parametrize("dialect", ["openai", "openai-responses", "anthropic", "mcp"])
+def test_schemas_match_the_snapshot(
+    vessel_registry: av.Registry, vessel_schema_snapshot: SchemaSnapshot, dialect: str
+) -> None:
+    """What the model is shown changes only with a reviewed snapshot."""
+    vessel_schema_snapshot(vessel_registry, dialect)
