@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import ssl
+import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -134,31 +135,43 @@ class HttpxTransport:
         self._async_client = async_client
         self._owns_client = client is None
         self._owns_async_client = async_client is None
+        self._lock = threading.Lock()
 
     # -- resources --------------------------------------------------------------------------
 
+    # Calls of one turn may run in several threads at once; the lock makes sure they all
+    # share the one client made on first use, rather than each making (and leaking) its own.
+
     def _sync_client(self) -> httpx.Client:
-        if self._client is None:
-            self._client = _import_httpx().Client(verify=self._verify, trust_env=False)
-        return self._client
+        with self._lock:
+            if self._client is None:
+                self._client = _import_httpx().Client(verify=self._verify, trust_env=False)
+            return self._client
 
     def _async_client_now(self) -> httpx.AsyncClient:
-        if self._async_client is None:
-            self._async_client = _import_httpx().AsyncClient(verify=self._verify, trust_env=False)
-        return self._async_client
+        with self._lock:
+            if self._async_client is None:
+                self._async_client = _import_httpx().AsyncClient(
+                    verify=self._verify, trust_env=False
+                )
+            return self._async_client
 
     def close(self) -> None:
         """Close the sync client this transport made; a later exchange makes a new one."""
-        if self._owns_client and self._client is not None:
-            self._client.close()
-            self._client = None
+        with self._lock:
+            client, self._client = self._client, (None if self._owns_client else self._client)
+        if self._owns_client and client is not None:
+            client.close()
 
     async def aclose(self) -> None:
         """Close both clients this transport made."""
         self.close()
-        if self._owns_async_client and self._async_client is not None:
-            await self._async_client.aclose()
-            self._async_client = None
+        with self._lock:
+            client = self._async_client
+            if self._owns_async_client:
+                self._async_client = None
+        if self._owns_async_client and client is not None:
+            await client.aclose()
 
     def __enter__(self) -> HttpxTransport:
         return self
