@@ -8,6 +8,9 @@ a turn owns one running sandbox and its workspace. Every model mistake becomes a
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
+import tempfile
 import threading
 import time
 import weakref
@@ -54,6 +57,10 @@ class Executor:
     policy, so a turn takes a ready one instead of starting its own; each
     still serves exactly one turn. ``close()`` (or leaving ``with Executor(...)``)
     kills the ones still waiting; turns opened after it start cold.
+    ``outbox_dir`` is the host folder where the files calls leave in
+    ``$VESSEL_OUTBOX`` are written (one folder per turn, one per call inside it)
+    and kept, for as long as the host wants them; without it they go to a
+    temporary folder removed with the executor.
     """
 
     def __init__(
@@ -72,6 +79,7 @@ class Executor:
         services: Mapping[str, Callable[..., Any]] | None = None,
         service_transport: Transport | AsyncTransport | None = None,
         warm: int = 0,
+        outbox_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         agent = registry.agent
         self.registry = registry
@@ -88,6 +96,7 @@ class Executor:
             workdir=agent.workdir if agent is not None else WORKSPACE_DIR,
             mounts=_mounts(mounts),
             limits=limits or (agent.limits if agent is not None else Limits()),
+            outbox_dir=_outbox_dir(self, outbox_dir),
         ).relax(*relax)
         self.fetcher: Fetcher = _fetcher(fetcher)
         self.searcher: Searcher | None = _searcher(searcher)
@@ -362,3 +371,12 @@ def _resolve_backend(sandbox: Sandbox | str | None) -> Sandbox:
     from .sandbox._discovery import best_available, get_backend
 
     return best_available() if sandbox is None else get_backend(sandbox)
+
+
+def _outbox_dir(executor: Executor, chosen: str | os.PathLike[str] | None) -> Path:
+    """The host's folder for outbox files, or a temporary one that lives as long as ``executor``."""
+    if chosen is not None:
+        return Path(chosen)
+    folder = Path(tempfile.mkdtemp(prefix="astralvessel-outbox-"))
+    weakref.finalize(executor, shutil.rmtree, folder, ignore_errors=True)
+    return folder

@@ -263,14 +263,14 @@ def test_workspace_lives_for_the_turn(backend: Sandbox) -> None:
 
 
 def test_outbox_files_come_back(backend: Sandbox) -> None:
-    """Files a call leaves in $VESSEL_OUTBOX are returned with name and size, until the turn ends."""
+    """Files a call leaves in $VESSEL_OUTBOX are returned with name and size, and outlive the turn."""
     tool = ToolSpec.command_tool("report", "r", ["sh", "-c", "printf hello > $VESSEL_OUTBOX/r.txt"])
     with executor_for(backend, tool).turn() as turn:
         result = turn.call("report")
         (file,) = result.files
         assert (file.name, file.size) == ("r.txt", 5)
         assert Path(file.path).read_bytes() == b"hello"
-    assert not Path(file.path).exists()
+    assert Path(file.path).read_bytes() == b"hello"
 
 
 async def test_async_calls_run_concurrently(backend: Sandbox) -> None:

@@ -25,11 +25,23 @@ import json, os, sys
 order = json.load(sys.stdin)
 outbox = os.environ["VESSEL_OUTBOX"]
 for name, size in order.get("files", []):
-    path = os.path.join(outbox.encode(), name.encode("utf-8", "surrogateescape"))
+    path = os.path.join(outbox.encode(), name.encode())
     with open(path, "wb") as f:
+        f.write(b"x" * size)
+for hex_name, size in order.get("raw", []):  # names as hex: any bytes, UTF-8 or not
+    with open(os.path.join(outbox.encode(), bytes.fromhex(hex_name)), "wb") as f:
         f.write(b"x" * size)
 for name in order.get("dirs", []):
     os.makedirs(os.path.join(outbox, name), exist_ok=True)
+if order.get("nest"):
+    os.chdir(outbox)
+    for _ in range(order["nest"]):
+        os.mkdir("d")
+        os.chdir("d")
+    os.chdir("/")
+if order.get("sleep"):
+    import time
+    time.sleep(order["sleep"])
 out = order.get("out", "")
 sys.stdout.buffer.write(out.encode("latin-1", "replace") * order.get("repeat", 1))
 sys.exit(order.get("exit", 0))

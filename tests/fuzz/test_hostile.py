@@ -66,3 +66,15 @@ def test_oversized_frame_is_refused_before_sending(turn: av.Turn) -> None:
     with pytest.raises(SandboxError, match="too large to send"):
         turn.session.run(request)
     alive(turn)
+
+
+def test_reading_eight_million_characters_is_cut_not_fatal(turn: av.Turn) -> None:
+    """read of 2000 lines of 4000 characters answers (cut), instead of killing the file worker."""
+    made = turn.call(
+        "bash", {"command": "python3 -c \"print(('\\x01' * 3999 + '\\n') * 2000, end='')\" > big"}
+    )
+    assert not made.is_error, made.text
+    result = turn.call("read", {"path": "/workspace/big", "limit": 2000})
+    assert not result.is_error, result.text[-300:]
+    assert "worker died" not in result.text
+    alive(turn)

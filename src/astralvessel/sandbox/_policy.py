@@ -188,6 +188,10 @@ class Policy:
     mounts: tuple[Mount, ...] = attrs.field(default=(), converter=_mount_tuple)
     limits: Limits = attrs.field(factory=Limits)
     relaxed: frozenset[Promise] = attrs.field(default=frozenset(), converter=_promise_set)
+    #: The host folder where calls' outbox files are written and kept after the turn
+    #: (``None``: a temporary folder removed when the turn ends). Not part of the
+    #: confinement, so not part of ``identity``.
+    outbox_dir: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
 
     def relax(self, *promises: Promise | str) -> Policy:
         """A copy that no longer requires ``promises``: the host's explicit, audited choice."""

@@ -43,6 +43,7 @@ SERVER_MODULES = (
     "_launch",
     "_zygote",
     "_files",
+    "_outbox",
     "_worker",
     "_main",
 )
@@ -75,6 +76,13 @@ p._main.main()
 # How long past a call's own timeout the host waits before declaring the server stuck
 # (covers killing the call and sending its outbox files).
 _ANSWER_GRACE = 60.0
+
+#: The most outbox files (and bytes) one turn writes to the host; the server bounds each
+#: call (100 files, the disk limit), the host bounds the turn, whatever the server says.
+OUTBOX_FILES_PER_TURN = 1000
+OUTBOX_BYTES_PER_TURN = 1 << 30
+#: The most outbox files one ``exit`` frame may announce (the server's own bound).
+_OUTBOX_FILES_PER_CALL = 100
 
 
 @functools.cache
@@ -154,9 +162,12 @@ class _Pending:
         self.outbox = outbox
         self.exit: dict[str, Any] | None = None
         self.files: list[OutboxFile] = []
-        self.expected: collections.deque[tuple[str, int]] = collections.deque()
+        #: Announced outbox files still to come: name, size, and whether the host keeps it.
+        self.expected: collections.deque[tuple[str, int, bool]] = collections.deque()
         self.current: IO[bytes] | None = None
         self.current_written = 0
+        #: Outbox entries not returned, by reason (the server's and the turn's budget).
+        self.skipped: dict[str, int] = {}
 
     def add_output(self, chunk: bytes) -> None:
         # The server already bounds what it streams; the host bounds it again, by characters
@@ -199,8 +210,11 @@ class ServerSession(SandboxSession):
         self._dead: str | None = None
         self._closed = False
         self._ready: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
-        self._own_outbox = outbox_dir is None
-        self._outbox_dir = outbox_dir
+        # Without a host folder (here or on the policy), outbox files live until ``close``.
+        self._host_outbox = outbox_dir if outbox_dir is not None else policy.outbox_dir
+        self._outbox_dir: Path | None = None
+        self._outbox_files = 0
+        self._outbox_bytes = 0
         self._reader = threading.Thread(
             target=self._read_loop, name=f"{backend}-server-reader", daemon=True
         )
@@ -405,53 +419,103 @@ class ServerSession(SandboxSession):
 
     def _on_exit(self, call_id: int, item: _Pending, header: dict[str, Any]) -> None:
         item.exit = header
-        for entry in header.get("files") or ():
+        entries = header.get("files") or ()
+        if len(entries) > _OUTBOX_FILES_PER_CALL:
+            raise _protocol.ProtocolError(f"{len(entries)} outbox files announced for one call")
+        for reason, count in header.get("skipped") or ():
+            if isinstance(reason, str) and isinstance(count, int):
+                item.skipped[reason[:200]] = item.skipped.get(reason[:200], 0) + count
+        for entry in entries:
             name, size = entry.get("name"), entry.get("size")
             if not isinstance(name, str) or name in {"", ".", ".."} or "/" in name or "\0" in name:
                 raise _protocol.ProtocolError(f"outbox file name {name!r} is not a plain name")
             if not isinstance(size, int) or size < 0:
                 raise _protocol.ProtocolError(f"outbox file size {size!r} is not a size")
-            item.expected.append((name, size))
+            item.expected.append((name, size, self._budget_outbox(item, size)))
         self._next_file(call_id, item)
+
+    def _budget_outbox(self, item: _Pending, size: int) -> bool:
+        """Count one announced file against the turn's budget; False if it is not kept."""
+        with self._lock:
+            if self._outbox_files >= OUTBOX_FILES_PER_TURN:
+                reason = f"past the turn's {OUTBOX_FILES_PER_TURN} outbox files"
+            elif self._outbox_bytes + size > OUTBOX_BYTES_PER_TURN:
+                reason = f"past the turn's {OUTBOX_BYTES_PER_TURN >> 20} MiB of outbox files"
+            else:
+                self._outbox_files += 1
+                self._outbox_bytes += size
+                return True
+        item.skipped[reason] = item.skipped.get(reason, 0) + 1
+        return False
 
     def _next_file(self, call_id: int, item: _Pending) -> None:
         """Open the next expected outbox file; resolve the call when none is left."""
         while item.expected:
-            name, size = item.expected[0]
-            outbox = _outbox_of(item)
-            outbox.mkdir(parents=True, exist_ok=True)
-            path = outbox / name
-            item.current = path.open("wb")
+            name, size, keep = item.expected[0]
             item.current_written = 0
+            if keep:
+                try:
+                    outbox = _outbox_of(item)
+                    outbox.mkdir(parents=True, exist_ok=True)
+                    item.current = (outbox / name).open("wb")
+                except OSError as exc:
+                    # The host's disk, not the call: drop this file, keep the session.
+                    self._host_write_failed(item, exc)
             if size:
                 return
-            item.current.close()
-            item.current = None
-            item.files.append(OutboxFile(name=name, size=0, path=path))
-            item.expected.popleft()
+            self._file_done(item)
         self._finish(call_id, self._outcome(item))
 
-    def _on_file_chunk(self, call_id: int, item: _Pending, body: bytes) -> None:
-        if item.current is None or not item.expected:
-            raise _protocol.ProtocolError("outbox data for no announced file")
-        name, size = item.expected[0]
-        if item.current_written + len(body) > size:
-            raise _protocol.ProtocolError(f"outbox file {name!r} is longer than announced")
-        item.current.write(body)
-        item.current_written += len(body)
-        if item.current_written == size:
+    @staticmethod
+    def _host_write_failed(item: _Pending, exc: OSError) -> None:
+        name, size, _ = item.expected[0]
+        item.expected[0] = (name, size, False)
+        if item.current is not None:
+            with contextlib.suppress(OSError):
+                item.current.close()
+            item.current = None
+            with contextlib.suppress(OSError):
+                (_outbox_of(item) / name).unlink()
+        reason = f"could not be written on the host ({exc.strerror or exc})"
+        item.skipped[reason] = item.skipped.get(reason, 0) + 1
+
+    def _file_done(self, item: _Pending) -> None:
+        name, size, keep = item.expected.popleft()
+        if item.current is not None:
             item.current.close()
             item.current = None
+        if keep:
             item.files.append(OutboxFile(name=name, size=size, path=_outbox_of(item) / name))
-            item.expected.popleft()
+
+    def _on_file_chunk(self, call_id: int, item: _Pending, body: bytes) -> None:
+        if not item.expected:
+            raise _protocol.ProtocolError("outbox data for no announced file")
+        name, size, _ = item.expected[0]
+        if item.current_written + len(body) > size:
+            raise _protocol.ProtocolError(f"outbox file {name!r} is longer than announced")
+        if item.current is not None:
+            try:
+                item.current.write(body)
+            except OSError as exc:
+                self._host_write_failed(item, exc)
+        item.current_written += len(body)
+        if item.current_written == size:
+            self._file_done(item)
             self._next_file(call_id, item)
 
     @staticmethod
     def _outcome(item: _Pending) -> RunOutcome:
         exit_info = item.exit or {}
         code = exit_info.get("exit_code")
+        output = bytes(item.output).decode("utf-8", "replace")
+        if item.skipped:
+            # The model is told, in its own result, what it left that did not come back.
+            reasons = "; ".join(f"{n} {why}" for why, n in sorted(item.skipped.items()))
+            output += ("\n" if output and not output.endswith("\n") else "") + (
+                f"[outbox: {sum(item.skipped.values())} entries not returned: {reasons}]\n"
+            )
         return RunOutcome(
-            output=bytes(item.output).decode("utf-8", "replace"),
+            output=output,
             exit_code=code if isinstance(code, int) else None,
             timed_out=bool(exit_info.get("timed_out")),
             dropped_chars=int(exit_info.get("dropped_chars") or 0) + item.dropped_chars,
@@ -486,8 +550,15 @@ class ServerSession(SandboxSession):
         return call_id
 
     def _outbox_root(self) -> Path:
+        """This turn's folder of outbox files: one per turn under the host's folder, if any."""
         if self._outbox_dir is None:
-            self._outbox_dir = Path(tempfile.mkdtemp(prefix=f"astralvessel-{self.backend}-outbox-"))
+            if self._host_outbox is not None:
+                self._host_outbox.mkdir(parents=True, exist_ok=True)
+                self._outbox_dir = Path(tempfile.mkdtemp(prefix="turn-", dir=self._host_outbox))
+            else:
+                self._outbox_dir = Path(
+                    tempfile.mkdtemp(prefix=f"astralvessel-{self.backend}-outbox-")
+                )
         return self._outbox_dir
 
     def _submit_run(self, request: RunRequest) -> tuple[int, _Pending]:
@@ -585,7 +656,7 @@ class ServerSession(SandboxSession):
         if self._reader.ident is not None:
             self._reader.join(timeout=5.0)
         self._fail_all(f"the {self.backend} sandbox session was closed")
-        if self._own_outbox and self._outbox_dir is not None:
+        if self._host_outbox is None and self._outbox_dir is not None:
             shutil.rmtree(self._outbox_dir, ignore_errors=True)
 
     def __enter__(self) -> ServerSession:

@@ -37,6 +37,8 @@ READ_DEFAULT_LIMIT = 400
 READ_MAX_LIMIT = 2000
 READ_DEFAULT_OFFSET = 1
 READ_MAX_LINE_CHARS = 4000
+#: The most characters of one file tool's answer (even escaped, its frame stays under 1 MiB).
+MAX_RESULT_CHARS = 100_000
 #: ``glob``: default and largest ``max_results``.
 GLOB_DEFAULT_MAX = 200
 GLOB_MAX = 2000
@@ -142,14 +144,26 @@ def handle(tool: str, arguments: dict[str, Any], ctx: FileContext) -> tuple[str,
     ctx = FileContext.coerce(ctx)
     try:
         if tool == "read":
-            return _read(arguments, ctx), False
+            return _fit(_read(arguments, ctx)), False
         if tool == "glob":
-            return _glob(arguments, ctx), False
+            return _fit(_glob(arguments, ctx)), False
         if tool == "list":
-            return _list(arguments, ctx), False
+            return _fit(_list(arguments, ctx)), False
     except _Refusal as refusal:
-        return str(refusal), True
+        return _fit(str(refusal)), True
     return f"{tool!r} is not a file tool; the file tools are read, glob and list.", True
+
+
+def _fit(text: str) -> str:
+    """Cut ``text`` to ``MAX_RESULT_CHARS``, so its frame stays far below the 1 MiB header bound.
+
+    A read of 2000 lines of 4000 characters is 8 million characters: more than any
+    frame header may carry, and far more than any model is shown.
+    """
+    if len(text) <= MAX_RESULT_CHARS:
+        return text
+    dropped = len(text) - MAX_RESULT_CHARS
+    return text[:MAX_RESULT_CHARS] + f"\n[file tool output cut: {dropped} more characters]\n"
 
 
 # -- arguments ----------------------------------------------------------------------------

@@ -344,18 +344,24 @@ def _exec_command(  # noqa: PLR0917 - the child gets everything as plain values
     os._exit(code)
 
 
-def encode_request(argv: list[str], cwd: str) -> bytes:
-    """The request a prepared init reads: the working directory, then argv, NUL-separated.
+def encode_request(argv: list[str], cwd: str, env: dict[str, str] | None = None) -> bytes:
+    """The request a prepared init reads: the working directory, each ``NAME=value`` the
+    call's environment adds (its own ``$VESSEL_OUTBOX``), an empty field, then argv,
+    NUL-separated.
 
-    None of them can hold a NUL (the server refuses such a call), and splitting
-    bytes is far less work than parsing JSON on the call's critical path.
+    None of them can hold a NUL (the server refuses such a call), no environment
+    entry is empty, and splitting bytes is far less work than parsing JSON on the
+    call's critical path.
     """
-    return b"\0".join(os.fsencode(part) for part in (cwd, *argv))
+    entries = [f"{name}={value}" for name, value in (env or {}).items()]
+    return b"\0".join(os.fsencode(part) for part in (cwd, *entries, "", *argv))
 
 
-def _parse_request(data: bytes) -> tuple[list[str], str]:
-    cwd, *argv = (os.fsdecode(part) for part in data.split(b"\0"))
-    return argv, cwd
+def _parse_request(data: bytes) -> tuple[list[str], str, dict[str, str]]:
+    cwd, *rest = (os.fsdecode(part) for part in data.split(b"\0"))
+    end = rest.index("")
+    env = dict(entry.split("=", 1) for entry in rest[:end])
+    return rest[end + 1 :], cwd, env
 
 
 def _read_to_end(fd: int) -> bytes:
@@ -370,7 +376,7 @@ def _read_to_end(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-def _read_request(control: int) -> tuple[list[str], str] | None:
+def _read_request(control: int) -> tuple[list[str], str, dict[str, str]] | None:
     """Read the whole request from the control pipe; None if the server closed it unused."""
     data = _read_to_end(control)
     return _parse_request(data) if data else None
@@ -480,7 +486,7 @@ def _run_request(plan: LaunchPlan, env: dict[str, str], fds: dict[str, int]) -> 
     request = _read_request(fds["control"])
     if request is None:
         return None
-    argv, cwd = request
+    argv, cwd, extra_env = request
     # Init's own 0, 1 and 2 become the call's pipes, for the command to inherit. Before the
     # limits: a tiny RLIMIT_NOFILE would refuse the dup2.
     _take_pipes(fds["stdin"], fds["output"])
@@ -495,7 +501,7 @@ def _run_request(plan: LaunchPlan, env: dict[str, str], fds: dict[str, int]) -> 
     except OSError as exc:
         _write_all(2, f"astralvessel: cannot enter {cwd}: {exc.strerror}\n".encode())
     else:
-        command = _spawn_command(argv, env)
+        command = _spawn_command(argv, dict(env, **extra_env))
     # Init holds no end of the call's pipes: the output ends when the call's processes do.
     for fd in (0, 1, 2):
         os.close(fd)
@@ -666,14 +672,14 @@ def chain_alive(spawned: Spawned) -> bool:
     return not closed and b"\nE" not in said and b"\nD" not in said
 
 
-def start(spawned: Spawned, argv: list[str], cwd: str) -> None:
+def start(spawned: Spawned, argv: list[str], cwd: str, env: dict[str, str] | None = None) -> None:
     """Hand a prepared command its request; it then confines itself and execs.
 
     Raises ``OSError`` (``BrokenPipeError``) if the prepared chain is gone.
     """
     control, spawned.control = spawned.control, -1
     try:
-        _write_all(control, encode_request(argv, cwd))
+        _write_all(control, encode_request(argv, cwd, env))
     finally:
         os.close(control)
 

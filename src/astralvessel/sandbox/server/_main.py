@@ -23,18 +23,16 @@ import os
 import platform
 import selectors
 import signal
-import stat
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
-from . import _launch, _protocol, _worker, _zygote
+from . import _launch, _outbox, _protocol, _worker, _zygote
 
 __all__ = ["Server", "main"]
 
 _READ_SIZE = 65536
-_FILE_CHUNK = 1 << 20
 # After a call's process is reaped, how long to wait for its output pipe to close.
 _DRAIN_NAMESPACE = 5.0
 _DRAIN_GROUP = 0.5
@@ -336,37 +334,38 @@ class Server:
 
     def _run(self, call_id: int, header: dict[str, Any], body: bytes) -> None:
         config, plan = self._configured()
-        argv = header.get("argv")
-        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
-            self.fail(call_id, "'argv' must be a non-empty list of strings")
-            return
-        if any("\0" in a for a in argv) or "\0" in str(header.get("cwd") or ""):
-            self.fail(call_id, "'argv' and 'cwd' may not contain NUL characters")
+        try:
+            argv, cwd, timeout, output_chars = _parse_run(header, config["workdir"])
+        except (TypeError, ValueError) as exc:
+            self.fail(call_id, str(exc))
             return
         if call_id in self.calls:
             self.fail(call_id, f"call id {call_id} is already running")
             return
-        cwd = header.get("cwd") or config["workdir"]
-        try:
-            timeout = float(header.get("timeout", 30.0))
-            output_chars = int(header.get("output_chars", 30000))
-        except (TypeError, ValueError):
-            self.fail(call_id, "'timeout' and 'output_chars' must be numbers")
-            return
         argv = [map_path(a, self.path_map) if a.startswith("/") else a for a in argv]
-        cwd = map_path(str(cwd), self.path_map)
-        spawned = self._start_on_spare(argv, cwd)
+        cwd = map_path(cwd, self.path_map)
+        try:
+            outbox = _outbox.prepare(
+                self.worker_context["outbox"], call_id, config["drop_uid"], config["drop_gid"]
+            )
+        except OSError as exc:
+            self.fail(call_id, f"cannot make the call's outbox: {exc}")
+            return
+        # Each call its own outbox: calls running at once never take each other's files.
+        extra_env = {"VESSEL_OUTBOX": outbox}
+        spawned = self._start_on_spare(argv, cwd, extra_env)
         if spawned is None and plan.confine and plan.pid_namespace:
             try:
                 spawned = self._prepare()
             except OSError as exc:
+                self._drop_outbox(call_id)
                 self.fail(call_id, f"cannot start the call's namespaces: {exc}")
                 return
             # If the chain died while setting up, its status pipe says why.
             with contextlib.suppress(OSError):
-                _launch.start(spawned, argv, cwd)
+                _launch.start(spawned, argv, cwd, extra_env)
         elif spawned is None:
-            spawned = _launch.spawn(plan, argv, cwd, self.env)
+            spawned = _launch.spawn(plan, argv, cwd, dict(self.env, **extra_env))
         call = Call(call_id, spawned, timeout, output_chars)
         self.calls[call_id] = call
         self.selector.register(spawned.output, selectors.EVENT_READ, self._on_output)
@@ -409,7 +408,9 @@ class Server:
         self.zygote = zygote = _zygote.start(plan, self.env)
         return _launch.prepare(zygote.order)
 
-    def _start_on_spare(self, argv: list[str], cwd: str) -> _launch.Spawned | None:
+    def _start_on_spare(
+        self, argv: list[str], cwd: str, extra_env: dict[str, str]
+    ) -> _launch.Spawned | None:
         """Hand the request to the spare and return it; None if there is no live spare."""
         spare, self.spare = self.spare, None
         if spare is None:
@@ -419,7 +420,7 @@ class Server:
             spare.close()
             return None
         try:
-            _launch.start(spare, argv, cwd)
+            _launch.start(spare, argv, cwd, extra_env)
         except OSError:
             # It died before its init read the request.
             spare.close()
@@ -603,6 +604,7 @@ class Server:
         os.close(call.spawned.status)
         errors = [line[1:].strip() for line in lines if line.startswith("E")]
         if errors:
+            self._drop_outbox(call.id)
             self.fail(call.id, errors[0])
             return
         exit_code: int | None
@@ -613,6 +615,7 @@ class Server:
         else:
             statuses = [int(line[1:]) for line in lines if line.startswith("X")]
             if not statuses:
+                self._drop_outbox(call.id)
                 self.fail(
                     call.id,
                     "the call's pid 1 died before its command's exit "
@@ -620,62 +623,35 @@ class Server:
                 )
                 return
             exit_code = _launch.exit_code_of(statuses[0])
-        files = self._collect_outbox()
-        self.send(
-            {
-                "type": "exit",
-                "id": call.id,
-                "exit_code": exit_code,
-                "timed_out": call.timed_out,
-                "cancelled": call.cancelled,
-                "dropped_chars": call.dropped_chars,
-                "duration": call.duration,
-                "files": [{"name": name, "size": size} for name, _, size in files],
-            }
-        )
-        for name, fd, size in files:
-            self._send_file(call.id, name, fd, size)
-
-    # -- outbox ----------------------------------------------------------------
-
-    def _collect_outbox(self) -> list[tuple[str, int, int]]:
-        """Take the regular files out of the outbox (never following a link) and empty it."""
         config, _ = self._configured()
-        outbox = self.worker_context["outbox"]
-        budget = config["limits"]["disk_mb"] << 20
-        uid = config["drop_uid"]
+        collected = _outbox.collect(
+            self.worker_context["outbox"],
+            call.id,
+            config["drop_uid"],
+            config["limits"]["disk_mb"] << 20,
+        )
         try:
-            dfd = os.open(outbox, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-        except OSError:
-            return []
-        files: list[tuple[str, int, int]] = []
-        try:
-            for name in sorted(os.listdir(dfd)):
-                fd = _open_regular(dfd, name, uid)
-                if fd is not None:
-                    size = os.fstat(fd).st_size
-                    if size > budget:
-                        os.close(fd)
-                        fd = None
-                    else:
-                        budget -= size
-                        files.append((name, fd, size))
-                _remove(dfd, name)
-        finally:
-            os.close(dfd)
-        return files
+            self.send(
+                {
+                    "type": "exit",
+                    "id": call.id,
+                    "exit_code": exit_code,
+                    "timed_out": call.timed_out,
+                    "cancelled": call.cancelled,
+                    "dropped_chars": call.dropped_chars,
+                    "duration": call.duration,
+                    "files": [{"name": name, "size": size} for name, _, size in collected.files],
+                    "skipped": sorted(collected.skipped.items()),
+                }
+            )
+        except BaseException:
+            collected.close()
+            raise
+        _outbox.send_files(self.send, call.id, collected.files)
 
-    def _send_file(self, call_id: int, name: str, fd: int, size: int) -> None:
-        offset = 0
-        try:
-            while offset < size:
-                chunk = os.read(fd, min(_FILE_CHUNK, size - offset))
-                # A file shrunk under us (another call still writing): pad to the size announced.
-                chunk = chunk or b"\0" * min(_FILE_CHUNK, size - offset)
-                self.send({"type": "file", "id": call_id, "name": name, "offset": offset}, chunk)
-                offset += len(chunk)
-        finally:
-            os.close(fd)
+    def _drop_outbox(self, call_id: int) -> None:
+        """Remove the outbox of a call that produced no answer."""
+        _outbox.collect(self.worker_context["outbox"], call_id, None, 0).close()
 
     # -- file tools ------------------------------------------------------------
 
@@ -788,45 +764,22 @@ def _killpg(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-def _open_regular(dfd: int, name: str, uid: int | None) -> int | None:
-    """Open an outbox entry only if it is a plain file the call's user owns, with one link."""
+def _parse_run(header: dict[str, Any], workdir: str) -> tuple[list[str], str, float, int]:
+    """Check a run request's fields: argv, cwd, timeout, output_chars; raise on a bad one."""
+    argv = header.get("argv")
+    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+        raise TypeError("'argv' must be a non-empty list of strings")
+    cwd = header.get("cwd") or workdir
+    if not isinstance(cwd, str):
+        raise TypeError("'cwd' must be a string")
+    if any("\0" in a for a in argv) or "\0" in cwd:
+        raise ValueError("'argv' and 'cwd' may not contain NUL characters")
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dfd)
-    except OSError:
-        return None
-    info = os.fstat(fd)
-    # A hard link or a file of another owner could be something the call could not read itself.
-    if (
-        not stat.S_ISREG(info.st_mode)
-        or info.st_nlink != 1
-        or (uid is not None and info.st_uid != uid)
-    ):
-        os.close(fd)
-        return None
-    return fd
-
-
-def _remove(dfd: int, name: str) -> None:
-    try:
-        os.unlink(name, dir_fd=dfd)
-    except IsADirectoryError:
-        _remove_tree(dfd, name)
-    except OSError:
-        pass
-
-
-def _remove_tree(dfd: int, name: str) -> None:
-    try:
-        sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dfd)
-    except OSError:
-        return
-    try:
-        for entry in os.listdir(sub):
-            _remove(sub, entry)
-    finally:
-        os.close(sub)
-    with contextlib.suppress(OSError):
-        os.rmdir(name, dir_fd=dfd)
+        timeout = float(header.get("timeout", 30.0))
+        output_chars = int(header.get("output_chars", 30000))
+    except (TypeError, ValueError):
+        raise ValueError("'timeout' and 'output_chars' must be numbers") from None
+    return argv, cwd, timeout, output_chars
 
 
 def _parse_hello(header: dict[str, Any]) -> dict[str, Any]:
