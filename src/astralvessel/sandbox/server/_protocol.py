@@ -36,9 +36,6 @@ MAX_HEADER = 1 << 20
 #: Bodies are stdin, output chunks and outbox chunks; senders keep them far below this.
 MAX_BODY = 1 << 26
 
-# UTF-8 continuation bytes: a character is any byte that is not one of these.
-_CONTINUATION = bytes(range(0x80, 0xC0))
-
 
 class ProtocolError(Exception):
     """The peer sent bytes that are not a valid frame."""
@@ -112,29 +109,24 @@ class FrameDecoder:
 
 
 def count_chars(data: bytes) -> int:
-    """Count the UTF-8 characters in ``data`` (bytes that are not continuation bytes)."""
-    return len(data.translate(None, _CONTINUATION))
+    """Count the characters ``data`` shows as text: each UTF-8 character, and each byte
+    that is not part of one (which a reader shows as a replacement character).
+
+    Counting a stray byte as nothing would let output made only of UTF-8
+    continuation bytes pass every character bound.
+    """
+    return len(data.decode("utf-8", "surrogateescape"))
 
 
 def split_chars(data: bytes, chars: int) -> int:
     """Return how many leading bytes of ``data`` hold its first ``chars`` characters.
 
-    Continuation bytes right after the cut still belong to the last character
-    kept, so they are kept too; the cut never splits a character.
+    Characters are counted as ``count_chars`` counts them; the cut never splits
+    a valid UTF-8 character.
     """
-    if count_chars(data) <= chars:
+    text = data.decode("utf-8", "surrogateescape")
+    if len(text) <= chars:
         return len(data)
     if chars <= 0:
-        index = 0
-    else:
-        seen = 0
-        index = len(data)
-        for position, byte in enumerate(data):
-            if byte & 0xC0 != 0x80:
-                if seen == chars:
-                    index = position
-                    break
-                seen += 1
-    while index < len(data) and data[index] & 0xC0 == 0x80:
-        index += 1
-    return index
+        return 0
+    return len(text[:chars].encode("utf-8", "surrogateescape"))
