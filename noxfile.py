@@ -28,6 +28,7 @@ TEST_DEPS = [
     # The vendors' SDKs, only so their own types can check the shapes we produce.
     "openai>=1.99",
     "anthropic>=0.60",
+    "hypothesis>=6.100",
 ]
 
 

@@ -2,7 +2,9 @@
 
 Exit codes are a contract: 0 success; 1 the tool call's result is an error;
 2 the host's error (bad agent folder, backend unavailable, bad flags), with one
-clear line on stderr.
+clear line on stderr (``check`` lists each problem of the agent folder on a line
+of its own); 130 interrupted (Ctrl-C), with one line. Set ``ASTRALVESSEL_DEBUG=1``
+to see the traceback of an unexpected error.
 """
 
 from __future__ import annotations
@@ -10,8 +12,12 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 from ._cli_options import add_relax_option
@@ -23,7 +29,7 @@ if TYPE_CHECKING:
 
 __all__ = ["main"]
 
-EXIT_OK, EXIT_TOOL_ERROR, EXIT_HOST_ERROR = 0, 1, 2
+EXIT_OK, EXIT_TOOL_ERROR, EXIT_HOST_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 class _Parser(argparse.ArgumentParser):
@@ -61,6 +67,13 @@ def build_parser() -> argparse.ArgumentParser:
     call.add_argument("--scope", action="append", dest="scopes", metavar="S")
     add_relax_option(call)
     call.add_argument("--json", action="store_true", help="print the whole result as JSON")
+    call.add_argument(
+        "--outbox",
+        default=None,
+        metavar="DIR",
+        help="write the call's outbox files under DIR (default: a new temporary folder, "
+        "kept only if the call left files)",
+    )
     call.set_defaults(handler=_call)
 
     doctor = sub.add_parser("doctor", help="say which backends can run here and what they enforce")
@@ -78,16 +91,41 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; return the exit code."""
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         code: int = args.handler(args)
+    except KeyboardInterrupt:
+        print("astralvessel: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except ConfigError as exc:
         print(str(exc), file=sys.stderr)
         return EXIT_HOST_ERROR
-    except (AstralVesselError, ValueError, OSError) as exc:
-        print(f"astralvessel: error: {exc}", file=sys.stderr)
+    except BrokenPipeError:
+        _silence_stdout()  # the reader went away (``| head``): nothing left to say
+        return EXIT_HOST_ERROR
+    except Exception as exc:
+        if os.environ.get("ASTRALVESSEL_DEBUG"):
+            raise
+        print(f"astralvessel: error: {one_line(exc)}", file=sys.stderr)
         return EXIT_HOST_ERROR
     return code
+
+
+def one_line(exc: BaseException) -> str:
+    """An error as one line: the library's own errors say what to do; others say what they are."""
+    text = " | ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    if not isinstance(exc, (AstralVesselError, ValueError, OSError)):
+        text = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+    return text[:2000]
+
+
+def _silence_stdout() -> None:
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, ValueError, AttributeError):
+        pass
 
 
 def _check(args: argparse.Namespace) -> int:
@@ -117,15 +155,25 @@ def _call(args: argparse.Namespace) -> int:
     agent = Agent.load(args.agent_dir)
     mounts = [Mount.parse(text) for text in args.mount]
     arguments = sys.stdin.read() if args.arguments == "-" else args.arguments
+    # The files a result names must exist after the CLI exits: they go to --outbox, or to
+    # a temporary folder that is kept (and named on stderr) only if the call left files.
+    outbox = args.outbox or tempfile.mkdtemp(prefix="astralvessel-outbox-")
     executor = Executor(
         Registry.for_agent(agent),
         sandbox=args.backend,
         mounts=mounts,
         scopes=args.scopes,
         relax=args.relax,
+        outbox_dir=outbox,
     )
-    with executor.turn() as turn:
-        result = turn.call(args.tool, arguments)
+    try:
+        with executor.turn() as turn:
+            result = turn.call(args.tool, arguments)
+    finally:
+        if args.outbox is None and not _holds_files(outbox):
+            shutil.rmtree(outbox, ignore_errors=True)
+    if result.files and args.outbox is None:
+        print(f"astralvessel: outbox files kept in {outbox}", file=sys.stderr)
     if args.json:
         json.dump(result.to_json(), sys.stdout, indent=2, ensure_ascii=False)
         print()
@@ -135,6 +183,10 @@ def _call(args: argparse.Namespace) -> int:
         text = for_terminal(result.text)
         sys.stdout.write(text if text.endswith("\n") else text + "\n")
     return EXIT_TOOL_ERROR if result.is_error else EXIT_OK
+
+
+def _holds_files(folder: str) -> bool:
+    return any(path.is_file() for path in Path(folder).rglob("*"))
 
 
 def _doctor(args: argparse.Namespace) -> int:

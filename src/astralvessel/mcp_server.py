@@ -91,8 +91,44 @@ async def serve_stdio(
         if start_sandbox:
             await _start(turn)
         server = create_server(turn, name=name)
-        async with mcp_stdio.stdio_server() as (read_stream, write_stream):
-            await server.run(read_stream, write_stream, server.create_initialization_options())
+        try:
+            async with mcp_stdio.stdio_server() as (read_stream, write_stream):
+                await server.run(read_stream, write_stream, server.create_initialization_options())
+        except BaseException as exc:
+            if not client_gone(exc):
+                raise
+            # The client went away mid-session: end quietly. Nothing more can reach it,
+            # and the interpreter's own flush of stdout at exit must not complain either.
+            _silence_stdout()
+
+
+#: What the stdio transport raises when the client has closed its end of the pipes.
+_DISCONNECTS: tuple[type[BaseException], ...] = (
+    BrokenPipeError,
+    ConnectionResetError,
+    EOFError,
+)
+
+
+def client_gone(exc: BaseException) -> bool:
+    """Whether ``exc`` (or every exception in its group) only says the client went away."""
+    import anyio
+
+    inner = getattr(exc, "exceptions", None)
+    if isinstance(inner, (list, tuple)) and inner:
+        return all(client_gone(e) for e in inner)
+    return isinstance(exc, (*_DISCONNECTS, anyio.BrokenResourceError, anyio.ClosedResourceError))
+
+
+def _silence_stdout() -> None:
+    import contextlib
+    import os
+    import sys
+
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
 
 
 async def _start(turn: Turn) -> None:

@@ -143,3 +143,127 @@ def test_console_script_matches_module() -> None:
         [str(script), "check", EXAMPLE], capture_output=True, text=True, check=False
     )
     assert done.returncode == 0
+
+
+def _bash_agent(tmp_path: Path) -> Path:
+    agent = tmp_path / "agent"
+    agent.mkdir()
+    (agent / "vessel.toml").write_text('[tools]\nbuiltin = ["bash"]\n')
+    for path in (tmp_path, agent):
+        path.chmod(0o755)
+    return agent
+
+
+def test_ctrl_c_exits_130_with_one_line(tmp_path: Path) -> None:
+    """SIGINT during a call ends the CLI with exit 130 and one line, no traceback."""
+    import signal
+    import time
+
+    agent = _bash_agent(tmp_path)
+    out = tmp_path / "out"
+    out.mkdir(mode=0o777)
+    out.chmod(0o777)
+    command = json.dumps({"command": "touch /out/started; sleep 60"})
+    process = subprocess.Popen(
+        [
+            *(sys.executable, "-m", "astralvessel", "call", str(agent), "bash", command),
+            *("--mount", f"/out={out}:rw", "--backend", "bubblewrap"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.monotonic() + 60
+    while not (out / "started").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130
+    assert stderr.strip() == "astralvessel: interrupted"
+
+
+def test_json_names_outbox_files_that_exist_after_exit(tmp_path: Path) -> None:
+    """--json names outbox files that still exist when the CLI has exited, under --outbox."""
+    agent = _bash_agent(tmp_path)
+    command = json.dumps({"command": 'printf report > "$VESSEL_OUTBOX/r.txt"'})
+    for extra in ([], ["--outbox", str(tmp_path / "kept")]):
+        done = cli("call", str(agent), "bash", command, "--json", *extra)
+        assert done.returncode == 0, done.stderr
+        (file,) = json.loads(done.stdout)["files"]
+        assert Path(file["path"]).read_text() == "report"
+        if extra:
+            assert Path(file["path"]).is_relative_to(tmp_path / "kept")
+        else:
+            assert "outbox files kept in" in done.stderr
+
+
+def test_hostile_arguments_are_an_error_result_not_a_traceback(tmp_path: Path) -> None:
+    """Deeply nested JSON arguments exit 1 with a refusal the model can act on."""
+    done = cli("call", str(_bash_agent(tmp_path)), "bash", "[" * 100_000)
+    assert done.returncode == 1
+    assert done.stdout.startswith("Error: the arguments for bash are not valid JSON")
+    assert "Traceback" not in done.stderr
+
+
+def test_check_rejects_a_huge_vessel_file_by_its_size(tmp_path: Path) -> None:
+    """A 100 MB vessel.toml is refused by its size with one problem, exit 2."""
+    agent = _bash_agent(tmp_path)
+    with (agent / "vessel.toml").open("r+b") as stream:
+        stream.truncate(100 << 20)
+    done = cli("check", str(agent))
+    assert done.returncode == 2
+    assert "vessel.toml: larger than 1048576 bytes" in done.stderr
+
+
+def test_check_fails_a_dangling_ref(tmp_path: Path) -> None:
+    """check fails a tool whose parameters schema has a $ref that resolves nowhere."""
+    agent = _bash_agent(tmp_path)
+    (agent / "vessel.toml").write_text('[tools]\ndeclared = ["t.toml"]\n')
+    (agent / "t.toml").write_text(
+        'name = "t"\ndescription = "d"\ncommand = ["true"]\n'
+        '[parameters]\ntype = "object"\n[parameters.properties.v]\n"$ref" = "#/$defs/gone"\n'
+    )
+    done = cli("check", str(agent))
+    assert done.returncode == 2
+    assert "t.toml: parameters: cannot be used to check arguments" in done.stderr
+
+
+def test_mcp_server_ends_quietly_when_the_client_vanishes(tmp_path: Path) -> None:
+    """A client that dies mid-call ends `astralvessel mcp` with no traceback on stderr."""
+    agent = _bash_agent(tmp_path)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "astralvessel", "mcp", str(agent), "--backend", "bubblewrap"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stdin is not None
+    assert process.stdout is not None
+
+    def send(message: dict[str, object]) -> None:
+        assert process.stdin is not None
+        process.stdin.write((json.dumps({"jsonrpc": "2.0", **message}) + "\n").encode())
+        process.stdin.flush()
+
+    send(
+        {
+            "id": 1,
+            "method": "initialize",
+            "params": {
+                "protocolVersion": "2024-11-05",
+                "capabilities": {},
+                "clientInfo": {"name": "vanishing", "version": "1"},
+            },
+        }
+    )
+    assert b'"id":1' in process.stdout.readline()
+    send({"method": "notifications/initialized"})
+    call = {"name": "bash", "arguments": {"command": "sleep 1; echo late"}}
+    send({"id": 2, "method": "tools/call", "params": call})
+    process.stdout.close()
+    process.stdin.close()
+    assert process.wait(timeout=60) == 0
+    assert process.stderr is not None
+    stderr = process.stderr.read()
+    process.stderr.close()
+    assert b"Traceback" not in stderr

@@ -1,0 +1,69 @@
+"""A soak test: 10 000 calls in one turn leave the host's resources where they were."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+
+import astralvessel as av
+
+CALLS = 10_000
+WARM_UP = 500
+# Every CONFINED_EVERY-th call forks a confined command (and leaves an outbox file); the
+# rest are file tools answered in the sandbox without a fork, so 10 000 calls stay quick.
+CONFINED_EVERY = 50
+#: Resident memory the host may gain after the warm-up (allocator noise, not a leak).
+RSS_SLACK = 16 << 20
+
+
+def _resources() -> dict[str, int]:
+    status = Path("/proc/self/status").read_text()
+    rss = next(
+        int(line.split()[1]) << 10 for line in status.splitlines() if line.startswith("VmRSS:")
+    )
+    return {
+        "fds": len(os.listdir("/proc/self/fd")),
+        "threads": threading.active_count(),
+        "tasks": len(os.listdir("/proc/self/task")),
+        "rss": rss,
+    }
+
+
+def _call(turn: av.Turn, index: int) -> None:
+    if index % CONFINED_EVERY:
+        result = turn.call("list", {"path": "/workspace"})
+    else:
+        result = turn.call("bash", {"command": 'echo soak > "$VESSEL_OUTBOX/n"'})
+        assert len(result.files) == 1
+    assert not result.is_error, result.text
+
+
+def test_ten_thousand_calls_do_not_grow_the_host(
+    executor: av.Executor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a warm-up, 10 000 calls leave descriptors, threads, memory and temp files flat."""
+    private_tmp = tmp_path / "tmp"
+    private_tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(private_tmp))
+    outbox = tmp_path / "outbox"
+    mine = av.Executor(executor.registry, sandbox=executor.sandbox, outbox_dir=outbox)
+    with mine.turn() as turn:
+        for index in range(WARM_UP):
+            _call(turn, index)
+        before = _resources()
+        temp_before = sorted(private_tmp.rglob("*"))
+        for index in range(WARM_UP, CALLS):
+            _call(turn, index)
+        after = _resources()
+        temp_after = sorted(private_tmp.rglob("*"))
+    assert after["fds"] == before["fds"]
+    assert after["threads"] == before["threads"]
+    assert after["tasks"] == before["tasks"]
+    assert after["rss"] - before["rss"] < RSS_SLACK, (before, after)
+    assert temp_after == temp_before
+    # Exactly the files the calls were asked to leave, one per confined call.
+    assert sum(1 for p in outbox.rglob("*") if p.is_file()) == CALLS // CONFINED_EVERY
