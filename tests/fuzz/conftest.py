@@ -36,8 +36,8 @@ for name in order.get("dirs", []):
 if order.get("nest"):
     os.chdir(outbox)
     for _ in range(order["nest"]):
-        os.mkdir("d")
-        os.chdir("d")
+        os.mkdir(".nest")
+        os.chdir(".nest")
     os.chdir("/")
 if order.get("sleep"):
     import time
