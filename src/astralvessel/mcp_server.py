@@ -95,7 +95,7 @@ async def serve_stdio(
             async with mcp_stdio.stdio_server() as (read_stream, write_stream):
                 await server.run(read_stream, write_stream, server.create_initialization_options())
         except BaseException as exc:
-            if not client_gone(exc):
+            if not _client_gone(exc):
                 raise
             # The client went away mid-session: end quietly. Nothing more can reach it,
             # and the interpreter's own flush of stdout at exit must not complain either.
@@ -110,13 +110,13 @@ _DISCONNECTS: tuple[type[BaseException], ...] = (
 )
 
 
-def client_gone(exc: BaseException) -> bool:
+def _client_gone(exc: BaseException) -> bool:
     """Whether ``exc`` (or every exception in its group) only says the client went away."""
     import anyio
 
     inner = getattr(exc, "exceptions", None)
     if isinstance(inner, (list, tuple)) and inner:
-        return all(client_gone(e) for e in inner)
+        return all(_client_gone(e) for e in inner)
     return isinstance(exc, (*_DISCONNECTS, anyio.BrokenResourceError, anyio.ClosedResourceError))
 
 
