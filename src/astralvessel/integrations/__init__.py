@@ -1,0 +1,9 @@
+"""An executor's tools in agent frameworks, each with one call.
+
+``astralvessel.integrations.openai_agents`` (OpenAI Agents SDK ``FunctionTool``),
+``.langchain`` (LangChain ``StructuredTool``) and ``.pydantic_ai`` (a pydantic-ai
+toolset) each turn an ``Executor`` into that framework's tools. Each opens one
+turn per agent run, in step with the framework's own run lifecycle, and
+reports a tool's error through the framework's own mechanism. Each needs the
+extra of its name: ``pip install 'astralvessel[openai-agents]'``, and so on.
+"""

@@ -1,0 +1,106 @@
+"""pydantic-ai: an executor's tools as a toolset, one turn per agent run.
+
+::
+
+    from pydantic_ai import Agent
+    from astralvessel.integrations.pydantic_ai import VesselToolset
+
+    agent = Agent("openai:gpt-4.1", toolsets=[VesselToolset(executor)])
+    result = await agent.run("Which species live in rivers?")
+
+The agent asks the toolset for a fresh copy per run (``for_run``) and enters
+and exits it around the run: that copy opens the run's turn (one sandbox, one
+workspace) on entry and ends it on exit, however the run ends. A failing call
+raises pydantic-ai's ``ToolFailed`` with the error text, so the model sees a
+failed tool result and adapts, without spending the tool's retry budget.
+Arguments are checked by the turn against the tool's own schema, so the
+toolset lets pydantic-ai pass them through as they came. Needs the
+``pydantic-ai`` extra.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+try:
+    from pydantic_ai.exceptions import ToolFailed
+    from pydantic_ai.tools import ToolDefinition
+    from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
+    from pydantic_core import SchemaValidator, core_schema
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "the pydantic-ai integration needs the pydantic-ai-slim package: "
+        "pip install 'astralvessel[pydantic-ai]'"
+    ) from exc
+
+if TYPE_CHECKING:
+    from pydantic_ai import RunContext
+    from typing_extensions import Self
+
+    from ..executor import Executor, Turn
+
+__all__ = ["VesselToolset"]
+
+# The turn validates arguments against the tool's schema and answers a mistake with a
+# result the model can act on; pydantic-ai only needs to hand them over.
+_PASS_THROUGH = SchemaValidator(schema=core_schema.any_schema())
+
+
+class VesselToolset(AbstractToolset[Any]):
+    """Every tool an executor grants, as one pydantic-ai toolset; each run gets its own turn."""
+
+    def __init__(self, executor: Executor, *, id: str | None = None, strict: bool = False) -> None:
+        self.executor = executor
+        self._id = id
+        self._strict = strict
+        self._turn: Turn | None = None
+
+    @property
+    def id(self) -> str | None:
+        return self._id
+
+    async def for_run(self, ctx: RunContext[Any]) -> VesselToolset:
+        """A fresh copy for one run: its turn is the run's alone."""
+        return VesselToolset(self.executor, id=self._id, strict=self._strict)
+
+    async def __aenter__(self) -> Self:
+        if self._turn is None:
+            self._turn = self.executor.turn()
+        return self
+
+    async def __aexit__(self, *args: object) -> bool | None:
+        turn, self._turn = self._turn, None
+        if turn is not None:
+            await turn.aclose()
+        return None
+
+    async def get_tools(self, ctx: RunContext[Any]) -> dict[str, ToolsetTool[Any]]:
+        executor = self.executor
+        schemas = executor.registry.schemas(
+            "openai-responses", scopes=executor.scopes, strict=self._strict
+        )
+        return {
+            schema["name"]: ToolsetTool(
+                toolset=self,
+                tool_def=ToolDefinition(
+                    name=schema["name"],
+                    description=schema["description"],
+                    parameters_json_schema=schema["parameters"],
+                    strict=schema["strict"] or None,
+                ),
+                max_retries=0,
+                args_validator=_PASS_THROUGH,
+            )
+            for schema in schemas
+        }
+
+    async def call_tool(
+        self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]
+    ) -> Any:
+        if self._turn is None:
+            # Called outside a run (the agent enters every toolset it runs with).
+            raise RuntimeError("VesselToolset called outside an agent run; enter it first")
+        result = await self._turn.acall(name, tool_args)
+        if result.is_error:
+            raise ToolFailed(result.text)
+        return result.text

@@ -1,0 +1,272 @@
+"""Agent frameworks: a tool call through each framework's own invocation path into a real sandbox."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from agents import Agent as AgentsAgent
+from agents import FunctionTool, ModelResponse, RunConfig, Runner
+from agents.models.interface import Model
+from agents.tool_context import ToolContext
+from agents.usage import Usage
+from langchain_core.messages import ToolMessage
+from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage
+from pydantic_ai import Agent as PydanticAgent
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelRequest,
+    TextPart,
+    ToolCallPart,
+    ToolReturnPart,
+)
+from pydantic_ai.messages import ModelResponse as PydanticResponse
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+import astralvessel as av
+from astralvessel.errors import TurnClosedError
+from astralvessel.integrations._common import RunTurns
+from astralvessel.integrations.langchain import structured_tools
+from astralvessel.integrations.openai_agents import function_tools
+from astralvessel.integrations.pydantic_ai import VesselToolset
+from astralvessel.sandbox._base import Sandbox
+
+from ..conftest import MakeAgent
+
+ECHO_TOOL = """
+name = "echo"
+description = "Echo the arguments back."
+command = ["python3", "-c", "import sys; print(sys.stdin.read(), end='')"]
+[parameters]
+type = "object"
+properties = { q = { type = "string" } }
+required = ["q"]
+additionalProperties = false
+"""
+
+#: Writes a file into the workspace; a later call of the same turn can read it back.
+WRITE = {"command": "echo kept > $HOME/note.txt && echo written"}
+READ_BACK = {"command": "cat $HOME/note.txt"}
+
+
+@pytest.fixture
+def executor(make_agent: MakeAgent, backend: Sandbox) -> av.Executor:
+    """A sandboxed ``echo`` tool and ``bash``, in a real bubblewrap sandbox."""
+    folder = make_agent(
+        '[tools]\nbuiltin = ["bash", "read"]\ndeclared = ["tools/echo.toml"]\n',
+        {"tools/echo.toml": ECHO_TOOL},
+    )
+    return av.Executor(av.Registry.for_agent(av.Agent.load(folder)), sandbox=backend)
+
+
+# -- OpenAI Agents SDK ----------------------------------------------------------------------
+
+
+def _context(usage: Usage, name: str, arguments: str) -> ToolContext[None]:
+    return ToolContext(
+        context=None, usage=usage, tool_name=name, tool_call_id="c", tool_arguments=arguments
+    )
+
+
+async def _invoke(tools: list[FunctionTool], usage: Usage, name: str, args: object) -> Any:
+    (tool,) = [t for t in tools if t.name == name]
+    arguments = json.dumps(args)
+    return await tool.on_invoke_tool(_context(usage, name, arguments), arguments)
+
+
+def test_agents_function_tool_runs_in_the_sandbox(executor: av.Executor) -> None:
+    """``FunctionTool.on_invoke_tool`` runs the declared tool in the sandbox and returns its text."""
+    tools = function_tools(executor)
+    assert [t.name for t in tools] == ["bash", "read", "echo"]
+    assert asyncio.run(_invoke(tools, Usage(), "echo", {"q": "otter"})) == '{"q": "otter"}'
+
+
+def test_agents_strict_only_where_the_schema_allows(executor: av.Executor) -> None:
+    """echo and bash take exactly their required arguments, so they are strict; read is not."""
+    strict = {t.name: t.strict_json_schema for t in function_tools(executor)}
+    assert strict == {"bash": True, "read": False, "echo": True}
+
+
+def test_agents_errors_go_back_to_the_model_as_text(executor: av.Executor) -> None:
+    """A refused call returns its error text, the SDK's way of telling the model, and raises nothing."""
+    text = asyncio.run(_invoke(function_tools(executor), Usage(), "echo", {"q": 1}))
+    assert text.startswith("Error: invalid arguments for echo")
+
+
+def test_agents_calls_of_one_run_share_a_turn(executor: av.Executor) -> None:
+    """Calls with the same run usage share a workspace; another run starts in a fresh one."""
+    tools = function_tools(executor)
+
+    async def main() -> tuple[str, str]:
+        run, other = Usage(), Usage()
+        await _invoke(tools, run, "bash", WRITE)
+        return (
+            await _invoke(tools, run, "bash", READ_BACK),
+            await _invoke(tools, other, "bash", READ_BACK),
+        )
+
+    same, fresh = asyncio.run(main())
+    assert same.startswith("kept")
+    assert "No such file" in fresh
+
+
+class _ScriptedModel(Model):
+    """A model that asks for two bash calls in turn, then answers with their outputs."""
+
+    def __init__(self) -> None:
+        self.calls = [WRITE, READ_BACK]
+
+    async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
+        """The next scripted tool call, or a final message once they are done."""
+        if self.calls:
+            arguments = json.dumps(self.calls.pop(0))
+            call = ResponseFunctionToolCall(
+                type="function_call",
+                call_id=f"c{len(self.calls)}",
+                name="bash",
+                arguments=arguments,
+            )
+            return ModelResponse(output=[call], usage=Usage(), response_id=None)
+        outputs = [i["output"] for i in kwargs["input"] if i.get("type") == "function_call_output"]
+        message = ResponseOutputMessage.model_validate(
+            {
+                "id": "m",
+                "type": "message",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": outputs[-1], "annotations": []}],
+            }
+        )
+        return ModelResponse(output=[message], usage=Usage(), response_id=None)
+
+    def stream_response(self, *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+        """Not used: the runner is not asked to stream."""
+        raise NotImplementedError
+
+
+def test_agents_runner_run_keeps_one_workspace(executor: av.Executor) -> None:
+    """Through ``Runner.run``, a file one call writes is there for the run's next call."""
+    agent = AgentsAgent(name="guide", model=_ScriptedModel(), tools=function_tools(executor))
+    result = asyncio.run(
+        Runner.run(agent, "write then read", run_config=RunConfig(tracing_disabled=True))
+    )
+    assert result.final_output.startswith("kept")
+
+
+def test_run_turns_end_when_the_run_is_released(executor: av.Executor) -> None:
+    """A run's turn ends when the object that keys it is garbage collected."""
+    turns = RunTurns(executor)
+    owner = Usage()
+    turn = turns.turn_for(owner)
+    assert turns.turn_for(owner) is turn
+    del owner
+    gc.collect()
+    assert len(turns) == 0
+    with pytest.raises(TurnClosedError):
+        turn.call("echo", {"q": "late"}).text  # noqa: B018 - the call itself must raise
+
+
+# -- pydantic-ai ----------------------------------------------------------------------------
+
+
+def _two_steps(messages: list[ModelMessage], info: AgentInfo) -> PydanticResponse:
+    """Write a file, then read it back and fail a call in the same step, then finish."""
+    if len(messages) == 1:
+        return PydanticResponse(parts=[ToolCallPart("bash", WRITE)])
+    if len(messages) == 3:
+        return PydanticResponse(
+            parts=[ToolCallPart("bash", READ_BACK), ToolCallPart("echo", {"q": 1})]
+        )
+    return PydanticResponse(parts=[TextPart("done")])
+
+
+def _returns(messages: list[ModelMessage]) -> list[ToolReturnPart]:
+    return [
+        part
+        for message in messages
+        if isinstance(message, ModelRequest)
+        for part in message.parts
+        if isinstance(part, ToolReturnPart)
+    ]
+
+
+def test_pydantic_ai_run_keeps_one_workspace_and_fails_calls(executor: av.Executor) -> None:
+    """Through ``Agent.run``: one turn per run, and a failed call is a failed tool return."""
+    toolset = VesselToolset(executor)
+    first = asyncio.run(PydanticAgent(FunctionModel(_two_steps), toolsets=[toolset]).run("go"))
+    written, read_back, refused = _returns(first.all_messages())
+    assert written.content.startswith("written")
+    assert read_back.content.startswith("kept")
+    assert refused.outcome == "failed"
+    assert "invalid arguments for echo" in str(refused.content)
+
+
+def _read_back(messages: list[ModelMessage], info: AgentInfo) -> PydanticResponse:
+    """Read the file back, then finish."""
+    if len(messages) == 1:
+        return PydanticResponse(parts=[ToolCallPart("bash", READ_BACK)])
+    return PydanticResponse(parts=[TextPart("done")])
+
+
+def test_pydantic_ai_each_run_gets_a_fresh_turn(executor: av.Executor) -> None:
+    """Two runs with one toolset: the second does not see what the first wrote."""
+    toolset = VesselToolset(executor)
+    asyncio.run(PydanticAgent(FunctionModel(_two_steps), toolsets=[toolset]).run("go"))
+    second = asyncio.run(PydanticAgent(FunctionModel(_read_back), toolsets=[toolset]).run("go"))
+    (read_back,) = _returns(second.all_messages())
+    assert "No such file" in str(read_back.content)
+
+
+def test_pydantic_ai_toolset_lists_the_granted_tools(executor: av.Executor) -> None:
+    """The model is offered the executor's tools with their own schemas."""
+    seen: list[str] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> PydanticResponse:
+        seen.extend(tool.name for tool in info.function_tools)
+        return PydanticResponse(parts=[TextPart("done")])
+
+    asyncio.run(PydanticAgent(FunctionModel(model), toolsets=[VesselToolset(executor)]).run("go"))
+    assert seen == ["bash", "read", "echo"]
+
+
+# -- LangChain ------------------------------------------------------------------------------
+
+
+def _tool_call(name: str, args: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "tool_call", "id": "call_1", "name": name, "args": args}
+
+
+def test_langchain_invoke_runs_in_the_turn(executor: av.Executor) -> None:
+    """``StructuredTool.invoke`` runs in the turn's sandbox; calls share its workspace."""
+    with executor.turn() as turn:
+        tools = {t.name: t for t in structured_tools(turn)}
+        assert tools["echo"].invoke({"q": "vole"}) == '{"q": "vole"}'
+        tools["bash"].invoke(WRITE)
+        message = tools["bash"].invoke(_tool_call("bash", READ_BACK))
+    assert isinstance(message, ToolMessage)
+    assert message.content.startswith("kept")
+    assert message.status == "success"
+
+
+def test_langchain_errors_are_error_tool_messages(executor: av.Executor) -> None:
+    """A failing call becomes a ToolMessage with status "error" and the error text."""
+    with executor.turn() as turn:
+        (echo,) = [t for t in structured_tools(turn) if t.name == "echo"]
+        message = echo.invoke(_tool_call("echo", {"q": 1}))
+    assert message.status == "error"
+    assert message.content.startswith("Error: invalid arguments for echo")
+
+
+def test_langchain_ainvoke_awaits_the_call(executor: av.Executor) -> None:
+    """``ainvoke`` runs the call with the turn's ``acall``."""
+
+    async def main() -> Any:
+        async with executor.turn() as turn:
+            (echo,) = [t for t in structured_tools(turn) if t.name == "echo"]
+            return await echo.ainvoke(_tool_call("echo", {"q": "eel"}))
+
+    assert asyncio.run(main()).content == '{"q": "eel"}'
