@@ -66,3 +66,37 @@ def test_example_needs_no_vendor_sdk(script: str) -> None:
     source = (LOOPS / script).read_text()
     assert "import openai" not in source
     assert "import anthropic" not in source
+
+
+FRAMEWORKS = LOOPS.parent / "frameworks"
+
+
+def _run_text(script: str) -> str:
+    done = subprocess.run(
+        [sys.executable, str(FRAMEWORKS / script), "--backend", BACKEND],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_agents_sdk_example() -> None:
+    """The Agents SDK example's run answers with what the sandboxed ``species`` tool printed."""
+    assert "Pied avocet" in _run_text("agents_sdk_run.py")
+
+
+def test_pydantic_ai_example() -> None:
+    """The pydantic-ai example's run gets the tool's text and a failed result for the bad read."""
+    output = _run_text("pydantic_ai_run.py")
+    assert "Pied avocet" in output
+    assert output.rstrip().endswith("(failed)")
+
+
+def test_langchain_example() -> None:
+    """The LangChain example gets a success ToolMessage and an error one for the bad argument."""
+    lines = _run_text("langchain_run.py").splitlines()
+    assert lines[0] == "call_1 [success]: ["
+    assert lines[-1].startswith("call_2 [error]: Error: invalid arguments for grep")
