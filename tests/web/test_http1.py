@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from astralvessel.errors import AstralVesselError
 from astralvessel.web import TransportError
 from astralvessel.web._http1 import (
     READERS,
@@ -161,3 +162,11 @@ def test_ambiguous_framing_is_refused(headers: tuple[tuple[str, str], ...]) -> N
     """Conflicting lengths and transfer codings other than plain chunked are refused."""
     with pytest.raises(TransportError):
         body_framing("GET", _head(*headers))
+
+
+def test_transport_error_is_the_librarys_and_an_os_error() -> None:
+    """A framing error is one of the library's errors and the OSError a transport raises."""
+    with pytest.raises(TransportError) as caught:
+        _read(b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", step=64)
+    assert isinstance(caught.value, AstralVesselError)
+    assert isinstance(caught.value, OSError)

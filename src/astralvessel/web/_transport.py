@@ -17,6 +17,8 @@ from typing import Protocol, runtime_checkable
 
 import attrs
 
+from ..errors import AstralVesselError
+
 __all__ = [
     "AsyncHttpResponse",
     "AsyncTransport",
@@ -27,11 +29,12 @@ __all__ = [
 ]
 
 
-class TransportError(OSError):
+class TransportError(AstralVesselError, OSError):
     """One exchange failed: the connection, TLS, or a malformed or oversized response.
 
     Transports raise this (or any other `OSError`, `TimeoutError` included);
-    the `Fetcher` turns it into an error result the model sees.
+    the `Fetcher` turns it into an error result the model sees. It is one of
+    the library's errors and also the `OSError` a transport's caller expects.
     """
 
 
