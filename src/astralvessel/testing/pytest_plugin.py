@@ -103,9 +103,10 @@ def vessel_sandbox(pytestconfig: pytest.Config) -> Sandbox:
 def _marker(request: pytest.FixtureRequest) -> pytest.Mark:
     marker: pytest.Mark | None = request.node.get_closest_marker(_MARKER)
     if marker is None or len(marker.args) != 1:
-        raise pytest.UsageError(
-            f"{request.node.nodeid}: mark the test with @pytest.mark.{_MARKER}(folder or "
-            "{file: text}) or override the vessel_agent fixture"
+        pytest.fail(
+            f"mark the test with @pytest.mark.{_MARKER}(folder, **executor_options) or "
+            f"@pytest.mark.{_MARKER}({{file: text}}), or override the vessel_agent fixture",
+            pytrace=False,
         )
     return marker
 
