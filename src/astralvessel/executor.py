@@ -7,7 +7,6 @@ a turn owns one running sandbox and its workspace. Every model mistake becomes a
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import tempfile
@@ -21,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from ._aio import to_thread
 from ._arguments import Refusal, check_arguments, parse_arguments, unknown_tool
 from ._plans import Call, Plan, TurnContext
 from ._runners import plan_call
@@ -130,7 +130,7 @@ class Executor:
 
     async def aclose(self) -> None:
         """Async twin of ``close``."""
-        await asyncio.to_thread(self.close)
+        await to_thread(self.close)
 
     def __enter__(self) -> Executor:
         return self
@@ -225,7 +225,7 @@ class Turn:
 
     async def aclose(self) -> None:
         """Async twin of ``close``."""
-        await asyncio.to_thread(self.close)
+        await to_thread(self.close)
 
     @property
     def session(self) -> SandboxSession:
@@ -244,7 +244,7 @@ class Turn:
         with self._lock:
             if self._session is not None and not self._closed:
                 return self._session
-        return await asyncio.to_thread(lambda: self.session)
+        return await to_thread(lambda: self.session)
 
     def _discard(self, session: SandboxSession) -> None:
         """Forget a sandbox that died, so the next call starts a fresh one."""

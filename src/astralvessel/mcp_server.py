@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from . import __version__
+from ._aio import to_thread
 
 try:
     import mcp.server.lowlevel as mcp_lowlevel
@@ -132,6 +133,4 @@ def _silence_stdout() -> None:
 
 
 async def _start(turn: Turn) -> None:
-    import asyncio
-
-    await asyncio.to_thread(lambda: turn.session)
+    await to_thread(lambda: turn.session)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
+import functools
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import attrs
+
+from .._aio import gather
 
 if TYPE_CHECKING:
     from ..executor import Turn
@@ -52,4 +54,4 @@ def run_calls(turn: Turn, calls: Sequence[ToolCall]) -> list[ToolResult]:
 
 async def arun_calls(turn: Turn, calls: Sequence[ToolCall]) -> list[ToolResult]:
     """Run ``calls`` in ``turn`` concurrently with ``acall``; results come back in call order."""
-    return list(await asyncio.gather(*(turn.acall(c.name, c.arguments) for c in calls)))
+    return await gather([functools.partial(turn.acall, c.name, c.arguments) for c in calls])

@@ -7,7 +7,7 @@
         messages.append(run_tool_calls(turn, response))   # one user message of tool_result blocks
 
 The calls of one response run concurrently in the turn (``arun_tool_calls``
-with ``acall`` and ``asyncio.gather``, ``run_tool_calls`` on threads).
+with ``acall`` on one task group (asyncio or trio), ``run_tool_calls`` on threads).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ Responses::
     items += run_responses_tool_calls(turn, response)   # one function_call_output per call
 
 The calls of one response run concurrently in the turn (``arun_*`` with
-``acall`` and ``asyncio.gather``, ``run_*`` on threads).
+``acall`` on one task group (asyncio or trio), ``run_*`` on threads).
 """
 
 from __future__ import annotations

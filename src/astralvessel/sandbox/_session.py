@@ -10,7 +10,6 @@ frame to the call waiting for it. See ``docs/sandbox-server.md``.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import collections
 import concurrent.futures
@@ -27,6 +26,7 @@ from pathlib import Path
 from types import CodeType, TracebackType
 from typing import IO, Any
 
+from .._aio import cancelled_exception, wait_future
 from ..errors import PromiseNotEnforcedError, SandboxError
 from ._api import Channel, FileOutcome, OutboxFile, RunOutcome, RunRequest, SandboxSession
 from ._policy import OUTBOX_DIR, WORKSPACE_DIR, Policy, Promise
@@ -587,10 +587,10 @@ class ServerSession(SandboxSession):
 
     async def _await(self, call_id: int, item: _Pending, limit: float) -> Any:
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(item.future), limit)
-        except asyncio.TimeoutError:
+            return await wait_future(item.future, limit)
+        except TimeoutError:
             raise self._stuck(call_id, limit) from None
-        except asyncio.CancelledError:
+        except cancelled_exception():  # on whichever event loop is running: kill the call
             self._cancel(call_id)
             raise
 
