@@ -88,3 +88,34 @@ async def warm_turns_async(registry: av.Registry) -> None:
     async with av.Executor(registry, warm=2) as executor, executor.turn() as turn:
         await turn.acall("species", {})
     await executor.aclose()
+
+
+def testing_kit(registry: av.Registry) -> list[str]:
+    from astralvessel.testing import (
+        FakeCall,
+        FakeRun,
+        FakeSandbox,
+        ScriptedModel,
+        ToolAnswer,
+        tool_call,
+    )
+
+    def species(call: FakeCall) -> str | FakeRun:
+        return FakeRun(output=str(call.arguments), exit_code=1) if call.stdin else "[]"
+
+    fake = FakeSandbox(
+        tools={"species": species, "grep": "a.md:1:otter\n"},
+        bash={"ls": FakeRun(output="a\n", files={"r.txt": b"x"})},
+        files={"/data/a.md": "otter\n"},
+        default=FakeRun(exit_code=127, timed_out=False),
+        registry=registry,
+    )
+    executor = av.Executor(registry, sandbox=fake)
+    with executor.turn() as turn:
+        turn.call("species", {})
+    calls: list[FakeCall] = fake.calls_to("species")
+    argv: tuple[str, ...] = calls[0].argv
+    model = ScriptedModel("anthropic", [tool_call("species", {"habitat": "rivers"}), "done"])
+    reply: dict[str, object] = model.messages.create(messages=[], tools=[])
+    answers: list[ToolAnswer] = model.answers()
+    return [*argv, str(reply), *(a.text for a in answers), str(fake.open_sessions)]
