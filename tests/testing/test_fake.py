@@ -178,3 +178,15 @@ def test_bad_values_are_refused_when_built() -> None:
         FakeRun(files={"../escape": "x"})
     with pytest.raises(TypeError):
         FakeRun(exit_code="0")  # type: ignore[arg-type]
+
+
+def test_grep_searches_the_fake_files_when_not_scripted() -> None:
+    """Without a scripted answer, grep searches the in-memory files as the sandbox's script would."""
+    registry = Registry()
+    registry.add_builtin("grep")
+    fake = FakeSandbox(files={"/workspace/b.md": "Otters\n", "/workspace/a/x.md": "otter\nheron\n"})
+    with Executor(registry, sandbox=fake).turn() as turn:
+        found = turn.call("grep", {"pattern": "otter", "ignore_case": True})
+        none = turn.call("grep", {"pattern": "kingfisher"})
+    assert found.text == "a/x.md:1:otter\nb.md:1:Otters"
+    assert (none.text, none.is_error) == ("No matches found.", False)

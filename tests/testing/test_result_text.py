@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from astralvessel import Executor, Registry, ToolSpec
+from astralvessel import Agent, Executor, Registry, ToolSpec
 from astralvessel.sandbox import Bubblewrap
 from astralvessel.testing import Answer, FakeRun, FakeSandbox
 
@@ -29,9 +29,10 @@ def make_executor(request: pytest.FixtureRequest) -> MakeExecutor:
         fake: Mapping[str, Answer] | None = None,
         bash: Mapping[str, Answer] | None = None,
         builtins: tuple[str, ...] = (),
+        agent: Agent | None = None,
         **kw: object,
     ) -> Executor:
-        registry = Registry(tools)
+        registry = Registry.for_agent(agent) if agent is not None else Registry(tools)
         for name in builtins:
             registry.add_builtin(name)
         sandbox = (
@@ -186,3 +187,73 @@ def test_file_tools_read_mounted_data_alike(make_executor: MakeExecutor, tmp_pat
     assert (missing.text, missing.is_error) == ("/data/none.md does not exist.", True)
     assert outside.is_error
     assert "outside" in outside.text
+
+
+@pytest.fixture
+def pages(tmp_path: Path) -> Path:
+    """A folder of pages the sandbox's user can read, to mount at /data; beside it, a grep agent."""
+    (tmp_path / "agent").mkdir()
+    (tmp_path / "agent" / "vessel.toml").write_text(
+        'workdir = "/data"\n[tools]\nbuiltin = ["grep"]\n'
+    )
+    tmp_path = tmp_path / "pages"
+    (tmp_path / "species").mkdir(parents=True)
+    (tmp_path / "species" / "otter.md").write_text("# Otter\nOtters eat fish.\nSpraints mark\n")
+    (tmp_path / "species" / "heron.md").write_text("# Heron\nHerons eat fish too.\n")
+    (tmp_path / "species-notes.txt").write_text("otter notes\n")
+    (tmp_path / ".hidden.md").write_text("fish in a hidden file\n")
+    (tmp_path / "blob.bin").write_bytes(b"fish\0fish\n")
+    for path in (tmp_path, tmp_path / "species"):
+        path.chmod(0o755)
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("arguments", "text", "is_error"),
+    [
+        (
+            {"pattern": "fish"},
+            ".hidden.md:1:fish in a hidden file\n"
+            "species/heron.md:2:Herons eat fish too.\n"
+            "species/otter.md:2:Otters eat fish.",
+            False,
+        ),
+        (
+            {"pattern": "otter", "ignore_case": True, "glob": "*.md"},
+            "species/otter.md:1:# Otter\nspecies/otter.md:2:Otters eat fish.",
+            False,
+        ),
+        (
+            {"pattern": "^#", "path": "/data/species/heron.md"},
+            "/data/species/heron.md:1:# Heron",
+            False,
+        ),
+        ({"pattern": "notes", "path": "/data"}, "/data/species-notes.txt:1:otter notes", False),
+        ({"pattern": "nothing-like-this"}, "No matches found.", False),
+        ({"pattern": "x", "path": "/data/none"}, "/data/none does not exist.", True),
+        (
+            {"pattern": "x", "path": "blob.bin"},
+            "blob.bin is a binary file; grep searches text files only.",
+            True,
+        ),
+        (
+            {"pattern": "e", "max_results": 2},
+            ".hidden.md:1:fish in a hidden file\nspecies/heron.md:1:# Heron\n"
+            "[more than 2 matching lines; showing the first 2: narrow the pattern, path or glob, "
+            "or raise max_results (at most 1000)]",
+            False,
+        ),
+    ],
+)
+def test_grep_reads_alike(
+    make_executor: MakeExecutor,
+    pages: Path,
+    arguments: dict[str, object],
+    text: str,
+    is_error: bool,
+) -> None:
+    """grep finds the same lines, in the same order, with the same messages, on both."""
+    executor = make_executor(agent=Agent.load(pages.parent / "agent"), mounts={"/data": pages})
+    with executor.turn() as turn:
+        result = turn.call("grep", arguments)
+    assert (result.text, result.is_error) == (text, is_error)

@@ -26,6 +26,7 @@ from ..sandbox._base import Sandbox, SandboxSession, ServerLink
 from ..sandbox._policy import Policy, Promise
 from ..spec import ToolSpec
 from ._fakefs import FakeFiles, check_file_paths, check_visible
+from ._fakegrep import fake_grep
 from ._identify import identify
 
 __all__ = ["Answer", "FakeCall", "FakeRun", "FakeSandbox", "UnscriptedCallError"]
@@ -230,6 +231,8 @@ class FakeSession(SandboxSession):
         )
         self.sandbox._record(call)
         answer = self.sandbox._answer(call, candidates)
+        if answer is None and call.tool == "grep":
+            answer = self._grep
         if answer is None:
             raise UnscriptedCallError(
                 f"the fake sandbox has no answer for {call.tool or 'this call'} "
@@ -244,6 +247,18 @@ class FakeSession(SandboxSession):
             dropped_chars=dropped,
             files=self._leave(run.files),
         )
+
+    def _grep(self, call: FakeCall) -> FakeRun:
+        """``grep`` over the fake's files, when the script does not answer it."""
+        files = self._layout()
+        # After "$0" and its seven values, the script takes the roots it may search.
+        output, exit_code = fake_grep(
+            call.arguments,
+            workdir=str(self.policy.workdir),
+            roots=call.argv[11:],
+            real_path=files.real_path,
+        )
+        return FakeRun(output=output, exit_code=exit_code)
 
     async def arun(self, request: RunRequest) -> RunOutcome:
         """Async twin of ``run``: nothing here waits."""
