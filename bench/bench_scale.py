@@ -1,0 +1,305 @@
+"""Benchmark: speed and scale of turns, each figure a ratio against a baseline of this same run.
+
+The figures of issue 17, per backend, each printed next to its target:
+
+- ``call``: one ``/bin/true`` tool call into a running turn (``turn.call``, after
+  a 20 ms pause), against ``posix_spawn`` of ``/bin/true`` on the host;
+  target <= 4x.
+- ``cold start``: a turn's sandbox started and closed, against a one-shot
+  sandbox of the same backend running ``/bin/true`` (the very command line the
+  backend builds; ``docker run --rm`` for Docker); target <= 60 ms on bubblewrap
+  and nsjail, <= 1.1x ``docker run`` on Docker.
+- ``warm start + call``: with ``Executor(warm=1)``, opening a turn and its first
+  call, against the same one-shot sandbox; target <= 2x.
+- ``N turns at once``: N threads each open a turn and make Python tool calls;
+  every error counts; target 0 errors at 128 turns. Prints p50 and p95 of a call.
+- ``memory per idle turn``: the proportional set size (PSS: shared pages split
+  between their users) of every process of an idle turn's sandbox, against the
+  same sandbox running a bare interpreter waiting on stdin; target <= 8 MiB.
+
+Run: ``python bench/bench_scale.py [--runs N] [--turns N] [backend ...]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import os
+import statistics
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from astralvessel import Executor, Registry, ToolSpec
+from astralvessel.sandbox import Policy, Sandbox, SandboxSession
+from astralvessel.sandbox._channels import PipeChannel
+from astralvessel.sandbox._discovery import get_backend
+from astralvessel.sandbox._nsbackend import NamespaceBackend
+from astralvessel.sandbox._session import ServerSession
+
+TRUE = "/bin/true"
+PAUSE = 0.02
+IMAGE = os.environ.get("ASTRALVESSEL_DOCKER_IMAGE", "astralvessel-test/base:bookworm")
+TOOLS = (
+    ToolSpec.command_tool("true", "Do nothing.", [TRUE]),
+    ToolSpec.command_tool(
+        "py", "Run Python.", ["python3", "-c", "import sys; print(sum(range(10000)))"]
+    ),
+)
+
+
+def median_ms(action: Callable[[], object], runs: int, pause: float = 0.0) -> float:
+    samples = []
+    for _ in range(runs):
+        if pause:
+            time.sleep(pause)
+        began = time.perf_counter()
+        action()
+        samples.append((time.perf_counter() - began) * 1000)
+    return statistics.median(samples)
+
+
+def posix_spawn_true() -> None:
+    pid = os.posix_spawn(TRUE, [TRUE], {})
+    os.waitpid(pid, 0)
+
+
+def backend_of(name: str) -> Sandbox:
+    if name == "docker":
+        from astralvessel.sandbox._docker import Docker
+
+        return Docker(base_image=IMAGE, pull=False)
+    return get_backend(name)
+
+
+def one_shot_argv(backend: Sandbox, command: list[str]) -> list[str]:
+    """The command line of a one-shot sandbox of ``backend`` running ``command``."""
+    if isinstance(backend, NamespaceBackend):
+        facts, binary = backend._discover()
+        assert binary is not None
+        return backend._argv(binary, Policy(), facts, command, None)
+    return ["docker", "run", "--rm", "-i", "--network", "none", IMAGE, *command]
+
+
+def executor(backend: Sandbox, warm: int = 0) -> Executor:
+    return Executor(Registry(TOOLS), sandbox=backend, warm=warm)
+
+
+# -- memory ------------------------------------------------------------------------------
+
+
+def descendants(root: int) -> Iterator[int]:
+    """``root`` and every process below it, from ``/proc``."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            parent = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(parent, []).append(int(entry))
+    todo = [root]
+    while todo:
+        pid = todo.pop()
+        yield pid
+        todo += children.get(pid, [])
+
+
+def tree_kib(root: int, field: str) -> int:
+    """The sum of ``field`` (``Pss`` or ``Rss``) of ``root``'s process tree, in KiB."""
+    total = 0
+    for pid in descendants(root):
+        try:
+            text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+        except OSError:
+            continue
+        for line in text.splitlines():
+            if line.startswith(field + ":"):
+                total += int(line.split()[1])
+    return total
+
+
+def session_root(session: SandboxSession) -> int | None:
+    if isinstance(session, ServerSession) and isinstance(session.channel, PipeChannel):
+        return session.channel.process.pid
+    return None
+
+
+def idle_memory(backend: Sandbox, turns: int) -> tuple[float, float, float] | None:
+    """MiB per idle turn (PSS, RSS), and a bare interpreter's PSS in the same sandbox."""
+    if not isinstance(backend, NamespaceBackend):
+        return None
+    facts, _ = backend._discover()
+    bare = subprocess.Popen(
+        one_shot_argv(backend, [facts.python.executable, "-I", "-S", "-c", "input()"]),
+        stdin=subprocess.PIPE,
+        start_new_session=True,
+    )
+    sessions = [backend.start(Policy()) for _ in range(turns)]
+    try:
+        time.sleep(1.0)  # let every server settle into its idle state
+        roots = [r for r in map(session_root, sessions) if r is not None]
+        pss = statistics.mean(tree_kib(r, "Pss") for r in roots) / 1024
+        rss = statistics.mean(tree_kib(r, "Rss") for r in roots) / 1024
+        bare_pss = tree_kib(bare.pid, "Pss") / 1024
+    finally:
+        for session in sessions:
+            session.close()
+        bare.kill()
+        bare.wait()
+    return pss, rss, bare_pss
+
+
+# -- many turns at once ------------------------------------------------------------------
+
+
+def many_turns(backend: Sandbox, turns: int, calls: int) -> tuple[int, float, float, float]:
+    """Errors, p50 and p95 of a call in ms, and the wall time in s of ``turns`` turns at once."""
+    ex = executor(backend)
+    durations: list[float] = []
+    errors = 0
+    gate = concurrent.futures.ThreadPoolExecutor(turns)
+
+    def one(_: int) -> tuple[int, list[float]]:
+        bad, took = 0, []
+        try:
+            with ex.turn() as turn:
+                for _ in range(calls):
+                    began = time.perf_counter()
+                    result = turn.call("py", {})
+                    took.append((time.perf_counter() - began) * 1000)
+                    bad += result.is_error or result.text.strip() != "49995000"
+        except Exception:
+            bad += calls
+        return bad, took
+
+    began = time.perf_counter()
+    with gate:
+        for bad, took in gate.map(one, range(turns)):
+            errors += bad
+            durations += took
+    wall = time.perf_counter() - began
+    if not durations:
+        return errors, float("nan"), float("nan"), wall
+    durations.sort()
+    return errors, durations[len(durations) // 2], durations[int(len(durations) * 0.95)], wall
+
+
+# -- the table ---------------------------------------------------------------------------
+
+
+def row(figure: str, value: str, baseline: str, ratio: str, target: str, **verdict: bool) -> None:
+    """One line of the table; ``holds=`` says whether the target holds."""
+    holds = verdict.get("holds")
+    mark = "" if holds is None else ("ok" if holds else "MISSED")
+    print(f"  {figure:<24} {value:>12} {baseline:>28} {ratio:>8}  {target:<22} {mark}")
+
+
+def bench(name: str, runs: int, turns: int, idle: int) -> None:
+    backend = backend_of(name)
+    print(f"{name}")
+    row("figure", "measured", "baseline", "ratio", "target")
+    one_shot = one_shot_argv(backend, [TRUE])
+    one_shot_ms = median_ms(
+        lambda: subprocess.run(one_shot, check=True, stdin=subprocess.DEVNULL), runs
+    )
+    spawn_ms = median_ms(posix_spawn_true, runs * 5)
+    base_name = "docker run --rm" if name == "docker" else f"one-shot {name}"
+
+    with executor(backend) as ex, ex.turn() as turn:
+        turn.call("true")
+        call_ms = median_ms(lambda: turn.call("true"), runs * 5, pause=PAUSE)
+    ratio = call_ms / spawn_ms
+    row(
+        "call",
+        f"{call_ms:.2f} ms",
+        f"posix_spawn {spawn_ms:.2f} ms",
+        f"{ratio:.1f}x",
+        "<= 4x",
+        holds=ratio <= 4,
+    )
+
+    cold_ms = median_ms(lambda: backend.start(Policy()).close(), runs)
+    ratio = cold_ms / one_shot_ms
+    if name == "docker":
+        row(
+            "cold start + close",
+            f"{cold_ms:.1f} ms",
+            f"{base_name} {one_shot_ms:.1f} ms",
+            f"{ratio:.2f}x",
+            "<= 1.1x docker run",
+            holds=ratio <= 1.1,
+        )
+    else:
+        row(
+            "cold start + close",
+            f"{cold_ms:.1f} ms",
+            f"{base_name} {one_shot_ms:.1f} ms",
+            f"{ratio:.1f}x",
+            "<= 60 ms",
+            holds=cold_ms <= 60,
+        )
+
+    with executor(backend, warm=1) as ex:
+        samples = []
+        for _ in range(runs):
+            assert ex.wait_warm(120)
+            began = time.perf_counter()
+            with ex.turn() as turn:
+                result = turn.call("true")
+                samples.append((time.perf_counter() - began) * 1000)
+            assert not result.is_error, result.text
+    warm_ms = statistics.median(samples)
+    ratio = warm_ms / one_shot_ms
+    row(
+        "warm start + call",
+        f"{warm_ms:.1f} ms",
+        f"{base_name} {one_shot_ms:.1f} ms",
+        f"{ratio:.2f}x",
+        "<= 2x",
+        holds=ratio <= 2,
+    )
+
+    errors, p50, p95, wall = many_turns(backend, turns, calls=3)
+    row(
+        f"{turns} turns at once",
+        f"{errors} errors",
+        f"call p50 {p50:.0f} ms p95 {p95:.0f}",
+        f"{wall:.1f} s",
+        "0 errors",
+        holds=errors == 0,
+    )
+
+    memory = idle_memory(backend, idle)
+    if memory is None:
+        row("memory per idle turn", "n/a", "(not a host process tree)", "", "<= 8 MiB")
+    else:
+        pss, rss, bare = memory
+        row(
+            "memory per idle turn",
+            f"{pss:.1f} MiB",
+            f"bare python {bare:.1f} MiB PSS",
+            f"{pss / bare:.1f}x",
+            "<= 8 MiB (PSS)",
+            holds=pss <= 8,
+        )
+        row("  (RSS, shared counted)", f"{rss:.1f} MiB", "", "", "")
+    print()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("backends", nargs="*", default=["bubblewrap", "nsjail", "docker"])
+    parser.add_argument("--runs", type=int, default=9, help="samples per median")
+    parser.add_argument("--turns", type=int, default=128, help="turns at once")
+    parser.add_argument("--idle", type=int, default=8, help="idle turns measured for memory")
+    args = parser.parse_args()
+    print(f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; medians of {args.runs} runs\n")
+    for name in args.backends:
+        bench(name, args.runs, args.turns, args.idle)
+
+
+if __name__ == "__main__":
+    main()
