@@ -1,0 +1,298 @@
+"""RayExecutor and RayTurn: the Executor and Turn API, each turn held by an actor on one node.
+
+The host keeps the model-facing side (which tool, which arguments, what text
+comes back); a turn's sandbox lives on the Ray node that placed its actor. A
+node lost mid-turn (the actor dies, the node is gone, or no answer comes within
+the call's timeout plus a grace) costs the call an error result, as a dead
+sandbox does locally, and the turn's next call starts a new actor, placed anew.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import attrs
+
+from ..errors import BackendUnavailableError, TurnClosedError, UsageError
+from ..registry import Registry
+from ..results import OutboxFile, ToolResult, render_sandbox_died
+from ..sandbox._base import Sandbox
+from ._host import TurnHost
+from ._ship import pack_agent
+
+__all__ = ["RayExecutor", "RayTurn"]
+
+#: How long past a call's own timeout the host waits for its node before calling it lost.
+CALL_GRACE = 60.0
+#: How long ``close`` waits for the node to end the turn before killing the actor.
+CLOSE_WAIT = 30.0
+#: Threads of one turn's actor: calls of one turn may run concurrently, as locally.
+TURN_CONCURRENCY = 32
+
+
+def _ray() -> Any:
+    try:
+        import ray
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            "astralvessel.ray needs Ray: install it with `pip install 'astralvessel[ray]'`"
+        ) from exc
+    return ray
+
+
+@functools.cache
+def _actor_class() -> Any:
+    """``TurnHost`` as a Ray actor class (made once; Ray is imported only when used)."""
+    return _ray().remote(TurnHost)
+
+
+class RayExecutor:
+    """An ``Executor`` whose turns each run on one node of a Ray cluster.
+
+    ``address`` is the cluster to join (``ray.init(address=...)``) when this
+    process has not joined one yet; None joins the one ``RAY_ADDRESS`` names or
+    starts a local one. ``sandbox`` is a backend name or a zero-argument
+    callable that builds the backend (a class such as ``Bubblewrap``), resolved
+    on each node. The agent folder is shipped to the nodes; ``mounts`` must
+    exist at the same paths on every node (see ``docs/scaling.md``).
+    ``actor_options`` go to each turn's actor (``resources``,
+    ``scheduling_strategy``...); turns are spread over the nodes by default.
+    Every other keyword is an ``Executor`` option, applied on the node.
+    """
+
+    def __init__(
+        self,
+        registry: Registry,
+        *,
+        sandbox: str | Callable[[], Sandbox] | None = None,
+        mounts: Mapping[str, str | Path] | None = None,
+        address: str | None = None,
+        actor_options: Mapping[str, Any] | None = None,
+        **options: Any,
+    ) -> None:
+        if isinstance(sandbox, Sandbox):
+            raise UsageError(
+                "RayExecutor builds the backend on each node: pass its name "
+                f"({sandbox.name!r}) or its class, not an instance"
+            )
+        if "warm" in options:
+            raise UsageError("RayExecutor does not keep warm sandboxes yet; drop warm=")
+        ray = _ray()
+        if not ray.is_initialized():
+            ray.init(address=address, logging_level="WARNING", log_to_driver=False)
+        self.registry = registry
+        agent = registry.agent
+        self.timeout_seconds: float = options.get("timeout_seconds") or (
+            agent.tool_timeout_seconds if agent is not None else 30.0
+        )
+        self._options: dict[str, Any] = {
+            **options,
+            "sandbox": sandbox,
+            "mounts": {k: str(v) for k, v in (mounts or {}).items()},
+        }
+        self._actor_options: dict[str, Any] = {
+            "scheduling_strategy": "SPREAD",
+            "max_concurrency": TURN_CONCURRENCY,
+            "max_restarts": 0,
+            **(actor_options or {}),
+        }
+        # Put once in the object store: each turn's actor fetches them from there.
+        self._registry_ref = ray.put(registry)
+        self._agent_ref = None if agent is None else ray.put(pack_agent(agent.path))
+
+    def turn(self) -> RayTurn:
+        """Open one turn: a context manager (``with`` or ``async with``) on one node."""
+        return RayTurn(self)
+
+    def close(self) -> None:
+        """Nothing to release here: each turn releases its own actor. For ``with`` symmetry."""
+
+    async def aclose(self) -> None:
+        """Async twin of ``close``."""
+
+    def __enter__(self) -> RayExecutor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> RayExecutor:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def _deadline(self, name: str) -> float:
+        """How long the host waits for a call of ``name`` before calling its node lost."""
+        spec = self.registry.get(name) if isinstance(name, str) else None
+        timeout = (spec.timeout_seconds if spec is not None else None) or self.timeout_seconds
+        return timeout + CALL_GRACE
+
+    def _start_actor(self) -> Any:
+        actor = _actor_class().options(**self._actor_options)
+        return actor.remote(self._registry_ref, self._options, self._agent_ref)
+
+    def __repr__(self) -> str:
+        return f"RayExecutor({self.registry!r}, sandbox={self._options['sandbox']!r})"
+
+
+@attrs.frozen
+class _Sent:
+    """One call on its way: the actor it went to, the reply's reference, how long to wait."""
+
+    actor: Any
+    reply: Any
+    timeout: float
+
+
+class RayTurn:
+    """One turn on one Ray node: ``call`` and ``acall`` as ``Turn``'s; results name the node."""
+
+    def __init__(self, executor: RayExecutor) -> None:
+        self.executor = executor
+        self._actor: Any = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self._outbox: Path | None = None
+        self._calls = 0
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def __enter__(self) -> RayTurn:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> RayTurn:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def close(self) -> None:
+        """End the turn on its node (its sandbox and workspace) and release the actor."""
+        with self._lock:
+            self._closed = True
+            actor, self._actor = self._actor, None
+            outbox, self._outbox = self._outbox, None
+        if actor is not None:
+            _release(actor)
+        if outbox is not None:
+            shutil.rmtree(outbox, ignore_errors=True)
+
+    async def aclose(self) -> None:
+        """Async twin of ``close``."""
+        await asyncio.to_thread(self.close)
+
+    @property
+    def node(self) -> str:
+        """The id of the Ray node holding this turn (placing its actor now if need be)."""
+        actor = self._handle()
+        node: str = _ray().get(actor.node_id.remote(), timeout=CALL_GRACE)
+        return node
+
+    def _handle(self) -> Any:
+        with self._lock:
+            if self._closed:
+                raise TurnClosedError("this turn has ended; open a new one with executor.turn()")
+            if self._actor is None:
+                self._actor = self.executor._start_actor()
+            return self._actor
+
+    # -- calls ----------------------------------------------------------------------------
+
+    def call(self, name: str, arguments: object = None) -> ToolResult:
+        """Run one tool call on the turn's node; ``arguments`` is a dict or the model's JSON."""
+        started = time.monotonic()
+        sent = self._send(name, arguments)
+        try:
+            reply = _ray().get(sent.reply, timeout=sent.timeout)
+        except Exception as exc:
+            return self._failed(sent, name, exc, started)
+        return self._land(reply)
+
+    async def acall(self, name: str, arguments: object = None) -> ToolResult:
+        """Async twin of ``call``; calls of one turn may run concurrently."""
+        started = time.monotonic()
+        sent = self._send(name, arguments)
+        try:
+            reply = await asyncio.wait_for(sent.reply, sent.timeout)
+        except Exception as exc:
+            return self._failed(sent, name, exc, started)
+        return self._land(reply)
+
+    def _send(self, name: str, arguments: object) -> _Sent:
+        actor = self._handle()
+        return _Sent(
+            actor=actor,
+            reply=actor.call.remote(name, arguments),
+            timeout=self.executor._deadline(name),
+        )
+
+    def _failed(self, sent: _Sent, name: str, exc: Exception, started: float) -> ToolResult:
+        """The host's own error raised again; a lost node as the call's error result."""
+        ray = _ray()
+        if isinstance(exc, ray.exceptions.RayTaskError):
+            # The call itself raised on the node: a host mistake, raised as itself here.
+            raise exc.cause from None
+        if not isinstance(exc, ray.exceptions.RayError | asyncio.TimeoutError):
+            raise exc
+        with self._lock:
+            lost = self._actor is sent.actor
+            if lost:
+                self._actor = None
+        if lost:
+            _release(sent.actor, wait=False)
+        why = (
+            f"no answer from its Ray node within {sent.timeout:g} s"
+            if isinstance(exc, ray.exceptions.GetTimeoutError | asyncio.TimeoutError)
+            else f"its Ray node was lost: {type(exc).__name__}"
+        )
+        return attrs.evolve(
+            render_sandbox_died(why), tool=name, duration=time.monotonic() - started
+        )
+
+    def _land(self, reply: tuple[ToolResult, dict[str, bytes]]) -> ToolResult:
+        """The node's result, its outbox files written to this host's disk."""
+        result, contents = reply
+        if not contents:
+            return result
+        with self._lock:
+            if self._outbox is None:
+                self._outbox = Path(tempfile.mkdtemp(prefix="astralvessel-ray-outbox-"))
+            self._calls += 1
+            folder = self._outbox / f"call-{self._calls}"
+        folder.mkdir()
+        files = []
+        for entry in result.files:
+            path = folder / entry.name
+            path.write_bytes(contents[entry.name])
+            files.append(OutboxFile(name=entry.name, size=entry.size, path=path))
+        return attrs.evolve(result, files=tuple(files))
+
+
+def _release(actor: Any, *, wait: bool = True) -> None:
+    """End a turn's actor: let it close its turn when it can answer, then kill it."""
+    ray = _ray()
+    if wait:
+        # A lost node has nothing left to close.
+        with contextlib.suppress(Exception):
+            ray.get(actor.close.remote(), timeout=CLOSE_WAIT)
+    with contextlib.suppress(Exception):
+        ray.kill(actor)

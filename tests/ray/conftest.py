@@ -1,0 +1,119 @@
+"""A real local Ray cluster of two nodes on this machine: a head and a second node.
+
+Each node is a ``ray start --block`` process in its own session, started here
+and stopped here by its process group (never ``ray stop``, which would end
+every Ray process on the machine). Each node has one CPU, a small object
+store, and a custom resource naming it, so a test can place a turn on either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+RAY = str(Path(sys.executable).parent / "ray")
+# Bounds for a node to join or leave the cluster; never a timing assertion.
+SETTLE = 90.0
+OBJECT_STORE = str(80 * 1024 * 1024)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+class Node:
+    """One ``ray start --block`` process and the resource that names its node."""
+
+    def __init__(self, resource: str, *, head: bool, address: str, temp_dir: str) -> None:
+        self.resource = resource
+        argv = [
+            RAY,
+            "start",
+            "--block",
+            "--num-cpus=1",
+            f"--object-store-memory={OBJECT_STORE}",
+            f"--resources={json.dumps({resource: 100})}",
+            "--disable-usage-stats",
+        ]
+        if head:
+            host, port = address.split(":")
+            argv += [
+                "--head",
+                f"--node-ip-address={host}",
+                f"--port={port}",
+                "--include-dashboard=false",
+                f"--temp-dir={temp_dir}",
+            ]
+        else:
+            argv += [f"--address={address}", "--node-ip-address=127.0.0.1"]
+        self.process = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+        )
+
+    def kill(self) -> None:
+        """End this node at once: every process of its group (raylet, workers, sandboxes)."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait(timeout=SETTLE)
+
+
+def wait_for_resource(ray_module: object, resource: str, present: bool = True) -> None:
+    """Wait (bounded) until the cluster does (or no longer does) offer ``resource``."""
+    deadline = time.monotonic() + SETTLE
+    while (resource in ray_module.cluster_resources()) != present:  # type: ignore[attr-defined]
+        assert time.monotonic() < deadline, f"the node offering {resource} did not settle"
+        time.sleep(0.2)
+
+
+@pytest.fixture(scope="session")
+def ray_module() -> object:
+    """Ray itself; the test dependencies install it on every Python we support."""
+    import ray as module
+
+    return module
+
+
+@pytest.fixture(scope="session")
+def cluster(ray_module: object) -> Iterator[dict[str, object]]:
+    """A head node (resource ``node_head``) and a second node (``node_b``), joined by this test."""
+    address = f"127.0.0.1:{_free_port()}"
+    temp_dir = tempfile.mkdtemp(prefix="rayh-", dir="/tmp")  # short: Ray's socket paths are long
+    nodes = [Node("node_head", head=True, address=address, temp_dir=temp_dir)]
+    try:
+        deadline = time.monotonic() + SETTLE
+        while True:
+            done = subprocess.run(
+                [RAY, "status", f"--address={address}"], capture_output=True, check=False
+            )
+            if done.returncode == 0:
+                break
+            assert nodes[0].process.poll() is None, "the Ray head node exited"
+            assert time.monotonic() < deadline, done.stderr.decode()[-2000:]
+            time.sleep(0.5)
+        nodes.append(Node("node_b", head=False, address=address, temp_dir=temp_dir))
+        ray_module.init(address=address, logging_level="WARNING", log_to_driver=False)  # type: ignore[attr-defined]
+        wait_for_resource(ray_module, "node_b")
+        yield {"address": address, "temp_dir": temp_dir, "nodes": nodes}
+    finally:
+        ray_module.shutdown()  # type: ignore[attr-defined]
+        for node in reversed(nodes):
+            node.kill()
