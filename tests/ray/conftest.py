@@ -96,7 +96,7 @@ def ray_module() -> object:
 def cluster(ray_module: object) -> Iterator[dict[str, object]]:
     """A head node (resource ``node_head``) and a second node (``node_b``), joined by this test."""
     address = f"127.0.0.1:{_free_port()}"
-    temp_dir = tempfile.mkdtemp(prefix="rayh-", dir="/tmp")  # short: Ray's socket paths are long
+    temp_dir = tempfile.mkdtemp(prefix="rayh-")  # a short prefix: Ray nests socket paths in it
     nodes = [Node("node_head", head=True, address=address, temp_dir=temp_dir)]
     try:
         deadline = time.monotonic() + SETTLE
