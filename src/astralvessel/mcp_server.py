@@ -2,8 +2,10 @@
 
 One MCP session is one turn: the session's calls share one sandbox and one
 workspace, which end when the client disconnects. Tools are listed with the
-registry's ``"mcp"`` schemas, limited to the executor's granted scopes; each
-result is one text content block with ``isError`` set as the turn decided, so a
+registry's ``"mcp"`` schemas (titles and read-only hints for the built-ins),
+limited to the executor's granted scopes; each result is one text content
+block (and ``structuredContent`` when the text is one JSON object) with
+``isError`` set as the turn decided, so a
 refusal, a failing command or a timeout reaches the client's model as an error
 result it can act on. The host's own failures (a sandbox that cannot start)
 are protocol errors.
@@ -17,7 +19,10 @@ From Python::
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any
+
+import anyio
 
 from . import __version__
 from ._aio import to_thread
@@ -38,18 +43,73 @@ if TYPE_CHECKING:
     from .executor import Executor, Turn
     from .results import ToolResult
 
-__all__ = ["create_server", "serve_stdio", "to_mcp_result"]
+__all__ = [
+    "PROGRESS_INTERVAL",
+    "create_server",
+    "serve_stdio",
+    "structured_content",
+    "to_mcp_result",
+]
+
+
+#: Seconds between two progress notifications while a call runs.
+PROGRESS_INTERVAL = 1.0
+
+
+def structured_content(result: ToolResult) -> dict[str, Any] | None:
+    """The JSON object a successful result's whole text is, or None when it is not one."""
+    text = result.text.strip()
+    if result.is_error or not text.startswith("{"):
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def to_mcp_result(result: ToolResult) -> mcp_types.CallToolResult:
-    """One ``ToolResult`` as an MCP ``CallToolResult``: its text, and ``isError``."""
-    return mcp_types.CallToolResult.model_validate(
-        {"content": [{"type": "text", "text": result.text}], "isError": result.is_error}
-    )
+    """One ``ToolResult`` as an MCP ``CallToolResult``: its text, and ``isError``.
+
+    A successful result whose text is one JSON object also carries it as
+    ``structuredContent``; the text block stays for clients that read only text.
+    """
+    answer: dict[str, Any] = {
+        "content": [{"type": "text", "text": result.text}],
+        "isError": result.is_error,
+    }
+    structured = structured_content(result)
+    if structured is not None:
+        answer["structuredContent"] = structured
+    return mcp_types.CallToolResult.model_validate(answer)
 
 
-def create_server(turn: Turn, *, name: str | None = None) -> mcp_lowlevel.Server[Any]:
-    """A low-level MCP server whose tools are ``turn``'s executor's tools, called in ``turn``."""
+async def _report_progress(
+    ctx: ServerRequestContext[Any], tool: str, timeout: float | None, interval: float
+) -> None:
+    """Tell the client the call is still running, once at once and then every ``interval`` s.
+
+    Progress counts the seconds the call has run, out of its timeout. It is a
+    no-op when the client sent no progress token.
+    """
+    started = anyio.current_time()
+    while True:
+        elapsed = anyio.current_time() - started
+        await ctx.session.report_progress(
+            elapsed, timeout, f"{tool}: running for {elapsed:.0f} s in the sandbox"
+        )
+        await anyio.sleep(interval)
+
+
+def create_server(
+    turn: Turn, *, name: str | None = None, progress_interval: float = PROGRESS_INTERVAL
+) -> mcp_lowlevel.Server[Any]:
+    """A low-level MCP server whose tools are ``turn``'s executor's tools, called in ``turn``.
+
+    Tools are listed with titles and behaviour hints where known (the file tools
+    are read-only). While a call runs, a client that sent a progress token gets a
+    progress notification at once and then every ``progress_interval`` seconds.
+    """
     executor = turn.executor
     agent = executor.registry.agent
     server_name = name or (agent.name if agent is not None else "astralvessel")
@@ -63,8 +123,13 @@ def create_server(turn: Turn, *, name: str | None = None) -> mcp_lowlevel.Server
     async def call_tool(
         ctx: ServerRequestContext[Any], params: mcp_types.CallToolRequestParams
     ) -> mcp_types.CallToolResult:
-        # The turn checks the name, the scopes and the arguments; its refusals are results.
-        result = await turn.acall(params.name, params.arguments or {})
+        spec = executor.registry.get(params.name)
+        timeout = (spec.timeout_seconds or executor.timeout_seconds) if spec else None
+        async with anyio.create_task_group() as group:
+            group.start_soon(_report_progress, ctx, params.name, timeout, progress_interval)
+            # The turn checks the name, the scopes and the arguments; its refusals are results.
+            result = await turn.acall(params.name, params.arguments or {})
+            group.cancel_scope.cancel()
         return to_mcp_result(result)
 
     return mcp_lowlevel.Server(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import textwrap
 from pathlib import Path
@@ -10,7 +11,7 @@ from typing import Any
 
 import pytest
 from mcp import ClientSession
-from mcp.client.stdio import StdioServerParameters, stdio_client
+from mcp.client.stdio import StdioServerParameters, get_default_environment, stdio_client
 
 from astralvessel.cli import build_parser, main
 
@@ -87,6 +88,11 @@ async def _session(agent: Path, data: Path) -> dict[str, Any]:
             "--mount",
             f"/data={data}",
         ],
+        # The SDK passes the server only a few variables; keep the tree under test.
+        env={
+            **get_default_environment(),
+            **{k: v for k, v in os.environ.items() if k == "PYTHONPATH"},
+        },
     )
     found: dict[str, Any] = {}
     async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
@@ -97,7 +103,13 @@ async def _session(agent: Path, data: Path) -> dict[str, Any]:
         found["refused"] = await session.call_tool("count", {"path": "otter.md", "flag": "--x"})
         found["bad_type"] = await session.call_tool("echo", None)
         found["unknown"] = await session.call_tool("bash", {"command": "id"})
-        found["slow"] = await session.call_tool("slow", {})
+        progress: list[tuple[float, float | None, str | None]] = []
+
+        async def on_progress(done: float, total: float | None, message: str | None) -> None:
+            progress.append((done, total, message))
+
+        found["slow"] = await session.call_tool("slow", {}, progress_callback=on_progress)
+        found["progress"] = progress
         found["remember"] = await session.call_tool("remember", {"text": "vole"})
         found["recall"] = await session.call_tool("recall", {})
         found["concurrent"] = await asyncio.gather(
@@ -137,6 +149,31 @@ def test_declared_tool_runs_in_the_sandbox(session: dict[str, Any]) -> None:
     assert not session["echo"].is_error
     assert _text(session["echo"]) == '{"q": "otter"}\n'
     assert _text(session["count"]).strip() == "5"
+
+
+def test_json_object_output_is_structured_content(session: dict[str, Any]) -> None:
+    """A result whose text is one JSON object also comes as structuredContent; others do not."""
+    assert session["echo"].structured_content == {"q": "otter"}
+    assert session["count"].structured_content is None
+    assert session["refused"].structured_content is None
+
+
+def test_tools_carry_titles_and_hints(session: dict[str, Any]) -> None:
+    """The list built-in is titled and marked read-only; declared tools claim nothing."""
+    tools = {tool.name: tool for tool in session["tools"]}
+    assert tools["list"].title == "List a folder"
+    assert tools["list"].annotations.read_only_hint is True
+    assert tools["echo"].annotations is None
+
+
+def test_a_running_call_reports_progress(session: dict[str, Any]) -> None:
+    """A call with a progress token gets progress notifications out of its timeout."""
+    assert session["progress"]
+    _, total, message = session["progress"][0]
+    assert total == 1
+    assert message is not None
+    assert message.startswith("slow: running for")
+    assert [p[0] for p in session["progress"]] == sorted(p[0] for p in session["progress"])
 
 
 def test_refusal_is_an_error_result(session: dict[str, Any]) -> None:
