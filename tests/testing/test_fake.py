@@ -184,7 +184,10 @@ def test_grep_searches_the_fake_files_when_not_scripted() -> None:
     """Without a scripted answer, grep searches the in-memory files as the sandbox's script would."""
     registry = Registry()
     registry.add_builtin("grep")
-    fake = FakeSandbox(files={"/workspace/b.md": "Otters\n", "/workspace/a/x.md": "otter\nheron\n"})
+    fake = FakeSandbox(
+        files={"/workspace/b.md": "Otters\n", "/workspace/a/x.md": "otter\nheron\n"},
+        default=FakeRun(exit_code=127),  # answers only what neither the script nor grep does
+    )
     with Executor(registry, sandbox=fake).turn() as turn:
         found = turn.call("grep", {"pattern": "otter", "ignore_case": True})
         none = turn.call("grep", {"pattern": "kingfisher"})

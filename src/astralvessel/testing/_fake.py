@@ -110,7 +110,8 @@ class FakeSandbox(Sandbox):
     answer; ``bash`` maps a ``bash`` command line to its answer; ``default``
     answers any other confined call (without it, such a call raises
     ``UnscriptedCallError``). ``files`` maps sandbox paths to contents that
-    ``read``, ``glob`` and ``list`` see, beside the agent folder and mounts.
+    ``read``, ``glob``, ``list`` and an unscripted ``grep`` see, beside the
+    agent folder and mounts.
     ``registry`` tells declared tools apart by their commands; without it,
     the fake reads the agent folder the executor's policy names.
 
@@ -199,7 +200,7 @@ class FakeSandbox(Sandbox):
             return answers[0]
         if call.tool == "bash" and call.arguments.get("command") in self.bash:
             return self.bash[str(call.arguments["command"])]
-        return self.default
+        return None
 
 
 class FakeSession(SandboxSession):
@@ -231,8 +232,9 @@ class FakeSession(SandboxSession):
         )
         self.sandbox._record(call)
         answer = self.sandbox._answer(call, candidates)
-        if answer is None and call.tool == "grep":
-            answer = self._grep
+        if answer is None:
+            # Unscripted grep searches the fake's files; only then does the default answer.
+            answer = self._grep if call.tool == "grep" else self.sandbox.default
         if answer is None:
             raise UnscriptedCallError(
                 f"the fake sandbox has no answer for {call.tool or 'this call'} "
@@ -309,6 +311,10 @@ class FakeSession(SandboxSession):
         if self._files is not None:
             self._files.close()
         self.sandbox._closed()
+
+    def alive(self) -> bool:
+        """Whether the fake turn is still open."""
+        return not self._closed
 
     def unenforced(self) -> Mapping[Promise, str]:
         """Every promise: a fake turn confines nothing."""
