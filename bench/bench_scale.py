@@ -135,6 +135,7 @@ def idle_memory(backend: Sandbox, turns: int) -> tuple[float, float, float] | No
     bare = subprocess.Popen(
         one_shot_argv(backend, [facts.python.executable, "-I", "-S", "-c", "input()"]),
         stdin=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,  # killed at the end: whatever it says then is noise
         start_new_session=True,
     )
     sessions = [backend.start(Policy()) for _ in range(turns)]

@@ -92,7 +92,8 @@ def ray_module() -> object:
     return module
 
 
-@pytest.fixture(scope="session")
+# Module scope: the cluster is gone before the rest of the suite runs beside it.
+@pytest.fixture(scope="module")
 def cluster(ray_module: object) -> Iterator[dict[str, object]]:
     """A head node (resource ``node_head``) and a second node (``node_b``), joined by this test."""
     address = f"127.0.0.1:{_free_port()}"
