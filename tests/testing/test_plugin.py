@@ -97,6 +97,7 @@ def suite(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("project")
     (root / "pytest.ini").write_text("[pytest]\n")
     (root / "test_inner.py").write_text(textwrap.dedent(SUITE))
+    (root / "test_backend.py").write_text("def test_named_backend(vessel_sandbox):\n    pass\n")
     write(root / "good", GOOD_AGENT)
     write(root / "broken", {"vessel.toml": '[tools]\nbuiltin = ["read"]\ncolour = "red"\n'})
     return root
@@ -104,14 +105,21 @@ def suite(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def outcomes(suite: Path) -> dict[str, str]:
-    """The outcomes of one run of the project with --vessel-check."""
-    return run_suite(suite, "--vessel-check")
+    """The outcomes of one run of the project with --vessel-check and a backend that is not there."""
+    return run_suite(suite, "--vessel-check", "--vessel-backend", "nosuch")
 
 
 def test_turn_closes_after_a_failing_test(outcomes: dict[str, str]) -> None:
     """vessel_turn ends when its test fails: the next test sees no fake turn open."""
     assert outcomes["test_inner::test_fails_with_its_turn_open"].startswith("failed")
     assert outcomes["test_inner::test_the_failed_tests_turn_was_closed"] == "passed"
+
+
+def test_a_backend_that_cannot_run_fails_the_tests_using_it(outcomes: dict[str, str]) -> None:
+    """--vessel-backend names the backend; one that is not there fails its tests, never skips them."""
+    outcome = outcomes["test_backend::test_named_backend"]
+    assert outcome.startswith("failed")
+    assert "unknown sandbox backend 'nosuch'" in outcome
 
 
 def test_a_marker_without_an_agent_fails_with_the_fix(outcomes: dict[str, str]) -> None:

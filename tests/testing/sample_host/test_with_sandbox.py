@@ -17,6 +17,7 @@ def test_declared_tool_runs_in_the_sandbox(vessel_turn: av.Turn) -> None:
         False,
     )
     assert result.backend == vessel_turn.executor.sandbox.name
+    assert vessel_turn.executor.sandbox.confined  # the fixtures' default is a confined backend
 
 
 def test_unknown_pool_is_an_error_result(vessel_turn: av.Turn) -> None:
