@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path, PurePosixPath
 
 import pytest
@@ -83,11 +84,47 @@ def test_system_dirs_interpreter_agent_and_mounts_bound(tmp_path):
 def test_workspace_is_a_sized_tmpfs():
     """The workspace is a tmpfs of exactly the disk limit; the root and /dev are read-only."""
     argv = bwrap_argv(BWRAP, Policy(limits=Limits(disk_mb=64)), ROOT, ["x"], seccomp_fd=None)
-    at = argv.index("--tmpfs")
-    assert argv[at + 1] == "/workspace"
+    at = next(i for i, arg in enumerate(argv) if arg == "--tmpfs" and argv[i + 1] == "/workspace")
     assert argv[at - 2 : at] == ["--size", str(64 * 1024 * 1024)]
     remounted = [argv[i + 1] for i, option in enumerate(argv) if option == "--remount-ro"]
     assert remounted == ["/dev", "/"]
+
+
+def test_dev_is_minimal_and_read_only():
+    """/dev is a small read-only tmpfs with the harmless devices only: no --dev, no ptmx or pts."""
+    argv = bwrap_argv(BWRAP, Policy(), ROOT, ["x"], seccomp_fd=None)
+    assert "--dev" not in argv
+    assert [pair[0] for pair in _pairs(argv, "--dev-bind")] == [
+        "/dev/null",
+        "/dev/zero",
+        "/dev/full",
+        "/dev/random",
+        "/dev/urandom",
+    ]
+    assert ("/proc/self/fd", "/dev/fd") in _pairs(argv, "--symlink")
+    assert ("--remount-ro", "/dev") in itertools.pairwise(argv)
+
+
+def test_etc_is_synthetic_with_named_host_entries():
+    """The host's /etc is not bound: the synthetic files and the listed host entries are, read-only."""
+    facts = HostFacts(
+        uid=0,
+        machine="x86_64",
+        userns=True,
+        system_dirs=(*ROOT.system_dirs, SystemDir(path=PurePosixPath("/etc"))),
+        python=ROOT.python,
+        etc_entries=("/etc/ssl/certs", "/etc/ld.so.cache"),
+        runtime_dir="/run/av",
+    )
+    argv = bwrap_argv(BWRAP, Policy(), facts, ["x"], seccomp_fd=None)
+    binds = {target: source for source, target in _pairs(argv, "--ro-bind")}
+    assert "/etc" not in binds
+    assert binds["/etc/ssl/certs"] == "/etc/ssl/certs"
+    assert binds["/etc/passwd"].startswith("/run/av/etc-")
+    for name in ("hostname", "hosts", "group", "resolv.conf", "nsswitch.conf", "machine-id"):
+        assert f"/etc/{name}" in binds
+    dirs = [argv[i + 1] for i, arg in enumerate(argv) if arg == "--dir"]
+    assert dirs[:2] == ["/etc", "/etc/ssl"]
 
 
 def test_unmounted_workdir_is_created_empty():

@@ -14,9 +14,20 @@ model is never used as root.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import PurePosixPath
 
 from ._hostinfo import BinaryInfo, HostFacts
-from ._layout import HOSTNAME, Bind, Step, Symlink, Tmpfs, sandbox_layout
+from ._layout import (
+    DEVICE_LINKS,
+    DEVICES,
+    ETC,
+    HOSTNAME,
+    Bind,
+    Step,
+    Symlink,
+    Tmpfs,
+    sandbox_layout,
+)
 from ._nsbackend import NamespaceBackend
 from ._policy import Policy, Promise
 
@@ -32,6 +43,33 @@ def _step_options(step: Step, features: frozenset[str]) -> list[str]:
         size = ["--size", str(step.size_bytes)] if "size" in features else []
         return ["--perms", f"{step.mode:04o}", *size, "--tmpfs", step.path]
     return ["--perms", f"{step.mode:04o}", "--dir", step.path]
+
+
+def _dev_options(features: frozenset[str]) -> list[str]:
+    """A read-only /dev holding only ``DEVICES`` and the descriptor links: no ptmx, no devpts.
+
+    bwrap's own ``--dev`` adds /dev/ptmx, a devpts and /dev/shm: pseudo-terminals
+    bring the line-discipline ioctls, and nsjail and Docker give calls none.
+    """
+    size = ["--size", "65536"] if "size" in features else []
+    options = ["--perms", "0755", *size, "--tmpfs", "/dev"]
+    for device in DEVICES:
+        options += ["--dev-bind", device, device]
+    for link, path in DEVICE_LINKS:
+        options += ["--symlink", link, path]
+    # Read-only always: as an ordinary user the call's host uid owns this tmpfs, so
+    # only the mount flag keeps files (and a /dev/shm) out of it.
+    return [*options, "--remount-ro", "/dev"]
+
+
+def _etc_parents(target: PurePosixPath, made: set[PurePosixPath]) -> list[str]:
+    """Readable folders above a bind into the synthetic /etc (bwrap would make them 0700)."""
+    options: list[str] = []
+    for parent in reversed(target.parents):
+        if (parent == ETC or ETC in parent.parents) and parent not in made:
+            made.add(parent)
+            options += ["--perms", "0755", "--dir", str(parent)]
+    return options
 
 
 def bwrap_argv(
@@ -62,12 +100,13 @@ def bwrap_argv(
         # A new session: nothing inside can reach the host's terminal (TIOCSTI).
         "--new-session",
     ]
+    made: set[PurePosixPath] = set()
     for step in sandbox_layout(policy, facts):
+        if isinstance(step, Bind):
+            argv += _etc_parents(PurePosixPath(step.target), made)
         if isinstance(step, Tmpfs):
             # /proc and /dev go in after the system dirs and before the workspace.
-            # /dev read-only: as an ordinary user the call's host uid owns bwrap's /dev
-            # tmpfs, so only the mount flag keeps files (and /dev/shm) out of it.
-            argv += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev"]
+            argv += ["--proc", "/proc", *_dev_options(features)]
         argv += _step_options(step, features)
     if "remount-ro" in features:
         # bwrap's own root tmpfs holds the mount points; nothing may add files to it.

@@ -122,7 +122,7 @@ def _astralvessel_view(binds, system_dirs, root, workdir):
     bind("/proc")
     os.mkdir(root + "/dev")
     mount("tmpfs", root + "/dev", "tmpfs", MS_NOSUID, "mode=0755,size=64k")
-    for name in ("null", "zero", "full", "random", "urandom", "tty"):
+    for name in ("null", "zero", "full", "random", "urandom"):
         if os.path.exists("/dev/" + name):
             bind("/dev/" + name)
     for name, link in (("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"),

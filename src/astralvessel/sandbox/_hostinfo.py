@@ -19,6 +19,7 @@ from pathlib import Path, PurePosixPath
 
 import attrs
 
+from ._etc import HOST_ENTRIES, runtime_dir
 from ._policy import SYSTEM_DIRS, Promise
 
 __all__ = [
@@ -93,6 +94,10 @@ class HostFacts:
     #: cgroup v1 controller name to its mount point, for ``memory`` and ``pids``.
     cgroup_v1: Mapping[str, str] = attrs.field(factory=dict)
     cgroup_v2: str | None = None
+    #: The entries of ``_etc.HOST_ENTRIES`` that exist on this host.
+    etc_entries: tuple[str, ...] = ()
+    #: Where the synthetic /etc files are written and bound from.
+    runtime_dir: str = "/run/astralvessel"
 
     @property
     def is_root(self) -> bool:
@@ -287,8 +292,9 @@ def collect_host_facts() -> HostFacts:
         _read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns"),
     )
     v1, v2 = _cgroups()
+    uid = os.getuid()
     return HostFacts(
-        uid=os.getuid(),
+        uid=uid,
         machine=platform.machine(),
         userns=allowed,
         userns_reason=why,
@@ -296,4 +302,6 @@ def collect_host_facts() -> HostFacts:
         python=python_runtime(),
         cgroup_v1=v1,
         cgroup_v2=v2,
+        etc_entries=tuple(path for path in HOST_ENTRIES if os.path.exists(path)),
+        runtime_dir=runtime_dir(uid),
     )

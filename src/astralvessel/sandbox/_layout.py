@@ -3,9 +3,10 @@
 ``sandbox_layout`` turns a ``Policy`` and the host's facts into ordered mount
 steps (bind, symlink, tmpfs, directory). bubblewrap and nsjail each translate
 the same steps into their own options, so both show exactly the same view:
-the system dirs, ``/agent``, the workdir and data mounts (read-only unless the
-host mounted them writable), the server's interpreter, and the size-limited
-workspace (the server creates ``outbox`` in it). Nothing else of the host.
+the system dirs, a synthetic ``/etc`` (``_etc``), ``/agent``, the workdir and
+data mounts (read-only unless the host mounted them writable), the server's
+interpreter, and the size-limited workspace (the server creates ``outbox`` in
+it). Nothing else of the host.
 """
 
 from __future__ import annotations
@@ -14,14 +15,34 @@ from pathlib import PurePosixPath
 
 import attrs
 
+from ._etc import HOSTNAME, SYNTHETIC, etc_dir
 from ._hostinfo import HostFacts, interpreter_mount
 from ._policy import AGENT_DIR, WORKSPACE_DIR, Policy
 
-__all__ = ["HOSTNAME", "Bind", "Dir", "Step", "Symlink", "Tmpfs", "sandbox_layout"]
+__all__ = [
+    "DEVICES",
+    "DEVICE_LINKS",
+    "HOSTNAME",
+    "Bind",
+    "Dir",
+    "Step",
+    "Symlink",
+    "Tmpfs",
+    "sandbox_layout",
+]
 
-#: The sandbox's hostname: says where a call runs, names nothing of the host.
-HOSTNAME = "sandbox"
+#: Device nodes a program expects; each is harmless (no disk, no terminal, no kernel memory).
+DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
+DEVICE_LINKS = (
+    ("/proc/self/fd", "/dev/fd"),
+    ("/proc/self/fd/0", "/dev/stdin"),
+    ("/proc/self/fd/1", "/dev/stdout"),
+    ("/proc/self/fd/2", "/dev/stderr"),
+)
 
+
+#: Built from ``_etc`` instead of bound from the host.
+ETC = PurePosixPath("/etc")
 #: The workspace tmpfs starts root-owned and private; the server hands it (and the
 #: outbox it creates inside) to the call's unprivileged user at hello.
 WORKSPACE_MODE = 0o755
@@ -68,16 +89,32 @@ def _covered(path: PurePosixPath, targets: list[PurePosixPath]) -> bool:
     return any(path == t or t in path.parents for t in targets)
 
 
+def _etc_steps(facts: HostFacts) -> list[Step]:
+    """The sandbox's /etc: the synthetic files, then the host entries tools need."""
+    synthetic = etc_dir(facts.runtime_dir)
+    # No Dir step: both tools create /etc on their own read-only root for the binds.
+    steps: list[Step] = [
+        Bind(source=f"{synthetic}/{name}", target=str(ETC / name)) for name in sorted(SYNTHETIC)
+    ]
+    steps += [Bind(source=entry, target=entry) for entry in facts.etc_entries]
+    return steps
+
+
 def sandbox_layout(policy: Policy, facts: HostFacts) -> tuple[Step, ...]:
     """The ordered mount steps that build ``policy``'s view on a host described by ``facts``."""
     steps: list[Step] = []
     targets: list[PurePosixPath] = []
     for sysdir in facts.system_dirs:
+        if sysdir.path == ETC:
+            # The host's /etc names the host: the sandbox gets its own (below).
+            continue
         if sysdir.symlink is not None:
             steps.append(Symlink(link=sysdir.symlink, path=str(sysdir.path)))
         else:
             steps.append(Bind(source=str(sysdir.path), target=str(sysdir.path)))
             targets.append(sysdir.path)
+    steps += _etc_steps(facts)
+    targets.append(ETC)
     prefix = interpreter_mount(facts.python, facts.system_dirs)
     if prefix is not None:
         # The server runs on the host's own interpreter; it is read-only and, as

@@ -18,6 +18,7 @@ from typing import ClassVar
 from ..errors import BackendUnavailableError, PromiseNotEnforcedError
 from ._base import BackendReport, Sandbox, ServerLink, ServerOptions
 from ._channels import PipeChannel
+from ._etc import etc_dir, write_synthetic
 from ._hostinfo import (
     NOBODY_GID,
     NOBODY_UID,
@@ -189,6 +190,7 @@ class NamespaceBackend(Sandbox):
         caller = Identity(uid=NOBODY_UID, gid=NOBODY_GID) if facts.is_root else Identity(uid=None)
         check_reach(self.name, policy, caller)
         try:
+            write_synthetic(etc_dir(facts.runtime_dir))
             self._host_setup(facts)
         except OSError as exc:
             raise BackendUnavailableError(f"{self.name} cannot prepare the host: {exc}") from exc

@@ -20,7 +20,17 @@ from collections.abc import Sequence
 import attrs
 
 from ._hostinfo import BinaryInfo, HostFacts
-from ._layout import HOSTNAME, Bind, Dir, Step, Symlink, Tmpfs, sandbox_layout
+from ._layout import (
+    DEVICE_LINKS,
+    DEVICES,
+    HOSTNAME,
+    Bind,
+    Dir,
+    Step,
+    Symlink,
+    Tmpfs,
+    sandbox_layout,
+)
 from ._nsbackend import NamespaceBackend
 from ._policy import Policy
 
@@ -32,14 +42,6 @@ CGROUP_PARENT = "astralvessel"
 SERVER_MEMORY_MB = 128
 #: Processes and threads the server needs beside the calls' own.
 SERVER_PIDS = 32
-#: Device nodes a program expects; each is harmless (no disk, no terminal, no kernel memory).
-DEVICES = ("/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom")
-DEVICE_LINKS = (
-    ("/proc/self/fd", "/dev/fd"),
-    ("/proc/self/fd/0", "/dev/stdin"),
-    ("/proc/self/fd/1", "/dev/stdout"),
-    ("/proc/self/fd/2", "/dev/stderr"),
-)
 
 
 @attrs.frozen(kw_only=True)

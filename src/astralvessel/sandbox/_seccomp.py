@@ -417,6 +417,13 @@ _SETID_RULES: tuple[Rule, ...] = (
         errno.ENOSYS,
     ),
 )
+_UNIX_PAIRS_ONLY = Rule(
+    syscall="socketpair",
+    when=ArgNotIn(index=0, name="domain", values=(AF_UNIX,)),
+    # An anonymous unix pair has no name and reaches nothing outside the call, and
+    # asyncio's self-pipe, curl's resolver thread and libuv's child stdio need one.
+    why="socket pairs are unix ones: nameless, connected only to each other",
+)
 _NETLINK_ROUTE_ONLY = Rule(
     syscall="socket",
     when=AllOf(
@@ -447,7 +454,7 @@ _CALLS_RULES: tuple[Rule, ...] = (
         ),
     ),
     _NETLINK_ROUTE_ONLY,
-    _always("socketpair", "a call needs no socket pairs; unix ones are refused like socket files"),
+    _UNIX_PAIRS_ONLY,
     *_SETID_RULES,
     *_group(
         "inotify_init inotify_init1 inotify_add_watch fanotify_init fanotify_mark",
@@ -564,11 +571,7 @@ SERVER = DenyList(
             why="the server uses unix socket pairs; other families as for calls",
         ),
         _NETLINK_ROUTE_ONLY,
-        Rule(
-            syscall="socketpair",
-            when=ArgNotIn(index=0, name="domain", values=(AF_UNIX,)),
-            why="the server's socket pairs are unix ones",
-        ),
+        _UNIX_PAIRS_ONLY,
     ),
 )
 

@@ -1,0 +1,120 @@
+"""Promise: nothing in a call's view names the host: hostname, machine id, users, devices."""
+
+from __future__ import annotations
+
+import pwd
+import socket
+from pathlib import Path
+
+from .calls import py_json, run
+
+#: The only device entries a call sees, on every backend.
+DEVICES = {"null", "zero", "full", "random", "urandom", "fd", "stdin", "stdout", "stderr"}
+
+
+def test_hostname_is_the_sandbox_everywhere(session):
+    """The UTS name, /etc/hostname and /etc/hosts all say ``sandbox``; /etc/machine-id is not the host's."""
+    result = py_json(
+        session,
+        """
+        import json, os, socket
+        def read(path):
+            try:
+                return open(path).read().strip()
+            except OSError as exc:
+                return exc.errno
+        print(json.dumps({
+            "uname": os.uname().nodename,
+            "gethostname": socket.gethostname(),
+            "hostname": read("/etc/hostname"),
+            "machine_id": read("/etc/machine-id"),
+            "localhost": socket.gethostbyname("localhost"),
+        }))
+        """,
+    )
+    assert result["uname"] == result["gethostname"] == result["hostname"] == "sandbox"
+    assert result["localhost"] == "127.0.0.1"
+    host_id = (
+        Path("/etc/machine-id").read_text().strip() if Path("/etc/machine-id").exists() else None
+    )
+    assert result["machine_id"] != host_id
+    assert socket.gethostname() not in (result["hostname"], result["machine_id"]) or (
+        socket.gethostname() == "sandbox"
+    )
+
+
+def test_no_host_user_is_listed(session):
+    """The host's own users (and their homes) are not in the call's passwd; the call's uid has a name."""
+    result = py_json(
+        session,
+        """
+        import json, os, pwd
+        print(json.dumps({
+            "me": pwd.getpwuid(os.getuid()).pw_name,
+            "users": [[p.pw_name, p.pw_uid, p.pw_dir] for p in pwd.getpwall()],
+        }))
+        """,
+    )
+    host_people = {p.pw_name for p in pwd.getpwall() if 1000 <= p.pw_uid < 60000}
+    assert host_people.isdisjoint(name for name, _uid, _home in result["users"])
+    assert result["me"] in ("nobody", "root")
+    for _name, uid, home in result["users"]:
+        assert not home.startswith("/home/"), home
+        assert not (uid >= 1000 and uid != 65534)
+
+
+def test_minimal_dev_without_terminals(session):
+    """/dev holds only the harmless devices and descriptor links: no ptmx, no devpts, no tty, no shm."""
+    result = py_json(
+        session,
+        """
+        import json, os, pty
+        try:
+            pty.openpty()
+            opened = "opened"
+        except OSError as exc:
+            opened = exc.errno
+        print(json.dumps({"dev": sorted(os.listdir("/dev")), "openpty": opened}))
+        """,
+    )
+    assert set(result["dev"]) == DEVICES
+    assert result["openpty"] != "opened"
+
+
+def test_common_tools_work_without_the_host_etc(session):
+    """Python's TLS trust store, and git, curl and pip where the sandbox has them, still work."""
+    result = py_json(
+        session,
+        """
+        import json, os, ssl
+        paths = ssl.get_default_verify_paths()
+        context = ssl.create_default_context()
+        if os.path.exists(paths.openssl_cafile):
+            context.load_verify_locations(cafile=paths.openssl_cafile)
+        installed = os.path.isdir("/usr/share/ca-certificates")
+        print(json.dumps([installed, context.cert_store_stats()["x509_ca"]]))
+        """,
+    )
+    installed, authorities = result
+    # Where the system dirs hold the CA package, its bundle is reachable through /etc.
+    assert authorities > 0 or not installed
+    for argv in (
+        ("git", "--version"),
+        ("curl", "--version"),
+        ("python3", "-m", "pip", "--version"),
+    ):
+        found = run(session, "/bin/sh", "-c", f"command -v {argv[0]}")
+        if found.exit_code != 0:
+            continue  # not installed in this sandbox's system dirs
+        done = run(session, *argv)
+        has_pip = "No module named pip" not in done.output
+        assert done.exit_code == 0 or not has_pip, (argv, done.output)
+    git = run(
+        session,
+        "/bin/sh",
+        "-c",
+        "command -v git >/dev/null || exit 0; cd /workspace && git init -q repo && cd repo"
+        " && echo x > f && git add f && git -c user.name=a -c user.email=a@b commit -qm one"
+        " && git log --format=%an",
+    )
+    assert git.exit_code == 0, git.output
