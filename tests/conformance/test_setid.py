@@ -89,6 +89,21 @@ def test_no_setid_copy_reaches_the_host(rw_session, outbox_dir):
     assert not [p for p in outbox_dir.rglob("*") if p.lstat().st_mode & SETID], on_host
 
 
+def test_writable_mount_is_nosuid_and_nodev(rw_session):
+    """Inside the sandbox the writable mount carries nosuid and nodev."""
+    options = py_json(
+        rw_session,
+        """
+        import json
+        for line in open("/proc/self/mountinfo"):
+            fields = line.split()
+            if fields[4] == "/out":
+                print(json.dumps(fields[5].split(",")))
+        """,
+    )
+    assert {"nosuid", "nodev"} <= set(options)
+
+
 def test_host_setid_file_grants_nothing(rw_session, outbox_dir):
     """A set-uid file the host put in the mount does not raise a call's privileges."""
     target = outbox_dir / "id"

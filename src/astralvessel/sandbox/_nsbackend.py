@@ -96,8 +96,17 @@ class NamespaceBackend(Sandbox):
         facts: HostFacts,
         command: Sequence[str],
         seccomp: int | str | None,
+        *,
+        config_fd: int | None = None,
     ) -> list[str]:
-        """The command line; ``seccomp`` is a BPF file descriptor (bwrap) or kafel text (nsjail)."""
+        """The command line; ``seccomp`` is a BPF file descriptor (bwrap) or kafel text (nsjail).
+
+        ``config_fd`` is a descriptor holding what ``_config`` returned, if anything.
+        """
+
+    def _config(self, policy: Policy, facts: HostFacts) -> bytes | None:
+        """A configuration the tool reads from a descriptor (nsjail's mounts), or None."""
+        return None
 
     #: Whether the server's own filter goes in as BPF bytes on a descriptor (else kafel text).
     seccomp_as_fd: ClassVar[bool] = True
@@ -204,18 +213,26 @@ class NamespaceBackend(Sandbox):
                 server_filter = memfd
             else:
                 server_filter = to_kafel(SERVER, facts.machine)
+        config_fd: int | None = None
         try:
+            config = self._config(policy, facts)
+            config_fd = None if config is None else _memfd(config, "astralvessel-config")
             argv = self._argv(
-                binary, policy, facts, server_command(facts.python.executable), server_filter
+                binary,
+                policy,
+                facts,
+                server_command(facts.python.executable),
+                server_filter,
+                config_fd=config_fd,
             )
-            channel = PipeChannel.spawn(
-                argv, name=self.name, env={}, pass_fds=() if memfd is None else (memfd,)
-            )
+            fds = tuple(fd for fd in (memfd, config_fd) if fd is not None)
+            channel = PipeChannel.spawn(argv, name=self.name, env={}, pass_fds=fds)
         except ValueError as exc:
             raise BackendUnavailableError(f"{self.name} cannot build this sandbox: {exc}") from exc
         finally:
-            if memfd is not None:
-                os.close(memfd)
+            for fd in (memfd, config_fd):
+                if fd is not None:
+                    os.close(fd)
         uid, gid = (NOBODY_UID, NOBODY_GID) if facts.is_root else (None, None)
         return ServerLink(
             channel=channel,
@@ -234,9 +251,9 @@ def _program(deny_list: DenyList, machine: str) -> bytes:
     return compile_bpf(deny_list, machine)
 
 
-def _memfd(data: bytes) -> int:
+def _memfd(data: bytes, name: str = "astralvessel-seccomp") -> int:
     """An anonymous file holding ``data``, read from the start by whoever inherits it."""
-    fd = os.memfd_create("astralvessel-seccomp", 0)
+    fd = os.memfd_create(name, 0)
     try:
         view = memoryview(data)
         while view:

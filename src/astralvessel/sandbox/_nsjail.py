@@ -34,7 +34,7 @@ from ._layout import (
 from ._nsbackend import NamespaceBackend
 from ._policy import Policy
 
-__all__ = ["CgroupPlan", "Nsjail", "cgroup_plan", "nsjail_argv"]
+__all__ = ["CgroupPlan", "Nsjail", "cgroup_plan", "nsjail_argv", "nsjail_config"]
 
 #: The cgroup (under each controller's mount) that holds every turn's sandbox cgroup.
 CGROUP_PARENT = "astralvessel"
@@ -68,21 +68,47 @@ def _no_colon(*paths: str) -> None:
             raise ValueError(f"nsjail cannot mount a path containing ':' ({path!r}); rename it")
 
 
+def _text(value: str) -> str:
+    """A protobuf text-format string: printable ASCII as is, every other byte in octal."""
+    out = []
+    for byte in value.encode():
+        char = chr(byte)
+        out.append(char if 0x20 <= byte < 0x7F and char not in '"\\' else f"\\{byte:03o}")
+    return '"' + "".join(out) + '"'
+
+
+def nsjail_config(policy: Policy, facts: HostFacts) -> str:
+    """The binds of ``policy``'s view as nsjail config text: each nosuid and nodev.
+
+    nsjail's command-line binds cannot carry either flag; its config can. A
+    writable mount without them would let a set-id file or a device node the
+    host left there act inside the sandbox.
+    """
+    entries = []
+    for step in sandbox_layout(policy, facts):
+        if isinstance(step, Bind):
+            rw = "true" if step.writable else "false"
+            what = f"src: {_text(step.source)} dst: {_text(step.target)} is_bind: true rw: {rw}"
+        elif isinstance(step, Tmpfs):
+            options = f"size={step.size_bytes},mode={step.mode:04o}"
+            what = f'dst: {_text(step.path)} fstype: "tmpfs" options: "{options}" rw: true'
+            what += " is_dir: true"
+        elif isinstance(step, Dir):
+            # nsjail cannot make a bare directory; a tiny read-only tmpfs is one.
+            options = f"size=4096,mode={step.mode:04o}"
+            what = f'dst: {_text(step.path)} fstype: "tmpfs" options: "{options}" rw: false'
+            what += " is_dir: true"
+        else:
+            continue
+        entries.append(f"mount {{ {what} nosuid: true nodev: true }}\n")
+    return "".join(entries)
+
+
 def _step_options(step: Step) -> list[str]:
-    if isinstance(step, Bind):
-        _no_colon(step.source, step.target)
-        flag = "--bindmount" if step.writable else "--bindmount_ro"
-        return [flag, f"{step.source}:{step.target}"]
     if isinstance(step, Symlink):
         _no_colon(step.link, step.path)
         return ["--symlink", f"{step.link}:{step.path}"]
-    if isinstance(step, Tmpfs):
-        _no_colon(step.path)
-        return ["--mount", f"none:{step.path}:tmpfs:size={step.size_bytes},mode={step.mode:04o}"]
-    assert isinstance(step, Dir)  # noqa: S101 - the Step union is closed
-    _no_colon(step.path)
-    # nsjail cannot make a bare directory; a tiny root-owned tmpfs is one the call cannot write.
-    return ["--mount", f"none:{step.path}:tmpfs:size=4096,mode={step.mode:04o}"]
+    return []  # binds and tmpfs mounts are in the config (``nsjail_config``)
 
 
 def nsjail_argv(
@@ -93,9 +119,13 @@ def nsjail_argv(
     *,
     seccomp_kafel: str | None,
     cgroups: CgroupPlan | None,
+    config_fd: int,
 ) -> list[str]:
     """The ``nsjail`` command line that runs ``command`` (the server) in ``policy``'s sandbox."""
-    argv = [binary.path, "--mode", "o", "--quiet", "--time_limit", "0", "--hostname", HOSTNAME]
+    # The config comes first: it sets every field, and the options after it override
+    # all but its binds (nsjail mounts those first, then the command line's).
+    argv = [binary.path, "--config", f"/proc/self/fd/{config_fd}", "--proc_path", "/proc"]
+    argv += ["--mode", "o", "--quiet", "--time_limit", "0", "--hostname", HOSTNAME]
     if facts.is_root:
         argv += ["--disable_clone_newuser"]
     else:
@@ -176,8 +206,20 @@ class Nsjail(NamespaceBackend):
         facts: HostFacts,
         command: Sequence[str],
         seccomp: int | str | None,
+        *,
+        config_fd: int | None = None,
     ) -> list[str]:
         kafel = seccomp if isinstance(seccomp, str) else None
+        assert config_fd is not None  # noqa: S101 - start passes _config's descriptor
         return nsjail_argv(
-            binary, policy, facts, command, seccomp_kafel=kafel, cgroups=cgroup_plan(facts)
+            binary,
+            policy,
+            facts,
+            command,
+            seccomp_kafel=kafel,
+            cgroups=cgroup_plan(facts),
+            config_fd=config_fd,
         )
+
+    def _config(self, policy: Policy, facts: HostFacts) -> bytes | None:
+        return nsjail_config(policy, facts).encode()

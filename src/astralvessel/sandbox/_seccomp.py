@@ -19,6 +19,11 @@ Every form checks the architecture first (a foreign ABI such as i386 or x32 kill
 the process) and compares 32-bit arguments on their low word only, because the
 kernel truncates them (a filter comparing all 64 bits can be bypassed by setting
 the high word, as ``ioctl(TIOCSTI | 1 << 32)`` did against several sandboxes).
+
+This module is longer than most on purpose: the list, its reference
+semantics and its three compilers must change together (a new condition type
+is a rule, a ``decide`` case and one emitter per form), and the tests hold
+all four against each other.
 """
 
 from __future__ import annotations
