@@ -13,9 +13,12 @@ with ``acall`` on one task group (asyncio or trio), ``run_tool_calls`` on thread
 from __future__ import annotations
 
 from collections import abc
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from . import _common
+from ._media import Attachment, MediaBudget, attachments, with_notes
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -24,10 +27,12 @@ if TYPE_CHECKING:
     from ..results import ToolResult
 
 __all__ = [
+    "BLOCKS",
     "arun_tool_calls",
     "run_tool_calls",
     "tool_calls",
     "tool_result_blocks",
+    "tool_result_content",
     "tool_result_message",
 ]
 
@@ -52,16 +57,61 @@ def tool_calls(message: object) -> list[_common.ToolCall]:
     return calls
 
 
+def _image(attachment: Attachment) -> dict[str, Any]:
+    source = {"type": "base64", "media_type": attachment.media_type, "data": attachment.base64}
+    return {"type": "image", "source": source}
+
+
+def _pdf(attachment: Attachment) -> dict[str, Any]:
+    source = {"type": "base64", "media_type": "application/pdf", "data": attachment.base64}
+    return {"type": "document", "source": source, "title": attachment.name}
+
+
+def _text(attachment: Attachment) -> dict[str, Any]:
+    source = {"type": "text", "media_type": "text/plain", "data": attachment.data.decode()}
+    return {"type": "document", "source": source, "title": attachment.name}
+
+
+#: The block each kind of attachment becomes inside a ``tool_result``.
+BLOCKS: Mapping[str, Callable[[Attachment], dict[str, Any]]] = MappingProxyType(
+    {"image": _image, "pdf": _pdf, "text": _text}
+)
+
+
+def tool_result_content(result: ToolResult, budget: MediaBudget) -> str | list[dict[str, Any]]:
+    """A result's ``tool_result`` content: its text, or a text block and its outbox files.
+
+    Images, PDFs and text files within ``budget`` become image and document
+    blocks; every other outbox file is named in the text, with why it stayed out.
+    """
+    chosen, notes = attachments(
+        result.files, kinds=frozenset(BLOCKS), budget=budget, api="the Anthropic API"
+    )
+    text = with_notes(result.text, notes)
+    if not chosen:
+        return text
+    blocks = [{"type": "text", "text": text}] if text else []
+    return blocks + [BLOCKS[a.kind](a) for a in chosen]
+
+
 def tool_result_blocks(
-    calls: Sequence[_common.ToolCall], results: Sequence[ToolResult]
+    calls: Sequence[_common.ToolCall],
+    results: Sequence[ToolResult],
+    *,
+    budget: MediaBudget | None = None,
 ) -> list[dict[str, Any]]:
-    """One ``tool_result`` block per call, with ``is_error`` set on failures."""
+    """One ``tool_result`` block per call, with ``is_error`` set on failures.
+
+    Outbox files go along as image and document blocks within ``budget`` (the
+    default ``MediaBudget()``; ``MediaBudget.text_only()`` attaches none).
+    """
+    budget = budget or MediaBudget()
     blocks = []
     for call, result in zip(calls, results, strict=True):
         block: dict[str, Any] = {
             "type": "tool_result",
             "tool_use_id": call.id,
-            "content": result.text,
+            "content": tool_result_content(result, budget),
         }
         if result.is_error:
             block["is_error"] = True
@@ -70,19 +120,26 @@ def tool_result_blocks(
 
 
 def tool_result_message(
-    calls: Sequence[_common.ToolCall], results: Sequence[ToolResult]
+    calls: Sequence[_common.ToolCall],
+    results: Sequence[ToolResult],
+    *,
+    budget: MediaBudget | None = None,
 ) -> dict[str, Any]:
     """The user message that answers every call: its content is the ``tool_result`` blocks."""
-    return {"role": "user", "content": tool_result_blocks(calls, results)}
+    return {"role": "user", "content": tool_result_blocks(calls, results, budget=budget)}
 
 
-def run_tool_calls(turn: Turn, message: object) -> dict[str, Any]:
+def run_tool_calls(
+    turn: Turn, message: object, *, budget: MediaBudget | None = None
+) -> dict[str, Any]:
     """Run every ``tool_use`` block of a response; return the user message of results."""
     calls = tool_calls(message)
-    return tool_result_message(calls, _common.run_calls(turn, calls))
+    return tool_result_message(calls, _common.run_calls(turn, calls), budget=budget)
 
 
-async def arun_tool_calls(turn: Turn, message: object) -> dict[str, Any]:
+async def arun_tool_calls(
+    turn: Turn, message: object, *, budget: MediaBudget | None = None
+) -> dict[str, Any]:
     """Async twin of ``run_tool_calls``: the calls run concurrently with ``acall``."""
     calls = tool_calls(message)
-    return tool_result_message(calls, await _common.arun_calls(turn, calls))
+    return tool_result_message(calls, await _common.arun_calls(turn, calls), budget=budget)

@@ -18,21 +18,26 @@ The calls of one response run concurrently in the turn (``arun_*`` with
 from __future__ import annotations
 
 from collections import abc
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from . import _common
+from ._media import Attachment, MediaBudget, attachments, data_url, with_notes
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Sequence
 
     from ..executor import Turn
     from ..results import ToolResult
 
 __all__ = [
+    "OUTPUT_ITEMS",
     "arun_chat_tool_calls",
     "arun_responses_tool_calls",
     "chat_tool_calls",
     "chat_tool_messages",
+    "responses_output",
     "responses_tool_calls",
     "responses_tool_outputs",
     "run_chat_tool_calls",
@@ -73,12 +78,20 @@ def chat_tool_messages(
     """One ``{"role": "tool"}`` message per call, answering it by ``tool_call_id``.
 
     Chat Completions has no error flag, so an error result is told by its text
-    (every error the library writes says what went wrong).
+    (every error the library writes says what went wrong). Its tool messages
+    take only text, so each outbox file is named in the text instead.
     """
     return [
-        {"role": "tool", "tool_call_id": call.id, "content": result.text}
+        {"role": "tool", "tool_call_id": call.id, "content": _chat_text(result)}
         for call, result in zip(calls, results, strict=True)
     ]
+
+
+def _chat_text(result: ToolResult) -> str:
+    _, notes = attachments(
+        result.files, kinds=frozenset(), budget=MediaBudget.text_only(), api="Chat Completions"
+    )
+    return with_notes(result.text, notes)
 
 
 def run_chat_tool_calls(turn: Turn, response: object) -> list[dict[str, Any]]:
@@ -117,23 +130,69 @@ def responses_tool_calls(response: object) -> list[_common.ToolCall]:
     return calls
 
 
+def _input_image(attachment: Attachment) -> dict[str, Any]:
+    return {"type": "input_image", "image_url": data_url(attachment), "detail": "auto"}
+
+
+def _input_file(attachment: Attachment) -> dict[str, Any]:
+    return {"type": "input_file", "filename": attachment.name, "file_data": data_url(attachment)}
+
+
+#: The output item each kind of attachment becomes inside a ``function_call_output``.
+OUTPUT_ITEMS: Mapping[str, Callable[[Attachment], dict[str, Any]]] = MappingProxyType(
+    {"image": _input_image, "pdf": _input_file}
+)
+
+
+def responses_output(result: ToolResult, budget: MediaBudget) -> str | list[dict[str, Any]]:
+    """A result's ``function_call_output`` output: its text, or text and its outbox files.
+
+    Images and PDFs within ``budget`` become ``input_image`` and ``input_file``
+    items; every other outbox file is named in the text, with why it stayed out.
+    """
+    chosen, notes = attachments(
+        result.files, kinds=frozenset(OUTPUT_ITEMS), budget=budget, api="the Responses API"
+    )
+    text = with_notes(result.text, notes)
+    if not chosen:
+        return text
+    items = [{"type": "input_text", "text": text}] if text else []
+    return items + [OUTPUT_ITEMS[a.kind](a) for a in chosen]
+
+
 def responses_tool_outputs(
-    calls: Sequence[_common.ToolCall], results: Sequence[ToolResult]
+    calls: Sequence[_common.ToolCall],
+    results: Sequence[ToolResult],
+    *,
+    budget: MediaBudget | None = None,
 ) -> list[dict[str, Any]]:
-    """One ``function_call_output`` input item per call, answering it by ``call_id``."""
+    """One ``function_call_output`` input item per call, answering it by ``call_id``.
+
+    Outbox files go along as image and file items within ``budget`` (the default
+    ``MediaBudget()``; ``MediaBudget.text_only()`` attaches none).
+    """
+    budget = budget or MediaBudget()
     return [
-        {"type": "function_call_output", "call_id": call.id, "output": result.text}
+        {
+            "type": "function_call_output",
+            "call_id": call.id,
+            "output": responses_output(result, budget),
+        }
         for call, result in zip(calls, results, strict=True)
     ]
 
 
-def run_responses_tool_calls(turn: Turn, response: object) -> list[dict[str, Any]]:
+def run_responses_tool_calls(
+    turn: Turn, response: object, *, budget: MediaBudget | None = None
+) -> list[dict[str, Any]]:
     """Run every function call of a Responses API response; return the output items."""
     calls = responses_tool_calls(response)
-    return responses_tool_outputs(calls, _common.run_calls(turn, calls))
+    return responses_tool_outputs(calls, _common.run_calls(turn, calls), budget=budget)
 
 
-async def arun_responses_tool_calls(turn: Turn, response: object) -> list[dict[str, Any]]:
+async def arun_responses_tool_calls(
+    turn: Turn, response: object, *, budget: MediaBudget | None = None
+) -> list[dict[str, Any]]:
     """Async twin of ``run_responses_tool_calls``: the calls run concurrently with ``acall``."""
     calls = responses_tool_calls(response)
-    return responses_tool_outputs(calls, await _common.arun_calls(turn, calls))
+    return responses_tool_outputs(calls, await _common.arun_calls(turn, calls), budget=budget)
