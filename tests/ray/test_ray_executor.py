@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import tempfile
 import time
 from pathlib import Path
 
@@ -114,6 +115,26 @@ def test_outbox_files_come_back_to_the_host(registry: Registry, cluster: dict[st
         assert report.name == "report.txt"
         assert Path(report.path).read_text() == "findings\n"
     assert not Path(report.path).exists()
+
+
+def test_outbox_dir_keeps_the_files_and_nodes_keep_nothing(
+    registry: Registry, cluster: dict[str, object], tmp_path: Path
+) -> None:
+    """With ``outbox_dir`` the host keeps a turn's files; its node keeps no folder of it."""
+    node_folders = Path(tempfile.gettempdir()).glob("astralvessel-ray-turn-*")
+    before = set(node_folders)
+    executor = RayExecutor(
+        registry,
+        sandbox="bubblewrap",
+        address=str(cluster["address"]),
+        actor_options={"resources": {"node_b": 1}},
+        outbox_dir=tmp_path / "kept",
+    )
+    with executor.turn() as turn:
+        (report,) = turn.call("report", {}).files
+    assert Path(report.path).read_text() == "findings\n"
+    assert Path(report.path).is_relative_to(tmp_path / "kept")
+    assert set(Path(tempfile.gettempdir()).glob("astralvessel-ray-turn-*")) <= before
 
 
 def test_model_mistakes_are_results_host_mistakes_raise(

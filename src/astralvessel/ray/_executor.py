@@ -67,7 +67,10 @@ class RayExecutor:
     exist at the same paths on every node (see ``docs/scaling.md``).
     ``actor_options`` go to each turn's actor (``resources``,
     ``scheduling_strategy``...); turns are spread over the nodes by default.
-    Every other keyword is an ``Executor`` option, applied on the node.
+    ``outbox_dir`` is where the files calls leave in the outbox land on this
+    host, one folder per turn, and stay; without it they go to a folder of
+    the turn, removed when it ends. Every other keyword is an ``Executor``
+    option, applied on the node.
     """
 
     def __init__(
@@ -87,6 +90,9 @@ class RayExecutor:
             )
         if "warm" in options:
             raise UsageError("RayExecutor does not keep warm sandboxes yet; drop warm=")
+        outbox_dir = options.pop("outbox_dir", None)
+        #: Where outbox files land on this host (kept); None: a folder per turn, removed with it.
+        self.outbox_dir: Path | None = None if outbox_dir is None else Path(outbox_dir)
         ray = _ray()
         if not ray.is_initialized():
             ray.init(address=address, logging_level="WARNING", log_to_driver=False)
@@ -193,7 +199,7 @@ class RayTurn:
             outbox, self._outbox = self._outbox, None
         if actor is not None:
             _release(actor)
-        if outbox is not None:
+        if outbox is not None and self.executor.outbox_dir is None:
             shutil.rmtree(outbox, ignore_errors=True)
 
     async def aclose(self) -> None:
@@ -275,7 +281,11 @@ class RayTurn:
             return result
         with self._lock:
             if self._outbox is None:
-                self._outbox = Path(tempfile.mkdtemp(prefix="astralvessel-ray-outbox-"))
+                chosen = self.executor.outbox_dir
+                if chosen is not None:
+                    chosen.mkdir(parents=True, exist_ok=True)
+                prefix = "astralvessel-ray-outbox-" if chosen is None else "turn-"
+                self._outbox = Path(tempfile.mkdtemp(prefix=prefix, dir=chosen))
             self._calls += 1
             folder = self._outbox / f"call-{self._calls}"
         folder.mkdir()

@@ -8,7 +8,10 @@ the outbox files of a call come back as bytes beside its result.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -33,6 +36,9 @@ class TurnHost:
         import ray
 
         self.node: str = ray.get_runtime_context().get_node_id()
+        # The node's copy of outbox files lives as long as the turn: the host gets their bytes
+        # with each result, and an actor is killed, not collected, so nothing else removes it.
+        self._outbox = Path(tempfile.mkdtemp(prefix="astralvessel-ray-turn-"))
         self._failure: Exception | None = None
         self._executor: Executor | None = None
         self._turn: Turn | None = None
@@ -43,7 +49,7 @@ class TurnHost:
             if callable(build):
                 # A backend is built here, on its node: an instance holds this node's state.
                 options = {**options, "sandbox": build()}
-            self._executor = Executor(registry, **options)
+            self._executor = Executor(registry, **options, outbox_dir=self._outbox)
             self._turn = self._executor.turn()
         except Exception as exc:
             self._failure = exc
@@ -67,3 +73,4 @@ class TurnHost:
             self._turn.close()
         if self._executor is not None:
             self._executor.close()
+        shutil.rmtree(self._outbox, ignore_errors=True)
