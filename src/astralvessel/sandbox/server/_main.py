@@ -13,6 +13,12 @@ spare; the next one is ordered a moment after the answer, or while the call
 runs if the host calls back to back, so the forks stay off the call's critical
 path. A call that finds no spare (it died, or none could be built) has one
 built on demand.
+
+This module is longer than most because ``Server`` is one state machine over
+one loop: every handler reads and writes the same calls, spare and worker, and
+splitting it would spread that state over modules. What stands alone lives
+beside it: the wire format (``_protocol``), the outbox (``_outbox``), process
+launch (``_launch``, ``_zygote``) and the file tools (``_files``, ``_worker``).
 """
 
 from __future__ import annotations
