@@ -55,6 +55,8 @@ _PACKAGE = "_astralvessel_server"
 # base64). A server on the very same interpreter build (bubblewrap and nsjail run the host's
 # own) loads the compiled code in about a millisecond, where compiling 130 kB of source is
 # most of a cold turn start; any other Python (a Docker image's) compiles the source.
+# Before main, the payload is dropped and what is loaded frozen out of the collector's reach:
+# the server forks its helpers, and a collection in them would copy the pages they share.
 BOOTSTRAP = f"""\
 import os,sys,json,types
 n=int(sys.argv[1]);b=b''
@@ -70,6 +72,8 @@ for k,v in d['src'].items():
  m=types.ModuleType(P+'.'+k);m.__package__=P;sys.modules[m.__name__]=m;setattr(p,k,m)
  try:exec(c[k] if c else compile(v,P+'/'+k+'.py','exec'),m.__dict__)
  except ImportError:del sys.modules[m.__name__];delattr(p,k)
+del b,c,d,k,v,m
+import gc;gc.freeze()
 p._main.main()
 """
 
