@@ -327,11 +327,12 @@ class Server:
         return self.config, self.plan
 
     def _start_worker(self) -> None:
-        config, _ = self._configured()
+        config, plan = self._configured()
         self.worker = _worker.start_worker(
             drop_uid=config["drop_uid"],
             drop_gid=config["drop_gid"],
             context=self.worker_context,
+            own_userns=plan.confine and plan.pid_namespace and plan.own_userns,
         )
         self.worker_decoder = _protocol.FrameDecoder()
         self.selector.register(self.worker.replies, selectors.EVENT_READ, self._on_worker)

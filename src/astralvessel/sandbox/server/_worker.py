@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import _launch, _protocol
+from . import _launch, _protocol, _userns
 
 __all__ = ["FileContext", "Worker", "start_worker"]
 
@@ -77,8 +77,18 @@ class Worker:
                 os.close(fd)
 
 
-def start_worker(*, drop_uid: int | None, drop_gid: int | None, context: dict[str, Any]) -> Worker:
-    """Fork the worker; the server writes request frames to ``requests`` and reads ``replies``."""
+def start_worker(
+    *,
+    drop_uid: int | None,
+    drop_gid: int | None,
+    context: dict[str, Any],
+    own_userns: bool = False,
+) -> Worker:
+    """Fork the worker; the server writes request frames to ``requests`` and reads ``replies``.
+
+    ``own_userns``: take the calls' own kind of user namespace (see ``_userns``), as
+    a confining server whose probe found it works does.
+    """
     req_r, req_w = os.pipe()
     rep_r, rep_w = os.pipe()
     server = os.getpid()
@@ -90,7 +100,10 @@ def start_worker(*, drop_uid: int | None, drop_gid: int | None, context: dict[st
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             _launch.prctl(_launch.PR_SET_PDEATHSIG, 9)
             if os.getppid() == server:
-                _launch._drop(drop_uid, drop_gid)
+                if own_userns:
+                    _become_call_user(drop_uid, drop_gid)
+                else:
+                    _launch._drop(drop_uid, drop_gid)
                 _launch.prctl(_launch.PR_SET_NO_NEW_PRIVS, 1)
                 _serve(req_r, rep_w, context)
         except BaseException:
@@ -101,6 +114,20 @@ def start_worker(*, drop_uid: int | None, drop_gid: int | None, context: dict[st
     os.close(rep_w)
     os.set_blocking(rep_r, False)
     return Worker(pid, req_w, rep_r)
+
+
+def _become_call_user(uid: int | None, gid: int | None) -> None:
+    """Take the calls' identity and hold what they hold: uid 65534 of an own user namespace.
+
+    As an ordinary user the server is uid 0 of the sandbox's namespace with every
+    capability there; the worker gives them all up as a call's init does. Where
+    that namespace cannot be made it drops to the uid as before (the server's
+    probe has already reported why).
+    """
+    try:
+        _userns.enter_own_namespace(uid, gid)
+    except OSError:
+        _launch._drop(uid, gid)
 
 
 def _serve(requests: int, replies: int, context: dict[str, Any]) -> None:
