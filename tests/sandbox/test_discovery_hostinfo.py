@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 from pathlib import PurePosixPath
+from typing import Any
+
+import pytest
 
 from astralvessel.sandbox import Promise
 from astralvessel.sandbox._hostinfo import (
@@ -14,7 +18,9 @@ from astralvessel.sandbox._hostinfo import (
     find_binaries,
     interpreter_mount,
     parse_version,
+    python_runtime,
     unenforced_promises,
+    userns_trial,
     userns_verdict,
 )
 
@@ -27,6 +33,33 @@ def test_userns_verdicts():
     assert userns_verdict("0", None, None)[1].startswith("user namespaces are disabled")
     assert "unprivileged_userns_clone" in userns_verdict("1000", "0", None)[1]
     assert "AppArmor" in userns_verdict("1000", "1", "1")[1]
+
+
+@pytest.mark.parametrize(
+    ("knobs", "fix"),
+    [
+        (("0", None, None, None), "sysctl -w user.max_user_namespaces="),
+        (("1000", "0", None, None), "sysctl -w kernel.unprivileged_userns_clone=1"),
+        (("1000", "1", "1", None), "sysctl -w kernel.apparmor_restrict_unprivileged_userns=0"),
+        (("1000", "1", "0", errno.EPERM), "seccomp=unconfined"),
+    ],
+)
+def test_each_userns_block_says_what_to_do(knobs: tuple[Any, ...], fix: str) -> None:
+    """Every way user namespaces are blocked is refused with the command that unblocks it."""
+    allowed, why = userns_verdict(*knobs)
+    assert not allowed
+    assert fix in why
+    assert "Running as an ordinary user" in why
+
+
+def test_a_working_trial_allows_user_namespaces() -> None:
+    """When the knobs allow it and a real unshare worked, user namespaces are available."""
+    assert userns_verdict("1000", None, "0", 0) == (True, "")
+
+
+def test_userns_trial_on_this_host() -> None:
+    """On this host (unprivileged user namespaces allowed) the trial unshare succeeds."""
+    assert userns_trial(python_runtime().executable) == 0
 
 
 def test_bwrap_features_from_help():

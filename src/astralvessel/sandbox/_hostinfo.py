@@ -8,6 +8,7 @@ be kept here) is a plain function over those facts, so tests compare values.
 
 from __future__ import annotations
 
+import errno
 import os
 import platform
 import re
@@ -37,6 +38,7 @@ __all__ = [
     "python_runtime",
     "run_for_text",
     "unenforced_promises",
+    "userns_trial",
     "userns_verdict",
 ]
 
@@ -105,25 +107,70 @@ class HostFacts:
         return self.uid == 0
 
 
+#: Where the per-distribution fixes are written out.
+USERNS_DOCS = "see 'Running as an ordinary user' in the astralvessel docs"
+
+
 def userns_verdict(
     max_user_namespaces: str | None,
     unprivileged_userns_clone: str | None,
     apparmor_restrict: str | None,
+    trial_errno: int | None = None,
 ) -> tuple[bool, str]:
-    """Decide from three kernel knobs whether an unprivileged user may make a user namespace."""
+    """Decide whether an unprivileged user may make a user namespace, and if not, the fix.
+
+    The three kernel knobs are read from ``/proc/sys``; ``trial_errno`` is what a
+    real ``unshare(CLONE_NEWUSER)`` returned (0: it worked; None: not tried),
+    which is the only way to see a container's seccomp profile refuse it.
+    """
     if max_user_namespaces is not None and max_user_namespaces.strip() == "0":
-        return False, "user namespaces are disabled (user.max_user_namespaces = 0)"
+        return False, (
+            "user namespaces are disabled (user.max_user_namespaces = 0); as root, run "
+            "`sysctl -w user.max_user_namespaces=15000` and keep it in /etc/sysctl.d/, "
+            f"or run the host as root; {USERNS_DOCS}"
+        )
     if unprivileged_userns_clone is not None and unprivileged_userns_clone.strip() == "0":
-        return (
-            False,
-            "unprivileged user namespaces are disabled (kernel.unprivileged_userns_clone = 0)",
+        return False, (
+            "unprivileged user namespaces are disabled (kernel.unprivileged_userns_clone = 0); "
+            "as root, run `sysctl -w kernel.unprivileged_userns_clone=1` and keep it in "
+            f"/etc/sysctl.d/, or run the host as root; {USERNS_DOCS}"
         )
     if apparmor_restrict is not None and apparmor_restrict.strip() == "1":
         return False, (
             "AppArmor restricts unprivileged user namespaces "
-            "(kernel.apparmor_restrict_unprivileged_userns = 1)"
+            "(kernel.apparmor_restrict_unprivileged_userns = 1, as on Ubuntu 24.04); "
+            "give the sandbox binary an AppArmor profile that allows `userns`, or as root "
+            "run `sysctl -w kernel.apparmor_restrict_unprivileged_userns=0`; "
+            f"{USERNS_DOCS}"
+        )
+    if trial_errno:
+        name = errno.errorcode.get(trial_errno, str(trial_errno))
+        return False, (
+            f"unshare(CLONE_NEWUSER) is refused here ({name}) "
+            "although the kernel allows it: a container whose seccomp profile refuses it "
+            "(Docker's default does); run the container with a profile that allows "
+            "unshare and clone with CLONE_NEWUSER (or --security-opt seccomp=unconfined), "
+            f"or use the docker backend from the host; {USERNS_DOCS}"
         )
     return True, ""
+
+
+#: Run in a child interpreter: exits 0 if this user may make a user namespace, else the errno.
+_USERNS_TRIAL = (
+    "import ctypes,sys;l=ctypes.CDLL(None,use_errno=True);"
+    "sys.exit(0 if l.unshare(0x10000000)==0 else ctypes.get_errno() or 1)"
+)
+
+
+def userns_trial(python: str) -> int | None:
+    """Try ``unshare(CLONE_NEWUSER)`` in a child interpreter; its errno, 0, or None if unknown."""
+    try:
+        done = subprocess.run(
+            [python, "-I", "-S", "-c", _USERNS_TRIAL], capture_output=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.returncode if done.returncode >= 0 else None
 
 
 def parse_version(text: str) -> str:
@@ -286,11 +333,16 @@ def _cgroups() -> tuple[dict[str, str], str | None]:
 
 def collect_host_facts() -> HostFacts:
     """Read the facts about this host that the backends' probes judge."""
-    allowed, why = userns_verdict(
+    knobs = (
         _read("/proc/sys/user/max_user_namespaces"),
         _read("/proc/sys/kernel/unprivileged_userns_clone"),
         _read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns"),
     )
+    allowed, why = userns_verdict(*knobs)
+    runtime = python_runtime()
+    if allowed and os.getuid() != 0:
+        # The knobs allow it; only a real attempt shows a seccomp profile that does not.
+        allowed, why = userns_verdict(*knobs, trial_errno=userns_trial(runtime.executable))
     v1, v2 = _cgroups()
     uid = os.getuid()
     return HostFacts(
@@ -299,7 +351,7 @@ def collect_host_facts() -> HostFacts:
         userns=allowed,
         userns_reason=why,
         system_dirs=_system_dirs(),
-        python=python_runtime(),
+        python=runtime,
         cgroup_v1=v1,
         cgroup_v2=v2,
         etc_entries=tuple(path for path in HOST_ENTRIES if os.path.exists(path)),
