@@ -121,13 +121,22 @@ def _become_call_user(uid: int | None, gid: int | None) -> None:
 
     As an ordinary user the server is uid 0 of the sandbox's namespace with every
     capability there; the worker gives them all up as a call's init does. Where
-    that namespace cannot be made it drops to the uid as before (the server's
-    probe has already reported why).
+    it cannot mount its own ``/proc`` it drops to the uid as before. Raises
+    ``OSError`` if the namespace fails half made: the worker then exits and the
+    file tools say so, rather than serve with the server's privileges.
     """
     try:
-        _userns.enter_own_namespace(uid, gid)
+        # The ids are mapped through /proc, which nsjail mounts read-only: the worker mounts
+        # a /proc of its own (same processes, writable) in a mount namespace of its own.
+        _launch.unshare(_launch.CLONE_NEWNS)
+        _launch.mount(None, "/", None, _launch.MS_REC | _launch.MS_PRIVATE)
+        _launch.mount(
+            "proc", "/proc", "proc", _launch.MS_NOSUID | _launch.MS_NODEV | _launch.MS_NOEXEC
+        )
     except OSError:
         _launch._drop(uid, gid)
+        return
+    _userns.enter_own_namespace(uid, gid)
 
 
 def _serve(requests: int, replies: int, context: dict[str, Any]) -> None:
