@@ -8,8 +8,8 @@ the server, per call. Where cgroup v1 ``memory`` and ``pids`` are mounted and we
 are root, nsjail also puts the whole sandbox in a cgroup as a turn-wide backstop.
 
 As root, no user namespace is made (``--disable_clone_newuser``): the server
-keeps its capabilities to give each call its own PID and mount namespace and to
-drop it to the real host user ``nobody`` (65534).
+keeps its capabilities to give each call its own PID, mount and user namespace,
+mapped to the real host user ``nobody`` (65534).
 """
 
 from __future__ import annotations
