@@ -95,9 +95,12 @@ async def _report_progress(
     started = anyio.current_time()
     while True:
         elapsed = anyio.current_time() - started
-        await ctx.session.report_progress(
-            elapsed, timeout, f"{tool}: running for {elapsed:.0f} s in the sandbox"
-        )
+        try:
+            await ctx.session.report_progress(
+                elapsed, timeout, f"{tool}: running for {elapsed:.0f} s in the sandbox"
+            )
+        except Exception:  # progress is best effort: the call's own answer is what counts
+            return
         await anyio.sleep(interval)
 
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 from agents import Agent as AgentsAgent
-from agents import FunctionTool, ModelResponse, RunConfig, Runner
+from agents import FunctionTool, ItemHelpers, ModelResponse, RunConfig, Runner
 from agents.models.interface import Model
 from agents.tool_context import ToolContext
 from agents.usage import Usage
@@ -36,6 +36,7 @@ from astralvessel.integrations.pydantic_ai import VesselToolset
 from astralvessel.sandbox._base import Sandbox
 
 from ..conftest import MakeAgent
+from .test_media import DRAW_TOOL
 
 ECHO_TOOL = """
 name = "echo"
@@ -270,3 +271,24 @@ def test_langchain_ainvoke_awaits_the_call(executor: av.Executor) -> None:
             return await echo.ainvoke(_tool_call("echo", {"q": "eel"}))
 
     assert asyncio.run(main()).content == '{"q": "eel"}'
+
+
+def test_agents_outbox_files_become_image_and_file_outputs(
+    make_agent: MakeAgent, backend: Sandbox
+) -> None:
+    """Outbox images and PDFs reach the SDK as its image and file outputs; it turns them into items."""
+    folder = make_agent('[tools]\ndeclared = ["tools/draw.toml"]\n', {"tools/draw.toml": DRAW_TOOL})
+    executor = av.Executor(av.Registry.for_agent(av.Agent.load(folder)), sandbox=backend)
+    output = asyncio.run(_invoke(function_tools(executor), Usage(), "draw", {}))
+    text, *files = output
+    assert text["text"].startswith("drawn\n")
+    assert "notes.txt (10 bytes) not attached" in text["text"]
+    assert sorted(f["type"] for f in files) == ["file", "image", "image"]
+    call = ResponseFunctionToolCall(type="function_call", call_id="c", name="draw", arguments="{}")
+    item = ItemHelpers.tool_call_output_item(call, output)
+    assert sorted(part["type"] for part in item["output"]) == [
+        "input_file",
+        "input_image",
+        "input_image",
+        "input_text",
+    ]

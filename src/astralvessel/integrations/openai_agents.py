@@ -14,14 +14,18 @@ hands off to or calls as tools. The SDK keys nothing else to a run, so the
 turn is tied to the run's ``usage`` object, which every tool context of one run
 shares: it ends when the run's result is released. A failing call is returned
 to the model as its error text, the SDK's own way ("return a string error
-message, which will be sent back to the LLM"), so the run goes on. Needs the
+message, which will be sent back to the LLM"), so the run goes on. Outbox
+images and PDFs go along as the SDK's image and file outputs. Needs the
 ``openai-agents`` extra.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from ..adapters._media import Attachment, MediaBudget, attachments, data_url, with_notes
 from ._common import RunTurns
 
 try:
@@ -37,16 +41,23 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from ..executor import Executor
+    from ..results import ToolResult
 
-__all__ = ["function_tools"]
+__all__ = ["OUTPUTS", "function_tools", "tool_output"]
 
 
-def function_tools(executor: Executor, *, strict: bool = True) -> list[FunctionTool]:
+def function_tools(
+    executor: Executor, *, strict: bool = True, budget: MediaBudget | None = None
+) -> list[FunctionTool]:
     """Every tool the executor grants, as Agents SDK ``FunctionTool`` s.
 
     ``strict`` asks for strict JSON schemas where a tool's schema already allows
     it (see ``Registry.schemas``); the rest are sent as they are, non-strict.
+    A call's outbox images and PDFs go to the model as the SDK's image and file
+    outputs within ``budget`` (``MediaBudget()`` by default); the text names
+    every other file.
     """
+    budget = budget or MediaBudget()
     turns = RunTurns(executor)
     schemas = executor.registry.schemas("openai-responses", scopes=executor.scopes, strict=strict)
     return [
@@ -54,18 +65,44 @@ def function_tools(executor: Executor, *, strict: bool = True) -> list[FunctionT
             name=schema["name"],
             description=schema["description"],
             params_json_schema=schema["parameters"],
-            on_invoke_tool=_invoker(turns, schema["name"]),
+            on_invoke_tool=_invoker(turns, schema["name"], budget),
             strict_json_schema=schema["strict"],
         )
         for schema in schemas
     ]
 
 
-def _invoker(turns: RunTurns, name: str) -> Callable[[ToolContext[Any], str], Awaitable[str]]:
-    async def invoke(context: ToolContext[Any], arguments: str) -> str:
+def _image(attachment: Attachment) -> dict[str, Any]:
+    return {"type": "image", "image_url": data_url(attachment)}
+
+
+def _file(attachment: Attachment) -> dict[str, Any]:
+    return {"type": "file", "file_data": data_url(attachment), "filename": attachment.name}
+
+
+#: The SDK's tool output each kind of attachment becomes.
+OUTPUTS: Mapping[str, Callable[[Attachment], dict[str, Any]]] = MappingProxyType(
+    {"image": _image, "pdf": _file}
+)
+
+
+def tool_output(result: ToolResult, budget: MediaBudget) -> str | list[dict[str, Any]]:
+    """What the model gets for a result: its text, or its text and its outbox files."""
+    chosen, notes = attachments(
+        result.files, kinds=frozenset(OUTPUTS), budget=budget, api="the Agents SDK"
+    )
+    text = with_notes(result.text, notes)
+    if not chosen:
+        return text
+    return [{"type": "text", "text": text}, *(OUTPUTS[a.kind](a) for a in chosen)]
+
+
+def _invoker(
+    turns: RunTurns, name: str, budget: MediaBudget
+) -> Callable[[ToolContext[Any], str], Awaitable[str | list[dict[str, Any]]]]:
+    async def invoke(context: ToolContext[Any], arguments: str) -> str | list[dict[str, Any]]:
         # Every tool context of one run shares the run's usage object (agents as tools too).
         turn = turns.turn_for(context.usage)
-        result = await turn.acall(name, arguments)
-        return result.text
+        return tool_output(await turn.acall(name, arguments), budget)
 
     return invoke
