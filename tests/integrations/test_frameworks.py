@@ -18,6 +18,7 @@ from langchain_core.messages import ToolMessage
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage
 from pydantic_ai import Agent as PydanticAgent
 from pydantic_ai.messages import (
+    BinaryContent,
     ModelMessage,
     ModelRequest,
     TextPart,
@@ -292,3 +293,29 @@ def test_agents_outbox_files_become_image_and_file_outputs(
         "input_image",
         "input_text",
     ]
+
+
+def test_pydantic_ai_outbox_files_become_binary_content(
+    make_agent: MakeAgent, backend: Sandbox
+) -> None:
+    """Outbox images and PDFs reach the model as pydantic-ai BinaryContent after the text."""
+    folder = make_agent('[tools]\ndeclared = ["tools/draw.toml"]\n', {"tools/draw.toml": DRAW_TOOL})
+    executor = av.Executor(av.Registry.for_agent(av.Agent.load(folder)), sandbox=backend)
+    seen: list[ModelMessage] = []
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> PydanticResponse:
+        if len(messages) == 1:
+            return PydanticResponse(parts=[ToolCallPart("draw", {})])
+        seen.extend(messages)
+        return PydanticResponse(parts=[TextPart("done")])
+
+    asyncio.run(PydanticAgent(FunctionModel(model), toolsets=[VesselToolset(executor)]).run("go"))
+    binaries = [
+        item
+        for message in seen
+        if isinstance(message, ModelRequest)
+        for part in message.parts
+        for item in (part.content if isinstance(part.content, list) else [part.content])
+        if isinstance(item, BinaryContent)
+    ]
+    assert sorted(b.media_type for b in binaries) == ["application/pdf", "image/png", "image/png"]

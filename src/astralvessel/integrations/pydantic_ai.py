@@ -14,7 +14,8 @@ workspace) on entry and ends it on exit, however the run ends. A failing call
 raises pydantic-ai's ``ToolFailed`` with the error text, so the model sees a
 failed tool result and adapts, without spending the tool's retry budget.
 Arguments are checked by the turn against the tool's own schema, so the
-toolset lets pydantic-ai pass them through as they came. Needs the
+toolset lets pydantic-ai pass them through as they came. Outbox images and
+PDFs go back as ``BinaryContent`` after the text. Needs the
 ``pydantic-ai`` extra.
 """
 
@@ -22,8 +23,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..adapters._media import MediaBudget, attachments, with_notes
+
 try:
     from pydantic_ai.exceptions import ToolFailed
+    from pydantic_ai.messages import BinaryContent
     from pydantic_ai.tools import ToolDefinition
     from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
     from pydantic_core import SchemaValidator, core_schema
@@ -38,6 +42,7 @@ if TYPE_CHECKING:
     from typing_extensions import Self
 
     from ..executor import Executor, Turn
+    from ..results import ToolResult
 
 __all__ = ["VesselToolset"]
 
@@ -49,10 +54,19 @@ _PASS_THROUGH = SchemaValidator(schema=core_schema.any_schema())
 class VesselToolset(AbstractToolset[Any]):
     """Every tool an executor grants, as one pydantic-ai toolset; each run gets its own turn."""
 
-    def __init__(self, executor: Executor, *, id: str | None = None, strict: bool = False) -> None:
+    def __init__(
+        self,
+        executor: Executor,
+        *,
+        id: str | None = None,
+        strict: bool = False,
+        budget: MediaBudget | None = None,
+    ) -> None:
         self.executor = executor
         self._id = id
         self._strict = strict
+        #: How many of a call's outbox images and PDFs go to the model as binary content.
+        self.budget = budget or MediaBudget()
         self._turn: Turn | None = None
 
     @property
@@ -61,7 +75,7 @@ class VesselToolset(AbstractToolset[Any]):
 
     async def for_run(self, ctx: RunContext[Any]) -> VesselToolset:
         """A fresh copy for one run: its turn is the run's alone."""
-        return VesselToolset(self.executor, id=self._id, strict=self._strict)
+        return VesselToolset(self.executor, id=self._id, strict=self._strict, budget=self.budget)
 
     async def __aenter__(self) -> Self:
         if self._turn is None:
@@ -103,4 +117,15 @@ class VesselToolset(AbstractToolset[Any]):
         result = await self._turn.acall(name, tool_args)
         if result.is_error:
             raise ToolFailed(result.text)
-        return result.text
+        return _return_value(result, self.budget)
+
+
+def _return_value(result: ToolResult, budget: MediaBudget) -> str | list[str | BinaryContent]:
+    """The result's text, or its text and its outbox images and PDFs as binary content."""
+    chosen, notes = attachments(
+        result.files, kinds=frozenset({"image", "pdf"}), budget=budget, api="pydantic-ai"
+    )
+    text = with_notes(result.text, notes)
+    if not chosen:
+        return text
+    return [text, *(BinaryContent(data=a.data, media_type=a.media_type) for a in chosen)]
