@@ -319,3 +319,22 @@ def test_pydantic_ai_outbox_files_become_binary_content(
         if isinstance(item, BinaryContent)
     ]
     assert sorted(b.media_type for b in binaries) == ["application/pdf", "image/png", "image/png"]
+
+
+def test_langchain_outbox_files_become_content_blocks(
+    make_agent: MakeAgent, backend: Sandbox
+) -> None:
+    """Outbox images and PDFs reach the ToolMessage as image and file content blocks."""
+    folder = make_agent('[tools]\ndeclared = ["tools/draw.toml"]\n', {"tools/draw.toml": DRAW_TOOL})
+    executor = av.Executor(av.Registry.for_agent(av.Agent.load(folder)), sandbox=backend)
+    with executor.turn() as turn:
+        (draw,) = structured_tools(turn)
+        message = draw.invoke(_tool_call("draw", {}))
+    text, *blocks = message.content
+    assert text["text"].startswith("drawn\n")
+    assert "notes.txt (10 bytes) not attached" in text["text"]
+    assert sorted((b["type"], b["mime_type"]) for b in blocks) == [
+        ("file", "application/pdf"),
+        ("image", "image/png"),
+        ("image", "image/png"),
+    ]
