@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import docker
 from astralvessel.sandbox import Policy, RunRequest
-from astralvessel.sandbox._docker import Docker
+from astralvessel.sandbox.docker import Docker
 
 
 def _median_ms(action: Callable[[], object], repeat: int) -> float:

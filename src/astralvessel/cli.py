@@ -63,7 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
         "arguments", nargs="?", default="{}", help="the JSON arguments, or - for stdin"
     )
     call.add_argument("--mount", action="append", default=[], metavar="SANDBOX_PATH=HOST_PATH[:rw]")
-    call.add_argument("--backend", default=None, help="bubblewrap, nsjail, docker, unconfined, ...")
+    call.add_argument(
+        "--backend", default=None, help="bubblewrap, nsjail, docker, docker-exec, unconfined, ..."
+    )
     call.add_argument("--scope", action="append", dest="scopes", metavar="S")
     add_relax_option(call)
     call.add_argument("--json", action="store_true", help="print the whole result as JSON")

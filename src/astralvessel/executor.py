@@ -93,6 +93,7 @@ class Executor:
         self.output_chars = output_chars or (agent.tool_output_chars if agent else 30_000)
         self.policy = Policy(
             agent_dir=agent.path if agent is not None else None,
+            dockerfile=agent.dockerfile if agent is not None else None,
             workdir=agent.workdir if agent is not None else WORKSPACE_DIR,
             mounts=_mounts(mounts),
             limits=limits or (agent.limits if agent is not None else Limits()),

@@ -1,8 +1,12 @@
-"""One conformance suite, run against every confined backend.
+"""One conformance suite, run against every confined backend and every session that ships.
 
-``BACKENDS`` is the only list: Docker joins the suite by adding its name. Each
+``BACKENDS`` is the only list: a backend joins the suite by adding its name. Each
 test gets a fresh turn (``session``) of the backend under test, built from a
 real agent folder and a read-only data mount in ``tmp_path``, and closed after.
+
+A backend that runs in a declared, degraded mode (``docker-exec``: no sandbox
+server) lists in ``DECLARED_UNKEPT`` the tests it fails and why; each becomes a
+strict expected failure, so the day one passes the suite says so.
 """
 
 from __future__ import annotations
@@ -17,7 +21,39 @@ from astralvessel.sandbox import Limits, Mount, Policy, Sandbox, SandboxSession
 from astralvessel.sandbox._discovery import get_backend
 
 #: Every backend the suite runs on; a backend that cannot run here fails, never skips.
-BACKENDS = ["bubblewrap", "nsjail", "docker"]
+BACKENDS = ["bubblewrap", "nsjail", "docker", "docker-exec"]
+
+_NO_SERVER = "docker-exec runs no sandbox server"
+#: Per backend, the tests of promises it declares it cannot keep (test name: why).
+DECLARED_UNKEPT: dict[str, dict[str, str]] = {
+    "docker-exec": {
+        "test_sees_only_its_own_processes": (
+            f"{_NO_SERVER}: every call joins the container's PID namespace and sees its first "
+            "process (process-isolation, declared by probe)"
+        ),
+        "test_cannot_stop_kill_or_read_its_own_init": (
+            f"{_NO_SERVER}: a call has no init of its own, it runs in the container's PID namespace"
+        ),
+        "test_root_shows_only_the_documented_tree": (
+            f"{_NO_SERVER} to build the call's view: a call sees the image's whole (read-only) root"
+        ),
+        "test_file_tools_see_the_sandbox_view": f"{_NO_SERVER}: the file tools are unavailable",
+        "test_file_names_from_file_tools_are_escaped": (
+            f"{_NO_SERVER}: the file tools are unavailable"
+        ),
+    },
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each declared-unkept test of a backend as a strict expected failure, with its reason."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        name = callspec.params.get("backend") if callspec is not None else None
+        why = DECLARED_UNKEPT.get(str(name), {}).get(item.originalname)  # type: ignore[attr-defined]
+        if why is not None:
+            item.add_marker(pytest.mark.xfail(strict=True, reason=why))
+
 
 #: The workdir the test agent declares; the data folder is mounted there read-only.
 WORKDIR = "/data"

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from astralvessel.sandbox import Limits, Policy, SandboxSession
-from astralvessel.sandbox._docker import Docker
+from astralvessel.sandbox.docker import Docker
 
 #: The base image with python3 and ripgrep, built offline by .ci/build-images.sh.
 BASE_IMAGE = os.environ.get("ASTRALVESSEL_DOCKER_IMAGE", "astralvessel-test/base:bookworm")

@@ -16,10 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from astralvessel.errors import BackendUnavailableError, PromiseNotEnforcedError, SandboxError
+from astralvessel.agent import Agent
+from astralvessel.errors import BackendUnavailableError, SandboxError
 from astralvessel.sandbox import Policy, Promise, RunRequest
-from astralvessel.sandbox._docker import Docker
-from astralvessel.sandbox._docker_spec import LABEL_TURN
+from astralvessel.sandbox.docker import Docker
+from astralvessel.sandbox.docker._spec import LABEL_TURN
 
 from ..conformance.calls import barrier
 from .conftest import BASE_IMAGE, NOPYTHON_IMAGE, SMALL_LIMITS
@@ -27,6 +28,11 @@ from .conftest import BASE_IMAGE, NOPYTHON_IMAGE, SMALL_LIMITS
 
 def _run(session, *argv: str, timeout: float = 20.0, stdin: bytes = b""):
     return session.run(RunRequest(argv=argv, stdin=stdin, timeout=timeout, output_chars=20000))
+
+
+def _agent_policy(agent: Path) -> Policy:
+    """The policy an executor builds for ``agent``: with the Dockerfile Agent.load validated."""
+    return Policy(agent_dir=agent, dockerfile=Agent.load(agent).dockerfile, limits=SMALL_LIMITS)
 
 
 def _exists(api, container_id: str) -> bool:
@@ -77,7 +83,7 @@ def test_container_settings_reach_the_engine(turn, docker_api):
 
 def test_file_tools_show_the_images_files(backend, agent_with_dockerfile, docker_api):
     """read shows a file that exists only in the image the agent's Dockerfile built, as commands see it."""
-    session = backend.start(Policy(agent_dir=agent_with_dockerfile, limits=SMALL_LIMITS))
+    session = backend.start(_agent_policy(agent_with_dockerfile))
     try:
         marker = (agent_with_dockerfile / "sandbox" / "marker.txt").read_text().strip()
         read = session.file_tool("read", {"path": "/usr/share/vessel-marker.txt"}, timeout=10)
@@ -91,7 +97,7 @@ def test_file_tools_show_the_images_files(backend, agent_with_dockerfile, docker
 
 def test_dockerfile_is_built_once_and_cached(backend, agent_with_dockerfile, docker_api):
     """The agent's Dockerfile is built once; a second turn reuses the image tagged by its content hash."""
-    policy = Policy(agent_dir=agent_with_dockerfile, limits=SMALL_LIMITS)
+    policy = _agent_policy(agent_with_dockerfile)
     first = backend._turn_image(policy)
     created = docker_api.inspect_image(first)["Created"]
     # A fresh backend (no in-process memory) finds the same image by its tag.
@@ -109,7 +115,7 @@ def test_broken_dockerfile_shows_the_build_output(backend, agent_with_dockerfile
         "ARG BASE_IMAGE\nFROM ${BASE_IMAGE}\nRUN echo building-the-broken-step && exit 3\n"
     )
     with pytest.raises(BackendUnavailableError) as caught:
-        backend.start(Policy(agent_dir=agent_with_dockerfile, limits=SMALL_LIMITS))
+        backend.start(_agent_policy(agent_with_dockerfile))
     message = str(caught.value)
     assert "cannot build the sandbox image" in message
     assert "Dockerfile" in message
@@ -129,7 +135,7 @@ def test_leftovers_of_a_killed_host_are_removed(docker_api, tmp_path):
         f"""
         import os, signal
         from astralvessel.sandbox import Policy
-        from astralvessel.sandbox._docker import Docker
+        from astralvessel.sandbox.docker import Docker
         session = Docker(base_image={BASE_IMAGE!r}, pull=False).start(Policy())
         print(session.channel.container_id, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
@@ -152,7 +158,7 @@ def test_killed_host_stops_its_server(docker_api):
         f"""
         import os, signal
         from astralvessel.sandbox import Policy
-        from astralvessel.sandbox._docker import Docker
+        from astralvessel.sandbox.docker import Docker
         session = Docker(base_image={BASE_IMAGE!r}, pull=False).start(Policy())
         print(session.channel.container_id, flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
@@ -248,52 +254,11 @@ def test_engine_going_away_mid_turn_is_a_clear_error(docker_api, tmp_path):
             gc.collect()
 
 
-def test_image_without_python_falls_back_to_exec(docker_api):
-    """An image without Python runs each call as a docker exec, with the policy's exact environment."""
+def test_image_without_python_is_refused_naming_docker_exec(docker_api):
+    """The docker backend never falls back silently: an image without python3 names docker-exec."""
     backend = Docker(image=NOPYTHON_IMAGE, pull=False)
-    session = backend.start(Policy(limits=SMALL_LIMITS).relax(Promise.PROCESS_ISOLATION))
-    try:
-        assert Promise.PROCESS_ISOLATION in session.unenforced()
-        outcome = _run(session, "/bin/sh", "-c", "id -u; env | sort; echo to-stderr >&2; exit 3")
-        assert outcome.exit_code == 3
-        assert outcome.metadata["docker_mode"] == "exec-per-call"
-        lines = outcome.output.splitlines()
-        assert lines[0] == "65534"
-        names = {line.split("=", 1)[0] for line in lines[1:-1]}
-        assert names - {"PWD"} == set(Policy().environment)
-        assert lines[-1] == "to-stderr"
-        file_outcome = session.file_tool("read", {"path": "/etc/hostname"}, timeout=5)
-        assert file_outcome.is_error
-        assert "python3" in file_outcome.text
-    finally:
-        session.close()
-
-
-def test_fallback_kills_leftovers_and_times_out(docker_api):
-    """In the fallback a timed-out call is killed, and a background process does not outlive its call."""
-    backend = Docker(image=NOPYTHON_IMAGE, pull=False)
-    session = backend.start(Policy(limits=SMALL_LIMITS).relax(Promise.PROCESS_ISOLATION))
-    try:
-        assert (
-            _run(session, "/bin/sh", "-c", "sleep 300 & echo started").output.strip() == "started"
-        )
-        outcome = _run(session, "sleep", "300", timeout=1.0)
-        assert outcome.timed_out
-        processes = docker_api.top(session.container_id)["Processes"] or []
-        assert not [p for p in processes if "sleep" in " ".join(p)]
-        assert (
-            _run(session, "/bin/sh", "-c", "echo hi > $VESSEL_OUTBOX/out.txt").files[0].name
-            == "out.txt"
-        )
-    finally:
-        session.close()
-
-
-def test_fallback_fails_closed_without_relaxing(docker_api):
-    """The fallback refuses to start unless the host relaxed process isolation, and says why."""
-    backend = Docker(image=NOPYTHON_IMAGE, pull=False)
-    with pytest.raises(PromiseNotEnforcedError, match="python3"):
-        backend.start(Policy())
+    with pytest.raises(BackendUnavailableError, match="docker-exec"):
+        backend.start(Policy(limits=SMALL_LIMITS).relax(*Promise))
 
 
 def test_probe_reports_every_promise(backend):
@@ -303,14 +268,6 @@ def test_probe_reports_every_promise(backend):
     assert report.enforced == frozenset(Promise)
     assert "sandbox server" in report.details["mode"]
     assert "API" in report.details["engine"]
-
-
-def test_probe_says_so_for_the_fallback(docker_api):
-    """doctor says when an image forces the exec fallback, and which promise that costs."""
-    report = Docker(image=NOPYTHON_IMAGE, pull=False).probe()
-    assert report.available, report.reason
-    assert "fallback" in report.details["mode"]
-    assert Promise.PROCESS_ISOLATION in report.unenforced
 
 
 def test_no_engine_is_a_clear_error(tmp_path):

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from astralvessel.sandbox import Limits, Mount, Policy
-from astralvessel.sandbox._docker_spec import (
+from astralvessel.sandbox.docker._spec import (
     CALL_UID,
     LABEL_OWNER,
     LABEL_TURN,
@@ -103,11 +103,13 @@ def test_server_mode_runs_as_nobody_with_its_view_root():
     assert spec.host_config_extra["ReadonlyPaths"] == []
 
 
-def test_fallback_mode_keeps_dockers_masks():
-    """The exec fallback's idle process is a capability-less root; Docker's default masks stay."""
+def test_exec_mode_keeps_dockers_masks_and_hides_sys():
+    """docker-exec's idle process is a capability-less root; Docker's masks stay, /sys goes too."""
     spec = _spec(Policy(), server=False)
     assert spec.user == "0:0"
-    assert spec.host_config_extra == {}
+    masked = spec.host_config_extra["MaskedPaths"]
+    assert {"/proc/kcore", "/proc/keys", "/sys", "/dev/mqueue"} <= set(masked)
+    assert "ReadonlyPaths" not in spec.host_config_extra
 
 
 def test_environment_is_the_policy_environment():
@@ -140,12 +142,21 @@ def test_view_binds_are_parents_first(tmp_path: Path):
 
 
 def test_exec_argv_clears_the_environment():
-    """The fallback's exec starts from an empty environment plus exactly the policy's."""
+    """A docker-exec call starts from an empty environment plus exactly the policy's."""
     argv = exec_argv(Policy(), ["echo", "hi"])
-    assert argv[:2] == ["env", "-i"]
+    assert argv[:2] == ["/bin/sh", "-c"]
+    assert 'exec env -i "$@" 2>&1' in argv[2]
     assert argv[-2:] == ["echo", "hi"]
-    assigned = [a for a in argv if "=" in a and not a.startswith("exec")]
+    assigned = [a for a in argv[4:] if "=" in a]
     assert sorted(a.split("=")[0] for a in assigned) == sorted(Policy().environment)
+
+
+def test_exec_argv_sets_the_calls_own_limits():
+    """A docker-exec call gets the policy's address-space and process limits, as a server call does."""
+    limits = Limits(disk_mb=16, memory_mb=256, processes=48, open_files=256)
+    script = exec_argv(Policy(limits=limits), ["true"])[2]
+    assert "ulimit -v 262144" in script
+    assert "ulimit -p 48" in script
 
 
 def test_owner_label_round_trips():

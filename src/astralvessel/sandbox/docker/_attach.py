@@ -1,0 +1,191 @@
+"""The engine's multiplexed streams: the attach channel to a turn's server, and exec streams.
+
+Without a TTY the engine frames each chunk of a container's (or an exec's)
+output with an 8-byte header naming the stream (1 stdout, 2 stderr) and the
+payload length. ``AttachChannel`` carries the server's protocol on stdout and
+keeps a bounded stderr tail; ``frames`` reads an exec's stream for the
+``docker-exec``, yielding payloads as they arrive so no frame is ever held whole.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["TIMED_OUT", "AttachChannel", "close_attached", "frames", "raw_socket"]
+
+#: Bytes of the server's stderr kept to explain a container's death.
+_STDERR_TAIL = 16 * 1024
+#: A pseudo stream number ``frames`` yields when its deadline passes.
+TIMED_OUT = -1
+_HEADER = struct.Struct(">BxxxI")
+
+
+def raw_socket(attached: Any) -> Any:
+    """The socket under the SDK's attach object (a ``SocketIO`` locally, a channel over SSH)."""
+    return getattr(attached, "_sock", attached)
+
+
+class AttachChannel:
+    """A ``Channel`` over a container's attach stream: stdin in, demultiplexed stdout out.
+
+    Stdout frames carry the server's protocol; stderr frames are kept as a
+    bounded tail for ``describe_exit``.
+    """
+
+    def __init__(self, api: Any, container_id: str, attached: Any, *, engine: str) -> None:
+        self._api = api
+        #: The turn's container.
+        self.container_id = container_id
+        self._sock = raw_socket(attached)
+        self._attached = attached
+        self._engine = engine
+        self._pending = bytearray()
+        self._stdout = bytearray()
+        self._tail: collections.deque[bytes] = collections.deque()
+        self._tail_size = 0
+        self._closed = False
+        self._lock = threading.Lock()
+        self._exit: str | None = None
+
+    def send(self, data: bytes) -> None:
+        """Write to the server's stdin."""
+        self._sock.sendall(data)
+
+    def recv(self, size: int) -> bytes:
+        """Return up to ``size`` bytes of the server's stdout; ``b""`` only at end of stream."""
+        while not self._stdout:
+            if not self._fill():
+                return b""
+        data = bytes(self._stdout[:size])
+        del self._stdout[:size]
+        return data
+
+    def _fill(self) -> bool:
+        """Read one frame's worth; False at end of stream."""
+        while True:
+            if len(self._pending) >= _HEADER.size:
+                kind, length = _HEADER.unpack_from(self._pending)
+                if len(self._pending) >= _HEADER.size + length:
+                    payload = bytes(self._pending[_HEADER.size : _HEADER.size + length])
+                    del self._pending[: _HEADER.size + length]
+                    if kind == 1:
+                        self._stdout += payload
+                        return True
+                    self._keep_stderr(payload)
+                    continue
+            try:
+                chunk = self._sock.recv(65536)
+            except OSError:
+                if self._closed:
+                    return False
+                raise
+            if not chunk:
+                return False
+            self._pending += chunk
+
+    def _keep_stderr(self, payload: bytes) -> None:
+        self._tail.append(payload)
+        self._tail_size += len(payload)
+        while self._tail_size > _STDERR_TAIL and len(self._tail) > 1:
+            self._tail_size -= len(self._tail.popleft())
+
+    def close(self) -> None:
+        """Remove the container (killing everything in it) and close the stream. Never raises."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._exit = self._exit_status()
+        with contextlib.suppress(Exception):
+            self._api.remove_container(self.container_id, force=True)
+        with contextlib.suppress(Exception):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        close_attached(self._attached)
+
+    def _exit_status(self) -> str:
+        try:
+            state = self._api.inspect_container(self.container_id)["State"]
+        except Exception as exc:
+            return f"the Docker engine ({self._engine}) did not answer: {exc}"
+        if state.get("Running"):
+            return "the container was still running"
+        parts = [f"the container exited with status {state.get('ExitCode')}"]
+        if state.get("OOMKilled"):
+            parts.append("killed for using more memory than its limit")
+        if state.get("Error"):
+            parts.append(f"engine error: {state['Error']}")
+        return ", ".join(parts)
+
+    def describe_exit(self) -> str:
+        """Why the sandbox ended: the container's state and the server's stderr tail."""
+        status = self._exit or self._exit_status()
+        tail = b"".join(self._tail).decode("utf-8", "replace").strip()
+        return f"{status}; stderr: {tail[-2000:]}" if tail else status
+
+
+def frames(sock: Any, *, deadline: float | None = None) -> Iterator[tuple[int, bytes]]:
+    """An exec's output as (stream number, payload piece) until end of stream or ``deadline``.
+
+    Pieces are yielded as they arrive, so the host holds at most one read
+    (64 KiB) however long a frame the engine announces.
+    """
+    pending = bytearray()
+    kind, left = 0, 0
+    while True:
+        while pending:
+            if left == 0:
+                if len(pending) < _HEADER.size:
+                    break
+                kind, left = _HEADER.unpack_from(pending)
+                del pending[: _HEADER.size]
+                continue
+            piece = bytes(pending[:left])
+            del pending[: len(piece)]
+            left -= len(piece)
+            yield kind, piece
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                yield TIMED_OUT, b""
+                return
+            sock.settimeout(remaining)
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            continue
+        except OSError:
+            return
+        if not chunk:
+            return
+        pending += chunk
+
+
+def close_attached(attached: Any) -> None:
+    """Close an attach or exec stream: the SDK's wrapper and the socket under it. Never raises."""
+    sock = raw_socket(attached)
+    _release_response(attached)
+    with contextlib.suppress(Exception):
+        attached.close()
+    with contextlib.suppress(Exception):
+        sock.close()
+
+
+def _release_response(attached: Any) -> None:
+    """Close the HTTP response the SDK keeps alive on an attach socket (``_response``).
+
+    Closed only with the socket under it, that response's finalizer later flushes a
+    closed file, which Python 3.13 reports as an unraisable ``ValueError``.
+    """
+    response = getattr(attached, "_response", None) or getattr(
+        raw_socket(attached), "_response", None
+    )
+    if response is not None:
+        with contextlib.suppress(Exception):
+            response.close()

@@ -1,0 +1,245 @@
+"""The Docker backends: one container per turn on a real engine, through the Docker SDK.
+
+``Docker`` runs the sandbox server as the container's own process, on the
+image's ``python3``, reached over the engine's attach stream: each call is a
+request to the server, not a ``docker exec``. ``DockerExec`` (``docker-exec``)
+is the explicit mode for images without a usable Python: no server, one
+``docker exec`` per call, with the promises it cannot keep declared. Both
+share the image logic: a forced ``image``, else the agent's Dockerfile
+(``Policy.dockerfile``, validated by ``Agent.load``) built once per content
+hash, else the base image. See ``docs/docker.md``.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ...errors import BackendUnavailableError, PromiseNotEnforcedError
+from .. import _seccomp
+from .._base import BackendReport, Sandbox, SandboxSession, ServerLink, ServerOptions
+from .._policy import Policy, Promise
+from .._session import server_command
+from ._engine import BASE_IMAGE_ENV, Engine, owner
+from ._exec_session import EXEC_NOTE, ExecSession
+from ._spec import (
+    CALL_UID,
+    DEFAULT_BASE_IMAGE,
+    LABEL_MODE,
+    LABEL_OWNER,
+    LABEL_POLICY,
+    LABEL_TURN,
+    container_spec,
+    server_argv,
+)
+
+__all__ = ["DEFAULT_BASE_IMAGE", "Docker", "DockerExec"]
+
+
+class Docker(Sandbox):
+    """Run each turn in its own container on a Docker (or Podman) engine, the server inside.
+
+    ``base_image`` is the image used when neither ``image`` nor a Dockerfile
+    is given (default ``python:3.12-slim``, or ``$ASTRALVESSEL_DOCKER_IMAGE``).
+    ``image`` forces one image for every turn. ``dockerfile`` is built once,
+    with ``BASE_IMAGE`` as a build argument, and cached by the content hash of
+    its folder; without it the policy's (the agent's ``[sandbox] dockerfile``)
+    is used. ``base_url`` names the engine (else ``DOCKER_HOST`` and the
+    current context, as the ``docker`` CLI does). ``pull`` lets a missing
+    image be pulled. ``cpus`` caps each turn's CPU share.
+    """
+
+    name: ClassVar[str] = "docker"
+    #: How ``doctor`` describes this backend's mode.
+    mode: ClassVar[str] = "sandbox server in the container"
+
+    def __init__(
+        self,
+        *,
+        base_image: str | None = None,
+        image: str | None = None,
+        dockerfile: str | os.PathLike[str] | None = None,
+        base_url: str | None = None,
+        python: str = "python3",
+        pull: bool = True,
+        cpus: float | None = 1.0,
+        start_timeout: float = 60.0,
+    ) -> None:
+        self.base_image = base_image or os.environ.get(BASE_IMAGE_ENV) or DEFAULT_BASE_IMAGE
+        self.image = image
+        self.dockerfile = None if dockerfile is None else Path(dockerfile).resolve()
+        self.base_url = base_url
+        self.python = python
+        self.pull = pull
+        self.cpus = cpus
+        self.start_timeout = start_timeout
+        self.engine = Engine(base_url, pull=pull, start_timeout=start_timeout)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(base_image={self.base_image!r})"
+            if self.image is None
+            else f"{type(self).__name__}(image={self.image!r})"
+        )
+
+    def sweep(self) -> int:
+        """Remove containers of turns whose host process died; return how many were removed."""
+        return self.engine.sweep()
+
+    # -- the turn's image -------------------------------------------------------------
+
+    def _turn_image(self, policy: Policy) -> str:
+        """The image id for a turn: forced image, built Dockerfile, or the base image."""
+        if self.image is not None:
+            return self.engine.ensure_image(self.image)
+        dockerfile = self.dockerfile or policy.dockerfile
+        base_id = self.engine.ensure_image(self.base_image)
+        if dockerfile is None:
+            return base_id
+        return self.engine.build(dockerfile, base_image=self.base_image, base_id=base_id)
+
+    def _prepare(self, policy: Policy) -> tuple[str, Any]:
+        """The turn's image id and seccomp architecture; fail closed without a filter."""
+        self.engine.api()
+        self.engine.sweep_once()
+        arch = _seccomp.available_arch()
+        if arch is None and Promise.SECCOMP not in policy.relaxed:
+            raise PromiseNotEnforcedError(
+                self.name,
+                Promise.SECCOMP.value,
+                f"no seccomp filter is built for {platform.machine()}",
+            )
+        return self._turn_image(policy), arch
+
+    def _labels(self, policy: Policy, mode: str) -> dict[str, str]:
+        return {
+            LABEL_TURN: "1",
+            LABEL_OWNER: owner(),
+            LABEL_MODE: mode,
+            LABEL_POLICY: policy.identity,
+        }
+
+    # -- the Sandbox contract ---------------------------------------------------------
+
+    def probe(self) -> BackendReport:
+        """Say whether an engine answers and, by starting a trial turn, which promises it keeps."""
+        try:
+            api = self.engine.api()
+            version = api.version()
+        except BackendUnavailableError as exc:
+            return BackendReport(name=self.name, available=False, reason=str(exc))
+        except Exception as exc:
+            return BackendReport(name=self.name, available=False, reason=f"probing failed: {exc}")
+        details = {
+            "engine": (
+                f"{version.get('Version', '?')} (API {version.get('ApiVersion', '?')}) "
+                f"at {api.base_url}"
+            ),
+            "image": self.image or self.base_image,
+            "user": f"uid {CALL_UID} in a user namespace of its own, no capabilities",
+            "mode": self.mode,
+        }
+        try:
+            session = self.start(Policy().relax(*Promise))
+        except Exception as exc:
+            return BackendReport(
+                name=self.name,
+                available=False,
+                reason=f"a trial turn failed: {exc}",
+                details=details,
+            )
+        try:
+            unenforced = dict(session.unenforced())
+        finally:
+            session.close()
+        return BackendReport(
+            name=self.name,
+            available=True,
+            binary=None,
+            enforced=frozenset(p for p in Promise if p not in unenforced),
+            unenforced=unenforced,
+            details=details,
+        )
+
+    def open(self, policy: Policy) -> ServerLink:
+        """Start one turn's container with the server as its process; return the attach channel."""
+        image_id, arch = self._prepare(policy)
+        if not self.engine.has_python(image_id, self.python):
+            raise BackendUnavailableError(
+                f"docker cannot run the sandbox server: image "
+                f"{self.image or policy.dockerfile or self.base_image} has no {self.python} 3.8+. "
+                "Use an image with python3, or the docker-exec backend (one `docker exec` per "
+                "call, without process isolation or the file tools)"
+            )
+        spec = container_spec(
+            policy,
+            image=image_id,
+            command=server_argv(server_command(self.python), policy),
+            seccomp_profile=_seccomp.to_docker_profile("server", arch)
+            if arch
+            else {"defaultAction": "SCMP_ACT_ALLOW"},
+            labels=self._labels(policy, "server"),
+            server=True,
+            cpus=self.cpus,
+        )
+        channel = self.engine.attach_and_start(self.engine.create(spec))
+        return ServerLink(
+            channel=channel,
+            options=ServerOptions(
+                confine=True,
+                # The container already runs as uid 65534; in its user namespace only that uid
+                # exists, so there is nothing to drop to: a call loses its capabilities at exec.
+                seccomp=_seccomp.compile_bpf("calls", arch) if arch else None,
+                ready_timeout=self.start_timeout,
+            ),
+        )
+
+
+class DockerExec(Docker):
+    """``docker-exec``: a container per turn with no server; each call is one ``docker exec``.
+
+    For images without a usable ``python3``. Calls run one at a time, the file
+    tools are unavailable, and a call can see the container's idle first
+    process (``probe`` and ``SandboxSession.unenforced`` say so). Never chosen
+    automatically. Takes the same settings as ``Docker``.
+    """
+
+    name: ClassVar[str] = "docker-exec"
+    mode: ClassVar[str] = f"exec per call: {EXEC_NOTE}"
+
+    def open(self, policy: Policy) -> ServerLink:
+        """This mode runs no sandbox server, so there is no channel to one."""
+        raise BackendUnavailableError(
+            "docker-exec runs no sandbox server; start a turn with start(policy)"
+        )
+
+    def start(self, policy: Policy) -> SandboxSession:
+        """Start one turn's idle container, ready for one ``docker exec`` per call.
+
+        Choosing this backend by name is the host's explicit choice of a mode
+        that does not keep ``EXEC_UNENFORCED`` (as choosing ``unconfined``
+        is), so those promises need no relaxing; discovery never picks it.
+        """
+        image_id, arch = self._prepare(policy)
+        spec = container_spec(
+            policy,
+            image=image_id,
+            # An idle shell holds the container open until the host's attach stream closes.
+            command=["/bin/sh", "-c", "read _ignored"],
+            seccomp_profile=_seccomp.to_docker_profile("calls", arch)
+            if arch
+            else {"defaultAction": "SCMP_ACT_ALLOW"},
+            labels=self._labels(policy, "exec"),
+            server=False,
+            cpus=self.cpus,
+        )
+        channel = self.engine.attach_and_start(self.engine.create(spec))
+        session = ExecSession(self.engine.api(), channel, policy, backend=self.name)
+        try:
+            session.prepare()
+        except BaseException:
+            session.close()
+            raise
+        return session

@@ -1,0 +1,335 @@
+"""The engine: a client found the way the ``docker`` CLI finds one, images, containers.
+
+``Engine`` is the thin shell over the Docker SDK that both Docker backends
+share: it connects once (``DOCKER_HOST``, the current context, the local
+socket, else Podman's), makes sure an image is there (pulling only if
+allowed), builds an agent's Dockerfile once per content hash, checks once per
+image whether it has a usable ``python3``, creates, attaches to and starts a
+turn's container, and sweeps the containers of dead hosts. What a container
+looks like is decided in ``_spec``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import socket
+import threading
+import warnings
+import weakref
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from ...errors import BackendUnavailableError, SandboxError
+from ._attach import AttachChannel, raw_socket
+from ._spec import (
+    CALL_UID,
+    LABEL_OWNER,
+    LABEL_TURN,
+    ContainerSpec,
+    context_digest,
+    is_leftover,
+    owner_label,
+)
+
+__all__ = ["BASE_IMAGE_ENV", "BUILT_REPOSITORY", "Engine", "import_docker", "owner"]
+
+#: Overrides the default base image for hosts that cannot pull (CI builds one offline).
+BASE_IMAGE_ENV = "ASTRALVESSEL_DOCKER_IMAGE"
+#: Tag prefix of images built from an agent's Dockerfile.
+BUILT_REPOSITORY = "astralvessel-agent"
+#: What ``python3`` must import for the server: 3.8 or newer.
+_PYTHON_CHECK = "import sys; sys.exit(0 if sys.version_info >= (3, 8) else 3)"
+
+
+def import_docker() -> Any:
+    """The Docker SDK, or ``BackendUnavailableError`` saying how to install it."""
+    try:
+        import docker
+    except ImportError:
+        raise BackendUnavailableError(
+            "the docker backend needs the Docker SDK: pip install 'astralvessel[docker]'"
+        ) from None
+    return docker
+
+
+class Engine:
+    """One connection to a Docker (or Podman) engine, opened on first use, with its caches."""
+
+    def __init__(self, base_url: str | None, *, pull: bool, start_timeout: float) -> None:
+        self.base_url = base_url
+        self.pull = pull
+        self.start_timeout = start_timeout
+        self._lock = threading.Lock()
+        self._client: Any = None
+        self._python_ok: dict[tuple[str, str], bool] = {}
+        self._swept = False
+
+    def api(self) -> Any:
+        """The SDK's low-level client; raises ``BackendUnavailableError`` if no engine answers."""
+        with self._lock:
+            if self._client is None:
+                self._client = self._connect()
+                # Close the engine connections when this engine is collected, not at exit.
+                weakref.finalize(self, self._client.close)
+            return self._client.api
+
+    def _connect(self) -> Any:
+        docker = import_docker()
+        failure = ""
+        try:
+            if self.base_url is not None:
+                client = docker.DockerClient(base_url=self.base_url, version="auto")
+            else:
+                client = _client_from_context(docker)
+            client.ping()
+        except Exception as exc:
+            failure = str(exc)
+        else:
+            return client
+        # The SDK drops the socket of a refused connection without closing it; with the
+        # exception (and its frames) gone, reap it now, quietly, not at a later collection.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            gc.collect()
+        raise BackendUnavailableError(
+            f"docker cannot start: no Docker engine answers ({failure}); start dockerd "
+            "(or Podman's Docker-compatible socket) or set DOCKER_HOST"
+        )
+
+    # -- images -------------------------------------------------------------------
+
+    def ensure_image(self, name: str) -> str:
+        """Return the id of image ``name``, pulling it if allowed; raise if it cannot be had."""
+        api = self.api()
+        docker = import_docker()
+        try:
+            return str(api.inspect_image(name)["Id"])
+        except docker.errors.ImageNotFound:
+            pass
+        if self.pull:
+            try:
+                api.pull(name)
+                return str(api.inspect_image(name)["Id"])
+            except docker.errors.APIError as exc:
+                reason = f"it is not on the engine and pulling it failed ({exc.explanation or exc})"
+        else:
+            reason = "it is not on the engine and pulling is off"
+        raise BackendUnavailableError(
+            f"docker cannot start: image {name!r} is unavailable: {reason}. Build or load it "
+            f"(see docs/docker.md, 'Offline images') or choose another with Docker(base_image=...) "
+            f"or ${BASE_IMAGE_ENV}"
+        )
+
+    def build(self, dockerfile: Path, *, base_image: str, base_id: str) -> str:
+        """Build ``dockerfile`` once per content of its folder; reuse the tagged image after."""
+        context = dockerfile.parent
+        digest = context_digest(
+            _context_files(context), dockerfile=dockerfile.name, base_image_id=base_id
+        )
+        tag = f"{BUILT_REPOSITORY}:{digest}"
+        api = self.api()
+        docker = import_docker()
+        with contextlib.suppress(docker.errors.ImageNotFound):
+            return str(api.inspect_image(tag)["Id"])
+        log: list[str] = []
+        error = ""
+        try:
+            for chunk in api.build(
+                path=str(context),
+                dockerfile=dockerfile.name,
+                tag=tag,
+                buildargs={"BASE_IMAGE": base_image},
+                rm=True,
+                forcerm=True,
+                decode=True,
+                labels={"org.astralvessel.context": digest},
+            ):
+                if "stream" in chunk:
+                    log.append(str(chunk["stream"]))
+                if "error" in chunk:
+                    error = str(chunk["error"]).strip()
+        except docker.errors.APIError as exc:
+            error = str(exc.explanation or exc)
+        if not error:
+            with contextlib.suppress(docker.errors.ImageNotFound):
+                return str(api.inspect_image(tag)["Id"])
+            error = "the build finished without producing the image"
+        output = "".join(log).strip()
+        raise BackendUnavailableError(
+            f"docker cannot build the sandbox image from {dockerfile}: {error}\n"
+            f"--- build output ---\n{output[-8000:]}"
+        )
+
+    def has_python(self, image_id: str, python: str) -> bool:
+        """Whether ``image_id`` runs ``python`` 3.8+ (checked once per image, in a throwaway)."""
+        key = (image_id, python)
+        with self._lock:
+            known = self._python_ok.get(key)
+        if known is not None:
+            return known
+        api = self.api()
+        container = api.create_container(
+            image_id,
+            command=[python, "-I", "-S", "-c", _PYTHON_CHECK],
+            user=f"{CALL_UID}:{CALL_UID}",
+            labels={LABEL_TURN: "probe", LABEL_OWNER: owner()},
+            host_config=api.create_host_config(
+                network_mode="none", read_only=True, cap_drop=["ALL"]
+            ),
+        )
+        try:
+            with contextlib.suppress(Exception):
+                api.start(container)
+            status = api.wait(container, timeout=self.start_timeout).get("StatusCode", 1)
+        except Exception:
+            status = 1
+        finally:
+            with contextlib.suppress(Exception):
+                api.remove_container(container, force=True)
+        ok = bool(status == 0)
+        with self._lock:
+            self._python_ok[key] = ok
+        return ok
+
+    # -- containers ---------------------------------------------------------------
+
+    def create(self, spec: ContainerSpec) -> str:
+        """Create (not start) the container ``spec`` describes; return its id."""
+        api = self.api()
+        host_config = api.create_host_config(**_sdk_host_config(spec.host_config))
+        host_config.update(spec.host_config_extra)
+        created = api.create_container(
+            spec.image,
+            # The entrypoint too, so an image's own ENTRYPOINT never wraps the server.
+            entrypoint=list(spec.command[:1]),
+            command=list(spec.command[1:]),
+            user=spec.user,
+            environment=dict(spec.environment),
+            working_dir=spec.working_dir,
+            labels=dict(spec.labels),
+            host_config=host_config,
+            # Open stdin that closes when our attach stream does (StdinOnce): a killed host's
+            # server reads end of input and exits, and its container stops.
+            stdin_open=True,
+            hostname="sandbox",
+            # The client's proxy settings would add variables to the clean environment.
+            use_config_proxy=False,
+        )
+        return str(created["Id"])
+
+    def attach_and_start(self, container_id: str) -> AttachChannel:
+        """Attach to the container's stdio, then start it; remove it if either fails."""
+        api = self.api()
+        try:
+            attached = api.attach_socket(
+                container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+            )
+            channel = AttachChannel(api, container_id, attached, engine=str(api.base_url))
+            raw_socket(attached).settimeout(None)
+            api.start(container_id)
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                api.remove_container(container_id, force=True)
+            raise SandboxError(
+                f"the docker engine could not start the turn's container: {exc}"
+            ) from None
+        return channel
+
+    # -- leftovers ------------------------------------------------------------------
+
+    def sweep(self) -> int:
+        """Remove containers of turns whose host process died; return how many were removed."""
+        api = self.api()
+        hostname = socket.gethostname()
+        removed = 0
+        for summary in api.containers(all=True, filters={"label": LABEL_TURN}):
+            labels = summary.get("Labels") or {}
+            if is_leftover(labels, hostname, _process_start_time):
+                with contextlib.suppress(Exception):
+                    api.remove_container(summary["Id"], force=True)
+                    removed += 1
+        return removed
+
+    def sweep_once(self) -> None:
+        """Sweep on the first turn of this engine only; a failed sweep is not the turn's problem."""
+        with self._lock:
+            if self._swept:
+                return
+            self._swept = True
+        with contextlib.suppress(Exception):
+            self.sweep()
+
+
+def owner() -> str:
+    """This host process's owner label: host name, pid and the pid's start time."""
+    pid = os.getpid()
+    return owner_label(socket.gethostname(), pid, _process_start_time(pid) or "?")
+
+
+def _process_start_time(pid: int) -> str | None:
+    """The start time of ``pid`` (clock ticks since boot), or ``None`` if it does not exist."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name may hold spaces and parentheses; fields resume after the last ')'.
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _client_from_context(docker: Any) -> Any:
+    """A client for ``DOCKER_HOST``, else the CLI's current context, else the local socket."""
+    if os.environ.get("DOCKER_HOST"):
+        return docker.from_env(version="auto")
+    with contextlib.suppress(Exception):
+        from docker.context import ContextAPI
+
+        context = ContextAPI.get_current_context()
+        if context is not None and context.name != "default" and context.Host:
+            return docker.DockerClient(
+                base_url=context.Host,
+                tls=context.TLSConfig or False,
+                version="auto",
+                use_ssh_client=False,
+            )
+    for candidate in _podman_sockets():
+        if not Path("/var/run/docker.sock").exists() and Path(candidate).exists():
+            return docker.DockerClient(base_url=f"unix://{candidate}", version="auto")
+    return docker.from_env(version="auto")
+
+
+def _podman_sockets() -> Iterator[str]:
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime:
+        yield f"{runtime}/podman/podman.sock"
+    yield "/run/podman/podman.sock"
+
+
+def _sdk_host_config(values: Mapping[str, object]) -> dict[str, object]:
+    """Turn the spec's plain values into the SDK's argument types."""
+    docker = import_docker()
+    out = dict(values)
+    ulimits: Any = out.pop("ulimits", [])
+    out["ulimits"] = [
+        docker.types.Ulimit(name=u["Name"], soft=u["Soft"], hard=u["Hard"]) for u in ulimits
+    ]
+    log = out.pop("log_config", None)
+    if isinstance(log, dict):
+        out["log_config"] = docker.types.LogConfig(type=log["Type"], config=log["Config"])
+    return out
+
+
+def _context_files(context: Path) -> list[tuple[str, int, bytes]]:
+    files: list[tuple[str, int, bytes]] = []
+    for path in sorted(context.rglob("*")):
+        if path.is_file() and not path.is_symlink():
+            files.append(
+                (
+                    path.relative_to(context).as_posix(),
+                    path.stat().st_mode & 0o777,
+                    path.read_bytes(),
+                )
+            )
+    return files

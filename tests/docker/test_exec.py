@@ -1,0 +1,237 @@
+"""The docker-exec backend on a real engine: one docker exec per call, and its hostile-input bounds."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from astralvessel.sandbox import Policy, Promise, RunRequest, get_backend
+from astralvessel.sandbox._discovery import AUTOMATIC_ORDER
+from astralvessel.sandbox.docker import DockerExec
+from astralvessel.sandbox.docker._exec_session import (
+    OUTBOX_MAX_FILES,
+    OutboxEntry,
+    OutputBuffer,
+    parse_listing,
+    plan_outbox,
+)
+
+from .conftest import BASE_IMAGE, NOPYTHON_IMAGE, SMALL_LIMITS
+
+#: A plain policy: choosing docker-exec by name is itself the explicit choice of its mode.
+POLICY = Policy(limits=SMALL_LIMITS)
+
+
+def _run(session, script: str, *, timeout: float = 30.0, output_chars: int = 20_000):
+    request = RunRequest(argv=["/bin/sh", "-c", script], timeout=timeout, output_chars=output_chars)
+    return session.run(request)
+
+
+@pytest.fixture
+def exec_turn(docker_api):
+    """A docker-exec turn on the image without Python."""
+    session = DockerExec(image=NOPYTHON_IMAGE, pull=False).start(POLICY)
+    try:
+        yield session
+    finally:
+        session.close()
+
+
+# -- the mode --------------------------------------------------------------------------
+
+
+def test_found_by_name():
+    """docker-exec is a backend name of its own, found the way a host finds any backend."""
+    backend = get_backend("docker-exec")
+    assert isinstance(backend, DockerExec)
+    assert backend.name == "docker-exec"
+
+
+def test_calls_see_the_policys_exact_environment(exec_turn):
+    """Each call is a docker exec as uid 65534 with exactly the policy's environment, stderr merged."""
+    outcome = _run(exec_turn, "id -u; env | sort; echo to-stderr >&2; exit 3")
+    assert outcome.exit_code == 3
+    assert outcome.metadata["docker_mode"] == "exec-per-call"
+    lines = outcome.output.splitlines()
+    assert lines[0] == "65534"
+    names = {line.split("=", 1)[0] for line in lines[1:-1]}
+    assert names - {"PWD"} == set(Policy().environment)
+    assert lines[-1] == "to-stderr"
+
+
+def test_file_tools_say_to_use_bash(exec_turn):
+    """The file tools need the server; the model is told so and what to use instead."""
+    outcome = exec_turn.file_tool("read", {"path": "/etc/hostname"}, timeout=5)
+    assert outcome.is_error
+    assert "bash" in outcome.text
+
+
+def test_kills_leftovers_and_times_out(exec_turn, docker_api):
+    """A timed-out call is killed, and a background process does not outlive its call."""
+    assert _run(exec_turn, "sleep 300 & echo started").output.strip() == "started"
+    outcome = _run(exec_turn, "sleep 300", timeout=1.0)
+    assert outcome.timed_out
+    processes = docker_api.top(exec_turn.container_id)["Processes"] or []
+    assert not [p for p in processes if "sleep" in " ".join(p)]
+
+
+def test_is_never_chosen_automatically():
+    """best_available never picks docker-exec: it does not keep every promise."""
+    assert "docker-exec" not in AUTOMATIC_ORDER
+
+
+def test_probe_declares_what_it_does_not_keep(docker_api):
+    """doctor says docker-exec runs a docker exec per call and which promise that costs."""
+    report = DockerExec(image=NOPYTHON_IMAGE, pull=False).probe()
+    assert report.available, report.reason
+    assert "exec per call" in report.details["mode"]
+    assert set(report.unenforced) == {Promise.PROCESS_ISOLATION}
+
+
+# -- output is bounded in bytes -------------------------------------------------------
+
+
+def test_output_buffer_counts_undecodable_bytes():
+    """Continuation bytes alone are characters too (each shows as one replacement character)."""
+    buffer = OutputBuffer(10)
+    for _ in range(100):
+        buffer.add(b"\x80" * 65536)
+    buffer.add(b"", final=True)
+    assert buffer.text == "\ufffd" * 10
+    assert buffer.dropped == 100 * 65536 - 10
+
+
+def test_output_buffer_never_splits_a_character():
+    """A character cut across two reads is counted once and kept whole."""
+    buffer = OutputBuffer(3)
+    data = "aé€😀".encode()
+    for byte in data:
+        buffer.add(bytes([byte]))
+    buffer.add(b"", final=True)
+    assert (buffer.text, buffer.dropped) == ("aé€", 1)
+
+
+def test_continuation_byte_flood_is_cut(exec_turn):
+    """50 MB of UTF-8 continuation bytes is cut at output_chars, and every dropped one counted."""
+    outcome = _run(exec_turn, "head -c 50000000 /dev/zero | tr '\\000' '\\200'", output_chars=1000)
+    assert outcome.output == "\ufffd" * 1000
+    assert outcome.dropped_chars == 50_000_000 - 1000
+
+
+def test_host_memory_stays_bounded_under_a_flood(docker_api):
+    """A call printing 300 MB of continuation bytes leaves the host process far below that."""
+    script = textwrap.dedent(
+        f"""
+        import json, resource
+        from astralvessel.sandbox import Policy, RunRequest, Limits
+        from astralvessel.sandbox._discovery import AUTOMATIC_ORDER
+from astralvessel.sandbox.docker import DockerExec
+        policy = Policy(limits=Limits(disk_mb=16, memory_mb=256, processes=48, open_files=256))
+        session = DockerExec(image={NOPYTHON_IMAGE!r}, pull=False).start(policy)
+        try:
+            outcome = session.run(RunRequest(
+                argv=["/bin/sh", "-c", "head -c 300000000 /dev/zero | tr '\\\\000' '\\\\200'"],
+                timeout=120, output_chars=30000))
+        finally:
+            session.close()
+        print(json.dumps({{"dropped": outcome.dropped_chars,
+            "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}}))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["dropped"] == 300_000_000 - 30000
+    # The interpreter and the SDK take about 60 MB; holding the flood would take 300 MB more.
+    assert report["maxrss_kb"] < 150 * 1024
+
+
+# -- the outbox: no links, a file count and a byte budget -----------------------------
+
+
+def test_listing_parses_sizes_and_raw_names():
+    """The listing is size/name records; a record cut short is left out."""
+    data = b"3/a.txt\x00" + b"5/caf\xc3\xa9\x00" + b"7/\xff\xfe\x00" + b"12"
+    assert parse_listing(data) == [
+        OutboxEntry(name=b"a.txt", size=3),
+        OutboxEntry(name="café".encode(), size=5),
+        OutboxEntry(name=b"\xff\xfe", size=7),
+    ]
+
+
+def test_plan_keeps_the_budgets():
+    """Files past the count or the byte budget, and names that are not UTF-8, are left out."""
+    entries = [OutboxEntry(name=f"f{i:03}".encode(), size=10) for i in range(5)]
+    entries.append(OutboxEntry(name=b"\xff", size=1))
+    take, skipped = plan_outbox(entries, max_files=3, max_bytes=25)
+    assert take == [("f000", 10), ("f001", 10)]
+    assert any("not UTF-8" in why for why in skipped)
+    assert any("budget" in why for why in skipped)
+    take, skipped = plan_outbox(entries[:5], max_files=3, max_bytes=1000)
+    assert [name for name, _ in take] == ["f000", "f001", "f002"]
+    assert any("more than 3 files" in why for why in skipped)
+
+
+def test_outbox_returns_regular_files(exec_turn):
+    """A file left in $VESSEL_OUTBOX comes back with its bytes."""
+    outcome = _run(exec_turn, "printf 'hi there' > $VESSEL_OUTBOX/out.txt")
+    (file,) = outcome.files
+    assert (file.name, file.size, file.path.read_bytes()) == ("out.txt", 8, b"hi there")
+
+
+def test_outbox_follows_no_links(exec_turn):
+    """A symlink to a system file and a hard link to a workspace file never come back."""
+    outcome = _run(
+        exec_turn,
+        "cd $VESSEL_OUTBOX && ln -s /etc/passwd passwd && head -c 1000000 /dev/zero > $HOME/big"
+        " && for i in 1 2 3 4 5; do ln $HOME/big hard$i; done && echo plain > plain.txt",
+    )
+    assert [f.name for f in outcome.files] == ["plain.txt"]
+
+
+def test_outbox_file_count_is_bounded(exec_turn):
+    """A call that leaves thousands of files gets at most OUTBOX_MAX_FILES, and the host is told."""
+    outcome = _run(exec_turn, "cd $VESSEL_OUTBOX && seq 1 3000 | xargs touch", timeout=60)
+    assert len(outcome.files) == OUTBOX_MAX_FILES
+    assert "more than" in outcome.metadata["outbox_skipped"]
+
+
+def test_outbox_byte_budget_holds_against_sparse_files(exec_turn):
+    """Sparse files that claim more than the disk limit in total are cut to the byte budget."""
+    outcome = _run(
+        exec_turn,
+        "cd $VESSEL_OUTBOX && for i in 1 2 3 4 5; do truncate -s 10M sparse$i; done",
+    )
+    budget = SMALL_LIMITS.disk_mb * 1024 * 1024
+    assert sum(f.size for f in outcome.files) <= budget
+    assert len(outcome.files) == 1
+    assert "budget" in outcome.metadata["outbox_skipped"]
+
+
+def test_outbox_odd_names_and_leftovers_do_not_break_the_turn(exec_turn):
+    """A non-UTF-8 name and a deep folder are left out, the outbox is emptied, the turn goes on."""
+    outcome = _run(
+        exec_turn,
+        "cd $VESSEL_OUTBOX && touch \"$(printf 'bad\\377name')\" && mkdir -p a/b/c/d && echo ok",
+    )
+    assert outcome.output == "ok\n"
+    assert outcome.files == ()
+    assert "not UTF-8" in outcome.metadata["outbox_skipped"]
+    after = _run(exec_turn, "ls -A $VESSEL_OUTBOX; echo end")
+    assert after.output == "end\n"
+
+
+def test_base_image_runs_in_exec_mode_too(docker_api):
+    """docker-exec is a mode, not an image: it runs an image that has Python the same way."""
+    session = DockerExec(base_image=BASE_IMAGE, pull=False).start(POLICY)
+    try:
+        assert _run(session, "echo $VESSEL_OUTBOX").output == "/workspace/outbox\n"
+        assert set(session.unenforced()) == {Promise.PROCESS_ISOLATION}
+    finally:
+        session.close()
