@@ -247,7 +247,7 @@ def test_engine_going_away_mid_turn_is_a_clear_error(docker_api, tmp_path):
     finally:
         session.close()
         docker_api.remove_container(container_id, force=True)
-        backend._client.close()
+        backend.engine.close()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ResourceWarning)
             del backend, session

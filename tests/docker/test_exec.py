@@ -128,8 +128,7 @@ def test_host_memory_stays_bounded_under_a_flood(docker_api):
         f"""
         import json, resource
         from astralvessel.sandbox import Policy, RunRequest, Limits
-        from astralvessel.sandbox._discovery import AUTOMATIC_ORDER
-from astralvessel.sandbox.docker import DockerExec
+        from astralvessel.sandbox.docker import DockerExec
         policy = Policy(limits=Limits(disk_mb=16, memory_mb=256, processes=48, open_files=256))
         session = DockerExec(image={NOPYTHON_IMAGE!r}, pull=False).start(policy)
         try:

@@ -76,6 +76,14 @@ class Engine:
                 weakref.finalize(self, self._client.close)
             return self._client.api
 
+    def close(self) -> None:
+        """Close the engine connections now (else they close when this engine is collected)."""
+        with self._lock:
+            client, self._client = self._client, None
+        if client is not None:
+            with contextlib.suppress(Exception):
+                client.close()
+
     def _connect(self) -> Any:
         docker = import_docker()
         failure = ""
