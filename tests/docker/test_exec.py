@@ -19,6 +19,7 @@ from astralvessel.sandbox.docker._exec_session import (
     parse_listing,
     plan_outbox,
 )
+from astralvessel.sandbox.server._outbox import NOT_PLAIN, NOT_UTF8, TOO_BIG, TOO_MANY
 
 from .conftest import BASE_IMAGE, NOPYTHON_IMAGE, SMALL_LIMITS
 
@@ -154,27 +155,33 @@ def test_host_memory_stays_bounded_under_a_flood(docker_api):
 # -- the outbox: no links, a file count and a byte budget -----------------------------
 
 
-def test_listing_parses_sizes_and_raw_names():
-    """The listing is size/name records; a record cut short is left out."""
-    data = b"3/a.txt\x00" + b"5/caf\xc3\xa9\x00" + b"7/\xff\xfe\x00" + b"12"
-    assert parse_listing(data) == [
-        OutboxEntry(name=b"a.txt", size=3),
-        OutboxEntry(name="café".encode(), size=5),
-        OutboxEntry(name=b"\xff\xfe", size=7),
+def test_listing_parses_kinds_sizes_and_raw_names():
+    """The listing is a count, then type-links/size/name records; a record cut short is left out."""
+    data = b"6\0f1/3/a.txt\0f1/5/caf\xc3\xa9\0f1/7/\xff\xfe\0l1/11/link\0f3/9/hard\0f1/12"
+    total, entries = parse_listing(data)
+    assert total == 6
+    assert entries == [
+        OutboxEntry(name=b"a.txt", size=3, plain=True),
+        OutboxEntry(name="café".encode(), size=5, plain=True),
+        OutboxEntry(name=b"\xff\xfe", size=7, plain=True),
+        OutboxEntry(name=b"link", size=11, plain=False),
+        OutboxEntry(name=b"hard", size=9, plain=False),
     ]
 
 
-def test_plan_keeps_the_budgets():
-    """Files past the count or the byte budget, and names that are not UTF-8, are left out."""
-    entries = [OutboxEntry(name=f"f{i:03}".encode(), size=10) for i in range(5)]
-    entries.append(OutboxEntry(name=b"\xff", size=1))
-    take, skipped = plan_outbox(entries, max_files=3, max_bytes=25)
+def test_plan_keeps_the_budgets_and_names_the_servers_reasons():
+    """Past the count or the byte budget, links and non-UTF-8 names are counted by reason."""
+    entries = [OutboxEntry(name=f"f{i:03}".encode(), size=10, plain=True) for i in range(5)]
+    entries += [
+        OutboxEntry(name=b"\xff", size=1, plain=True),
+        OutboxEntry(name=b"link", size=1, plain=False),
+    ]
+    take, skipped = plan_outbox(len(entries), entries, max_files=3, max_bytes=25)
     assert take == [("f000", 10), ("f001", 10)]
-    assert any("not UTF-8" in why for why in skipped)
-    assert any("budget" in why for why in skipped)
-    take, skipped = plan_outbox(entries[:5], max_files=3, max_bytes=1000)
+    assert skipped == {NOT_UTF8: 1, NOT_PLAIN: 1, TOO_BIG: 3}
+    take, skipped = plan_outbox(len(entries) + 50, entries, max_files=3, max_bytes=1000)
     assert [name for name, _ in take] == ["f000", "f001", "f002"]
-    assert any("more than 3 files" in why for why in skipped)
+    assert skipped[TOO_MANY] == 2 + 50
 
 
 def test_outbox_returns_regular_files(exec_turn):
@@ -182,6 +189,19 @@ def test_outbox_returns_regular_files(exec_turn):
     outcome = _run(exec_turn, "printf 'hi there' > $VESSEL_OUTBOX/out.txt")
     (file,) = outcome.files
     assert (file.name, file.size, file.path.read_bytes()) == ("out.txt", 8, b"hi there")
+
+
+def test_outbox_files_outlive_the_turn_in_the_hosts_folder(docker_api, tmp_path):
+    """With the policy's outbox_dir, a call's files stay on the host after the turn ends."""
+    backend = DockerExec(image=NOPYTHON_IMAGE, pull=False)
+    session = backend.start(Policy(limits=SMALL_LIMITS, outbox_dir=tmp_path / "outbox"))
+    try:
+        outcome = _run(session, "echo kept > $VESSEL_OUTBOX/kept.txt")
+    finally:
+        session.close()
+    (file,) = outcome.files
+    assert tmp_path / "outbox" in file.path.parents
+    assert file.path.read_text() == "kept\n"
 
 
 def test_outbox_follows_no_links(exec_turn):
@@ -192,13 +212,14 @@ def test_outbox_follows_no_links(exec_turn):
         " && for i in 1 2 3 4 5; do ln $HOME/big hard$i; done && echo plain > plain.txt",
     )
     assert [f.name for f in outcome.files] == ["plain.txt"]
+    assert f"[outbox: 6 entries not returned: 6 {NOT_PLAIN}]" in outcome.output
 
 
 def test_outbox_file_count_is_bounded(exec_turn):
     """A call that leaves thousands of files gets at most OUTBOX_MAX_FILES, and the host is told."""
     outcome = _run(exec_turn, "cd $VESSEL_OUTBOX && seq 1 3000 | xargs touch", timeout=60)
     assert len(outcome.files) == OUTBOX_MAX_FILES
-    assert "more than" in outcome.metadata["outbox_skipped"]
+    assert f"2900 {TOO_MANY}" in outcome.output
 
 
 def test_outbox_byte_budget_holds_against_sparse_files(exec_turn):
@@ -210,7 +231,7 @@ def test_outbox_byte_budget_holds_against_sparse_files(exec_turn):
     budget = SMALL_LIMITS.disk_mb * 1024 * 1024
     assert sum(f.size for f in outcome.files) <= budget
     assert len(outcome.files) == 1
-    assert "budget" in outcome.metadata["outbox_skipped"]
+    assert f"4 {TOO_BIG}" in outcome.output
 
 
 def test_outbox_odd_names_and_leftovers_do_not_break_the_turn(exec_turn):
@@ -219,9 +240,9 @@ def test_outbox_odd_names_and_leftovers_do_not_break_the_turn(exec_turn):
         exec_turn,
         "cd $VESSEL_OUTBOX && touch \"$(printf 'bad\\377name')\" && mkdir -p a/b/c/d && echo ok",
     )
-    assert outcome.output == "ok\n"
+    assert outcome.output.startswith("ok\n[outbox: 2 entries not returned: ")
+    assert NOT_UTF8 in outcome.output
     assert outcome.files == ()
-    assert "not UTF-8" in outcome.metadata["outbox_skipped"]
     after = _run(exec_turn, "ls -A $VESSEL_OUTBOX; echo end")
     assert after.output == "end\n"
 

@@ -8,7 +8,8 @@ what it cannot keep: calls run one at a time, the file tools are unavailable,
 and a call joins the container's PID namespace, where its idle first process is
 visible. Everything a call controls stays bounded on the host as in server
 mode: output in bytes (``OutputBuffer``), and outbox files by count and bytes,
-regular files with one link only, never following a link.
+regular files with one link only, never following a link, with the server's
+note to the model about what did not come back.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import attrs
 from ...errors import SandboxError
 from .._api import FileOutcome, OutboxFile, RunOutcome, RunRequest, SandboxSession
 from .._policy import Policy, Promise
+from ..server._outbox import FILES_PER_CALL, NOT_PLAIN, NOT_UTF8, TOO_BIG, TOO_MANY
 from ._attach import TIMED_OUT, AttachChannel, close_attached, frames, raw_socket
 from ._spec import CALL_UID, exec_argv
 
@@ -44,6 +46,7 @@ __all__ = [
     "outbox_listing_argv",
     "parse_listing",
     "plan_outbox",
+    "skipped_note",
 ]
 
 EXEC_NOTE = (
@@ -59,10 +62,12 @@ EXEC_UNENFORCED: Mapping[Promise, str] = {
 }
 #: What each call's result says about how it ran (for the host; the model never sees it).
 EXEC_METADATA: Mapping[str, str] = {"docker_mode": "exec-per-call", "docker_note": EXEC_NOTE}
-#: Outbox files one call may return; past that the rest are dropped and the metadata says so.
-OUTBOX_MAX_FILES = 100
+#: Outbox files one call may return, as in server mode; the rest are counted, not returned.
+OUTBOX_MAX_FILES = FILES_PER_CALL
+#: Outbox entries listed at most (plain files or not); the rest are only counted.
+_LISTED_MAX = 4 * OUTBOX_MAX_FILES
 #: Bytes of one helper command's output the host reads at most (the outbox listing).
-_HELPER_OUTPUT_MAX = (OUTBOX_MAX_FILES + 1) * (255 + 24)
+_HELPER_OUTPUT_MAX = (_LISTED_MAX + 2) * (255 + 48)
 #: One read of an exec stream; also the most the host holds of a call's output beyond its cap.
 _CHUNK = 65536
 
@@ -101,62 +106,88 @@ class OutputBuffer:
 
 @attrs.frozen(kw_only=True)
 class OutboxEntry:
-    """One file the outbox listing named: its raw name and size."""
+    """One entry the outbox listing named: its raw name, size, and whether it is a plain file."""
 
     name: bytes
     size: int
+    #: A regular file with one link (not a folder, a symbolic link or a hard link).
+    plain: bool
 
 
-def outbox_listing_argv(outbox: str, max_files: int) -> list[str]:
-    """A command listing the outbox's regular, single-link files as ``size/name\\0``.
+def outbox_listing_argv(outbox: str, listed: int) -> list[str]:
+    """A command printing the outbox's entry count, then ``type links/size/name\0`` per entry.
 
-    ``find`` without ``-L`` never follows a symbolic link (it is type ``l``,
-    not ``f``), and ``-links 1`` leaves out hard links, which would let a call
-    return one workspace file many times over. One entry past ``max_files`` is
-    listed so the host can tell the outbox held more.
+    ``find`` without ``-L`` follows no symbolic link (its type is ``l``), and
+    the link count shows a hard link, which would let a call return one
+    workspace file many times over. At most ``listed`` entries are described;
+    the count says how many more there were.
     """
+    entries = 'find "$1" -mindepth 1 -maxdepth 1'
     return [
         "/bin/sh",
         "-c",
-        'find "$1" -mindepth 1 -maxdepth 1 -type f -links 1 -printf "%s/%f\\0" | head -z -n "$2"',
+        f'printf "%s\\0" "$({entries} -printf . | wc -c)"; '
+        f'{entries} -printf "%y%n/%s/%f\\0" | head -z -n "$2"',
         "sh",
         outbox,
-        str(max_files + 1),
+        str(listed),
     ]
 
 
-def parse_listing(data: bytes) -> list[OutboxEntry]:
-    """Parse ``size/name\\0`` entries; a malformed one (cut short) is left out."""
+def parse_listing(data: bytes) -> tuple[int, list[OutboxEntry]]:
+    """The total entry count and the described entries; a record cut short is left out."""
+    total, _, rest = data.partition(b"\0")
     entries = []
-    for record in data.split(b"\0"):
-        size, sep, name = record.partition(b"/")
-        if sep and size.isdigit() and name and name not in {b".", b".."}:
-            entries.append(OutboxEntry(name=name, size=int(size)))
-    return entries
+    for record in rest.split(b"\0"):
+        kind_links, sep, tail = record.partition(b"/")
+        size, sep2, name = tail.partition(b"/")
+        if not (sep and sep2 and kind_links[1:].isdigit() and size.isdigit() and name):
+            continue
+        plain = kind_links[:1] == b"f" and int(kind_links[1:]) == 1
+        entries.append(OutboxEntry(name=name, size=int(size), plain=plain))
+    count = int(total) if total.isdigit() else len(entries)
+    return max(count, len(entries)), entries
 
 
 def plan_outbox(
-    entries: Sequence[OutboxEntry], *, max_files: int, max_bytes: int
-) -> tuple[list[tuple[str, int]], list[str]]:
-    """Which files to copy out (name, size), in name order, and why the others were not."""
+    total: int, entries: Sequence[OutboxEntry], *, max_files: int, max_bytes: int
+) -> tuple[list[tuple[str, int]], dict[str, int]]:
+    """Which files to copy out (name, size), in name order, and how many were not, by reason.
+
+    The reasons are the server's own, so the model reads the same note in both modes.
+    """
     take: list[tuple[str, int]] = []
-    skipped: list[str] = []
-    total = 0
+    skipped: dict[str, int] = {}
+
+    def skip(reason: str, count: int = 1) -> None:
+        skipped[reason] = skipped.get(reason, 0) + count
+
+    total_bytes = 0
     for entry in sorted(entries, key=lambda e: e.name):
+        if not entry.plain:
+            skip(NOT_PLAIN)
+            continue
         try:
             name = entry.name.decode("utf-8")
         except UnicodeDecodeError:
-            skipped.append(f"{entry.name!r}: the name is not UTF-8")
+            skip(NOT_UTF8)
             continue
         if len(take) == max_files:
-            skipped.append(f"{name!r} and any after it: more than {max_files} files")
-            break
-        if total + entry.size > max_bytes:
-            skipped.append(f"{name!r}: past the outbox's {max_bytes}-byte budget")
-            continue
-        total += entry.size
-        take.append((name, entry.size))
+            skip(TOO_MANY)
+        elif total_bytes + entry.size > max_bytes:
+            skip(TOO_BIG)
+        else:
+            total_bytes += entry.size
+            take.append((name, entry.size))
+    if total > len(entries):
+        skip(TOO_MANY, total - len(entries))
     return take, skipped
+
+
+def skipped_note(skipped: Mapping[str, int]) -> str:
+    """What the model reads after its output when outbox entries did not come back."""
+    reasons = "; ".join(f"{n} {why}" for why, n in sorted(skipped.items()))
+    return f"[outbox: {sum(skipped.values())} entries not returned: {reasons}]\n"
 
 
 class ExecSession(SandboxSession):
@@ -176,7 +207,8 @@ class ExecSession(SandboxSession):
         self._api = api
         self._call_lock = threading.Lock()
         self._closed = False
-        self._outbox_root = Path(tempfile.mkdtemp(prefix="astralvessel-docker-outbox-"))
+        #: This turn's host folder of outbox files, made at the first file.
+        self._outbox_root: Path | None = None
         self._outbox = str(policy.environment["VESSEL_OUTBOX"])
 
     def _exec(
@@ -253,17 +285,18 @@ class ExecSession(SandboxSession):
                 f"the docker engine lost the call ({exc}); {self.channel.describe_exit()}"
             ) from None
         files, skipped = self._collect_outbox()
-        metadata = dict(EXEC_METADATA)
+        text = output.text
         if skipped:
-            metadata["outbox_skipped"] = "; ".join(skipped)
+            # The model is told, in its own result, what it left that did not come back.
+            text += ("\n" if text and not text.endswith("\n") else "") + skipped_note(skipped)
         return RunOutcome(
-            output=output.text,
+            output=text,
             exit_code=exit_code,
             timed_out=timed_out,
             dropped_chars=output.dropped,
             files=files,
             duration=time.monotonic() - started,
-            metadata=metadata,
+            metadata=dict(EXEC_METADATA),
         )
 
     def _stream(self, sock: Any, request: RunRequest, deadline: float) -> tuple[OutputBuffer, bool]:
@@ -286,30 +319,42 @@ class ExecSession(SandboxSession):
             output.add(b"", final=True)
         return output, False
 
-    def _collect_outbox(self) -> tuple[tuple[OutboxFile, ...], list[str]]:
+    def _collect_outbox(self) -> tuple[tuple[OutboxFile, ...], dict[str, int]]:
         """Copy the outbox's files out within the budgets, then empty it for the next call."""
         try:
-            code, listing = self._exec(outbox_listing_argv(self._outbox, OUTBOX_MAX_FILES))
+            code, listing = self._exec(outbox_listing_argv(self._outbox, _LISTED_MAX))
             if code != 0:
-                return (), []
+                return (), {}
+            total, entries = parse_listing(listing)
             take, skipped = plan_outbox(
-                parse_listing(listing),
+                total,
+                entries,
                 max_files=OUTBOX_MAX_FILES,
                 max_bytes=self.policy.limits.disk_mb * 1024 * 1024,
             )
-            folder = Path(tempfile.mkdtemp(dir=self._outbox_root)) if take else None
+            folder = self._call_folder() if take else None
             files = []
             for name, size in take:
                 assert folder is not None  # noqa: S101 - made above whenever take is not empty
                 file = self._copy_out(name, size, folder / name)
                 if file is None:
-                    skipped.append(f"{name!r}: it changed while being copied")
+                    skipped[NOT_PLAIN] = skipped.get(NOT_PLAIN, 0) + 1
                 else:
                     files.append(file)
             return tuple(files), skipped
         finally:
             # Whatever was left (links, folders, files past a budget) must not reach the next call.
             self._exec(["find", self._outbox, "-mindepth", "1", "-delete"], limit=0)
+
+    def _call_folder(self) -> Path:
+        """A new host folder for one call's files (under the host's outbox folder, if named)."""
+        if self._outbox_root is None:
+            host = self.policy.outbox_dir
+            if host is not None:
+                host.mkdir(parents=True, exist_ok=True)
+            prefix = "turn-" if host is not None else "astralvessel-docker-exec-outbox-"
+            self._outbox_root = Path(tempfile.mkdtemp(prefix=prefix, dir=host))
+        return Path(tempfile.mkdtemp(prefix="call-", dir=self._outbox_root))
 
     def _copy_out(self, name: str, size: int, path: Path) -> OutboxFile | None:
         """Stream one file to ``path`` (``dd`` with ``nofollow``), at most ``size`` bytes."""
@@ -357,7 +402,8 @@ class ExecSession(SandboxSession):
         return dict(EXEC_UNENFORCED)
 
     def close(self) -> None:
-        """Remove the container and the host's outbox copies. Never raises."""
+        """Remove the container, and the outbox copies unless the host named their folder."""
         self._closed = True
         self.channel.close()
-        shutil.rmtree(self._outbox_root, ignore_errors=True)
+        if self.policy.outbox_dir is None and self._outbox_root is not None:
+            shutil.rmtree(self._outbox_root, ignore_errors=True)
