@@ -27,12 +27,13 @@ _NO_SERVER = "docker-exec runs no sandbox server"
 #: Per backend, the tests of promises it declares it cannot keep (test name: why).
 DECLARED_UNKEPT: dict[str, dict[str, str]] = {
     "docker-exec": {
-        "test_sees_only_its_own_processes": (
-            f"{_NO_SERVER}: every call joins the container's PID namespace and sees its first "
-            "process (process-isolation, declared by probe)"
-        ),
         "test_cannot_stop_kill_or_read_its_own_init": (
-            f"{_NO_SERVER}: a call has no init of its own, it runs in the container's PID namespace"
+            f"{_NO_SERVER}: a call has no init of its own; it joins the container's PID namespace "
+            "and sees its idle first process (process-isolation, declared by probe)"
+        ),
+        "test_securebits_locked": (
+            f"{_NO_SERVER} to lock the securebits before exec: a call starts with the engine's "
+            "(no capabilities and no_new_privs, but the bits unlocked)"
         ),
         "test_root_shows_only_the_documented_tree": (
             f"{_NO_SERVER} to build the call's view: a call sees the image's whole (read-only) root"

@@ -235,7 +235,7 @@ def test_outbox_byte_budget_holds_against_sparse_files(exec_turn):
 
 
 def test_outbox_odd_names_and_leftovers_do_not_break_the_turn(exec_turn):
-    """A non-UTF-8 name and a deep folder are left out, the outbox is emptied, the turn goes on."""
+    """A non-UTF-8 name and a deep folder are left out, the outbox is removed, the turn goes on."""
     outcome = _run(
         exec_turn,
         "cd $VESSEL_OUTBOX && touch \"$(printf 'bad\\377name')\" && mkdir -p a/b/c/d && echo ok",
@@ -243,15 +243,16 @@ def test_outbox_odd_names_and_leftovers_do_not_break_the_turn(exec_turn):
     assert outcome.output.startswith("ok\n[outbox: 2 entries not returned: ")
     assert NOT_UTF8 in outcome.output
     assert outcome.files == ()
-    after = _run(exec_turn, "ls -A $VESSEL_OUTBOX; echo end")
-    assert after.output == "end\n"
+    # The first call's folder is gone; only the running call's own is there.
+    after = _run(exec_turn, "ls -A /workspace/outbox; echo $VESSEL_OUTBOX")
+    assert after.output == "2\n/workspace/outbox/2\n"
 
 
 def test_base_image_runs_in_exec_mode_too(docker_api):
     """docker-exec is a mode, not an image: it runs an image that has Python the same way."""
     session = DockerExec(base_image=BASE_IMAGE, pull=False).start(POLICY)
     try:
-        assert _run(session, "echo $VESSEL_OUTBOX").output == "/workspace/outbox\n"
+        assert _run(session, "echo $VESSEL_OUTBOX").output == "/workspace/outbox/1\n"
         assert set(session.unenforced()) == {Promise.PROCESS_ISOLATION}
     finally:
         session.close()

@@ -210,6 +210,7 @@ class ExecSession(SandboxSession):
         #: This turn's host folder of outbox files, made at the first file.
         self._outbox_root: Path | None = None
         self._outbox = str(policy.environment["VESSEL_OUTBOX"])
+        self._calls = 0
 
     def _exec(
         self, argv: list[str], *, limit: int = _HELPER_OUTPUT_MAX
@@ -257,10 +258,13 @@ class ExecSession(SandboxSession):
     def _run_locked(self, request: RunRequest) -> RunOutcome:
         api = self._api
         started = time.monotonic()
+        self._calls += 1
+        # Each call its own outbox folder, as in server mode.
+        outbox = f"{self._outbox}/{self._calls}"
         try:
             exec_id = api.exec_create(
                 self.container_id,
-                exec_argv(self.policy, request.argv),
+                exec_argv(self.policy, request.argv, outbox=outbox),
                 user=f"{CALL_UID}:{CALL_UID}",
                 workdir=request.cwd or str(self.policy.workdir),
                 stdin=True,
@@ -284,7 +288,7 @@ class ExecSession(SandboxSession):
             raise SandboxError(
                 f"the docker engine lost the call ({exc}); {self.channel.describe_exit()}"
             ) from None
-        files, skipped = self._collect_outbox()
+        files, skipped = self._collect_outbox(outbox)
         text = output.text
         if skipped:
             # The model is told, in its own result, what it left that did not come back.
@@ -319,10 +323,10 @@ class ExecSession(SandboxSession):
             output.add(b"", final=True)
         return output, False
 
-    def _collect_outbox(self) -> tuple[tuple[OutboxFile, ...], dict[str, int]]:
-        """Copy the outbox's files out within the budgets, then empty it for the next call."""
+    def _collect_outbox(self, outbox: str) -> tuple[tuple[OutboxFile, ...], dict[str, int]]:
+        """Copy the call's outbox files out within the budgets, then remove its folder."""
         try:
-            code, listing = self._exec(outbox_listing_argv(self._outbox, _LISTED_MAX))
+            code, listing = self._exec(outbox_listing_argv(outbox, _LISTED_MAX))
             if code != 0:
                 return (), {}
             total, entries = parse_listing(listing)
@@ -336,15 +340,15 @@ class ExecSession(SandboxSession):
             files = []
             for name, size in take:
                 assert folder is not None  # noqa: S101 - made above whenever take is not empty
-                file = self._copy_out(name, size, folder / name)
+                file = self._copy_out(f"{outbox}/{name}", size, folder / name)
                 if file is None:
                     skipped[NOT_PLAIN] = skipped.get(NOT_PLAIN, 0) + 1
                 else:
                     files.append(file)
             return tuple(files), skipped
         finally:
-            # Whatever was left (links, folders, files past a budget) must not reach the next call.
-            self._exec(["find", self._outbox, "-mindepth", "1", "-delete"], limit=0)
+            # Whatever was left (links, folders, files past a budget) goes with the folder.
+            self._exec(["find", outbox, "-delete"], limit=0)
 
     def _call_folder(self) -> Path:
         """A new host folder for one call's files (under the host's outbox folder, if named)."""
@@ -356,9 +360,9 @@ class ExecSession(SandboxSession):
             self._outbox_root = Path(tempfile.mkdtemp(prefix=prefix, dir=host))
         return Path(tempfile.mkdtemp(prefix="call-", dir=self._outbox_root))
 
-    def _copy_out(self, name: str, size: int, path: Path) -> OutboxFile | None:
+    def _copy_out(self, source: str, size: int, path: Path) -> OutboxFile | None:
         """Stream one file to ``path`` (``dd`` with ``nofollow``), at most ``size`` bytes."""
-        argv = ["dd", f"if={self._outbox}/{name}", "iflag=nofollow", "bs=65536", "status=none"]
+        argv = ["dd", f"if={source}", "iflag=nofollow", "bs=65536", "status=none"]
         exec_id = self._api.exec_create(
             self.container_id, argv, user=f"{CALL_UID}:{CALL_UID}", workdir="/"
         )["Id"]
@@ -379,7 +383,7 @@ class ExecSession(SandboxSession):
         if written != size or self._api.exec_inspect(exec_id).get("ExitCode") != 0:
             path.unlink(missing_ok=True)
             return None
-        return OutboxFile(name=name, size=size, path=path)
+        return OutboxFile(name=path.name, size=size, path=path)
 
     def file_tool(
         self, tool: str, arguments: Mapping[str, object], *, timeout: float

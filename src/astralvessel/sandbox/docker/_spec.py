@@ -307,18 +307,23 @@ def server_argv(command: Sequence[str], policy: Policy) -> list[str]:
     return argv
 
 
-def exec_argv(policy: Policy, argv: Sequence[str]) -> list[str]:
-    """The ``docker-exec`` command of one call: the per-call limits, then exactly the policy's env.
+def exec_argv(policy: Policy, argv: Sequence[str], *, outbox: str | None = None) -> list[str]:
+    """The ``docker-exec`` command of one call: its outbox, its limits, exactly the policy's env.
 
-    The container's limits are the whole turn's; ``sh`` adds the call's own
-    address-space and process limits (as the server does per call; with no
+    ``outbox`` is the call's own outbox folder (``$VESSEL_OUTBOX``), made
+    first. The container's limits are the whole turn's; ``sh`` adds the call's
+    own address-space and process limits (as the server does per call; with no
     init of its own, the call itself is the first of its ``processes``), then
     ``env -i`` drops what Docker and ``sh`` add to every exec (``HOSTNAME``,
     the image's variables, ``PWD``), and stderr joins stdout in order.
     """
     limits = policy.limits
-    env = [f"{name}={value}" for name, value in policy.environment.items()]
+    environment = dict(policy.environment)
+    if outbox is not None:
+        environment["VESSEL_OUTBOX"] = outbox
+    env = [f"{name}={value}" for name, value in environment.items()]
     script = (
+        f'mkdir -p -- "{environment["VESSEL_OUTBOX"]}" && '
         f"ulimit -v {limits.memory_mb * 1024} && ulimit -p {limits.processes} && "
         'exec env -i "$@" 2>&1'
     )
