@@ -67,7 +67,7 @@ def posix_spawn_true() -> None:
 
 def backend_of(name: str) -> Sandbox:
     if name == "docker":
-        from astralvessel.sandbox._docker import Docker
+        from astralvessel.sandbox.docker import Docker
 
         return Docker(base_image=IMAGE, pull=False)
     return get_backend(name)
