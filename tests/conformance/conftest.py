@@ -38,6 +38,14 @@ DECLARED_UNKEPT: dict[str, dict[str, str]] = {
         "test_root_shows_only_the_documented_tree": (
             f"{_NO_SERVER} to build the call's view: a call sees the image's whole (read-only) root"
         ),
+        "test_minimal_dev_without_terminals": (
+            f"{_NO_SERVER} to build the call's /dev: a call sees the container's (tty, ptmx, "
+            "pts, mqueue masked but listed)"
+        ),
+        "test_writable_mount_is_nosuid_and_nodev": (
+            f"{_NO_SERVER} to remount binds nosuid,nodev (Docker's binds take neither); "
+            "no_new_privs still makes a set-id file grant nothing"
+        ),
         "test_file_tools_see_the_sandbox_view": f"{_NO_SERVER}: the file tools are unavailable",
         "test_file_names_from_file_tools_are_escaped": (
             f"{_NO_SERVER}: the file tools are unavailable"
