@@ -119,3 +119,24 @@ def testing_kit(registry: av.Registry) -> list[str]:
     reply: dict[str, object] = model.messages.create(messages=[], tools=[])
     answers: list[ToolAnswer] = model.answers()
     return [*argv, str(reply), *(a.text for a in answers), str(fake.open_sessions)]
+
+
+def frameworks(executor: av.Executor) -> None:
+    """The framework integrations and adapter budgets, as a host writes them."""
+    from langchain_core.tools import StructuredTool
+    from pydantic_ai.toolsets import AbstractToolset
+
+    from astralvessel.adapters import MediaBudget
+    from astralvessel.adapters.anthropic import run_tool_calls
+    from astralvessel.integrations.langchain import structured_tools
+    from astralvessel.integrations.openai_agents import function_tools
+    from astralvessel.integrations.pydantic_ai import VesselToolset
+
+    strict: list[dict[str, object]] = executor.registry.schemas("openai-responses", strict=True)
+    budget = MediaBudget(max_files=2, max_file_bytes=1 << 20)
+    agents_tools = function_tools(executor, strict=False, budget=budget)
+    toolset: AbstractToolset[object] = VesselToolset(executor, budget=MediaBudget.text_only())
+    with executor.turn() as turn:
+        tools: list[StructuredTool] = structured_tools(turn, budget=budget)
+        message: dict[str, object] = run_tool_calls(turn, {"content": []}, budget=budget)
+    _ = (strict, agents_tools, toolset, tools, message)
