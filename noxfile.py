@@ -30,6 +30,8 @@ TEST_DEPS = [
     "openai>=1.99",
     "anthropic>=0.60",
     "hypothesis>=6.100",
+    # A trio host awaits calls in the tests, as an asyncio host does.
+    "trio>=0.25",
 ]
 
 
