@@ -56,15 +56,31 @@ def test_odd_json_is_an_error_result(turn: av.Turn) -> None:
 
 
 def test_oversized_frame_is_refused_before_sending(turn: av.Turn) -> None:
-    """A request whose frame would pass the 1 MiB header bound raises before it is sent."""
+    """A request whose frame header would pass the 1 MiB bound raises before it is sent."""
     import pytest
 
     from astralvessel import SandboxError
     from astralvessel.sandbox import RunRequest
 
-    request = RunRequest(argv=("/bin/echo", "w" * (2 << 20)), timeout=10, output_chars=100)
+    request = RunRequest(
+        argv=("/bin/true",), cwd="/" + "w" * (2 << 20), timeout=10, output_chars=100
+    )
     with pytest.raises(SandboxError, match="too large to send"):
         turn.session.run(request)
+    alive(turn)
+
+
+def test_a_megabyte_of_argv_runs(turn: av.Turn) -> None:
+    """16 arguments of 64 KiB (inspect_ai's sandbox self-check) run: argv is not in the header."""
+    from astralvessel.sandbox import RunRequest
+
+    chunks = tuple("a" * (64 << 10) for _ in range(16))
+    request = RunRequest(
+        argv=("/bin/sh", "-c", 'echo "$#"', "sh", *chunks), timeout=30, output_chars=100
+    )
+    outcome = turn.session.run(request)
+    assert outcome.exit_code == 0, outcome.output
+    assert outcome.output == "16\n"
     alive(turn)
 
 

@@ -567,14 +567,20 @@ class ServerSession(SandboxSession):
 
     def _submit_run(self, request: RunRequest) -> tuple[int, _Pending]:
         item = _Pending("run", output_chars=request.output_chars)
+        if any("\0" in part for part in request.argv):
+            # NUL separates argv in the body; no argv string can hold one anyway.
+            raise SandboxError("the sandbox server failed a call: argv may not contain NUL")
+        # argv travels in the body, before stdin: a command line as long as the kernel
+        # takes (2 MiB) would not fit the 1 MiB frame header.
+        argv = b"\0".join(part.encode("utf-8", "surrogateescape") for part in request.argv)
         header = {
             "type": "run",
-            "argv": list(request.argv),
+            "argv_bytes": len(argv),
             "cwd": request.cwd,
             "timeout": request.timeout,
             "output_chars": request.output_chars,
         }
-        return self._submit(item, header, request.stdin), item
+        return self._submit(item, header, argv + request.stdin), item
 
     def _stuck(self, call_id: int, waited: float) -> SandboxError:
         message = self._death(

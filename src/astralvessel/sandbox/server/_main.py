@@ -342,7 +342,7 @@ class Server:
     def _run(self, call_id: int, header: dict[str, Any], body: bytes) -> None:
         config, plan = self._configured()
         try:
-            argv, cwd, timeout, output_chars = _parse_run(header, config["workdir"])
+            argv, cwd, timeout, output_chars, body = _parse_run(header, body, config["workdir"])
         except (TypeError, ValueError) as exc:
             self.fail(call_id, str(exc))
             return
@@ -771,9 +771,22 @@ def _killpg(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-def _parse_run(header: dict[str, Any], workdir: str) -> tuple[list[str], str, float, int]:
-    """Check a run request's fields: argv, cwd, timeout, output_chars; raise on a bad one."""
-    argv = header.get("argv")
+def _parse_run(
+    header: dict[str, Any], body: bytes, workdir: str
+) -> tuple[list[str], str, float, int, bytes]:
+    """Check a run request: argv, cwd, timeout, output_chars and stdin; raise on a bad field.
+
+    The host sends argv in the body (``argv_bytes`` of NUL-separated UTF-8, then
+    stdin), so a command line as long as the kernel takes never meets the
+    header's bound; an ``argv`` list in the header is read as well.
+    """
+    argv: object = header.get("argv")
+    if "argv_bytes" in header:
+        size = header["argv_bytes"]
+        if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= len(body):
+            raise ValueError("'argv_bytes' must count bytes of the body")
+        argv = [part.decode("utf-8", "surrogateescape") for part in body[:size].split(b"\0")]
+        body = body[size:]
     if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
         raise TypeError("'argv' must be a non-empty list of strings")
     cwd = header.get("cwd") or workdir
@@ -786,7 +799,7 @@ def _parse_run(header: dict[str, Any], workdir: str) -> tuple[list[str], str, fl
         output_chars = int(header.get("output_chars", 30000))
     except (TypeError, ValueError):
         raise ValueError("'timeout' and 'output_chars' must be numbers") from None
-    return argv, cwd, timeout, output_chars
+    return argv, cwd, timeout, output_chars, body
 
 
 def _parse_hello(header: dict[str, Any]) -> dict[str, Any]:
