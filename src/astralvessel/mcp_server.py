@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from . import __version__
-from ._aio import to_thread
+from ._aio import to_thread as _to_thread
 
 try:
     import mcp.server.lowlevel as mcp_lowlevel
@@ -201,4 +201,4 @@ def _silence_stdout() -> None:
 
 
 async def _start(turn: Turn) -> None:
-    await to_thread(lambda: turn.session)
+    await _to_thread(lambda: turn.session)
