@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import BackendUnavailableError, SandboxError
+from .._layout import HOSTNAME
 from ._attach import AttachChannel, raw_socket
 from ._spec import (
     CALL_UID,
@@ -222,7 +223,7 @@ class Engine:
             # Open stdin that closes when our attach stream does (StdinOnce): a killed host's
             # server reads end of input and exits, and its container stops.
             stdin_open=True,
-            hostname="sandbox",
+            hostname=HOSTNAME,
             # The client's proxy settings would add variables to the clean environment.
             use_config_proxy=False,
         )
