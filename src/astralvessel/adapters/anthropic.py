@@ -13,18 +13,17 @@ with ``acall`` on one task group (asyncio or trio), ``run_tool_calls`` on thread
 from __future__ import annotations
 
 from collections import abc
-from collections.abc import Callable, Mapping
-from types import MappingProxyType
+from types import MappingProxyType as _MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from . import _common
-from ._media import Attachment, MediaBudget, attachments, with_notes
+from . import _common, _media
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from ..executor import Turn
     from ..results import ToolResult
+    from ._media import Attachment, MediaBudget
 
 __all__ = [
     "BLOCKS",
@@ -73,7 +72,7 @@ def _text(attachment: Attachment) -> dict[str, Any]:
 
 
 #: The block each kind of attachment becomes inside a ``tool_result``.
-BLOCKS: Mapping[str, Callable[[Attachment], dict[str, Any]]] = MappingProxyType(
+BLOCKS: Mapping[str, Callable[[Attachment], dict[str, Any]]] = _MappingProxyType(
     {"image": _image, "pdf": _pdf, "text": _text}
 )
 
@@ -84,10 +83,10 @@ def tool_result_content(result: ToolResult, budget: MediaBudget) -> str | list[d
     Images, PDFs and text files within ``budget`` become image and document
     blocks; every other outbox file is named in the text, with why it stayed out.
     """
-    chosen, notes = attachments(
+    chosen, notes = _media.attachments(
         result.files, kinds=frozenset(BLOCKS), budget=budget, api="the Anthropic API"
     )
-    text = with_notes(result.text, notes)
+    text = _media.with_notes(result.text, notes)
     if not chosen:
         return text
     blocks = [{"type": "text", "text": text}] if text else []
@@ -105,7 +104,7 @@ def tool_result_blocks(
     Outbox files go along as image and document blocks within ``budget`` (the
     default ``MediaBudget()``; ``MediaBudget.text_only()`` attaches none).
     """
-    budget = budget or MediaBudget()
+    budget = budget or _media.MediaBudget()
     blocks = []
     for call, result in zip(calls, results, strict=True):
         block: dict[str, Any] = {

@@ -18,18 +18,17 @@ The calls of one response run concurrently in the turn (``arun_*`` with
 from __future__ import annotations
 
 from collections import abc
-from collections.abc import Callable, Mapping
-from types import MappingProxyType
+from types import MappingProxyType as _MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from . import _common
-from ._media import Attachment, MediaBudget, attachments, data_url, with_notes
+from . import _common, _media
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from ..executor import Turn
     from ..results import ToolResult
+    from ._media import Attachment, MediaBudget
 
 __all__ = [
     "OUTPUT_ITEMS",
@@ -88,10 +87,13 @@ def chat_tool_messages(
 
 
 def _chat_text(result: ToolResult) -> str:
-    _, notes = attachments(
-        result.files, kinds=frozenset(), budget=MediaBudget.text_only(), api="Chat Completions"
+    _, notes = _media.attachments(
+        result.files,
+        kinds=frozenset(),
+        budget=_media.MediaBudget.text_only(),
+        api="Chat Completions",
     )
-    return with_notes(result.text, notes)
+    return _media.with_notes(result.text, notes)
 
 
 def run_chat_tool_calls(turn: Turn, response: object) -> list[dict[str, Any]]:
@@ -131,15 +133,19 @@ def responses_tool_calls(response: object) -> list[_common.ToolCall]:
 
 
 def _input_image(attachment: Attachment) -> dict[str, Any]:
-    return {"type": "input_image", "image_url": data_url(attachment), "detail": "auto"}
+    return {"type": "input_image", "image_url": _media.data_url(attachment), "detail": "auto"}
 
 
 def _input_file(attachment: Attachment) -> dict[str, Any]:
-    return {"type": "input_file", "filename": attachment.name, "file_data": data_url(attachment)}
+    return {
+        "type": "input_file",
+        "filename": attachment.name,
+        "file_data": _media.data_url(attachment),
+    }
 
 
 #: The output item each kind of attachment becomes inside a ``function_call_output``.
-OUTPUT_ITEMS: Mapping[str, Callable[[Attachment], dict[str, Any]]] = MappingProxyType(
+OUTPUT_ITEMS: Mapping[str, Callable[[Attachment], dict[str, Any]]] = _MappingProxyType(
     {"image": _input_image, "pdf": _input_file}
 )
 
@@ -150,10 +156,10 @@ def responses_output(result: ToolResult, budget: MediaBudget) -> str | list[dict
     Images and PDFs within ``budget`` become ``input_image`` and ``input_file``
     items; every other outbox file is named in the text, with why it stayed out.
     """
-    chosen, notes = attachments(
+    chosen, notes = _media.attachments(
         result.files, kinds=frozenset(OUTPUT_ITEMS), budget=budget, api="the Responses API"
     )
-    text = with_notes(result.text, notes)
+    text = _media.with_notes(result.text, notes)
     if not chosen:
         return text
     items = [{"type": "input_text", "text": text}] if text else []
@@ -171,7 +177,7 @@ def responses_tool_outputs(
     Outbox files go along as image and file items within ``budget`` (the default
     ``MediaBudget()``; ``MediaBudget.text_only()`` attaches none).
     """
-    budget = budget or MediaBudget()
+    budget = budget or _media.MediaBudget()
     return [
         {
             "type": "function_call_output",
