@@ -6,6 +6,12 @@ the server's modules travel as source, so nothing has to be mounted and any
 Python 3.8+ in the sandbox will do. ``ServerSession`` then says ``hello``, waits
 for ``ready`` and multiplexes calls over the pipe; one reader thread hands each
 frame to the call waiting for it. See ``docs/sandbox-server.md``.
+
+The module is longer than most because the session is one state machine
+(calls in flight, the reader thread, the spare's timing, close) over one pipe;
+the pieces that stand alone already live apart (channels in ``_channels``, the
+wire format in ``server/_protocol``, the thread sandboxes start from in
+``_lifeline``).
 """
 
 from __future__ import annotations

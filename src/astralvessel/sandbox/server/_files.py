@@ -16,6 +16,10 @@ link.
 
 This module is stdlib only and runs on Python 3.8+, because in a Docker
 sandbox it runs on the image's ``python3``.
+
+It is longer than most because path resolution and the three tools that use
+it are audited together; splitting resolution into a module of its own is the
+next step if it grows.
 """
 
 from __future__ import annotations

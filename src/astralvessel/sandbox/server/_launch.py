@@ -28,6 +28,10 @@ command runs as the leader of a new process group that the server kills.
 
 Everything between fork and exec runs in a copy of a single-threaded process,
 so plain Python is safe there; each child ends in ``os._exit``.
+
+The module is long on purpose: fork, namespaces, init's confinement order and
+the rlimits must be read as one sequence to be audited; only the user
+namespace step (``_userns``) and the filter install (``_seccomp``) stand apart.
 """
 
 from __future__ import annotations
