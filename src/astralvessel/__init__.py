@@ -22,8 +22,10 @@ from .errors import ConfigError as ConfigError
 from .errors import EgressError as EgressError
 from .errors import PromiseNotEnforcedError as PromiseNotEnforcedError
 from .errors import SandboxError as SandboxError
+from .errors import SearchError as SearchError
 from .errors import ToolError as ToolError
 from .errors import ToolRegistrationError as ToolRegistrationError
+from .errors import TransportError as TransportError
 from .errors import TurnClosedError as TurnClosedError
 from .errors import UsageError as UsageError
 from .executor import Executor as Executor
@@ -54,12 +56,14 @@ __all__ = [
     "Registry",
     "SandboxError",
     "Scope",
+    "SearchError",
     "Service",
     "ToolError",
     "ToolKind",
     "ToolRegistrationError",
     "ToolResult",
     "ToolSpec",
+    "TransportError",
     "Turn",
     "TurnClosedError",
     "UsageError",

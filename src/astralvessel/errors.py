@@ -14,10 +14,14 @@ caller would naturally catch::
     ├── ToolError(RuntimeError)                 raised by a host tool: a failure shown to the model
     ├── UsageError(ValueError)                  a value the API does not accept (a bad mount,
     │                                            an unknown dialect or scope)
-    └── EgressError(ValueError)                 web: a URL or address the policy refuses
+    ├── EgressError(ValueError)                 web: a URL or address the policy refuses
+    ├── SearchError(RuntimeError)               web: a search provider could not answer
+    └── TransportError(OSError)                 web: one HTTP exchange failed
 
-``astralvessel.web.SearchError`` (a search provider could not answer) also
-derives from ``AstralVesselError``; the ``Searcher`` shows its message to the model.
+``SearchError`` and ``TransportError`` reach the model as error results (the
+``Searcher`` and the ``Fetcher`` show their messages); a host meets them only
+when it calls a provider or a transport itself. ``astralvessel.web`` exports
+both too.
 """
 
 from __future__ import annotations
@@ -31,8 +35,10 @@ __all__ = [
     "EgressError",
     "PromiseNotEnforcedError",
     "SandboxError",
+    "SearchError",
     "ToolError",
     "ToolRegistrationError",
+    "TransportError",
     "TurnClosedError",
     "UsageError",
 ]
@@ -98,3 +104,16 @@ class ToolRegistrationError(AstralVesselError, ValueError):
 
 class EgressError(AstralVesselError, ValueError):
     """The egress policy refuses a URL or an address; the message is safe to show a model."""
+
+
+class SearchError(AstralVesselError, RuntimeError):
+    """A search provider could not answer; the `Searcher` shows the model the message."""
+
+
+class TransportError(AstralVesselError, OSError):
+    """One HTTP exchange failed: the connection, TLS, or a malformed or oversized response.
+
+    Transports raise this (or any other `OSError`, `TimeoutError` included);
+    the `Fetcher` turns it into an error result the model sees. It is one of
+    the library's errors and also the `OSError` a transport's caller expects.
+    """

@@ -25,7 +25,7 @@ from urllib.parse import urlencode, urlsplit
 
 import attrs
 
-from ..errors import AstralVesselError, UsageError
+from ..errors import SearchError, UsageError
 from ._content import BodyCollector, ContentRefused, fence, parse_content_type
 from ._egress import SystemResolver
 from ._exchange import AsyncExchangeIO, Close, ExchangeIO, Resolve, Send, read_body
@@ -50,10 +50,6 @@ MAX_RESULTS = 20
 _RESPONSE_LIMIT = 2 * 1024 * 1024
 _TAGS = re.compile(r"<[^>]*>")
 _SPACES = re.compile(r"\s+")
-
-
-class SearchError(AstralVesselError, RuntimeError):
-    """A provider could not answer; the `Searcher` shows the model the message."""
 
 
 @attrs.frozen(kw_only=True)

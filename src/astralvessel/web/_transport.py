@@ -17,7 +17,7 @@ from typing import Protocol, runtime_checkable
 
 import attrs
 
-from ..errors import AstralVesselError
+from ..errors import TransportError
 
 __all__ = [
     "AsyncHttpResponse",
@@ -27,15 +27,6 @@ __all__ = [
     "Transport",
     "TransportError",
 ]
-
-
-class TransportError(AstralVesselError, OSError):
-    """One exchange failed: the connection, TLS, or a malformed or oversized response.
-
-    Transports raise this (or any other `OSError`, `TimeoutError` included);
-    the `Fetcher` turns it into an error result the model sees. It is one of
-    the library's errors and also the `OSError` a transport's caller expects.
-    """
 
 
 @attrs.frozen(kw_only=True)
