@@ -53,7 +53,7 @@ def private_dir() -> Iterator[Path]:
         shutil.rmtree(path)
 
 
-@pytest.mark.parametrize("name", ["bubblewrap", "nsjail"])
+@pytest.mark.parametrize("name", ["bubblewrap", "nsjail", "docker", "docker-exec"])
 def test_mkdtemp_mount_is_refused_when_the_turn_opens(name: str, private_dir: Path) -> None:
     """Mounting a mkdtemp() folder raises UsageError naming the path and the fix; nothing starts."""
     policy = Policy(mounts=(Mount.from_pair("/data", private_dir),))

@@ -21,10 +21,12 @@ from ...errors import BackendUnavailableError, PromiseNotEnforcedError
 from .. import _seccomp
 from .._base import BackendReport, Sandbox, SandboxSession, ServerLink, ServerOptions
 from .._policy import Policy, Promise
+from .._reach import Identity, check_reach
 from .._session import server_command
 from ._engine import BASE_IMAGE_ENV, Engine, owner
 from ._exec_session import EXEC_NOTE, ExecSession
 from ._spec import (
+    CALL_GID,
     CALL_UID,
     DEFAULT_BASE_IMAGE,
     LABEL_MODE,
@@ -103,6 +105,10 @@ class Docker(Sandbox):
     def _prepare(self, policy: Policy) -> tuple[str, Any]:
         """The turn's image id and seccomp architecture; fail closed without a filter."""
         self.engine.api()
+        # A folder the calls (uid 65534) cannot use is the host's mistake: say so now, as the
+        # namespace backends do, not in a tool result.
+        if not self.engine.maps_container_uids():
+            check_reach(self.name, policy, Identity(uid=CALL_UID, gid=CALL_GID))
         self.engine.sweep_once()
         arch = _seccomp.available_arch()
         if arch is None and Promise.SECCOMP not in policy.relaxed:

@@ -67,6 +67,20 @@ class Engine:
         self._client: Any = None
         self._python_ok: dict[tuple[str, str], bool] = {}
         self._swept = False
+        self._maps_uids: bool | None = None
+
+    def maps_container_uids(self) -> bool:
+        """Whether container uids are not host uids (a rootless or ``userns-remap`` engine).
+
+        Asked once per engine. On such an engine the host uid behind the
+        container's 65534 is the engine's business, so the mount check that
+        judges host permissions for uid 65534 cannot be made.
+        """
+        with self._lock:
+            if self._maps_uids is None:
+                options = " ".join(self._client.api.info().get("SecurityOptions") or ())
+                self._maps_uids = "name=rootless" in options or "name=userns" in options
+            return self._maps_uids
 
     def api(self) -> Any:
         """The SDK's low-level client; raises ``BackendUnavailableError`` if no engine answers."""
