@@ -143,7 +143,8 @@ def typing(session: nox.Session) -> None:
 @nox.session
 def docs(session: nox.Session) -> None:
     """Build the docs with warnings as errors."""
-    session.install(".[all]", "sphinx>=7", "myst-parser>=3", "furo")
+    # pytest too: the API reference imports astralvessel.testing's pytest plugin.
+    session.install(".[all]", "pytest>=8", "sphinx>=7", "myst-parser>=3", "furo")
     session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", "docs/_build/html")
 
 
