@@ -114,7 +114,8 @@ def check_arguments(spec: ToolSpec, arguments: Mapping[str, Any]) -> None:
     """
     in_argv = spec.input is InputMode.ARGS or spec.kind is ToolKind.BUILTIN
     _check_bounds(spec.name, arguments, in_argv=in_argv)
-    validator = _validator(_canonical(spec.parameters))
+    # Keyed by the spec's own schema text: no parse and re-dump of the schema per call.
+    validator = _validator(spec.schema_json)
     try:
         error = best_match(validator.iter_errors(dict(arguments)))
     except jsonschema.exceptions.SchemaError as exc:  # pragma: no cover - check_schema ran

@@ -105,6 +105,11 @@ class ToolSpec:
     handler: Handler | None = attrs.field(default=None, eq=False, repr=False)
 
     @property
+    def schema_json(self) -> str:
+        """The parameters schema as the compact JSON text the spec keeps (and compares)."""
+        return self._schema
+
+    @property
     def parameters(self) -> dict[str, Any]:
         """The JSON Schema of the tool's arguments (a fresh dict the caller may change)."""
         schema: dict[str, Any] = json.loads(self._schema)
