@@ -145,3 +145,37 @@ def test_fork_bomb_ends_the_call_cleanly(session):
     # The turn still works, and no process of the bomb survived on the host.
     assert run(session, "echo", "calm").output.strip() == "calm"
     assert wait_until_gone(marker) == []
+
+
+def test_inode_count_limited(session):
+    """Empty files past the workspace's inode bound fail with ENOSPC; the turn goes on after."""
+    bound = TEST_LIMITS.workspace_inodes
+    result = py_json(
+        session,
+        f"""
+        import errno, json, os
+        os.mkdir("/workspace/many")
+        made, err = 0, None
+        try:
+            while made < {bound} + 100:
+                os.close(os.open(f"/workspace/many/{{made}}", os.O_CREAT | os.O_WRONLY, 0o600))
+                made += 1
+        except OSError as exc:
+            err = exc.errno
+        st = os.statvfs("/workspace")
+        print(json.dumps({{"made": made, "errno": err, "files": st.f_files}}))
+        """,
+        timeout=120.0,
+    )
+    assert result["errno"] == errno.ENOSPC
+    assert result["made"] < bound
+    assert 0 < result["files"] <= bound
+    # Removing them gives the room back: the next call of the same turn writes again.
+    after = run(
+        session,
+        "/bin/sh",
+        "-c",
+        "rm -rf /workspace/many && echo x > /workspace/f && cat /workspace/f",
+    )
+    assert after.exit_code == 0, after.output
+    assert after.output.strip() == "x"

@@ -74,7 +74,9 @@ def test_mounts_compiled(tmp_path):
     assert f'mount {{ src: "/opt/py" dst: "/opt/py" is_bind: true rw: false {flags}' in config
     assert f'mount {{ src: "{tmp_path}" dst: "/agent" is_bind: true rw: false {flags}' in config
     assert f'mount {{ src: "{rw}" dst: "/out" is_bind: true rw: true {flags}' in config
-    workspace = f'options: "size={8 * 1024 * 1024},mode=0755" rw: true is_dir: true {flags}'
+    inodes = 8 * 1024 * 1024 // 2048
+    options = f"size={8 * 1024 * 1024},mode=0755,nr_inodes={inodes}"
+    workspace = f'options: "{options}" rw: true is_dir: true {flags}'
     assert f'mount {{ dst: "/workspace" fstype: "tmpfs" {workspace}' in config
     assert all(line.endswith(flags) for line in config)
 

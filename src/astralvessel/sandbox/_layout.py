@@ -67,11 +67,12 @@ class Symlink:
 
 @attrs.frozen(kw_only=True)
 class Tmpfs:
-    """A fresh tmpfs at ``path`` of at most ``size_bytes``."""
+    """A fresh tmpfs at ``path`` of at most ``size_bytes`` and ``inodes`` entries (if given)."""
 
     path: str
     size_bytes: int
     mode: int = WORKSPACE_MODE
+    inodes: int | None = None
 
 
 @attrs.frozen(kw_only=True)
@@ -129,7 +130,14 @@ def sandbox_layout(policy: Policy, facts: HostFacts) -> tuple[Step, ...]:
             Bind(source=str(mount.source), target=str(mount.target), writable=mount.writable)
         )
         targets.append(mount.target)
-    steps.append(Tmpfs(path=str(WORKSPACE_DIR), size_bytes=policy.limits.disk_mb * 1024 * 1024))
+    limits = policy.limits
+    steps.append(
+        Tmpfs(
+            path=str(WORKSPACE_DIR),
+            size_bytes=limits.disk_mb * 1024 * 1024,
+            inodes=limits.workspace_inodes,
+        )
+    )
     targets.append(WORKSPACE_DIR)
     if not _covered(policy.workdir, targets):
         # A workdir nobody mounted still exists, empty, so calls can start in it.

@@ -91,6 +91,8 @@ def nsjail_config(policy: Policy, facts: HostFacts) -> str:
             what = f"src: {_text(step.source)} dst: {_text(step.target)} is_bind: true rw: {rw}"
         elif isinstance(step, Tmpfs):
             options = f"size={step.size_bytes},mode={step.mode:04o}"
+            if step.inodes is not None:
+                options += f",nr_inodes={step.inodes}"
             what = f'dst: {_text(step.path)} fstype: "tmpfs" options: "{options}" rw: true'
             what += " is_dir: true"
         elif isinstance(step, Dir):

@@ -34,6 +34,10 @@ AGENT_DIR = PurePosixPath("/agent")
 WORKSPACE_DIR = PurePosixPath("/workspace")
 #: ``$VESSEL_OUTBOX``: files a call leaves here come back in ``ToolResult.files``.
 OUTBOX_DIR = WORKSPACE_DIR / "outbox"
+#: The workspace holds one inode per this many bytes of its disk limit (``nr_inodes``).
+BYTES_PER_INODE = 2048
+#: ... and never fewer inodes than this, however small the disk limit.
+MIN_INODES = 1024
 #: System directories, bound read-only: the host's (bubblewrap, nsjail) or the image's (Docker).
 SYSTEM_DIRS: tuple[PurePosixPath, ...] = tuple(
     PurePosixPath(p)
@@ -165,6 +169,16 @@ class Limits:
                 raise ValueError(f"limit {field.name} must be a positive integer, not {value!r}")
         if self.open_files > 4096:
             raise ValueError("limit open_files may not exceed 4096")
+
+    @property
+    def workspace_inodes(self) -> int:
+        """How many files, folders and links the workspace may hold (its tmpfs ``nr_inodes``).
+
+        An empty file costs no disk but about 1.4 KiB of kernel memory (inode and
+        dentry) that the tmpfs ``size`` does not count; one inode per
+        ``BYTES_PER_INODE`` of disk keeps what files can pin below the disk limit.
+        """
+        return max(MIN_INODES, self.disk_mb * 1024 * 1024 // BYTES_PER_INODE)
 
 
 def _mount_tuple(mounts: Iterable[Mount]) -> tuple[Mount, ...]:

@@ -47,6 +47,7 @@ SERVER_MODULES = (
     "_seccomp",
     "_userns",
     "_launch",
+    "_bounds",
     "_zygote",
     "_files",
     "_outbox",
@@ -139,6 +140,7 @@ _PROBLEM_PROMISES: dict[str, tuple[Promise, ...]] = {
     "user_namespace": (Promise.PROCESS_LIMIT,),
     "no_new_privs": (Promise.UNPRIVILEGED,),
     "seccomp": (Promise.SECCOMP,),
+    "workspace_inodes": (Promise.DISK_LIMIT,),
     "rlimits": (
         Promise.OPEN_FILES_LIMIT,
         Promise.DISK_LIMIT,
@@ -268,6 +270,7 @@ class ServerSession(SandboxSession):
                 "memory_mb": policy.limits.memory_mb,
                 "processes": policy.limits.processes,
                 "open_files": policy.limits.open_files,
+                "workspace_inodes": policy.limits.workspace_inodes,
             },
             "visible_roots": [str(root) for root in policy.visible_roots],
             "path_map": dict(path_map or {}),

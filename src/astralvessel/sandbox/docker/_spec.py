@@ -216,7 +216,8 @@ def container_spec(
     tmpfs = {
         # The turn's only writable place: owned by the call user, at most the disk limit.
         str(WORKSPACE_DIR): (
-            f"rw,nosuid,nodev,size={disk_bytes},mode=0755,uid={CALL_UID},gid={CALL_GID}"
+            f"rw,nosuid,nodev,size={disk_bytes},nr_inodes={limits.workspace_inodes},"
+            f"mode=0755,uid={CALL_UID},gid={CALL_GID}"
         ),
     }
     if not _covered(policy.workdir, targets):

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import _launch, _outbox, _protocol, _worker, _zygote
+from . import _bounds, _launch, _outbox, _protocol, _worker, _zygote
 
 __all__ = ["Server", "main"]
 
@@ -277,6 +277,11 @@ class Server:
         self.plan = plan
         workspace = map_path(config["workspace"], self.path_map)
         outbox = map_path(config["outbox"], self.path_map)
+        if plan.confine and workspace == config["workspace"]:
+            # A mapped workspace is a host folder the backend chose, not the sandbox's tmpfs.
+            why = _bounds.bound_inodes(workspace, config["limits"]["workspace_inodes"])
+            if why:
+                problems["workspace_inodes"] = why
         self._prepare_workspace(workspace, outbox, config["drop_uid"], config["drop_gid"])
         self.worker_context = {
             "workdir": map_path(config["workdir"], self.path_map),
@@ -816,7 +821,7 @@ def _parse_hello(header: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
         raise TypeError("'env' must map names to strings")
     limits = dict(header["limits"])
-    for key in ("disk_mb", "memory_mb", "processes", "open_files"):
+    for key in ("disk_mb", "memory_mb", "processes", "open_files", "workspace_inodes"):
         if not isinstance(limits.get(key), int):
             raise TypeError(f"limits.{key} must be an integer")
     seccomp = header.get("seccomp")
