@@ -9,12 +9,20 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 from collections.abc import Awaitable, Callable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 import anyio
 import anyio.to_thread
 
-__all__ = ["cancelled_exception", "gather", "to_thread", "wait_future"]
+__all__ = [
+    "cancelled_exception",
+    "gather",
+    "shielded",
+    "time_limit",
+    "to_thread",
+    "wait_future",
+]
 
 _T = TypeVar("_T")
 
@@ -54,9 +62,24 @@ def cancelled_exception() -> type[BaseException]:
     return anyio.get_cancelled_exc_class()
 
 
-async def to_thread(func: Callable[..., _T], *args: Any) -> _T:
-    """Run a blocking function on a worker thread and await its result."""
-    return await anyio.to_thread.run_sync(func, *args)
+async def to_thread(func: Callable[..., _T], *args: Any, abandon: bool = False) -> _T:
+    """Run a blocking function on a worker thread and await its result.
+
+    Cancelling the await waits for the function to return, unless ``abandon``:
+    then the await ends at once and the function runs on, its result dropped
+    (for work bounded by its own deadline, such as a name lookup).
+    """
+    return await anyio.to_thread.run_sync(func, *args, abandon_on_cancel=abandon)
+
+
+def time_limit(seconds: float) -> AbstractContextManager[anyio.CancelScope]:
+    """A scope that cancels its body after ``seconds`` and then raises ``TimeoutError``."""
+    return anyio.fail_after(max(0.0, seconds))
+
+
+def shielded() -> anyio.CancelScope:
+    """A scope the caller's cancellation cannot reach: for cleanup that must finish."""
+    return anyio.CancelScope(shield=True)
 
 
 async def gather(awaitables: Sequence[Callable[[], Awaitable[_T]]]) -> list[_T]:

@@ -13,14 +13,16 @@ is the host's and propagates. The text follows ``results.render_host_value``.
 
 from __future__ import annotations
 
-import asyncio
+import functools
 import inspect
 import threading
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import anyio
 import attrs
 
+from ._aio import to_thread
 from ._plans import Call, Plan, TurnContext
 from ._services import plan_post
 from .errors import ConfigError, ToolError
@@ -104,11 +106,6 @@ class _Timeout(Exception):  # control flow inside this module only
     """The call ran past its timeout (distinct from a TimeoutError the tool itself raises)."""
 
 
-class _Raised(Exception):  # carries a tool's own exception out of wait_for
-    def __init__(self, exc: BaseException) -> None:
-        self.exc = exc
-
-
 def _run_sync(
     func: Callable[..., Any], args: list[Any], kwargs: dict[str, Any], timeout: float
 ) -> Any:
@@ -120,13 +117,13 @@ def _run_sync(
         awaitable: Awaitable[Any] = value
     else:
         awaitable = func(*args, **kwargs)
-    # The caller may already be inside an event loop, so the coroutine gets a fresh loop of
-    # its own in a worker thread; the timeout cancels it there.
+    # The caller may already be inside an event loop, so the coroutine gets a fresh (asyncio)
+    # loop of its own in a worker thread; the timeout cancels it there.
     box: dict[str, Any] = {}
 
     def runner() -> None:
         try:
-            box["value"] = asyncio.run(_with_timeout(awaitable, timeout))
+            box["value"] = anyio.run(_with_timeout, awaitable, timeout)
         except BaseException as exc:  # handed back to the calling thread
             box["error"] = exc
 
@@ -139,18 +136,12 @@ def _run_sync(
 
 
 async def _with_timeout(awaitable: Awaitable[_T], timeout: float) -> _T:
-    async def inner() -> _T:
-        try:
-            return await awaitable
-        except asyncio.TimeoutError as exc:
-            raise _Raised(exc) from exc
-
-    try:
-        return await asyncio.wait_for(inner(), timeout)
-    except asyncio.TimeoutError:
-        raise _Timeout from None
-    except _Raised as raised:
-        raise raised.exc from None
+    """Await under ``timeout``; past it ``_Timeout``. The tool's own ``TimeoutError`` passes."""
+    with anyio.move_on_after(timeout) as scope:
+        return await awaitable
+    if scope.cancelled_caught:
+        raise _Timeout
+    raise AssertionError("unreachable: the scope returned or was cancelled")  # pragma: no cover
 
 
 async def _run_async(
@@ -160,7 +151,8 @@ async def _run_async(
         return await _with_timeout(func(*args, **kwargs), timeout)
     # A sync function must not block the event loop; Python cannot stop a thread, so
     # its timeout is its own business (see the Python tools docs).
-    value = await asyncio.to_thread(func, *args, **kwargs)
+    # A cancelled call leaves the thread to finish alone, as a timed-out one does.
+    value = await to_thread(functools.partial(func, *args, **kwargs), abandon=True)
     if inspect.isawaitable(value):
         return await _with_timeout(value, timeout)
     return value

@@ -1,7 +1,7 @@
 """What a tool call's runner receives and what it hands back to the turn.
 
 A runner (one per tool kind, one per built-in) turns a checked call into a
-``Plan``: the one blocking step (``run``, or ``arun`` under asyncio), a pure
+``Plan``: the one blocking step (``run``, or ``arun`` on an event loop), a pure
 ``finish`` from that step's outcome to a ``ToolResult``, and a ``rescue`` for
 the failures the model should read rather than the host catch. ``Turn.call``
 and ``Turn.acall`` share everything but the line that waits.

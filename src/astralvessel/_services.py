@@ -11,7 +11,6 @@ what the model can see) and hands it to ``results.render_service_reply``.
 
 from __future__ import annotations
 
-import asyncio
 import codecs
 import json
 import time
@@ -21,6 +20,7 @@ from urllib.parse import urlsplit
 
 import attrs
 
+from ._aio import time_limit, to_thread
 from ._plans import Call, Plan, TurnContext
 from .errors import ConfigError
 from .results import ToolResult, render_service_reply, render_timeout, render_unreachable
@@ -188,11 +188,11 @@ class ServicePost:
     async def arun(self, session: SandboxSession | None) -> _Body:
         transport, target, body = self.transport, self.target, self.body
         if not isinstance(transport, AsyncTransport):
-            return await asyncio.to_thread(self.run, session)
+            # Every blocking step is bounded by the deadline: a cancelled post ends alone.
+            return await to_thread(self.run, session, abandon=True)
         deadline = time.monotonic() + self.timeout
-        addresses = await asyncio.wait_for(
-            asyncio.to_thread(_resolver.resolve, target.host, target.port), self.timeout
-        )
+        with time_limit(self.timeout):
+            addresses = await to_thread(_resolver.resolve, target.host, target.port, abandon=True)
         response = await transport.asend(self._request(addresses, deadline))
         try:
             body.start(response.status, response.reason)
@@ -216,7 +216,7 @@ class ServicePost:
         )
 
     def rescue(self, exc: Exception) -> ToolResult | None:
-        if isinstance(exc, (TimeoutError, asyncio.TimeoutError)):
+        if isinstance(exc, TimeoutError):
             body = self.body
             return render_timeout(body.text, timeout=self.timeout, dropped_chars=body.dropped)
         if isinstance(exc, OSError):

@@ -1,8 +1,10 @@
-"""Async on anyio: a trio host awaits calls as an asyncio host does, in a real sandbox."""
+"""Async on anyio: a trio host awaits calls as an asyncio host does, in every real backend."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -11,8 +13,11 @@ import trio
 import astralvessel as av
 from astralvessel.adapters import anthropic as anthropic_adapter
 from astralvessel.sandbox._base import Sandbox
+from astralvessel.sandbox._discovery import get_backend
+from astralvessel.sandbox.docker import Docker, DockerExec
 
 from ..conftest import MakeAgent
+from ..docker.conftest import BASE_IMAGE, NOPYTHON_IMAGE
 
 ECHO_TOOL = """
 name = "echo"
@@ -99,3 +104,66 @@ def test_trio_cancellation_kills_the_call(executor: av.Executor) -> None:
     assert cancelled
     assert not still_running
     assert after.text == '{"q": "after"}'
+
+
+#: Every backend a trio host awaits calls on: name, and how to build it on the offline images.
+BACKENDS: dict[str, Callable[[], Sandbox]] = {
+    "bubblewrap": lambda: get_backend("bubblewrap"),
+    "docker": lambda: Docker(base_image=BASE_IMAGE, pull=False),
+    "docker-exec": lambda: DockerExec(image=NOPYTHON_IMAGE, pull=False),
+}
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+def any_executor(request: pytest.FixtureRequest) -> av.Executor:
+    """``bash`` in each backend: bubblewrap, Docker with its server, and docker-exec."""
+    registry = av.Registry()
+    registry.add_builtin("bash")
+    # A call's own timeout far past the test's bounded waits: only a cancel can end it early.
+    return av.Executor(registry, sandbox=BACKENDS[request.param](), timeout_seconds=120)
+
+
+def test_trio_awaits_a_call_on_every_backend(any_executor: av.Executor) -> None:
+    """Under trio, each backend runs a sandboxed call and a batch of concurrent ones."""
+
+    async def main() -> list[av.ToolResult]:
+        async with any_executor.turn() as turn:
+            results: list[av.ToolResult] = [await turn.acall("bash", {"command": "echo otter"})]
+
+            async def one(word: str) -> None:
+                results.append(await turn.acall("bash", {"command": f"echo {word}"}))
+
+            async with trio.open_nursery() as nursery:
+                for word in ("vole", "stoat", "heron"):
+                    nursery.start_soon(one, word)
+        return results
+
+    first, *batch = trio.run(main)
+    assert first.text.splitlines()[0] == "otter"
+    assert first.backend == any_executor.sandbox.name
+    assert sorted(result.text.splitlines()[0] for result in batch) == ["heron", "stoat", "vole"]
+
+
+def test_trio_cancellation_kills_the_call_on_every_backend(any_executor: av.Executor) -> None:
+    """A call cancelled by trio is killed in each backend, and the turn's next call runs."""
+    marker = f"sleep 97.{os.getpid()}"
+
+    async def main() -> tuple[bool, bool, av.ToolResult]:
+        async with any_executor.turn() as turn:
+            with trio.CancelScope() as scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(turn.acall, "bash", {"command": marker})
+                    with trio.move_on_after(60):  # a bounded wait for the start, not a timing
+                        while not _running(marker):
+                            await trio.sleep(0.05)
+                    scope.cancel()
+            with trio.move_on_after(60):  # a bounded wait for the kill, not a timing claim
+                while _running(marker):
+                    await trio.sleep(0.05)
+            after = await turn.acall("bash", {"command": "echo after"})
+        return scope.cancelled_caught, _running(marker), after
+
+    cancelled, still_running, after = trio.run(main)
+    assert cancelled
+    assert not still_running
+    assert after.text.splitlines()[0] == "after"

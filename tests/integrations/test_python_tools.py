@@ -7,8 +7,10 @@ import dataclasses
 import enum
 from typing import Annotated, Any, Literal
 
+import anyio
 import attrs
 import pytest
+import trio
 
 import astralvessel as av
 from astralvessel._pytools import ToolError, parse_docstring, schema_for
@@ -187,7 +189,7 @@ def executor(backend: Sandbox) -> av.Executor:
     @registry.tool(timeout_seconds=0.2)
     async def hang() -> str:
         """Never finishes."""
-        await asyncio.Event().wait()
+        await anyio.Event().wait()  # on whichever loop runs the call
         return "unreachable"
 
     @registry.tool
@@ -198,7 +200,7 @@ def executor(backend: Sandbox) -> av.Executor:
     @registry.tool
     async def shout(text: str) -> str:
         """Upper-cases text."""
-        await asyncio.sleep(0)
+        await anyio.sleep(0)
         return text.upper()
 
     return av.Executor(registry, sandbox=backend, output_chars=100)
@@ -290,6 +292,54 @@ def test_sync_tool_through_acall(executor: av.Executor) -> None:
             return await turn.acall("measure", {"window": {"low": 1, "high": 2}})
 
     assert asyncio.run(main()).text == '{"low": 1, "high": 2, "habitat": "rivers"}'
+
+
+def test_python_tools_under_trio(executor: av.Executor) -> None:
+    """A trio host awaits async and sync Python tools; timeouts and host errors hold there too."""
+
+    async def main() -> list[av.ToolResult]:
+        async with executor.turn() as turn:
+            results = [
+                await turn.acall("shout", {"text": "otter"}),
+                await turn.acall("measure", {"window": {"low": 1, "high": 2}}),
+                await turn.acall("refuse", {"reason": "no data"}),
+                await turn.acall("hang"),
+            ]
+            with pytest.raises(KeyError, match="host bug"):
+                await turn.acall("crash")
+            return results
+
+    shout, measure, refuse, hang = trio.run(main)
+    assert shout.text == "OTTER"
+    assert measure.text == '{"low": 1, "high": 2, "habitat": "rivers"}'
+    assert refuse.is_error
+    assert refuse.text == "cannot do that: no data"
+    assert hang.timed_out
+    assert hang.text == "[timed out after 0.2 s]"
+
+
+def test_trio_cancels_an_async_python_tool(executor: av.Executor) -> None:
+    """A trio cancel reaches an async Python tool at once, and the turn goes on working."""
+
+    finished: list[av.ToolResult] = []
+
+    async def main() -> tuple[bool, av.ToolResult]:
+        async with executor.turn() as turn:
+
+            async def hang() -> None:
+                finished.append(await turn.acall("hang"))  # its own timeout would end it
+
+            with trio.CancelScope() as scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(hang)
+                    await trio.sleep(0.05)
+                    scope.cancel()
+            return scope.cancelled_caught, await turn.acall("shout", {"text": "after"})
+
+    cancelled, after = trio.run(main)
+    assert cancelled
+    assert finished == []
+    assert after.text == "AFTER"
 
 
 def test_python_tools_follow_granted_scopes(backend: Sandbox) -> None:

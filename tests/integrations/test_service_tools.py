@@ -9,7 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
+import trio
 
 import astralvessel as av
 from astralvessel._pytools import ToolError
@@ -61,7 +63,16 @@ def _async(executor: av.Executor, args: dict[str, Any]) -> av.ToolResult:
     return asyncio.run(main())
 
 
-both = pytest.mark.parametrize("call", [_sync, _async], ids=["call", "acall"])
+def _trio(executor: av.Executor, args: dict[str, Any]) -> av.ToolResult:
+    async def main() -> av.ToolResult:
+        async with executor.turn() as turn:
+            return await turn.acall("lookup", args)
+
+    return trio.run(main)
+
+
+#: Every test of a call runs it sync, on asyncio and on trio.
+both = pytest.mark.parametrize("call", [_sync, _async, _trio], ids=["call", "acall", "trio"])
 
 
 @pytest.fixture
@@ -184,7 +195,7 @@ def test_bound_async_callable_errors_and_timeouts(
 
     async def catalog(tool: str, arguments: dict[str, Any]) -> str:
         if arguments["q"] == "slow":
-            await asyncio.Event().wait()
+            await anyio.Event().wait()  # on whichever loop runs the call
         raise ToolError(f"no species called {arguments['q']}")
 
     agent = _agent(make_agent, service.url)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import socketserver
 import threading
 from collections.abc import Awaitable, Callable
 
 import pytest
+import trio
 
 from astralvessel.web import (
     AllowRule,
@@ -42,13 +44,16 @@ def _transport(kind: str, tls: TLS, proxy: ProxyServer) -> StdlibTransport | Htt
         ("httpx", "async"),
         ("proxy", "sync"),
         ("proxy", "async"),
+        ("stdlib", "trio"),
+        ("httpx", "trio"),
+        ("proxy", "trio"),
     ],
     ids="-".join,
 )
 def make_fetch(
     request: pytest.FixtureRequest, tls: TLS, proxy_server: ProxyServer, resolver: MapResolver
 ) -> Callable[..., Fetch]:
-    """Build a fetch function over one transport and one calling style."""
+    """Build a fetch function over one transport and one calling style (trio: a trio host)."""
     kind, mode = request.param
 
     def make(limits: FetchLimits | None = None, policy: EgressPolicy | None = None) -> Fetch:
@@ -62,6 +67,8 @@ def make_fetch(
         async def fetch(url: str) -> WebResult:
             if mode == "async":
                 return await fetcher.afetch(url)
+            if mode == "trio":  # a trio host's own loop, in a thread beside the test's asyncio
+                return await asyncio.to_thread(trio.run, fetcher.afetch, url)
             return fetcher.fetch(url)
 
         return fetch

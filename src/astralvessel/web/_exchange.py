@@ -12,7 +12,6 @@ reading, all stay in the flows.
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
@@ -20,6 +19,7 @@ from typing import Protocol
 
 import attrs
 
+from .._aio import time_limit, to_thread
 from ._content import BodyCollector
 from ._egress import Resolver
 from ._flow import APerform, Flow, Perform, Step, in_threads
@@ -149,11 +149,10 @@ class AsyncExchangeIO:
 
     async def _resolve(self, step: Resolve) -> Sequence[str]:
         try:
-            return await asyncio.wait_for(
-                asyncio.to_thread(self._resolver.resolve, step.host, step.port),
-                max(0.0, step.deadline - time.monotonic()),
-            )
-        except (TimeoutError, asyncio.TimeoutError):
+            with time_limit(step.deadline - time.monotonic()):
+                # A lookup cannot be stopped; a late one finishes alone, its answer dropped.
+                return await to_thread(self._resolver.resolve, step.host, step.port, abandon=True)
+        except TimeoutError:
             raise TimeoutError(f"resolving {step.host} took too long") from None
 
     async def _send(self, step: Send) -> AsyncHttpResponse:

@@ -17,11 +17,12 @@ A flow that produces a stream (a response body) yields `Emit` steps, and
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Iterator, Mapping
+from collections.abc import AsyncGenerator, Awaitable, Callable, Generator, Iterator, Mapping
 from typing import Any, Generic, TypeVar
 
 import attrs
+
+from .._aio import to_thread
 
 __all__ = [
     "APerform",
@@ -29,6 +30,7 @@ __all__ = [
     "Flow",
     "Perform",
     "Step",
+    "aclosing_body",
     "aiterate",
     "arun",
     "in_threads",
@@ -115,7 +117,7 @@ def iterate(flow: Flow[None], perform: Perform) -> Iterator[bytes]:
         flow.close()
 
 
-async def aiterate(flow: Flow[None], perform: APerform) -> AsyncIterator[bytes]:
+async def aiterate(flow: Flow[None], perform: APerform) -> AsyncGenerator[bytes, None]:
     """Drive a streaming flow, yielding what it emits; the same loop as `iterate`."""
     outcome: Any = None
     failure: BaseException | None = None
@@ -137,12 +139,35 @@ async def aiterate(flow: Flow[None], perform: APerform) -> AsyncIterator[bytes]:
         flow.close()
 
 
+def aclosing_body(
+    body: AsyncGenerator[bytes, None], aclose: Callable[[], Awaitable[None]]
+) -> Callable[[], Awaitable[None]]:
+    """A response's ``aclose``: close the body's generator, then the exchange.
+
+    A reader may stop early (a service's error quote, a cap); closing the
+    generator here runs its flow's cleanup now, not whenever the collector
+    finds it, which trio reports as a leak.
+    """
+
+    async def close() -> None:
+        try:
+            await body.aclose()
+        finally:
+            await aclose()
+
+    return close
+
+
 def in_threads(perform: Perform) -> APerform:
-    """Perform blocking steps in worker threads, so a sync-only transport can serve ``arun``."""
+    """Perform blocking steps in worker threads, so a sync-only transport can serve ``arun``.
+
+    A cancelled step leaves its thread to finish on its own: every blocking step
+    is bounded by the request's deadline.
+    """
 
     def threaded(function: Callable[[Any], Any]) -> Callable[[Any], Awaitable[Any]]:
         async def call(step: Any) -> Any:
-            return await asyncio.to_thread(function, step)
+            return await to_thread(function, step, abandon=True)
 
         return call
 

@@ -30,7 +30,18 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ..errors import UsageError
-from ._flow import APerform, Emit, Flow, Perform, Step, aiterate, arun, iterate, run
+from ._flow import (
+    APerform,
+    Emit,
+    Flow,
+    Perform,
+    Step,
+    aclosing_body,
+    aiterate,
+    arun,
+    iterate,
+    run,
+)
 from ._transport import AsyncHttpResponse, HttpRequest, HttpResponse, TransportError
 
 if TYPE_CHECKING:
@@ -224,12 +235,13 @@ class HttpxTransport:
         """Send one request with the async client and stream the raw body."""
         io = _Async(self._async_client_now())
         response = await arun(_exchange(self._build(request)), io.perform)
+        chunks = aiterate(_body(), io.perform)
         return AsyncHttpResponse(
             status=response.status_code,
             reason=response.reason_phrase,
             headers=_headers(response),
-            chunks=aiterate(_body(), io.perform),
-            aclose=response.aclose,
+            chunks=chunks,
+            aclose=aclosing_body(chunks, response.aclose),
         )
 
 

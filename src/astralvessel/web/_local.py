@@ -7,7 +7,6 @@ refreshed before each search when files changed.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import os
 import re
@@ -16,6 +15,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
+from .._aio import to_thread
 from ..errors import UsageError
 from ._content import ContentRefused, render
 from ._search import SearchError, SearchHit
@@ -143,7 +143,7 @@ class LocalIndexProvider:
 
     async def asearch(self, query: str, max_results: int) -> Sequence[SearchHit]:
         """Search in a worker thread, so the event loop keeps running."""
-        return await asyncio.to_thread(self.search, query, max_results)
+        return await to_thread(self.search, query, max_results)
 
     def _link(self, relative: str) -> str:
         if self.base_url:

@@ -8,24 +8,37 @@ approved address, never to a name, so the proxy cannot resolve it elsewhere.
 
 The exchange is written once, as flows (see ``_flow.py``) over four socket
 steps: `Connect`, `StartTLS`, `Write` and `Recv`. `_Socket` performs them on
-a blocking socket and `_Stream` on asyncio streams; every read and write is
-bounded by the request's deadline.
+a blocking socket and `_Stream` on an anyio stream (asyncio or trio); every
+read and write is bounded by the request's deadline.
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import os
 import socket
 import ssl
-import sys
 from urllib.parse import unquote, urlsplit
 
+import anyio
+import anyio.abc
 import attrs
+from anyio.streams.tls import TLSStream
 
+from .._aio import shielded, time_limit
 from ..errors import UsageError
-from ._flow import APerform, Emit, Flow, Perform, Step, aiterate, arun, iterate, run
+from ._flow import (
+    APerform,
+    Emit,
+    Flow,
+    Perform,
+    Step,
+    aclosing_body,
+    aiterate,
+    arun,
+    iterate,
+    run,
+)
 from ._http1 import ResponseReader, format_request
 from ._transport import AsyncHttpResponse, HttpRequest, HttpResponse, TransportError
 
@@ -135,20 +148,17 @@ class StdlibTransport:
         try:
             reader = await arun(self._exchange(request), connection.perform)
         except BaseException:
-            connection.close()
+            await connection.aclose()
             raise
-
-        async def aclose() -> None:
-            connection.close()
-
         head = reader.head
         assert head is not None  # noqa: S101 - _exchange returns only with a head
+        chunks = aiterate(_body(reader), connection.perform)
         return AsyncHttpResponse(
             status=head.status,
             reason=head.reason,
             headers=head.headers,
-            chunks=aiterate(_body(reader), connection.perform),
-            aclose=aclose,
+            chunks=chunks,
+            aclose=aclosing_body(chunks, connection.aclose),
         )
 
     def _exchange(self, request: HttpRequest) -> Flow[ResponseReader]:
@@ -223,7 +233,7 @@ def _check_connect_answer(head: bytes) -> None:
         raise TransportError(f"the proxy refused the tunnel: {status_line[:200]!r}")
 
 
-# -- performing the steps: a blocking socket, or asyncio streams ------------------------------
+# -- performing the steps: a blocking socket, or an anyio stream ------------------------------
 
 
 class _Socket:
@@ -266,11 +276,11 @@ class _Socket:
 
 
 class _Stream:
-    """One exchange's asyncio streams; every await is bounded by the request's deadline."""
+    """One exchange's anyio byte stream; every await is bounded by the request's deadline."""
 
     def __init__(self, request: HttpRequest) -> None:
         self._request = request
-        self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self._stream: anyio.abc.ByteStream | None = None
         self.perform: APerform = {
             Connect: self._connect,
             StartTLS: self._start_tls,
@@ -278,65 +288,63 @@ class _Stream:
             Recv: self._recv,
         }
 
-    def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        if self._streams is None:
+    def _open(self) -> anyio.abc.ByteStream:
+        if self._stream is None:
             raise TransportError("the connection is closed")
-        return self._streams
+        return self._stream
 
     async def _connect(self, step: Connect) -> None:
         try:
-            self._streams = await asyncio.wait_for(
-                asyncio.open_connection(step.host, step.port), self._request.remaining()
-            )
+            with time_limit(self._request.remaining()):
+                self._stream = await anyio.connect_tcp(step.host, step.port)
         except OSError as error:
-            if error.errno is None:
+            # anyio words a refusal "All connection attempts failed", the socket's error its
+            # cause; say it as the socket does.
+            cause = error if error.errno is not None else error.__cause__
+            if not isinstance(cause, OSError) or cause.errno is None:
                 raise
-            # asyncio words a refusal "Connect call failed (address)"; say it as the socket does.
-            raise OSError(error.errno, os.strerror(error.errno)) from None
+            raise OSError(cause.errno, os.strerror(cause.errno)) from None
 
     async def _start_tls(self, step: StartTLS) -> None:
-        stream, writer = self._open()
-        self._streams = await _start_tls(stream, writer, step, self._request.remaining())
+        with time_limit(self._request.remaining()):
+            # Not ``standard_compatible``: an exchange ends at the response's end or the
+            # connection's, never at a TLS close_notify the server may not send.
+            self._stream = await TLSStream.wrap(
+                self._open(),
+                hostname=step.server_hostname,
+                ssl_context=step.context,
+                standard_compatible=False,
+            )
 
     async def _write(self, step: Write) -> None:
-        _, writer = self._open()
-        writer.write(step.data)
-        await asyncio.wait_for(writer.drain(), self._request.remaining())
+        try:
+            with time_limit(self._request.remaining()):
+                await self._open().send(step.data)
+        except anyio.BrokenResourceError as error:
+            raise _broken(error) from None
 
     async def _recv(self, step: Recv) -> bytes:
-        stream, _ = self._open()
-        return await asyncio.wait_for(stream.read(step.size), self._request.remaining())
+        try:
+            with time_limit(self._request.remaining()):
+                return await self._open().receive(step.size)
+        except anyio.EndOfStream:
+            return b""
+        except anyio.BrokenResourceError as error:
+            raise _broken(error) from None
 
-    def close(self) -> None:
-        """Drop the connection at once, if one was opened.
+    async def aclose(self) -> None:
+        """Drop the connection at once, if one was opened, even while being cancelled.
 
-        One exchange, then done: a polite TLS close would need the event loop
-        to keep running, and it may be gone before the peer answers.
+        One exchange, then done: no polite TLS close, which would wait on the peer.
         """
-        if self._streams is not None:
-            self._streams[1].transport.abort()
+        if self._stream is not None:
+            with shielded():
+                await anyio.aclose_forcefully(self._stream)
 
 
-async def _start_tls(
-    stream: asyncio.StreamReader, writer: asyncio.StreamWriter, step: StartTLS, timeout: float
-) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    if sys.version_info >= (3, 11):
-        await asyncio.wait_for(
-            writer.start_tls(step.context, server_hostname=step.server_hostname), timeout
-        )
-        return stream, writer
-    # Python 3.10 streams cannot upgrade in place: rebuild them over the TLS transport.
-    loop = asyncio.get_running_loop()  # pragma: no cover - exercised on 3.10 only
-    transport = writer.transport  # pragma: no cover
-    protocol = transport.get_protocol()  # pragma: no cover
-    new_transport = await asyncio.wait_for(  # pragma: no cover
-        loop.start_tls(transport, protocol, step.context, server_hostname=step.server_hostname),
-        timeout,
-    )
-    new_stream = asyncio.StreamReader()  # pragma: no cover
-    new_protocol = asyncio.StreamReaderProtocol(new_stream)  # pragma: no cover
-    if new_transport is None:  # pragma: no cover
-        raise TransportError("TLS could not start over the connection")
-    new_transport.set_protocol(new_protocol)  # pragma: no cover
-    new_protocol.connection_made(new_transport)  # pragma: no cover
-    return new_stream, asyncio.StreamWriter(new_transport, new_protocol, new_stream, loop)
+def _broken(error: anyio.BrokenResourceError) -> OSError:
+    """The socket's own error under anyio's broken stream, as the blocking socket raises it."""
+    cause = error.__cause__
+    if isinstance(cause, OSError):
+        return cause
+    return ConnectionResetError("the connection broke")

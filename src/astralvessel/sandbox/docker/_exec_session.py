@@ -14,7 +14,6 @@ note to the model about what did not come back.
 
 from __future__ import annotations
 
-import asyncio
 import codecs
 import contextlib
 import shutil
@@ -28,6 +27,7 @@ from typing import Any
 
 import attrs
 
+from ..._aio import cancelled_exception, shielded, to_thread
 from ...errors import SandboxError
 from .._api import FileOutcome, OutboxFile, RunOutcome, RunRequest, SandboxSession
 from .._policy import Policy, Promise
@@ -252,8 +252,15 @@ class ExecSession(SandboxSession):
             return self._run_locked(request)
 
     async def arun(self, request: RunRequest) -> RunOutcome:
-        """Async twin of ``run``."""
-        return await asyncio.to_thread(self.run, request)
+        """Async twin of ``run``; cancelling it kills the call."""
+        try:
+            return await to_thread(self.run, request, abandon=True)
+        except cancelled_exception():
+            # The worker still waits on the exec: end the call, so the worker returns and the
+            # turn's next call does not queue behind it.
+            with shielded():
+                await to_thread(self._kill_calls)
+            raise
 
     def _run_locked(self, request: RunRequest) -> RunOutcome:
         api = self._api
