@@ -4,8 +4,10 @@ Run it from the repository root:
 
     python examples/frameworks/langchain_run.py [--backend bubblewrap]
 
-A LangChain agent (``create_agent(model, tools=tools)``) calls each tool with
-the model's tool call, as below; the turn around it is the agent's run.
+A LangChain agent (``create_agent(model, tools=turns.tools())``) calls each
+tool with the model's tool call, as the runnable below does. ``TurnPerRun``
+rides along in the run's callbacks: the run's calls share one turn (one
+sandbox, one workspace), closed when the run ends, even if it fails.
 """
 
 from __future__ import annotations
@@ -13,8 +15,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from langchain_core.messages import ToolMessage
+from langchain_core.runnables import RunnableConfig, RunnableLambda
+
 import astralvessel as av
-from astralvessel.integrations.langchain import structured_tools
+from astralvessel.integrations.langchain import TurnPerRun
 
 EXAMPLES = Path(__file__).resolve().parent.parent
 
@@ -35,11 +40,16 @@ def main(backend: str | None) -> None:
     executor = av.Executor(
         registry, sandbox=backend, mounts={"/data": str(EXAMPLES / "sample-data")}
     )
-    with executor.turn() as turn:  # one agent run: one sandbox, one workspace
-        tools = {tool.name: tool for tool in structured_tools(turn)}
-        for call in TOOL_CALLS:
-            message = tools[call["name"]].invoke(call)  # a ToolMessage, as the agent gets it
-            print(f"{message.tool_call_id} [{message.status}]: {message.content}")
+    turns = TurnPerRun(executor)  # a turn per LangChain run
+    tools = {tool.name: tool for tool in turns.tools()}
+
+    def agent_step(calls: list[dict[str, object]], config: RunnableConfig) -> list[ToolMessage]:
+        # What an agent's tool node does: each call becomes a ToolMessage for the model.
+        return [tools[str(call["name"])].invoke(call, config) for call in calls]
+
+    messages = RunnableLambda(agent_step).invoke(TOOL_CALLS, {"callbacks": [turns]})
+    for message in messages:
+        print(f"{message.tool_call_id} [{message.status}]: {message.content}")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
+import os
+import subprocess
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -14,7 +16,9 @@ from agents import FunctionTool, ItemHelpers, ModelResponse, RunConfig, Runner
 from agents.models.interface import Model
 from agents.tool_context import ToolContext
 from agents.usage import Usage
-from langchain_core.messages import ToolMessage
+from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
+from langchain_core.messages import AIMessage, ToolMessage
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage
 from pydantic_ai import Agent as PydanticAgent
 from pydantic_ai.messages import (
@@ -31,7 +35,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 import astralvessel as av
 from astralvessel.errors import TurnClosedError
 from astralvessel.integrations._common import RunTurns
-from astralvessel.integrations.langchain import structured_tools
+from astralvessel.integrations.langchain import TurnPerRun, structured_tools
 from astralvessel.integrations.openai_agents import function_tools
 from astralvessel.integrations.pydantic_ai import VesselToolset
 from astralvessel.sandbox._base import Sandbox
@@ -338,3 +342,115 @@ def test_langchain_outbox_files_become_content_blocks(
         ("image", "image/png"),
         ("image", "image/png"),
     ]
+
+
+def _chain(turns: TurnPerRun, *calls: dict[str, Any], fail: bool = False) -> Runnable[Any, Any]:
+    """A LangChain agent step: a chat model asks for ``calls``, a runnable runs them in order."""
+    tool_calls = [
+        {"type": "tool_call", "id": f"call_{i}", "name": "bash", "args": args}
+        for i, args in enumerate(calls)
+    ]
+    model = FakeMessagesListChatModel(responses=[AIMessage(content="", tool_calls=tool_calls)])
+    tools = {tool.name: tool for tool in turns.tools()}
+
+    def run(message: AIMessage, config: RunnableConfig) -> list[ToolMessage]:
+        done = [tools[call["name"]].invoke(call, config) for call in message.tool_calls]
+        if fail:
+            raise RuntimeError("the agent broke after its calls")
+        return done
+
+    async def arun(message: AIMessage, config: RunnableConfig) -> list[ToolMessage]:
+        return [await tools[call["name"]].ainvoke(call, config) for call in message.tool_calls]
+
+    return model | RunnableLambda(run, afunc=arun)
+
+
+def _recording(executor: av.Executor, monkeypatch: pytest.MonkeyPatch) -> list[av.Turn]:
+    """Every turn the executor opens from now on, in order."""
+    opened: list[av.Turn] = []
+    open_turn = executor.turn
+
+    def turn() -> av.Turn:
+        opened.append(open_turn())
+        return opened[-1]
+
+    monkeypatch.setattr(executor, "turn", turn)
+    return opened
+
+
+def test_langchain_run_gets_its_own_turn(
+    executor: av.Executor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Through a chain's ``invoke``, a run's calls share one turn, closed when the run ends."""
+    opened = _recording(executor, monkeypatch)
+    turns = TurnPerRun(executor)
+    config: RunnableConfig = {"callbacks": [turns]}
+    write, read = _chain(turns, WRITE, READ_BACK).invoke("go", config)
+    assert write.content.startswith("written")
+    assert read.content.startswith("kept")
+    (fresh,) = _chain(turns, READ_BACK).invoke("again", config)
+    assert "No such file" in fresh.content  # the next run starts in a fresh workspace
+    assert len(opened) == 2
+    assert len(turns) == 0
+    with pytest.raises(TurnClosedError):
+        opened[0].call("echo", {"q": "late"})
+
+
+def test_langchain_concurrent_runs_do_not_share_a_turn(executor: av.Executor) -> None:
+    """``batch`` runs three runs at once; each counts only its own two calls."""
+    count = {"command": "echo x >> $HOME/calls && wc -l < $HOME/calls"}
+    turns = TurnPerRun(executor)
+    runs = _chain(turns, count, count).batch(
+        ["a", "b", "c"], {"callbacks": [turns], "max_concurrency": 3}
+    )
+    assert [[m.content.split()[0] for m in messages] for messages in runs] == [["1", "2"]] * 3
+    assert len(turns) == 0
+
+
+def test_langchain_failed_run_closes_its_turn(
+    executor: av.Executor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run that raises after its calls still closes its turn."""
+    opened = _recording(executor, monkeypatch)
+    turns = TurnPerRun(executor)
+    with pytest.raises(RuntimeError, match="broke"):
+        _chain(turns, WRITE, fail=True).invoke("go", {"callbacks": [turns]})
+    assert len(turns) == 0
+    with pytest.raises(TurnClosedError):
+        opened[0].call("echo", {"q": "late"})
+
+
+def test_langchain_cancelled_ainvoke_kills_the_call_and_closes_the_turn(
+    executor: av.Executor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelling an ``ainvoke`` mid-call kills the call in the sandbox and closes the turn."""
+    opened = _recording(executor, monkeypatch)
+    turns = TurnPerRun(executor)
+    marker = f"sleep 83.{os.getpid()}"
+
+    async def main() -> None:
+        chain = _chain(turns, {"command": marker})
+        task = asyncio.ensure_future(chain.ainvoke("go", {"callbacks": [turns]}))
+        while not _running(marker):  # the call has started in the sandbox
+            await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert len(turns) == 0
+    assert not _running(marker)
+    with pytest.raises(TurnClosedError):
+        opened[0].call("echo", {"q": "late"})
+
+
+def test_langchain_tool_outside_its_run_is_the_hosts_error(executor: av.Executor) -> None:
+    """A TurnPerRun tool invoked without the handler in its run's callbacks raises UsageError."""
+    (echo,) = [t for t in TurnPerRun(executor).tools() if t.name == "echo"]
+    with pytest.raises(av.UsageError, match="callbacks"):
+        echo.invoke({"q": "stray"})
+
+
+def _running(pattern: str) -> bool:
+    found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, check=False)
+    return found.returncode == 0

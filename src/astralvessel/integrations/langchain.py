@@ -1,32 +1,44 @@
-"""LangChain: a turn's tools as ``StructuredTool`` s.
+"""LangChain: an executor's tools as ``StructuredTool`` s, one turn per LangChain run.
 
 ::
 
-    from astralvessel.integrations.langchain import structured_tools
+    from astralvessel.integrations.langchain import TurnPerRun
 
-    with executor.turn() as turn:                   # one agent run, one sandbox
-        agent = create_agent(model, tools=structured_tools(turn))
-        agent.invoke({"messages": [("user", "Which species live in rivers?")]})
+    turns = TurnPerRun(executor)
+    agent = create_agent(model, tools=turns.tools())
+    agent.invoke({"messages": [("user", "Which species live in rivers?")]},
+                 config={"callbacks": [turns]})
 
-LangChain tells a tool nothing about the agent run it serves (a tool sees only
-its own call's callbacks), and an agent run is the host's own ``invoke``, so
-the host opens the run's turn around it and hands the turn to the tools. A
-failing call raises LangChain's ``ToolException``, which the tools handle
-(``handle_tool_error=True``): the model gets a ``ToolMessage`` with
-``status="error"`` and the error text, and the run goes on. ``invoke`` and
-``ainvoke`` both work. Outbox images and PDFs go along as image and file
-content blocks. Needs the ``langchain`` extra.
+LangChain tells a run's callback handlers when each of its runs (the agent,
+its model calls, its tool calls) starts and ends, and under which parent run.
+`TurnPerRun` is such a handler: passed in a run's ``callbacks``, it maps every
+run below the root to that root, so a tool call finds its root run's turn
+(opened at the run's first call) from its own run id, which LangChain hands
+the tool with its ``callbacks``. The turn closes when the root run ends or
+fails; a cancelled ``ainvoke`` ends with an error too. Concurrent runs,
+``batch`` included, each have their own root and so their own turn.
+
+``structured_tools(turn)`` binds the tools to one turn the host holds
+instead. Either way, a failing call raises LangChain's ``ToolException``,
+which the tools handle (``handle_tool_error=True``): the model gets a
+``ToolMessage`` with ``status="error"`` and the error text, and the run goes
+on. ``invoke`` and ``ainvoke`` both work. Outbox images and PDFs go along as
+image and file content blocks. Needs the ``langchain`` extra.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
+from uuid import UUID
 
 from ..adapters._media import Attachment, MediaBudget, attachments, with_notes
+from ..errors import UsageError
 
 try:
+    from langchain_core.callbacks import BaseCallbackHandler, BaseCallbackManager
     from langchain_core.messages.content import (
         create_file_block,
         create_image_block,
@@ -42,10 +54,13 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
 if TYPE_CHECKING:
     from collections.abc import Awaitable
 
-    from ..executor import Turn
+    from ..executor import Executor, Turn
     from ..results import ToolResult
 
-__all__ = ["BLOCKS", "structured_tools"]
+__all__ = ["BLOCKS", "TurnPerRun", "structured_tools"]
+
+#: How a tool finds its turn: from the callback manager LangChain hands it (None if none).
+FindTurn = Callable[["BaseCallbackManager | None"], "Turn"]
 
 
 def structured_tools(turn: Turn, *, budget: MediaBudget | None = None) -> list[StructuredTool]:
@@ -55,8 +70,10 @@ def structured_tools(turn: Turn, *, budget: MediaBudget | None = None) -> list[S
     content blocks after the text, within ``budget`` (``MediaBudget()`` by
     default); the text names every other file.
     """
-    budget = budget or MediaBudget()
-    executor = turn.executor
+    return _tools(turn.executor, lambda _: turn, budget or MediaBudget())
+
+
+def _tools(executor: Executor, find: FindTurn, budget: MediaBudget) -> list[StructuredTool]:
     return [
         StructuredTool(
             name=schema["name"],
@@ -64,12 +81,148 @@ def structured_tools(turn: Turn, *, budget: MediaBudget | None = None) -> list[S
             # A JSON Schema dict: LangChain hands the model's arguments over as they came,
             # and the turn checks them against the tool's schema.
             args_schema=schema["input_schema"],
-            func=_sync(turn, schema["name"], budget),
-            coroutine=_async(turn, schema["name"], budget),
+            func=_sync(find, schema["name"], budget),
+            coroutine=_async(find, schema["name"], budget),
             handle_tool_error=True,
         )
         for schema in executor.registry.schemas("anthropic", scopes=executor.scopes)
     ]
+
+
+class TurnPerRun(BaseCallbackHandler):
+    """A turn per LangChain run: pass it in the run's ``callbacks``, give the agent ``tools()``.
+
+    A root run is one whose parent this handler never saw start: the run it
+    was handed to. Its turn opens at its first tool call and closes when it
+    ends or fails. A tool called in a run without this handler raises
+    ``UsageError``: it has no run to take a turn from.
+    """
+
+    def __init__(self, executor: Executor, *, budget: MediaBudget | None = None) -> None:
+        self.executor = executor
+        self.budget = budget or MediaBudget()
+        #: Every run in progress, mapped to its root run.
+        self._roots: dict[UUID, UUID] = {}
+        #: The open turns, by root run.
+        self._turns: dict[UUID, Turn] = {}
+        self._lock = threading.Lock()
+
+    def tools(self) -> list[StructuredTool]:
+        """Every tool the executor grants, each calling into its run's turn."""
+        return _tools(self.executor, self._turn, self.budget)
+
+    def __len__(self) -> int:
+        """How many runs have a turn open."""
+        with self._lock:
+            return len(self._turns)
+
+    def _turn(self, callbacks: BaseCallbackManager | None) -> Turn:
+        # The manager LangChain hands a tool is its own run's child: its parent is the tool run.
+        run_id = callbacks.parent_run_id if callbacks is not None else None
+        with self._lock:
+            root = self._roots.get(run_id) if run_id is not None else None
+            if root is None or callbacks is None or self not in callbacks.handlers:
+                raise UsageError(
+                    "this tool runs outside a LangChain run that has its TurnPerRun: "
+                    "invoke with config={'callbacks': [turns]}"
+                )
+            turn = self._turns.get(root)
+            if turn is None:
+                turn = self._turns[root] = self.executor.turn()
+        return turn
+
+    def _started(self, run_id: UUID, parent_run_id: UUID | None) -> None:
+        with self._lock:
+            parent = self._roots.get(parent_run_id) if parent_run_id is not None else None
+            self._roots[run_id] = parent or run_id
+
+    def _ended(self, run_id: UUID) -> None:
+        with self._lock:
+            root = self._roots.pop(run_id, None)
+            turn = self._turns.pop(run_id, None) if root == run_id else None
+        if turn is not None:
+            turn.close()
+
+    # LangChain's events: each start records the run's root, each end or error forgets the run.
+
+    def on_chain_start(
+        self,
+        serialized: dict[str, Any],
+        inputs: dict[str, Any],
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._started(run_id, parent_run_id)
+
+    def on_tool_start(
+        self,
+        serialized: dict[str, Any],
+        input_str: str,
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._started(run_id, parent_run_id)
+
+    def on_llm_start(
+        self,
+        serialized: dict[str, Any],
+        prompts: list[str],
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._started(run_id, parent_run_id)
+
+    def on_chat_model_start(
+        self,
+        serialized: dict[str, Any],
+        messages: list[list[Any]],
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._started(run_id, parent_run_id)
+
+    def on_retriever_start(
+        self,
+        serialized: dict[str, Any],
+        query: str,
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._started(run_id, parent_run_id)
+
+    def on_chain_end(self, outputs: dict[str, Any], *, run_id: UUID, **kwargs: Any) -> None:
+        self._ended(run_id)
+
+    def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        self._ended(run_id)
+
+    def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self._ended(run_id)
+
+    def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        self._ended(run_id)
+
+    def on_llm_end(self, response: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self._ended(run_id)
+
+    def on_llm_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        self._ended(run_id)
+
+    def on_retriever_end(self, documents: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self._ended(run_id)
+
+    def on_retriever_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        self._ended(run_id)
 
 
 def _image(attachment: Attachment) -> Any:
@@ -101,15 +254,22 @@ def _content(result: ToolResult, budget: MediaBudget) -> str | list[Any]:
     return [create_text_block(text), *(BLOCKS[a.kind](a) for a in chosen)]
 
 
-def _sync(turn: Turn, name: str, budget: MediaBudget) -> Callable[..., str | list[Any]]:
-    def call(**arguments: Any) -> str | list[Any]:
-        return _content(turn.call(name, arguments), budget)
+# ``callbacks`` in the signature: LangChain then hands the tool its run's child manager.
+
+
+def _sync(find: FindTurn, name: str, budget: MediaBudget) -> Callable[..., str | list[Any]]:
+    def call(callbacks: BaseCallbackManager | None = None, **arguments: Any) -> str | list[Any]:
+        return _content(find(callbacks).call(name, arguments), budget)
 
     return call
 
 
-def _async(turn: Turn, name: str, budget: MediaBudget) -> Callable[..., Awaitable[str | list[Any]]]:
-    async def acall(**arguments: Any) -> str | list[Any]:
-        return _content(await turn.acall(name, arguments), budget)
+def _async(
+    find: FindTurn, name: str, budget: MediaBudget
+) -> Callable[..., Awaitable[str | list[Any]]]:
+    async def acall(
+        callbacks: BaseCallbackManager | None = None, **arguments: Any
+    ) -> str | list[Any]:
+        return _content(await find(callbacks).acall(name, arguments), budget)
 
     return acall
