@@ -12,7 +12,8 @@ import attrs
 
 from ._arguments import schema_problem
 from ._convert import converter, describe_errors
-from .errors import ConfigError
+from ._netallow import HostPattern, parse_allow_list
+from .errors import ConfigError, UsageError
 from .sandbox._policy import AGENT_DIR, SYSTEM_DIRS, WORKSPACE_DIR, Limits
 from .spec import BUILTIN_NAMES, Scope, ToolSpec
 
@@ -53,6 +54,8 @@ class Agent:
     limits: Limits = attrs.field(factory=Limits)
     dockerfile: Path | None = None
     services: Mapping[str, Service] = attrs.field(factory=dict)
+    #: ``[network] allow``: the hosts calls may reach through the egress proxy (none: no network).
+    network_allow: tuple[HostPattern, ...] = attrs.field(default=(), converter=parse_allow_list)
 
     @classmethod
     def load(cls, path: str | Path) -> Agent:
@@ -82,6 +85,11 @@ class Agent:
             dockerfile, problem = _resolve_inside(folder, raw.sandbox.dockerfile)
             if problem:
                 problems.append(f"{VESSEL_FILE}: sandbox.dockerfile: {problem}")
+        network_allow: tuple[HostPattern, ...] = ()
+        try:
+            network_allow = parse_allow_list(raw.network.allow)
+        except UsageError as exc:
+            problems.append(f"{VESSEL_FILE}: network.allow: {exc}")
         limits = None
         try:
             limits = Limits(**attrs.asdict(raw.limits))
@@ -101,6 +109,7 @@ class Agent:
             limits=limits,
             dockerfile=dockerfile,
             services={n: Service(name=n, url=s.url) for n, s in raw.services.items()},
+            network_allow=network_allow,
         )
 
     def package_path(self) -> PurePosixPath:
@@ -209,6 +218,11 @@ class _SandboxSection:
 
 
 @attrs.define
+class _NetworkSection:
+    allow: list[str] = attrs.Factory(list)
+
+
+@attrs.define
 class _ServiceSection:
     url: str
 
@@ -224,6 +238,7 @@ class _VesselFile:
     limits: _LimitsSection = attrs.Factory(_LimitsSection)
     sandbox: _SandboxSection = attrs.Factory(_SandboxSection)
     services: dict[str, _ServiceSection] = attrs.Factory(dict)
+    network: _NetworkSection = attrs.Factory(_NetworkSection)
 
 
 def _vessel_problems(raw: _VesselFile) -> list[str]:

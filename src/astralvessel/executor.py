@@ -22,10 +22,11 @@ import attrs
 
 from ._aio import to_thread
 from ._arguments import Refusal, check_arguments, parse_arguments, unknown_tool
+from ._network import start_proxy
 from ._plans import Call, Plan, TurnContext
 from ._runners import plan_call
 from ._warm import WarmPool, check_warm
-from .errors import SandboxError, TurnClosedError
+from .errors import SandboxError, TurnClosedError, UsageError
 from .results import ToolResult, render_refusal, render_sandbox_died
 from .sandbox._base import Sandbox, SandboxSession
 from .sandbox._policy import WORKSPACE_DIR, Limits, Mount, Policy, Promise
@@ -34,6 +35,7 @@ from .spec import ALL_SCOPES, Scope
 if TYPE_CHECKING:
     from .registry import Registry
     from .web import AsyncTransport, Fetcher, Searcher, SearchProvider, Transport
+    from .web._proxy import EgressProxy
 
 __all__ = ["Executor", "Turn"]
 
@@ -61,6 +63,11 @@ class Executor:
     ``$VESSEL_OUTBOX`` are written (one folder per turn, one per call inside it)
     and kept, for as long as the host wants them; without it they go to a
     temporary folder removed with the executor.
+    ``network_allow`` lists the hosts calls may reach through the host's
+    egress proxy (``pypi.org``, ``pypi.org:8080``, ``*.example.org``); it
+    replaces the agent's ``[network] allow``, as ``scopes`` and ``limits``
+    replace theirs, and ``[]`` turns the network off. Without either list
+    calls have no network at all.
     """
 
     def __init__(
@@ -80,6 +87,7 @@ class Executor:
         service_transport: Transport | AsyncTransport | None = None,
         warm: int = 0,
         outbox_dir: str | os.PathLike[str] | None = None,
+        network_allow: Iterable[str] | None = None,
     ) -> None:
         agent = registry.agent
         self.registry = registry
@@ -98,6 +106,9 @@ class Executor:
             mounts=_mounts(mounts),
             limits=limits or (agent.limits if agent is not None else Limits()),
             outbox_dir=_outbox_dir(self, outbox_dir),
+            network_allow=network_allow
+            if network_allow is not None
+            else (agent.network_allow if agent is not None else ()),
         ).relax(*relax)
         self.fetcher: Fetcher = _fetcher(fetcher)
         self.searcher: Searcher | None = _searcher(searcher)
@@ -106,6 +117,11 @@ class Executor:
         self.service_transport: Transport | AsyncTransport | None = service_transport
         self._warm: WarmPool | None = None
         self._release: Callable[[], None] = _nothing
+        if check_warm(warm) and self.policy.network_allow:
+            raise UsageError(
+                "warm turns cannot have a network yet: each turn's egress proxy starts with "
+                "the turn; drop warm= or network_allow="
+            )
         if check_warm(warm):
             self._warm = WarmPool(self.sandbox, self.policy, warm)
             # Warm sandboxes of an executor nobody closed die when it is collected.
@@ -145,8 +161,13 @@ class Executor:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    def _start_session(self) -> SandboxSession:
-        """A running sandbox for one turn: a warm one if one is ready, else one started now."""
+    def _start_session(self, egress_socket: Path | None = None) -> SandboxSession:
+        """A running sandbox for one turn: a warm one if one is ready, else one started now.
+
+        ``egress_socket`` is the turn's egress proxy, for a policy that allows a network.
+        """
+        if egress_socket is not None:
+            return self.sandbox.start(attrs.evolve(self.policy, egress_socket=egress_socket))
         pool = self._warm
         if pool is not None and pool.policy == self.policy:
             session = pool.take()
@@ -194,6 +215,8 @@ class Turn:
         self.executor = executor
         self._context = executor._turn_context()
         self._session: SandboxSession | None = None
+        #: The turn's egress proxy, started with its first sandbox when the policy allows a network.
+        self._proxy: EgressProxy | None = None
         self._lock = threading.Lock()
         self._closed = False
 
@@ -221,8 +244,11 @@ class Turn:
         with self._lock:
             self._closed = True
             session, self._session = self._session, None
+            proxy, self._proxy = self._proxy, None
         if session is not None:
             session.close()
+        if proxy is not None:
+            proxy.close()
 
     async def aclose(self) -> None:
         """Async twin of ``close``."""
@@ -238,7 +264,10 @@ class Turn:
             if self._closed:
                 raise TurnClosedError("this turn has ended; open a new one with executor.turn()")
             if self._session is None:
-                self._session = self.executor._start_session()
+                if self._proxy is None:
+                    self._proxy = start_proxy(self.executor.policy, self._context.fetcher)
+                socket = None if self._proxy is None else self._proxy.socket_path
+                self._session = self.executor._start_session(socket)
             return self._session
 
     async def _asession(self) -> SandboxSession:

@@ -21,6 +21,7 @@ from typing import ClassVar
 
 import attrs
 
+from ..errors import UsageError
 from ._api import (
     BackendReport,
     Channel,
@@ -126,6 +127,11 @@ class Sandbox(abc.ABC):
         come up; ``PromiseNotEnforcedError`` if the server cannot confine calls
         as the policy asks.
         """
+        if policy.egress_socket is not None and not self.confined:
+            raise UsageError(
+                f"the {self.name} backend gives calls the host's own network, so a network "
+                "allow-list would mean nothing there; use a confined backend"
+            )
         link = self.open(policy)
         options = link.options
         return ServerSession.start(

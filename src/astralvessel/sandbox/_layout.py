@@ -17,7 +17,7 @@ import attrs
 
 from ._etc import HOSTNAME, SYNTHETIC, etc_dir
 from ._hostinfo import HostFacts, interpreter_mount
-from ._policy import AGENT_DIR, WORKSPACE_DIR, Policy
+from ._policy import AGENT_DIR, EGRESS_DIR, WORKSPACE_DIR, Policy
 
 __all__ = [
     "DEVICES",
@@ -130,6 +130,12 @@ def sandbox_layout(policy: Policy, facts: HostFacts) -> tuple[Step, ...]:
             Bind(source=str(mount.source), target=str(mount.target), writable=mount.writable)
         )
         targets.append(mount.target)
+    if policy.egress_socket is not None:
+        # The folder holding the host's egress proxy socket: only the server's relay
+        # connects to it (calls cannot open unix sockets), read-only like every bind.
+        # Its parent made traversable first: the relay runs as the calls' uid.
+        steps.append(Dir(path=str(EGRESS_DIR.parent)))
+        steps.append(Bind(source=str(policy.egress_socket.parent), target=str(EGRESS_DIR)))
     limits = policy.limits
     steps.append(
         Tmpfs(

@@ -15,10 +15,13 @@ from pathlib import Path, PurePosixPath
 
 import attrs
 
+from .._netallow import HostPattern, parse_allow_list
 from ..errors import UsageError
 
 __all__ = [
     "AGENT_DIR",
+    "EGRESS_DIR",
+    "EGRESS_PORT",
     "OUTBOX_DIR",
     "SYSTEM_DIRS",
     "WORKSPACE_DIR",
@@ -38,6 +41,12 @@ OUTBOX_DIR = WORKSPACE_DIR / "outbox"
 BYTES_PER_INODE = 2048
 #: ... and never fewer inodes than this, however small the disk limit.
 MIN_INODES = 1024
+#: Where the host's egress proxy socket appears inside a sandbox whose policy allows a network.
+#: Calls cannot use it (the call filter refuses unix sockets); the server's relay does.
+EGRESS_DIR = PurePosixPath("/run/egress")
+EGRESS_SOCKET_NAME = "proxy.sock"
+#: The loopback port of the server's relay to the egress proxy: what ``HTTP_PROXY`` names.
+EGRESS_PORT = 3128
 #: System directories, bound read-only: the host's (bubblewrap, nsjail) or the image's (Docker).
 SYSTEM_DIRS: tuple[PurePosixPath, ...] = tuple(
     PurePosixPath(p)
@@ -76,7 +85,10 @@ _PROMISE_SUMMARIES = {
     Promise.PROCESS_ISOLATION: "cannot see or signal any process but its own",
     Promise.NO_UNIX_SOCKETS: "only IP and netlink-route sockets: no unix sockets, no vsock",
     Promise.NO_IPC: "no SysV or POSIX shared memory, message queues or semaphores",
-    Promise.CLEAN_ENVIRONMENT: "environment is exactly PATH, LANG, HOME, TMPDIR, VESSEL_OUTBOX",
+    Promise.CLEAN_ENVIRONMENT: (
+        "environment is exactly PATH, LANG, HOME, TMPDIR, VESSEL_OUTBOX, and the proxy "
+        "variables only when the turn allows a network"
+    ),
     Promise.NO_NEW_SESSIONS: (
         "setsid/setpgid refused; every process a call started is gone when it returns"
     ),
@@ -150,7 +162,14 @@ class Mount:
         return cls(source=Path(source), target=PurePosixPath(target), writable=writable)
 
 
-_RESERVED = (*SYSTEM_DIRS, AGENT_DIR, WORKSPACE_DIR, PurePosixPath("/proc"), PurePosixPath("/dev"))
+_RESERVED = (
+    *SYSTEM_DIRS,
+    AGENT_DIR,
+    WORKSPACE_DIR,
+    EGRESS_DIR,
+    PurePosixPath("/proc"),
+    PurePosixPath("/dev"),
+)
 
 
 @attrs.frozen(kw_only=True)
@@ -185,6 +204,10 @@ def _mount_tuple(mounts: Iterable[Mount]) -> tuple[Mount, ...]:
     return tuple(mounts)
 
 
+def _patterns(value: Iterable[HostPattern | str]) -> tuple[HostPattern, ...]:
+    return parse_allow_list(value)
+
+
 def _promise_set(promises: Iterable[Promise | str]) -> frozenset[Promise]:
     return frozenset(Promise(p) for p in promises)
 
@@ -209,6 +232,14 @@ class Policy:
     #: The agent's Dockerfile (``[sandbox] dockerfile``, validated by ``Agent.load``): backends
     #: that build an image (Docker) build it; the others ignore it.
     dockerfile: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
+    #: The hosts calls may reach through the host's egress proxy (``_netallow`` syntax);
+    #: empty means no network at all. Part of ``identity``.
+    network_allow: tuple[HostPattern, ...] = attrs.field(default=(), converter=_patterns)
+    #: The host path of this turn's egress proxy socket, shown at ``EGRESS_DIR`` (set per
+    #: turn by the executor; a runtime detail, so not part of ``identity``).
+    egress_socket: Path | None = attrs.field(
+        default=None, converter=attrs.converters.optional(Path)
+    )
 
     def relax(self, *promises: Promise | str) -> Policy:
         """A copy that no longer requires ``promises``: the host's explicit, audited choice."""
@@ -216,14 +247,25 @@ class Policy:
 
     @property
     def environment(self) -> Mapping[str, str]:
-        """The exact environment of every confined call."""
-        return {
+        """The exact environment of every confined call.
+
+        With a network allow-list, the usual proxy variables point at the
+        server's loopback relay to the host's egress proxy; without one there
+        are none, and nothing to reach.
+        """
+        env = {
             "PATH": SANDBOX_PATH,
             "LANG": SANDBOX_LANG,
             "HOME": str(WORKSPACE_DIR),
             "TMPDIR": str(WORKSPACE_DIR),
             "VESSEL_OUTBOX": str(OUTBOX_DIR),
         }
+        if self.network_allow:
+            proxy = f"http://127.0.0.1:{EGRESS_PORT}"
+            for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+                env[name] = proxy
+            env["NO_PROXY"] = env["no_proxy"] = "localhost,127.0.0.1,::1"
+        return env
 
     @property
     def visible_roots(self) -> tuple[PurePosixPath, ...]:
@@ -235,7 +277,7 @@ class Policy:
 
     def to_json(self) -> dict[str, object]:
         """A canonical, JSON-ready description of the policy (what ``identity`` hashes)."""
-        return {
+        described: dict[str, object] = {
             "agent_dir": None if self.agent_dir is None else str(self.agent_dir),
             "workdir": str(self.workdir),
             "mounts": [
@@ -247,6 +289,10 @@ class Policy:
             "dockerfile": None if self.dockerfile is None else str(self.dockerfile),
             "environment": dict(self.environment),
         }
+        if self.network_allow:
+            # Only when set, so the identity of every policy without a network is unchanged.
+            described["network_allow"] = [str(p) for p in self.network_allow]
+        return described
 
     @property
     def identity(self) -> str:

@@ -35,7 +35,15 @@ from typing import IO, Any
 from .._aio import cancelled_exception, wait_future
 from ..errors import PromiseNotEnforcedError, SandboxError
 from ._api import Channel, FileOutcome, OutboxFile, RunOutcome, RunRequest, SandboxSession
-from ._policy import OUTBOX_DIR, WORKSPACE_DIR, Policy, Promise
+from ._policy import (
+    EGRESS_DIR,
+    EGRESS_PORT,
+    EGRESS_SOCKET_NAME,
+    OUTBOX_DIR,
+    WORKSPACE_DIR,
+    Policy,
+    Promise,
+)
 from .server import _protocol
 
 __all__ = ["ServerSession", "server_command", "server_payload"]
@@ -52,6 +60,7 @@ SERVER_MODULES = (
     "_files",
     "_outbox",
     "_worker",
+    "_relay",
     "_main",
 )
 _PACKAGE = "_astralvessel_server"
@@ -274,6 +283,11 @@ class ServerSession(SandboxSession):
             },
             "visible_roots": [str(root) for root in policy.visible_roots],
             "path_map": dict(path_map or {}),
+            "egress": (
+                None
+                if policy.egress_socket is None
+                else {"socket": str(EGRESS_DIR / EGRESS_SOCKET_NAME), "port": EGRESS_PORT}
+            ),
         }
         try:
             session._reader.start()
@@ -301,6 +315,11 @@ class ServerSession(SandboxSession):
                 f"this library {_protocol.VERSION}: reinstall astralvessel"
             )
         self.ready_info = info
+        if self.policy.egress_socket is not None and info.get("egress") is not True:
+            raise SandboxError(
+                f"the {self.backend} sandbox server cannot relay calls to the egress proxy: "
+                f"{info.get('egress') or 'it does not know how'}"
+            )
         if not confine:
             return
         problems = dict(info.get("problems") or {})

@@ -228,6 +228,11 @@ class DockerExec(Docker):
         that does not keep ``EXEC_UNENFORCED`` (as choosing ``unconfined``
         is), so those promises need no relaxing; discovery never picks it.
         """
+        if policy.egress_socket is not None:
+            raise BackendUnavailableError(
+                "docker-exec runs no sandbox server to relay calls to the egress proxy; "
+                "use the docker backend for a turn with a network allow-list"
+            )
         image_id, arch = self._prepare(policy)
         spec = container_spec(
             policy,

@@ -26,7 +26,7 @@ from pathlib import PurePosixPath
 
 import attrs
 
-from .._policy import AGENT_DIR, SYSTEM_DIRS, WORKSPACE_DIR, Policy
+from .._policy import AGENT_DIR, EGRESS_DIR, SYSTEM_DIRS, WORKSPACE_DIR, Policy
 
 __all__ = [
     "CALL_GID",
@@ -213,6 +213,9 @@ def container_spec(
     for mount in sorted(policy.mounts, key=lambda m: (len(m.target.parts), str(m.target))):
         binds.append(f"{mount.source}:{mount.target}:{'rw' if mount.writable else 'ro'}")
         targets.append(mount.target)
+    if policy.egress_socket is not None and server:
+        # The host egress proxy's socket folder, for the server's relay (see ``_relay``).
+        binds.append(f"{policy.egress_socket.parent}:{EGRESS_DIR}:ro")
     tmpfs = {
         # The turn's only writable place: owned by the call user, at most the disk limit.
         str(WORKSPACE_DIR): (
@@ -276,6 +279,8 @@ def view_binds(policy: Policy) -> list[str]:
     if policy.agent_dir is not None:
         paths.append(str(AGENT_DIR))
     paths += [str(m.target) for m in policy.mounts]
+    if policy.egress_socket is not None:
+        paths.append(str(EGRESS_DIR))
     paths.append(str(policy.workdir))
     unique = dict.fromkeys(paths)
     return sorted(unique, key=lambda p: (len(PurePosixPath(p).parts), p))

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import _bounds, _launch, _outbox, _protocol, _worker, _zygote
+from . import _bounds, _launch, _outbox, _protocol, _relay, _worker, _zygote
 
 __all__ = ["Server", "main"]
 
@@ -142,6 +142,8 @@ class Server:
         self.spare: _launch.Spawned | None = None
         #: Forks every call's namespaces (see ``_zygote``); started on first need.
         self.zygote: _zygote.Zygote | None = None
+        #: The egress relay's pid, when the turn allows a network (see ``_relay``).
+        self.relay: int | None = None
         #: When the last call's exit frame went out (``time.monotonic``).
         self.last_answer = float("-inf")
         #: When to build the next spare, if one is due (``time.monotonic``).
@@ -290,10 +292,12 @@ class Server:
             "workspace": workspace,
             "outbox": outbox,
         }
+        egress = self._start_relay(config)
         self._start_worker()
         self.send(
             {
                 "type": "ready",
+                "egress": egress,
                 "version": _protocol.VERSION,
                 "python": platform.python_version(),
                 "pid": os.getpid(),
@@ -325,6 +329,25 @@ class Server:
                 print(
                     f"astralvessel server: cannot hand {path} to uid {uid}: {exc}", file=sys.stderr
                 )
+
+    def _start_relay(self, config: dict[str, Any]) -> bool | str | None:
+        """Start the egress relay if the turn allows a network: True, None (no network), or why not.
+
+        Forked first, while the server is a single thread with nothing of a call's open.
+        """
+        egress = config["egress"]
+        if egress is None:
+            return None
+        try:
+            self.relay = _relay.start(
+                map_path(egress["socket"], self.path_map),
+                egress["port"],
+                config["drop_uid"],
+                config["drop_gid"],
+            )
+        except OSError as exc:
+            return f"cannot listen on 127.0.0.1:{egress['port']}: {exc}"
+        return True
 
     def _configured(self) -> tuple[dict[str, Any], _launch.LaunchPlan]:
         if self.config is None or self.plan is None:
@@ -514,6 +537,8 @@ class Server:
             self.zygote = None  # the next spare starts a new one
         if self.worker is not None and _has_exited(self.worker.pid):
             self._replace_worker("the file worker died")
+        if self.relay is not None and _has_exited(self.relay):
+            self.relay = None  # reaped; calls then see the proxy port refuse connections
 
     def _ended(self, call: Call, status: int) -> None:
         """The call's processes are gone (``status`` is its reaped child's): drain and finish."""
@@ -753,6 +778,9 @@ class Server:
             self.zygote.close()
         if self.worker is not None:
             self.worker.kill()
+        if self.relay is not None:
+            with contextlib.suppress(OSError):
+                os.kill(self.relay, signal.SIGKILL)
 
 
 def _wait_readable(fd: int, timeout: float) -> None:
@@ -825,7 +853,15 @@ def _parse_hello(header: dict[str, Any]) -> dict[str, Any]:
         if not isinstance(limits.get(key), int):
             raise TypeError(f"limits.{key} must be an integer")
     seccomp = header.get("seccomp")
+    egress = header.get("egress")
+    if egress is not None and not (
+        isinstance(egress, dict)
+        and isinstance(egress.get("socket"), str)
+        and isinstance(egress.get("port"), int)
+    ):
+        raise TypeError("'egress' must be null or name a socket and a port")
     return {
+        "egress": egress,
         "confine": bool(header["confine"]),
         "drop_uid": optional_int("drop_uid"),
         "drop_gid": optional_int("drop_gid"),

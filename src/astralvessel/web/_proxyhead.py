@@ -1,0 +1,240 @@
+"""The egress proxy's decisions, as pure functions over bytes and values.
+
+``read_request`` turns a request head a call sent to the proxy into a
+``ProxyRequest`` (a CONNECT tunnel, or an absolute-form ``http://`` request
+rewritten for the origin), or raises ``ProxyRefusal`` with the status and the
+reason the call will read. ``approve_addresses`` applies webfetch's address
+rule to what the name resolved to. ``refusal_bytes`` is the whole reply to a
+refused request. Nothing here does I/O; ``_proxy`` is the shell that does.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from collections.abc import Iterable, Sequence
+
+import attrs
+
+from .._netallow import HostPattern, permits
+from ._egress import EgressPolicy, classify_address
+
+__all__ = [
+    "ProxyLimits",
+    "ProxyRefusal",
+    "ProxyRequest",
+    "approve_addresses",
+    "read_request",
+    "refusal_bytes",
+]
+
+_TOKEN = re.compile(rb"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}$")
+_METHOD = re.compile(rb"^[A-Z]{1,16}$")
+_VERSION = re.compile(rb"^HTTP/1\.[01]$")
+_BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+_PORT = re.compile(r"^[0-9]{1,5}$")
+_NAME = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)(\.(?!-)[a-z0-9_-]{1,63}(?<!-))*$")
+_TARGET_CHARS = re.compile(rb"^[\x21-\x7e]+$")
+# Hop-by-hop headers (RFC 9110 7.6.1) and the proxy's own: never passed to the origin.
+_HOP_BY_HOP = frozenset(
+    {
+        b"connection",
+        b"proxy-connection",
+        b"keep-alive",
+        b"proxy-authorization",
+        b"proxy-authenticate",
+        b"te",
+        b"trailer",
+        b"upgrade",
+        b"host",
+    }
+)
+_REASONS = {
+    400: "Bad Request",
+    403: "Forbidden",
+    408: "Request Timeout",
+    431: "Request Header Fields Too Large",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+}
+RULE = "the sandbox reaches only the hosts on this turn's network allow-list, by name"
+
+
+@attrs.frozen(kw_only=True)
+class ProxyLimits:
+    """The proxy's bounds for one turn: what one call, or all of a turn's calls, may use.
+
+    ``head_bytes`` and ``head_seconds`` bound a request head (a slow or endless
+    one is cut off); ``connect_seconds`` bounds reaching the origin;
+    ``idle_seconds`` closes a connection on which nothing moved; ``concurrent``,
+    ``connections`` and ``total_bytes`` bound the turn as a whole.
+    """
+
+    head_bytes: int = attrs.field(default=32 * 1024, validator=attrs.validators.gt(0))
+    head_fields: int = attrs.field(default=100, validator=attrs.validators.gt(0))
+    head_seconds: float = attrs.field(default=10.0, validator=attrs.validators.gt(0))
+    connect_seconds: float = attrs.field(default=10.0, validator=attrs.validators.gt(0))
+    idle_seconds: float = attrs.field(default=120.0, validator=attrs.validators.gt(0))
+    concurrent: int = attrs.field(default=32, validator=attrs.validators.gt(0))
+    connections: int = attrs.field(default=2048, validator=attrs.validators.gt(0))
+    total_bytes: int = attrs.field(default=4 << 30, validator=attrs.validators.gt(0))
+
+
+class ProxyRefusal(Exception):
+    """A request the proxy will not serve: the HTTP status and the reason the call reads."""
+
+    def __init__(self, status: int, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
+
+
+@attrs.frozen(kw_only=True)
+class ProxyRequest:
+    """A request the allow-list admits: where to connect, and what to send first.
+
+    For a tunnel (CONNECT) ``head`` is empty and the proxy answers 200 itself;
+    for a plain request it is the head rewritten for the origin (origin-form
+    target, the URL's own Host, ``Connection: close``, no proxy headers).
+    """
+
+    host: str
+    port: int
+    tunnel: bool
+    head: bytes = b""
+
+
+def refusal_bytes(status: int, reason: str) -> bytes:
+    """The whole reply to a refused request: a status, the reason as text, and close."""
+    body = f"astralvessel egress proxy: {reason}\n".encode("utf-8", "replace")
+    head = (
+        f"HTTP/1.1 {status} {_REASONS.get(status, 'Refused')}\r\n"
+        "Content-Type: text/plain; charset=utf-8\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    return head.encode("ascii") + body
+
+
+def _authority(text: str, *, default_port: int | None) -> tuple[str, int]:
+    """Split ``host[:port]`` into a canonical host name and a port, or refuse."""
+    if "@" in text:
+        raise ProxyRefusal(403, "user-info (a name or password before '@') is refused")
+    if text.startswith("["):
+        raise ProxyRefusal(403, f"{text} is an IP address; {RULE}")
+    host, sep, port_text = text.rpartition(":") if ":" in text else (text, "", "")
+    if not sep:
+        if default_port is None:
+            raise ProxyRefusal(400, f"CONNECT {text!r} names no port; write host:port")
+        port = default_port
+    elif not _PORT.match(port_text) or not 0 < int(port_text) <= 65535:
+        raise ProxyRefusal(400, f"the port {port_text!r} is not a number from 1 to 65535")
+    else:
+        port = int(port_text)
+    host = host.lower()
+    host = host[:-1] if host.endswith(".") else host
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    else:
+        raise ProxyRefusal(403, f"{host} is an IP address; {RULE}")
+    if len(host) > 253 or not _NAME.match(host):
+        raise ProxyRefusal(400, f"{host[:100]!r} is not a host name")
+    if host.rsplit(".", 1)[-1].isdigit():
+        raise ProxyRefusal(403, f"{host} spells an IP address; {RULE}")
+    return host, port
+
+
+def _check_allowed(allow: Sequence[HostPattern], host: str, port: int) -> None:
+    if permits(allow, host, port):
+        return
+    listed = ", ".join(str(p) for p in allow[:20]) + (", ..." if len(allow) > 20 else "")
+    raise ProxyRefusal(
+        403, f"{host}:{port} is not on this turn's network allow-list ({listed}); {RULE}"
+    )
+
+
+def _fields(lines: list[bytes], limits: ProxyLimits) -> list[tuple[bytes, bytes]]:
+    if len(lines) > limits.head_fields:
+        raise ProxyRefusal(431, f"the request has more than {limits.head_fields} header fields")
+    fields: list[tuple[bytes, bytes]] = []
+    for line in lines:
+        name, sep, value = line.partition(b":")
+        if not sep or not _TOKEN.match(name):
+            raise ProxyRefusal(400, "a header line is not 'Name: value'")
+        value = value.strip(b" \t")
+        if _BAD_VALUE.search(value):
+            raise ProxyRefusal(400, "a header value holds control characters")
+        fields.append((name, value))
+    return fields
+
+
+def read_request(head: bytes, allow: Sequence[HostPattern], limits: ProxyLimits) -> ProxyRequest:
+    """Decide a request head (everything up to and including the blank line)."""
+    if len(head) > limits.head_bytes:
+        raise ProxyRefusal(431, f"the request head is longer than {limits.head_bytes} bytes")
+    if not head.endswith(b"\r\n\r\n"):
+        raise ProxyRefusal(400, "the request head does not end with a blank line (CRLF CRLF)")
+    request_line, *lines = head[:-4].split(b"\r\n")
+    parts = request_line.split(b" ")
+    if len(parts) != 3 or not _METHOD.match(parts[0]) or not _VERSION.match(parts[2]):
+        raise ProxyRefusal(400, "the request line is not 'METHOD TARGET HTTP/1.1'")
+    method, target, version = parts
+    if not _TARGET_CHARS.match(target):
+        raise ProxyRefusal(400, "the request target holds spaces, controls or non-ASCII bytes")
+    fields = _fields(lines, limits)
+    text = target.decode("ascii")
+    if method == b"CONNECT":
+        host, port = _authority(text, default_port=None)
+        _check_allowed(allow, host, port)
+        return ProxyRequest(host=host, port=port, tunnel=True)
+    if text.lower().startswith("https://"):
+        raise ProxyRefusal(400, "send https through a CONNECT tunnel (HTTPS_PROXY does so)")
+    if not text.lower().startswith("http://"):
+        raise ProxyRefusal(
+            400, "this is a proxy: send an absolute http:// URL, or CONNECT host:port"
+        )
+    rest = text[len("http://") :]
+    cut = min((i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0), default=-1)
+    authority, path = (rest, "/") if cut < 0 else (rest[:cut], rest[cut:])
+    path = path.split("#", 1)[0]
+    if path.startswith("?"):
+        path = "/" + path
+    host, port = _authority(authority, default_port=80)
+    _check_allowed(allow, host, port)
+    lengths = [v for n, v in fields if n.lower() == b"content-length"]
+    chunked = any(n.lower() == b"transfer-encoding" for n, _ in fields)
+    if len(lengths) > 1 or (lengths and chunked):
+        raise ProxyRefusal(400, "the request frames its body twice (Content-Length and more)")
+    host_header = host if port == 80 else f"{host}:{port}"
+    out = [method + b" " + path.encode("ascii") + b" " + version]
+    out.append(b"Host: " + host_header.encode("ascii"))
+    out += [n + b": " + v for n, v in fields if n.lower() not in _HOP_BY_HOP]
+    out.append(b"Connection: close")
+    return ProxyRequest(host=host, port=port, tunnel=False, head=b"\r\n".join(out) + b"\r\n\r\n")
+
+
+def approve_addresses(
+    egress: EgressPolicy, host: str, port: int, answers: Iterable[str]
+) -> tuple[str, ...]:
+    """The addresses to try for ``host``, by webfetch's rule; raise ``ProxyRefusal`` (403).
+
+    The allow-list already decided the port; the address rule is webfetch's:
+    every answer must be public (or match one of the operator's ``AllowRule``
+    exceptions), and one refused answer refuses them all (DNS rebinding).
+    """
+    addresses: list[str] = []
+    for answer in answers:
+        try:
+            address = ipaddress.ip_address(answer)
+        except ValueError:
+            raise ProxyRefusal(502, f"{host} resolved to {answer!r}, not an address") from None
+        if not any(rule.matches(address, port) for rule in egress.allow):
+            why = classify_address(address)
+            if why is not None:
+                raise ProxyRefusal(403, f"{host} resolves to {address}, which is {why}")
+        addresses.append(str(address))
+    if not addresses:
+        raise ProxyRefusal(502, f"{host} has no addresses")
+    return tuple(addresses)
