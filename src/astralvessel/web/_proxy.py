@@ -154,11 +154,13 @@ class EgressProxy:
         counters = self.counters
         counters.active += 1
         try:
+            # The head first, even when over budget: a refusal sent before the request is
+            # read would reach the relay as a reset, and the call would lose the reason.
+            request = await self._read_head(reader)
             refusal = self._over_budget()
             if refusal is not None:
                 raise refusal
             counters.connections += 1
-            request = await self._read_head(reader)
             upstream = await self._connect(request)
             await self._relay(request, reader, writer, upstream)
         except ProxyRefusal as refusal:

@@ -38,7 +38,9 @@ class _Side:
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.pending = b""
-        self.read_done = False  # its peer sent end-of-file
+        self.read_done = False  # it sent end-of-file (or failed): nothing more to read
+        self.broken = False  # writing to it failed: what its peer sends is dropped
+        self.shut = False  # its write side is shut down, after its peer's end-of-file
         self.peer: _Side | None = None
 
 
@@ -47,7 +49,7 @@ class _Relay:
         self.listener = listener
         self.target = target
         self.selector = selectors.DefaultSelector()
-        self.sides: dict[int, _Side] = {}
+        self.pairs = 0
 
     def serve(self) -> None:
         self.listener.setblocking(False)
@@ -64,7 +66,7 @@ class _Relay:
             client, _ = self.listener.accept()
         except OSError:
             return
-        if len(self.sides) >= 2 * MAX_CONNECTIONS:
+        if self.pairs >= MAX_CONNECTIONS:
             client.close()
             return
         upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -74,26 +76,21 @@ class _Relay:
             upstream.close()
             client.close()
             return
+        self.pairs += 1
         a, b = _Side(client), _Side(upstream)
         a.peer, b.peer = b, a
         for side in (a, b):
             side.sock.setblocking(False)
-            self.sides[side.sock.fileno()] = side
-        self._update(a)
-        self._update(b)
+            self._update(side)
 
-    def _events(self, side: _Side) -> int:
-        events = 0
+    def _update(self, side: _Side) -> None:
         peer = side.peer
+        events = 0
         # Read only while the peer's buffer has room: backpressure instead of memory.
         if not side.read_done and peer is not None and len(peer.pending) < _CHUNK:
             events |= selectors.EVENT_READ
         if side.pending:
             events |= selectors.EVENT_WRITE
-        return events
-
-    def _update(self, side: _Side) -> None:
-        events = self._events(side)
         registered = side.sock.fileno() in self.selector.get_map()
         if events and registered:
             self.selector.modify(side.sock, events, side)
@@ -106,36 +103,42 @@ class _Relay:
         peer = side.peer
         if peer is None:
             return
-        try:
-            if events & selectors.EVENT_WRITE and side.pending:
+        if events & selectors.EVENT_WRITE and side.pending:
+            try:
                 sent = side.sock.send(side.pending)
                 side.pending = side.pending[sent:]
-                if not side.pending and peer.read_done:
-                    side.sock.shutdown(socket.SHUT_WR)
-            if events & selectors.EVENT_READ:
-                data = side.sock.recv(_CHUNK)
-                if data:
-                    peer.pending += data
-                else:
-                    side.read_done = True
-                    if not peer.pending:
-                        peer.sock.shutdown(socket.SHUT_WR)
-        except (BlockingIOError, InterruptedError):
-            pass
-        except OSError:
-            self._close(side)
-            return
+            except (BlockingIOError, InterruptedError):
+                pass
+            except OSError:
+                # It cannot take more: stop reading what was meant for it, keep the other way.
+                side.pending, side.broken, peer.read_done = b"", True, True
+        if events & selectors.EVENT_READ and not side.read_done:
+            try:
+                data: bytes | None = side.sock.recv(_CHUNK)
+            except (BlockingIOError, InterruptedError):
+                data = None
+            except OSError:
+                data = b""
+            if data == b"":
+                side.read_done = True
+            elif data and not peer.broken:
+                peer.pending += data
+        for one in (side, peer):
+            source = one.peer
+            if source is not None and source.read_done and not one.pending and not one.shut:
+                # Pass the end of the stream on once everything before it is delivered.
+                one.shut = True
+                with contextlib.suppress(OSError):
+                    one.sock.shutdown(socket.SHUT_WR)
         if side.read_done and peer.read_done and not side.pending and not peer.pending:
-            self._close(side)
+            self._close(side, peer)
             return
         self._update(side)
         self._update(peer)
 
-    def _close(self, side: _Side) -> None:
-        for one in (side, side.peer):
-            if one is None:
-                continue
-            self.sides.pop(one.sock.fileno(), None)
+    def _close(self, *sides: _Side) -> None:
+        self.pairs -= 1
+        for one in sides:
             with contextlib.suppress(KeyError, ValueError):
                 self.selector.unregister(one.sock)
             one.sock.close()

@@ -1,0 +1,442 @@
+"""An allow-listed network: calls reach exactly the listed hosts through the host's egress proxy.
+
+The machine has no internet and webfetch's egress policy refuses loopback, so
+the destination is a real HTTP(S) origin on the host's loopback that the
+*operator* admits with an ``AllowRule`` (the same seam the web tests use),
+and a ``Resolver`` that names it ``pkgs.test``. Nothing here relaxes the
+default policy: ``test_loopback_stays_refused_without_the_operators_rule``
+shows the same origin refused when the rule is absent.
+"""
+
+from __future__ import annotations
+
+import datetime
+import shutil
+import socket
+import ssl
+import subprocess
+import threading
+from collections.abc import Iterator, Sequence
+from functools import partial
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import attrs
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from astralvessel.sandbox import Policy, Sandbox, SandboxSession
+from astralvessel.sandbox._policy import EGRESS_PORT
+from astralvessel.web import AllowRule, EgressPolicy
+from astralvessel.web._proxy import EgressProxy
+from astralvessel.web._proxyhead import ProxyLimits
+
+from .calls import py, py_json, run
+
+HOST = "pkgs.test"
+NOTE = "hello from the origin\n"
+#: The backends whose image has curl and git (the host's /usr); Docker's test image has neither.
+HOST_TOOLS = ["bubblewrap", "nsjail"]
+
+
+class _Quiet(SimpleHTTPRequestHandler):
+    """Serves the origin's folder; one page is ``/hello``."""
+
+    def log_message(self, format: str, *args: object) -> None:
+        """Keep test output quiet."""
+
+
+@attrs.frozen
+class Origin:
+    """The host's stand-in for a public server: plain HTTP and HTTPS on loopback."""
+
+    http_port: int
+    https_port: int
+    folder: Path
+    ca_pem: Path
+
+
+def _certificate(folder: Path) -> tuple[Path, Path]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, HOST)])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=2))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(HOST)]), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    pem, key_file = folder / "ca.pem", folder / "key.pem"
+    pem.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return pem, key_file
+
+
+def _git_repo(folder: Path) -> None:
+    """A bare repository served by dumb HTTP, holding one file."""
+    work = folder / "work"
+    work.mkdir()
+    (work / "README").write_text("served through the egress proxy\n")
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-c", "init.defaultBranch=main"]
+    subprocess.run([*git, "init", "-q", str(work)], check=True)
+    subprocess.run([*git, "-C", str(work), "add", "README"], check=True)
+    subprocess.run([*git, "-C", str(work), "commit", "-qm", "one"], check=True)
+    subprocess.run([*git, "clone", "-q", "--bare", str(work), str(folder / "repo.git")], check=True)
+    subprocess.run(["git", "-C", str(folder / "repo.git"), "update-server-info"], check=True)
+
+
+@pytest.fixture(scope="module")
+def origin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Origin]:
+    """An HTTP and an HTTPS origin on the host's loopback, serving a page and a git repository."""
+    folder = tmp_path_factory.mktemp("origin")
+    (folder / "hello").write_text(NOTE)
+    _git_repo(folder)
+    pem, key = _certificate(folder)
+    handler = partial(_Quiet, directory=str(folder))
+    plain = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    secure = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(pem, key)
+    secure.socket = context.wrap_socket(secure.socket, server_side=True)
+    threads = [threading.Thread(target=s.serve_forever, daemon=True) for s in (plain, secure)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield Origin(
+            http_port=plain.server_address[1],
+            https_port=secure.server_address[1],
+            folder=folder,
+            ca_pem=pem,
+        )
+    finally:
+        for server in (plain, secure):
+            server.shutdown()
+            server.server_close()
+
+
+class MapResolver:
+    """Fixed DNS answers: pkgs.test and unlisted.test are the origin, private.test is private."""
+
+    def resolve(self, host: str, port: int) -> Sequence[str]:
+        """Answer from the table, or fail as an unknown name does."""
+        answers = {
+            HOST: ["127.0.0.1"],
+            "unlisted.test": ["127.0.0.1"],
+            "private.test": ["10.1.2.3"],
+        }
+        if host not in answers:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return answers[host]
+
+
+def _operator_rule(origin: Origin) -> EgressPolicy:
+    """The operator's exception that admits the origin's two loopback ports, and nothing else."""
+    return EgressPolicy(
+        allow=[AllowRule(network="127.0.0.1/32", ports=[origin.http_port, origin.https_port])]
+    )
+
+
+@pytest.fixture
+def proxy(origin: Origin) -> Iterator[EgressProxy]:
+    """The turn's egress proxy: pkgs.test on the origin's ports, and private.test."""
+    allow = [f"{HOST}:{origin.http_port}", f"{HOST}:{origin.https_port}"]
+    allow.append(f"private.test:{origin.http_port}")
+    with EgressProxy.start(
+        allow,
+        egress=_operator_rule(origin),
+        resolver=MapResolver(),
+        limits=ProxyLimits(head_seconds=2.0),
+    ) as egress:
+        yield egress
+
+
+@pytest.fixture
+def net_session(
+    backend: Sandbox, policy: Policy, proxy: EgressProxy, data_dir: Path, origin: Origin
+) -> Iterator[SandboxSession]:
+    """A turn whose policy allows the proxy's list; the test CA is readable at /data/ca.pem."""
+    shutil.copy(origin.ca_pem, data_dir / "ca.pem")
+    (data_dir / "ca.pem").chmod(0o644)
+    networked = attrs.evolve(policy, network_allow=proxy.allow, egress_socket=proxy.socket_path)
+    turn = backend.start(networked)
+    try:
+        yield turn
+    finally:
+        turn.close()
+
+
+def _fetch(session: SandboxSession, url: str, **kwargs: str) -> dict[str, object]:
+    """Fetch ``url`` with Python's urllib, which follows the proxy variables; status and body."""
+    return dict(
+        py_json(
+            session,
+            f"""
+            import json, ssl, urllib.request, urllib.error
+            https = {url!r}.startswith("https:")
+            context = ssl.create_default_context(cafile="/data/ca.pem") if https else None
+            try:
+                with urllib.request.urlopen({url!r}, timeout=20, context=context) as reply:
+                    print(json.dumps({{"status": reply.status, "body": reply.read().decode()}}))
+            except urllib.error.HTTPError as error:
+                print(json.dumps({{"status": error.code, "body": error.read().decode()}}))
+            except OSError as error:
+                print(json.dumps({{"status": None, "body": str(error)}}))
+            """,
+            **kwargs,
+        )
+    )
+
+
+def test_without_a_list_calls_get_no_proxy_variables(session):
+    """A turn without an allow-list has no proxy variables and nothing listening on the port."""
+    result = py_json(
+        session,
+        f"""
+        import json, os, socket
+        names = sorted(n for n in os.environ if "proxy" in n.lower())
+        try:
+            socket.create_connection(("127.0.0.1", {EGRESS_PORT}), timeout=3)
+            port = "open"
+        except OSError as exc:
+            port = type(exc).__name__
+        print(json.dumps({{"names": names, "port": port}}))
+        """,
+    )
+    assert result == {"names": [], "port": "ConnectionRefusedError"}
+
+
+def test_calls_get_the_proxy_variables(net_session):
+    """With a list, calls get HTTP(S)_PROXY in both cases pointing at the relay, and NO_PROXY."""
+    proxy = f"http://127.0.0.1:{EGRESS_PORT}"
+    env = py_json(net_session, "import json, os; print(json.dumps(dict(os.environ)))")
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy"):
+        assert env[name] == proxy
+    assert env["NO_PROXY"] == "localhost,127.0.0.1,::1"
+
+
+def test_listed_host_is_reached_over_http(net_session, origin):
+    """A call fetches a page from the listed host over plain HTTP through the proxy."""
+    result = _fetch(net_session, f"http://{HOST}:{origin.http_port}/hello")
+    assert result == {"status": 200, "body": NOTE}
+
+
+def test_listed_host_is_reached_over_https(net_session, origin):
+    """A call fetches a page from the listed host over HTTPS, through a CONNECT tunnel."""
+    result = _fetch(net_session, f"https://{HOST}:{origin.https_port}/hello")
+    assert result == {"status": 200, "body": NOTE}
+
+
+def test_unlisted_host_is_refused(net_session, origin):
+    """A host not on the list gets 403 naming the list, though it resolves to the same origin."""
+    result = _fetch(net_session, f"http://unlisted.test:{origin.http_port}/hello")
+    assert result["status"] == 403
+    assert "not on this turn's network allow-list" in str(result["body"])
+
+
+def test_listed_host_on_another_port_is_refused(net_session, origin):
+    """CONNECT to a listed host on a port the list does not give is refused with 403."""
+    result = _fetch(net_session, f"https://{HOST}:8443/hello")
+    assert result["status"] is None  # urllib reports a refused tunnel as an OSError
+    assert "403" in str(result["body"])
+
+
+def test_ip_address_is_refused(net_session, origin):
+    """A URL naming an IP address, even the origin's own, is refused: the list names hosts."""
+    result = _fetch(net_session, f"http://127.0.0.1:{origin.http_port}/hello")
+    # NO_PROXY sends loopback direct, to the sandbox's own empty loopback.
+    assert result["status"] is None
+    outcome = py(
+        net_session,
+        f"""
+        import socket
+        s = socket.create_connection(("127.0.0.1", {EGRESS_PORT}), timeout=10)
+        s.sendall(b"GET http://127.0.0.1:{origin.http_port}/hello HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n")
+        print(s.recv(4096).decode())
+        """,
+    )
+    assert "HTTP/1.1 403" in outcome.output
+    assert "is an IP address" in outcome.output
+
+
+def test_name_resolving_to_a_private_address_is_refused(net_session, origin):
+    """A listed name whose DNS answer is a private address is refused, naming the address."""
+    result = _fetch(net_session, f"http://private.test:{origin.http_port}/hello")
+    assert result["status"] == 403
+    assert "10.1.2.3, which is a private address" in str(result["body"])
+
+
+def test_direct_connections_still_go_nowhere(net_session, origin):
+    """With a list, a call that ignores the proxy still reaches neither the host nor outside."""
+    result = py_json(
+        net_session,
+        f"""
+        import json, socket
+        seen = []
+        for address in [("127.0.0.1", {origin.http_port}), ("1.1.1.1", 80), ("10.0.0.1", 443)]:
+            try:
+                socket.create_connection(address, timeout=3)
+                seen.append("connected")
+            except OSError as exc:
+                seen.append(type(exc).__name__)
+        names = [name for _index, name in socket.if_nameindex()]
+        print(json.dumps({{"seen": seen, "names": names}}))
+        """,
+    )
+    assert "connected" not in result["seen"]
+    assert result["names"] == ["lo"]
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"\x16\x03\x01\x02\x00" + b"\x00" * 64 + b"\r\n\r\n",
+        b"GET / HTTP/1.1\r\nHost: pkgs.test\r\n\r\n",
+        b"GET http://pkgs.test/ HTTP/9.9\r\n\r\n",
+        b"GET http://" + b"a" * 40000 + b"/ HTTP/1.1\r\n\r\n",
+    ],
+    ids=["tls-to-plain-port", "origin-form", "bad-version", "huge-line"],
+)
+def test_absurd_requests_get_a_refusal(net_session, garbage):
+    """A request the proxy cannot read gets a 4xx status with a reason, and nothing else."""
+    outcome = py(
+        net_session,
+        f"""
+        import socket
+        s = socket.create_connection(("127.0.0.1", {EGRESS_PORT}), timeout=10)
+        try:
+            s.sendall({garbage!r})
+        except OSError:
+            pass
+        reply = b""
+        while True:
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+        print(reply.decode(errors="replace"))
+        """,
+    )
+    status = outcome.output.split("\n", 1)[0]
+    assert status.startswith(("HTTP/1.1 400", "HTTP/1.1 431")), outcome.output
+    assert "astralvessel egress proxy:" in outcome.output
+
+
+def test_slow_request_head_is_cut_off(net_session, proxy):
+    """A request head that never completes (slowloris) gets 408 once the head's time is up."""
+    outcome = py(
+        net_session,
+        f"""
+        import socket, time
+        s = socket.create_connection(("127.0.0.1", {EGRESS_PORT}), timeout=20)
+        s.sendall(b"GET http://pkgs.test/ HTTP/1.1\\r\\n")
+        reply = b""
+        while True:
+            try:
+                s.sendall(b"X-Slow: 1\\r\\n")
+            except OSError:
+                pass
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            reply += chunk
+        print(reply.decode(errors="replace"))
+        """,
+    )
+    assert outcome.output.startswith("HTTP/1.1 408"), outcome.output
+
+
+@pytest.mark.parametrize("backend", HOST_TOOLS, indirect=True)
+def test_curl_over_http_and_https(net_session, origin):
+    """curl reaches the listed host over HTTP and over HTTPS (CONNECT), trusting the test CA."""
+    http = run(net_session, "curl", "-sS", f"http://{HOST}:{origin.http_port}/hello")
+    https = run(
+        net_session,
+        "curl",
+        "-sS",
+        "--cacert",
+        "/data/ca.pem",
+        f"https://{HOST}:{origin.https_port}/hello",
+    )
+    assert (http.exit_code, http.output) == (0, NOTE)
+    assert (https.exit_code, https.output) == (0, NOTE)
+
+
+@pytest.mark.parametrize("backend", HOST_TOOLS, indirect=True)
+def test_curl_sees_the_refusal(net_session, origin):
+    """curl to an unlisted host shows the proxy's 403 and its reason."""
+    outcome = run(net_session, "curl", "-sS", "-i", f"http://unlisted.test:{origin.http_port}/")
+    assert outcome.output.startswith("HTTP/1.1 403")
+    assert "not on this turn's network allow-list" in outcome.output
+
+
+@pytest.mark.parametrize("backend", HOST_TOOLS, indirect=True)
+def test_git_clones_through_the_proxy(net_session, origin):
+    """git clones a repository from the listed host over HTTP through the proxy."""
+    outcome = run(
+        net_session,
+        "sh",
+        "-c",
+        f"git clone -q http://{HOST}:{origin.http_port}/repo.git /workspace/repo "
+        "&& cat /workspace/repo/README",
+        timeout=60,
+    )
+    assert (outcome.exit_code, outcome.output) == (0, "served through the egress proxy\n")
+
+
+def test_proxy_dies_with_its_turn(backend, policy, origin):
+    """Closing the proxy with its turn leaves no socket, folder or thread behind."""
+    proxy = EgressProxy.start(
+        [f"{HOST}:{origin.http_port}"], egress=_operator_rule(origin), resolver=MapResolver()
+    )
+    networked = attrs.evolve(policy, network_allow=proxy.allow, egress_socket=proxy.socket_path)
+    session = backend.start(networked)
+    try:
+        assert _fetch(session, f"http://{HOST}:{origin.http_port}/hello")["status"] == 200
+    finally:
+        session.close()
+        proxy.close()
+    assert not proxy.folder.exists()
+    assert not [t for t in threading.enumerate() if t.name == "astralvessel-egress"]
+
+
+def test_loopback_stays_refused_without_the_operators_rule(backend, policy, origin):
+    """Without the operator's AllowRule, the same listed name (on loopback) is refused: 403."""
+    with EgressProxy.start([f"{HOST}:{origin.http_port}"], resolver=MapResolver()) as proxy:
+        networked = attrs.evolve(policy, network_allow=proxy.allow, egress_socket=proxy.socket_path)
+        session = backend.start(networked)
+        try:
+            result = _fetch(session, f"http://{HOST}:{origin.http_port}/hello")
+        finally:
+            session.close()
+    assert result["status"] == 403
+    assert "127.0.0.1, which is a loopback address" in str(result["body"])
+
+
+def test_ipv6_and_private_literals_are_refused_by_name_rule(net_session):
+    """CONNECT to bracketed IPv6 or a private IPv4 literal is refused before any lookup."""
+    outcome = py(
+        net_session,
+        f"""
+        import socket
+        for target in (b"[::1]:443", b"169.254.169.254:80"):
+            s = socket.create_connection(("127.0.0.1", {EGRESS_PORT}), timeout=10)
+            s.sendall(b"CONNECT " + target + b" HTTP/1.1\\r\\n\\r\\n")
+            print(s.recv(4096).decode().split("\\r\\n")[0])
+        """,
+    )
+    assert outcome.output.splitlines() == ["HTTP/1.1 403 Forbidden", "HTTP/1.1 403 Forbidden"]

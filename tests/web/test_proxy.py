@@ -1,0 +1,250 @@
+"""The egress proxy on its own: hostile request heads, the turn's bounds, and its end.
+
+A client here speaks to the proxy's unix socket as the sandbox's relay does;
+the conformance suite (``tests/conformance/test_network_allow.py``) drives the
+same proxy from real calls on every backend.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from astralvessel.web import AllowRule, EgressPolicy
+from astralvessel.web._proxy import EgressProxy
+from astralvessel.web._proxyhead import ProxyLimits, ProxyRefusal, read_request
+
+from .conftest import MapResolver, Server
+
+LIMITS = ProxyLimits(head_seconds=1.0, connections=6, concurrent=3, total_bytes=200_000)
+
+
+@pytest.fixture
+def proxy(http_server: Server) -> Iterator[EgressProxy]:
+    """A proxy allowing site.test on the test server's port, which the operator admits."""
+    port = http_server.port
+    with EgressProxy.start(
+        [f"site.test:{port}", f"inner.test:{port}"],
+        egress=EgressPolicy(allow=[AllowRule(network="127.0.0.1/32", ports=[port])]),
+        resolver=MapResolver({"site.test": ["127.0.0.1"], "inner.test": ["192.168.1.1"]}),
+        limits=LIMITS,
+    ) as egress:
+        yield egress
+
+
+def exchange(proxy: EgressProxy, data: bytes, *, timeout: float = 10.0) -> bytes:
+    """Send ``data`` to the proxy's socket and read until it closes."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+        client.settimeout(timeout)
+        client.connect(str(proxy.socket_path))
+        client.sendall(data)
+        reply = b""
+        while chunk := client.recv(65536):
+            reply += chunk
+        return reply
+
+
+def test_listed_host_gets_the_page(proxy, http_server):
+    """An absolute-form GET to the listed host comes back from the origin."""
+    reply = exchange(
+        proxy, f"GET http://site.test:{http_server.port}/ HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+    )
+    assert reply.split(b"\r\n")[0] == b"HTTP/1.1 200 OK"
+    assert b"<p>page /</p>" in reply
+
+
+def test_host_header_is_the_urls(proxy, http_server):
+    """The origin sees the URL's host in Host, whatever Host the client sent."""
+    head = read_request(
+        f"GET http://site.test:{http_server.port}/a?b HTTP/1.1\r\nHost: evil.test\r\n"
+        "Proxy-Authorization: secret\r\n\r\n".encode(),
+        proxy.allow,
+        LIMITS,
+    ).head
+    assert head.startswith(b"GET /a?b HTTP/1.1\r\nHost: site.test:")
+    assert b"evil.test" not in head
+    assert b"secret" not in head
+    assert head.endswith(b"Connection: close\r\n\r\n")
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status", "reason"),
+    [
+        (b"GET http://other.test/ HTTP/1.1\r\n\r\n", 403, b"not on this turn's network allow-list"),
+        (b"CONNECT site.test:22 HTTP/1.1\r\n\r\n", 403, b"not on this turn's network allow-list"),
+        (b"CONNECT 127.0.0.1:443 HTTP/1.1\r\n\r\n", 403, b"is an IP address"),
+        (b"CONNECT [::1]:443 HTTP/1.1\r\n\r\n", 403, b"is an IP address"),
+        (b"GET http://2130706433/ HTTP/1.1\r\n\r\n", 403, b"spells an IP address"),
+        (b"GET http://u:p@site.test/ HTTP/1.1\r\n\r\n", 403, b"user-info"),
+        (b"GET https://site.test/ HTTP/1.1\r\n\r\n", 400, b"CONNECT tunnel"),
+        (b"GET / HTTP/1.1\r\nHost: site.test\r\n\r\n", 400, b"this is a proxy"),
+        (b"FOO BAR\r\n\r\n", 400, b"request line"),
+        (b"GET http://site.test/ HTTP/2.0\r\n\r\n", 400, b"request line"),
+        (b"GET http://site.test/\x01 HTTP/1.1\r\n\r\n", 400, b"request target"),
+        (b"GET http://site.test/ HTTP/1.1\r\nbad header\r\n\r\n", 400, b"Name: value"),
+        (b"GET http://site.test/ HTTP/1.1\r\nX: a\x00b\r\n\r\n", 400, b"control characters"),
+        (b"CONNECT site.test HTTP/1.1\r\n\r\n", 400, b"names no port"),
+        (b"CONNECT site.test:99999 HTTP/1.1\r\n\r\n", 400, b"not a number"),
+    ],
+)
+def test_refusals_name_their_reason(proxy, request_bytes, status, reason):
+    """Each request the proxy will not serve gets its status and a reason, and nothing else."""
+    reply = exchange(proxy, request_bytes)
+    assert reply.split(b"\r\n")[0].startswith(f"HTTP/1.1 {status} ".encode())
+    assert reason in reply
+    assert reply.count(b"\r\n\r\n") == 1
+
+
+def test_name_resolving_to_a_private_address_is_refused(proxy, http_server):
+    """A listed name whose answer is private is refused, naming the address: no rebinding."""
+    reply = exchange(proxy, f"CONNECT inner.test:{http_server.port} HTTP/1.1\r\n\r\n".encode())
+    assert reply.startswith(b"HTTP/1.1 403 ")
+    assert b"192.168.1.1, which is a private address" in reply
+
+
+def test_smuggling_framing_is_refused(proxy, http_server):
+    """A request with both Content-Length and Transfer-Encoding is refused (400)."""
+    reply = exchange(
+        proxy,
+        f"POST http://site.test:{http_server.port}/ HTTP/1.1\r\nContent-Length: 3\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n".encode(),
+    )
+    assert reply.startswith(b"HTTP/1.1 400 ")
+
+
+def test_too_many_header_fields_are_refused(proxy):
+    """A head with more fields than the bound gets 431."""
+    fields = b"".join(b"X-%d: 1\r\n" % i for i in range(LIMITS.head_fields + 1))
+    reply = exchange(proxy, b"GET http://site.test/ HTTP/1.1\r\n" + fields + b"\r\n")
+    assert reply.startswith(b"HTTP/1.1 431 ")
+
+
+def test_endless_head_is_refused(proxy):
+    """A head longer than the bound gets 431 before the proxy reads any further."""
+    reply = exchange(proxy, b"GET http://site.test/ HTTP/1.1\r\nX: " + b"a" * 40_000)
+    assert reply.startswith(b"HTTP/1.1 431 ")
+
+
+def test_slowloris_is_cut_off(proxy):
+    """A head that trickles in never completes: 408 once the head's time is up."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+        client.connect(str(proxy.socket_path))
+        client.sendall(b"GET http://site.test/ HTTP/1.1\r\n")
+        client.setblocking(False)
+        reply = b""
+        deadline = time.monotonic() + 20
+        while not reply.endswith(b"\n") and time.monotonic() < deadline:
+            with contextlib.suppress(OSError):
+                client.sendall(b"X: 1\r\n")  # one more field, never the blank line
+            time.sleep(0.05)
+            with contextlib.suppress(BlockingIOError):
+                reply += client.recv(65536)
+    assert reply.startswith(b"HTTP/1.1 408 ")
+
+
+def test_turn_connection_budget(proxy, http_server):
+    """Once the turn's connections are spent, the next gets 503 saying so."""
+    request = f"GET http://site.test:{http_server.port}/ HTTP/1.1\r\n\r\n".encode()
+    for _ in range(LIMITS.connections):
+        exchange(proxy, request)
+    reply = exchange(proxy, request)
+    assert reply.startswith(b"HTTP/1.1 503 ")
+    assert b"used all its 6 connections" in reply
+
+
+def test_concurrent_connection_bound(proxy, http_server):
+    """More connections at once than the bound: the extra one gets 503 at once."""
+    held = []
+    try:
+        for _ in range(LIMITS.concurrent):
+            client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            client.connect(str(proxy.socket_path))
+            held.append(client)
+        deadline = time.monotonic() + 10
+        while proxy.counters.active < LIMITS.concurrent and time.monotonic() < deadline:
+            time.sleep(0.01)
+        request = f"GET http://site.test:{http_server.port}/ HTTP/1.1\r\n\r\n"
+        reply = exchange(proxy, request.encode())
+    finally:
+        for client in held:
+            client.close()
+    assert reply.startswith(b"HTTP/1.1 503 ")
+    assert b"3 connections open" in reply
+
+
+def test_turn_byte_budget(http_server):
+    """A turn that has moved its bytes gets 503 for its next connection."""
+    port = http_server.port
+    with EgressProxy.start(
+        [f"site.test:{port}"],
+        egress=EgressPolicy(allow=[AllowRule(network="127.0.0.1/32", ports=[port])]),
+        resolver=MapResolver({"site.test": ["127.0.0.1"]}),
+        limits=ProxyLimits(total_bytes=100),
+    ) as proxy:
+        request = f"GET http://site.test:{port}/ HTTP/1.1\r\n\r\n".encode()
+        first = exchange(proxy, request)
+        second = exchange(proxy, request)
+    assert len(first) <= 100 + 65536
+    assert second.startswith(b"HTTP/1.1 503 ")
+    assert b"moved all its 100 bytes" in second
+
+
+def test_close_ends_open_tunnels_and_the_thread(http_server):
+    """Closing the proxy ends a tunnel in use, removes its socket folder and stops its thread."""
+    port = http_server.port
+    proxy = EgressProxy.start(
+        [f"site.test:{port}"],
+        egress=EgressPolicy(allow=[AllowRule(network="127.0.0.1/32", ports=[port])]),
+        resolver=MapResolver({"site.test": ["127.0.0.1"]}),
+    )
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    client.settimeout(10)
+    client.connect(str(proxy.socket_path))
+    client.sendall(f"CONNECT site.test:{port} HTTP/1.1\r\n\r\n".encode())
+    assert client.recv(4096).startswith(b"HTTP/1.1 200 ")
+    proxy.close()
+    assert client.recv(4096) == b""
+    client.close()
+    assert not proxy.folder.exists()
+    assert not [t for t in threading.enumerate() if t.name == "astralvessel-egress"]
+
+
+def test_many_turns_at_once(http_server):
+    """Twenty proxies, one per turn, each serve their own requests at once."""
+    port = http_server.port
+    proxies = [
+        EgressProxy.start(
+            [f"site.test:{port}"],
+            egress=EgressPolicy(allow=[AllowRule(network="127.0.0.1/32", ports=[port])]),
+            resolver=MapResolver({"site.test": ["127.0.0.1"]}),
+        )
+        for _ in range(20)
+    ]
+    replies: list[bytes] = []
+    request = f"GET http://site.test:{port}/ HTTP/1.1\r\n\r\n".encode()
+    try:
+        threads = [
+            threading.Thread(target=lambda p=p: replies.append(exchange(p, request)))
+            for p in proxies
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+    finally:
+        for proxy in proxies:
+            proxy.close()
+    assert len(replies) == 20
+    assert all(b"<p>page /</p>" in reply for reply in replies)
+
+
+def test_read_request_refuses_a_head_without_its_blank_line():
+    """A head that does not end in CRLF CRLF is refused by the pure reader."""
+    with pytest.raises(ProxyRefusal) as info:
+        read_request(b"GET http://site.test/ HTTP/1.1\r\n", (), LIMITS)
+    assert info.value.status == 400
