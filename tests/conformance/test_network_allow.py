@@ -16,6 +16,7 @@ import socket
 import ssl
 import subprocess
 import threading
+import zipfile
 from collections.abc import Iterator, Sequence
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -100,12 +101,35 @@ def _git_repo(folder: Path) -> None:
     subprocess.run(["git", "-C", str(folder / "repo.git"), "update-server-info"], check=True)
 
 
+def _package_index(folder: Path) -> None:
+    """A one-package simple index (PEP 503) holding a tiny pure-Python wheel."""
+    wheel = folder / "tinypkg-1.0-py3-none-any.whl"
+    info = "tinypkg-1.0.dist-info"
+    files = {
+        "tinypkg/__init__.py": "ANSWER = 'installed through the egress proxy'\n",
+        f"{info}/METADATA": "Metadata-Version: 2.1\nName: tinypkg\nVersion: 1.0\n",
+        f"{info}/WHEEL": (
+            "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
+    }
+    record = "".join(f"{name},,\n" for name in files) + f"{info}/RECORD,,\n"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        for name, text in {**files, f"{info}/RECORD": record}.items():
+            archive.writestr(name, text)
+    page = folder / "simple" / "tinypkg"
+    page.mkdir(parents=True)
+    (page / "index.html").write_text(
+        f'<!DOCTYPE html><html><body><a href="../../{wheel.name}">{wheel.name}</a></body></html>'
+    )
+
+
 @pytest.fixture(scope="module")
 def origin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Origin]:
     """An HTTP and an HTTPS origin on the host's loopback, serving a page and a git repository."""
     folder = tmp_path_factory.mktemp("origin")
     (folder / "hello").write_text(NOTE)
     _git_repo(folder)
+    _package_index(folder)
     pem, key = _certificate(folder)
     handler = partial(_Quiet, directory=str(folder))
     plain = ThreadingHTTPServer(("127.0.0.1", 0), handler)
@@ -396,6 +420,22 @@ def test_git_clones_through_the_proxy(net_session, origin):
         timeout=60,
     )
     assert (outcome.exit_code, outcome.output) == (0, "served through the egress proxy\n")
+
+
+@pytest.mark.parametrize("backend", HOST_TOOLS, indirect=True)
+def test_pip_installs_from_an_index_through_the_proxy(net_session, origin):
+    """pip installs a package from the listed host's index over HTTPS (CONNECT) and it imports."""
+    index = f"https://{HOST}:{origin.https_port}/simple/"
+    outcome = run(
+        net_session,
+        "sh",
+        "-c",
+        "python3 -m pip install -q --disable-pip-version-check --no-deps --no-cache-dir "
+        f"--cert /data/ca.pem --index-url {index} --target /workspace/site tinypkg "
+        "&& PYTHONPATH=/workspace/site python3 -c 'import tinypkg; print(tinypkg.ANSWER)'",
+        timeout=120,
+    )
+    assert (outcome.exit_code, outcome.output) == (0, "installed through the egress proxy\n")
 
 
 def test_proxy_dies_with_its_turn(backend, policy, origin):

@@ -184,3 +184,13 @@ def test_unconfined_refuses_a_network_list(tmp_path):
     policy = Policy(network_allow=["pypi.org"], egress_socket=tmp_path / "proxy.sock")
     with pytest.raises(UsageError, match="allow-list would mean nothing"):
         get_backend("unconfined").start(policy)
+
+
+def test_check_reports_a_bad_network_pattern(tmp_path):
+    """`astralvessel check` fails an agent whose [network] allow holds an address, naming it."""
+    from .test_cli import cli
+
+    folder = _agent(tmp_path, '[network]\nallow = ["pypi.org", "169.254.169.254"]\n')
+    done = cli("check", str(folder))
+    assert done.returncode == 2
+    assert "vessel.toml: network.allow: network allow pattern '169.254.169.254'" in done.stderr
