@@ -62,11 +62,17 @@ async def main(backend: str | None) -> None:
     executor = av.Executor(
         registry, sandbox=backend, mounts={"/data": str(EXAMPLES / "sample-data")}
     )
-    # The one line: the executor's tools as FunctionTools; each run gets its own turn.
+    # The one line: the executor's tools as FunctionTools.
     agent = Agent(name="guide", model=ScriptedModel(), tools=function_tools(executor))
-    result = await Runner.run(
-        agent, "Which species live in estuaries?", run_config=RunConfig(tracing_disabled=True)
-    )
+    # The run's turn, handed to its tools as the run's context; closed when the run ends,
+    # fails or is cancelled.
+    async with executor.turn() as turn:
+        result = await Runner.run(
+            agent,
+            "Which species live in estuaries?",
+            context=turn,
+            run_config=RunConfig(tracing_disabled=True),
+        )
     print(result.final_output)
 
 

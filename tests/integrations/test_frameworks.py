@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from agents import Agent as AgentsAgent
 from agents import FunctionTool, ItemHelpers, ModelResponse, RunConfig, Runner
+from agents.exceptions import UserError
 from agents.models.interface import Model
 from agents.tool_context import ToolContext
 from agents.usage import Usage
@@ -161,6 +162,122 @@ def test_agents_runner_run_keeps_one_workspace(executor: av.Executor) -> None:
         Runner.run(agent, "write then read", run_config=RunConfig(tracing_disabled=True))
     )
     assert result.final_output.startswith("kept")
+
+
+def _run(agent: AgentsAgent[Any], context: object = None) -> Any:
+    return Runner.run(
+        agent, "write then read", context=context, run_config=RunConfig(tracing_disabled=True)
+    )
+
+
+def test_agents_run_in_the_turn_its_context_holds(executor: av.Executor) -> None:
+    """``Runner.run(context=turn)``: the run's calls run in the host's turn, closed with it."""
+    agent = AgentsAgent(name="guide", model=_ScriptedModel(), tools=function_tools(executor))
+
+    async def main() -> tuple[str, av.ToolResult, av.Turn]:
+        async with executor.turn() as turn:
+            result = await _run(agent, context=turn)
+            # The run wrote in the host's turn: the host reads its file after the run.
+            return result.final_output, await turn.acall("bash", READ_BACK), turn
+
+    final, after, turn = asyncio.run(main())
+    assert final.startswith("kept")
+    assert after.text.startswith("kept")
+    with pytest.raises(TurnClosedError):
+        turn.call("echo", {"q": "late"})
+
+
+class _Deps:
+    """A host's own run context, carrying the turn beside its other dependencies."""
+
+    def __init__(self, turn: av.Turn) -> None:
+        self.vessel_turn = turn
+        self.user = "ranger"
+
+
+def test_agents_context_may_carry_the_turn_beside_other_things(executor: av.Executor) -> None:
+    """A context object with a ``vessel_turn`` attribute hands the run that turn."""
+    agent = AgentsAgent(name="guide", model=_ScriptedModel(), tools=function_tools(executor))
+
+    async def main() -> av.ToolResult:
+        async with executor.turn() as turn:
+            await _run(agent, context=_Deps(turn))
+            return await turn.acall("bash", READ_BACK)
+
+    assert asyncio.run(main()).text.startswith("kept")
+
+
+class _BrokenModel(_ScriptedModel):
+    """Asks for one long call, or fails right after the first call."""
+
+    def __init__(self, first: dict[str, Any], *, fail: bool) -> None:
+        super().__init__()
+        self.calls, self.fail = [first], fail
+
+    async def get_response(self, *args: Any, **kwargs: Any) -> ModelResponse:
+        """The scripted call, then an outage if ``fail``."""
+        if not self.calls and self.fail:
+            raise ConnectionError("the model went away")
+        return await super().get_response(*args, **kwargs)
+
+
+def test_agents_failed_run_ends_its_turn(executor: av.Executor) -> None:
+    """A run that fails after a call leaves the host's ``async with``, which closes the turn."""
+    model = _BrokenModel(WRITE, fail=True)
+    agent = AgentsAgent(name="guide", model=model, tools=function_tools(executor))
+    held: list[av.Turn] = []
+
+    async def main() -> None:
+        async with executor.turn() as turn:
+            held.append(turn)
+            await _run(agent, context=turn)
+
+    with pytest.raises(ConnectionError, match="went away"):
+        asyncio.run(main())
+    with pytest.raises(TurnClosedError):
+        held[0].call("echo", {"q": "late"})
+
+
+def test_agents_cancelled_run_kills_its_call_and_ends_its_turn(executor: av.Executor) -> None:
+    """Cancelling ``Runner.run`` mid-call kills the call in the sandbox and closes the turn."""
+    marker = f"sleep 79.{os.getpid()}"
+    model = _BrokenModel({"command": marker}, fail=False)
+    agent = AgentsAgent(name="guide", model=model, tools=function_tools(executor))
+    held: list[av.Turn] = []
+
+    async def run() -> None:
+        async with executor.turn() as turn:
+            held.append(turn)
+            await _run(agent, context=turn)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(run())
+        while not _running(marker):  # the call has started in the sandbox
+            await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert not _running(marker)
+    with pytest.raises(TurnClosedError):
+        held[0].call("echo", {"q": "late"})
+
+
+def test_agents_turn_of_another_executor_is_the_hosts_error(
+    executor: av.Executor, backend: Sandbox
+) -> None:
+    """A context turn from an executor other than the tools' raises UsageError (as the SDK's cause)."""
+    other = av.Executor(av.Registry(), sandbox=backend)
+    agent = AgentsAgent(name="guide", model=_ScriptedModel(), tools=function_tools(executor))
+
+    async def main() -> None:
+        async with other.turn() as turn:
+            await _run(agent, context=turn)
+
+    with pytest.raises(UserError, match="another executor") as raised:
+        asyncio.run(main())
+    assert isinstance(raised.value.__cause__, av.UsageError)
 
 
 def test_run_turns_end_when_the_run_is_released(executor: av.Executor) -> None:

@@ -6,17 +6,22 @@
     from astralvessel.integrations.openai_agents import function_tools
 
     agent = Agent(name="guide", tools=function_tools(executor))
-    result = await Runner.run(agent, "Which species live in rivers?")
+    async with executor.turn() as turn:             # this run's sandbox
+        result = await Runner.run(agent, "Which species live in rivers?", context=turn)
 
-Each run gets its own turn (one sandbox, one workspace), opened by the run's
-first tool call and shared by all its calls, including those of agents it
-hands off to or calls as tools. The SDK keys nothing else to a run, so the
-turn is tied to the run's ``usage`` object, which every tool context of one run
-shares: it ends when the run's result is released. A failing call is returned
-to the model as its error text, the SDK's own way ("return a string error
-message, which will be sent back to the LLM"), so the run goes on. Outbox
-images and PDFs go along as the SDK's image and file outputs. Needs the
-``openai-agents`` extra.
+The SDK hands every tool the run's context object (``RunContextWrapper.context``,
+what the host passed as ``Runner.run(context=...)``), the SDK's channel for a
+run's dependencies. When it is a `Turn`, or has a ``vessel_turn`` attribute
+holding one, every call of the run, including those of agents it hands off to
+or calls as tools, runs in that turn, which the host's ``async with`` closes
+when the run ends, fails or is cancelled. A run with no turn in its context
+gets one of its own, opened by its first call and keyed to the run's ``usage``
+object (which every tool context of one run shares): that turn can only end
+when the run's result is released, so pass the turn when the host can. A
+failing call is returned to the model as its error text, the SDK's own way
+("return a string error message, which will be sent back to the LLM"), so the
+run goes on. Outbox images and PDFs go along as the SDK's image and file
+outputs. Needs the ``openai-agents`` extra.
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 from ..adapters._media import Attachment, MediaBudget, attachments, data_url, with_notes
+from ..errors import UsageError
+from ..executor import Turn
 from ._common import RunTurns
 
 try:
@@ -101,8 +108,21 @@ def _invoker(
     turns: RunTurns, name: str, budget: MediaBudget
 ) -> Callable[[ToolContext[Any], str], Awaitable[str | list[dict[str, Any]]]]:
     async def invoke(context: ToolContext[Any], arguments: str) -> str | list[dict[str, Any]]:
-        # Every tool context of one run shares the run's usage object (agents as tools too).
-        turn = turns.turn_for(context.usage)
-        return tool_output(await turn.acall(name, arguments), budget)
+        return tool_output(await _turn(turns, context).acall(name, arguments), budget)
 
     return invoke
+
+
+def _turn(turns: RunTurns, context: ToolContext[Any]) -> Turn:
+    """The turn the run's context holds, or else the run's own (keyed to its usage)."""
+    held = context.context
+    held = getattr(held, "vessel_turn", held)
+    if isinstance(held, Turn):
+        if held.executor is not turns.executor:
+            raise UsageError(
+                "the run's context holds a turn of another executor than these tools'; "
+                "open it with the executor function_tools() was given"
+            )
+        return held
+    # Every tool context of one run shares the run's usage object (agents as tools too).
+    return turns.turn_for(context.usage)
