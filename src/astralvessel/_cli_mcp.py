@@ -7,7 +7,7 @@ import asyncio
 import sys
 from typing import Any
 
-from ._cli_options import add_relax_option
+from ._cli_options import add_network_option, add_relax_option
 
 __all__ = ["register"]
 
@@ -31,6 +31,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--scope", action="append", dest="scopes", metavar="S")
     add_relax_option(parser)
+    add_network_option(parser)
     parser.add_argument("--name", default=None, help="the server name shown to the client")
     parser.set_defaults(handler=_serve)
 
@@ -57,6 +58,7 @@ def _serve(args: argparse.Namespace) -> int:
         mounts=mounts,
         scopes=args.scopes,
         relax=args.relax,
+        network_allow=args.network_allow,
     )
     asyncio.run(serve_stdio(executor, name=args.name, start_sandbox=True))
     return 0

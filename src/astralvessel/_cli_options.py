@@ -6,7 +6,7 @@ import argparse
 
 from .sandbox._policy import Promise
 
-__all__ = ["add_relax_option"]
+__all__ = ["add_network_option", "add_relax_option"]
 
 
 def add_relax_option(parser: argparse.ArgumentParser) -> None:
@@ -21,4 +21,31 @@ def add_relax_option(parser: argparse.ArgumentParser) -> None:
             "give up one confinement promise, as Executor(relax=[...]) does "
             "(repeatable; `astralvessel doctor` lists them)"
         ),
+    )
+
+
+def add_network_option(parser: argparse.ArgumentParser) -> None:
+    """Add ``--network-allow PATTERN`` (repeatable) and ``--no-network``: the host's list.
+
+    Either replaces the agent's ``[network] allow`` as ``Executor(network_allow=)`` does;
+    without both, the agent's list holds.
+    """
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--network-allow",
+        action="append",
+        default=None,
+        dest="network_allow",
+        metavar="PATTERN",
+        help=(
+            "let calls reach this host through the egress proxy: pypi.org, pypi.org:8080 or "
+            "*.example.org (repeatable; replaces the agent's [network] allow)"
+        ),
+    )
+    group.add_argument(
+        "--no-network",
+        action="store_const",
+        const=[],
+        dest="network_allow",
+        help="no network for calls, whatever the agent's [network] allow says",
     )

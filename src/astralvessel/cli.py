@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
-from ._cli_options import add_relax_option
+from ._cli_options import add_network_option, add_relax_option
 from ._terminal import for_terminal
 from .errors import AstralVesselError, ConfigError
 
@@ -68,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     call.add_argument("--scope", action="append", dest="scopes", metavar="S")
     add_relax_option(call)
+    add_network_option(call)
     call.add_argument("--json", action="store_true", help="print the whole result as JSON")
     call.add_argument(
         "--outbox",
@@ -166,6 +167,7 @@ def _call(args: argparse.Namespace) -> int:
         mounts=mounts,
         scopes=args.scopes,
         relax=args.relax,
+        network_allow=args.network_allow,
         outbox_dir=outbox,
     )
     try:

@@ -194,3 +194,31 @@ def test_check_reports_a_bad_network_pattern(tmp_path):
     done = cli("check", str(folder))
     assert done.returncode == 2
     assert "vessel.toml: network.allow: network allow pattern '169.254.169.254'" in done.stderr
+
+
+def test_cli_call_takes_the_hosts_list(tmp_path):
+    """`call --network-allow` gives calls the proxy (which then tries, and fails, to resolve)."""
+    from .test_cli import _bash_agent, cli
+
+    agent = _bash_agent(tmp_path)
+    command = '{"command": "curl -sS http://nowhere.invalid/"}'
+    done = cli(
+        "call", str(agent), "bash", command, "--backend", "bubblewrap",
+        "--network-allow", "nowhere.invalid",
+    )  # fmt: skip
+    assert "astralvessel egress proxy: nowhere.invalid does not resolve" in done.stdout
+
+
+def test_cli_no_network_overrides_the_agent(tmp_path):
+    """`call --no-network` removes the network an agent's [network] allow asks for."""
+    from .test_cli import _bash_agent, cli
+
+    agent = _bash_agent(tmp_path)
+    (agent / "vessel.toml").write_text(
+        '[tools]\nbuiltin = ["bash"]\n[network]\nallow = ["a.org"]\n'
+    )
+    command = '{"command": "env | grep -ci proxy || true"}'
+    with_list = cli("call", str(agent), "bash", command, "--backend", "bubblewrap")
+    without = cli("call", str(agent), "bash", command, "--backend", "bubblewrap", "--no-network")
+    assert with_list.stdout.startswith("6\n")
+    assert without.stdout.startswith("0\n")
