@@ -46,6 +46,10 @@ DECLARED_UNKEPT: dict[str, dict[str, str]] = {
             f"{_NO_SERVER} to remount binds nosuid,nodev (Docker's binds take neither); "
             "no_new_privs still makes a set-id file grant nothing"
         ),
+        "test_memory_limit_holds_for_the_whole_turn": (
+            f"{_NO_SERVER} to watch the turn's memory: the container's memory cgroup "
+            "(memory_mb + disk_mb + 128 MiB) is the bound, and its OOM kills are not reported"
+        ),
         "test_file_tools_see_the_sandbox_view": f"{_NO_SERVER}: the file tools are unavailable",
         "test_file_names_from_file_tools_are_escaped": (
             f"{_NO_SERVER}: the file tools are unavailable"

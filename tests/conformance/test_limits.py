@@ -179,3 +179,35 @@ def test_inode_count_limited(session):
     )
     assert after.exit_code == 0, after.output
     assert after.output.strip() == "x"
+
+
+def test_memory_limit_holds_for_the_whole_turn(session):
+    """Children each under the memory limit but together over it are stopped, with a note."""
+    children = 5
+    each = TEST_LIMITS.memory_mb * 3 // (children * 2)  # together 1.5 times the limit
+    outcome = py(
+        session,
+        f"""
+        import os, time
+        for _ in range({children}):
+            if os.fork() == 0:
+                held = []
+                for _ in range({each} // 8):
+                    held.append(bytearray(8 * 1024 * 1024))
+                    time.sleep(0.02)
+                time.sleep(60)
+                os._exit(0)
+        os.wait()
+        print("every child ended on its own")
+        """,
+        timeout=40.0,
+    )
+    assert not outcome.timed_out
+    assert outcome.exit_code is None
+    assert "every child ended on its own" not in outcome.output
+    assert "[memory limit:" in outcome.output
+    assert f"more than the {TEST_LIMITS.memory_mb} MiB limit" in outcome.output
+    # The turn goes on: the next call runs, and has the whole limit again.
+    after = py(session, f"block = bytearray({TEST_LIMITS.memory_mb // 2} << 20); print('ok')")
+    assert after.exit_code == 0, after.output
+    assert after.output.strip() == "ok"

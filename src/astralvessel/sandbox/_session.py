@@ -546,6 +546,13 @@ class ServerSession(SandboxSession):
             output += ("\n" if output and not output.endswith("\n") else "") + (
                 f"[outbox: {sum(item.skipped.values())} entries not returned: {reasons}]\n"
             )
+        memory = exit_info.get("memory")
+        if isinstance(memory, list) and len(memory) == 2:
+            held, limit = (int(n) >> 20 for n in memory)
+            output += ("\n" if output and not output.endswith("\n") else "") + (
+                f"[memory limit: the turn's calls held {held} MiB, more than the {limit} MiB "
+                "limit; this call's processes were stopped]\n"
+            )
         return RunOutcome(
             output=output,
             exit_code=code if isinstance(code, int) else None,

@@ -15,7 +15,7 @@ import os
 
 from . import _launch
 
-__all__ = ["bound_inodes"]
+__all__ = ["MEMORY_INTERVAL", "bound_inodes", "call_memory", "over_limit"]
 
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 1, 2, 4, 8, 32
 _MS_NOATIME, _MS_NODIRATIME, _MS_RELATIME = 1024, 2048, 1 << 21
@@ -60,3 +60,129 @@ def bound_inodes(path: str, inodes: int) -> str:
             f"flags {after.f_flag:#x} of {before.f_flag:#x}"
         )
     return ""
+
+
+# -- the turn's memory ---------------------------------------------------------------------
+
+#: How often the server samples its calls' memory while any runs, in seconds.
+MEMORY_INTERVAL = 0.05
+_KIB = 1024
+_PAGE = 512  # st_blocks unit
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="ascii", errors="replace") as handle:
+        return handle.read()
+
+
+def _fields(text: str, names: tuple[str, ...]) -> dict[str, int]:
+    """``Name:  123 kB`` lines of a /proc file, the first number of each named one."""
+    found: dict[str, int] = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition(":")
+        if name in names:
+            parts = rest.split()
+            found[name] = int(parts[0]) if parts and parts[0].isdigit() else 0
+    return found
+
+
+def _ids(pid: str) -> tuple[list[int], int]:
+    """``pid``'s pids from this namespace down (``NSpid``) and its parent's pid here."""
+    nspid: list[int] = []
+    ppid = 0
+    for line in _read(f"/proc/{pid}/status").splitlines():
+        if line.startswith("NSpid:"):
+            nspid = [int(p) for p in line.split()[1:]]
+        elif line.startswith("PPid:"):
+            ppid = int(line.split()[1])
+    return nspid, ppid
+
+
+def _resident(pid: str) -> int:
+    """Anonymous and shared memory ``pid`` holds, in bytes: its proportional share (PSS).
+
+    PSS splits a page among the processes that map it, so memory a fork shares
+    copy-on-write is counted once, not once per child. Without ``smaps_rollup``'s
+    ``Pss_Anon`` (kernels before 5.8), the resident sizes from ``status``.
+    """
+    try:
+        pss = _fields(_read(f"/proc/{pid}/smaps_rollup"), ("Pss_Anon", "Pss_Shmem"))
+    except OSError:
+        pss = {}
+    if "Pss_Anon" in pss:
+        return (pss["Pss_Anon"] + pss.get("Pss_Shmem", 0)) * _KIB
+    rss = _fields(_read(f"/proc/{pid}/status"), ("RssAnon", "RssShmem"))
+    return sum(rss.values()) * _KIB
+
+
+def _memfds(pid: str, seen: set[tuple[int, int]]) -> int:
+    """Bytes of the memfd files ``pid`` holds open that no earlier process was charged for.
+
+    A memfd holds memory whether or not it is mapped, and unmapped pages show in
+    no process's PSS.
+    """
+    total = 0
+    base = f"/proc/{pid}/fd"
+    try:
+        fds = os.listdir(base)
+    except OSError:
+        return 0  # not ours to read (a call's init, which is not dumpable, holds none)
+    for fd in fds:
+        try:
+            if not os.readlink(f"{base}/{fd}").startswith("/memfd:"):
+                continue
+            st = os.stat(f"{base}/{fd}")
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) not in seen:
+            seen.add((st.st_dev, st.st_ino))
+            total += st.st_blocks * _PAGE
+    return total
+
+
+def call_memory(inits: dict[int, int]) -> dict[int, int]:
+    """Bytes each running call holds, by call id: every process of its PID namespace.
+
+    ``inits`` maps each call's init, by its pid in the zygote's namespace (the
+    ``P`` line), to the call's id. Every process of a call's namespace descends
+    from its init (orphans are re-parented to it), so each is charged to the
+    init its parents lead to. Only ``status`` is read for that: it needs no
+    ptrace access, and init is not dumpable. A process that exits while it is
+    read is skipped.
+    """
+    usage = dict.fromkeys(inits.values(), 0)
+    parent: dict[int, int] = {}
+    owner: dict[int, int] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            nspid, ppid = _ids(name)
+        except (OSError, ValueError, IndexError):
+            continue
+        if len(nspid) < 3:
+            continue  # not in a call's namespace (the server, the zygote, the worker)
+        parent[int(name)] = ppid
+        if nspid[-1] == 1 and nspid[-2] in inits:
+            # A call's init: pid 1 of its namespace; one level up, the zygote's P line.
+            owner[int(name)] = inits[nspid[-2]]
+    seen: set[tuple[int, int]] = set()
+    for pid in parent:
+        walk, steps = pid, 0
+        while walk not in owner and walk in parent and steps < len(parent):
+            walk, steps = parent[walk], steps + 1
+        call = owner.get(walk)
+        if call is None:
+            continue
+        try:
+            usage[call] += _resident(str(pid)) + _memfds(str(pid), seen)
+        except (OSError, ValueError):
+            continue
+    return usage
+
+
+def over_limit(usage: dict[int, int], limit: int) -> int | None:
+    """The call to stop when the calls together hold more than ``limit``: the largest."""
+    if sum(usage.values()) <= limit or not usage:
+        return None
+    return max(usage, key=lambda call: (usage[call], -call))

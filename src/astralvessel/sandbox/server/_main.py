@@ -104,6 +104,8 @@ class Call:
         self.duration = 0.0
         #: Init (or, if init was killed, the zygote) wrote ``D``: the namespace is empty.
         self.namespace_empty = False
+        #: ``[held, limit]`` in bytes if the memory watch stopped the call (``_bounds``).
+        self.memory_stopped: list[int] | None = None
 
     def take(self, chunk: bytes) -> bytes:
         """Count ``chunk``; return the part to stream (``output_chars`` characters in all)."""
@@ -148,6 +150,8 @@ class Server:
         self.last_answer = float("-inf")
         #: When to build the next spare, if one is due (``time.monotonic``).
         self.refill_at: float | None = None
+        #: When to sample the calls' memory next, while calls run (``time.monotonic``).
+        self.memory_at: float | None = None
 
     # -- host I/O ------------------------------------------------------------
 
@@ -178,6 +182,7 @@ class Server:
                 for key, events in self.selector.select(self._next_timeout()):
                     key.data(key.fd, events)
                 self._check_deadlines()
+                self._watch_memory()
                 if self.refill_at is not None and time.monotonic() >= self.refill_at:
                     self._refill_spare()
         except BrokenPipeError:
@@ -194,6 +199,8 @@ class Server:
             deadlines.append(self.worker_busy[1])
         if self.refill_at is not None:
             deadlines.append(self.refill_at)
+        if self.memory_at is not None:
+            deadlines.append(self.memory_at)
         if not deadlines:
             return None
         return max(0.0, min(deadlines) - time.monotonic())
@@ -621,6 +628,37 @@ class Server:
         if busy is not None and now >= busy[1]:
             self._replace_worker(f"timed out after {busy[2]:g} s")
 
+    def _watch_memory(self) -> None:
+        """Every ``MEMORY_INTERVAL`` while calls run, stop the largest call past the turn's memory.
+
+        The limit is the turn's: every running call's processes together
+        (``_bounds.call_memory``). RLIMIT_AS bounds each process between samples.
+        """
+        plan = self.plan
+        running = [c for c in self.calls.values() if c.status is None and c.memory_stopped is None]
+        if not running or plan is None or not (plan.confine and plan.pid_namespace):
+            self.memory_at = None
+            return
+        now = time.monotonic()
+        if self.memory_at is None:
+            self.memory_at = now + _bounds.MEMORY_INTERVAL
+        if now < self.memory_at:
+            return
+        self.memory_at = now + _bounds.MEMORY_INTERVAL
+        inits: dict[int, int] = {}
+        for call in running:
+            init = [line[1:] for line in self._read_status(call) if line.startswith("P")]
+            if init and init[0].isdigit():
+                inits[int(init[0])] = call.id
+        config, _ = self._configured()
+        limit = config["limits"]["memory_mb"] << 20
+        usage = _bounds.call_memory(inits)
+        victim = _bounds.over_limit(usage, limit)
+        if victim is not None:
+            call = self.calls[victim]
+            call.memory_stopped = [sum(usage.values()), limit]
+            self._kill(call)
+
     def _maybe_finish(self, call: Call) -> None:
         if call.status is None or call.output_open or self.calls.get(call.id) is not call:
             return
@@ -645,7 +683,7 @@ class Server:
             self.fail(call.id, errors[0])
             return
         exit_code: int | None
-        if call.timed_out or call.cancelled:
+        if call.timed_out or call.cancelled or call.memory_stopped is not None:
             exit_code = None
         elif call.spawned.group:
             exit_code = _launch.exit_code_of(status)
@@ -675,6 +713,7 @@ class Server:
                     "exit_code": exit_code,
                     "timed_out": call.timed_out,
                     "cancelled": call.cancelled,
+                    "memory": call.memory_stopped,
                     "dropped_chars": call.dropped_chars,
                     "duration": call.duration,
                     "files": [{"name": name, "size": size} for name, _, size in collected.files],
