@@ -208,6 +208,8 @@ def _doctor(args: argparse.Namespace) -> int:
             print(f"  binary: {report.binary}")
         for key, value in sorted(report.details.items()):
             print(f"  {key}: {value}")
+        for limit, mechanism in report.mechanisms.items():
+            print(f"  limit {limit}: {mechanism}")
         for promise in sorted(report.enforced, key=lambda p: p.value):
             print(f"  enforces   {promise.value}: {promise.summary}")
         for promise, why in sorted(report.unenforced.items(), key=lambda kv: kv[0].value):
@@ -224,6 +226,7 @@ def _report_json(report: BackendReport) -> dict[str, object]:
         "enforced": sorted(p.value for p in report.enforced),
         "unenforced": {p.value: why for p, why in report.unenforced.items()},
         "details": dict(report.details),
+        "mechanisms": dict(report.mechanisms),
     }
 
 

@@ -267,3 +267,28 @@ def test_mcp_server_ends_quietly_when_the_client_vanishes(tmp_path: Path) -> Non
     stderr = process.stderr.read()
     process.stderr.close()
     assert b"Traceback" not in stderr
+
+
+def test_doctor_names_each_limits_mechanism() -> None:
+    """doctor says, per backend, what holds memory, disk, inodes, processes and open files here."""
+    from astralvessel.sandbox._cgroup import memory_mount
+    from astralvessel.sandbox._hostinfo import collect_host_facts
+
+    done = cli("doctor", "--json")
+    assert done.returncode == 0, done.stderr
+    reports = {r["name"]: r for r in json.loads(done.stdout)}
+    cgroup_here = memory_mount(collect_host_facts()) is not None
+    for name in ("bubblewrap", "nsjail", "docker", "docker-exec"):
+        mechanisms = reports[name]["mechanisms"]
+        assert list(mechanisms) == ["memory", "disk", "inodes", "processes", "open files"]
+        assert "nr_inodes=" in mechanisms["inodes"]
+        assert "size=" in mechanisms["disk"]
+        assert "RLIMIT_AS per process" in mechanisms["memory"]
+        assert "RLIMIT_NOFILE" in mechanisms["open files"]
+    bwrap = reports["bubblewrap"]["mechanisms"]["memory"]
+    assert "memory watch" in bwrap
+    assert ("cgroup v1 memory group" in bwrap) is cgroup_here
+    assert ("no memory cgroup" in bwrap) is not cgroup_here
+    assert "memory watch" not in reports["docker-exec"]["mechanisms"]["memory"]
+    text = cli("doctor")
+    assert "  limit inodes: the workspace tmpfs's nr_inodes=" in text.stdout

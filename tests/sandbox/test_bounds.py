@@ -27,3 +27,52 @@ def test_memory_stop_becomes_a_note_the_model_reads():
         "partial\n[memory limit: the turn's calls held 300 MiB, more than the 256 MiB limit; "
         "this call's processes were stopped]\n"
     )
+
+
+def test_mechanisms_follow_what_the_turn_has():
+    """Each limit's mechanism names the cgroup only where there is one, the watch only with a server."""
+    from astralvessel.sandbox._mechanisms import Setup, limit_mechanisms
+
+    bare = limit_mechanisms(Setup(no_cgroup="not root"))
+    assert bare["memory"] == (
+        "the server's memory watch (all the turn's calls together, sampled every 50 ms); "
+        "RLIMIT_AS per process (no memory cgroup: not root)"
+    )
+    assert bare["processes"] == "RLIMIT_NPROC per call, counted in the call's own user namespace"
+    jail = limit_mechanisms(Setup(memory_cgroup="cgroup v1", pids_cgroup="cgroup v1"))
+    assert jail["memory"].startswith("a cgroup v1 memory group for the turn")
+    assert jail["processes"].startswith("a cgroup v1 pids group for the turn; ")
+    execs = limit_mechanisms(
+        Setup(memory_cgroup="cgroup v2", pids_cgroup="cgroup v2", server=False)
+    )
+    assert "memory watch" not in execs["memory"]
+    assert "ulimit -p" in execs["processes"]
+
+
+def test_bubblewrap_turn_runs_in_its_memory_cgroup_where_the_host_has_one():
+    """As root on cgroup v1 each bubblewrap turn has a memory group of its own, removed at close."""
+    from pathlib import Path
+
+    from astralvessel.sandbox import Limits, Policy, RunRequest
+    from astralvessel.sandbox._cgroup import PARENT, memory_mount, turn_memory_bytes
+    from astralvessel.sandbox._discovery import get_backend
+    from astralvessel.sandbox._hostinfo import collect_host_facts
+
+    mount = memory_mount(collect_host_facts())
+    limits = Limits(memory_mb=200, disk_mb=8)
+    session = get_backend("bubblewrap").start(Policy(limits=limits))
+    try:
+        call = RunRequest(argv=("/bin/true",), timeout=10, output_chars=100)
+        assert session.run(call).exit_code == 0
+        bwrap = session.channel.process.pid  # type: ignore[attr-defined]
+        lines = Path(f"/proc/{bwrap}/cgroup").read_text().splitlines()
+        group = next(line.split(":", 2)[2] for line in lines if line.split(":")[1] == "memory")
+        limit = Path(f"{mount}{group}/memory.limit_in_bytes") if mount else None
+        found = int(limit.read_text()) if limit is not None else None
+    finally:
+        session.close()
+    # Without a v1 memory controller we may write to (not root), the turn has no group of ours.
+    assert group.startswith(f"/{PARENT}/turn-") is (mount is not None)
+    if limit is not None:
+        assert found == turn_memory_bytes(limits)
+        assert not limit.parent.exists()

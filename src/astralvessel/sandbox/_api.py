@@ -40,6 +40,8 @@ class BackendReport:
     #: Promises this backend cannot keep here, each with why.
     unenforced: Mapping[Promise, str] = attrs.field(factory=dict)
     details: Mapping[str, str] = attrs.field(factory=dict)
+    #: Each limit (memory, disk, inodes, processes, open files) and what holds it here.
+    mechanisms: Mapping[str, str] = attrs.field(factory=dict)
 
 
 def _str_tuple(items: Iterable[str]) -> tuple[str, ...]:

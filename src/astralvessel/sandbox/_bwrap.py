@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import PurePosixPath
 
+from ._cgroup import TurnCgroup, memory_mount, turn_cgroup
 from ._hostinfo import BinaryInfo, HostFacts
 from ._layout import (
     DEVICE_LINKS,
@@ -28,6 +29,7 @@ from ._layout import (
     Tmpfs,
     sandbox_layout,
 )
+from ._mechanisms import Setup
 from ._nsbackend import NamespaceBackend
 from ._policy import Policy, Promise
 
@@ -142,6 +144,17 @@ class Bubblewrap(NamespaceBackend):
         if "seccomp" not in binary.features:
             missing[Promise.SECCOMP] = "this bwrap has no --seccomp option"
         return missing
+
+    def _limit_setup(self, facts: HostFacts) -> Setup:
+        if memory_mount(facts) is not None:
+            return Setup(memory_cgroup="cgroup v1")
+        why = "not root" if not facts.is_root else "cgroup v1's memory controller is not mounted"
+        return Setup(no_cgroup=why)
+
+    def _turn_cgroup(self, policy: Policy, facts: HostFacts) -> TurnCgroup | None:
+        # bwrap has no cgroup option: as root on cgroup v1, start it inside a turn's group.
+        mount = memory_mount(facts)
+        return None if mount is None else turn_cgroup(mount, policy.limits)
 
     def _argv(
         self,

@@ -17,6 +17,7 @@ from typing import ClassVar
 
 from ..errors import BackendUnavailableError, PromiseNotEnforcedError
 from ._base import BackendReport, Sandbox, ServerLink, ServerOptions
+from ._cgroup import TurnCgroup
 from ._channels import PipeChannel
 from ._etc import etc_dir, write_synthetic
 from ._hostinfo import (
@@ -31,6 +32,7 @@ from ._hostinfo import (
     run_for_text,
     unenforced_promises,
 )
+from ._mechanisms import Setup, limit_mechanisms
 from ._policy import Policy, Promise
 from ._reach import Identity, check_reach
 from ._seccomp import CALLS, SERVER, DenyList, compile_bpf, to_kafel
@@ -87,6 +89,14 @@ class NamespaceBackend(Sandbox):
 
     def _host_setup(self, facts: HostFacts) -> None:
         """Prepare host resources the command line needs (cgroup parents); may raise ``OSError``."""
+
+    def _limit_setup(self, facts: HostFacts) -> Setup:
+        """Which cgroups this backend's turns get here, for ``doctor``."""
+        return Setup()
+
+    def _turn_cgroup(self, policy: Policy, facts: HostFacts) -> TurnCgroup | None:
+        """A memory group to start the tool in, if this backend makes its own; may raise."""
+        return None
 
     @abc.abstractmethod
     def _argv(
@@ -185,6 +195,7 @@ class NamespaceBackend(Sandbox):
             enforced=frozenset(p for p in Promise if p not in missing),
             unenforced=missing,
             details=details,
+            mechanisms=limit_mechanisms(self._limit_setup(facts)),
         )
 
     def open(self, policy: Policy) -> ServerLink:
@@ -201,6 +212,7 @@ class NamespaceBackend(Sandbox):
         try:
             write_synthetic(etc_dir(facts.runtime_dir))
             self._host_setup(facts)
+            cgroup = self._turn_cgroup(policy, facts)
         except OSError as exc:
             raise BackendUnavailableError(f"{self.name} cannot prepare the host: {exc}") from exc
         # Without a filter for this host (only when the host relaxed SECCOMP) nothing is installed.
@@ -226,8 +238,16 @@ class NamespaceBackend(Sandbox):
                 config_fd=config_fd,
             )
             fds = tuple(fd for fd in (memfd, config_fd) if fd is not None)
-            channel = PipeChannel.spawn(argv, name=self.name, env={}, pass_fds=fds)
+            channel = PipeChannel.spawn(
+                argv if cgroup is None else cgroup.wrap(argv),
+                name=self.name,
+                env={},
+                pass_fds=fds,
+                cleanup=None if cgroup is None else cgroup.remove,
+            )
         except ValueError as exc:
+            if cgroup is not None:
+                cgroup.remove()
             raise BackendUnavailableError(f"{self.name} cannot build this sandbox: {exc}") from exc
         finally:
             for fd in (memfd, config_fd):

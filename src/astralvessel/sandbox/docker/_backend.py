@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 from ...errors import BackendUnavailableError, PromiseNotEnforcedError
 from .. import _seccomp
 from .._base import BackendReport, Sandbox, SandboxSession, ServerLink, ServerOptions
+from .._mechanisms import Setup, limit_mechanisms
 from .._policy import Policy, Promise
 from .._reach import Identity, check_reach
 from .._session import server_command
@@ -148,6 +149,13 @@ class Docker(Sandbox):
             "mode": self.mode,
         }
         try:
+            cgroup = f"cgroup v{api.info().get('CgroupVersion') or '?'}"
+        except Exception:
+            cgroup = "engine's"
+        mechanisms = limit_mechanisms(
+            Setup(memory_cgroup=cgroup, pids_cgroup=cgroup, server=self.mode == "server")
+        )
+        try:
             session = self.start(Policy().relax(*Promise))
         except Exception as exc:
             return BackendReport(
@@ -155,6 +163,7 @@ class Docker(Sandbox):
                 available=False,
                 reason=f"a trial turn failed: {exc}",
                 details=details,
+                mechanisms=mechanisms,
             )
         try:
             unenforced = dict(session.unenforced())
@@ -167,6 +176,7 @@ class Docker(Sandbox):
             enforced=frozenset(p for p in Promise if p not in unenforced),
             unenforced=unenforced,
             details=details,
+            mechanisms=mechanisms,
         )
 
     def open(self, policy: Policy) -> ServerLink:
