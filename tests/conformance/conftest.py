@@ -50,6 +50,10 @@ DECLARED_UNKEPT: dict[str, dict[str, str]] = {
             f"{_NO_SERVER} to watch the turn's memory: the container's memory cgroup "
             "(memory_mb + disk_mb + 128 MiB) is the bound, and its OOM kills are not reported"
         ),
+        "test_mountinfo_names_only_the_documented_host_paths": (
+            f"{_NO_SERVER} to build the call's view: a call sees the container's mountinfo, with "
+            "the engine's binds from /var/lib/docker/containers/ID"
+        ),
         "test_file_tools_see_the_sandbox_view": f"{_NO_SERVER}: the file tools are unavailable",
         "test_file_names_from_file_tools_are_escaped": (
             f"{_NO_SERVER}: the file tools are unavailable"

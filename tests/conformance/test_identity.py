@@ -118,3 +118,29 @@ def test_common_tools_work_without_the_host_etc(session):
         " && git log --format=%an",
     )
     assert git.exit_code == 0, git.output
+
+
+def test_mountinfo_names_only_the_documented_host_paths(session, agent_dir, data_dir):
+    """mountinfo names no host folder but the mounts' own and the interpreter's; no engine folder."""
+    from astralvessel.sandbox._etc import etc_dir
+    from astralvessel.sandbox._hostinfo import collect_host_facts, interpreter_mount
+
+    facts = collect_host_facts()
+    interpreter = interpreter_mount(facts.python, facts.system_dirs)
+    # What docs/threat-model.md lists: a bind shows its source's path in its filesystem.
+    documented = {str(agent_dir), str(data_dir), *([interpreter] if interpreter else [])}
+    synthetic = etc_dir(facts.runtime_dir) + "/"
+    private = ("/home/", "/root/", "/tmp/", "/var/", "/srv/", "/opt/", "/mnt/", "/media/")
+    outcome = run(session, "/bin/cat", "/proc/self/mountinfo")
+    assert outcome.exit_code == 0, outcome.output
+    lines = outcome.output.splitlines()
+    assert len(lines) > 3
+    for line in lines:
+        fields = line.split()
+        root, target = fields[3], fields[4]
+        # The engine's per-container folder (and with it the container's id) never shows.
+        assert "/var/lib/docker/containers" not in line, line
+        for path in (root, target):
+            if path in documented or path.startswith(synthetic):
+                continue
+            assert not path.startswith(private), line

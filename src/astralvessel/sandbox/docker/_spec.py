@@ -137,9 +137,29 @@ def _astralvessel_view(binds, system_dirs, root, workdir):
                 if kept & st:
                     flags |= ms
             mount(None, target, None, flags)
+    def etc_view():
+        # The image's /etc entry by entry on a tmpfs of its own, with copies of the engine's
+        # hostname, hosts and resolv.conf: the engine binds those from
+        # /var/lib/docker/containers/ID, a path mountinfo would show, and a user namespace
+        # may neither bind /etc without them nor unmount them.
+        os.mkdir(root + "/etc")
+        mount("tmpfs", root + "/etc", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=256k")
+        for name in sorted(os.listdir("/etc")):
+            path = "/etc/" + name
+            if name in ("hostname", "hosts", "resolv.conf") and os.path.isfile(path):
+                with open(path, "rb") as src, open(root + path, "wb") as dst:
+                    dst.write(src.read(65536))
+                os.chmod(root + path, 0o644)
+            elif os.path.islink(path):
+                os.symlink(os.readlink(path), root + path)
+            elif os.path.isdir(path) or os.path.isfile(path):
+                bind(path)
+        mount(None, root + "/etc", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
     for path in system_dirs:
         if os.path.islink(path):
             os.symlink(os.readlink(path), root + path)
+        elif path == "/etc":
+            etc_view()
         elif os.path.isdir(path):
             bind(path)
     bind("/proc")
