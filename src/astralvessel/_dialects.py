@@ -156,6 +156,10 @@ def _mcp(spec: ToolSpec, parameters: dict[str, Any], strict: bool) -> dict[str, 
     if annotations is not None:
         tool["title"] = annotations["title"]
         tool["annotations"] = annotations
+    # Only a Python tool's return annotation says what shape its JSON output has.
+    output = spec.handler.output_schema if spec.handler is not None else None
+    if output is not None:
+        tool["outputSchema"] = dict(output)
     return tool
 
 

@@ -30,6 +30,7 @@ import cattrs
 
 from ._convert import describe_errors
 from .errors import ToolError, ToolRegistrationError
+from .results import ToolResult
 from .spec import BUILTIN_NAMES, Scope, ToolKind, ToolSpec, check_name, check_parameters
 
 __all__ = ["PythonTool", "ToolError", "python_tool", "schema_for"]
@@ -61,6 +62,9 @@ class PythonTool:
     #: Parameters that can only be passed by position.
     positional: tuple[str, ...] = ()
     is_async: bool = False
+    #: The JSON object the function returns, from its return annotation; None when the
+    #: annotation is missing or is not an object (MCP's ``outputSchema`` must be one).
+    output_schema: Mapping[str, Any] | None = None
 
     def structure(self, arguments: Mapping[str, Any]) -> tuple[list[Any], dict[str, Any]]:
         """Build positional and keyword arguments; raise ``ValueError`` saying what is wrong."""
@@ -114,6 +118,7 @@ def python_tool(
         hints=hints,
         positional=positional,
         is_async=inspect.iscoroutinefunction(func),
+        output_schema=_output_schema(func),
     )
     return ToolSpec(
         name=tool_name,
@@ -177,6 +182,22 @@ def _signature_schema(
     # The function accepts nothing else, so the model may not send anything else.
     parameters["additionalProperties"] = False
     return parameters, hints, tuple(positional)
+
+
+def _output_schema(func: Callable[..., Any]) -> dict[str, Any] | None:
+    """The schema of the object ``func`` returns, when its annotation says it returns one.
+
+    Best effort: a return type that cannot be described only means no output schema,
+    never a refused tool (the model reads the result's text either way).
+    """
+    try:
+        hint = typing.get_type_hints(func, include_extras=True).get("return")
+        if hint is None or (isinstance(hint, type) and issubclass(hint, ToolResult)):
+            return None  # a ToolResult is the model's text as it is, not JSON
+        schema = schema_for(hint)
+    except (NameError, TypeError, ValueError):
+        return None
+    return schema if schema.get("type") == "object" else None
 
 
 def _json_value(value: object) -> bool:

@@ -2,10 +2,12 @@
 
 One MCP session is one turn: the session's calls share one sandbox and one
 workspace, which end when the client disconnects. Tools are listed with the
-registry's ``"mcp"`` schemas (titles and read-only hints for the built-ins),
-limited to the executor's granted scopes; each result is one text content
-block (and ``structuredContent`` when the text is one JSON object) with
-``isError`` set as the turn decided, so a
+registry's ``"mcp"`` schemas (titles and read-only hints for the built-ins,
+and an ``outputSchema`` for a Python tool whose return annotation is an
+object), limited to the executor's granted scopes; each result is one text
+content block (and ``structuredContent`` when the text is one JSON object,
+checked against the tool's ``outputSchema`` if it has one) with ``isError``
+set as the turn decided, so a
 refusal, a failing command or a timeout reaches the client's model as an error
 result it can act on. The host's own failures (a sandbox that cannot start)
 are protocol errors.
@@ -19,10 +21,13 @@ From Python::
 
 from __future__ import annotations
 
+import functools
 import json
 from typing import TYPE_CHECKING, Any
 
 import anyio
+from jsonschema.exceptions import best_match as _best_match
+from jsonschema.validators import validator_for as _validator_for
 
 from . import __version__
 from ._aio import to_thread as _to_thread
@@ -38,6 +43,9 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from jsonschema.protocols import Validator
     from mcp.server.context import ServerRequestContext
 
     from .executor import Executor, Turn
@@ -68,20 +76,50 @@ def structured_content(result: ToolResult) -> dict[str, Any] | None:
     return value if isinstance(value, dict) else None
 
 
-def to_mcp_result(result: ToolResult) -> mcp_types.CallToolResult:
+def to_mcp_result(
+    result: ToolResult, *, output_schema: Mapping[str, Any] | None = None
+) -> mcp_types.CallToolResult:
     """One ``ToolResult`` as an MCP ``CallToolResult``: its text, and ``isError``.
 
     A successful result whose text is one JSON object also carries it as
     ``structuredContent``; the text block stays for clients that read only text.
+    When the tool lists an ``output_schema``, a successful result must be an
+    object that fits it (MCP clients refuse anything else): one that does not,
+    such as output cut at the output cap, becomes an error result saying why.
     """
+    structured = structured_content(result)
+    if output_schema is not None and not result.is_error:
+        problem = _unfit(structured, output_schema, cut=result.dropped_chars > 0)
+        if problem is not None:
+            note = f"[this is not the JSON object the tool's output schema describes: {problem}]"
+            return mcp_types.CallToolResult.model_validate(
+                {"content": [{"type": "text", "text": f"{result.text}\n{note}"}], "isError": True}
+            )
     answer: dict[str, Any] = {
         "content": [{"type": "text", "text": result.text}],
         "isError": result.is_error,
     }
-    structured = structured_content(result)
     if structured is not None:
         answer["structuredContent"] = structured
     return mcp_types.CallToolResult.model_validate(answer)
+
+
+def _unfit(
+    structured: dict[str, Any] | None, schema: Mapping[str, Any], *, cut: bool
+) -> str | None:
+    """Why ``structured`` does not fit ``schema``, checked as MCP clients check it; or None."""
+    if structured is None:
+        return "it was cut at the output cap" if cut else "it is not one JSON object"
+    validator = _validator(json.dumps(schema, sort_keys=True))
+    error = _best_match(validator.iter_errors(structured))
+    return None if error is None else error.message
+
+
+@functools.lru_cache(maxsize=256)
+def _validator(schema_text: str) -> Validator:
+    # Compiling is the cost, not validating: once per distinct schema.
+    schema = json.loads(schema_text)
+    return _validator_for(schema)(schema)
 
 
 async def _report_progress(
@@ -117,10 +155,13 @@ def create_server(
     agent = executor.registry.agent
     server_name = name or (agent.name if agent is not None else "astralvessel")
 
+    schemas = executor.registry.schemas("mcp", scopes=executor.scopes)
+    #: What each tool promises to return, as listed: its results are held to it.
+    output_schemas = {tool["name"]: tool.get("outputSchema") for tool in schemas}
+
     async def list_tools(
         ctx: ServerRequestContext[Any], params: mcp_types.PaginatedRequestParams | None
     ) -> mcp_types.ListToolsResult:
-        schemas = executor.registry.schemas("mcp", scopes=executor.scopes)
         return mcp_types.ListToolsResult.model_validate({"tools": schemas})
 
     async def call_tool(
@@ -133,7 +174,7 @@ def create_server(
             # The turn checks the name, the scopes and the arguments; its refusals are results.
             result = await turn.acall(params.name, params.arguments or {})
             group.cancel_scope.cancel()
-        return to_mcp_result(result)
+        return to_mcp_result(result, output_schema=output_schemas.get(params.name))
 
     return mcp_lowlevel.Server(
         server_name,

@@ -40,6 +40,11 @@ class Handler(Protocol):
         """Arguments for ``func`` as (positional, keyword); raise ``ValueError`` if unfit."""
         ...
 
+    @property
+    def output_schema(self) -> Mapping[str, Any] | None:
+        """The JSON Schema of the object ``func`` returns, or None when it is not known."""
+        ...
+
 
 def _canonical(schema: Mapping[str, Any] | str) -> str:
     # Compact JSON in the author's key order: the order of ``properties`` is meaningful
