@@ -17,7 +17,7 @@ import attrs
 
 from ._etc import HOSTNAME, SYNTHETIC, etc_dir
 from ._hostinfo import HostFacts, interpreter_mount
-from ._policy import AGENT_DIR, EGRESS_DIR, WORKSPACE_DIR, Policy
+from ._policy import AGENT_DIR, EGRESS_DIR, ROOT_DIRS, WORKSPACE_DIR, Policy
 
 __all__ = [
     "DEVICES",
@@ -116,6 +116,9 @@ def sandbox_layout(policy: Policy, facts: HostFacts) -> tuple[Step, ...]:
             targets.append(sysdir.path)
     steps += _etc_steps(facts)
     targets.append(ETC)
+    if policy.writable_root:
+        # Empty directories the server covers with the turn's layers (see server/_rootfs).
+        steps += [Dir(path=str(d)) for d in ROOT_DIRS]
     prefix = interpreter_mount(facts.python, facts.system_dirs)
     if prefix is not None:
         # The server runs on the host's own interpreter; it is read-only and, as

@@ -23,6 +23,7 @@ __all__ = [
     "EGRESS_DIR",
     "EGRESS_PORT",
     "OUTBOX_DIR",
+    "ROOT_DIRS",
     "SYSTEM_DIRS",
     "WORKSPACE_DIR",
     "Limits",
@@ -51,6 +52,11 @@ EGRESS_PORT = 3128
 SYSTEM_DIRS: tuple[PurePosixPath, ...] = tuple(
     PurePosixPath(p)
     for p in ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
+)
+#: Root directories beside the system dirs that a writable root adds (empty, unless the image
+#: has them), each writable for the turn.
+ROOT_DIRS: tuple[PurePosixPath, ...] = tuple(
+    PurePosixPath(p) for p in ("/opt", "/var", "/srv", "/home", "/mnt", "/root", "/tmp")
 )
 #: The sandbox's ``$PATH`` and ``$LANG``; the other three variables point into the workspace.
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"
@@ -240,6 +246,14 @@ class Policy:
     egress_socket: Path | None = attrs.field(
         default=None, converter=attrs.converters.optional(Path)
     )
+    #: Opt-in for eval harnesses (package installs, tools that write system paths): the root's
+    #: directories (/usr, /etc, /opt, /var, ...) are writable per-turn layers on the
+    #: workspace's disk, counted against ``limits.disk_mb``; the host's files never change.
+    writable_root: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    #: Opt-in for tools that insist on root: calls are uid 0 and gid 0 of their own user
+    #: namespace, still with every capability set empty; on the host they stay the sandbox's
+    #: unprivileged identity.
+    root_identity: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
 
     def relax(self, *promises: Promise | str) -> Policy:
         """A copy that no longer requires ``promises``: the host's explicit, audited choice."""
@@ -271,6 +285,8 @@ class Policy:
     def visible_roots(self) -> tuple[PurePosixPath, ...]:
         """Sandbox paths a file tool may show: system dirs, /agent, workdir, mounts, workspace."""
         roots = [*SYSTEM_DIRS, WORKSPACE_DIR, self.workdir, *(m.target for m in self.mounts)]
+        if self.writable_root:
+            roots += ROOT_DIRS
         if self.agent_dir is not None:
             roots.append(AGENT_DIR)
         return tuple(dict.fromkeys(roots))
@@ -289,6 +305,11 @@ class Policy:
             "dockerfile": None if self.dockerfile is None else str(self.dockerfile),
             "environment": dict(self.environment),
         }
+        # Each eval relaxation only when chosen, so every other policy's identity is unchanged.
+        if self.writable_root:
+            described["writable_root"] = True
+        if self.root_identity:
+            described["root_identity"] = True
         if self.network_allow:
             # Only when set, so the identity of every policy without a network is unchanged.
             described["network_allow"] = [str(p) for p in self.network_allow]

@@ -33,7 +33,7 @@ from types import CodeType, TracebackType
 from typing import IO, Any
 
 from .._aio import cancelled_exception, wait_future
-from ..errors import PromiseNotEnforcedError, SandboxError
+from ..errors import BackendUnavailableError, PromiseNotEnforcedError, SandboxError
 from ._api import Channel, FileOutcome, OutboxFile, RunOutcome, RunRequest, SandboxSession
 from ._policy import (
     EGRESS_DIR,
@@ -54,6 +54,7 @@ SERVER_MODULES = (
     "_protocol",
     "_seccomp",
     "_userns",
+    "_rootfs",
     "_launch",
     "_bounds",
     "_zygote",
@@ -288,6 +289,8 @@ class ServerSession(SandboxSession):
                 if policy.egress_socket is None
                 else {"socket": str(EGRESS_DIR / EGRESS_SOCKET_NAME), "port": EGRESS_PORT}
             ),
+            "writable_root": policy.writable_root,
+            "root_identity": policy.root_identity,
         }
         try:
             session._reader.start()
@@ -328,6 +331,12 @@ class ServerSession(SandboxSession):
         for promise, why in unenforced_promises(problems).items():
             if promise not in self.policy.relaxed:
                 raise PromiseNotEnforcedError(self.backend, promise.value, why)
+        given = dict(info.get("relaxations") or {})
+        asked = {"writable_root": self.policy.writable_root, "root_identity": self.policy.root_identity}
+        for name, wanted in asked.items():
+            if wanted and isinstance(given.get(name), (str, type(None))):
+                why = given.get(name) or "this server does not offer it"
+                raise BackendUnavailableError(f"{self.backend} cannot give {name} here: {why}")
 
     @property
     def channel(self) -> Channel:

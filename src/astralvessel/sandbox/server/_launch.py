@@ -158,6 +158,7 @@ class LaunchPlan:
         seccomp: bytes | None,
         install_seccomp: Callable[[bytes], None] | None,
         own_userns: bool = True,
+        inner_id: int = _userns.CALL_ID,
     ) -> None:
         self.confine = confine
         self.pid_namespace = pid_namespace
@@ -169,6 +170,8 @@ class LaunchPlan:
         #: Whether each call's init enters a user namespace of its own (see ``_userns``);
         #: only with a PID namespace, and off where the probe found it cannot.
         self.own_userns = own_userns
+        #: The uid and gid a call has in its own user namespace (0 for ``root_identity``).
+        self.inner_id = inner_id
 
 
 class Spawned:
@@ -576,7 +579,7 @@ def _run_init(plan: LaunchPlan, env: dict[str, str], fds: dict[str, int], alive:
         if plan.confine:
             if plan.own_userns:
                 # Before the filter, which refuses new namespaces.
-                _userns.enter_own_namespace(plan.drop_uid, plan.drop_gid)
+                _userns.enter_own_namespace(plan.drop_uid, plan.drop_gid, plan.inner_id)
             _filter_early(plan)
         _rehearse(plan, env)
     except BaseException as exc:
@@ -782,7 +785,7 @@ def _probe_namespaces(plan: LaunchPlan, fail: Callable[[str, BaseException], Non
     own_userns = False
     if plan.own_userns:
         try:
-            _userns.enter_own_namespace(plan.drop_uid, plan.drop_gid)
+            _userns.enter_own_namespace(plan.drop_uid, plan.drop_gid, plan.inner_id)
             own_userns = True
         except BaseException as exc:
             fail(userns_problem(plan), exc)

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import _bounds, _launch, _outbox, _protocol, _relay, _worker, _zygote
+from . import _bounds, _launch, _outbox, _protocol, _relay, _rootfs, _userns, _worker, _zygote
 
 __all__ = ["Server", "main"]
 
@@ -271,6 +271,7 @@ class Server:
             limits=config["limits"] if config["confine"] else None,
             seccomp=config["seccomp"],
             install_seccomp=installer,
+            inner_id=0 if config["root_identity"] else _userns.CALL_ID,
         )
         problems: dict[str, str] = {}
         if plan.confine:
@@ -292,6 +293,7 @@ class Server:
             if why:
                 problems["workspace_inodes"] = why
         self._prepare_workspace(workspace, outbox, config["drop_uid"], config["drop_gid"])
+        relaxations = self._relaxations(config, plan, workspace)
         self.worker_context = {
             "workdir": map_path(config["workdir"], self.path_map),
             "visible_roots": tuple(map_path(r, self.path_map) for r in config["visible_roots"]),
@@ -316,9 +318,33 @@ class Server:
                 "seccomp": plan.seccomp is not None,
                 "file_tools": _worker._load_handler() is not None,
                 "problems": problems,
+                "relaxations": relaxations,
             }
         )
         self._refill_spare()
+
+    @staticmethod
+    def _relaxations(
+        config: dict[str, Any], plan: _launch.LaunchPlan, workspace: str
+    ) -> dict[str, Any]:
+        """Give what the host opted into (before anything forks); say what each became, or why not."""
+        given: dict[str, Any] = {}
+        if config["writable_root"]:
+            if not (plan.confine and plan.pid_namespace):
+                given["writable_root"] = "needs a server that gives each call its own namespaces"
+            else:
+                try:
+                    given["writable_root"] = _rootfs.make_root_writable(
+                        workspace, config["drop_uid"], config["drop_gid"]
+                    )
+                except OSError as exc:
+                    given["writable_root"] = f"cannot make the root writable: {exc}"
+        if config["root_identity"]:
+            usable = plan.confine and plan.pid_namespace and plan.own_userns
+            given["root_identity"] = (
+                plan.inner_id if usable else "needs each call in a user namespace of its own"
+            )
+        return given
 
     @staticmethod
     def _prepare_workspace(workspace: str, outbox: str, uid: int | None, gid: int | None) -> None:
@@ -912,6 +938,8 @@ def _parse_hello(header: dict[str, Any]) -> dict[str, Any]:
         "limits": limits,
         "visible_roots": [str(r) for r in header.get("visible_roots", [])],
         "path_map": {str(k): str(v) for k, v in (header.get("path_map") or {}).items()},
+        "writable_root": header.get("writable_root") is True,
+        "root_identity": header.get("root_identity") is True,
     }
 
 

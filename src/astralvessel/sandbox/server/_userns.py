@@ -105,13 +105,13 @@ def _last_cap() -> int:
         return 63
 
 
-def _map_from_outside(init: int, uid: int, gid: int, go: int, done: int) -> None:
+def _map_from_outside(init: int, inner: int, uid: int, gid: int, go: int, done: int) -> None:
     """The mapper (a child of init, still in the parent namespace): map init's ids, say so."""
     code = 1
     try:
         if os.read(go, 1) == b"x":
-            _write(f"/proc/{init}/uid_map", f"{CALL_ID} {uid} 1\n")
-            _write(f"/proc/{init}/gid_map", f"{CALL_ID} {gid} 1\n")
+            _write(f"/proc/{init}/uid_map", f"{inner} {uid} 1\n")
+            _write(f"/proc/{init}/gid_map", f"{inner} {gid} 1\n")
             os.write(done, b"x")
             code = 0
     except BaseException as exc:
@@ -121,12 +121,15 @@ def _map_from_outside(init: int, uid: int, gid: int, go: int, done: int) -> None
         os._exit(code)
 
 
-def enter_own_namespace(host_uid: int | None, host_gid: int | None) -> None:
-    """Move this process (a call's init) into a new user namespace as ``CALL_ID``, holding nothing.
+def enter_own_namespace(host_uid: int | None, host_gid: int | None, inner: int = CALL_ID) -> None:
+    """Move this process (a call's init) into a new user namespace as ``inner``, holding nothing.
 
     ``host_uid``/``host_gid``: the host identity to map to (root); None maps
-    this process's own (an ordinary user's server). Raises ``OSError`` if any
-    step fails; the process is then unusable for a call.
+    this process's own (an ordinary user's server). ``inner``: the uid and gid
+    inside, ``CALL_ID`` or, for ``Policy.root_identity``, 0 (a root that holds
+    no capability: the sets are emptied and the securebits locked all the
+    same). Raises ``OSError`` if any step fails; the process is then unusable
+    for a call.
     """
     uid = os.geteuid() if host_uid is None else host_uid
     gid = os.getegid() if host_gid is None else host_gid
@@ -143,7 +146,7 @@ def enter_own_namespace(host_uid: int | None, host_gid: int | None) -> None:
     if mapper == 0:
         os.close(go_w)
         os.close(done_r)
-        _map_from_outside(me, uid, gid, go_r, done_w)
+        _map_from_outside(me, inner, uid, gid, go_r, done_w)
     os.close(go_r)
     os.close(done_w)
     try:
@@ -159,8 +162,8 @@ def enter_own_namespace(host_uid: int | None, host_gid: int | None) -> None:
     # The creator holds every capability in the new namespace until it gives them up below.
     with contextlib.suppress(OSError):
         os.setgroups([])  # refused where the sandbox's own namespace denies setgroups
-    os.setresgid(CALL_ID, CALL_ID, CALL_ID)
-    os.setresuid(CALL_ID, CALL_ID, CALL_ID)
+    os.setresgid(inner, inner, inner)
+    os.setresuid(inner, inner, inner)
     for cap in range(_last_cap() + 1):
         _prctl(PR_CAPBSET_DROP, cap)
     _prctl(PR_SET_SECUREBITS, SECUREBITS_LOCKED)

@@ -1,0 +1,164 @@
+"""A writable root for one turn: per-turn layers on the workspace's disk (stdlib only, Python 3.8+).
+
+With ``Policy.writable_root`` the server, at hello and before it forks anything,
+makes the sandbox's root writable for the turn's calls without changing a byte
+of what lies below:
+
+- **Where writes land.** Every layer lives in ``/workspace/.vessel-root``, on
+  the workspace's own tmpfs, so what calls write anywhere counts against the
+  one disk limit of the turn, and is gone with it. The folder is then covered
+  by an empty read-only tmpfs: calls cannot reach the layers behind the
+  overlays' backs.
+- **Which paths.** Each root directory (``WRITABLE``) that the view shows as a
+  real directory with no mount below it gets an overlay: the directory as it
+  is (the host's ``/usr``, an image's ``/var``, an empty ``/opt``) read-only
+  below, the turn's layer above. A directory built of mounts (bubblewrap's and
+  nsjail's synthetic ``/etc``) is copied into the layer instead, as the view
+  shows it. A directory that holds another mount (a ``/tmp`` that holds the
+  host's interpreter) stays as it is.
+- **Who may write.** The files below belong to users the call's namespace does
+  not map (host root), and no capability of a namespace reaches such files: a
+  call could create nothing in ``/usr/local/lib``. So the upper layer starts
+  with a copy of every directory below (mode without set-id bits), owned by
+  the call's host identity: the call owns every directory of its root, may
+  create, replace and remove files in it, while the files below keep their
+  owner and mode and are changed only by replacing them (as pip, ``sed -i``
+  and editors do).
+
+Each call's mount namespace is a copy of the server's, so the overlays are the
+turn's: what one call installs the next one finds, and no other turn sees it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import shutil
+import stat
+from typing import Any
+
+__all__ = ["LAYERS", "WRITABLE", "make_root_writable"]
+
+#: Root directories a writable root covers, where the view has them.
+WRITABLE = (
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc",
+    "/opt", "/var", "/srv", "/home", "/mnt", "/root", "/tmp",
+)  # fmt: skip
+#: The folder of the workspace that holds the layers (covered once they are mounted).
+LAYERS = ".vessel-root"
+
+MS_RDONLY = 0x1
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
+MS_NOEXEC = 0x8
+MS_BIND = 0x1000
+
+_libc: Any = None
+
+
+def _mount(source: str, target: str, fstype: str | None, flags: int, data: str = "") -> None:
+    global _libc  # noqa: PLW0603 - one handle for the process, loaded lazily
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+    result = _libc.mount(
+        ctypes.c_char_p(source.encode()), ctypes.c_char_p(target.encode()),
+        ctypes.c_char_p(None if fstype is None else fstype.encode()), ctypes.c_ulong(flags),
+        ctypes.c_char_p(data.encode() if data else None),
+    )  # fmt: skip
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mount {fstype or 'bind'} on {target}: {os.strerror(err)}")
+
+
+def _mount_points() -> list[str]:
+    points = []
+    with open("/proc/self/mountinfo", "rb") as handle:
+        for line in handle:
+            field = line.split(b" ")[4].decode("utf-8", "surrogateescape")
+            points.append(field.replace("\\040", " ").replace("\\011", "\t"))
+    return points
+
+
+def _strategy(path: str, points: list[str]) -> str | None:
+    """``overlay``, ``copy`` (a directory built of mounts) or None (leave it as it is)."""
+    try:
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            return None
+    except OSError:
+        return None
+    if any(p.startswith(path + "/") for p in points):
+        return "copy" if path == "/etc" else None
+    return "overlay"
+
+
+def _own(path: str, uid: int | None, gid: int | None) -> None:
+    if uid is not None:
+        os.chown(path, uid, -1 if gid is None else gid, follow_symlinks=False)
+
+
+def _seed(lower: str, upper: str, uid: int | None, gid: int | None) -> None:
+    """Give ``upper`` a directory, owned by the call, for every directory of ``lower``."""
+    pending = [(lower, upper)]
+    while pending:
+        source, target = pending.pop()
+        try:
+            entries = list(os.scandir(source))
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                if not entry.is_dir(follow_symlinks=False):
+                    continue
+                mode = entry.stat(follow_symlinks=False).st_mode & 0o1777
+            except OSError:
+                continue
+            made = os.path.join(target, entry.name)
+            os.mkdir(made)
+            os.chmod(made, mode)
+            _own(made, uid, gid)
+            pending.append((entry.path, made))
+
+
+def _copy(source: str, target: str, uid: int | None, gid: int | None) -> None:
+    """Copy the tree the view shows at ``source`` (links as links), owned by the call."""
+    shutil.copytree(source, target, symlinks=True, dirs_exist_ok=True)
+    for root, dirs, files in os.walk(target):
+        for name in (*dirs, *files):
+            path = os.path.join(root, name)
+            if not os.path.islink(path):
+                os.chmod(path, os.lstat(path).st_mode & 0o1777)
+            _own(path, uid, gid)
+
+
+def make_root_writable(workspace: str, uid: int | None, gid: int | None) -> list[str]:
+    """Make ``WRITABLE`` writable for this turn's calls; return the paths that now are.
+
+    ``uid``/``gid``: the call's host identity (None: the server's own, which
+    already is). Raises ``OSError`` when a layer cannot be made or mounted.
+    """
+    layers = os.path.join(workspace, LAYERS)
+    os.mkdir(layers, 0o700)
+    points = _mount_points()
+    done = []
+    for path in WRITABLE:
+        how = _strategy(path, points)
+        if how is None:
+            continue
+        name = path.strip("/")
+        upper = os.path.join(layers, "upper", name)
+        os.makedirs(upper)
+        os.chmod(upper, stat.S_IMODE(os.stat(path).st_mode) & 0o1777)
+        _own(upper, uid, gid)
+        if how == "copy":
+            _copy(path, upper, uid, gid)
+            _mount(upper, path, None, MS_BIND)
+        else:
+            work = os.path.join(layers, "work", name)
+            os.makedirs(work)
+            _seed(path, upper, uid, gid)
+            options = f"lowerdir={path},upperdir={upper},workdir={work}"
+            _mount("overlay", path, "overlay", MS_NOSUID | MS_NODEV, options)
+        done.append(path)
+    # The layers stay reachable only through the overlays.
+    _mount("none", layers, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0555")
+    return done
