@@ -59,6 +59,8 @@ def _serve(args: argparse.Namespace) -> int:
         scopes=args.scopes,
         relax=args.relax,
         network_allow=args.network_allow,
+        writable_root=args.writable_root,
+        root_identity=args.root_identity,
     )
     asyncio.run(serve_stdio(executor, name=args.name, start_sandbox=True))
     return 0

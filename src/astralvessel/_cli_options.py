@@ -10,7 +10,10 @@ __all__ = ["add_network_option", "add_relax_option"]
 
 
 def add_relax_option(parser: argparse.ArgumentParser) -> None:
-    """Add ``--relax PROMISE`` (repeatable): the host's explicit ``Executor(relax=...)``."""
+    """Add ``--relax PROMISE`` (repeatable), ``--writable-root``, ``--root-identity``.
+
+    Each is the host's explicit choice, as the ``Executor`` argument of the same name.
+    """
     parser.add_argument(
         "--relax",
         action="append",
@@ -21,6 +24,24 @@ def add_relax_option(parser: argparse.ArgumentParser) -> None:
             "give up one confinement promise, as Executor(relax=[...]) does "
             "(repeatable; `astralvessel doctor` lists them)"
         ),
+    )
+    # The eval relaxations: absent means the agent's [sandbox] setting.
+    parser.add_argument(
+        "--writable-root",
+        action="store_const",
+        const=True,
+        default=None,
+        help=(
+            "make /usr, /etc, /opt, /var, ... writable for the turn: per-turn layers counted "
+            "against the disk limit; the host's files never change"
+        ),
+    )
+    parser.add_argument(
+        "--root-identity",
+        action="store_const",
+        const=True,
+        default=None,
+        help="run calls as uid 0 of their own user namespace, still without any capability",
     )
 
 

@@ -56,6 +56,10 @@ class Agent:
     services: Mapping[str, Service] = attrs.field(factory=dict)
     #: ``[network] allow``: the hosts calls may reach through the egress proxy (none: no network).
     network_allow: tuple[HostPattern, ...] = attrs.field(default=(), converter=parse_allow_list)
+    #: ``[sandbox] writable_root`` and ``root_identity``: the eval relaxations this agent
+    #: asks for (see ``Policy``); the host's ``Executor`` arguments override them.
+    writable_root: bool = False
+    root_identity: bool = False
 
     @classmethod
     def load(cls, path: str | Path) -> Agent:
@@ -110,6 +114,8 @@ class Agent:
             dockerfile=dockerfile,
             services={n: Service(name=n, url=s.url) for n, s in raw.services.items()},
             network_allow=network_allow,
+            writable_root=raw.sandbox.writable_root,
+            root_identity=raw.sandbox.root_identity,
         )
 
     def package_path(self) -> PurePosixPath:
@@ -215,6 +221,8 @@ class _LimitsSection:
 @attrs.define
 class _SandboxSection:
     dockerfile: str | None = None
+    writable_root: bool = False
+    root_identity: bool = False
 
 
 @attrs.define

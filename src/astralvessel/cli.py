@@ -168,6 +168,8 @@ def _call(args: argparse.Namespace) -> int:
         scopes=args.scopes,
         relax=args.relax,
         network_allow=args.network_allow,
+        writable_root=args.writable_root,
+        root_identity=args.root_identity,
         outbox_dir=outbox,
     )
     try:

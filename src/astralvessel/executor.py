@@ -51,6 +51,9 @@ class Executor:
     says read-only explicitly), or lists ``Mount`` values. ``scopes``
     defaults to the agent's ``scopes``, or all four when it names none.
     ``relax`` names confinement promises the host explicitly gives up.
+    ``writable_root`` and ``root_identity`` opt into the eval relaxations of
+    ``Policy`` (a writable per-turn root, uid 0 without capabilities); None
+    takes the agent's ``[sandbox]`` setting, False without an agent.
     ``fetcher`` serves webfetch (a default ``Fetcher`` when None); ``searcher``
     (a ``Searcher`` or a bare ``SearchProvider``) serves websearch. ``services``
     binds Python callables to ``[services]`` names, and ``service_transport``
@@ -79,6 +82,8 @@ class Executor:
         scopes: Iterable[Scope | str] | None = None,
         limits: Limits | None = None,
         relax: Iterable[Promise | str] = (),
+        writable_root: bool | None = None,
+        root_identity: bool | None = None,
         timeout_seconds: float | None = None,
         output_chars: int | None = None,
         fetcher: Fetcher | None = None,
@@ -109,6 +114,8 @@ class Executor:
             network_allow=network_allow
             if network_allow is not None
             else (agent.network_allow if agent is not None else ()),
+            writable_root=_opted(writable_root, agent.writable_root if agent else False),
+            root_identity=_opted(root_identity, agent.root_identity if agent else False),
         ).relax(*relax)
         self.fetcher: Fetcher = _fetcher(fetcher)
         self.searcher: Searcher | None = _searcher(searcher)
@@ -393,6 +400,11 @@ def _default_transport() -> Transport:
 
         _shared_transport = StdlibTransport()
     return _shared_transport
+
+
+def _opted(asked: bool | None, agent_default: bool) -> bool:
+    """The host's explicit choice, else the agent's."""
+    return agent_default if asked is None else asked
 
 
 def _resolve_backend(sandbox: Sandbox | str | None) -> Sandbox:

@@ -43,6 +43,7 @@ def test_minimal_agent_takes_every_default(make_agent: MakeAgent) -> None:
     assert tool.scope is Scope.READ
     assert tool.timeout_seconds is None
     assert dict(tool.parameters) == {"type": "object", "properties": {}}
+    assert (agent.writable_root, agent.root_identity) == (False, False)
 
 
 def test_every_vessel_key_is_read(make_agent: MakeAgent) -> None:
@@ -64,6 +65,8 @@ def test_every_vessel_key_is_read(make_agent: MakeAgent) -> None:
         open_files = 128
         [sandbox]
         dockerfile = "sandbox/Dockerfile"
+        writable_root = true
+        root_identity = true
         [services.catalog]
         url = "http://127.0.0.1:8080/tools"
         """,
@@ -79,6 +82,8 @@ def test_every_vessel_key_is_read(make_agent: MakeAgent) -> None:
     assert agent.limits == Limits(disk_mb=64, memory_mb=256, processes=32, open_files=128)
     assert agent.dockerfile == folder / "sandbox" / "Dockerfile"
     assert agent.services["catalog"].url == "http://127.0.0.1:8080/tools"
+    assert agent.writable_root
+    assert agent.root_identity
 
 
 def test_tool_file_keys_are_read(make_agent: MakeAgent) -> None:
@@ -374,3 +379,14 @@ def test_dangling_ref_fails_the_load(make_agent: MakeAgent) -> None:
     )
     (problem,) = one_tool(make_agent, tool)
     assert problem.startswith("tools/echo.toml: parameters: cannot be used to check arguments")
+
+
+def test_eval_relaxations_must_be_booleans(make_agent: MakeAgent) -> None:
+    """[sandbox] writable_root and root_identity take TOML booleans only, never "yes" or 1."""
+    folder = make_agent(
+        MINIMAL + '[sandbox]\nwritable_root = "yes"\nroot_identity = 1\n',
+        {"tools/echo.toml": ECHO_TOOL},
+    )
+    found = "\n".join(problems_of(folder))
+    assert "sandbox.writable_root" in found
+    assert "sandbox.root_identity" in found

@@ -197,3 +197,25 @@ def test_system_bwrap_works_too():
     finally:
         session.close()
     assert outcome.output.strip() == "65534"
+
+
+def test_writable_root_adds_the_root_dirs_and_keeps_the_root_read_only():
+    """A writable root adds empty /opt, /var, ... for the server to cover; / itself stays ro."""
+    plain = bwrap_argv(BWRAP, Policy(), ROOT, ["x"], seccomp_fd=None)
+    argv = bwrap_argv(BWRAP, Policy(writable_root=True), ROOT, ["x"], seccomp_fd=None)
+    added = [argv[i + 1] for i, option in enumerate(argv) if option == "--dir"]
+    assert {"/opt", "/var", "/srv", "/home", "/mnt", "/root", "/tmp"} <= set(added)
+    assert "--dir" not in plain or "/opt" not in plain
+    assert [argv[i + 1] for i, option in enumerate(argv) if option == "--remount-ro"][-1] == "/"
+
+
+def test_eval_relaxations_change_the_policy_identity():
+    """writable_root and root_identity are in the policy's JSON, so each changes its identity."""
+    ids = {
+        Policy(writable_root=w, root_identity=r).identity
+        for w, r in itertools.product([False, True], repeat=2)
+    }
+    assert len(ids) == 4
+    assert Policy(writable_root=True).to_json()["writable_root"] is True
+    with pytest.raises(TypeError):
+        Policy(root_identity="yes")  # type: ignore[arg-type]

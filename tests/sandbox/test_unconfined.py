@@ -58,3 +58,14 @@ def test_workspace_is_removed_at_close() -> None:
     assert workspace.is_dir()
     session.close()
     assert not workspace.exists()
+
+
+def test_unconfined_refuses_the_eval_relaxations() -> None:
+    """Unconfined runs calls as the host user with no namespaces: it refuses both relaxations."""
+    import pytest
+
+    from astralvessel.errors import BackendUnavailableError
+
+    for asked in ({"writable_root": True}, {"root_identity": True}):
+        with pytest.raises(BackendUnavailableError, match=next(iter(asked))):
+            Unconfined().start(Policy(**asked)).close()  # type: ignore[arg-type]

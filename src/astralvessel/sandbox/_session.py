@@ -40,6 +40,8 @@ from ._policy import (
     EGRESS_PORT,
     EGRESS_SOCKET_NAME,
     OUTBOX_DIR,
+    ROOT_DIRS,
+    SYSTEM_DIRS,
     WORKSPACE_DIR,
     Policy,
     Promise,
@@ -289,7 +291,10 @@ class ServerSession(SandboxSession):
                 if policy.egress_socket is None
                 else {"socket": str(EGRESS_DIR / EGRESS_SOCKET_NAME), "port": EGRESS_PORT}
             ),
-            "writable_root": policy.writable_root,
+            # The root directories to make writable (none: a read-only root).
+            "writable_root": [str(d) for d in (*SYSTEM_DIRS, *ROOT_DIRS)]
+            if policy.writable_root
+            else [],
             "root_identity": policy.root_identity,
         }
         try:
@@ -323,6 +328,16 @@ class ServerSession(SandboxSession):
                 f"the {self.backend} sandbox server cannot relay calls to the egress proxy: "
                 f"{info.get('egress') or 'it does not know how'}"
             )
+        # The eval relaxations the host asked for: given, or the turn does not start.
+        given = dict(info.get("relaxations") or {})
+        asked = {
+            "writable_root": self.policy.writable_root,
+            "root_identity": self.policy.root_identity,
+        }
+        for name, wanted in asked.items():
+            if wanted and isinstance(given.get(name), (str, type(None))):
+                why = given.get(name) or "this server does not offer it"
+                raise BackendUnavailableError(f"{self.backend} cannot give {name} here: {why}")
         if not confine:
             return
         problems = dict(info.get("problems") or {})
@@ -331,12 +346,6 @@ class ServerSession(SandboxSession):
         for promise, why in unenforced_promises(problems).items():
             if promise not in self.policy.relaxed:
                 raise PromiseNotEnforcedError(self.backend, promise.value, why)
-        given = dict(info.get("relaxations") or {})
-        asked = {"writable_root": self.policy.writable_root, "root_identity": self.policy.root_identity}
-        for name, wanted in asked.items():
-            if wanted and isinstance(given.get(name), (str, type(None))):
-                why = given.get(name) or "this server does not offer it"
-                raise BackendUnavailableError(f"{self.backend} cannot give {name} here: {why}")
 
     @property
     def channel(self) -> Channel:

@@ -237,12 +237,20 @@ class DockerExec(Docker):
         Choosing this backend by name is the host's explicit choice of a mode
         that does not keep ``EXEC_UNENFORCED`` (as choosing ``unconfined``
         is), so those promises need no relaxing; discovery never picks it.
+        The eval relaxations need the server's layers and namespaces: asked
+        for, they raise ``BackendUnavailableError`` rather than go unmet.
         """
         if policy.egress_socket is not None:
             raise BackendUnavailableError(
                 "docker-exec runs no sandbox server to relay calls to the egress proxy; "
                 "use the docker backend for a turn with a network allow-list"
             )
+        for name in ("writable_root", "root_identity"):
+            if getattr(policy, name):
+                raise BackendUnavailableError(
+                    f"docker-exec cannot give {name}: it runs no sandbox server to make it; "
+                    "choose the docker backend"
+                )
         image_id, arch = self._prepare(policy)
         spec = container_spec(
             policy,

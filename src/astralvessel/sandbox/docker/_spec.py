@@ -26,7 +26,7 @@ from pathlib import PurePosixPath
 
 import attrs
 
-from .._policy import AGENT_DIR, EGRESS_DIR, SYSTEM_DIRS, WORKSPACE_DIR, Policy
+from .._policy import AGENT_DIR, EGRESS_DIR, ROOT_DIRS, SYSTEM_DIRS, WORKSPACE_DIR, Policy
 
 __all__ = [
     "CALL_GID",
@@ -97,7 +97,7 @@ VIEW_ROOT = "/.astralvessel-root"
 #: refuses the namespace, the server's own probe reports the PID namespace as missing
 #: and the host refuses the turn unless it relaxed process isolation.
 USERNS_BOOTSTRAP = r"""
-def _astralvessel_view(binds, system_dirs, root, workdir):
+def _astralvessel_view(binds, system_dirs, root, workdir, root_dirs=()):
     import ctypes, os, sys
     libc = ctypes.CDLL(None, use_errno=True)
     def check(result, what):
@@ -162,6 +162,13 @@ def _astralvessel_view(binds, system_dirs, root, workdir):
             etc_view()
         elif os.path.isdir(path):
             bind(path)
+    # A writable root (Policy.writable_root): the image's /opt, /var, ... or empty ones,
+    # which the server then covers with the turn's layers.
+    for path in root_dirs:
+        if os.path.isdir(path) and not os.path.islink(path):
+            bind(path)
+        elif not os.path.lexists(path):
+            os.mkdir(root + path)
     bind("/proc")
     os.mkdir(root + "/dev")
     mount("tmpfs", root + "/dev", "tmpfs", MS_NOSUID, "mode=0755,size=64k")
@@ -320,9 +327,10 @@ def server_argv(command: Sequence[str], policy: Policy) -> list[str]:
     if index + 1 >= len(argv):
         raise ValueError(f"the server command {argv!r} ends at '-c'")
     code = argv[index + 1]
+    root_dirs = [str(d) for d in ROOT_DIRS] if policy.writable_root else []
     call = (
         f"_astralvessel_view({view_binds(policy)!r}, {[str(d) for d in SYSTEM_DIRS]!r}, "
-        f"{VIEW_ROOT!r}, {str(policy.workdir)!r})\ndel _astralvessel_view\n"
+        f"{VIEW_ROOT!r}, {str(policy.workdir)!r}, {root_dirs!r})\ndel _astralvessel_view\n"
     )
     argv[index + 1] = (
         USERNS_BOOTSTRAP

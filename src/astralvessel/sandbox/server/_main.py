@@ -327,7 +327,7 @@ class Server:
     def _relaxations(
         config: dict[str, Any], plan: _launch.LaunchPlan, workspace: str
     ) -> dict[str, Any]:
-        """Give what the host opted into (before anything forks); say what each became, or why not."""
+        """Give what the host opted into, before anything forks; say what each became or why not."""
         given: dict[str, Any] = {}
         if config["writable_root"]:
             if not (plan.confine and plan.pid_namespace):
@@ -335,7 +335,7 @@ class Server:
             else:
                 try:
                     given["writable_root"] = _rootfs.make_root_writable(
-                        workspace, config["drop_uid"], config["drop_gid"]
+                        config["writable_root"], workspace, config["drop_uid"], config["drop_gid"]
                     )
                 except OSError as exc:
                     given["writable_root"] = f"cannot make the root writable: {exc}"
@@ -938,7 +938,7 @@ def _parse_hello(header: dict[str, Any]) -> dict[str, Any]:
         "limits": limits,
         "visible_roots": [str(r) for r in header.get("visible_roots", [])],
         "path_map": {str(k): str(v) for k, v in (header.get("path_map") or {}).items()},
-        "writable_root": header.get("writable_root") is True,
+        "writable_root": [str(p) for p in header.get("writable_root") or []],
         "root_identity": header.get("root_identity") is True,
     }
 

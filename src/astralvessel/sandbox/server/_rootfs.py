@@ -9,7 +9,8 @@ of what lies below:
   one disk limit of the turn, and is gone with it. The folder is then covered
   by an empty read-only tmpfs: calls cannot reach the layers behind the
   overlays' backs.
-- **Which paths.** Each root directory (``WRITABLE``) that the view shows as a
+- **Which paths.** Each root directory the host names (``SYSTEM_DIRS`` and
+  ``ROOT_DIRS`` of ``Policy``) that the view shows as a
   real directory with no mount below it gets an overlay: the directory as it
   is (the host's ``/usr``, an image's ``/var``, an empty ``/opt``) read-only
   below, the turn's layer above. A directory built of mounts (bubblewrap's and
@@ -37,13 +38,8 @@ import shutil
 import stat
 from typing import Any
 
-__all__ = ["LAYERS", "WRITABLE", "make_root_writable"]
+__all__ = ["LAYERS", "make_root_writable"]
 
-#: Root directories a writable root covers, where the view has them.
-WRITABLE = (
-    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc",
-    "/opt", "/var", "/srv", "/home", "/mnt", "/root", "/tmp",
-)  # fmt: skip
 #: The folder of the workspace that holds the layers (covered once they are mounted).
 LAYERS = ".vessel-root"
 
@@ -120,18 +116,41 @@ def _seed(lower: str, upper: str, uid: int | None, gid: int | None) -> None:
 
 
 def _copy(source: str, target: str, uid: int | None, gid: int | None) -> None:
-    """Copy the tree the view shows at ``source`` (links as links), owned by the call."""
-    shutil.copytree(source, target, symlinks=True, dirs_exist_ok=True)
-    for root, dirs, files in os.walk(target):
-        for name in (*dirs, *files):
-            path = os.path.join(root, name)
-            if not os.path.islink(path):
-                os.chmod(path, os.lstat(path).st_mode & 0o1777)
-            _own(path, uid, gid)
+    """Copy the tree the view shows at ``source`` (links as links), owned by the call.
+
+    What the server cannot read (an image's ``/etc/shadow``) is left out: the call
+    could not have read it either.
+    """
+    pending = [(source, target)]
+    while pending:
+        here, there = pending.pop()
+        try:
+            entries = list(os.scandir(here))
+        except OSError:
+            continue
+        for entry in entries:
+            made = os.path.join(there, entry.name)
+            try:
+                if entry.is_symlink():
+                    os.symlink(os.readlink(entry.path), made)
+                elif entry.is_dir():
+                    os.mkdir(made)
+                    pending.append((entry.path, made))
+                elif entry.is_file():
+                    shutil.copyfile(entry.path, made)
+                else:
+                    continue
+                if not entry.is_symlink():
+                    os.chmod(made, entry.stat().st_mode & 0o1777)
+                _own(made, uid, gid)
+            except OSError:
+                continue
 
 
-def make_root_writable(workspace: str, uid: int | None, gid: int | None) -> list[str]:
-    """Make ``WRITABLE`` writable for this turn's calls; return the paths that now are.
+def make_root_writable(
+    paths: list[str], workspace: str, uid: int | None, gid: int | None
+) -> list[str]:
+    """Make the root directories ``paths`` writable for the turn's calls; return those now so.
 
     ``uid``/``gid``: the call's host identity (None: the server's own, which
     already is). Raises ``OSError`` when a layer cannot be made or mounted.
@@ -140,7 +159,7 @@ def make_root_writable(workspace: str, uid: int | None, gid: int | None) -> list
     os.mkdir(layers, 0o700)
     points = _mount_points()
     done = []
-    for path in WRITABLE:
+    for path in paths:
         how = _strategy(path, points)
         if how is None:
             continue
@@ -160,5 +179,6 @@ def make_root_writable(workspace: str, uid: int | None, gid: int | None) -> list
             _mount("overlay", path, "overlay", MS_NOSUID | MS_NODEV, options)
         done.append(path)
     # The layers stay reachable only through the overlays.
-    _mount("none", layers, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k,mode=0555")
+    cover = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
+    _mount("none", layers, "tmpfs", cover, "size=4k,mode=0555")
     return done

@@ -105,7 +105,7 @@ def _last_cap() -> int:
         return 63
 
 
-def _map_from_outside(init: int, inner: int, uid: int, gid: int, go: int, done: int) -> None:
+def _map_from_outside(init: int, uid: int, gid: int, go: int, done: int, *, inner: int) -> None:
     """The mapper (a child of init, still in the parent namespace): map init's ids, say so."""
     code = 1
     try:
@@ -146,7 +146,7 @@ def enter_own_namespace(host_uid: int | None, host_gid: int | None, inner: int =
     if mapper == 0:
         os.close(go_w)
         os.close(done_r)
-        _map_from_outside(me, inner, uid, gid, go_r, done_w)
+        _map_from_outside(me, uid, gid, go_r, done_w, inner=inner)
     os.close(go_r)
     os.close(done_w)
     try:
