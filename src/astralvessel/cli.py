@@ -197,6 +197,7 @@ def _holds_files(folder: str) -> bool:
 
 def _doctor(args: argparse.Namespace) -> int:
     from .sandbox._discovery import all_backends
+    from .sandbox._policy import EVAL_RELAXATIONS
 
     reports = [backend.probe() for backend in all_backends()]
     if args.json:
@@ -216,6 +217,12 @@ def _doctor(args: argparse.Namespace) -> int:
             print(f"  enforces   {promise.value}: {promise.summary}")
         for promise, why in sorted(report.unenforced.items(), key=lambda kv: kv[0].value):
             print(f"  NOT KEPT   {promise.value}: {why}")
+    print(
+        "opt-in eval relaxations (Executor(NAME=True), --writable-root, --root-identity, "
+        "[sandbox] NAME; they change policy_id; not on docker-exec or unconfined):"
+    )
+    for name, gives_up in EVAL_RELAXATIONS.items():
+        print(f"  {name} gives up {gives_up}")
     return EXIT_OK
 
 

@@ -100,6 +100,25 @@ def test_call_relax_gives_up_a_promise_as_the_api_does() -> None:
     assert strict_id != relaxed_id
 
 
+def test_call_eval_relaxations_reach_the_turn(tmp_path: Path) -> None:
+    """--writable-root --root-identity give the call uid 0 and a writable /usr; policy_id shows it."""
+    agent = tmp_path / "agent"
+    agent.mkdir()
+    (agent / "vessel.toml").write_text('[tools]\nbuiltin = ["bash"]\n')
+    for path in (tmp_path, agent):
+        path.chmod(0o755)
+    command = '{"command": "id -u; touch /usr/local/bin/av-cli && echo wrote"}'
+    args = ["call", str(agent), "bash", "-", "--json"]
+    strict = cli(*args, stdin=command)
+    relaxed = cli(*args, "--writable-root", "--root-identity", stdin=command)
+    strict_result, relaxed_result = (json.loads(d.stdout) for d in (strict, relaxed))
+    assert relaxed.returncode == 0, relaxed.stderr + relaxed_result["text"]
+    assert relaxed_result["text"].split()[:2] == ["0", "wrote"]
+    assert strict_result["text"].split()[0] == "65534"
+    assert "wrote" not in strict_result["text"]
+    assert strict_result["policy_id"] != relaxed_result["policy_id"]
+
+
 def test_call_error_result_exits_1() -> None:
     """A result that is an error exits 1 and still prints its text."""
     done = cli("call", EXAMPLE, "species", '{"habitat": 3}', "--mount", MOUNT)

@@ -22,6 +22,7 @@ __all__ = [
     "AGENT_DIR",
     "EGRESS_DIR",
     "EGRESS_PORT",
+    "EVAL_RELAXATIONS",
     "OUTBOX_DIR",
     "ROOT_DIRS",
     "SYSTEM_DIRS",
@@ -110,6 +111,21 @@ _PROMISE_SUMMARIES = {
     Promise.SECCOMP: "seccomp filter: architecture checked, dangerous system calls refused",
     Promise.FILESYSTEM_VIEW: (
         "only system dirs, /agent, workdir, mounts and the workspace; read-only but the workspace"
+    ),
+}
+
+
+#: The opt-in eval relaxations (``Policy`` fields of the same name) and what each gives up;
+#: ``doctor`` prints them. See docs/eval-relaxations.md.
+EVAL_RELAXATIONS: Mapping[str, str] = {
+    "writable_root": (
+        "the read-only system dirs: /usr, /etc, /opt, /var, ... become per-turn layers that "
+        "calls of the turn may change; the host's files never change, and every byte counts "
+        "against the disk limit"
+    ),
+    "root_identity": (
+        "the uid number only: calls are uid 0 of their own user namespace, every capability "
+        "set still empty; their files land as the unprivileged user"
     ),
 }
 
