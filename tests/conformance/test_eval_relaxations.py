@@ -21,6 +21,7 @@ import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import attrs
 import pytest
 
 from astralvessel.errors import BackendUnavailableError
@@ -29,6 +30,10 @@ from astralvessel.sandbox._discovery import get_backend
 
 from .calls import py, py_json, run, wait_until_gone
 from .conftest import TEST_LIMITS
+
+#: A writable root copies every directory of /usr into the workspace (15 000 on Debian), and
+#: the workspace holds one inode per 2 KiB of its disk limit: 64 MB leaves room for both.
+LIMITS = attrs.evolve(TEST_LIMITS, disk_mb=64)
 
 #: Every backend that runs the sandbox server; ``docker-exec`` refuses both (tested below).
 SERVER_BACKENDS = ["bubblewrap", "nsjail", "docker"]
@@ -113,7 +118,7 @@ def open_turn(backend: Sandbox, packages: Path, writable: Path) -> Iterator[Open
                 Mount.from_pair("/packages", packages),
                 Mount.from_pair("/out", writable, writable=True),
             ),
-            limits=TEST_LIMITS,
+            limits=LIMITS,
             writable_root=writable_root,
             root_identity=root_identity,
         )
@@ -215,7 +220,7 @@ def test_one_turns_layers_are_unseen_by_another(open_turn):
 def test_root_writes_count_against_the_disk_limit(open_turn):
     """Writes to /usr, /opt and the workspace share one disk limit: together they cannot pass it."""
     turn = open_turn(writable_root=True)
-    limit = TEST_LIMITS.disk_mb * 1024 * 1024
+    limit = LIMITS.disk_mb * 1024 * 1024
     written = py_json(
         turn,
         f"""
