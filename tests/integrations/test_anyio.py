@@ -167,3 +167,26 @@ def test_trio_cancellation_kills_the_call_on_every_backend(any_executor: av.Exec
     assert cancelled
     assert not still_running
     assert after.text.splitlines()[0] == "after"
+
+
+def test_trio_cancel_before_the_call_starts_leaves_nothing_running(
+    any_executor: av.Executor,
+) -> None:
+    """A call cancelled before it reaches the sandbox never runs, and the next call does not wait."""
+    marker = f"sleep 89.{os.getpid()}"
+
+    async def main() -> tuple[bool, av.ToolResult]:
+        async with any_executor.turn() as turn:
+            await turn.acall("bash", {"command": "true"})  # the sandbox is up
+            with trio.CancelScope() as scope:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(turn.acall, "bash", {"command": marker})
+                    await trio.lowlevel.checkpoint()  # the call is on its way, not yet running
+                    scope.cancel()
+            after = await turn.acall("bash", {"command": "echo after"})
+        return scope.cancelled_caught, after
+
+    cancelled, after = trio.run(main)
+    assert cancelled
+    assert after.text.splitlines()[0] == "after"
+    assert not _running(marker)

@@ -246,23 +246,31 @@ class ExecSession(SandboxSession):
 
     def run(self, request: RunRequest) -> RunOutcome:
         """Run one call as a ``docker exec`` and wait for it (one at a time)."""
-        with self._call_lock:
-            if self._closed:
-                raise SandboxError("the docker-exec turn is closed")
-            return self._run_locked(request)
+        return self._run(request, None)
 
     async def arun(self, request: RunRequest) -> RunOutcome:
         """Async twin of ``run``; cancelling it kills the call."""
+        cancelled = threading.Event()
         try:
-            return await to_thread(self.run, request, abandon=True)
+            return await to_thread(self._run, request, cancelled, abandon=True)
         except cancelled_exception():
             # The worker still waits on the exec: end the call, so the worker returns and the
-            # turn's next call does not queue behind it.
+            # turn's next call does not queue behind it. The flag first: a call that has not
+            # started yet then never starts, and one starting now is killed by its worker.
+            cancelled.set()
             with shielded():
                 await to_thread(self._kill_calls)
             raise
 
-    def _run_locked(self, request: RunRequest) -> RunOutcome:
+    def _run(self, request: RunRequest, cancelled: threading.Event | None) -> RunOutcome:
+        with self._call_lock:
+            if self._closed:
+                raise SandboxError("the docker-exec turn is closed")
+            if cancelled is not None and cancelled.is_set():
+                raise SandboxError("the call was cancelled before it started")
+            return self._run_locked(request, cancelled)
+
+    def _run_locked(self, request: RunRequest, cancelled: threading.Event | None) -> RunOutcome:
         api = self._api
         started = time.monotonic()
         self._calls += 1
@@ -281,6 +289,8 @@ class ExecSession(SandboxSession):
             raise SandboxError(
                 f"docker exec failed: {exc}; {self.channel.describe_exit()}"
             ) from None
+        if cancelled is not None and cancelled.is_set():
+            self._kill_calls()  # cancelled while starting: the canceller's kill may have missed it
         try:
             output, timed_out = self._stream(
                 raw_socket(attached), request, started + request.timeout
