@@ -164,19 +164,19 @@ def test_pip_installs_into_the_system_site_packages(open_turn, root_identity):
 
 
 def test_writes_anywhere_in_the_root(open_turn):
-    """/usr, /etc, /opt, /var/tmp and /srv take new and replaced files for the turn."""
+    """/usr, /etc, /opt, /srv and a sticky, world-writable /var/tmp take files for the turn."""
     turn = open_turn(writable_root=True)
     outcome = run(
         turn,
         "sh",
         "-c",
         "set -e; echo a > /usr/local/bin/av-new; echo b > /opt/av-new; "
-        "mkdir -p /var/tmp && echo c > /var/tmp/av-new; echo d > /srv/av-new; "
+        "echo c > /var/tmp/av-new; echo d > /srv/av-new; stat -c %a /var/tmp; "
         "echo 'nameserver 192.0.2.1' > /etc/av-resolv; sed -i 's/^/#/' /etc/hostname; "
         "cat /usr/local/bin/av-new /opt/av-new /var/tmp/av-new /srv/av-new /etc/av-resolv",
     )
     assert outcome.exit_code == 0, outcome.output
-    assert outcome.output.split() == ["a", "b", "c", "d", "nameserver", "192.0.2.1"]
+    assert outcome.output.split() == ["1777", "a", "b", "c", "d", "nameserver", "192.0.2.1"]
 
 
 def test_the_hosts_usr_and_etc_are_unchanged(open_turn, backend):

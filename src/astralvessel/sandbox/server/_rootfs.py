@@ -40,8 +40,10 @@ import stat
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["LAYERS", "make_root_writable"]
+__all__ = ["LAYERS", "SCRATCH", "make_root_writable"]
 
+#: Scratch folders every writable root has, sticky and writable by all (made where missing).
+SCRATCH = ("/tmp", "/var/tmp")  # noqa: S108 - sandbox paths
 #: The folder of the workspace that holds the layers (covered once they are mounted).
 LAYERS = ".vessel-root"
 
@@ -210,6 +212,16 @@ def make_root_writable(
             options = f"lowerdir={path},upperdir={upper},workdir={work}"
             _mount("overlay", path, "overlay", MS_NOSUID | MS_NODEV, options)
         done.append(path)
+    # Programs expect both scratch folders (inspect_ai's tools use /var/tmp): where the
+    # root was empty there, they are made as they always are, sticky and open to all.
+    with _as_call(uid, gid):
+        for scratch in SCRATCH:
+            if scratch not in done and os.path.dirname(scratch) not in done:
+                continue  # left as it was (it holds a mount)
+            if not os.path.lexists(scratch):
+                os.mkdir(scratch, 0o1777)
+            if not os.path.islink(scratch):
+                os.chmod(scratch, 0o1777)  # noqa: S103 - what every system gives these two
     # The layers stay reachable only through the overlays.
     cover = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
     _mount("none", layers, "tmpfs", cover, "size=4k,mode=0555")
