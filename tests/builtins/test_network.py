@@ -110,3 +110,48 @@ async def test_async_turn_reaches_the_listed_host(origin_port):
     async with executor.turn() as turn:
         result = await turn.acall("bash", {"command": f"curl -sS http://pkgs.test:{origin_port}/"})
     assert result.text == f"hello, pkgs.test:{origin_port}\n[exit code 0]"
+
+
+def test_pip_installs_system_wide_with_the_eval_relaxations(tmp_path):
+    """With a writable root and root identity, pip installs into /usr/local through the proxy."""
+    import functools
+    from http.server import SimpleHTTPRequestHandler
+
+    from ..conformance.test_network_allow import _package_index
+
+    class Quiet(SimpleHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:
+            """Keep test output quiet."""
+
+    _package_index(tmp_path)
+    server = ThreadingHTTPServer(
+        ("127.0.0.1", 0), functools.partial(Quiet, directory=str(tmp_path))
+    )
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = int(server.server_address[1])
+    registry = Registry()
+    registry.add_builtin("bash")
+    fetcher = Fetcher(
+        EgressPolicy(allow=[AllowRule(network="127.0.0.1/32", ports=[port])]), resolver=_Names()
+    )
+    executor = Executor(
+        registry,
+        sandbox="bubblewrap",
+        fetcher=fetcher,
+        network_allow=[f"pkgs.test:{port}"],
+        writable_root=True,
+        root_identity=True,
+    )
+    command = (
+        "python3 -m pip install -q --break-system-packages --disable-pip-version-check "
+        f"--no-cache-dir --trusted-host pkgs.test --index-url http://pkgs.test:{port}/simple/ "
+        "tinypkg 2>/dev/null && cd / && python3 -c 'import tinypkg; print(tinypkg.__file__)'"
+    )
+    try:
+        with executor.turn() as turn:
+            result = turn.call("bash", {"command": command})
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert result.text.startswith("/usr/local/lib/python3"), result.text
+    assert "/tinypkg/__init__.py" in result.text
