@@ -454,3 +454,14 @@ def test_docker_exec_refuses_both():
     for asked in ({"writable_root": True}, {"root_identity": True}):
         with pytest.raises(BackendUnavailableError, match=next(iter(asked))):
             backend.start(Policy(limits=TEST_LIMITS, **asked)).close()
+
+
+def test_writable_etc_shows_no_more_than_before(open_turn):
+    """The turn's copy of /etc holds what calls could read before, never more (no shadow file)."""
+    before = open_turn()
+    after = open_turn(writable_root=True, root_identity=True)
+    listing = "find /etc -readable -type f"
+    readable_before = run(before, "sh", "-c", listing).output.split()
+    readable_after = run(after, "sh", "-c", listing).output.split()
+    assert set(readable_after) <= set(readable_before)
+    assert run(after, "cat", "/etc/shadow").exit_code != 0

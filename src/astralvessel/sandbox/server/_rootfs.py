@@ -145,11 +145,12 @@ def _as_call(uid: int | None, gid: int | None) -> Iterator[None]:
         os.umask(mask)
 
 
-def _copy(source: str, target: str, uid: int | None, gid: int | None) -> None:
-    """Copy the tree the view shows at ``source`` (links as links), owned by the call.
+def _copy(source: str, target: str) -> None:
+    """Copy the tree the view shows at ``source`` (links as links) into ``target``.
 
-    What the server cannot read (an image's ``/etc/shadow``) is left out: the call
-    could not have read it either.
+    Runs as the call's file identity (see ``_as_call``): what the call could not
+    read (an image's ``/etc/shadow``, a root-only file among the host's entries)
+    is left out, so a copy never shows the call more than the original did.
     """
     pending = [(source, target)]
     while pending:
@@ -163,16 +164,14 @@ def _copy(source: str, target: str, uid: int | None, gid: int | None) -> None:
             try:
                 if entry.is_symlink():
                     os.symlink(os.readlink(entry.path), made)
-                elif entry.is_dir():
-                    os.mkdir(made)
+                    continue
+                mode = entry.stat().st_mode & 0o1777
+                if entry.is_dir():
+                    os.mkdir(made, mode)
                     pending.append((entry.path, made))
                 elif entry.is_file():
                     shutil.copyfile(entry.path, made)
-                else:
-                    continue
-                if not entry.is_symlink():
-                    os.chmod(made, entry.stat().st_mode & 0o1777)
-                _own(made, uid, gid)
+                    os.chmod(made, mode)
             except OSError:
                 continue
 
@@ -202,7 +201,8 @@ def make_root_writable(
         os.chmod(upper, stat.S_IMODE(os.stat(path).st_mode) & 0o1777)
         _own(upper, uid, gid)
         if how == "copy":
-            _copy(path, upper, uid, gid)
+            with _as_call(uid, gid):
+                _copy(path, upper)
             _mount(upper, path, None, MS_BIND)
         else:
             work = os.path.join(layers, "work", name)
