@@ -1,7 +1,10 @@
 """What the executor and a turn's session share: requests, outcomes, the session API.
 
-``SandboxSession`` is the API the executor calls for one turn (``run`` and
-``file_tool``, each with an async twin). The library implements it once, in
+``SandboxSession`` is the API the executor calls for one turn: ``run`` (a tool
+call: one merged text stream and outbox files), ``exec`` (a host's command:
+stdout and stderr apart, as bytes), ``fs`` (one generic file primitive: read or
+write a byte range, list a folder) and ``file_tool`` (the built-in file tools'
+rendered views), each with an async twin. The library implements it once, in
 ``_session.ServerSession``, over a ``Channel`` a backend opens (see
 ``_base.Sandbox``); the values here travel between the two.
 """
@@ -15,12 +18,17 @@ from typing import Protocol
 
 import attrs
 
+from ..errors import BackendUnavailableError
 from ._policy import Policy, Promise
 
 __all__ = [
     "BackendReport",
     "Channel",
+    "ExecRequest",
+    "ExecResult",
     "FileOutcome",
+    "FsReply",
+    "FsRequest",
     "OutboxFile",
     "RunOutcome",
     "RunRequest",
@@ -59,6 +67,85 @@ class RunRequest:
     output_chars: int
     #: Sandbox path of the working directory; ``None`` means the policy's workdir.
     cwd: str | None = None
+
+
+def _env_map(value: Mapping[str, str]) -> Mapping[str, str]:
+    return dict(value)
+
+
+@attrs.frozen(kw_only=True)
+class ExecRequest:
+    """A host's command in the turn's sandbox: confined like a call, its streams apart.
+
+    Built and checked by ``Turn.exec`` (see ``astralvessel._exec``); the session
+    only carries it.
+    """
+
+    argv: tuple[str, ...] = attrs.field(converter=_str_tuple)
+    stdin: bytes = b""
+    timeout: float
+    #: Bytes of each stream kept; the rest is counted, not kept.
+    output_bytes: int
+    #: Sandbox path of the working directory; ``None`` means the policy's workdir.
+    cwd: str | None = None
+    #: Variables set over the call's clean environment.
+    env: Mapping[str, str] = attrs.field(factory=dict, converter=_env_map)
+
+
+_nonneg = attrs.validators.ge(0)
+
+
+@attrs.frozen(kw_only=True)
+class ExecResult:
+    """What a command run with ``Turn.exec`` did: its exit status and its two streams.
+
+    ``returncode`` is the command's exit code, ``-N`` if a signal N ended it,
+    and ``-9`` when it ran past its timeout (``timed_out``) and was killed with
+    its whole process tree. ``stdout`` and ``stderr`` are the bytes it wrote,
+    each cut at the per-stream bound (``truncated`` says one was cut).
+    """
+
+    returncode: int = attrs.field(validator=attrs.validators.instance_of(int))
+    stdout: bytes = attrs.field(default=b"", validator=attrs.validators.instance_of(bytes))
+    stderr: bytes = attrs.field(default=b"", validator=attrs.validators.instance_of(bytes))
+    timed_out: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    truncated: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    duration: float = attrs.field(default=0.0, converter=float, validator=attrs.validators.ge(0.0))
+
+    @property
+    def success(self) -> bool:
+        """Whether the command exited with code 0."""
+        return self.returncode == 0 and not self.timed_out
+
+
+@attrs.frozen(kw_only=True)
+class FsRequest:
+    """One generic file primitive in the sandbox's view, as the calls' user.
+
+    ``op`` is ``read`` (``length`` bytes from ``offset``), ``write`` (``data`` at
+    ``offset``; ``truncate`` first, ``make_parents`` creates missing folders) or
+    ``list``. ``path`` is a sandbox path, absolute or relative to the workdir.
+    """
+
+    op: str = attrs.field(validator=attrs.validators.in_(("read", "write", "list")))
+    path: str = attrs.field(validator=attrs.validators.instance_of(str))
+    timeout: float
+    offset: int = attrs.field(default=0, validator=_nonneg)
+    length: int = attrs.field(default=0, validator=_nonneg)
+    data: bytes = b""
+    truncate: bool = False
+    make_parents: bool = False
+
+
+@attrs.frozen(kw_only=True)
+class FsReply:
+    """The answer to an ``FsRequest``: its fields (``size``, ``entries``) and bytes read,
+    or ``errno``/``message`` when the sandbox refused (the host raises the matching error)."""
+
+    fields: Mapping[str, object] = attrs.field(factory=dict)
+    data: bytes = b""
+    errno: str | None = None
+    message: str = ""
 
 
 @attrs.frozen(kw_only=True)
@@ -125,6 +212,35 @@ class SandboxSession(abc.ABC):
     @abc.abstractmethod
     async def arun(self, request: RunRequest) -> RunOutcome:
         """Async twin of ``run``; same contract."""
+
+    def exec(self, request: ExecRequest) -> ExecResult:
+        """Run a host's command, its stdout and stderr apart, and wait for it.
+
+        Same contract as ``run``: ``SandboxError`` if the sandbox died; a command
+        that fails, crashes or times out is a normal ``ExecResult``. A session
+        that cannot run one raises ``BackendUnavailableError`` saying so.
+        """
+        raise BackendUnavailableError(f"the {self.backend} backend cannot run exec")
+
+    async def aexec(self, request: ExecRequest) -> ExecResult:
+        """Async twin of ``exec``; cancelling it kills the command."""
+        return self.exec(request)
+
+    def fs(self, request: FsRequest) -> FsReply:
+        """Run one file primitive in the sandbox's view, as the calls' user.
+
+        A refusal (missing file, outside the writable places) is an ``FsReply``
+        with ``errno``; a dead sandbox raises ``SandboxError``. A session without
+        them raises ``BackendUnavailableError`` (and the turn's sandbox lives on).
+        """
+        raise BackendUnavailableError(
+            f"the {self.backend} backend has no file primitives (they live in the sandbox "
+            "server: the docker backend, with an image that has python3, has them)"
+        )
+
+    async def afs(self, request: FsRequest) -> FsReply:
+        """Async twin of ``fs``."""
+        return self.fs(request)
 
     @abc.abstractmethod
     def file_tool(

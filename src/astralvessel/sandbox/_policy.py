@@ -308,6 +308,12 @@ class Policy:
             roots.append(AGENT_DIR)
         return tuple(dict.fromkeys(roots))
 
+    @property
+    def writable_roots(self) -> tuple[PurePosixPath, ...]:
+        """Where the host's ``write_file`` may write: the workspace and writable mounts."""
+        roots = [WORKSPACE_DIR, *(m.target for m in self.mounts if m.writable)]
+        return tuple(dict.fromkeys(roots))
+
     def to_json(self) -> dict[str, object]:
         """A canonical, JSON-ready description of the policy (what ``identity`` hashes)."""
         described: dict[str, object] = {

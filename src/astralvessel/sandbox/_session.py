@@ -26,7 +26,7 @@ import shutil
 import sys
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from importlib import resources
 from pathlib import Path
 from types import CodeType, TracebackType
@@ -34,7 +34,18 @@ from typing import IO, Any
 
 from .._aio import cancelled_exception, wait_future
 from ..errors import BackendUnavailableError, PromiseNotEnforcedError, SandboxError
-from ._api import Channel, FileOutcome, OutboxFile, RunOutcome, RunRequest, SandboxSession
+from ._api import (
+    Channel,
+    ExecRequest,
+    ExecResult,
+    FileOutcome,
+    FsReply,
+    FsRequest,
+    OutboxFile,
+    RunOutcome,
+    RunRequest,
+    SandboxSession,
+)
 from ._policy import (
     EGRESS_DIR,
     EGRESS_PORT,
@@ -61,6 +72,7 @@ SERVER_MODULES = (
     "_bounds",
     "_zygote",
     "_files",
+    "_fsops",
     "_outbox",
     "_worker",
     "_relay",
@@ -174,8 +186,14 @@ def unenforced_promises(problems: Mapping[str, str]) -> dict[Promise, str]:
 class _Pending:
     """A request the host is waiting on; the reader thread fills it in."""
 
-    def __init__(self, kind: str, output_chars: int = 0, outbox: Path | None = None) -> None:
+    def __init__(
+        self, kind: str, output_chars: int = 0, outbox: Path | None = None, output_bytes: int = 0
+    ) -> None:
         self.kind = kind
+        #: An exec's streams, each bounded to ``output_bytes`` again on the host.
+        self.output_bytes = output_bytes
+        self.streams = {"stdout": bytearray(), "stderr": bytearray()}
+        self.stream_cut = False
         self.future: concurrent.futures.Future[Any] = concurrent.futures.Future()
         self.output_chars = output_chars
         self.max_bytes = output_chars * 4
@@ -207,6 +225,41 @@ class _Pending:
             self.cut = True
             chunk = chunk[index:]
         self.dropped_chars += _protocol.count_chars(chunk)
+
+    def add_stream(self, stream: str, chunk: bytes) -> None:
+        """An exec's output chunk: ``output_bytes`` kept per stream, whatever the server says."""
+        kept = self.streams[stream]
+        room = max(0, self.output_bytes - len(kept))
+        kept += chunk[:room]
+        if len(chunk) > room:
+            self.stream_cut = True
+
+
+def _fs_reply(header: Mapping[str, Any], body: bytes) -> FsReply:
+    """The worker's answer to a file primitive: its fields, the bytes read, or the refusal."""
+    error = header.get("error")
+    fields = {k: v for k, v in header.items() if k not in ("type", "id", "error")}
+    if not isinstance(error, dict):
+        return FsReply(fields=fields, data=body)
+    return FsReply(
+        fields=fields, errno=str(error.get("errno")), message=str(error.get("message", ""))[:2000]
+    )
+
+
+def _server_failed(header: Mapping[str, Any], body: bytes) -> SandboxError:
+    return SandboxError(f"the sandbox server failed a call: {header.get('message')}")
+
+
+def _file_outcome(header: Mapping[str, Any], body: bytes) -> FileOutcome:
+    return FileOutcome(text=str(header.get("text", "")), is_error=bool(header.get("is_error")))
+
+
+#: Frames that answer a request in one piece, by type: each builds the answer (or the error).
+_ANSWERS: Mapping[str, Callable[[Mapping[str, Any], bytes], object]] = {
+    "error": _server_failed,
+    "file_result": _file_outcome,
+    "fs_result": _fs_reply,
+}
 
 
 def _outbox_of(item: _Pending) -> Path:
@@ -285,6 +338,7 @@ class ServerSession(SandboxSession):
                 "workspace_inodes": policy.limits.workspace_inodes,
             },
             "visible_roots": [str(root) for root in policy.visible_roots],
+            "writable_roots": [str(root) for root in policy.writable_roots],
             "path_map": dict(path_map or {}),
             "egress": (
                 None
@@ -435,20 +489,25 @@ class ServerSession(SandboxSession):
             item = self._pending.get(call_id)
         if item is None:
             return  # a call the host stopped waiting for (cancelled): drop what is left of it
-        if kind == "error":
-            self._finish(
-                call_id,
-                exception=SandboxError(
-                    f"the sandbox server failed a call: {header.get('message')}"
-                ),
-            )
-        elif kind == "file_result":
-            self._finish(
-                call_id,
-                FileOutcome(
-                    text=str(header.get("text", "")), is_error=bool(header.get("is_error"))
-                ),
-            )
+        answer = _ANSWERS.get(kind)
+        if answer is not None:
+            outcome = answer(header, body)
+            if isinstance(outcome, BaseException):
+                self._finish(call_id, exception=outcome)
+            else:
+                self._finish(call_id, outcome)
+            return
+        self._on_stream(call_id, item, kind, header, body)
+
+    def _on_stream(
+        self, call_id: int, item: _Pending, kind: str, header: dict[str, Any], body: bytes
+    ) -> None:
+        """A frame of a running call or exec: output, its exit, or an outbox file's bytes."""
+        if item.kind == "exec" and kind in ("out", "exit"):
+            if kind == "out":
+                item.add_stream("stderr" if header.get("stream") == "stderr" else "stdout", body)
+            else:
+                self._finish(call_id, self._exec_result(item, header))
         elif kind == "out":
             item.add_output(body)
             self.max_buffered_output = max(self.max_buffered_output, len(item.output))
@@ -580,6 +639,24 @@ class ServerSession(SandboxSession):
             duration=float(exit_info.get("duration") or 0.0),
         )
 
+    @staticmethod
+    def _exec_result(item: _Pending, header: Mapping[str, Any]) -> ExecResult:
+        code = header.get("exit_code")
+        timed_out = bool(header.get("timed_out"))
+        dropped = header.get("dropped_bytes") or {}
+        server_cut = isinstance(dropped, dict) and any(
+            isinstance(n, int) and n > 0 for n in dropped.values()
+        )
+        return ExecResult(
+            # Killed with its tree past its timeout: SIGKILL's code, as a shell would report it.
+            returncode=code if isinstance(code, int) and not timed_out else -9,
+            stdout=bytes(item.streams["stdout"]),
+            stderr=bytes(item.streams["stderr"]),
+            timed_out=timed_out,
+            truncated=item.stream_cut or server_cut,
+            duration=max(0.0, float(header.get("duration") or 0.0)),
+        )
+
     # -- requests ----------------------------------------------------------------
 
     def _submit(self, item: _Pending, header: dict[str, Any], body: bytes = b"") -> int:
@@ -635,6 +712,37 @@ class ServerSession(SandboxSession):
         }
         return self._submit(item, header, argv + request.stdin), item
 
+    def _submit_exec(self, request: ExecRequest) -> tuple[int, _Pending]:
+        item = _Pending("exec", output_bytes=request.output_bytes)
+        if any("\0" in part for part in request.argv):
+            raise SandboxError("the sandbox server failed a call: argv may not contain NUL")
+        argv = b"\0".join(part.encode("utf-8", "surrogateescape") for part in request.argv)
+        header = {
+            "type": "run",
+            "split": True,
+            "argv_bytes": len(argv),
+            "cwd": request.cwd,
+            "timeout": request.timeout,
+            "output_chars": 0,
+            "output_bytes": request.output_bytes,
+            "env": dict(request.env),
+        }
+        return self._submit(item, header, argv + request.stdin), item
+
+    def _submit_fs(self, request: FsRequest) -> tuple[int, _Pending]:
+        item = _Pending("fs")
+        header = {
+            "type": "fs",
+            "op": request.op,
+            "path": request.path,
+            "timeout": request.timeout,
+            "offset": request.offset,
+            "length": request.length,
+            "truncate": request.truncate,
+            "make_parents": request.make_parents,
+        }
+        return self._submit(item, header, request.data), item
+
     def _stuck(self, call_id: int, waited: float) -> SandboxError:
         message = self._death(
             f"the sandbox server did not answer request {call_id} within {waited:g} s"
@@ -677,6 +785,30 @@ class ServerSession(SandboxSession):
         call_id, item = self._submit_run(request)
         outcome: RunOutcome = await self._await(call_id, item, request.timeout + _ANSWER_GRACE)
         return outcome
+
+    def exec(self, request: ExecRequest) -> ExecResult:
+        """Run a host's command in the sandbox, its streams apart, and wait for it."""
+        call_id, item = self._submit_exec(request)
+        result: ExecResult = self._wait(call_id, item, request.timeout + _ANSWER_GRACE)
+        return result
+
+    async def aexec(self, request: ExecRequest) -> ExecResult:
+        """Async twin of ``exec``; cancelling it kills the command."""
+        call_id, item = self._submit_exec(request)
+        result: ExecResult = await self._await(call_id, item, request.timeout + _ANSWER_GRACE)
+        return result
+
+    def fs(self, request: FsRequest) -> FsReply:
+        """Run one file primitive in the sandbox's view, as the calls' user."""
+        call_id, item = self._submit_fs(request)
+        reply: FsReply = self._wait(call_id, item, request.timeout + _ANSWER_GRACE)
+        return reply
+
+    async def afs(self, request: FsRequest) -> FsReply:
+        """Async twin of ``fs``."""
+        call_id, item = self._submit_fs(request)
+        reply: FsReply = await self._await(call_id, item, request.timeout + _ANSWER_GRACE)
+        return reply
 
     def file_tool(
         self, tool: str, arguments: Mapping[str, object], *, timeout: float

@@ -137,7 +137,15 @@ def _absolute(path: object) -> str:
 
 
 class _Refusal(Exception):
-    """The model's mistake: the message is the tool's error result."""
+    """The model's mistake: the message is the tool's error result.
+
+    ``code`` is the errno it stands for, so the host's file API (``_fsops``) can
+    raise the builtin error a harness expects from the very same refusal.
+    """
+
+    def __init__(self, message: str, code: int = errno.EINVAL) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 def handle(tool: str, arguments: dict[str, Any], ctx: FileContext) -> tuple[str, bool]:
@@ -222,7 +230,8 @@ def _on_the_way(path: str, ctx: FileContext) -> bool:
 def _outside(shown: str, ctx: FileContext) -> _Refusal:
     return _Refusal(
         f"{shown} is outside the agent's data. The file tools can reach only "
-        f"{', '.join(ctx.visible_roots)}."
+        f"{', '.join(ctx.visible_roots)}.",
+        errno.EACCES,
     )
 
 
@@ -301,7 +310,9 @@ def _resolve(path: str, ctx: FileContext) -> tuple[_Node, _Node]:
                     _close(stack.pop().fd)
                 continue
             if not current.is_dir:
-                raise _Refusal(f"{path} does not exist: {current.path} is not a directory.")
+                raise _Refusal(
+                    f"{path} does not exist: {current.path} is not a directory.", errno.ENOTDIR
+                )
             child = _child_path(current.path, name)
             if not _on_the_way(child, ctx):
                 raise _outside(path if child == path else f"{path} (through {child})", ctx)
@@ -333,7 +344,7 @@ def _link_target(node: _Node, path: str, child: str, links: int) -> str:
     """Read (and close) a link met while resolving ``path``; the caller walks its target."""
     try:
         if links > _MAX_LINKS:
-            raise _Refusal(f"{path} has too many levels of symbolic links.")
+            raise _Refusal(f"{path} has too many levels of symbolic links.", errno.ELOOP)
         return os.readlink("", dir_fd=node.fd)
     except OSError as error:
         raise _os_refusal(error, path, child) from None
@@ -342,20 +353,21 @@ def _link_target(node: _Node, path: str, child: str, links: int) -> str:
 
 
 def _os_refusal(error: OSError, path: str, where: str) -> _Refusal:
-    code = error.errno
+    code = error.errno or errno.EIO
     if code == errno.ENOENT:
         return _Refusal(
             f"{path} does not exist."
             if where == path
-            else f"{path} does not exist ({where} is missing)."
+            else f"{path} does not exist ({where} is missing).",
+            code,
         )
     if code in (errno.EACCES, errno.EPERM):
-        return _Refusal(f"{path}: permission denied; the sandbox user cannot read {where}.")
+        return _Refusal(f"{path}: permission denied; the sandbox user cannot read {where}.", code)
     if code == errno.ENOTDIR:
-        return _Refusal(f"{path} does not exist: a component of {where} is not a directory.")
+        return _Refusal(f"{path} does not exist: a component of {where} is not a directory.", code)
     if code == errno.ELOOP:
-        return _Refusal(f"{path} has too many levels of symbolic links.")
-    return _Refusal(f"{path}: {os.strerror(code) if code else error}.")
+        return _Refusal(f"{path} has too many levels of symbolic links.", code)
+    return _Refusal(f"{path}: {os.strerror(code)}.", code)
 
 
 def _kind(mode: int) -> str:
@@ -375,7 +387,10 @@ def _kind(mode: int) -> str:
 def _open_for_reading(node: _Node, parent: _Node, path: str) -> int:
     """Open a resolved node's file for reading; only a regular file, and never blocking."""
     if node.st is None or node.is_dir:
-        raise _Refusal(f"{path} is a directory, not a file; use list or glob to see what it holds.")
+        raise _Refusal(
+            f"{path} is a directory, not a file; use list or glob to see what it holds.",
+            errno.EISDIR,
+        )
     if not stat.S_ISREG(node.st.st_mode):
         what = _kind(node.st.st_mode)
         raise _Refusal(f"{path} is {what}, not a regular file; read shows text files only.")
@@ -390,29 +405,33 @@ def _open_for_reading(node: _Node, parent: _Node, path: str) -> int:
             fd = os.open(name, flags | os.O_NOFOLLOW, dir_fd=parent.fd)
         else:
             # Only a mapped path sits in a virtual directory; never open relative to the cwd.
-            raise _Refusal(f"{path} does not exist.")
+            raise _Refusal(f"{path} does not exist.", errno.ENOENT)
     except OSError as error:
         if error.errno in (errno.EACCES, errno.EPERM):
-            raise _Refusal(f"{path}: permission denied; the sandbox user cannot read it.") from None
+            raise _Refusal(
+                f"{path}: permission denied; the sandbox user cannot read it.", errno.EACCES
+            ) from None
         raise _os_refusal(error, path, path) from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (node.st.st_dev, node.st.st_ino):
         os.close(fd)
-        raise _Refusal(f"{path} changed while it was being opened; try again.")
+        raise _Refusal(f"{path} changed while it was being opened; try again.", errno.EAGAIN)
     return fd
 
 
 def _open_directory(node: _Node, path: str) -> int:
     if node.st is not None and not node.is_dir:
         what = "a file" if stat.S_ISREG(node.st.st_mode) else _kind(node.st.st_mode)
-        raise _Refusal(f"{path} is {what}, not a directory; use read for a file.")
+        raise _Refusal(f"{path} is {what}, not a directory; use read for a file.", errno.ENOTDIR)
     if node.fd is None:
-        raise _Refusal(f"{path} is not a directory the file tools can list.")
+        raise _Refusal(f"{path} is not a directory the file tools can list.", errno.EACCES)
     try:
         return os.open(".", os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC, dir_fd=node.fd)
     except OSError as error:
         if error.errno in (errno.EACCES, errno.EPERM):
-            raise _Refusal(f"{path}: permission denied; the sandbox user cannot list it.") from None
+            raise _Refusal(
+                f"{path}: permission denied; the sandbox user cannot list it.", errno.EACCES
+            ) from None
         raise _os_refusal(error, path, path) from None
 
 

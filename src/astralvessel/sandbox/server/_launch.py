@@ -182,10 +182,19 @@ class Spawned:
     """
 
     def __init__(  # noqa: PLR0917 - plain record of descriptors
-        self, pid: int, output: int, stdin: int, status: int, group: bool, control: int = -1
+        self,
+        pid: int,
+        output: int,
+        stdin: int,
+        status: int,
+        group: bool,
+        control: int = -1,
+        errors: int = -1,
     ) -> None:
         self.pid = pid
         self.output = output
+        #: The command's stderr when the request splits the streams (an exec); unused otherwise.
+        self.errors = errors
         self.stdin = stdin
         self.status = status
         #: What the chain wrote on the status pipe so far (namespace calls).
@@ -197,7 +206,7 @@ class Spawned:
 
     def close(self) -> None:
         """Close every descriptor the server still holds for this child."""
-        for name in ("output", "stdin", "status", "control"):
+        for name in ("output", "errors", "stdin", "status", "control"):
             fd = getattr(self, name)
             if fd >= 0:
                 with contextlib.suppress(OSError):
@@ -298,22 +307,26 @@ def _confine_self(plan: LaunchPlan) -> None:
         plan.install_seccomp(plan.seccomp)
 
 
-def _take_pipes(stdin: int, output: int) -> None:
-    """Put the call's pipes on 0, 1 and 2 (stdout and stderr share one) and close the originals."""
+def _take_pipes(stdin: int, output: int, errors: int, split: bool) -> None:
+    """Put the call's pipes on 0, 1 and 2 and close the originals.
+
+    A tool call's stdout and stderr share one pipe (the model reads them as one
+    text, in order); an exec (``split``) gets stderr on a pipe of its own.
+    """
     os.dup2(stdin, 0)
     os.dup2(output, 1)
-    os.dup2(output, 2)
-    for fd in (stdin, output):
+    os.dup2(errors if split else output, 2)
+    for fd in (stdin, output, errors):
         if fd > 2:
             os.close(fd)
 
 
-def _wire_command(stdin: int, output: int) -> None:
+def _wire_command(stdin: int, output: int, errors: int, split: bool) -> None:
     """Reset signals and put the call's pipes on 0, 1 and 2 (none of it needs the request)."""
     _child_signals()
     # A write past RLIMIT_FSIZE then fails with EFBIG, as on a full disk, instead of killing.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-    _take_pipes(stdin, output)
+    _take_pipes(stdin, output, errors, split)
 
 
 def _confine_and_exec(plan: LaunchPlan, argv: list[str], cwd: str, env: dict[str, str]) -> int:
@@ -339,36 +352,41 @@ def _exec_command(  # noqa: PLR0917 - the child gets everything as plain values
     env: dict[str, str],
     stdin: int,
     output: int,
+    errors: int,
     status: int,
+    split: bool,
 ) -> None:
     """Become the call's command: wire the pipes, confine, chdir, exec. Never returns."""
     code = EXIT_SETUP_FAILED
     try:
-        _wire_command(stdin, output)
+        _wire_command(stdin, output, errors, split)
         code = _confine_and_exec(plan, argv, cwd, env)
     except BaseException as exc:
         _report(status, f"E cannot confine the call: {exc}")
     os._exit(code)
 
 
-def encode_request(argv: list[str], cwd: str, env: dict[str, str] | None = None) -> bytes:
-    """The request a prepared init reads: the working directory, each ``NAME=value`` the
-    call's environment adds (its own ``$VESSEL_OUTBOX``), an empty field, then argv,
-    NUL-separated.
+def encode_request(
+    argv: list[str], cwd: str, env: dict[str, str] | None = None, *, split: bool = False
+) -> bytes:
+    """The request a prepared init reads: ``S`` (stderr apart) or ``M`` (merged), the
+    working directory, each ``NAME=value`` the call's environment adds (its own
+    ``$VESSEL_OUTBOX``, an exec's variables), an empty field, then argv, NUL-separated.
 
     None of them can hold a NUL (the server refuses such a call), no environment
     entry is empty, and splitting bytes is far less work than parsing JSON on the
     call's critical path.
     """
     entries = [f"{name}={value}" for name, value in (env or {}).items()]
-    return b"\0".join(os.fsencode(part) for part in (cwd, *entries, "", *argv))
+    mode = "S" if split else "M"
+    return b"\0".join(os.fsencode(part) for part in (mode, cwd, *entries, "", *argv))
 
 
-def _parse_request(data: bytes) -> tuple[list[str], str, dict[str, str]]:
-    cwd, *rest = (os.fsdecode(part) for part in data.split(b"\0"))
+def _parse_request(data: bytes) -> tuple[list[str], str, dict[str, str], bool]:
+    mode, cwd, *rest = (os.fsdecode(part) for part in data.split(b"\0"))
     end = rest.index("")
     env = dict(entry.split("=", 1) for entry in rest[:end])
-    return rest[end + 1 :], cwd, env
+    return rest[end + 1 :], cwd, env, mode == "S"
 
 
 def _read_to_end(fd: int) -> bytes:
@@ -383,7 +401,7 @@ def _read_to_end(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-def _read_request(control: int) -> tuple[list[str], str, dict[str, str]] | None:
+def _read_request(control: int) -> tuple[list[str], str, dict[str, str], bool] | None:
     """Read the whole request from the control pipe; None if the server closed it unused."""
     data = _read_to_end(control)
     return _parse_request(data) if data else None
@@ -493,10 +511,10 @@ def _run_request(plan: LaunchPlan, env: dict[str, str], fds: dict[str, int]) -> 
     request = _read_request(fds["control"])
     if request is None:
         return None
-    argv, cwd, extra_env = request
+    argv, cwd, extra_env, split = request
     # Init's own 0, 1 and 2 become the call's pipes, for the command to inherit. Before the
     # limits: a tiny RLIMIT_NOFILE would refuse the dup2.
-    _take_pipes(fds["stdin"], fds["output"])
+    _take_pipes(fds["stdin"], fds["output"], fds["errors"], split)
     # The only other descriptor init holds: a call that could write to it could say it was
     # done while still running. (The zygote receives it close-on-exec already.)
     os.set_inheritable(fds["status"], False)
@@ -604,7 +622,7 @@ def _run_init(plan: LaunchPlan, env: dict[str, str], fds: dict[str, int], alive:
 
 
 #: The descriptors a chain gets, in the order ``prepare`` hands them to ``fork_chain``.
-CHAIN_FDS = ("output", "stdin", "status", "control")
+CHAIN_FDS = ("output", "stdin", "status", "control", "errors")
 
 
 def fork_chain(
@@ -649,18 +667,19 @@ def prepare(order: Callable[[list[int]], None]) -> Spawned:
     in_r, in_w = os.pipe()
     st_r, st_w = os.pipe()
     ctl_r, ctl_w = os.pipe()
+    err_r, err_w = os.pipe()
     try:
-        order([out_w, in_r, st_w, ctl_r])
+        order([out_w, in_r, st_w, ctl_r, err_w])
     except OSError:
-        for fd in (out_r, in_w, st_r, ctl_w):
+        for fd in (out_r, in_w, st_r, ctl_w, err_r):
             os.close(fd)
         raise
     finally:
-        for fd in (out_w, in_r, st_w, ctl_r):
+        for fd in (out_w, in_r, st_w, ctl_r, err_w):
             os.close(fd)
-    for fd in (out_r, in_w, st_r):
+    for fd in (out_r, in_w, st_r, err_r):
         os.set_blocking(fd, False)
-    return Spawned(-1, out_r, in_w, st_r, group=False, control=ctl_w)
+    return Spawned(-1, out_r, in_w, st_r, group=False, control=ctl_w, errors=err_r)
 
 
 def chain_alive(spawned: Spawned) -> bool:
@@ -679,19 +698,28 @@ def chain_alive(spawned: Spawned) -> bool:
     return not closed and b"\nE" not in said and b"\nD" not in said
 
 
-def start(spawned: Spawned, argv: list[str], cwd: str, env: dict[str, str] | None = None) -> None:
+def start(
+    spawned: Spawned,
+    argv: list[str],
+    cwd: str,
+    env: dict[str, str] | None = None,
+    *,
+    split: bool = False,
+) -> None:
     """Hand a prepared command its request; it then confines itself and execs.
 
     Raises ``OSError`` (``BrokenPipeError``) if the prepared chain is gone.
     """
     control, spawned.control = spawned.control, -1
     try:
-        _write_all(control, encode_request(argv, cwd, env))
+        _write_all(control, encode_request(argv, cwd, env, split=split))
     finally:
         os.close(control)
 
 
-def spawn(plan: LaunchPlan, argv: list[str], cwd: str, env: dict[str, str]) -> Spawned:
+def spawn(
+    plan: LaunchPlan, argv: list[str], cwd: str, env: dict[str, str], *, split: bool = False
+) -> Spawned:
     """Start one call in a process group now and return at once.
 
     For a plan without PID namespaces; the caller polls the pipes, reaps ``pid``
@@ -700,22 +728,23 @@ def spawn(plan: LaunchPlan, argv: list[str], cwd: str, env: dict[str, str]) -> S
     out_r, out_w = os.pipe()
     in_r, in_w = os.pipe()
     st_r, st_w = os.pipe()
+    err_r, err_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
-            close_fds_except({out_w, in_r, st_w})
+            close_fds_except({out_w, in_r, st_w, err_w})
             os.setpgid(0, 0)
             # Without namespaces nothing else kills a call whose server died;
             # this at least kills its leader.
             prctl(PR_SET_PDEATHSIG, 9)
-            _exec_command(plan, argv, cwd, env, in_r, out_w, st_w)
+            _exec_command(plan, argv, cwd, env, in_r, out_w, err_w, st_w, split)
         finally:
             os._exit(EXIT_SETUP_FAILED)
-    for fd in (out_w, in_r, st_w):
+    for fd in (out_w, in_r, st_w, err_w):
         os.close(fd)
-    for fd in (out_r, in_w, st_r):
+    for fd in (out_r, in_w, st_r, err_r):
         os.set_blocking(fd, False)
-    return Spawned(pid, out_r, in_w, st_r, group=True)
+    return Spawned(pid, out_r, in_w, st_r, group=True, errors=err_r)
 
 
 def probe(plan: LaunchPlan) -> dict[str, str]:

@@ -81,20 +81,49 @@ def map_path(path: str, path_map: dict[str, str]) -> str:
     return path
 
 
+class RunOrder:
+    """A checked ``run`` request: a tool call (one merged text stream, bounded in
+    characters) or an exec (``split``: stdout and stderr apart, each bounded in bytes)."""
+
+    def __init__(  # noqa: PLR0917 - plain record of a parsed request
+        self,
+        argv: list[str],
+        cwd: str,
+        timeout: float,
+        output_chars: int,
+        stdin: bytes,
+        split: bool = False,
+        output_bytes: int = 0,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.argv = argv
+        self.cwd = cwd
+        self.timeout = timeout
+        self.output_chars = output_chars
+        self.stdin = stdin
+        self.split = split
+        self.output_bytes = output_bytes
+        self.env = env or {}
+
+
 class Call:
     """One running call, from fork until its exit frame is sent."""
 
-    def __init__(
-        self, call_id: int, spawned: _launch.Spawned, timeout: float, output_chars: int
-    ) -> None:
+    def __init__(self, call_id: int, spawned: _launch.Spawned, order: RunOrder) -> None:
         self.id = call_id
         self.spawned = spawned
         self.started = time.monotonic()
-        self.deadline = self.started + timeout
-        self.output_chars = output_chars
+        self.deadline = self.started + order.timeout
+        self.output_chars = order.output_chars
         self.kept_chars = 0
         self.dropped_chars = 0
         self.cut = False
+        #: An exec's streams: bytes kept so far and bytes dropped past ``output_bytes``, each.
+        self.split = order.split
+        self.output_bytes = order.output_bytes
+        self.kept_bytes = {"stdout": 0, "stderr": 0}
+        self.dropped_bytes = {"stdout": 0, "stderr": 0}
+        self.errors_open = order.split
         self.stdin = memoryview(b"")
         self.status: int | None = None
         self.drain_deadline: float | None = None
@@ -107,8 +136,14 @@ class Call:
         #: ``[held, limit]`` in bytes if the memory watch stopped the call (``_bounds``).
         self.memory_stopped: list[int] | None = None
 
-    def take(self, chunk: bytes) -> bytes:
-        """Count ``chunk``; return the part to stream (``output_chars`` characters in all)."""
+    def take(self, chunk: bytes, stream: str = "stdout") -> bytes:
+        """Count ``chunk``; return the part to stream (``output_chars`` characters in all,
+        or for an exec ``output_bytes`` bytes of each stream)."""
+        if self.split:
+            room = max(0, self.output_bytes - self.kept_bytes[stream])
+            self.kept_bytes[stream] += min(room, len(chunk))
+            self.dropped_bytes[stream] += max(0, len(chunk) - room)
+            return chunk[:room]
         if self.cut:
             self.dropped_chars += _protocol.count_chars(chunk)
             return b""
@@ -138,7 +173,7 @@ class Server:
         self.worker: _worker.Worker | None = None
         self.worker_context: dict[str, Any] = {}
         self.worker_decoder = _protocol.FrameDecoder()
-        self.worker_queue: collections.deque[dict[str, Any]] = collections.deque()
+        self.worker_queue: collections.deque[tuple[dict[str, Any], bytes]] = collections.deque()
         self.worker_busy: tuple[int, float, float] | None = None  # id, deadline, timeout
         #: The next call's prepared namespaces (confined with a PID namespace only).
         self.spare: _launch.Spawned | None = None
@@ -240,6 +275,8 @@ class Server:
             self._run(call_id, header, body)
         elif kind == "file":
             self._file(call_id, header)
+        elif kind == "fs":
+            self._fs(call_id, header, body)
         elif kind == "cancel":
             call = self.calls.get(call_id)
             if call is not None and call.drain_deadline is None:
@@ -300,6 +337,7 @@ class Server:
             "path_map": dict(self.path_map),
             "workspace": workspace,
             "outbox": outbox,
+            "writable_roots": tuple(map_path(r, self.path_map) for r in config["writable_roots"]),
         }
         egress = self._start_relay(config)
         self._start_worker()
@@ -403,15 +441,16 @@ class Server:
     def _run(self, call_id: int, header: dict[str, Any], body: bytes) -> None:
         config, plan = self._configured()
         try:
-            argv, cwd, timeout, output_chars, body = _parse_run(header, body, config["workdir"])
+            order = _parse_run(header, body, config["workdir"])
         except (TypeError, ValueError) as exc:
             self.fail(call_id, str(exc))
             return
         if call_id in self.calls:
             self.fail(call_id, f"call id {call_id} is already running")
             return
-        argv = [map_path(a, self.path_map) if a.startswith("/") else a for a in argv]
-        cwd = map_path(cwd, self.path_map)
+        argv = [map_path(a, self.path_map) if a.startswith("/") else a for a in order.argv]
+        cwd = map_path(order.cwd, self.path_map)
+        split = order.split
         try:
             outbox = _outbox.prepare(
                 self.worker_context["outbox"], call_id, config["drop_uid"], config["drop_gid"]
@@ -420,8 +459,9 @@ class Server:
             self.fail(call_id, f"cannot make the call's outbox: {exc}")
             return
         # Each call its own outbox: calls running at once never take each other's files.
-        extra_env = {"VESSEL_OUTBOX": outbox}
-        spawned = self._start_on_spare(argv, cwd, extra_env)
+        # An exec's own variables first: the call's outbox is the server's to name.
+        extra_env = dict(order.env, VESSEL_OUTBOX=outbox)
+        spawned = self._start_on_spare(argv, cwd, extra_env, split)
         if spawned is None and plan.confine and plan.pid_namespace:
             try:
                 spawned = self._prepare()
@@ -431,12 +471,18 @@ class Server:
                 return
             # If the chain died while setting up, its status pipe says why.
             with contextlib.suppress(OSError):
-                _launch.start(spawned, argv, cwd, extra_env)
+                _launch.start(spawned, argv, cwd, extra_env, split=split)
         elif spawned is None:
-            spawned = _launch.spawn(plan, argv, cwd, dict(self.env, **extra_env))
-        call = Call(call_id, spawned, timeout, output_chars)
+            spawned = _launch.spawn(plan, argv, cwd, dict(self.env, **extra_env), split=split)
+        call = Call(call_id, spawned, order)
         self.calls[call_id] = call
         self.selector.register(spawned.output, selectors.EVENT_READ, self._on_output)
+        if split:
+            self.selector.register(spawned.errors, selectors.EVENT_READ, self._on_errors)
+        elif spawned.errors >= 0:
+            os.close(spawned.errors)  # a tool call's stderr shares the output pipe
+            spawned.errors = -1
+        body = order.stdin
         if not spawned.group:
             # The end of a namespace call comes on the status pipe (init's ``D``).
             self.selector.register(spawned.status, selectors.EVENT_READ, self._on_status)
@@ -477,7 +523,7 @@ class Server:
         return _launch.prepare(zygote.order)
 
     def _start_on_spare(
-        self, argv: list[str], cwd: str, extra_env: dict[str, str]
+        self, argv: list[str], cwd: str, extra_env: dict[str, str], split: bool
     ) -> _launch.Spawned | None:
         """Hand the request to the spare and return it; None if there is no live spare."""
         spare, self.spare = self.spare, None
@@ -488,7 +534,7 @@ class Server:
             spare.close()
             return None
         try:
-            _launch.start(spare, argv, cwd, extra_env)
+            _launch.start(spare, argv, cwd, extra_env, split=split)
         except OSError:
             # It died before its init read the request.
             spare.close()
@@ -540,6 +586,24 @@ class Server:
             if keep:
                 self.send({"type": "out", "id": call.id}, keep)
 
+    def _on_errors(self, fd: int, events: int) -> None:
+        """An exec's stderr: streamed apart, as ``out`` frames marked ``stderr``."""
+        call = self._call_by_fd(fd, "errors")
+        if call is None:
+            return
+        for _ in range(16):
+            try:
+                chunk = os.read(fd, _READ_SIZE)
+            except BlockingIOError:
+                return
+            if not chunk:
+                self._close_errors(call)
+                self._maybe_finish(call)
+                return
+            keep = call.take(chunk, "stderr")
+            if keep:
+                self.send({"type": "out", "id": call.id, "stream": "stderr"}, keep)
+
     def _close_output(self, call: Call) -> None:
         if not call.output_open:
             return
@@ -547,6 +611,15 @@ class Server:
         with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(call.spawned.output)
         os.close(call.spawned.output)
+
+    def _close_errors(self, call: Call) -> None:
+        if not call.errors_open:
+            return
+        call.errors_open = False
+        with contextlib.suppress(KeyError, ValueError):
+            self.selector.unregister(call.spawned.errors)
+        os.close(call.spawned.errors)
+        call.spawned.errors = -1
 
     def _on_wake(self, fd: int, events: int) -> None:
         try:
@@ -585,6 +658,8 @@ class Server:
         )
         if call.output_open:
             self._on_output(call.spawned.output, 0)
+        if call.errors_open:
+            self._on_errors(call.spawned.errors, 0)
         self._maybe_finish(call)
 
     def _on_status(self, fd: int, events: int) -> None:
@@ -646,6 +721,7 @@ class Server:
             if call.drain_deadline is not None:
                 if now >= call.drain_deadline:
                     self._close_output(call)
+                    self._close_errors(call)
                     self._maybe_finish(call)
             elif now >= call.deadline and not call.timed_out:
                 call.timed_out = True
@@ -686,7 +762,12 @@ class Server:
             self._kill(call)
 
     def _maybe_finish(self, call: Call) -> None:
-        if call.status is None or call.output_open or self.calls.get(call.id) is not call:
+        if (
+            call.status is None
+            or call.output_open
+            or call.errors_open
+            or self.calls.get(call.id) is not call
+        ):
             return
         del self.calls[call.id]
         self._answer(call, call.status)
@@ -725,6 +806,21 @@ class Server:
                 return
             exit_code = _launch.exit_code_of(statuses[0])
         config, _ = self._configured()
+        if call.split:
+            # An exec returns its streams, not outbox files: what it left there goes.
+            self._drop_outbox(call.id)
+            self.send(
+                {
+                    "type": "exit",
+                    "id": call.id,
+                    "exit_code": exit_code,
+                    "timed_out": call.timed_out,
+                    "cancelled": call.cancelled,
+                    "dropped_bytes": call.dropped_bytes,
+                    "duration": call.duration,
+                }
+            )
+            return
         collected = _outbox.collect(
             self.worker_context["outbox"],
             call.id,
@@ -772,17 +868,35 @@ class Server:
             "arguments": arguments,
             "timeout": float(header.get("timeout", 30.0)),
         }
-        self.worker_queue.append(request)
+        self.worker_queue.append((request, b""))
+        self._feed_worker()
+
+    def _fs(self, call_id: int, header: dict[str, Any], body: bytes) -> None:
+        """A generic file primitive (read, write, stat), answered by the worker as the
+        calls' user: ``op``, a sandbox ``path``, and the op's own fields."""
+        path = header.get("path")
+        if not isinstance(path, str) or not isinstance(header.get("op"), str):
+            self.fail(call_id, "'op' and 'path' must be strings")
+            return
+        if self.path_map and path.startswith("/"):
+            path = map_path(path, self.path_map)
+        try:
+            timeout = float(header.get("timeout", 30.0))
+        except (TypeError, ValueError):
+            self.fail(call_id, "'timeout' must be a number")
+            return
+        request = dict(header, id=call_id, path=path, timeout=timeout)
+        self.worker_queue.append((request, body))
         self._feed_worker()
 
     def _feed_worker(self) -> None:
         if self.worker_busy is not None or not self.worker_queue or self.worker is None:
             return
-        request = self.worker_queue.popleft()
+        request, body = self.worker_queue.popleft()
         timeout = request["timeout"]
         self.worker_busy = (request["id"], time.monotonic() + timeout + _WORKER_GRACE, timeout)
         try:
-            _launch._write_all(self.worker.requests, _protocol.encode(request))
+            _launch._write_all(self.worker.requests, _protocol.encode(request, body))
         except OSError:
             self._replace_worker("the file worker died")
 
@@ -803,9 +917,9 @@ class Server:
                 return
             if frame is None:
                 return
-            header, _ = frame
+            header, body = frame
             self.worker_busy = None
-            self.send(header)
+            self.send(header, body)
             self._feed_worker()
 
     def _replace_worker(self, why: str) -> None:
@@ -869,10 +983,8 @@ def _killpg(pgid: int) -> None:
         os.killpg(pgid, signal.SIGKILL)
 
 
-def _parse_run(
-    header: dict[str, Any], body: bytes, workdir: str
-) -> tuple[list[str], str, float, int, bytes]:
-    """Check a run request: argv, cwd, timeout, output_chars and stdin; raise on a bad field.
+def _parse_run(header: dict[str, Any], body: bytes, workdir: str) -> RunOrder:
+    """Check a run request: argv, cwd, timeout, output bounds, env and stdin; raise on a bad field.
 
     The host sends argv in the body (``argv_bytes`` of NUL-separated UTF-8, then
     stdin), so a command line as long as the kernel takes never meets the
@@ -895,9 +1007,17 @@ def _parse_run(
     try:
         timeout = float(header.get("timeout", 30.0))
         output_chars = int(header.get("output_chars", 30000))
+        output_bytes = int(header.get("output_bytes", 0))
     except (TypeError, ValueError):
-        raise ValueError("'timeout' and 'output_chars' must be numbers") from None
-    return argv, cwd, timeout, output_chars, body
+        raise ValueError("'timeout' and the output bounds must be numbers") from None
+    env = header.get("env") or {}
+    if not isinstance(env, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\0" not in k + v
+        for k, v in env.items()
+    ):
+        raise ValueError("'env' must map names (no '=', no NUL) to strings without NUL")
+    split = bool(header.get("split"))
+    return RunOrder(argv, cwd, timeout, output_chars, body, split, output_bytes, dict(env))
 
 
 def _parse_hello(header: dict[str, Any]) -> dict[str, Any]:
@@ -937,6 +1057,7 @@ def _parse_hello(header: dict[str, Any]) -> dict[str, Any]:
         "outbox": str(header["outbox"]),
         "limits": limits,
         "visible_roots": [str(r) for r in header.get("visible_roots", [])],
+        "writable_roots": [str(r) for r in header.get("writable_roots", [])],
         "path_map": {str(k): str(v) for k, v in (header.get("path_map") or {}).items()},
         "writable_root": [str(p) for p in header.get("writable_root") or []],
         "root_identity": header.get("root_identity") is True,

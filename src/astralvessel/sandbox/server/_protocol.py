@@ -29,7 +29,7 @@ __all__ = [
 ]
 
 #: Bumped whenever a message changes shape; the host refuses a server that says another.
-VERSION = 1
+VERSION = 2
 PREFIX = struct.Struct("!II")
 #: A header is a small JSON object; anything bigger is a broken or hostile peer.
 MAX_HEADER = 1 << 20

@@ -31,7 +31,7 @@ import os
 import resource
 from typing import Any
 
-__all__ = ["CALL_ID", "enter_own_namespace", "warm"]
+__all__ = ["CALL_ID", "enter_own_namespace", "give_up_capabilities", "warm"]
 
 #: The uid and gid a call has inside its own user namespace.
 CALL_ID = 65534
@@ -164,9 +164,22 @@ def enter_own_namespace(host_uid: int | None, host_gid: int | None, inner: int =
         os.setgroups([])  # refused where the sandbox's own namespace denies setgroups
     os.setresgid(inner, inner, inner)
     os.setresuid(inner, inner, inner)
-    for cap in range(_last_cap() + 1):
-        _prctl(PR_CAPBSET_DROP, cap)
-    _prctl(PR_SET_SECUREBITS, SECUREBITS_LOCKED)
-    _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
-    _capset(0, 0, 0)
+    give_up_capabilities()
     _prctl(PR_SET_DUMPABLE, 0)
+
+
+def give_up_capabilities() -> None:
+    """Empty every capability set (bounding and ambient too) and lock the securebits.
+
+    What ``enter_own_namespace`` ends with; alone, it is what a process does that
+    keeps its uid but must hold nothing (the file worker where it cannot have a
+    namespace of its own). Raises ``OSError`` if a step is refused; the sets a
+    process may always empty (effective, permitted, inheritable) are emptied even then.
+    """
+    try:
+        for cap in range(_last_cap() + 1):
+            _prctl(PR_CAPBSET_DROP, cap)
+        _prctl(PR_SET_SECUREBITS, SECUREBITS_LOCKED)
+        _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+    finally:
+        _capset(0, 0, 0)

@@ -38,6 +38,7 @@ class FileContext:
         path_map: dict[str, str],
         workspace: str,
         outbox: str,
+        writable_roots: tuple[str, ...] = (),
     ) -> None:
         self.workdir = workdir
         self.visible_roots = visible_roots
@@ -47,6 +48,8 @@ class FileContext:
         self.path_map = path_map
         self.workspace = workspace
         self.outbox = outbox
+        #: Where the host's ``write_file`` may write (the workspace, writable mounts).
+        self.writable_roots = writable_roots
 
 
 def _load_handler() -> Handler | None:
@@ -135,6 +138,10 @@ def _become_call_user(uid: int | None, gid: int | None) -> None:
         )
     except OSError:
         _launch._drop(uid, gid)
+        if uid is None:
+            # Docker's masked /proc refuses a new one: the worker keeps the server's uid,
+            # but holds none of its capabilities (else it could read what no call can).
+            _userns.give_up_capabilities()
         return
     _userns.enter_own_namespace(uid, gid)
 
@@ -150,10 +157,30 @@ def _serve(requests: int, replies: int, context: dict[str, Any]) -> None:
                 return
             decoder.feed(data)
             continue
-        header, _ = frame
+        header, body = frame
+        if header.get("type") == "fs":
+            fields, data = _answer_fs(header, body, context)
+            reply = dict(fields, type="fs_result", id=header.get("id"))
+            _launch._write_all(replies, _protocol.encode(reply, data))
+            continue
         text, is_error = _answer(handler, header, context)
         reply = {"type": "file_result", "id": header.get("id"), "text": text, "is_error": is_error}
         _launch._write_all(replies, _protocol.encode(reply))
+
+
+def _answer_fs(
+    header: dict[str, Any], body: bytes, context: dict[str, Any]
+) -> tuple[dict[str, Any], bytes]:
+    try:
+        from . import _fsops
+    except ImportError:
+        return {"error": {"errno": "ENOSYS", "message": "file primitives are unavailable"}}, b""
+    ctx = FileContext(timeout=float(header.get("timeout", 30.0)), **context)
+    try:
+        return _fsops.handle(header, body, ctx)
+    except Exception as exc:
+        message = f"internal error in the file worker: {type(exc).__name__}: {exc}"
+        return {"error": {"errno": "EIO", "message": message}}, b""
 
 
 def _answer(
