@@ -20,8 +20,14 @@ from .errors import AstralVesselError as AstralVesselError
 from .errors import BackendUnavailableError as BackendUnavailableError
 from .errors import ConfigError as ConfigError
 from .errors import EgressError as EgressError
+from .errors import FileTooLargeError as FileTooLargeError
 from .errors import PromiseNotEnforcedError as PromiseNotEnforcedError
 from .errors import SandboxError as SandboxError
+from .errors import SandboxFileError as SandboxFileError
+from .errors import SandboxFileNotFoundError as SandboxFileNotFoundError
+from .errors import SandboxIsADirectoryError as SandboxIsADirectoryError
+from .errors import SandboxNotADirectoryError as SandboxNotADirectoryError
+from .errors import SandboxPermissionError as SandboxPermissionError
 from .errors import SearchError as SearchError
 from .errors import ToolError as ToolError
 from .errors import ToolRegistrationError as ToolRegistrationError
@@ -33,6 +39,7 @@ from .executor import Turn as Turn
 from .registry import Registry as Registry
 from .results import OutboxFile as OutboxFile
 from .results import ToolResult as ToolResult
+from .sandbox._api import ExecResult as ExecResult
 from .spec import InputMode as InputMode
 from .spec import Scope as Scope
 from .spec import ToolKind as ToolKind
@@ -49,12 +56,19 @@ __all__ = [
     "BackendUnavailableError",
     "ConfigError",
     "EgressError",
+    "ExecResult",
     "Executor",
+    "FileTooLargeError",
     "InputMode",
     "OutboxFile",
     "PromiseNotEnforcedError",
     "Registry",
     "SandboxError",
+    "SandboxFileError",
+    "SandboxFileNotFoundError",
+    "SandboxIsADirectoryError",
+    "SandboxNotADirectoryError",
+    "SandboxPermissionError",
     "Scope",
     "SearchError",
     "Service",

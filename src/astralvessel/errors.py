@@ -16,7 +16,18 @@ caller would naturally catch::
     │                                            an unknown dialect or scope)
     ├── EgressError(ValueError)                 web: a URL or address the policy refuses
     ├── SearchError(RuntimeError)               web: a search provider could not answer
-    └── TransportError(OSError)                 web: one HTTP exchange failed
+    ├── TransportError(OSError)                 web: one HTTP exchange failed
+    └── SandboxFileError(OSError)               Turn.read_file/write_file/list_dir refused
+        ├── SandboxFileNotFoundError(FileNotFoundError)
+        ├── SandboxIsADirectoryError(IsADirectoryError)
+        ├── SandboxNotADirectoryError(NotADirectoryError)
+        ├── SandboxPermissionError(PermissionError)   outside the agent's data or the
+        │                                              writable places, read-only, or denied
+        └── FileTooLargeError                   past the file bound (errno EFBIG)
+
+The ``SandboxFile*`` errors carry ``errno``, ``strerror`` and ``filename`` (the
+sandbox path) like the builtins they also are, so a harness that catches
+``FileNotFoundError`` or ``PermissionError`` works unchanged.
 
 ``SearchError`` and ``TransportError`` reach the model as error results (the
 ``Searcher`` and the ``Fetcher`` show their messages); a host meets them only
@@ -33,8 +44,14 @@ __all__ = [
     "BackendUnavailableError",
     "ConfigError",
     "EgressError",
+    "FileTooLargeError",
     "PromiseNotEnforcedError",
     "SandboxError",
+    "SandboxFileError",
+    "SandboxFileNotFoundError",
+    "SandboxIsADirectoryError",
+    "SandboxNotADirectoryError",
+    "SandboxPermissionError",
     "SearchError",
     "ToolError",
     "ToolRegistrationError",
@@ -117,3 +134,32 @@ class TransportError(AstralVesselError, OSError):
     the `Fetcher` turns it into an error result the model sees. It is one of
     the library's errors and also the `OSError` a transport's caller expects.
     """
+
+
+class SandboxFileError(AstralVesselError, OSError):
+    """A file primitive (``Turn.read_file``, ``write_file``, ``list_dir``) was refused.
+
+    ``errno`` says why, ``filename`` is the sandbox path; the subclasses are the
+    builtins a caller would catch for the common cases.
+    """
+
+
+class SandboxFileNotFoundError(SandboxFileError, FileNotFoundError):
+    """The sandbox path (or a folder on the way to it) does not exist."""
+
+
+class SandboxIsADirectoryError(SandboxFileError, IsADirectoryError):
+    """The sandbox path is a folder where a file was expected."""
+
+
+class SandboxNotADirectoryError(SandboxFileError, NotADirectoryError):
+    """A folder was expected at the sandbox path (or on the way to it), and a file is there."""
+
+
+class SandboxPermissionError(SandboxFileError, PermissionError):
+    """Outside the agent's data or the writable places, on a read-only mount, or denied to
+    the calls' user."""
+
+
+class FileTooLargeError(SandboxFileError):
+    """The file is larger than the file primitives' bound (``errno.EFBIG``)."""

@@ -13,13 +13,14 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
+from . import _exec
 from ._aio import to_thread
 from ._arguments import Refusal, check_arguments, parse_arguments, unknown_tool
 from ._network import start_proxy
@@ -28,6 +29,7 @@ from ._runners import plan_call
 from ._warm import WarmPool, check_warm
 from .errors import SandboxError, TurnClosedError, UsageError
 from .results import ToolResult, render_refusal, render_sandbox_died
+from .sandbox._api import ExecRequest, ExecResult, FsReply, FsRequest
 from .sandbox._base import Sandbox, SandboxSession
 from .sandbox._policy import WORKSPACE_DIR, Limits, Mount, Policy, Promise
 from .spec import ALL_SCOPES, Scope
@@ -40,6 +42,7 @@ if TYPE_CHECKING:
 __all__ = ["Executor", "Turn"]
 
 MountsArg = Mapping[str, "str | Path"] | Iterable[Mount]
+_T = TypeVar("_T")
 
 
 class Executor:
@@ -317,6 +320,139 @@ class Turn:
         except Exception as exc:
             return self._stamp(self._rescue(plan, session, exc), name, plan, started)
         return self._stamp(plan.finish(outcome), name, plan, started)
+
+    # -- the host's own commands and files --------------------------------------------------
+
+    def exec(
+        self,
+        argv: Sequence[str],
+        *,
+        input: bytes | str | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> ExecResult:
+        """Run ``argv`` in the turn's sandbox, confined like a tool call; stdout and stderr apart.
+
+        ``input`` is the command's stdin; ``cwd`` a sandbox path (relative to the
+        workdir); ``env`` variables set over the clean environment; ``timeout``
+        defaults to the turn's tool timeout. A command that fails or times out is
+        a normal ``ExecResult``; the host's mistakes (a bad argv, a NUL, a value
+        past its bound) raise ``UsageError``, and a sandbox that died raises
+        ``SandboxError`` (the turn's next use starts a fresh one). The bounds are
+        in ``docs/exec-and-files.md``.
+        """
+        request = self._exec_request(argv, input, cwd, env, timeout)
+        session = self.session
+        return self._guarded(session, lambda: session.exec(request))
+
+    async def aexec(
+        self,
+        argv: Sequence[str],
+        *,
+        input: bytes | str | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> ExecResult:
+        """Async twin of ``exec``; many may run at once, and cancelling one kills its command."""
+        request = self._exec_request(argv, input, cwd, env, timeout)
+        session = await self._asession()
+        try:
+            return await session.aexec(request)
+        except SandboxError:
+            self._discard(session)
+            raise
+
+    def read_file(self, path: str) -> bytes:
+        """The bytes of the file at sandbox ``path`` (absolute, or relative to the workdir).
+
+        Resolved and confined like the built-in file tools, as the calls' user.
+        Raises ``SandboxFileNotFoundError`` (a ``FileNotFoundError``),
+        ``SandboxIsADirectoryError``, ``SandboxPermissionError`` (outside the
+        agent's data, or unreadable) and ``FileTooLargeError`` past 100 MiB.
+        """
+        return self._drive(_exec.read_plan(path, timeout=self._file_timeout()))
+
+    async def aread_file(self, path: str) -> bytes:
+        """Async twin of ``read_file``."""
+        return await self._adrive(_exec.read_plan(path, timeout=self._file_timeout()))
+
+    def write_file(self, path: str, data: bytes | str) -> None:
+        """Write ``data`` (str as UTF-8) to the file at sandbox ``path``, replacing it.
+
+        Missing folders on the way are made. Only under the workspace and
+        writable mounts; never through a link at the name. Raises
+        ``SandboxPermissionError`` elsewhere (or on a read-only place),
+        ``SandboxIsADirectoryError`` for a folder, ``SandboxNotADirectoryError``
+        when a file stands where a folder should, and ``UsageError`` past 100 MiB.
+        """
+        self._drive(_exec.write_plan(path, data, timeout=self._file_timeout()))
+
+    async def awrite_file(self, path: str, data: bytes | str) -> None:
+        """Async twin of ``write_file``."""
+        await self._adrive(_exec.write_plan(path, data, timeout=self._file_timeout()))
+
+    def list_dir(self, path: str = ".") -> list[tuple[str, str]]:
+        """The entries of the folder at sandbox ``path``: ``(name, kind)`` in name order.
+
+        ``kind`` is ``file``, ``dir``, ``link`` or ``other``; at most 10 000 entries.
+        """
+        return self._drive(_exec.list_plan(path, timeout=self._file_timeout()))
+
+    async def alist_dir(self, path: str = ".") -> list[tuple[str, str]]:
+        """Async twin of ``list_dir``."""
+        return await self._adrive(_exec.list_plan(path, timeout=self._file_timeout()))
+
+    def _exec_request(
+        self, argv: object, input: object, cwd: object, env: object, timeout: object
+    ) -> ExecRequest:
+        return _exec.exec_request(
+            argv,
+            input=input,
+            cwd=cwd,
+            env=env,
+            timeout=timeout,
+            default_timeout=self.executor.timeout_seconds,
+            workdir=str(self._context.policy.workdir),
+        )
+
+    def _file_timeout(self) -> float:
+        return max(self.executor.timeout_seconds, 30.0)
+
+    def _guarded(self, session: SandboxSession, step: Callable[[], _T]) -> _T:
+        """Run one session step; a sandbox that died is discarded and its error raised."""
+        try:
+            return step()
+        except SandboxError:
+            self._discard(session)
+            raise
+
+    def _drive(self, plan: Generator[FsRequest, FsReply, _T]) -> _T:
+        """Run a file plan's steps on the session (the sync driver)."""
+        request = next(plan)  # checks the host's arguments before a sandbox starts
+        session = self.session
+        while True:
+            reply = self._guarded(session, lambda r=request: session.fs(r))  # type: ignore[misc]
+            try:
+                request = plan.send(reply)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+
+    async def _adrive(self, plan: Generator[FsRequest, FsReply, _T]) -> _T:
+        """Run a file plan's steps on the session (the async driver)."""
+        request = next(plan)
+        session = await self._asession()
+        while True:
+            try:
+                reply = await session.afs(request)
+            except SandboxError:
+                self._discard(session)
+                raise
+            try:
+                request = plan.send(reply)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
 
     def _plan(self, name: str, arguments: object) -> Plan[Any] | ToolResult:
         """Check the call and choose its runner (pure but for the registry lookup)."""
