@@ -29,7 +29,15 @@ import attrs
 
 from ..._aio import cancelled_exception, shielded, to_thread
 from ...errors import SandboxError
-from .._api import FileOutcome, OutboxFile, RunOutcome, RunRequest, SandboxSession
+from .._api import (
+    ExecRequest,
+    ExecResult,
+    FileOutcome,
+    OutboxFile,
+    RunOutcome,
+    RunRequest,
+    SandboxSession,
+)
 from .._policy import Policy, Promise
 from ..server._outbox import FILES_PER_CALL, NOT_PLAIN, NOT_UTF8, TOO_BIG, TOO_MANY
 from ._attach import TIMED_OUT, AttachChannel, close_attached, frames, raw_socket
@@ -320,15 +328,87 @@ class ExecSession(SandboxSession):
             metadata=dict(EXEC_METADATA),
         )
 
-    def _stream(self, sock: Any, request: RunRequest, deadline: float) -> tuple[OutputBuffer, bool]:
-        """Feed stdin, collect bounded output until the exec ends or the deadline passes."""
+    def exec(self, request: ExecRequest) -> ExecResult:
+        """Run a host's command as one ``docker exec``, its streams apart (one at a time)."""
+        with self._call_lock:
+            if self._closed:
+                raise SandboxError("the docker-exec turn is closed")
+            return self._exec_locked(request)
+
+    async def aexec(self, request: ExecRequest) -> ExecResult:
+        """Async twin of ``exec``."""
+        return await asyncio.to_thread(self.exec, request)
+
+    def _exec_locked(self, request: ExecRequest) -> ExecResult:
+        api = self._api
+        started = time.monotonic()
+        self._calls += 1
+        try:
+            exec_id = api.exec_create(
+                self.container_id,
+                exec_argv(
+                    self.policy,
+                    request.argv,
+                    outbox=f"{self._outbox}/{self._calls}",
+                    env=request.env,
+                    split=True,
+                    cwd=request.cwd or str(self.policy.workdir),
+                ),
+                user=f"{CALL_UID}:{CALL_UID}",
+                workdir="/",
+                stdin=True,
+            )["Id"]
+            attached = api.exec_start(exec_id, socket=True)
+        except Exception as exc:
+            raise SandboxError(
+                f"docker exec failed: {exc}; {self.channel.describe_exit()}"
+            ) from None
+        streams = {1: bytearray(), 2: bytearray()}
+        cut = timed_out = False
+        sock = raw_socket(attached)
+        self._feed(sock, request.stdin)
+        try:
+            for kind, payload in frames(sock, deadline=started + request.timeout):
+                if kind == TIMED_OUT:
+                    timed_out = True
+                    break
+                kept = streams.get(kind)
+                if kept is not None:
+                    room = max(0, request.output_bytes - len(kept))
+                    kept += payload[:room]
+                    cut = cut or len(payload) > room
+        finally:
+            close_attached(attached)
+        self._kill_calls()
+        try:
+            code = None if timed_out else api.exec_inspect(exec_id).get("ExitCode")
+        except Exception as exc:
+            raise SandboxError(
+                f"the docker engine lost the command ({exc}); {self.channel.describe_exit()}"
+            ) from None
+        return ExecResult(
+            returncode=code if isinstance(code, int) else -9,
+            stdout=bytes(streams[1]),
+            stderr=bytes(streams[2]),
+            timed_out=timed_out,
+            truncated=cut,
+            duration=time.monotonic() - started,
+        )
+
+    @staticmethod
+    def _feed(sock: Any, data: bytes) -> None:
+        """Write ``data`` to an exec's stdin from a thread, then close it (output flows on)."""
 
         def feed() -> None:
             with contextlib.suppress(OSError):
-                sock.sendall(request.stdin)
+                sock.sendall(data)
                 sock.shutdown(socket.SHUT_WR)
 
         threading.Thread(target=feed, daemon=True).start()
+
+    def _stream(self, sock: Any, request: RunRequest, deadline: float) -> tuple[OutputBuffer, bool]:
+        """Feed stdin, collect bounded output until the exec ends or the deadline passes."""
+        self._feed(sock, request.stdin)
         output = OutputBuffer(request.output_chars)
         try:
             for kind, payload in frames(sock, deadline=deadline):

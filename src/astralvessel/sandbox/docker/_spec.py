@@ -341,7 +341,15 @@ def server_argv(command: Sequence[str], policy: Policy) -> list[str]:
     return argv
 
 
-def exec_argv(policy: Policy, argv: Sequence[str], *, outbox: str | None = None) -> list[str]:
+def exec_argv(
+    policy: Policy,
+    argv: Sequence[str],
+    *,
+    outbox: str | None = None,
+    env: Mapping[str, str] | None = None,
+    split: bool = False,
+    cwd: str | None = None,
+) -> list[str]:
     """The ``docker-exec`` command of one call: its outbox, its limits, exactly the policy's env.
 
     ``outbox`` is the call's own outbox folder (``$VESSEL_OUTBOX``), made
@@ -349,19 +357,24 @@ def exec_argv(policy: Policy, argv: Sequence[str], *, outbox: str | None = None)
     own address-space and process limits (as the server does per call; with no
     init of its own, the call itself is the first of its ``processes``), then
     ``env -i`` drops what Docker and ``sh`` add to every exec (``HOSTNAME``,
-    the image's variables, ``PWD``), and stderr joins stdout in order.
+    the image's variables, ``PWD``), and stderr joins stdout in order, unless
+    ``split`` (a host's ``Turn.exec``, whose ``env`` is set over the policy's).
+    ``cwd``, when given, is entered by ``sh`` (a missing one fails as 126 with
+    the shell's message on stderr, not the engine's on stdout).
     """
     limits = policy.limits
-    environment = dict(policy.environment)
+    environment = dict(policy.environment, **(env or {}))
     if outbox is not None:
         environment["VESSEL_OUTBOX"] = outbox
-    env = [f"{name}={value}" for name, value in environment.items()]
-    script = (
+    assignments = [f"{name}={value}" for name, value in environment.items()]
+    enter = 'cd -- "$1" || exit 126; shift; ' if cwd is not None else ""
+    script = enter + (
         f'mkdir -p -- "{environment["VESSEL_OUTBOX"]}" && '
         f"ulimit -v {limits.memory_mb * 1024} && ulimit -p {limits.processes} && "
-        'exec env -i "$@" 2>&1'
+        'exec env -i "$@"' + ("" if split else " 2>&1")
     )
-    return ["/bin/sh", "-c", script, "sh", *env, *argv]
+    entered = [cwd] if cwd is not None else []
+    return ["/bin/sh", "-c", script, "sh", *entered, *assignments, *argv]
 
 
 def owner_label(hostname: str, pid: int, start_time: str) -> str:
