@@ -1,0 +1,132 @@
+"""The host's side of ``Turn.exec`` and the file primitives: what is refused before anything runs."""
+
+from __future__ import annotations
+
+import errno
+
+import pytest
+
+from astralvessel import (
+    Executor,
+    FileTooLargeError,
+    Registry,
+    SandboxFileError,
+    SandboxFileNotFoundError,
+    SandboxIsADirectoryError,
+    SandboxNotADirectoryError,
+    SandboxPermissionError,
+    UsageError,
+)
+from astralvessel import _exec as exec_module
+from astralvessel.sandbox._api import FsReply
+
+
+@pytest.fixture
+def turn():
+    """A bubblewrap turn whose sandbox has not started (and must not, for a refused request)."""
+    executor = Executor(Registry(), sandbox="bubblewrap")
+    with executor.turn() as opened:
+        yield opened
+
+
+@pytest.mark.parametrize(
+    ("argv", "options", "message"),
+    [
+        ("ls -l", {}, "sequence of strings"),
+        (b"ls", {}, "sequence of strings"),
+        ([], {}, "empty"),
+        (["ls", 3], {}, r"argv\[1\]"),
+        (["ls", "a\0b"], {}, "NUL"),
+        (["x" * (exec_module.ARGV_BYTES + 1)], {}, "ARG_MAX"),
+        (["ls"], {"env": {"A": "b\0"}}, "NUL"),
+        (["ls"], {"env": {"": "b"}}, "non-empty"),
+        (["ls"], {"env": {"A=B": "b"}}, "without '='"),
+        (["ls"], {"env": {"A": 1}}, "strings to strings"),
+        (["ls"], {"env": ["A=b"]}, "mapping"),
+        (["ls"], {"env": {"VESSEL_OUTBOX": "/tmp"}}, "VESSEL_OUTBOX"),
+        (["ls"], {"timeout": 0}, "timeout"),
+        (["ls"], {"timeout": float("nan")}, "timeout"),
+        (["ls"], {"timeout": exec_module.MAX_TIMEOUT + 1}, "timeout"),
+        (["ls"], {"timeout": True}, "timeout"),
+        (["ls"], {"input": 5}, "input"),
+        (["ls"], {"input": b"x" * (exec_module.INPUT_BYTES + 1)}, "input is"),
+        (["ls"], {"cwd": "a\0b"}, "NUL"),
+        (["ls"], {"cwd": ""}, "cwd"),
+    ],
+)
+def test_exec_host_mistakes_raise_usage_error(turn, argv, options, message):
+    """A bad argv, env, timeout, input or cwd raises one UsageError naming it; no sandbox starts."""
+    with pytest.raises(UsageError, match=message):
+        turn.exec(argv, **options)
+    assert turn._session is None
+
+
+@pytest.mark.parametrize("path", ["", "a\0b", 3, None])
+def test_file_host_mistakes_raise_usage_error(turn, path):
+    """A path that is not a non-empty string without NUL raises UsageError; no sandbox starts."""
+    with pytest.raises(UsageError, match="path"):
+        turn.read_file(path)
+    with pytest.raises(UsageError, match="path"):
+        turn.write_file(path, b"x")
+    assert turn._session is None
+
+
+def test_write_past_the_bound_is_a_usage_error(turn, monkeypatch):
+    """Data past the file bound is refused before anything is sent."""
+    monkeypatch.setattr(exec_module, "FILE_BYTES", 10)
+    with pytest.raises(UsageError, match="at most 10"):
+        turn.write_file("/workspace/big", b"x" * 11)
+    with pytest.raises(UsageError, match="bytes or str"):
+        turn.write_file("/workspace/big", 12)
+    assert turn._session is None
+
+
+@pytest.mark.parametrize(
+    ("name", "cls", "builtin"),
+    [
+        ("ENOENT", SandboxFileNotFoundError, FileNotFoundError),
+        ("EISDIR", SandboxIsADirectoryError, IsADirectoryError),
+        ("ENOTDIR", SandboxNotADirectoryError, NotADirectoryError),
+        ("EACCES", SandboxPermissionError, PermissionError),
+        ("EROFS", SandboxPermissionError, PermissionError),
+        ("EFBIG", FileTooLargeError, OSError),
+        ("ELOOP", SandboxFileError, OSError),
+        ("ENOSPC", SandboxFileError, OSError),
+    ],
+)
+def test_each_refusal_raises_its_builtin(name, cls, builtin):
+    """A refusal's errno picks the library error that is also the builtin a harness catches."""
+    plan = exec_module.read_plan("/workspace/f", timeout=5.0)
+    next(plan)
+    with pytest.raises(cls) as caught:
+        plan.send(FsReply(errno=name, message="refused"))
+    assert isinstance(caught.value, builtin)
+    assert caught.value.errno == getattr(errno, name)
+    assert caught.value.filename == "/workspace/f"
+
+
+def test_read_plan_stops_at_the_bound(monkeypatch):
+    """A file that announces a size past the bound raises FileTooLargeError at the first chunk."""
+    monkeypatch.setattr(exec_module, "FILE_BYTES", 100)
+    plan = exec_module.read_plan("f", timeout=5.0)
+    next(plan)
+    with pytest.raises(FileTooLargeError, match="at most 100"):
+        plan.send(FsReply(fields={"size": 101}, data=b"x" * 101))
+
+
+def test_write_plan_moves_large_data_in_chunks():
+    """Data larger than one chunk goes as several writes at rising offsets; only the first truncates."""
+    data = b"a" * (2 * exec_module.CHUNK_BYTES + 5)
+    plan = exec_module.write_plan("f", data, timeout=5.0)
+    requests = [next(plan)]
+    for _ in range(5):
+        try:
+            requests.append(plan.send(FsReply(fields={"size": 0})))
+        except StopIteration:
+            break
+    assert [(r.offset, len(r.data), r.truncate) for r in requests] == [
+        (0, exec_module.CHUNK_BYTES, True),
+        (exec_module.CHUNK_BYTES, exec_module.CHUNK_BYTES, False),
+        (2 * exec_module.CHUNK_BYTES, 5, False),
+    ]
+    assert b"".join(r.data for r in requests) == data
