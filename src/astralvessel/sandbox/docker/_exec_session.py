@@ -336,8 +336,13 @@ class ExecSession(SandboxSession):
             return self._exec_locked(request)
 
     async def aexec(self, request: ExecRequest) -> ExecResult:
-        """Async twin of ``exec``."""
-        return await asyncio.to_thread(self.exec, request)
+        """Async twin of ``exec``; cancelling it kills the command."""
+        try:
+            return await to_thread(self.exec, request, abandon=True)
+        except cancelled_exception():
+            with shielded():
+                await to_thread(self._kill_calls)
+            raise
 
     def _exec_locked(self, request: ExecRequest) -> ExecResult:
         api = self._api
