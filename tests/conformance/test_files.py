@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 
+import attrs
 import pytest
 
 from astralvessel import (
+    Executor,
     FileTooLargeError,
+    Registry,
     SandboxFileError,
     SandboxFileNotFoundError,
     SandboxIsADirectoryError,
@@ -16,6 +19,8 @@ from astralvessel import (
     Turn,
 )
 from astralvessel import _exec as exec_module
+
+from .conftest import TEST_LIMITS
 
 
 def test_binary_round_trip(turn: Turn):
@@ -213,3 +218,19 @@ def test_parents_are_made_inside_the_workspace_only(turn: Turn):
     with pytest.raises(SandboxPermissionError):
         turn.write_file("/data/made/file.txt", b"x")
     assert turn.exec(["test", "-e", "/data/made"]).returncode != 0
+
+
+def test_writable_root_opens_the_root_to_writes(backend):
+    """With the writable-root relaxation, write_file reaches the root's folders as calls do."""
+    executor = Executor(
+        Registry(),
+        sandbox=backend,
+        writable_root=True,
+        limits=attrs.evolve(TEST_LIMITS, disk_mb=64),
+    )
+    with executor, executor.turn() as turn:
+        for path in ("/tmp/notes/a.txt", "/usr/local/bin/helper", "/etc/harness.conf"):
+            turn.write_file(path, path.encode())
+            assert turn.exec(["cat", path]).stdout == path.encode()
+        with pytest.raises(SandboxPermissionError):
+            turn.write_file("/proc/planted", b"x")

@@ -310,8 +310,11 @@ class Policy:
 
     @property
     def writable_roots(self) -> tuple[PurePosixPath, ...]:
-        """Where the host's ``write_file`` may write: the workspace and writable mounts."""
+        """Where the host's ``write_file`` may write: the workspace and writable mounts, and
+        with ``writable_root`` the root filesystem's folders its overlay makes writable."""
         roots = [WORKSPACE_DIR, *(m.target for m in self.mounts if m.writable)]
+        if self.writable_root:
+            roots += [*SYSTEM_DIRS, *ROOT_DIRS]
         return tuple(dict.fromkeys(roots))
 
     def to_json(self) -> dict[str, object]:
