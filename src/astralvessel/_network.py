@@ -8,11 +8,16 @@ proxy and the pages webfetch reads follow one egress policy.
 
 from __future__ import annotations
 
+import threading
+
+import attrs
+
+from .sandbox._base import Sandbox, SandboxSession
 from .sandbox._policy import Policy
 from .web import Fetcher
 from .web._proxy import EgressProxy
 
-__all__ = ["start_proxy"]
+__all__ = ["WarmNetwork", "start_proxy"]
 
 
 def start_proxy(policy: Policy, fetcher: Fetcher) -> EgressProxy | None:
@@ -20,3 +25,46 @@ def start_proxy(policy: Policy, fetcher: Fetcher) -> EgressProxy | None:
     if not policy.network_allow:
         return None
     return EgressProxy.start(policy.network_allow, egress=fetcher.policy, resolver=fetcher.resolver)
+
+
+class WarmNetwork:
+    """Starts a warm sandbox together with the egress proxy of the turn that will take it.
+
+    A warm pool's hooks: ``start`` starts a proxy, then the sandbox bound to it;
+    ``claim`` hands a taken sandbox's proxy to its turn; ``discard`` closes a
+    sandbox no turn took, with its proxy. It holds no reference to the executor,
+    so an executor nobody closed is still collected (and its pool closed).
+    """
+
+    def __init__(self, sandbox: Sandbox, policy: Policy, fetcher: Fetcher) -> None:
+        self.sandbox = sandbox
+        self.policy = policy
+        self.fetcher = fetcher
+        self._lock = threading.Lock()
+        self._proxies: dict[int, EgressProxy] = {}
+
+    def start(self) -> SandboxSession:
+        """A sandbox for the policy, reaching calls to a proxy of its own."""
+        proxy = EgressProxy.start(
+            self.policy.network_allow, egress=self.fetcher.policy, resolver=self.fetcher.resolver
+        )
+        try:
+            session = self.sandbox.start(attrs.evolve(self.policy, egress_socket=proxy.socket_path))
+        except BaseException:
+            proxy.close()
+            raise
+        with self._lock:
+            self._proxies[id(session)] = proxy
+        return session
+
+    def claim(self, session: SandboxSession) -> EgressProxy | None:
+        """The proxy of a sandbox a turn took; from now on the turn closes it."""
+        with self._lock:
+            return self._proxies.pop(id(session), None)
+
+    def discard(self, session: SandboxSession) -> None:
+        """Close a sandbox no turn took, and its proxy."""
+        session.close()
+        proxy = self.claim(session)
+        if proxy is not None:
+            proxy.close()

@@ -17,6 +17,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
+from collections.abc import Callable
 
 from .errors import UsageError
 from .sandbox._base import Sandbox, SandboxSession
@@ -46,10 +47,22 @@ class WarmPool:
     a backend that cannot start here is never retried in a loop.
     """
 
-    def __init__(self, sandbox: Sandbox, policy: Policy, size: int) -> None:
+    def __init__(
+        self,
+        sandbox: Sandbox,
+        policy: Policy,
+        size: int,
+        *,
+        start: Callable[[], SandboxSession] | None = None,
+        discard: Callable[[SandboxSession], None] | None = None,
+    ) -> None:
         self.sandbox = sandbox
         self.policy = policy
         self.size = check_warm(size)
+        # How a sandbox is started and thrown away: by default the backend's start and
+        # close; a turn with a network starts (and ends) its egress proxy with them.
+        self._start: Callable[[], SandboxSession] = start or (lambda: sandbox.start(policy))
+        self._discard: Callable[[SandboxSession], None] = discard or (lambda s: s.close())
         self._ready: collections.deque[SandboxSession] = collections.deque()
         self._cond = threading.Condition()
         self._closed = False
@@ -78,7 +91,7 @@ class WarmPool:
             self._failure = None
             self._cond.notify_all()
         for corpse in dead:
-            corpse.close()
+            self._discard(corpse)
         return session
 
     def wait_filled(self, timeout: float | None = None) -> bool:
@@ -105,7 +118,7 @@ class WarmPool:
             self._ready.clear()
             self._cond.notify_all()
         for session in waiting:
-            session.close()
+            self._discard(session)
         if self._thread is not threading.current_thread():
             self._thread.join(_CLOSE_WAIT)
 
@@ -132,13 +145,13 @@ class WarmPool:
                 dead = self._prune()
                 start = self._wanted()
             for corpse in dead:
-                corpse.close()
+                self._discard(corpse)
             if start:
                 self._start_one()
 
     def _start_one(self) -> None:
         try:
-            session = self.sandbox.start(self.policy)
+            session = self._start()
         except Exception as exc:
             with self._cond:
                 self._failure = exc
@@ -150,4 +163,4 @@ class WarmPool:
                 self._ready.append(session)
                 self._cond.notify_all()
         if not keep:
-            session.close()
+            self._discard(session)

@@ -23,11 +23,11 @@ import attrs
 from . import _exec
 from ._aio import to_thread
 from ._arguments import Refusal, check_arguments, parse_arguments, unknown_tool
-from ._network import start_proxy
+from ._network import WarmNetwork, start_proxy
 from ._plans import Call, Plan, TurnContext
 from ._runners import plan_call
 from ._warm import WarmPool, check_warm
-from .errors import SandboxError, TurnClosedError, UsageError
+from .errors import SandboxError, TurnClosedError
 from .results import ToolResult, render_refusal, render_sandbox_died
 from .sandbox._api import ExecRequest, ExecResult, FsReply, FsRequest
 from .sandbox._base import Sandbox, SandboxSession
@@ -127,13 +127,16 @@ class Executor:
         self.service_transport: Transport | AsyncTransport | None = service_transport
         self._warm: WarmPool | None = None
         self._release: Callable[[], None] = _nothing
+        #: Starts warm sandboxes with their turns' egress proxies (a network and warm= only).
+        self._network: WarmNetwork | None = None
         if check_warm(warm) and self.policy.network_allow:
-            raise UsageError(
-                "warm turns cannot have a network yet: each turn's egress proxy starts with "
-                "the turn; drop warm= or network_allow="
+            network = self._network = WarmNetwork(self.sandbox, self.policy, self.fetcher)
+            self._warm = WarmPool(
+                self.sandbox, self.policy, warm, start=network.start, discard=network.discard
             )
-        if check_warm(warm):
+        elif check_warm(warm):
             self._warm = WarmPool(self.sandbox, self.policy, warm)
+        if self._warm is not None:
             # Warm sandboxes of an executor nobody closed die when it is collected.
             self._release = weakref.finalize(self, self._warm.close)
 
@@ -171,19 +174,33 @@ class Executor:
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    def _start_session(self, egress_socket: Path | None = None) -> SandboxSession:
-        """A running sandbox for one turn: a warm one if one is ready, else one started now.
+    def _start_session(
+        self, proxy: EgressProxy | None = None
+    ) -> tuple[SandboxSession, EgressProxy | None]:
+        """A running sandbox for one turn, and the turn's egress proxy when it has a network.
 
-        ``egress_socket`` is the turn's egress proxy, for a policy that allows a network.
+        A warm sandbox if one is ready (with the proxy it was started with), else
+        one started now. ``proxy`` is the turn's own when an earlier sandbox of
+        the turn died: the turn keeps it, so its bounds stay the turn's.
         """
-        if egress_socket is not None:
-            return self.sandbox.start(attrs.evolve(self.policy, egress_socket=egress_socket))
         pool = self._warm
-        if pool is not None and pool.policy == self.policy:
+        if proxy is None and pool is not None and pool.policy == self.policy:
             session = pool.take()
             if session is not None:
-                return session
-        return self.sandbox.start(self.policy)
+                network = self._network
+                return session, None if network is None else network.claim(session)
+        started = proxy
+        if started is None:
+            started = start_proxy(self.policy, self.fetcher)
+        if started is None:
+            return self.sandbox.start(self.policy), None
+        try:
+            policy = attrs.evolve(self.policy, egress_socket=started.socket_path)
+            return self.sandbox.start(policy), started
+        except BaseException:
+            if started is not proxy:
+                started.close()
+            raise
 
     def allowed(self, name: str) -> bool:
         """Whether the model may call ``name``: registered and within the granted scopes."""
@@ -274,10 +291,7 @@ class Turn:
             if self._closed:
                 raise TurnClosedError("this turn has ended; open a new one with executor.turn()")
             if self._session is None:
-                if self._proxy is None:
-                    self._proxy = start_proxy(self.executor.policy, self._context.fetcher)
-                socket = None if self._proxy is None else self._proxy.socket_path
-                self._session = self.executor._start_session(socket)
+                self._session, self._proxy = self.executor._start_session(self._proxy)
             return self._session
 
     async def _asession(self) -> SandboxSession:

@@ -57,13 +57,13 @@ class _Names:
         return ["127.0.0.1"]
 
 
-def _executor(port: int, allow: list[str] | None) -> Executor:
+def _executor(port: int, allow: list[str] | None, *, warm: int = 0) -> Executor:
     registry = Registry()
     registry.add_builtin("bash")
     fetcher = Fetcher(
         EgressPolicy(allow=[AllowRule(network="127.0.0.1/32", ports=[port])]), resolver=_Names()
     )
-    return Executor(registry, sandbox="bubblewrap", fetcher=fetcher, network_allow=allow)
+    return Executor(registry, sandbox="bubblewrap", fetcher=fetcher, network_allow=allow, warm=warm)
 
 
 def test_bash_reaches_the_listed_host(origin_port):
@@ -155,3 +155,23 @@ def test_pip_installs_system_wide_with_the_eval_relaxations(tmp_path):
         server.server_close()
     assert result.text.startswith("/usr/local/lib/python3"), result.text
     assert "/tinypkg/__init__.py" in result.text
+
+
+def _egress_threads() -> int:
+    return sum(t.name == "astralvessel-egress" for t in threading.enumerate())
+
+
+def test_warm_turns_bring_their_own_proxy(origin_port):
+    """A warm sandbox is started with a proxy of its own, which the turn taking it then owns."""
+    before = _egress_threads()
+    with _executor(origin_port, [f"pkgs.test:{origin_port}"], warm=2) as executor:
+        assert executor.wait_warm(120)
+        assert _egress_threads() == before + 2
+        turn = executor.turn()
+        result = turn.call("bash", {"command": f"curl -sS http://pkgs.test:{origin_port}/"})
+        proxy = turn._proxy
+        turn.close()
+        assert proxy is not None
+        assert not proxy.folder.exists()
+    assert result.text == f"hello, pkgs.test:{origin_port}\n[exit code 0]"
+    assert _egress_threads() == before

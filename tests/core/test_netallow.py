@@ -156,12 +156,6 @@ def test_executor_refuses_a_bad_list():
         Executor(Registry(), sandbox="bubblewrap", network_allow=["1.2.3.4"])
 
 
-def test_warm_turns_with_a_network_are_refused():
-    """Warm sandboxes cannot carry a turn's proxy yet, so asking for both is one clear error."""
-    with pytest.raises(UsageError, match="warm"):
-        Executor(Registry(), sandbox="bubblewrap", network_allow=["pypi.org"], warm=1)
-
-
 def test_policy_environment_has_proxy_variables_only_with_a_list():
     """The clean environment gains the proxy variables only when the policy allows a network."""
     plain = Policy()
