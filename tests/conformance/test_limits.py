@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 import os
 
+import attrs
+
 from .calls import py, py_json, run, wait_until_gone
 from .conftest import TEST_LIMITS
 
@@ -181,10 +183,22 @@ def test_inode_count_limited(session):
     assert after.output.strip() == "x"
 
 
-def test_memory_limit_holds_for_the_whole_turn(session):
+def test_memory_limit_holds_for_the_whole_turn(backend, policy):
     """Children each under the memory limit but together over it are stopped, with a note."""
+    # A large disk limit puts any memory cgroup (memory + disk + 128 MiB) far above what the
+    # children hold, so only the turn-wide memory limit itself can stop them.
+    limits = attrs.evolve(TEST_LIMITS, disk_mb=512)
+    session = backend.start(attrs.evolve(policy, limits=limits))
+    try:
+        _stopped_together(session, limits.memory_mb)
+    finally:
+        session.close()
+
+
+def _stopped_together(session, memory_mb):
+    """Five children of 0.3 times the limit each are stopped by the turn-wide limit; the turn goes on."""
     children = 5
-    each = TEST_LIMITS.memory_mb * 3 // (children * 2)  # together 1.5 times the limit
+    each = memory_mb * 3 // (children * 2)  # together 1.5 times the limit
     outcome = py(
         session,
         f"""
@@ -206,8 +220,33 @@ def test_memory_limit_holds_for_the_whole_turn(session):
     assert outcome.exit_code is None
     assert "every child ended on its own" not in outcome.output
     assert "[memory limit:" in outcome.output
-    assert f"more than the {TEST_LIMITS.memory_mb} MiB limit" in outcome.output
+    assert f"more than the {memory_mb} MiB limit" in outcome.output
     # The turn goes on: the next call runs, and has the whole limit again.
-    after = py(session, f"block = bytearray({TEST_LIMITS.memory_mb // 2} << 20); print('ok')")
+    after = py(session, f"block = bytearray({memory_mb // 2} << 20); print('ok')")
     assert after.exit_code == 0, after.output
     assert after.output.strip() == "ok"
+
+
+def test_memory_a_fork_shares_counts_once(session):
+    """A parent's memory shared copy-on-write with its children is not counted once per child."""
+    held = TEST_LIMITS.memory_mb * 6 // 10
+    outcome = py(
+        session,
+        f"""
+        import os, time
+        block = bytearray({held} << 20)
+        pids = []
+        for _ in range(3):
+            pid = os.fork()
+            if pid == 0:
+                time.sleep(1)
+                os._exit(0)
+            pids.append(pid)
+        for pid in pids:
+            os.waitpid(pid, 0)
+        print("all done")
+        """,
+        timeout=30.0,
+    )
+    assert outcome.exit_code == 0, outcome.output
+    assert outcome.output.strip() == "all done"

@@ -66,6 +66,8 @@ def bound_inodes(path: str, inodes: int) -> str:
 
 #: How often the server samples its calls' memory while any runs, in seconds.
 MEMORY_INTERVAL = 0.05
+#: ... or this many times what the last sample took, if longer.
+MEMORY_BACKOFF = 10
 _KIB = 1024
 _PAGE = 512  # st_blocks unit
 
@@ -86,33 +88,40 @@ def _fields(text: str, names: tuple[str, ...]) -> dict[str, int]:
     return found
 
 
-def _ids(pid: str) -> tuple[list[int], int]:
-    """``pid``'s pids from this namespace down (``NSpid``) and its parent's pid here."""
+def _status(pid: str) -> tuple[list[int], int, int]:
+    """``pid``'s pids from this namespace down (``NSpid``), its parent's pid here, and its RSS.
+
+    The RSS is its resident anonymous and shared memory (``RssAnon + RssShmem``),
+    in bytes: kernel counters, so reading them costs the same whatever the size.
+    """
     nspid: list[int] = []
-    ppid = 0
+    ppid = rss = 0
     for line in _read(f"/proc/{pid}/status").splitlines():
         if line.startswith("NSpid:"):
             nspid = [int(p) for p in line.split()[1:]]
         elif line.startswith("PPid:"):
             ppid = int(line.split()[1])
-    return nspid, ppid
+        elif line.startswith(("RssAnon:", "RssShmem:")):
+            rss += int(line.split()[1]) * _KIB
+    return nspid, ppid, rss
 
 
-def _resident(pid: str) -> int:
-    """Anonymous and shared memory ``pid`` holds, in bytes: its proportional share (PSS).
+def _pss(pid: str) -> int | None:
+    """``pid``'s proportional share (PSS) of anonymous and shared memory, or None if unreadable.
 
     PSS splits a page among the processes that map it, so memory a fork shares
-    copy-on-write is counted once, not once per child. Without ``smaps_rollup``'s
-    ``Pss_Anon`` (kernels before 5.8), the resident sizes from ``status``.
+    copy-on-write counts once, not once per child. The kernel walks the
+    process's page tables for it (about 17 ms for 200 MiB on a loaded small VM),
+    so it is read only when the RSS says the calls may be over the limit.
+    ``Pss_Anon`` needs Linux 5.8; a call's init is not dumpable and cannot be read.
     """
     try:
         pss = _fields(_read(f"/proc/{pid}/smaps_rollup"), ("Pss_Anon", "Pss_Shmem"))
     except OSError:
-        pss = {}
-    if "Pss_Anon" in pss:
-        return (pss["Pss_Anon"] + pss.get("Pss_Shmem", 0)) * _KIB
-    rss = _fields(_read(f"/proc/{pid}/status"), ("RssAnon", "RssShmem"))
-    return sum(rss.values()) * _KIB
+        return None
+    if "Pss_Anon" not in pss:
+        return None
+    return (pss["Pss_Anon"] + pss.get("Pss_Shmem", 0)) * _KIB
 
 
 def _memfds(pid: str, seen: set[tuple[int, int]]) -> int:
@@ -140,29 +149,33 @@ def _memfds(pid: str, seen: set[tuple[int, int]]) -> int:
     return total
 
 
-def call_memory(inits: dict[int, int]) -> dict[int, int]:
+def call_memory(inits: dict[int, int], *, precise: bool = False) -> dict[int, int]:
     """Bytes each running call holds, by call id: every process of its PID namespace.
 
     ``inits`` maps each call's init, by its pid in the zygote's namespace (the
     ``P`` line), to the call's id. Every process of a call's namespace descends
     from its init (orphans are re-parented to it), so each is charged to the
-    init its parents lead to. Only ``status`` is read for that: it needs no
-    ptrace access, and init is not dumpable. A process that exits while it is
-    read is skipped.
+    init its parents lead to. That takes only ``status``, which needs no ptrace
+    access (init is not dumpable). Each process counts its RSS, or with
+    ``precise`` its PSS where the kernel has it (never more than the RSS), plus
+    the memfd files it holds open. A process that exits while it is read is
+    skipped.
     """
     usage = dict.fromkeys(inits.values(), 0)
     parent: dict[int, int] = {}
+    resident: dict[int, int] = {}
     owner: dict[int, int] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
-            nspid, ppid = _ids(name)
+            nspid, ppid, rss = _status(name)
         except (OSError, ValueError, IndexError):
             continue
         if len(nspid) < 3:
             continue  # not in a call's namespace (the server, the zygote, the worker)
         parent[int(name)] = ppid
+        resident[int(name)] = rss
         if nspid[-1] == 1 and nspid[-2] in inits:
             # A call's init: pid 1 of its namespace; one level up, the zygote's P line.
             owner[int(name)] = inits[nspid[-2]]
@@ -174,10 +187,8 @@ def call_memory(inits: dict[int, int]) -> dict[int, int]:
         call = owner.get(walk)
         if call is None:
             continue
-        try:
-            usage[call] += _resident(str(pid)) + _memfds(str(pid), seen)
-        except (OSError, ValueError):
-            continue
+        held = _pss(str(pid)) if precise else None
+        usage[call] += (resident[pid] if held is None else held) + _memfds(str(pid), seen)
     return usage
 
 
