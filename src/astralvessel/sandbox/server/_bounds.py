@@ -187,8 +187,14 @@ def call_memory(inits: dict[int, int], *, precise: bool = False) -> dict[int, in
         call = owner.get(walk)
         if call is None:
             continue
-        held = _pss(str(pid)) if precise else None
-        usage[call] += (resident[pid] if held is None else held) + _memfds(str(pid), seen)
+        held = _pss(str(pid)) if precise else resident[pid]
+        if held is None:
+            # Unreadable, or exiting (its mm already gone): its RSS now, not the one read above.
+            try:
+                held = _status(str(pid))[2]
+            except (OSError, ValueError, IndexError):
+                held = 0
+        usage[call] += held + _memfds(str(pid), seen)
     return usage
 
 
