@@ -32,6 +32,7 @@ from .results import ToolResult, render_refusal, render_sandbox_died
 from .sandbox._api import ExecRequest, ExecResult, FsReply, FsRequest
 from .sandbox._base import Sandbox, SandboxSession
 from .sandbox._policy import WORKSPACE_DIR, Limits, Mount, Policy, Promise
+from .sandbox._uids import UidRange
 from .spec import ALL_SCOPES, Scope
 
 if TYPE_CHECKING:
@@ -74,6 +75,10 @@ class Executor:
     replaces the agent's ``[network] allow``, as ``scopes`` and ``limits``
     replace theirs, and ``[]`` turns the network off. Without either list
     calls have no network at all.
+    ``uid_range`` (a ``UidRange`` or ``"FIRST-LAST"``) is where a root host's
+    turns lease their own host uid from, one live turn per uid across every
+    process on the host; without it, ``$ASTRALVESSEL_UID_RANGE``, else
+    2013265920-2013331455 (see the threat model, "Identity and budget").
     """
 
     def __init__(
@@ -96,6 +101,7 @@ class Executor:
         warm: int = 0,
         outbox_dir: str | os.PathLike[str] | None = None,
         network_allow: Iterable[str] | None = None,
+        uid_range: UidRange | str | None = None,
     ) -> None:
         agent = registry.agent
         self.registry = registry
@@ -119,6 +125,7 @@ class Executor:
             else (agent.network_allow if agent is not None else ()),
             writable_root=_opted(writable_root, agent.writable_root if agent else False),
             root_identity=_opted(root_identity, agent.root_identity if agent else False),
+            uid_range=uid_range,
         ).relax(*relax)
         self.fetcher: Fetcher = _fetcher(fetcher)
         self.searcher: Searcher | None = _searcher(searcher)

@@ -68,8 +68,11 @@ def test_writable_mount_needs_write_for_the_calls(private_dir: Path) -> None:
     """A folder others may read but not write is refused as a writable mount, and says so."""
     private_dir.chmod(0o755)
     policy = Policy(mounts=(Mount.from_pair("/data", private_dir, writable=True),))
-    with pytest.raises(UsageError, match="cannot write host path"):
+    with pytest.raises(UsageError, match="cannot write host path") as caught:
         get_backend("bubblewrap").start(policy)
+    # Each turn is another host uid: the fix is never to hand the folder to one of them.
+    assert f"chmod 1777 {private_dir}" in str(caught.value)
+    assert "chown" not in str(caught.value)
     readonly = Policy(mounts=(Mount.from_pair("/data", private_dir),))
     get_backend("bubblewrap").start(readonly).close()
 
@@ -107,4 +110,5 @@ def test_unreadable_agent_folder_raises_not_a_tool_result(
     with executor.turn() as turn, pytest.raises(UsageError) as caught:
         turn.call("species", '{"habitat": "rivers"}')
     assert f"host path {unreadable};" in str(caught.value)
-    assert "/agent: the sandbox's user (host uid 65534) cannot read" in str(caught.value)
+    assert "/agent: the turn's own user (host uid " in str(caught.value)
+    assert "one per turn) cannot read" in str(caught.value)

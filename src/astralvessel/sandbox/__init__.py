@@ -35,6 +35,8 @@ from ._policy import Mount as Mount
 from ._policy import Policy as Policy
 from ._policy import Promise as Promise
 from ._session import server_command as server_command
+from ._uids import DEFAULT_UID_RANGE as DEFAULT_UID_RANGE
+from ._uids import UidRange as UidRange
 
 if TYPE_CHECKING:
     from ._bwrap import Bubblewrap as Bubblewrap
@@ -53,6 +55,7 @@ _LAZY = {
 
 __all__ = [
     "AGENT_DIR",
+    "DEFAULT_UID_RANGE",
     "OUTBOX_DIR",
     "WORKSPACE_DIR",
     "BackendReport",
@@ -74,6 +77,7 @@ __all__ = [
     "SandboxSession",
     "ServerLink",
     "ServerOptions",
+    "UidRange",
     "Unconfined",
     "all_backends",
     "backend_names",

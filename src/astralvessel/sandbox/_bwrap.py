@@ -6,9 +6,9 @@
 As root (CI), bwrap is run *without* a user namespace: root creates the mount,
 PID, network, IPC, UTS and cgroup namespaces itself, and the server inside keeps
 the capabilities it needs to give each call its own PID, mount and user
-namespace, mapped to the real host user ``nobody`` (65534). A uid 0 mapped to host root
-in a user namespace could still read root's 0600 files by owner match, so that
-model is never used as root.
+namespace, mapped to a host uid leased for the turn alone (``_uids``). A uid 0
+mapped to host root in a user namespace could still read root's 0600 files by
+owner match, so that model is never used as root.
 """
 
 from __future__ import annotations

@@ -42,8 +42,8 @@ __all__ = [
     "userns_verdict",
 ]
 
-#: The host user every confined call runs as when the host is root: ``nobody``.
-#: A real host uid, so the kernel's own permission checks apply to it unchanged.
+#: The uid and gid every confined call has inside its own user namespace (``nobody``);
+#: on the host it is the turn's leased uid (root) or the host user (see ``_uids``).
 NOBODY_UID = 65534
 NOBODY_GID = 65534
 

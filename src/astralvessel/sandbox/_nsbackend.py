@@ -12,7 +12,7 @@ import abc
 import functools
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 from ..errors import BackendUnavailableError, PromiseNotEnforcedError
@@ -21,7 +21,6 @@ from ._cgroup import TurnCgroup
 from ._channels import PipeChannel
 from ._etc import etc_dir, write_synthetic
 from ._hostinfo import (
-    NOBODY_GID,
     NOBODY_UID,
     BinaryInfo,
     HostFacts,
@@ -37,6 +36,7 @@ from ._policy import Policy, Promise
 from ._reach import Identity, check_reach
 from ._seccomp import CALLS, SERVER, DenyList, compile_bpf, to_kafel
 from ._session import server_command
+from ._uids import UidLease, describe_range, lease_uid, resolve_range
 
 __all__ = ["NamespaceBackend", "check_promises", "choose_binary"]
 
@@ -169,7 +169,8 @@ class NamespaceBackend(Sandbox):
         details = {
             "binary": binary.describe(),
             "calls run as": (
-                f"uid {NOBODY_UID} of a user namespace of their own, host uid {NOBODY_UID}"
+                f"uid {NOBODY_UID} of a user namespace of their own, a host uid of "
+                f"{describe_range()} of their turn's own"
                 if facts.is_root
                 else f"uid {NOBODY_UID} of a user namespace of their own, your uid {facts.uid}"
             ),
@@ -206,8 +207,30 @@ class NamespaceBackend(Sandbox):
             raise BackendUnavailableError(f"{self.name} cannot start: {reason}")
         missing = self._unenforced(facts, binary)
         check_promises(self.name, missing, policy)
+        # As root each turn is a host uid of its own, held until its sandbox is gone.
+        lease = lease_uid(resolve_range(policy.uid_range)) if facts.is_root else None
+        try:
+            return self._open_as(binary, facts, policy, missing, lease)
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
+
+    def _open_as(
+        self,
+        binary: BinaryInfo,
+        facts: HostFacts,
+        policy: Policy,
+        missing: dict[Promise, str],
+        lease: UidLease | None,
+    ) -> ServerLink:
+        """Start the sandbox whose calls are ``lease``'s uid (the host user's without one)."""
         # A folder the calls cannot use is the host's mistake: say so now, not in a tool result.
-        caller = Identity(uid=NOBODY_UID, gid=NOBODY_GID) if facts.is_root else Identity(uid=None)
+        caller = (
+            Identity(uid=None)
+            if lease is None
+            else Identity(uid=lease.uid, gid=lease.gid, per_turn=True)
+        )
         check_reach(self.name, policy, caller)
         try:
             write_synthetic(etc_dir(facts.runtime_dir))
@@ -238,12 +261,16 @@ class NamespaceBackend(Sandbox):
                 config_fd=config_fd,
             )
             fds = tuple(fd for fd in (memfd, config_fd) if fd is not None)
+            # The cgroup goes and the lease goes back once the sandbox is reaped.
             channel = PipeChannel.spawn(
                 argv if cgroup is None else cgroup.wrap(argv),
                 name=self.name,
                 env={},
                 pass_fds=fds,
-                cleanup=None if cgroup is None else cgroup.remove,
+                cleanup=_both(
+                    None if cgroup is None else cgroup.remove,
+                    None if lease is None else lease.release,
+                ),
             )
         except ValueError as exc:
             if cgroup is not None:
@@ -253,16 +280,31 @@ class NamespaceBackend(Sandbox):
             for fd in (memfd, config_fd):
                 if fd is not None:
                     os.close(fd)
-        uid, gid = (NOBODY_UID, NOBODY_GID) if facts.is_root else (None, None)
         return ServerLink(
             channel=channel,
             options=ServerOptions(
                 confine=True,
-                drop_uid=uid,
-                drop_gid=gid,
+                drop_uid=None if lease is None else lease.uid,
+                drop_gid=None if lease is None else lease.gid,
                 seccomp=_program(CALLS, facts.machine) if use_seccomp else None,
             ),
         )
+
+
+def _both(
+    first: Callable[[], None] | None, second: Callable[[], None] | None
+) -> Callable[[], None] | None:
+    """One cleanup: ``first``, then ``second`` even if ``first`` raised (each optional)."""
+    if first is None or second is None:
+        return first or second
+
+    def run() -> None:
+        try:
+            first()
+        finally:
+            second()
+
+    return run
 
 
 @functools.cache

@@ -9,7 +9,7 @@ are root, nsjail also puts the whole sandbox in a cgroup as a turn-wide backstop
 
 As root, no user namespace is made (``--disable_clone_newuser``): the server
 keeps its capabilities to give each call its own PID, mount and user namespace,
-mapped to the real host user ``nobody`` (65534).
+mapped to a host uid leased for the turn alone (``_uids``).
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ import attrs
 
 from .._netallow import HostPattern, parse_allow_list
 from ..errors import UsageError
+from ._uids import UidRange
 
 __all__ = [
     "AGENT_DIR",
@@ -235,6 +236,10 @@ def _promise_set(promises: Iterable[Promise | str]) -> frozenset[Promise]:
     return frozenset(Promise(p) for p in promises)
 
 
+def _uid_range(value: UidRange | str | None) -> UidRange | None:
+    return None if value is None else UidRange.coerce(value)
+
+
 @attrs.frozen(kw_only=True)
 class Policy:
     """Everything a backend needs to build one turn's sandbox.
@@ -271,6 +276,10 @@ class Policy:
     #: namespace, still with every capability set empty; on the host they stay the sandbox's
     #: unprivileged identity.
     root_identity: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    #: The host uids a root host's turns lease from, one per turn (``None``: the
+    #: ``ASTRALVESSEL_UID_RANGE`` variable's, else ``DEFAULT_UID_RANGE``). Who the calls
+    #: are on the host, not what confines them, so not part of ``identity``.
+    uid_range: UidRange | None = attrs.field(default=None, converter=_uid_range)
 
     def relax(self, *promises: Promise | str) -> Policy:
         """A copy that no longer requires ``promises``: the host's explicit, audited choice."""

@@ -29,15 +29,24 @@ _READ, _WRITE, _SEARCH = 4, 2, 1
 
 @attrs.frozen(kw_only=True)
 class Identity:
-    """The host user a call runs as; ``None`` uid means this process's own user (not root)."""
+    """The host user a call runs as; ``None`` uid means this process's own user (not root).
+
+    ``per_turn``: the uid is leased for this turn alone (a root host), so the
+    fix for a folder is never to hand it to that uid.
+    """
 
     uid: int | None
     gid: int | None = None
     groups: frozenset[int] = frozenset()
+    per_turn: bool = False
 
     def describe(self) -> str:
         """Name the identity for an error message."""
-        return "you" if self.uid is None else f"the sandbox's user (host uid {self.uid})"
+        if self.uid is None:
+            return "you"
+        if self.per_turn:
+            return f"the turn's own user (host uid {self.uid}, one per turn)"
+        return f"the sandbox's user (host uid {self.uid})"
 
 
 def _bits(info: os.stat_result, who: Identity) -> int:
@@ -69,6 +78,13 @@ def _fix(path: str, who: Identity, writable: bool, info: os.stat_result) -> str:
         return f"make it yours to use (chmod u+rwx {path}) or mount another folder"
     folder = stat.S_ISDIR(info.st_mode)
     kind = ("rwx" if writable else "rx") if folder else ("rw" if writable else "r")
+    if writable and who.per_turn:
+        # Each turn is another uid: only "other" bits reach them all. The sticky bit keeps
+        # one turn from removing another's files; set-gid shares them with the folder's group.
+        return (
+            f"let every turn write it (chmod 1777 {path}; add g+s to share what turns write "
+            "with the folder's group), or mount a folder that is"
+        )
     if writable:
         return (
             f"give it to that user (chown {who.uid}:{who.gid} {path}) or let others "

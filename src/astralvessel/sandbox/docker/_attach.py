@@ -15,7 +15,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 __all__ = ["TIMED_OUT", "AttachChannel", "close_attached", "frames", "raw_socket"]
@@ -39,8 +39,18 @@ class AttachChannel:
     bounded tail for ``describe_exit``.
     """
 
-    def __init__(self, api: Any, container_id: str, attached: Any, *, engine: str) -> None:
+    def __init__(
+        self,
+        api: Any,
+        container_id: str,
+        attached: Any,
+        *,
+        engine: str,
+        on_close: Callable[[], None] | None = None,
+    ) -> None:
         self._api = api
+        #: Run once the container is removed (the turn's uid lease goes back).
+        self._on_close = on_close
         #: The turn's container.
         self.container_id = container_id
         self._sock = raw_socket(attached)
@@ -108,6 +118,9 @@ class AttachChannel:
         with contextlib.suppress(Exception):
             self._sock.shutdown(socket.SHUT_RDWR)
         close_attached(self._attached)
+        if self._on_close is not None:
+            with contextlib.suppress(Exception):
+                self._on_close()
 
     def _exit_status(self) -> str:
         try:

@@ -24,10 +24,10 @@ from .._mechanisms import Setup, limit_mechanisms
 from .._policy import Policy, Promise
 from .._reach import Identity, check_reach
 from .._session import server_command
+from .._uids import UidLease, default_lock_dir, describe_range, lease_uid, resolve_range
 from ._engine import BASE_IMAGE_ENV, Engine, owner
 from ._exec_session import EXEC_NOTE, ExecSession
 from ._spec import (
-    CALL_GID,
     CALL_UID,
     DEFAULT_BASE_IMAGE,
     LABEL_MODE,
@@ -57,6 +57,8 @@ class Docker(Sandbox):
     name: ClassVar[str] = "docker"
     #: How ``doctor`` describes this backend's mode.
     mode: ClassVar[str] = "sandbox server in the container"
+    #: Whether each turn leases a host uid of its own (a server maps it to the calls' 65534).
+    leases_uids: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -103,13 +105,26 @@ class Docker(Sandbox):
             return base_id
         return self.engine.build(dockerfile, base_image=self.base_image, base_id=base_id)
 
-    def _prepare(self, policy: Policy) -> tuple[str, Any]:
-        """The turn's image id and seccomp architecture; fail closed without a filter."""
+    def _lease(self, policy: Policy) -> UidLease | None:
+        """The turn's own host uid, or None where the engine maps container uids itself.
+
+        A rootless or ``userns-remap`` engine maps only its own small range
+        (65 536 ids from a subuid base), so a leased id would not exist in the
+        container; there the container keeps uid 65534 of the engine's map.
+        """
         self.engine.api()
-        # A folder the calls (uid 65534) cannot use is the host's mistake: say so now, as the
-        # namespace backends do, not in a tool result.
-        if not self.engine.maps_container_uids():
-            check_reach(self.name, policy, Identity(uid=CALL_UID, gid=CALL_GID))
+        if not self.leases_uids or self.engine.maps_container_uids():
+            return None
+        return lease_uid(resolve_range(policy.uid_range), default_lock_dir())
+
+    def _prepare(self, policy: Policy, lease: UidLease | None) -> tuple[str, Any]:
+        """The turn's image id and seccomp architecture; fail closed without a filter."""
+        # A folder the calls (the turn's uid) cannot use is the host's mistake: say so now,
+        # as the namespace backends do, not in a tool result.
+        if lease is not None:
+            check_reach(self.name, policy, Identity(uid=lease.uid, gid=lease.gid, per_turn=True))
+        elif not self.engine.maps_container_uids():
+            check_reach(self.name, policy, Identity(uid=CALL_UID, gid=CALL_UID))
         self.engine.sweep_once()
         arch = _seccomp.available_arch()
         if arch is None and Promise.SECCOMP not in policy.relaxed:
@@ -145,7 +160,12 @@ class Docker(Sandbox):
                 f"at {api.base_url}"
             ),
             "image": self.image or self.base_image,
-            "user": f"uid {CALL_UID} in a user namespace of its own, no capabilities",
+            "user": (
+                f"uid {CALL_UID} in a user namespace of its own, no capabilities; on the host "
+                f"a uid of {describe_range()} of the turn's own"
+                if self.leases_uids
+                else f"uid {CALL_UID}, no capabilities, in every turn"
+            ),
             "mode": self.mode,
         }
         try:
@@ -181,7 +201,16 @@ class Docker(Sandbox):
 
     def open(self, policy: Policy) -> ServerLink:
         """Start one turn's container with the server as its process; return the attach channel."""
-        image_id, arch = self._prepare(policy)
+        lease = self._lease(policy)
+        try:
+            return self._open_as(policy, lease)
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
+
+    def _open_as(self, policy: Policy, lease: UidLease | None) -> ServerLink:
+        image_id, arch = self._prepare(policy, lease)
         if not self.engine.has_python(image_id, self.python):
             raise BackendUnavailableError(
                 f"docker cannot run the sandbox server: image "
@@ -199,14 +228,18 @@ class Docker(Sandbox):
             labels=self._labels(policy, "server"),
             server=True,
             cpus=self.cpus,
+            uid=CALL_UID if lease is None else lease.uid,
         )
-        channel = self.engine.attach_and_start(self.engine.create(spec))
+        # The lease goes back once the container is removed.
+        channel = self.engine.attach_and_start(
+            self.engine.create(spec), on_close=None if lease is None else lease.release
+        )
         return ServerLink(
             channel=channel,
             options=ServerOptions(
                 confine=True,
-                # The container already runs as uid 65534; in its user namespace only that uid
-                # exists, so there is nothing to drop to: a call loses its capabilities at exec.
+                # The container already runs as the turn's uid; in its user namespace only that
+                # uid exists, so there is nothing to drop to: a call loses its capabilities.
                 seccomp=_seccomp.compile_bpf("calls", arch) if arch else None,
                 ready_timeout=self.start_timeout,
             ),
@@ -224,6 +257,9 @@ class DockerExec(Docker):
 
     name: ClassVar[str] = "docker-exec"
     mode: ClassVar[str] = f"exec per call: {EXEC_NOTE}"
+    #: With no server to map a call's ids, a leased uid would be what calls see; every
+    #: ``docker-exec`` turn's calls are uid 65534 (a name in every image's passwd) instead.
+    leases_uids: ClassVar[bool] = False
 
     def open(self, policy: Policy) -> ServerLink:
         """This mode runs no sandbox server, so there is no channel to one."""
@@ -251,7 +287,16 @@ class DockerExec(Docker):
                     f"docker-exec cannot give {name}: it runs no sandbox server to make it; "
                     "choose the docker backend"
                 )
-        image_id, arch = self._prepare(policy)
+        lease = self._lease(policy)
+        try:
+            return self._start_exec(policy, lease)
+        except BaseException:
+            if lease is not None:
+                lease.release()
+            raise
+
+    def _start_exec(self, policy: Policy, lease: UidLease | None) -> SandboxSession:
+        image_id, arch = self._prepare(policy, lease)
         spec = container_spec(
             policy,
             image=image_id,
@@ -263,9 +308,18 @@ class DockerExec(Docker):
             labels=self._labels(policy, "exec"),
             server=False,
             cpus=self.cpus,
+            uid=CALL_UID if lease is None else lease.uid,
         )
-        channel = self.engine.attach_and_start(self.engine.create(spec))
-        session = ExecSession(self.engine.api(), channel, policy, backend=self.name)
+        channel = self.engine.attach_and_start(
+            self.engine.create(spec), on_close=None if lease is None else lease.release
+        )
+        session = ExecSession(
+            self.engine.api(),
+            channel,
+            policy,
+            backend=self.name,
+            uid=CALL_UID if lease is None else lease.uid,
+        )
         try:
             session.prepare()
         except BaseException:

@@ -18,7 +18,7 @@ import socket
 import threading
 import warnings
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -243,14 +243,21 @@ class Engine:
         )
         return str(created["Id"])
 
-    def attach_and_start(self, container_id: str) -> AttachChannel:
-        """Attach to the container's stdio, then start it; remove it if either fails."""
+    def attach_and_start(
+        self, container_id: str, *, on_close: Callable[[], None] | None = None
+    ) -> AttachChannel:
+        """Attach to the container's stdio, then start it; remove it if either fails.
+
+        ``on_close`` runs once the channel has removed the container.
+        """
         api = self.api()
         try:
             attached = api.attach_socket(
                 container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
             )
-            channel = AttachChannel(api, container_id, attached, engine=str(api.base_url))
+            channel = AttachChannel(
+                api, container_id, attached, engine=str(api.base_url), on_close=on_close
+            )
             raw_socket(attached).settimeout(None)
             api.start(container_id)
         except Exception as exc:

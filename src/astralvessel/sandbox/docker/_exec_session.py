@@ -199,15 +199,25 @@ def skipped_note(skipped: Mapping[str, int]) -> str:
 
 
 class ExecSession(SandboxSession):
-    """The turn's container, reached by one ``docker exec`` per call (as uid 65534).
+    """The turn's container, reached by one ``docker exec`` per call (as the turn's uid).
 
     The container carries every limit and the ``calls`` seccomp profile, so an
     exec gets them too. Calls run one at a time; after each one every process
     of the call user is killed, which is how a call's leftovers go.
     """
 
-    def __init__(self, api: Any, channel: AttachChannel, policy: Policy, *, backend: str) -> None:
+    def __init__(
+        self,
+        api: Any,
+        channel: AttachChannel,
+        policy: Policy,
+        *,
+        backend: str,
+        uid: int = CALL_UID,
+    ) -> None:
         self.policy = policy
+        #: The call user, ``uid:gid``: the turn's own host uid.
+        self._user = f"{uid}:{uid}"
         self.backend = backend
         #: The turn's container.
         self.container_id = channel.container_id
@@ -224,9 +234,7 @@ class ExecSession(SandboxSession):
         self, argv: list[str], *, limit: int = _HELPER_OUTPUT_MAX
     ) -> tuple[int | None, bytes]:
         """Run a helper command as the call user; its exit code and up to ``limit`` stdout bytes."""
-        exec_id = self._api.exec_create(
-            self.container_id, argv, user=f"{CALL_UID}:{CALL_UID}", workdir="/"
-        )["Id"]
+        exec_id = self._api.exec_create(self.container_id, argv, user=self._user, workdir="/")["Id"]
         attached = self._api.exec_start(exec_id, socket=True)
         output = bytearray()
         try:
@@ -288,7 +296,7 @@ class ExecSession(SandboxSession):
             exec_id = api.exec_create(
                 self.container_id,
                 exec_argv(self.policy, request.argv, outbox=outbox),
-                user=f"{CALL_UID}:{CALL_UID}",
+                user=self._user,
                 workdir=request.cwd or str(self.policy.workdir),
                 stdin=True,
             )["Id"]
@@ -465,9 +473,7 @@ class ExecSession(SandboxSession):
     def _copy_out(self, source: str, size: int, path: Path) -> OutboxFile | None:
         """Stream one file to ``path`` (``dd`` with ``nofollow``), at most ``size`` bytes."""
         argv = ["dd", f"if={source}", "iflag=nofollow", "bs=65536", "status=none"]
-        exec_id = self._api.exec_create(
-            self.container_id, argv, user=f"{CALL_UID}:{CALL_UID}", workdir="/"
-        )["Id"]
+        exec_id = self._api.exec_create(self.container_id, argv, user=self._user, workdir="/")["Id"]
         attached = self._api.exec_start(exec_id, socket=True)
         written = 0
         try:

@@ -6,15 +6,17 @@ user-namespace bootstrap, ``exec_argv`` builds a ``docker-exec`` call's command,
 and the label helpers decide which containers are leftovers of dead turns.
 Nothing here talks to an engine; the rest of this package does that.
 
-How the promises are kept (see ``docs/docker.md``): the container runs as uid
-65534 with no capabilities, ``no-new-privileges``, no network, a read-only
-root, Docker's seccomp profile compiled from the ``server`` deny list, and
-engine-enforced pids, memory, cpu, ``nofile`` and ``fsize`` limits. Its first
-process creates a user namespace that maps only uid 65534 to itself; inside
-it the server holds capabilities over its own namespaces alone, which is
-enough to give every call a fresh PID and mount namespace with its own
-``/proc`` and to install the ``calls`` filter. A call execs as uid 65534, so
-the kernel clears every capability at exec.
+How the promises are kept (see ``docs/docker.md``): the container runs as the
+turn's own host uid (leased from the host's range, ``sandbox/_uids``; 65534 on
+an engine that maps container uids itself) with no capabilities,
+``no-new-privileges``, no network, a read-only root, Docker's seccomp profile
+compiled from the ``server`` deny list, and engine-enforced pids, memory, cpu,
+``nofile`` and ``fsize`` limits. Its first process creates a user namespace
+that maps only that uid to itself; inside it the server holds capabilities
+over its own namespaces alone, which is enough to give every call a fresh PID
+and mount namespace with its own ``/proc`` and to install the ``calls``
+filter. A call is uid 65534 of a user namespace of its own, mapped to the
+container's uid, so the kernel clears every capability at exec.
 """
 
 from __future__ import annotations
@@ -51,7 +53,8 @@ __all__ = [
 
 #: The base image when the host names none: a common slim image with ``python3``.
 DEFAULT_BASE_IMAGE = "python:3.12-slim"
-#: The unprivileged user every call (and, in server mode, the container) runs as.
+#: The uid calls see, and the container's uid where the engine maps container uids itself
+#: (elsewhere the container runs as the turn's leased uid).
 CALL_UID = 65534
 CALL_GID = 65534
 
@@ -99,6 +102,8 @@ VIEW_ROOT = "/.astralvessel-root"
 USERNS_BOOTSTRAP = r"""
 def _astralvessel_view(binds, system_dirs, root, workdir, root_dirs=()):
     import ctypes, os, sys
+    # Each turn is a uid of its own: what a call writes is closed to other turns' uids.
+    os.umask(0o007)
     libc = ctypes.CDLL(None, use_errno=True)
     def check(result, what):
         if result != 0:
@@ -221,8 +226,9 @@ def container_spec(
     labels: Mapping[str, str],
     server: bool,
     cpus: float | None = 1.0,
+    uid: int = CALL_UID,
 ) -> ContainerSpec:
-    """The container of one turn for ``policy``.
+    """The container of one turn for ``policy``, whose calls are host ``uid`` (and gid).
 
     ``server`` is true when the sandbox server runs as the container's process;
     false for ``docker-exec``, where an idle root process without capabilities
@@ -247,7 +253,7 @@ def container_spec(
         # The turn's only writable place: owned by the call user, at most the disk limit.
         str(WORKSPACE_DIR): (
             f"rw,nosuid,nodev,size={disk_bytes},nr_inodes={limits.workspace_inodes},"
-            f"mode=0755,uid={CALL_UID},gid={CALL_GID}"
+            f"mode=0755,uid={uid},gid={uid}"
         ),
     }
     if not _covered(policy.workdir, targets):
@@ -291,7 +297,7 @@ def container_spec(
     return ContainerSpec(
         image=image,
         command=tuple(command),
-        user=f"{CALL_UID}:{CALL_GID}" if server else "0:0",
+        user=f"{uid}:{uid}" if server else "0:0",
         environment=dict(policy.environment),
         working_dir=str(policy.workdir) if server else "/",
         labels=dict(labels),
@@ -369,7 +375,7 @@ def exec_argv(
     assignments = [f"{name}={value}" for name, value in environment.items()]
     enter = 'cd -- "$1" || exit 126; shift; ' if cwd is not None else ""
     script = enter + (
-        f'mkdir -p -- "{environment["VESSEL_OUTBOX"]}" && '
+        f'umask 007 && mkdir -p -- "{environment["VESSEL_OUTBOX"]}" && '
         f"ulimit -v {limits.memory_mb * 1024} && ulimit -p {limits.processes} && "
         'exec env -i "$@"' + ("" if split else " 2>&1")
     )

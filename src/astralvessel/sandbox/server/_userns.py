@@ -15,9 +15,13 @@ installs the seccomp filter, and the call runs in it as uid and gid 65534:
   namespace is made while init's limit is still the server's (unlimited as
   root), so the levels above never refuse a fork on the call's behalf.
 - **Who it is on the host.** The namespace maps 65534 to one host identity:
-  as root, the host uid and gid the server names (65534 by default); as an
-  ordinary user, the server's own, which is the host user's (the only id an
-  unprivileged namespace may map).
+  as root, the host uid and gid the server names, which the host leased for
+  this turn alone (``sandbox/_uids``); as an ordinary user, the server's own,
+  which is the host user's (the only id an unprivileged namespace may map).
+- **Its files are its own.** With a host identity of the turn's own, the call
+  creates files with umask 007: another turn's uid, neither owner nor group,
+  reads nothing it left in a shared writable mount, while a folder's set-gid
+  bit still shares them with the folder's group (the host's users).
 
 Init is not dumpable, and its memory belongs to the namespace it was started
 in, where the call holds nothing: ``/proc/1`` is closed to the call.
@@ -31,10 +35,12 @@ import os
 import resource
 from typing import Any
 
-__all__ = ["CALL_ID", "enter_own_namespace", "give_up_capabilities", "warm"]
+__all__ = ["CALL_ID", "TURN_UMASK", "enter_own_namespace", "give_up_capabilities", "warm"]
 
 #: The uid and gid a call has inside its own user namespace.
 CALL_ID = 65534
+#: The calls' umask when their host identity is their turn's own: nothing for "other".
+TURN_UMASK = 0o007
 
 CLONE_NEWUSER = 0x10000000
 PR_SET_DUMPABLE = 4
@@ -131,6 +137,8 @@ def enter_own_namespace(host_uid: int | None, host_gid: int | None, inner: int =
     same). Raises ``OSError`` if any step fails; the process is then unusable
     for a call.
     """
+    if host_uid is not None:
+        os.umask(TURN_UMASK)
     uid = os.geteuid() if host_uid is None else host_uid
     gid = os.getegid() if host_gid is None else host_gid
     # The namespace's parent levels count forks against the limit init has when it makes it.

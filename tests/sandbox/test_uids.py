@@ -1,0 +1,143 @@
+"""The per-turn uid range and its host-wide leases (``sandbox/_uids``), on real lock files."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import attrs
+import pytest
+
+from astralvessel import Executor, Registry
+from astralvessel.errors import BackendUnavailableError, UsageError
+from astralvessel.sandbox import DEFAULT_UID_RANGE, Policy, UidRange
+from astralvessel.sandbox._uids import UID_RANGE_ENV, lease_uid, resolve_range
+
+
+def test_the_default_range_avoids_every_allocated_block() -> None:
+    """The default sits in systemd's unallocated block: above containers' ranges, below 2^31."""
+    assert DEFAULT_UID_RANGE.first > 1_879_048_191  # systemd-nspawn's container ranges end here
+    assert DEFAULT_UID_RANGE.last < 2_147_352_576  # systemd's "foreign" range starts here
+    assert str(DEFAULT_UID_RANGE) == "2013265920-2013331455"
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("0-100", "starts at 1000"),
+        ("60000-70000", "reserved id"),
+        ("5000-4000", "ends before it starts"),
+        ("2147483000-2147483647", "ends at"),
+        ("1000", "FIRST-LAST"),
+        ("a-b", "FIRST-LAST"),
+    ],
+)
+def test_bad_ranges_are_refused(text: str, why: str) -> None:
+    """A range holding root, nobody, 65535, an id past 2^31-2, or not FIRST-LAST is a UsageError."""
+    with pytest.raises(UsageError, match=why):
+        UidRange.parse(text)
+
+
+def test_every_construction_path_checks_the_range() -> None:
+    """UidRange(...), attrs.evolve and Policy(uid_range=text) run the same checks."""
+    with pytest.raises(UsageError):
+        UidRange(65000, 1000)
+    with pytest.raises(UsageError):
+        attrs.evolve(DEFAULT_UID_RANGE, count=0)
+    assert Policy(uid_range="3000000-3000009").uid_range == UidRange(3_000_000, 10)
+    with pytest.raises(UsageError):
+        Policy(uid_range="1-2")
+
+
+def test_the_range_is_not_part_of_the_policy_identity() -> None:
+    """Who calls are on the host does not change what confines them: the policy id stays."""
+    assert Policy(uid_range="3000000-3000009").identity == Policy().identity
+
+
+def test_resolve_prefers_the_executor_then_the_environment() -> None:
+    """The chosen range wins; else the variable; else the default; a bad variable names itself."""
+    chosen = UidRange(3_000_000, 5)
+    assert resolve_range(chosen, {UID_RANGE_ENV: "4000000-4000001"}) is chosen
+    assert resolve_range(None, {UID_RANGE_ENV: "4000000-4000001"}) == UidRange(4_000_000, 2)
+    assert resolve_range(None, {}) == DEFAULT_UID_RANGE
+    with pytest.raises(UsageError, match=UID_RANGE_ENV):
+        resolve_range(None, {UID_RANGE_ENV: "nonsense"})
+
+
+def test_executor_takes_a_range(tmp_path: Path) -> None:
+    """Executor(uid_range=...) puts the range on its policy."""
+    executor = Executor(Registry(), sandbox="unconfined", uid_range="3000000-3000099")
+    assert executor.policy.uid_range == UidRange(3_000_000, 100)
+
+
+def test_leases_are_distinct_under_contention_and_exhaustion_is_one_error(tmp_path: Path) -> None:
+    """32 threads lease a 24-id range at once: 24 distinct ids, 8 clear refusals naming the range."""
+    small = UidRange(3_000_000, 24)
+    got: list[int] = []
+    refused: list[str] = []
+    leases = []
+    lock = threading.Lock()
+    start = threading.Barrier(32)
+
+    def take() -> None:
+        start.wait()
+        try:
+            lease = lease_uid(small, str(tmp_path))
+        except BackendUnavailableError as exc:
+            with lock:
+                refused.append(str(exc))
+            return
+        with lock:
+            got.append(lease.uid)
+            leases.append(lease)
+
+    threads = [threading.Thread(target=take) for _ in range(32)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(got) == list(range(small.first, small.last + 1))
+    assert len(refused) == 8
+    assert all(str(small) in text and "widen the range" in text for text in refused)
+    leases[0].release()
+    leases[0].release()  # idempotent
+    again = lease_uid(small, str(tmp_path))
+    assert again.uid == leases[0].uid
+    for lease in (again, *leases):
+        lease.release()
+
+
+def test_another_process_holding_a_uid_is_respected(tmp_path: Path) -> None:
+    """A lease held by another process is skipped; it comes back the moment that process dies."""
+    one = UidRange(3_000_000, 1)
+    holder = (
+        "import sys, time\n"
+        "from astralvessel.sandbox._uids import UidRange, lease_uid\n"
+        f"lease = lease_uid(UidRange(3_000_000, 1), {str(tmp_path)!r})\n"
+        "print(lease.uid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True, env=dict(os.environ)
+    ) as process:
+        try:
+            assert process.stdout is not None
+            assert process.stdout.readline() == "3000000\n"
+            with pytest.raises(BackendUnavailableError):
+                lease_uid(one, str(tmp_path))
+        finally:
+            process.kill()
+            process.wait()
+    lease_uid(one, str(tmp_path)).release()
+
+
+def test_an_unsafe_lock_folder_is_refused(tmp_path: Path) -> None:
+    """A lock folder others may write is refused: anyone could otherwise squat every uid."""
+    folder = tmp_path / "locks"
+    folder.mkdir()
+    folder.chmod(0o777)
+    with pytest.raises(BackendUnavailableError, match="writable by it alone"):
+        lease_uid(UidRange(3_000_000, 1), str(folder))
