@@ -18,7 +18,7 @@ import pytest
 
 from astralvessel.agent import Agent
 from astralvessel.errors import BackendUnavailableError, SandboxError
-from astralvessel.sandbox import Policy, Promise, RunRequest
+from astralvessel.sandbox import DEFAULT_UID_RANGE, Policy, Promise, RunRequest
 from astralvessel.sandbox.docker import Docker
 from astralvessel.sandbox.docker._spec import LABEL_TURN
 
@@ -71,13 +71,16 @@ def test_container_is_removed_when_the_turn_ends(backend, small_policy, docker_a
 
 
 def test_container_settings_reach_the_engine(turn, docker_api):
-    """The engine holds the turn's lockdown: no network, read-only root, no capabilities, labels."""
+    """The engine holds the turn's lockdown: no network, read-only root, no capabilities, its uid."""
     info = docker_api.inspect_container(turn.channel.container_id)
     host = info["HostConfig"]
     assert host["NetworkMode"] == "none"
     assert host["ReadonlyRootfs"] is True
     assert host["CapDrop"] == ["ALL"]
-    assert info["Config"]["User"] == "65534:65534"
+    # The turn's own host uid and gid, leased from the default range.
+    uid, gid = map(int, info["Config"]["User"].split(":"))
+    assert uid == gid
+    assert DEFAULT_UID_RANGE.first <= uid <= DEFAULT_UID_RANGE.last
     assert info["Config"]["Labels"][LABEL_TURN] == "1"
 
 
