@@ -1,0 +1,62 @@
+"""128 turns at once on every backend, each making Python tool calls: not one error.
+
+Eval harnesses open a turn per sample, hundreds at a time. Every turn here is
+opened by its own thread at once, calls a Python tool several times through
+the executor (the whole path a host uses), and closes; a turn that fails to
+open, a call that errs or answers wrongly, counts. On a root host the turns
+also hold 128 distinct host uids while they overlap.
+
+Marked ``scale``: CI runs it on the full-matrix Python only (see noxfile.py).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+
+import pytest
+
+from astralvessel import Executor, Registry, ToolSpec
+from astralvessel.sandbox import Limits
+from astralvessel.sandbox._discovery import get_backend
+
+TURNS = 128
+CALLS = 3
+#: Small limits: 128 turns of the default 1 GiB each would ask the engine for 128 GiB.
+LIMITS = Limits(memory_mb=128, disk_mb=8, processes=16, open_files=128)
+#: Reads its argument as JSON on stdin, as a declared tool does by default.
+SQUARE = ToolSpec.command_tool(
+    "square",
+    "Square a number.",
+    ["python3", "-c", "import json,sys; print(json.load(sys.stdin)['n'] ** 2)"],
+)
+
+
+@pytest.mark.scale
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("name", ["bubblewrap", "nsjail", "docker"])
+def test_128_turns_at_once(name: str) -> None:
+    """128 turns, all alive at once, each call Python 3 times through the executor: 0 errors."""
+    executor = Executor(Registry([SQUARE]), sandbox=get_backend(name), limits=LIMITS)
+    # Each turn waits here after its first answer, so all 128 sandboxes live at one moment.
+    all_open = threading.Barrier(TURNS, timeout=600)
+
+    def one(number: int) -> list[str]:
+        texts = []
+        try:
+            with executor.turn() as turn:
+                for call in range(CALLS):
+                    result = turn.call("square", {"n": number + call})
+                    texts.append(("error: " if result.is_error else "") + result.text.strip())
+                    if call == 0:
+                        all_open.wait()
+        except BaseException:
+            all_open.abort()  # the others stop waiting for a turn that will never come
+            raise
+        return texts
+
+    with concurrent.futures.ThreadPoolExecutor(TURNS) as pool:
+        answers = list(pool.map(one, range(TURNS)))
+    expected = [[str((n + c) ** 2) for c in range(CALLS)] for n in range(TURNS)]
+    wrong = [(n, got) for n, got in enumerate(answers) if got != expected[n]]
+    assert wrong == []
