@@ -25,7 +25,7 @@ import attrs
 import pytest
 
 from astralvessel.errors import BackendUnavailableError
-from astralvessel.sandbox import Mount, Policy, Sandbox, SandboxSession
+from astralvessel.sandbox import DEFAULT_UID_RANGE, Mount, Policy, Sandbox, SandboxSession
 from astralvessel.sandbox._discovery import get_backend
 
 from .calls import py, py_json, run, wait_until_gone
@@ -37,9 +37,6 @@ LIMITS = attrs.evolve(TEST_LIMITS, disk_mb=64)
 
 #: Every backend that runs the sandbox server; ``docker-exec`` refuses both (tested below).
 SERVER_BACKENDS = ["bubblewrap", "nsjail", "docker"]
-#: The host identity a call's files land as: the sandbox's unprivileged user.
-NOBODY = 65534
-
 OpenTurn = Callable[..., SandboxSession]
 
 
@@ -362,7 +359,11 @@ def test_root_identity_files_land_as_the_unprivileged_user(open_turn, writable):
     assert outcome.exit_code == 0, outcome.output
     owner = (writable / "from-root").stat()
     assert owner.st_uid != 0
-    assert owner.st_uid == (NOBODY if os.geteuid() == 0 else os.geteuid())
+    if os.geteuid() == 0:
+        # As root, the turn's own leased host uid (see test_turn_identity).
+        assert DEFAULT_UID_RANGE.first <= owner.st_uid <= DEFAULT_UID_RANGE.last
+    else:
+        assert owner.st_uid == os.geteuid()
 
 
 def test_root_identity_has_no_network(open_turn):
