@@ -76,3 +76,67 @@ def test_bubblewrap_turn_runs_in_its_memory_cgroup_where_the_host_has_one():
     if limit is not None:
         assert found == turn_memory_bytes(limits)
         assert not limit.parent.exists()
+
+
+def test_a_dead_hosts_turn_cgroups_are_removed_by_the_next_turn():
+    """A turn's memory group left by a host process that was killed goes when the next turn starts."""
+    import subprocess
+    from pathlib import Path
+
+    from astralvessel.sandbox import Limits
+    from astralvessel.sandbox._cgroup import PARENT, memory_mount, turn_cgroup
+    from astralvessel.sandbox._hostinfo import collect_host_facts
+
+    mount = memory_mount(collect_host_facts())
+    if mount is None:
+        return  # not root on cgroup v1: no turn group is ever made, so none can be left
+    dead = subprocess.Popen(["/bin/true"])
+    dead.wait()
+    left = Path(mount, PARENT, f"turn-{dead.pid}-feedfacecafe")
+    left.mkdir(parents=True)
+    group = turn_cgroup(mount, Limits())
+    try:
+        assert not left.exists()
+        assert Path(group.path).is_dir()
+    finally:
+        group.remove()
+    assert not Path(group.path).exists()
+
+
+def test_nsjail_groups_of_dead_turns_are_removed_by_the_next_turn():
+    """nsjail leaves its cgroups when it is killed; the next nsjail turn removes them."""
+    import os
+    import signal
+    import time
+    from pathlib import Path
+
+    from astralvessel.sandbox import Policy
+    from astralvessel.sandbox._discovery import get_backend
+    from astralvessel.sandbox._hostinfo import collect_host_facts
+    from astralvessel.sandbox._nsjail import cgroup_plan
+
+    plan = cgroup_plan(collect_host_facts())
+    first = get_backend("nsjail").start(Policy())
+    nsjail = first.channel.process.pid  # type: ignore[attr-defined]
+    # nsjail names each group after the jailed child's host pid.
+    jailed = Path(f"/proc/{nsjail}/task/{nsjail}/children").read_text().split()
+    # A host that dies, or a close that finds nsjail stuck, kills it: it cleans up nothing.
+    os.kill(nsjail, signal.SIGKILL)
+    first.close()
+    groups = (
+        [
+            Path(mount, plan.parent, f"NSJAIL.{jailed[0]}")
+            for mount in (plan.memory_mount, plan.pids_mount)
+        ]
+        if plan
+        else []
+    )
+    assert len(jailed) == 1
+    # The kernel tears the jail's namespaces down after nsjail dies; wait until it is empty.
+    for _ in range(500):
+        if not any(g.exists() and (g / "cgroup.procs").read_text().strip() for g in groups):
+            break
+        time.sleep(0.01)
+    second = get_backend("nsjail").start(Policy())
+    second.close()
+    assert not [group for group in groups if group.exists()]

@@ -28,7 +28,14 @@ import attrs
 from ._hostinfo import HostFacts
 from ._policy import Limits
 
-__all__ = ["SERVER_MEMORY_MB", "TurnCgroup", "memory_mount", "turn_cgroup", "turn_memory_bytes"]
+__all__ = [
+    "SERVER_MEMORY_MB",
+    "TurnCgroup",
+    "memory_mount",
+    "sweep_dead",
+    "turn_cgroup",
+    "turn_memory_bytes",
+]
 
 #: The folder under the memory controller's mount that holds every turn's group.
 PARENT = "astralvessel"
@@ -74,20 +81,50 @@ class TurnCgroup:
         _LEFTOVERS.add(self.path)
 
 
-def _sweep() -> None:
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not exited (a zombie has: it holds no group)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return False
+    # The state follows the command name, which is in parentheses and may hold any byte.
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
+
+
+def sweep_dead(parent: str, prefix: str) -> None:
+    """Remove the groups ``<prefix><pid>...`` under ``parent`` whose process is gone.
+
+    Ours are ``turn-<host pid>-<token>``; nsjail's are ``NSJAIL.<jailed pid>``,
+    which nsjail removes only when it exits on its own, never when a turn's
+    close kills it. An empty group is removed, a busy one kept.
+    """
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        owner = name[len(prefix) :].partition("-")[0]
+        if name.startswith(prefix) and owner.isdigit() and not _alive(int(owner)):
+            with contextlib.suppress(OSError):
+                os.rmdir(os.path.join(parent, name))
+
+
+def _sweep(parent: str) -> None:
+    """Remove this process's leftover groups, and those of host processes that died."""
     for path in list(_LEFTOVERS):
         with contextlib.suppress(OSError):
             os.rmdir(path)
-            _LEFTOVERS.discard(path)
         if not os.path.isdir(path):
             _LEFTOVERS.discard(path)
+    sweep_dead(parent, "turn-")
 
 
 def turn_cgroup(mount: str, limits: Limits) -> TurnCgroup:
     """Make a new turn's memory group under ``mount``; raise ``OSError`` if the host refuses."""
-    _sweep()
     parent = os.path.join(mount, PARENT)
     os.makedirs(parent, exist_ok=True)
+    _sweep(parent)
     path = os.path.join(parent, f"turn-{os.getpid()}-{secrets.token_hex(6)}")
     os.mkdir(path)
     group = TurnCgroup(path)

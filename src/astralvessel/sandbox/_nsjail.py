@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 import attrs
 
+from ._cgroup import sweep_dead
 from ._hostinfo import BinaryInfo, HostFacts
 from ._layout import (
     DEVICE_LINKS,
@@ -204,9 +205,12 @@ class Nsjail(NamespaceBackend):
     def _host_setup(self, facts: HostFacts) -> None:
         plan = cgroup_plan(facts)
         if plan is not None:
-            # nsjail creates each turn's cgroup under a parent that must already exist.
+            # nsjail creates each turn's cgroup under a parent that must already exist,
+            # and leaves it behind when a turn's close kills it: those of dead turns go.
             for mount in (plan.memory_mount, plan.pids_mount):
-                os.makedirs(os.path.join(mount, plan.parent), exist_ok=True)
+                parent = os.path.join(mount, plan.parent)
+                os.makedirs(parent, exist_ok=True)
+                sweep_dead(parent, "NSJAIL.")
 
     def _argv(
         self,
