@@ -19,7 +19,8 @@ nox.options.default_venv_backend = "venv"
 PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
 TEST_DEPS = [
     # Ray has wheels for 3.10-3.13 (2.60 checked), so the two-node Ray test runs on each.
-    ".[all,ray]",
+    # inspect_ai's provider and its self-check (inspect_ai installs on 3.11 and later only).
+    ".[all,ray,inspect]",
     "pytest>=8",
     "pytest-asyncio>=0.23",
     "pytest-timeout>=2.3",
@@ -138,7 +139,7 @@ def lint(session: nox.Session) -> None:
 def typing(session: nox.Session) -> None:
     """mypy --strict on the package and on a file that only uses the public API."""
     session.install(
-        ".[all]", "mypy>=1.10", "pytest>=8", "types-docker", "types-jsonschema", "tomli"
+        ".[all,inspect]", "mypy>=1.10", "pytest>=8", "types-docker", "types-jsonschema", "tomli"
     )
     session.run("mypy")
 

@@ -1,0 +1,336 @@
+"""inspect_ai: astralvessel as an inspect sandbox provider named ``"astralvessel"``.
+
+::
+
+    from inspect_ai import Task
+    from inspect_ai.util import SandboxEnvironmentSpec
+    from astralvessel.integrations.inspect_ai import VesselSandboxConfig
+
+    Task(..., sandbox=("astralvessel", "path/to/agent"))          # an agent folder
+    Task(..., sandbox=SandboxEnvironmentSpec(
+        "astralvessel", VesselSandboxConfig(agent="path/to/agent", backend="nsjail")))
+
+inspect finds the provider through the ``inspect_ai`` entry point this package
+declares, so installing ``astralvessel[inspect]`` is all a task needs. The
+lifetimes map one to one: ``task_init`` loads the agent folder and builds one
+``Executor`` per task and configuration (a bad folder or a backend that cannot
+run here fails the task before any sample starts), ``sample_init`` opens a
+``Turn`` (one sandbox, one workspace) per sample, ``sample_cleanup`` closes it
+and ``task_cleanup`` closes the executor. ``exec``, ``read_file`` and
+``write_file`` are the turn's ``aexec``, ``aread_file`` and ``awrite_file``,
+so every command runs under the agent's policy and limits, exactly like the
+agent's own tool calls.
+
+What inspect asks for and what it gets here:
+
+- **Users.** Every command runs as the sandbox's one identity; ``user=`` is
+  refused with ``SandboxUserUnsupportedError``, which inspect reads as "no
+  usable root" and answers by running its tools as the default user.
+- **Timeouts** raise ``TimeoutError`` after the sandbox killed the command's
+  whole process tree; the turn's own tool timeout is the default.
+- **Output** beyond inspect's limit (``INSPECT_SANDBOX_MAX_EXEC_OUTPUT_SIZE``,
+  10 MiB by default) raises ``OutputLimitExceededError``, as does a read above
+  ``INSPECT_SANDBOX_MAX_READ_FILE_SIZE``.
+- **inspect's tool server.** A call's processes end with the call and calls
+  may not open unix sockets, so the long-lived server inspect's sandbox tools
+  start (``inspect-sandbox-tools start-server``) cannot run. The provider
+  answers that one command itself with a result saying so. ``text_editor()``
+  runs in-process per request and needs no server; tools that do need it
+  (``bash_session()``, ``web_browser()``, streaming ``exec_remote``) fail.
+
+Needs the ``inspect`` extra: ``pip install 'astralvessel[inspect]'``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal, overload
+
+try:
+    from inspect_ai.util import (
+        ExecResult,
+        OutputLimitExceededError,
+        SandboxEnvironment,
+        SandboxEnvironmentConfigType,
+        SandboxEnvironmentLimits,
+        SandboxUnavailableError,
+        SandboxUserUnsupportedError,
+        sandboxenv,
+    )
+    from inspect_ai.util._sandbox._cli import SANDBOX_CLI
+    from pydantic import BaseModel, ConfigDict, field_validator
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    raise ImportError(
+        "the inspect_ai sandbox provider needs the inspect_ai package: "
+        "pip install 'astralvessel[inspect]'"
+    ) from exc
+
+from ..agent import Agent
+from ..errors import FileTooLargeError, SandboxError
+from ..executor import Executor
+from ..registry import Registry
+from ..sandbox._discovery import backend_names
+from ..sandbox._policy import Promise
+
+if TYPE_CHECKING:
+    from ..executor import Turn
+
+__all__ = ["VesselSandboxConfig", "VesselSandboxEnvironment"]
+
+#: The provider's name in ``sandbox=("astralvessel", ...)``.
+PROVIDER = "astralvessel"
+
+
+class VesselSandboxConfig(BaseModel):
+    """The provider's configuration: an agent folder, a backend and the promises relaxed.
+
+    A pydantic model, not an attrs value, because inspect stores a sandbox's
+    configuration in its eval logs through pydantic and rebuilds it from there
+    (``config_deserialize``). Frozen, and checked on every construction path:
+    ``agent`` is the agent folder (its ``vessel.toml`` sets the workdir, limits
+    and timeouts; ``None`` runs with the library's defaults), ``backend`` a
+    backend name (``None``: the best confined backend that can run here), and
+    ``relax`` the confinement promises the eval explicitly gives up.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    agent: str | None = None
+    backend: str | None = None
+    relax: tuple[str, ...] = ()
+
+    @field_validator("backend")
+    @classmethod
+    def _known_backend(cls, value: str | None) -> str | None:
+        if value is not None and value not in backend_names():
+            raise ValueError(
+                f"unknown backend {value!r}; choose one of {', '.join(backend_names())}"
+            )
+        return value
+
+    @field_validator("relax")
+    @classmethod
+    def _known_promises(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        known = [p.value for p in Promise]
+        for name in value:
+            if name not in known:
+                raise ValueError(f"unknown promise {name!r}; choose from {', '.join(known)}")
+        return value
+
+    @classmethod
+    def of(cls, config: SandboxEnvironmentConfigType | None) -> VesselSandboxConfig:
+        """The configuration inspect hands the provider: ours, a folder path, or none."""
+        if config is None:
+            return cls()
+        if isinstance(config, str):
+            return cls(agent=config)
+        if isinstance(config, cls):
+            return config
+        raise TypeError(
+            f"the astralvessel sandbox takes an agent folder or a VesselSandboxConfig, "
+            f"not {type(config).__name__}"
+        )
+
+    def executor(self) -> Executor:
+        """A new executor for this configuration; raises ``ConfigError`` for a bad folder."""
+        agent = Agent.load(Path(self.agent)) if self.agent is not None else None
+        registry = Registry.for_agent(agent) if agent is not None else Registry()
+        return Executor(registry, sandbox=self.backend, relax=self.relax)
+
+
+# -- what inspect's calls become -------------------------------------------------------------
+
+#: What ``start-server`` answers (see the module docstring).
+_NO_TOOL_SERVER = (
+    "astralvessel: inspect's sandbox-tools server was not started: a call's processes end "
+    "with the call and calls may not open unix sockets. text_editor() needs no server; "
+    "bash_session(), web_browser() and streaming exec_remote() are unavailable here.\n"
+)
+
+
+def _is_tool_server_start(cmd: list[str]) -> bool:
+    return cmd == [SANDBOX_CLI, "start-server"]
+
+
+def _check_user(user: str | None) -> None:
+    if user is not None:
+        raise SandboxUserUnsupportedError(
+            f"the astralvessel sandbox runs every command as its one identity; "
+            f"it cannot run as {user!r}"
+        )
+
+
+def _text(data: bytes) -> str:
+    # Output is the command's, and may be any bytes; a stray byte must not cost the result.
+    return data.decode("utf-8", errors="replace")
+
+
+def _could_not_execute(returncode: int, stderr: bytes) -> bool:
+    """Whether the command itself could not be executed (not a program, or not allowed)."""
+    return returncode == 126 and b"permission denied" in stderr.lower()
+
+
+@contextlib.contextmanager
+def _unavailable_if_died() -> Iterator[None]:
+    """A sandbox that died is inspect's ``SandboxUnavailableError``, never a command's result.
+
+    The turn has discarded it already; its next command starts a fresh sandbox
+    (with a fresh workspace), which the message says.
+    """
+    try:
+        yield
+    except SandboxError as exc:
+        raise SandboxUnavailableError(
+            f"the sample's sandbox died and its workspace is lost ({exc}); "
+            "the next command starts a fresh one"
+        ) from exc
+
+
+def _shell_status(returncode: int) -> int:
+    """The status as a shell reports it: a command ended by signal N is ``128 + N``.
+
+    The turn reports a signal as ``-N``, as ``subprocess`` does; inspect and the
+    tools it runs read exit statuses the shell's way (143 for SIGTERM).
+    """
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class VesselSandboxEnvironment(SandboxEnvironment):
+    """One sample's sandbox: one astralvessel ``Turn``, with inspect's contract on top."""
+
+    #: Executors by (task, configuration), built at ``task_init``, closed at ``task_cleanup``.
+    _executors: dict[tuple[str, VesselSandboxConfig], Executor] = {}  # noqa: RUF012
+
+    def __init__(self, turn: Turn) -> None:
+        super().__init__()
+        self.turn = turn
+
+    # -- lifetimes -------------------------------------------------------------------------
+
+    @classmethod
+    async def task_init(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> None:
+        """Load the agent folder and build the task's executor; fail now if it cannot run."""
+        cls._executor(task_name, config)
+
+    @classmethod
+    async def sample_init(
+        cls,
+        task_name: str,
+        config: SandboxEnvironmentConfigType | None,
+        metadata: dict[str, str],
+    ) -> dict[str, SandboxEnvironment]:
+        """One turn (one sandbox, one workspace) for the sample."""
+        turn = cls._executor(task_name, config).turn()
+        return {"default": cls(turn)}
+
+    @classmethod
+    async def sample_cleanup(
+        cls,
+        task_name: str,
+        config: SandboxEnvironmentConfigType | None,
+        environments: dict[str, SandboxEnvironment],
+        interrupted: bool,
+    ) -> None:
+        """End each turn: everything in its sandbox is killed and its workspace removed."""
+        for environment in environments.values():
+            await environment.as_type(cls).turn.aclose()
+
+    @classmethod
+    async def task_cleanup(
+        cls, task_name: str, config: SandboxEnvironmentConfigType | None, cleanup: bool
+    ) -> None:
+        """Close the task's executor (its warm sandboxes, its temporary outbox)."""
+        executor = cls._executors.pop((task_name, VesselSandboxConfig.of(config)), None)
+        if executor is not None:
+            await executor.aclose()
+
+    @classmethod
+    def config_deserialize(cls, config: dict[str, object]) -> BaseModel:
+        """Rebuild the configuration inspect stored in an eval log."""
+        return VesselSandboxConfig.model_validate(config)
+
+    @classmethod
+    def _executor(cls, task_name: str, config: SandboxEnvironmentConfigType | None) -> Executor:
+        key = (task_name, VesselSandboxConfig.of(config))
+        executor = cls._executors.get(key)
+        if executor is None:
+            executor = cls._executors[key] = key[1].executor()
+        return executor
+
+    # -- commands and files ----------------------------------------------------------------
+
+    async def exec(  # noqa: PLR0917 - inspect's signature, positional as inspect calls it
+        self,
+        cmd: list[str],
+        input: str | bytes | None = None,
+        cwd: str | None = None,
+        env: dict[str, str] | None = None,
+        user: str | None = None,
+        timeout: int | None = None,
+        timeout_retry: bool = True,
+        concurrency: bool = True,
+    ) -> ExecResult[str]:
+        """Run ``cmd`` in the sample's sandbox; see the module docstring for the mapping."""
+        _check_user(user)
+        if _is_tool_server_start(cmd):
+            return ExecResult(success=True, returncode=0, stdout="", stderr=_NO_TOOL_SERVER)
+        with _unavailable_if_died():
+            result = await self.turn.aexec(cmd, input=input, cwd=cwd, env=env, timeout=timeout)
+        if result.timed_out:
+            error = TimeoutError(f"command timed out after {timeout} seconds: {cmd[:1]}")
+            error.truncated_output = _text(result.stdout + result.stderr)  # type: ignore[attr-defined]
+            raise error
+        limit = SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE
+        if result.truncated or max(len(result.stdout), len(result.stderr)) > limit:
+            raise OutputLimitExceededError(
+                limit_str=SandboxEnvironmentLimits.MAX_EXEC_OUTPUT_SIZE_STR,
+                truncated_output=_text(result.stdout[:limit]),
+            )
+        if _could_not_execute(result.returncode, result.stderr):
+            raise PermissionError(
+                errno.EACCES, f"cannot execute: {_text(result.stderr).strip()}", cmd[0]
+            )
+        status = _shell_status(result.returncode)
+        return ExecResult(
+            success=status == 0,
+            returncode=status,
+            stdout=_text(result.stdout),
+            stderr=_text(result.stderr),
+        )
+
+    async def write_file(self, file: str, contents: str | bytes) -> None:
+        """Write ``file`` (relative to the workdir), making its folders as needed."""
+        data = contents.encode("utf-8") if isinstance(contents, str) else contents
+        with _unavailable_if_died():
+            await self.turn.awrite_file(file, data)
+
+    @overload
+    async def read_file(self, file: str, text: Literal[True] = True) -> str: ...
+
+    @overload
+    async def read_file(self, file: str, text: Literal[False]) -> bytes: ...
+
+    async def read_file(self, file: str, text: bool = True) -> str | bytes:
+        """Read ``file``; text is UTF-8 with its newlines kept as they are."""
+        try:
+            with _unavailable_if_died():
+                data = await self.turn.aread_file(file)
+        except FileTooLargeError:
+            data = None
+        if data is None or len(data) > SandboxEnvironmentLimits.MAX_READ_FILE_SIZE:
+            # The contents may be large and binary: inspect's own providers leave them out too.
+            raise OutputLimitExceededError(
+                limit_str=SandboxEnvironmentLimits.MAX_READ_FILE_SIZE_STR, truncated_output=None
+            )
+        return data.decode("utf-8") if text else data
+
+    def default_polling_interval(self) -> float:
+        """Commands here start in milliseconds, so poll as often as inspect's local sandbox."""
+        return 0.2
+
+
+#: Registered under inspect's registry when inspect loads this module (its entry point).
+sandboxenv(name=PROVIDER)(VesselSandboxEnvironment)

@@ -1,0 +1,89 @@
+"""What the provider adds to the turn: inspect's errors, its tool server, many commands at once."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import anyio
+import pytest
+from inspect_ai.util import (
+    SandboxEnvironment,
+    SandboxUnavailableError,
+    SandboxUserUnsupportedError,
+)
+from inspect_ai.util._sandbox._cli import SANDBOX_CLI
+
+from astralvessel.integrations.inspect_ai import VesselSandboxConfig, VesselSandboxEnvironment
+
+from ..core.test_executor import kill_server
+
+CONFIG = VesselSandboxConfig(backend="bubblewrap")
+
+
+@pytest.fixture
+async def sandbox_env() -> AsyncIterator[SandboxEnvironment]:
+    """One sample's sandbox on bubblewrap, opened and closed as inspect does."""
+    await VesselSandboxEnvironment.task_init("provider", CONFIG)
+    environments = await VesselSandboxEnvironment.sample_init("provider", CONFIG, {})
+    try:
+        yield environments["default"]
+    finally:
+        await VesselSandboxEnvironment.sample_cleanup("provider", CONFIG, environments, False)
+        await VesselSandboxEnvironment.task_cleanup("provider", CONFIG, True)
+
+
+@pytest.mark.parametrize("user", ["root", "0", "nobody", "", "../../etc"])
+async def test_other_users_are_unsupported(sandbox_env: SandboxEnvironment, user: str) -> None:
+    """Any ``user=`` is inspect's SandboxUserUnsupportedError, and nothing runs."""
+    with pytest.raises(SandboxUserUnsupportedError, match="one identity"):
+        await sandbox_env.exec(["touch", "ran"], user=user)
+    assert "ran" not in (await sandbox_env.exec(["ls"])).stdout
+
+
+async def test_tool_server_start_is_answered_not_run(sandbox_env: SandboxEnvironment) -> None:
+    """inspect's tool-server start succeeds without running, and says why in its stderr."""
+    result = await sandbox_env.exec([SANDBOX_CLI, "start-server"])
+    assert result.success
+    assert "was not started" in result.stderr
+    # Any other use of the tools' launcher runs as a command: here it is not installed.
+    other = await sandbox_env.exec([SANDBOX_CLI, "stop-server"])
+    assert other.returncode == 127
+
+
+async def test_dead_sandbox_is_unavailable_then_fresh(sandbox_env: SandboxEnvironment) -> None:
+    """A sandbox that died is SandboxUnavailableError once; the next command runs in a fresh one."""
+    turn = sandbox_env.as_type(VesselSandboxEnvironment).turn
+    await sandbox_env.write_file("kept.txt", "kept")
+    kill_server(turn.session)
+    with pytest.raises(SandboxUnavailableError, match="workspace is lost"):
+        await sandbox_env.exec(["cat", "kept.txt"])
+    again = await sandbox_env.exec(["sh", "-c", "cat kept.txt 2>/dev/null; echo fresh"])
+    assert again.stdout == "fresh\n"
+
+
+async def test_many_commands_at_once(sandbox_env: SandboxEnvironment) -> None:
+    """Sixteen commands of one sample run at once, each with its own output."""
+    results: dict[int, str] = {}
+
+    async def one(n: int) -> None:
+        result = await sandbox_env.exec(["sh", "-c", f"sleep 0.2; echo {n}"])
+        results[n] = result.stdout
+
+    async with anyio.create_task_group() as group:
+        for n in range(16):
+            group.start_soon(one, n)
+    assert results == {n: f"{n}\n" for n in range(16)}
+
+
+async def test_invalid_utf8_text_read_is_decode_error(sandbox_env: SandboxEnvironment) -> None:
+    """Reading bytes that are not UTF-8 as text raises UnicodeDecodeError; as bytes, they come back."""
+    await sandbox_env.write_file("blob", b"\xff\xfe\x00")
+    with pytest.raises(UnicodeDecodeError):
+        await sandbox_env.read_file("blob", text=True)
+    assert await sandbox_env.read_file("blob", text=False) == b"\xff\xfe\x00"
+
+
+async def test_stray_output_bytes_do_not_cost_the_result(sandbox_env: SandboxEnvironment) -> None:
+    """A command printing bytes that are not UTF-8 still returns, with replacement characters."""
+    result = await sandbox_env.exec(["printf", "ok\\377\\n"])
+    assert result.stdout == "ok\ufffd\n"
