@@ -82,6 +82,7 @@ def test_eval_runs_bash_python_and_text_editor(tmp_path: Path, backend: str) -> 
             ),
             ("bash", {"command": "cat made.txt"}),
         ),
+        tmp_path / "logs",
     )
     assert log.status == "success", log.error
     replies = _tool_replies(log)
