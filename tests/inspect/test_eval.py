@@ -68,7 +68,10 @@ def test_eval_runs_bash_python_and_text_editor(tmp_path: Path, backend: str) -> 
     """bash, python and text_editor all run in the sample's sandbox and see each other's files."""
     agent = tmp_path / "agent"
     agent.mkdir()
-    (agent / "vessel.toml").write_text('name = "eval"\n[tools]\nbuiltin = []\n')
+    # text_editor keeps inspect's tools in /var/tmp and its history in /tmp: the writable root.
+    (agent / "vessel.toml").write_text(
+        'name = "eval"\n[tools]\nbuiltin = []\n[sandbox]\nwritable_root = true\n'
+    )
     config = VesselSandboxConfig(agent=str(agent), backend=backend)
     log = _run(
         SandboxEnvironmentSpec("astralvessel", config),

@@ -87,3 +87,19 @@ async def test_stray_output_bytes_do_not_cost_the_result(sandbox_env: SandboxEnv
     """A command printing bytes that are not UTF-8 still returns, with replacement characters."""
     result = await sandbox_env.exec(["printf", "ok\\377\\n"])
     assert result.stdout == "ok\ufffd\n"
+
+
+async def test_root_is_accepted_under_root_identity() -> None:
+    """With root_identity, ``user="root"`` runs (as uid 0 without capabilities); others are refused."""
+    config = VesselSandboxConfig(backend="bubblewrap", root_identity=True)
+    await VesselSandboxEnvironment.task_init("root", config)
+    environments = await VesselSandboxEnvironment.sample_init("root", config, {})
+    env = environments["default"]
+    try:
+        root = await env.exec(["sh", "-c", "id -u; grep CapEff /proc/self/status"], user="root")
+        assert root.stdout == "0\nCapEff:\t0000000000000000\n"
+        with pytest.raises(SandboxUserUnsupportedError):
+            await env.exec(["id", "-u"], user="nobody")
+    finally:
+        await VesselSandboxEnvironment.sample_cleanup("root", config, environments, False)
+        await VesselSandboxEnvironment.task_cleanup("root", config, True)

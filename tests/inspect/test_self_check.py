@@ -34,7 +34,8 @@ async def sandbox_env(request: pytest.FixtureRequest) -> AsyncIterator[SandboxEn
     if reason is not None:
         request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
     task = f"self-check-{request.param}"
-    config = VesselSandboxConfig(backend=request.param)
+    # inspect's checks write under /tmp, which only the writable root has.
+    config = VesselSandboxConfig(backend=request.param, writable_root=True)
     await VesselSandboxEnvironment.task_init(task, config)
     environments = await VesselSandboxEnvironment.sample_init(task, config, {})
     try:

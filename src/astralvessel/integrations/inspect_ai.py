@@ -23,9 +23,13 @@ agent's own tool calls.
 
 What inspect asks for and what it gets here:
 
-- **Users.** Every command runs as the sandbox's one identity; ``user=`` is
-  refused with ``SandboxUserUnsupportedError``, which inspect reads as "no
-  usable root" and answers by running its tools as the default user.
+- **Users.** Every command runs as the sandbox's one identity. ``user="root"``
+  is accepted when the policy has ``root_identity`` (commands already run as
+  uid 0, with no capability); any other ``user=`` is refused with
+  ``SandboxUserUnsupportedError``, which inspect reads as "no usable root"
+  and answers by running its tools as the default user.
+- **Paths.** inspect's tools write under ``/tmp`` and ``/var/tmp``, which
+  exist only with ``writable_root`` (``[sandbox] writable_root = true``).
 - **Timeouts** raise ``TimeoutError`` after the sandbox killed the command's
   whole process tree; the turn's own tool timeout is the default.
 - **Output** beyond inspect's limit (``INSPECT_SANDBOX_MAX_EXEC_OUTPUT_SIZE``,
@@ -85,15 +89,17 @@ PROVIDER = "astralvessel"
 
 
 class VesselSandboxConfig(BaseModel):
-    """The provider's configuration: an agent folder, a backend and the promises relaxed.
+    """The provider's configuration: an agent folder, a backend, the promises relaxed.
 
     A pydantic model, not an attrs value, because inspect stores a sandbox's
     configuration in its eval logs through pydantic and rebuilds it from there
     (``config_deserialize``). Frozen, and checked on every construction path:
-    ``agent`` is the agent folder (its ``vessel.toml`` sets the workdir, limits
-    and timeouts; ``None`` runs with the library's defaults), ``backend`` a
-    backend name (``None``: the best confined backend that can run here), and
-    ``relax`` the confinement promises the eval explicitly gives up.
+    ``agent`` is the agent folder (its ``vessel.toml`` sets the workdir, limits,
+    timeouts, network and relaxations; ``None`` runs with the library's
+    defaults), ``backend`` a backend name (``None``: the best confined backend
+    that can run here), ``relax`` the confinement promises the eval explicitly
+    gives up, and ``writable_root`` / ``root_identity`` the eval relaxations
+    (``None``: the folder's ``[sandbox]`` setting).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -101,6 +107,8 @@ class VesselSandboxConfig(BaseModel):
     agent: str | None = None
     backend: str | None = None
     relax: tuple[str, ...] = ()
+    writable_root: bool | None = None
+    root_identity: bool | None = None
 
     @field_validator("backend")
     @classmethod
@@ -138,7 +146,13 @@ class VesselSandboxConfig(BaseModel):
         """A new executor for this configuration; raises ``ConfigError`` for a bad folder."""
         agent = Agent.load(Path(self.agent)) if self.agent is not None else None
         registry = Registry.for_agent(agent) if agent is not None else Registry()
-        return Executor(registry, sandbox=self.backend, relax=self.relax)
+        return Executor(
+            registry,
+            sandbox=self.backend,
+            relax=self.relax,
+            writable_root=self.writable_root,
+            root_identity=self.root_identity,
+        )
 
 
 # -- what inspect's calls become -------------------------------------------------------------
@@ -155,8 +169,13 @@ def _is_tool_server_start(cmd: list[str]) -> bool:
     return cmd == [SANDBOX_CLI, "start-server"]
 
 
-def _check_user(user: str | None) -> None:
-    if user is not None:
+#: The names inspect (and ``docker exec --user``) give root.
+_ROOT_NAMES = frozenset({"root", "0"})
+
+
+def _check_user(user: str | None, *, calls_are_root: bool) -> None:
+    """Refuse a user commands cannot run as: any but the default, or root under root_identity."""
+    if user is not None and not (calls_are_root and user in _ROOT_NAMES):
         raise SandboxUserUnsupportedError(
             f"the astralvessel sandbox runs every command as its one identity; "
             f"it cannot run as {user!r}"
@@ -274,7 +293,7 @@ class VesselSandboxEnvironment(SandboxEnvironment):
         concurrency: bool = True,
     ) -> ExecResult[str]:
         """Run ``cmd`` in the sample's sandbox; see the module docstring for the mapping."""
-        _check_user(user)
+        _check_user(user, calls_are_root=self.turn.executor.policy.root_identity)
         if _is_tool_server_start(cmd):
             return ExecResult(success=True, returncode=0, stdout="", stderr=_NO_TOOL_SERVER)
         with _unavailable_if_died():
