@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
 import attrs
+import docker.errors
 import pytest
+import requests
 
 from astralvessel import Executor, Registry
 from astralvessel.errors import BackendUnavailableError, UsageError
 from astralvessel.sandbox import DEFAULT_UID_RANGE, Policy, UidRange
 from astralvessel.sandbox._uids import UID_RANGE_ENV, lease_uid, resolve_range
+from astralvessel.sandbox.docker._attach import AttachChannel
 
 
 def test_the_default_range_avoids_every_allocated_block() -> None:
@@ -141,3 +145,55 @@ def test_an_unsafe_lock_folder_is_refused(tmp_path: Path) -> None:
     folder.chmod(0o777)
     with pytest.raises(BackendUnavailableError, match="writable by it alone"):
         lease_uid(UidRange(3_000_000, 1), str(folder))
+
+
+class _Engine:
+    """An engine API whose container removal fails as the engine says (the one fake here:
+    a real engine cannot be made to refuse a removal on demand)."""
+
+    def __init__(self, error: Exception | None) -> None:
+        self.error = error
+
+    def inspect_container(self, container_id: str) -> dict[str, object]:
+        return {"State": {"Running": False, "ExitCode": 0}}
+
+    def remove_container(self, container_id: str, *, force: bool) -> None:
+        if self.error is not None:
+            raise self.error
+
+
+def _not_found() -> Exception:
+    response = requests.Response()
+    response.status_code = 404
+    return docker.errors.NotFound("no such container", response=response)
+
+
+@pytest.mark.parametrize(
+    ("error", "released"),
+    [(None, True), ("not-found", True), (RuntimeError("engine timed out"), False)],
+)
+def test_a_docker_turns_uid_goes_back_only_once_its_container_is_gone(
+    tmp_path: Path, error: object, released: bool
+) -> None:
+    """The lease returns when the engine removed the container (or it was gone), else stays held."""
+    one = UidRange(3_000_000, 1)
+    lease = lease_uid(one, str(tmp_path))
+    failure = _not_found() if error == "not-found" else error
+    ours, _theirs = socket.socketpair()
+    try:
+        channel = AttachChannel(
+            _Engine(failure if isinstance(failure, Exception) else None),
+            "c0ffee",
+            ours,
+            engine="test",
+            on_close=lease.release,
+        )
+        channel.close()
+        if released:
+            lease_uid(one, str(tmp_path)).release()
+        else:
+            with pytest.raises(BackendUnavailableError):
+                lease_uid(one, str(tmp_path))
+    finally:
+        lease.release()
+        _theirs.close()

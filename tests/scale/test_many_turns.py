@@ -1,4 +1,4 @@
-"""128 turns at once on every backend, each making Python tool calls: not one error.
+"""128 turns at once on bubblewrap and nsjail, each making Python tool calls: not one error.
 
 Eval harnesses open a turn per sample, hundreds at a time. Every turn here is
 opened by its own thread at once, calls a Python tool several times through
@@ -7,6 +7,13 @@ open, a call that errs or answers wrongly, counts. On a root host the turns
 also hold 128 distinct host uids while they overlap.
 
 Marked ``scale``: CI runs it on the full-matrix Python only (see noxfile.py).
+
+Docker is not in the list: 128 turns at once passed on this machine's engine
+(Docker 20.10, runc, cgroup v1) twice, in 110 and 206 s, and once left a
+``runc create`` and its ``runc init`` waiting on each other forever, which
+wedged the engine (``docker info`` and every ``inspect`` hang) for every user
+of the machine. Until container starts are throttled and that is shown to
+hold, a CI run must not risk it.
 """
 
 from __future__ import annotations
@@ -34,7 +41,7 @@ SQUARE = ToolSpec.command_tool(
 
 @pytest.mark.scale
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("name", ["bubblewrap", "nsjail", "docker"])
+@pytest.mark.parametrize("name", ["bubblewrap", "nsjail"])
 def test_128_turns_at_once(name: str) -> None:
     """128 turns, all alive at once, each call Python 3 times through the executor: 0 errors."""
     executor = Executor(Registry([SQUARE]), sandbox=get_backend(name), limits=LIMITS)

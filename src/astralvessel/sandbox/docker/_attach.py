@@ -49,7 +49,7 @@ class AttachChannel:
         on_close: Callable[[], None] | None = None,
     ) -> None:
         self._api = api
-        #: Run once the container is removed (the turn's uid lease goes back).
+        #: Run once the engine has removed the container (the turn's uid lease goes back).
         self._on_close = on_close
         #: The turn's container.
         self.container_id = container_id
@@ -113,12 +113,19 @@ class AttachChannel:
                 return
             self._closed = True
         self._exit = self._exit_status()
-        with contextlib.suppress(Exception):
+        removed = False
+        try:
             self._api.remove_container(self.container_id, force=True)
+            removed = True
+        except Exception as exc:
+            # Gone already (404) is removed; any other failure may leave it running.
+            removed = getattr(getattr(exc, "response", None), "status_code", None) == 404
         with contextlib.suppress(Exception):
             self._sock.shutdown(socket.SHUT_RDWR)
         close_attached(self._attached)
-        if self._on_close is not None:
+        # A container the engine did not remove may still run as the turn's uid: then the
+        # lease stays held until this process ends (the kernel drops it), never handed on.
+        if self._on_close is not None and removed:
             with contextlib.suppress(Exception):
                 self._on_close()
 
