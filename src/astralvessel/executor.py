@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import attrs
 
 from . import _exec
-from ._aio import to_thread
+from ._aio import shielded, to_thread
 from ._arguments import Refusal, check_arguments, parse_arguments, unknown_tool
 from ._network import WarmNetwork, start_proxy
 from ._plans import Call, Plan, TurnContext
@@ -166,8 +166,11 @@ class Executor:
         self._release()
 
     async def aclose(self) -> None:
-        """Async twin of ``close``."""
-        await to_thread(self.close)
+        """Async twin of ``close``; it finishes even when the caller is being cancelled."""
+        # Shielded: under trio, or an anyio scope on asyncio, cancellation is level-triggered,
+        # and the ``async with`` a cancel unwinds would otherwise leave the sandbox running.
+        with shielded():
+            await to_thread(self.close)
 
     def __enter__(self) -> Executor:
         return self
@@ -285,8 +288,11 @@ class Turn:
             proxy.close()
 
     async def aclose(self) -> None:
-        """Async twin of ``close``."""
-        await to_thread(self.close)
+        """Async twin of ``close``; it finishes even when the caller is being cancelled."""
+        # Shielded: under trio, or an anyio scope on asyncio, cancellation is level-triggered,
+        # and the ``async with`` a cancel unwinds would otherwise leave the sandbox running.
+        with shielded():
+            await to_thread(self.close)
 
     @property
     def session(self) -> SandboxSession:
