@@ -18,13 +18,22 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import attrs
 
 from .results import ToolResult, render_command, render_file
+from .sandbox._api import FsReply, FsRequest
 from .sandbox._base import FileOutcome, RunOutcome, RunRequest, SandboxSession
 from .sandbox._policy import Policy
 
 if TYPE_CHECKING:
     from .web import AsyncTransport, Fetcher, Searcher, Transport
 
-__all__ = ["Call", "FileToolRun", "Plan", "SandboxRun", "TurnContext"]
+__all__ = [
+    "Call",
+    "FileToolRun",
+    "Plan",
+    "SandboxRun",
+    "TurnContext",
+    "view_outcome",
+    "view_request",
+]
 
 _T = TypeVar("_T")
 
@@ -118,21 +127,39 @@ class SandboxRun:
     rescue = staticmethod(_no_rescue)
 
 
+def view_request(view: str, arguments: Mapping[str, Any], timeout: float) -> FsRequest:
+    """The session request for one of the server's views (``lines``, ``find``, ``entries``)."""
+    return FsRequest(op="view", view=view, arguments=arguments, timeout=timeout)
+
+
+def view_outcome(reply: FsReply) -> FileOutcome:
+    """A view's reply as the text the model reads; a worker failure is that text's error."""
+    if reply.errno is not None:
+        return FileOutcome(text=reply.message or reply.errno, is_error=True)
+    return FileOutcome(
+        text=str(reply.fields.get("text", "")), is_error=bool(reply.fields.get("is_error"))
+    )
+
+
 @attrs.frozen(kw_only=True)
 class FileToolRun:
-    """``read``, ``glob`` or ``list``, answered by the sandbox server in the sandbox's view."""
+    """``read``, ``glob`` or ``list``: the server's ``view`` of the sandbox's files."""
 
     call: Call
+    view: str
     output_chars: int
     sandboxed: bool = attrs.field(default=True, init=False)
 
     def run(self, session: SandboxSession | None) -> FileOutcome:
         call = self.call
-        return _session(session).file_tool(call.tool, call.arguments, timeout=call.timeout)
+        return view_outcome(
+            _session(session).fs(view_request(self.view, call.arguments, call.timeout))
+        )
 
     async def arun(self, session: SandboxSession | None) -> FileOutcome:
         call = self.call
-        return await _session(session).afile_tool(call.tool, call.arguments, timeout=call.timeout)
+        request = view_request(self.view, call.arguments, call.timeout)
+        return view_outcome(await _session(session).afs(request))
 
     def finish(self, outcome: FileOutcome) -> ToolResult:
         return render_file(outcome, cap=self.output_chars)

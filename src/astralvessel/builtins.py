@@ -52,8 +52,13 @@ Kind = Literal["server", "confined", "web"]
 Planner = Callable[[TurnContext, Call], "Plan[Any] | ToolResult"]
 
 
-def _plan_file_tool(context: TurnContext, call: Call) -> Plan[Any]:
-    return FileToolRun(call=call, output_chars=context.output_chars)
+def _viewing(view: str) -> Planner:
+    """The plan of a file tool: the server's ``view`` of the sandbox's files, rendered."""
+
+    def plan(context: TurnContext, call: Call) -> Plan[Any]:
+        return FileToolRun(call=call, view=view, output_chars=context.output_chars)
+
+    return plan
 
 
 def _plan_grep(context: TurnContext, call: Call) -> Plan[Any]:
@@ -145,7 +150,7 @@ _READ = Builtin(
     ),
     scope=Scope.FILES,
     kind="server",
-    plan=_plan_file_tool,
+    plan=_viewing("lines"),
 )
 
 _GREP = Builtin(
@@ -222,7 +227,7 @@ _GLOB = Builtin(
     ),
     scope=Scope.FILES,
     kind="server",
-    plan=_plan_file_tool,
+    plan=_viewing("find"),
 )
 
 _LIST = Builtin(
@@ -241,7 +246,7 @@ _LIST = Builtin(
     ),
     scope=Scope.FILES,
     kind="server",
-    plan=_plan_file_tool,
+    plan=_viewing("entries"),
 )
 
 _BASH = Builtin(

@@ -11,6 +11,7 @@ import attrs
 import pytest
 
 from astralvessel.sandbox.server._files import FileContext, handle
+from tests.conformance.calls import VIEWS
 
 CANARY = "CANARY-host-secret-7f3a"
 
@@ -58,6 +59,6 @@ def call(tree: Tree) -> Call:
     """Call a file tool with keyword arguments in the tree's context."""
 
     def run(tool: str, **arguments: Any) -> tuple[str, bool]:
-        return handle(tool, arguments, tree.context())
+        return handle(VIEWS[tool], arguments, tree.context())
 
     return run

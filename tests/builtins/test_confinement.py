@@ -87,7 +87,7 @@ def test_proc_is_never_a_visible_root(tree: Tree) -> None:
     """Even a context that names /proc or / as a root does not make them visible."""
     ctx = tree.context(visible_roots=[str(tree.data), "/proc", "/"])
     assert ctx.visible_roots == [str(tree.data)]
-    assert _refused(handle("read", {"path": f"/proc/self/root{tree.canary}"}, ctx))
+    assert _refused(handle("lines", {"path": f"/proc/self/root{tree.canary}"}, ctx))
 
 
 def test_a_link_through_proc_is_refused(tree: Tree, call: Call) -> None:
@@ -143,15 +143,15 @@ def test_a_link_swapped_during_calls_never_leads_outside(tree: Tree, flipping_li
     seen = set()
     for _ in range(300):
         for tool, arguments in (
-            ("read", {"path": "flip/canary.txt"}),
-            ("list", {"path": "flip"}),
-            ("glob", {"pattern": "*", "path": "flip"}),
+            ("lines", {"path": "flip/canary.txt"}),
+            ("entries", {"path": "flip"}),
+            ("find", {"pattern": "*", "path": "flip"}),
         ):
             text, is_error = handle(tool, arguments, ctx)
             assert CANARY not in text
             seen.add((tool, is_error))
-    # The race really happened: each tool both succeeded and was refused.
-    assert {("read", True), ("read", False)} <= seen
+    # The race really happened: each view both succeeded and was refused.
+    assert {("lines", True), ("lines", False)} <= seen
 
 
 def test_a_hard_link_cannot_be_made_to_a_file_the_sandbox_user_cannot_read(tree: Tree) -> None:
@@ -186,9 +186,9 @@ def test_the_file_tools_never_show_what_the_sandbox_user_cannot_read(tree: Tree)
             sys.path.insert(0, {str(base)!r})
             import files_copy as files
             ctx = files.FileContext({str(data)!r}, [{str(data)!r}])
-            print(repr(files.handle("read", {{"path": "secret.txt"}}, ctx)))
-            print(repr(files.handle("glob", {{"pattern": "**/*.txt"}}, ctx)))
-            print(repr(files.handle("list", {{"path": "closed"}}, ctx)))
+            print(repr(files.handle("lines", {{"path": "secret.txt"}}, ctx)))
+            print(repr(files.handle("find", {{"pattern": "**/*.txt"}}, ctx)))
+            print(repr(files.handle("entries", {{"path": "closed"}}, ctx)))
             """
         )
         done = subprocess.run(
@@ -241,13 +241,13 @@ def test_unconfined_mode_works_in_sandbox_paths(tree: Tree) -> None:
         ["/data", "/workspace"],
         path_map={"/data": str(tree.data), "/workspace": str(tree.workspace)},
     )
-    assert handle("read", {"path": "/data/a.txt"}, ctx) == ("1\tmapped", False)
-    assert handle("read", {"path": "a.txt"}, ctx) == ("1\tmapped", False)
-    text, is_error = handle("read", {"path": "host-link"}, ctx)
+    assert handle("lines", {"path": "/data/a.txt"}, ctx) == ("1\tmapped", False)
+    assert handle("lines", {"path": "a.txt"}, ctx) == ("1\tmapped", False)
+    text, is_error = handle("lines", {"path": "host-link"}, ctx)
     assert is_error
     assert "outside the agent's data" in text
-    assert handle("glob", {"pattern": "*.txt", "path": "/data"}, ctx) == ("/data/a.txt", False)
-    assert handle("list", {"path": "/"}, ctx)[1]
+    assert handle("find", {"pattern": "*.txt", "path": "/data"}, ctx) == ("/data/a.txt", False)
+    assert handle("entries", {"path": "/"}, ctx)[1]
 
 
 def test_the_servers_own_context_object_is_accepted(tree: Tree) -> None:
@@ -264,7 +264,7 @@ def test_the_servers_own_context_object_is_accepted(tree: Tree) -> None:
             "/workspace": str(tree.workspace),
         }
 
-    text, is_error = handle("read", {"path": str(tree.data / "missing")}, ServerContext())  # type: ignore[arg-type]
+    text, is_error = handle("lines", {"path": str(tree.data / "missing")}, ServerContext())  # type: ignore[arg-type]
     assert is_error
     assert text == "/data/missing does not exist."
     assert str(tree.data) not in text

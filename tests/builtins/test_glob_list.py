@@ -84,7 +84,7 @@ def test_glob_stops_at_the_timeout_and_says_so(docs: Tree) -> None:
     for n in range(200):
         (docs.data / f"g{n}.txt").write_text("")
     ctx = docs.context(deadline=time.monotonic() - 1, timeout=7)
-    text, is_error = handle("glob", {"pattern": "*"}, ctx)
+    text, is_error = handle("find", {"pattern": "*"}, ctx)
     assert not is_error
     assert text.splitlines()[-1].startswith("[stopped after 7 s, the tool timeout")
 

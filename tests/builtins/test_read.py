@@ -223,7 +223,7 @@ def test_reading_near_the_end_of_a_huge_file_does_not_load_it(tree: Tree) -> Non
         files = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(files)
         ctx = files.FileContext({str(tree.data)!r}, [{str(tree.data)!r}])
-        print(files.handle("read", {{"path": "big.txt", "offset": 2002}}, ctx))
+        print(files.handle("lines", {{"path": "big.txt", "offset": 2002}}, ctx))
         """
     )
     done = subprocess.run(

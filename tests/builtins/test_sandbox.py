@@ -11,6 +11,7 @@ import pytest
 from astralvessel.builtins import bash_request, grep_request
 from astralvessel.results import grep_text, render_command
 from astralvessel.sandbox import Bubblewrap, Mount, Policy, RunRequest, SandboxSession
+from tests.conformance.calls import file_tool
 
 from .conftest import CANARY
 
@@ -63,25 +64,25 @@ def _bash(session: SandboxSession, command: str) -> tuple[str, int | None]:
 
 def test_read_list_and_glob_in_the_sandbox(session: SandboxSession) -> None:
     """The file tools answer in the sandbox's view, with sandbox paths."""
-    assert session.file_tool("read", {"path": "notes/a.md"}, timeout=10).text == "1\thello sandbox"
-    listing = session.file_tool("list", {}, timeout=10)
+    assert file_tool(session, "read", {"path": "notes/a.md"}, timeout=10).text == "1\thello sandbox"
+    listing = file_tool(session, "list", {}, timeout=10)
     assert listing.text.splitlines()[0] == "notes/"
-    found = session.file_tool("glob", {"pattern": "*.md", "path": "/data"}, timeout=10)
+    found = file_tool(session, "glob", {"pattern": "*.md", "path": "/data"}, timeout=10)
     assert found.text == "/data/notes/a.md\n/data/notes/b.md"
 
 
 @pytest.mark.parametrize("path", ["host-link", "proc-link", "/proc/self/root/etc/hostname", "/tmp"])
 def test_escapes_are_refused_in_the_sandbox(session: SandboxSession, path: str) -> None:
     """A link to a host path, /proc/self/root and non-data folders are refused inside too."""
-    outcome = session.file_tool("read", {"path": path}, timeout=10)
+    outcome = file_tool(session, "read", {"path": path}, timeout=10)
     assert outcome.is_error
     assert CANARY not in outcome.text
 
 
 def test_a_fifo_does_not_block_the_sandbox_worker(session: SandboxSession) -> None:
     """Reading a FIFO is refused at once, and the worker answers the next call."""
-    assert session.file_tool("read", {"path": "pipe"}, timeout=10).is_error
-    assert not session.file_tool("read", {"path": "notes/b.md"}, timeout=10).is_error
+    assert file_tool(session, "read", {"path": "pipe"}, timeout=10).is_error
+    assert not file_tool(session, "read", {"path": "notes/b.md"}, timeout=10).is_error
 
 
 @pytest.mark.parametrize("engine", ["rg", "grep"])
@@ -109,4 +110,4 @@ def test_a_hard_link_out_of_the_data_cannot_be_made(session: SandboxSession, hos
     assert "canary=0" not in text
     assert "data=0" not in text
     assert CANARY not in text
-    assert session.file_tool("read", {"path": "/workspace/c"}, timeout=10).is_error
+    assert file_tool(session, "read", {"path": "/workspace/c"}, timeout=10).is_error

@@ -8,9 +8,22 @@ import time
 from pathlib import Path
 from typing import Any
 
-from astralvessel.sandbox import RunOutcome, RunRequest, SandboxSession
+from astralvessel._plans import view_outcome, view_request
+from astralvessel.sandbox import FileOutcome, RunOutcome, RunRequest, SandboxSession
 
-__all__ = ["barrier", "host_processes_with", "py", "py_json", "run", "wait_until_gone"]
+__all__ = [
+    "afile_tool",
+    "barrier",
+    "file_tool",
+    "host_processes_with",
+    "py",
+    "py_json",
+    "run",
+    "wait_until_gone",
+]
+
+#: The server's view each built-in file tool shows (as its row in ``builtins`` plans it).
+VIEWS = {"read": "lines", "glob": "find", "list": "entries"}
 
 #: The interpreter calls use: the sandbox's own (the host's /usr, read-only).
 PYTHON = "/usr/bin/python3"
@@ -27,6 +40,20 @@ def run(
     return session.run(
         RunRequest(argv=argv, stdin=stdin, timeout=timeout, output_chars=output_chars)
     )
+
+
+def file_tool(
+    session: SandboxSession, tool: str, arguments: dict[str, Any], *, timeout: float = 10.0
+) -> FileOutcome:
+    """What the built-in file tool ``tool`` shows for ``arguments``, through the session's fs."""
+    return view_outcome(session.fs(view_request(VIEWS[tool], arguments, timeout)))
+
+
+async def afile_tool(
+    session: SandboxSession, tool: str, arguments: dict[str, Any], *, timeout: float = 10.0
+) -> FileOutcome:
+    """Async twin of ``file_tool``."""
+    return view_outcome(await session.afs(view_request(VIEWS[tool], arguments, timeout)))
 
 
 def py(session: SandboxSession, code: str, **kwargs: Any) -> RunOutcome:

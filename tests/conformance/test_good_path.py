@@ -6,7 +6,7 @@ import concurrent.futures
 
 from astralvessel.sandbox import Policy, Sandbox
 
-from .calls import py, py_json, run
+from .calls import file_tool, py, py_json, run
 
 
 def test_cwd_is_the_workdir(session):
@@ -89,18 +89,18 @@ def test_concurrent_calls(session):
 
 def test_file_tools_see_the_sandbox_view(session):
     """read, list and glob answer from the sandbox's own view of the filesystem."""
-    read = session.file_tool("read", {"path": "/data/species.txt"}, timeout=10)
+    read = file_tool(session, "read", {"path": "/data/species.txt"}, timeout=10)
     assert not read.is_error
     assert "otter" in read.text
-    listing = session.file_tool("list", {"path": "/agent"}, timeout=10)
+    listing = file_tool(session, "list", {"path": "/agent"}, timeout=10)
     assert "vessel.toml" in listing.text
-    found = session.file_tool("glob", {"pattern": "tools/*.py", "path": "/agent"}, timeout=10)
+    found = file_tool(session, "glob", {"pattern": "tools/*.py", "path": "/agent"}, timeout=10)
     assert "hello.py" in found.text
 
 
 def test_file_tools_cannot_read_host_files(session):
     """A file tool asked for a host path outside the sandbox view answers with an error."""
-    outcome = session.file_tool("read", {"path": "/etc/shadow"}, timeout=10)
+    outcome = file_tool(session, "read", {"path": "/etc/shadow"}, timeout=10)
     assert outcome.is_error
     assert "root:" not in outcome.text
 

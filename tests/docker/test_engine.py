@@ -21,6 +21,7 @@ from astralvessel.errors import BackendUnavailableError, SandboxError
 from astralvessel.sandbox import DEFAULT_UID_RANGE, Policy, Promise, RunRequest
 from astralvessel.sandbox.docker import Docker
 from astralvessel.sandbox.docker._spec import LABEL_TURN
+from tests.conformance.calls import file_tool
 
 from ..conformance.calls import barrier
 from .conftest import BASE_IMAGE, NOPYTHON_IMAGE, SMALL_LIMITS
@@ -89,7 +90,7 @@ def test_file_tools_show_the_images_files(backend, agent_with_dockerfile, docker
     session = backend.start(_agent_policy(agent_with_dockerfile))
     try:
         marker = (agent_with_dockerfile / "sandbox" / "marker.txt").read_text().strip()
-        read = session.file_tool("read", {"path": "/usr/share/vessel-marker.txt"}, timeout=10)
+        read = file_tool(session, "read", {"path": "/usr/share/vessel-marker.txt"}, timeout=10)
         assert not read.is_error, read.text
         assert marker in read.text
         assert _run(session, "cat", "/usr/share/vessel-marker.txt").output.strip() == marker

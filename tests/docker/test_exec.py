@@ -20,6 +20,7 @@ from astralvessel.sandbox.docker._exec_session import (
     plan_outbox,
 )
 from astralvessel.sandbox.server._outbox import NOT_PLAIN, NOT_UTF8, TOO_BIG, TOO_MANY
+from tests.conformance.calls import file_tool
 
 from .conftest import BASE_IMAGE, NOPYTHON_IMAGE, SMALL_LIMITS
 
@@ -66,7 +67,7 @@ def test_calls_see_the_policys_exact_environment(exec_turn):
 
 def test_file_tools_say_to_use_bash(exec_turn):
     """The file tools need the server; the model is told so and what to use instead."""
-    outcome = exec_turn.file_tool("read", {"path": "/etc/hostname"}, timeout=5)
+    outcome = file_tool(exec_turn, "read", {"path": "/etc/hostname"}, timeout=5)
     assert outcome.is_error
     assert "bash" in outcome.text
 

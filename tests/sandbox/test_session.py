@@ -19,6 +19,7 @@ from astralvessel.sandbox._base import RunRequest
 from astralvessel.sandbox._channels import PipeChannel
 from astralvessel.sandbox._policy import Policy
 from astralvessel.sandbox._session import ServerSession, server_command
+from tests.conformance.calls import afile_tool, file_tool
 
 from ..conformance.calls import barrier
 
@@ -182,10 +183,10 @@ def test_outbox_symlink_is_not_followed(session: ServerSession, workspace: Path)
 def test_file_tool_answers_in_the_worker(session: ServerSession, workspace: Path) -> None:
     """A file tool request is answered (by the file worker) with text and an error flag."""
     (workspace / "notes.txt").write_text("alpha\nbeta\n")
-    outcome = session.file_tool("read", {"path": "/workspace/notes.txt"}, timeout=10)
+    outcome = file_tool(session, "read", {"path": "/workspace/notes.txt"}, timeout=10)
     assert not outcome.is_error
     assert "alpha" in outcome.text
-    missing = session.file_tool("read", {"path": "/workspace/none.txt"}, timeout=10)
+    missing = file_tool(session, "read", {"path": "/workspace/none.txt"}, timeout=10)
     assert missing.is_error
 
 
@@ -193,7 +194,7 @@ async def test_arun_runs_a_call(session: ServerSession) -> None:
     """The async twin returns the same outcome without blocking the event loop."""
     outcomes = await asyncio.gather(*(session.arun(sh(f"echo {i}")) for i in range(3)))
     assert [o.output for o in outcomes] == ["0\n", "1\n", "2\n"]
-    file_outcome = await session.afile_tool("list", {"path": "/workspace"}, timeout=10)
+    file_outcome = await afile_tool(session, "list", {"path": "/workspace"}, timeout=10)
     assert not file_outcome.is_error
 
 
@@ -239,7 +240,7 @@ def test_server_killed_mid_call_raises(session: ServerSession) -> None:
     with pytest.raises(SandboxError, match="killed by SIGKILL"):
         session.run(sh("true"))
     with pytest.raises(SandboxError):
-        session.file_tool("list", {}, timeout=5)
+        file_tool(session, "list", {}, timeout=5)
 
 
 def test_closed_session_refuses_calls(session: ServerSession) -> None:

@@ -18,6 +18,7 @@ from astralvessel.sandbox._channels import PipeChannel
 from astralvessel.sandbox._policy import Limits, Policy
 from astralvessel.sandbox._seccomp import CALLS, available_arch, compile_bpf
 from astralvessel.sandbox._session import ServerSession, server_command
+from tests.conformance.calls import file_tool
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 NOBODY = 65534
@@ -146,7 +147,7 @@ def test_file_worker_runs_unprivileged(session: ServerSession, workspace: Path) 
     secret = workspace / "secret"
     secret.write_text("top")
     secret.chmod(0o600)
-    outcome = session.file_tool("read", {"path": "/workspace/secret"}, timeout=10)
+    outcome = file_tool(session, "read", {"path": "/workspace/secret"}, timeout=10)
     assert outcome.is_error
     assert "top" not in outcome.text
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from astralvessel.sandbox._base import RunRequest
 from astralvessel.sandbox._policy import Mount, Policy, Promise
 from astralvessel.sandbox._unconfined import Unconfined
+from tests.conformance.calls import file_tool
 
 
 def test_probe_is_available_and_enforces_nothing() -> None:
@@ -42,7 +43,7 @@ def test_calls_see_mapped_paths(tmp_path: Path) -> None:
             )
         )
         assert outcome.output == "trout\nmade\n"
-        listing = session.file_tool("list", {"path": "/data"}, timeout=10)
+        listing = file_tool(session, "list", {"path": "/data"}, timeout=10)
         assert "fish.txt" in listing.text
     finally:
         session.close()

@@ -1,12 +1,14 @@
 """What the executor and a turn's session share: requests, outcomes, the session API.
 
-``SandboxSession`` is the API the executor calls for one turn: ``run`` (a tool
-call: one merged text stream and outbox files), ``exec`` (a host's command:
-stdout and stderr apart, as bytes), ``fs`` (one generic file primitive: read or
-write a byte range, list a folder) and ``file_tool`` (the built-in file tools'
-rendered views), each with an async twin. The library implements it once, in
-``_session.ServerSession``, over a ``Channel`` a backend opens (see
-``_base.Sandbox``); the values here travel between the two.
+``SandboxSession`` is the API the executor calls for one turn: ``run`` (a
+command: one merged text stream and outbox files), ``exec`` (a host's command:
+stdout and stderr apart, as bytes) and ``fs`` (one file primitive: read or
+write a byte range, list a folder, or render a *view* of the sandbox's files
+for a model: ``lines``, ``find``, ``entries``), each with an async twin. No
+tool's name is part of it: the built-ins choose their view in ``builtins``.
+The library implements it once, in ``_session.ServerSession``, over a
+``Channel`` a backend opens (see ``_base.Sandbox``); the values here travel
+between the two.
 """
 
 from __future__ import annotations
@@ -123,18 +125,23 @@ class FsRequest:
     """One generic file primitive in the sandbox's view, as the calls' user.
 
     ``op`` is ``read`` (``length`` bytes from ``offset``), ``write`` (``data`` at
-    ``offset``; ``truncate`` first, ``make_parents`` creates missing folders) or
-    ``list``. ``path`` is a sandbox path, absolute or relative to the workdir.
+    ``offset``; ``truncate`` first, ``make_parents`` creates missing folders),
+    ``list``, or ``view``: the text of ``view`` (``lines``, ``find``, ``entries``)
+    over ``arguments``, as the built-in file tools show it to a model (its reply
+    has ``text`` and ``is_error``). ``path`` is a sandbox path, absolute or
+    relative to the workdir (a view takes its path from ``arguments``).
     """
 
-    op: str = attrs.field(validator=attrs.validators.in_(("read", "write", "list")))
-    path: str = attrs.field(validator=attrs.validators.instance_of(str))
+    op: str = attrs.field(validator=attrs.validators.in_(("read", "write", "list", "view")))
+    path: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
     timeout: float
     offset: int = attrs.field(default=0, validator=_nonneg)
     length: int = attrs.field(default=0, validator=_nonneg)
     data: bytes = b""
     truncate: bool = False
     make_parents: bool = False
+    view: str = ""
+    arguments: Mapping[str, object] = attrs.field(factory=dict, converter=dict)
 
 
 @attrs.frozen(kw_only=True)
@@ -226,6 +233,7 @@ class SandboxSession(abc.ABC):
         """Async twin of ``exec``; cancelling it kills the command."""
         return self.exec(request)
 
+    @abc.abstractmethod
     def fs(self, request: FsRequest) -> FsReply:
         """Run one file primitive in the sandbox's view, as the calls' user.
 
@@ -238,25 +246,10 @@ class SandboxSession(abc.ABC):
             "server: the docker backend, with an image that has python3, has them)"
         )
 
+    @abc.abstractmethod
     async def afs(self, request: FsRequest) -> FsReply:
-        """Async twin of ``fs``."""
+        """Async twin of ``fs``; same contract."""
         return self.fs(request)
-
-    @abc.abstractmethod
-    def file_tool(
-        self, tool: str, arguments: Mapping[str, object], *, timeout: float
-    ) -> FileOutcome:
-        """Answer ``read``, ``glob`` or ``list`` in the sandbox's view, as its unprivileged user.
-
-        The model's mistakes (missing file, path outside the agent's data) are a
-        ``FileOutcome`` with ``is_error``; a dead sandbox raises ``SandboxError``.
-        """
-
-    @abc.abstractmethod
-    async def afile_tool(
-        self, tool: str, arguments: Mapping[str, object], *, timeout: float
-    ) -> FileOutcome:
-        """Async twin of ``file_tool``; same contract."""
 
     @abc.abstractmethod
     def close(self) -> None:

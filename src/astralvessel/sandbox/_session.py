@@ -38,7 +38,6 @@ from ._api import (
     Channel,
     ExecRequest,
     ExecResult,
-    FileOutcome,
     FsReply,
     FsRequest,
     OutboxFile,
@@ -250,14 +249,9 @@ def _server_failed(header: Mapping[str, Any], body: bytes) -> SandboxError:
     return SandboxError(f"the sandbox server failed a call: {header.get('message')}")
 
 
-def _file_outcome(header: Mapping[str, Any], body: bytes) -> FileOutcome:
-    return FileOutcome(text=str(header.get("text", "")), is_error=bool(header.get("is_error")))
-
-
 #: Frames that answer a request in one piece, by type: each builds the answer (or the error).
 _ANSWERS: Mapping[str, Callable[[Mapping[str, Any], bytes], object]] = {
     "error": _server_failed,
-    "file_result": _file_outcome,
     "fs_result": _fs_reply,
 }
 
@@ -740,6 +734,8 @@ class ServerSession(SandboxSession):
             "length": request.length,
             "truncate": request.truncate,
             "make_parents": request.make_parents,
+            "view": request.view,
+            "arguments": dict(request.arguments),
         }
         return self._submit(item, header, request.data), item
 
@@ -809,28 +805,6 @@ class ServerSession(SandboxSession):
         call_id, item = self._submit_fs(request)
         reply: FsReply = await self._await(call_id, item, request.timeout + _ANSWER_GRACE)
         return reply
-
-    def file_tool(
-        self, tool: str, arguments: Mapping[str, object], *, timeout: float
-    ) -> FileOutcome:
-        """Answer read, glob or list in the sandbox's view, as its unprivileged user."""
-        item = _Pending("file")
-        call_id = self._submit(
-            item, {"type": "file", "tool": tool, "arguments": dict(arguments), "timeout": timeout}
-        )
-        outcome: FileOutcome = self._wait(call_id, item, timeout + _ANSWER_GRACE)
-        return outcome
-
-    async def afile_tool(
-        self, tool: str, arguments: Mapping[str, object], *, timeout: float
-    ) -> FileOutcome:
-        """Async twin of ``file_tool``."""
-        item = _Pending("file")
-        call_id = self._submit(
-            item, {"type": "file", "tool": tool, "arguments": dict(arguments), "timeout": timeout}
-        )
-        outcome: FileOutcome = await self._await(call_id, item, timeout + _ANSWER_GRACE)
-        return outcome
 
     # -- end ---------------------------------------------------------------------
 

@@ -21,7 +21,14 @@ from typing import Any, ClassVar, TypeAlias
 import attrs
 
 from ..errors import AstralVesselError, UsageError
-from ..sandbox._api import BackendReport, FileOutcome, OutboxFile, RunOutcome, RunRequest
+from ..sandbox._api import (
+    BackendReport,
+    FsReply,
+    FsRequest,
+    OutboxFile,
+    RunOutcome,
+    RunRequest,
+)
 from ..sandbox._base import Sandbox, SandboxSession, ServerLink
 from ..sandbox._policy import Policy, Promise
 from ..spec import ToolSpec
@@ -30,6 +37,9 @@ from ._fakegrep import fake_grep
 from ._identify import identify
 
 __all__ = ["Answer", "FakeCall", "FakeRun", "FakeSandbox", "UnscriptedCallError"]
+
+#: Which built-in shows each of the server's views (for the record of calls).
+_VIEW_TOOLS = {"lines": "read", "find": "glob", "entries": "list"}
 
 
 class UnscriptedCallError(AstralVesselError, LookupError):
@@ -266,19 +276,37 @@ class FakeSession(SandboxSession):
         """Async twin of ``run``: nothing here waits."""
         return self.run(request)
 
-    def file_tool(
-        self, tool: str, arguments: Mapping[str, object], *, timeout: float
-    ) -> FileOutcome:
-        """Record the call and answer it with the sandbox server's file-tool code."""
-        self.sandbox._record(FakeCall(tool=tool, arguments=dict(arguments), timeout=timeout))
-        text, is_error = self._layout().file_tool(tool, arguments, timeout)
-        return FileOutcome(text=text, is_error=is_error)
+    def fs(self, request: FsRequest) -> FsReply:
+        """Answer a file primitive with the sandbox server's own code, on the fake's files.
 
-    async def afile_tool(
-        self, tool: str, arguments: Mapping[str, object], *, timeout: float
-    ) -> FileOutcome:
-        """Async twin of ``file_tool``."""
-        return self.file_tool(tool, arguments, timeout=timeout)
+        A file tool's view is recorded as a call of its tool, as a real sandbox
+        would have run it; the host's read, write and list are not calls.
+        """
+        timeout = request.timeout
+        if request.op == "view":
+            tool = _VIEW_TOOLS.get(request.view, request.view)
+            self.sandbox._record(
+                FakeCall(tool=tool, arguments=dict(request.arguments), timeout=timeout)
+            )
+            text, is_error = self._layout().view(request.view, request.arguments, timeout)
+            return FsReply(fields={"text": text, "is_error": is_error})
+        header = {
+            "op": request.op,
+            "path": request.path,
+            "offset": request.offset,
+            "length": request.length,
+            "truncate": request.truncate,
+            "make_parents": request.make_parents,
+        }
+        fields, data = self._layout().fs(header, request.data, timeout)
+        error = fields.pop("error", None)
+        if isinstance(error, dict):
+            return FsReply(fields=fields, errno=str(error["errno"]), message=str(error["message"]))
+        return FsReply(fields=fields, data=data)
+
+    async def afs(self, request: FsRequest) -> FsReply:
+        """Async twin of ``fs``: nothing here waits."""
+        return self.fs(request)
 
     def _layout(self) -> FakeFiles:
         with self._lock:

@@ -23,7 +23,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..sandbox._policy import AGENT_DIR, OUTBOX_DIR, WORKSPACE_DIR, Policy
-from ..sandbox.server import _files
+from ..sandbox.server import _files, _fsops
 
 __all__ = ["FakeFiles", "check_file_paths", "check_visible"]
 
@@ -97,14 +97,7 @@ class FakeFiles:
                 return self.path_map[prefix].rstrip("/") + path[len(prefix.rstrip("/")) :]
         return path
 
-    def file_tool(
-        self, tool: str, arguments: Mapping[str, object], timeout: float
-    ) -> tuple[str, bool]:
-        """Answer ``read``, ``glob`` or ``list`` with the sandbox server's own code."""
-        args: dict[str, Any] = dict(arguments)
-        path = args.get("path")
-        if isinstance(path, str) and path.startswith("/"):
-            args["path"] = self.real_path(posixpath.normpath(path))
+    def _context(self, timeout: float) -> _files.FileContext:
         context = _files.FileContext(
             workdir=self.real_path(str(self.policy.workdir)),
             visible_roots=[self.real_path(str(r)) for r in self.policy.visible_roots],
@@ -112,7 +105,28 @@ class FakeFiles:
             timeout=timeout,
             path_map=self.path_map,
         )
-        return _files.handle(tool, args, context)
+        # What the real worker is told: where the host's write_file may write.
+        context.writable_roots = [  # type: ignore[attr-defined]
+            self.real_path(str(r)) for r in self.policy.writable_roots
+        ]
+        return context
+
+    def view(self, view: str, arguments: Mapping[str, object], timeout: float) -> tuple[str, bool]:
+        """Render a file tool's view (``lines``, ``find``, ``entries``) with the server's code."""
+        args: dict[str, Any] = dict(arguments)
+        path = args.get("path")
+        if isinstance(path, str) and path.startswith("/"):
+            args["path"] = self.real_path(posixpath.normpath(path))
+        return _files.handle(view, args, self._context(timeout))
+
+    def fs(
+        self, header: dict[str, Any], body: bytes, timeout: float
+    ) -> tuple[dict[str, Any], bytes]:
+        """Answer a host's file primitive (read, write, list) with the server's own code."""
+        path = header.get("path")
+        if isinstance(path, str) and path.startswith("/"):
+            header = dict(header, path=self.real_path(posixpath.normpath(path)))
+        return _fsops.handle(header, body, self._context(timeout))
 
     def close(self) -> None:
         """Remove the temporary folder."""

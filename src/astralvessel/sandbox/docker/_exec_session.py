@@ -32,7 +32,8 @@ from ...errors import SandboxError
 from .._api import (
     ExecRequest,
     ExecResult,
-    FileOutcome,
+    FsReply,
+    FsRequest,
     OutboxFile,
     RunOutcome,
     RunRequest,
@@ -493,21 +494,26 @@ class ExecSession(SandboxSession):
             return None
         return OutboxFile(name=path.name, size=size, path=path)
 
-    def file_tool(
-        self, tool: str, arguments: Mapping[str, object], *, timeout: float
-    ) -> FileOutcome:
-        """File tools need the server, which this mode has not; say so to the model."""
-        return FileOutcome(
-            text=f"{tool} is unavailable in this sandbox (it runs each call as a `docker exec`, "
-            "without the sandbox server the file tools need); use bash (cat, ls, find) instead",
-            is_error=True,
+    def fs(self, request: FsRequest) -> FsReply:
+        """File primitives need the server, which this mode has not.
+
+        A file tool's view says so to the model; the host's own primitives raise
+        ``BackendUnavailableError`` (the turn lives on).
+        """
+        if request.op != "view":
+            return super().fs(request)
+        return FsReply(
+            fields={
+                "text": "this file tool is unavailable in this sandbox (it runs each call as a "
+                "`docker exec`, without the sandbox server the file tools need); use bash "
+                "(cat, ls, find) instead",
+                "is_error": True,
+            }
         )
 
-    async def afile_tool(
-        self, tool: str, arguments: Mapping[str, object], *, timeout: float
-    ) -> FileOutcome:
-        """Async twin of ``file_tool``."""
-        return self.file_tool(tool, arguments, timeout=timeout)
+    async def afs(self, request: FsRequest) -> FsReply:
+        """Async twin of ``fs``."""
+        return self.fs(request)
 
     def unenforced(self) -> Mapping[Promise, str]:
         """What this mode does not keep (see ``EXEC_UNENFORCED``)."""

@@ -1,4 +1,10 @@
-"""The file tools ``read``, ``glob`` and ``list``, answered in the sandbox's own view.
+"""The views behind the file tools ``read``, ``glob`` and ``list``, in the sandbox's own view.
+
+A *view* is the text a model is shown of the sandbox's files: ``lines`` (a
+numbered range of a text file; the ``read`` tool), ``find`` (paths matching a
+glob; ``glob``) and ``entries`` (a folder's entries; ``list``). The session
+asks for a view by that name, never by a tool's: which tool shows which view
+is the built-ins' business (``builtins.py``).
 
 The sandbox server's unprivileged file worker calls ``handle``. It runs inside
 the sandbox as the sandbox's user (or, for the unconfined backend, on the host
@@ -34,7 +40,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["BINARY_PROBE_BYTES", "FileContext", "handle"]
+__all__ = ["BINARY_PROBE_BYTES", "VIEWS", "FileContext", "handle"]
 
 #: ``read``: default and largest ``limit``, default ``offset``, longest line shown whole.
 READ_DEFAULT_LIMIT = 400
@@ -148,22 +154,20 @@ class _Refusal(Exception):
         self.code = code
 
 
-def handle(tool: str, arguments: dict[str, Any], ctx: FileContext) -> tuple[str, bool]:
-    """Run ``read``, ``glob`` or ``list``: ``(text, is_error)``, never raising for bad input.
+def handle(view: str, arguments: dict[str, Any], ctx: FileContext) -> tuple[str, bool]:
+    """Render the view ``lines``, ``find`` or ``entries``: ``(text, is_error)``, never
+    raising for bad input.
 
     ``ctx`` may be a ``FileContext`` or any object with its attributes.
     """
     ctx = FileContext.coerce(ctx)
+    render = VIEWS.get(view)
+    if render is None:
+        return f"{view!r} is not a view; the views are {', '.join(sorted(VIEWS))}.", True
     try:
-        if tool == "read":
-            return _fit(_read(arguments, ctx)), False
-        if tool == "glob":
-            return _fit(_glob(arguments, ctx)), False
-        if tool == "list":
-            return _fit(_list(arguments, ctx)), False
+        return _fit(render(arguments, ctx)), False
     except _Refusal as refusal:
         return _fit(str(refusal)), True
-    return f"{tool!r} is not a file tool; the file tools are read, glob and list.", True
 
 
 def _fit(text: str) -> str:
@@ -900,3 +904,7 @@ def _walk(top: int, compiled: _Glob, ctx: FileContext) -> Iterator[tuple[str | N
     finally:
         for fd, _, _ in stack:
             _close(fd)
+
+
+#: Each view by name: what the session asks for (the built-ins pick one per tool).
+VIEWS = {"lines": _read, "find": _glob, "entries": _list}

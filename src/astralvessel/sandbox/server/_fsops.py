@@ -3,7 +3,8 @@
 ``Turn.read_file``, ``Turn.write_file`` and ``Turn.list_dir`` reach the file
 worker as ``fs`` requests: ``read`` (a byte range of a regular file), ``write``
 (a byte range, creating the file and, if asked, its missing folders) and
-``list`` (a folder's entries). The worker runs them as the calls' user, so the
+``list`` (a folder's entries). The built-in file tools come the same way, as
+``view`` (``_files``'s text for a model). The worker runs them as the calls' user, so the
 kernel's permission checks and read-only mounts apply exactly as to a call,
 and every path is resolved by ``_files`` the way the built-in file tools
 resolve it: one component at a time, links walked by hand and kept inside the
@@ -243,8 +244,17 @@ def _type_of(entry: os.DirEntry[str]) -> str:
     return "other"
 
 
+def _view(header: dict[str, Any], body: bytes, ctx: _files.FileContext, raw: Any) -> Reply:
+    arguments = header.get("arguments")
+    if not isinstance(arguments, dict):
+        raise _files._Refusal("'arguments' must be an object")
+    text, is_error = _files.handle(str(header.get("view")), arguments, ctx)
+    return {"text": text, "is_error": is_error}, b""
+
+
 _OPS: dict[str, Callable[[dict[str, Any], bytes, _files.FileContext, Any], Reply]] = {
     "read": _read,
     "write": _write,
     "list": _list,
+    "view": _view,
 }

@@ -273,8 +273,6 @@ class Server:
             self.fail(None, f"{kind!r} request without an integer 'id'")
         elif kind == "run":
             self._run(call_id, header, body)
-        elif kind == "file":
-            self._file(call_id, header)
         elif kind == "fs":
             self._fs(call_id, header, body)
         elif kind == "cancel":
@@ -856,41 +854,30 @@ class Server:
         """Remove the outbox of a call that produced no answer."""
         _outbox.collect(self.worker_context["outbox"], call_id, None, 0).close()
 
-    # -- file tools ------------------------------------------------------------
-
-    def _file(self, call_id: int, header: dict[str, Any]) -> None:
-        arguments = header.get("arguments")
-        if not isinstance(arguments, dict):
-            self.fail(call_id, "'arguments' must be an object")
-            return
-        path = arguments.get("path")
-        if self.path_map and isinstance(path, str) and path.startswith("/"):
-            arguments = dict(arguments, path=map_path(path, self.path_map))
-        request = {
-            "type": "file",
-            "id": call_id,
-            "tool": str(header.get("tool")),
-            "arguments": arguments,
-            "timeout": float(header.get("timeout", 30.0)),
-        }
-        self.worker_queue.append((request, b""))
-        self._feed_worker()
+    # -- file primitives -------------------------------------------------------
 
     def _fs(self, call_id: int, header: dict[str, Any], body: bytes) -> None:
-        """A generic file primitive (read, write, stat), answered by the worker as the
-        calls' user: ``op``, a sandbox ``path``, and the op's own fields."""
-        path = header.get("path")
+        """A file primitive (read, write, list, or a built-in tool's view), answered by the
+        worker as the calls' user: ``op``, a sandbox ``path``, and the op's own fields."""
+        path = header.get("path", "")
+        arguments = header.get("arguments") or {}
         if not isinstance(path, str) or not isinstance(header.get("op"), str):
             self.fail(call_id, "'op' and 'path' must be strings")
             return
+        if not isinstance(arguments, dict):
+            self.fail(call_id, "'arguments' must be an object")
+            return
         if self.path_map and path.startswith("/"):
             path = map_path(path, self.path_map)
+        view_path = arguments.get("path")
+        if self.path_map and isinstance(view_path, str) and view_path.startswith("/"):
+            arguments = dict(arguments, path=map_path(view_path, self.path_map))
         try:
             timeout = float(header.get("timeout", 30.0))
         except (TypeError, ValueError):
             self.fail(call_id, "'timeout' must be a number")
             return
-        request = dict(header, id=call_id, path=path, timeout=timeout)
+        request = dict(header, id=call_id, path=path, arguments=arguments, timeout=timeout)
         self.worker_queue.append((request, body))
         self._feed_worker()
 
@@ -939,7 +926,11 @@ class Server:
         self.worker_busy = None
         if busy is not None:
             self.send(
-                {"type": "file_result", "id": busy[0], "text": f"file tool {why}", "is_error": True}
+                {
+                    "type": "fs_result",
+                    "id": busy[0],
+                    "error": {"errno": "ETIMEDOUT", "message": f"file tool {why}"},
+                }
             )
         if self.running:
             self._start_worker()

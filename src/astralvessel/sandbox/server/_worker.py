@@ -1,11 +1,11 @@
-"""The file worker: answers read, glob and list as the sandbox's unprivileged user (stdlib, 3.8+).
+"""The file worker: answers ``fs`` requests as the sandbox's unprivileged user (stdlib, 3.8+).
 
 The server may hold privileges (to make namespaces and mount ``/proc``), so it
 never opens a path a model named. It forks this worker once at startup; the
 worker drops to the call's uid and gid, sets ``no_new_privs`` and then serves
 one request at a time over a pair of pipes, in the same frame format as the
-host protocol. So a file tool can never show more than a confined call could
-read.
+host protocol (``_fsops``: read, write, list, and the built-in file tools'
+views). So a file tool can never show more than a confined call could read.
 """
 
 from __future__ import annotations
@@ -147,7 +147,6 @@ def _become_call_user(uid: int | None, gid: int | None) -> None:
 
 
 def _serve(requests: int, replies: int, context: dict[str, Any]) -> None:
-    handler = _load_handler()
     decoder = _protocol.FrameDecoder()
     while True:
         frame = decoder.next()
@@ -158,14 +157,9 @@ def _serve(requests: int, replies: int, context: dict[str, Any]) -> None:
             decoder.feed(data)
             continue
         header, body = frame
-        if header.get("type") == "fs":
-            fields, data = _answer_fs(header, body, context)
-            reply = dict(fields, type="fs_result", id=header.get("id"))
-            _launch._write_all(replies, _protocol.encode(reply, data))
-            continue
-        text, is_error = _answer(handler, header, context)
-        reply = {"type": "file_result", "id": header.get("id"), "text": text, "is_error": is_error}
-        _launch._write_all(replies, _protocol.encode(reply))
+        fields, data = _answer_fs(header, body, context)
+        reply = dict(fields, type="fs_result", id=header.get("id"))
+        _launch._write_all(replies, _protocol.encode(reply, data))
 
 
 def _answer_fs(
@@ -181,16 +175,3 @@ def _answer_fs(
     except Exception as exc:
         message = f"internal error in the file worker: {type(exc).__name__}: {exc}"
         return {"error": {"errno": "EIO", "message": message}}, b""
-
-
-def _answer(
-    handler: Handler | None, header: dict[str, Any], context: dict[str, Any]
-) -> tuple[str, bool]:
-    if handler is None:
-        return "file tools are not available in this sandbox server", True
-    ctx = FileContext(timeout=float(header.get("timeout", 30.0)), **context)
-    try:
-        text, is_error = handler(str(header.get("tool")), dict(header.get("arguments") or {}), ctx)
-    except Exception as exc:
-        return f"internal error in the file tool: {type(exc).__name__}: {exc}", True
-    return str(text), bool(is_error)
