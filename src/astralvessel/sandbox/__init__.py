@@ -12,6 +12,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ._api import ExecRequest as ExecRequest
+from ._api import ExecResult as ExecResult
+from ._api import FsReply as FsReply
+from ._api import FsRequest as FsRequest
 from ._base import BackendReport as BackendReport
 from ._base import Channel as Channel
 from ._base import FileOutcome as FileOutcome
@@ -63,7 +67,11 @@ __all__ = [
     "Channel",
     "Docker",
     "DockerExec",
+    "ExecRequest",
+    "ExecResult",
     "FileOutcome",
+    "FsReply",
+    "FsRequest",
     "Limits",
     "Mount",
     "Nsjail",
