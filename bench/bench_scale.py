@@ -35,7 +35,7 @@ from astralvessel import Executor, Registry, ToolSpec
 from astralvessel.sandbox import Policy, Sandbox, SandboxSession
 from astralvessel.sandbox._channels import PipeChannel
 from astralvessel.sandbox._discovery import get_backend
-from astralvessel.sandbox._nsbackend import NamespaceBackend
+from astralvessel.sandbox._nsbackend import NamespaceBackend, _memfd
 from astralvessel.sandbox._session import ServerSession
 
 TRUE = "/bin/true"
@@ -73,13 +73,20 @@ def backend_of(name: str) -> Sandbox:
     return get_backend(name)
 
 
-def one_shot_argv(backend: Sandbox, command: list[str]) -> list[str]:
-    """The command line of a one-shot sandbox of ``backend`` running ``command``."""
+def one_shot_argv(backend: Sandbox, command: list[str]) -> tuple[list[str], tuple[int, ...]]:
+    """The command line of a one-shot sandbox of ``backend`` running ``command``.
+
+    With the descriptors it must inherit: nsjail reads its mounts from a file the
+    backend hands it (opened again by path on every run, so one serves them all).
+    """
     if isinstance(backend, NamespaceBackend):
         facts, binary = backend._discover()
         assert binary is not None
-        return backend._argv(binary, Policy(), facts, command, None)
-    return ["docker", "run", "--rm", "-i", "--network", "none", IMAGE, *command]
+        config = backend._config(Policy(), facts)
+        fds = () if config is None else (_memfd(config, "astralvessel-bench-config"),)
+        config_fd = fds[0] if fds else None
+        return backend._argv(binary, Policy(), facts, command, None, config_fd=config_fd), fds
+    return ["docker", "run", "--rm", "-i", "--network", "none", IMAGE, *command], ()
 
 
 def executor(backend: Sandbox, warm: int = 0) -> Executor:
@@ -132,8 +139,10 @@ def idle_memory(backend: Sandbox, turns: int) -> tuple[float, float, float] | No
     if not isinstance(backend, NamespaceBackend):
         return None
     facts, _ = backend._discover()
+    argv, fds = one_shot_argv(backend, [facts.python.executable, "-I", "-S", "-c", "input()"])
     bare = subprocess.Popen(
-        one_shot_argv(backend, [facts.python.executable, "-I", "-S", "-c", "input()"]),
+        argv,
+        pass_fds=fds,
         stdin=subprocess.PIPE,
         stderr=subprocess.DEVNULL,  # killed at the end: whatever it says then is noise
         start_new_session=True,
@@ -202,9 +211,9 @@ def bench(name: str, runs: int, turns: int, idle: int) -> None:
     backend = backend_of(name)
     print(f"{name}")
     row("figure", "measured", "baseline", "ratio", "target")
-    one_shot = one_shot_argv(backend, [TRUE])
+    one_shot, fds = one_shot_argv(backend, [TRUE])
     one_shot_ms = median_ms(
-        lambda: subprocess.run(one_shot, check=True, stdin=subprocess.DEVNULL), runs
+        lambda: subprocess.run(one_shot, check=True, stdin=subprocess.DEVNULL, pass_fds=fds), runs
     )
     spawn_ms = median_ms(posix_spawn_true, runs * 5)
     base_name = "docker run --rm" if name == "docker" else f"one-shot {name}"
