@@ -69,6 +69,10 @@ class ServerOptions:
     unprivileged user). ``seccomp`` is the call filter as BPF bytes.
     ``path_map`` maps sandbox paths to where the server sees them (only for a
     server that runs without a mount namespace of its own, as ``unconfined``).
+    ``probe_key`` names everything besides the hello that the server's
+    confinement probe depends on (the binary, the interpreter, the image):
+    turns with the same key and the same confinement settings reuse the first
+    one's probe result instead of probing again (``None``: every turn probes).
     """
 
     confine: bool
@@ -80,6 +84,9 @@ class ServerOptions:
     path_map: Mapping[str, str] = attrs.field(factory=dict, converter=_str_map)
     #: Seconds the server may take to say ``ready`` (an engine may be slow to start a container).
     ready_timeout: float = attrs.field(default=30.0, validator=attrs.validators.gt(0))
+    probe_key: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(str))
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -144,6 +151,7 @@ class Sandbox(abc.ABC):
             seccomp=options.seccomp,
             path_map=options.path_map,
             ready_timeout=options.ready_timeout,
+            probe_key=options.probe_key,
         )
 
     def __repr__(self) -> str:

@@ -287,6 +287,7 @@ class NamespaceBackend(Sandbox):
                 drop_uid=None if lease is None else lease.uid,
                 drop_gid=None if lease is None else lease.gid,
                 seccomp=_program(CALLS, facts.machine) if use_seccomp else None,
+                probe_key=f"{self.name}:{binary.path}:{facts.python.executable}",
             ),
         )
 

@@ -242,6 +242,7 @@ class Docker(Sandbox):
                 # uid exists, so there is nothing to drop to: a call loses its capabilities.
                 seccomp=_seccomp.compile_bpf("calls", arch) if arch else None,
                 ready_timeout=self.start_timeout,
+                probe_key=f"{self.name}:{self.engine.base_url}:{image_id}:{self.python}",
             ),
         )
 

@@ -42,10 +42,20 @@ import os
 import resource
 import signal
 import stat
+import warnings  # noqa: F401 - see below
 from collections.abc import Callable
-from typing import Any
 
 from . import _userns
+
+# os.get_exec_path imports warnings on first use, and a call's init first uses it after
+# dropping to a uid that may not read the interpreter's library (the host's Python under
+# /root): every module the server's children need is imported here, before any fork.
+
+# Annotations only: importing typing costs every turn's start a few milliseconds, and
+# mypy reads any ``if TYPE_CHECKING:`` block as taken.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = [
     "CHAIN_FDS",

@@ -26,15 +26,19 @@ from __future__ import annotations
 import collections
 import contextlib
 import os
-import platform
 import selectors
 import signal
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
 
 from . import _bounds, _launch, _outbox, _protocol, _relay, _rootfs, _userns, _worker, _zygote
+
+# Annotations only: importing typing costs every turn's start a few milliseconds, and
+# mypy reads any ``if TYPE_CHECKING:`` block as taken.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["Server", "main"]
 
@@ -311,7 +315,10 @@ class Server:
         problems: dict[str, str] = {}
         if plan.confine:
             _warm(plan)
-            problems = _launch.probe(plan)
+            # A host that started a turn the same way before sends what that turn's probe
+            # found: the answer depends on the host, not on the turn.
+            probed = config["probed"]
+            problems = _launch.probe(plan) if probed is None else dict(probed)
             # Degrade what cannot work; the host refuses to go on unless it relaxed that promise.
             if "pid_namespace" in problems:
                 plan.pid_namespace = False
@@ -344,7 +351,7 @@ class Server:
                 "type": "ready",
                 "egress": egress,
                 "version": _protocol.VERSION,
-                "python": platform.python_version(),
+                "python": sys.version.split()[0],
                 "pid": os.getpid(),
                 "uid": os.getuid(),
                 "euid": os.geteuid(),
@@ -1041,6 +1048,12 @@ def _parse_hello(header: dict[str, Any]) -> dict[str, Any]:
         and isinstance(egress.get("port"), int)
     ):
         raise TypeError("'egress' must be null or name a socket and a port")
+    probed = header.get("probed")
+    if probed is not None and (
+        not isinstance(probed, dict)
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in probed.items())
+    ):
+        raise TypeError("'probed' must map probe steps to strings, or be null")
     return {
         "egress": egress,
         "confine": bool(header["confine"]),
@@ -1057,6 +1070,7 @@ def _parse_hello(header: dict[str, Any]) -> dict[str, Any]:
         "path_map": {str(k): str(v) for k, v in (header.get("path_map") or {}).items()},
         "writable_root": [str(p) for p in header.get("writable_root") or []],
         "root_identity": header.get("root_identity") is True,
+        "probed": probed,
     }
 
 
