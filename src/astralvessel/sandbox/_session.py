@@ -78,28 +78,31 @@ SERVER_MODULES = (
     "_main",
 )
 _PACKAGE = "_astralvessel_server"
+#: The payload's marshal format: 4 is what Python 3.4 and every later version read.
+_PAYLOAD_MARSHAL = 4
 
-# Reads exactly argv[1] bytes of the JSON payload with os.read (a buffered read could swallow
-# the frames behind it), makes each module in a private package, runs main. The payload
-# carries each module twice: as source, and compiled by the host's interpreter (marshal,
-# base64). A server on the very same interpreter build (bubblewrap and nsjail run the host's
-# own) loads the compiled code in about a millisecond, where compiling 130 kB of source is
-# most of a cold turn start; any other Python (a Docker image's) compiles the source.
+# Reads exactly argv[1] bytes of the payload with os.read (a buffered read could swallow
+# the frames behind it), makes each module in a private package, runs main. The payload is
+# a marshal of plain values (format 4, which every Python 3.4+ reads: json would cost the
+# start-up its import of re and enum). It carries each module twice: as source, and
+# compiled by the host's interpreter (a marshal of code objects). A server on the very same
+# interpreter build (bubblewrap and nsjail run the host's own) loads the compiled code in
+# about a millisecond, where compiling 130 kB of source is most of a cold turn start; any
+# other Python (a Docker image's) compiles the source.
 # Before main, the payload is dropped and what is loaded frozen out of the collector's reach:
 # the server forks its helpers, and a collection in them would copy the pages they share.
 # When main returns (its calls and helpers are gone), the process leaves with os._exit:
 # tearing down the interpreter's modules takes milliseconds of every turn's close for
 # nothing, since no Python code of the server has anything left to do.
 BOOTSTRAP = f"""\
-import os,sys,json,types
+import os,sys,marshal,types
 n=int(sys.argv[1]);b=b''
 while len(b)<n:
  c=os.read(0,n-len(b))
  if not c:sys.exit('astralvessel server: payload cut short')
  b+=c
-d=json.loads(b);c=None
-if d['tag']==[sys.hexversion,sys.implementation.cache_tag]:
- import marshal,binascii;c=marshal.loads(binascii.a2b_base64(d['code']))
+d=marshal.loads(b);c=None
+if d['tag']==[sys.hexversion,sys.implementation.cache_tag]:c=marshal.loads(d['code'])
 P={_PACKAGE!r};p=types.ModuleType(P);p.__path__=[];sys.modules[P]=p
 for k,v in d['src'].items():
  m=types.ModuleType(P+'.'+k);m.__package__=P;sys.modules[m.__name__]=m;setattr(p,k,m)
@@ -132,13 +135,12 @@ def server_payload() -> bytes:
         source = package / f"{name}.py"
         if source.is_file():
             sources[name] = source.read_text(encoding="utf-8")
-    return _json_bytes(
-        {
-            "tag": [sys.hexversion, sys.implementation.cache_tag],
-            "code": base64.b64encode(marshal.dumps(_compiled(sources))).decode("ascii"),
-            "src": sources,
-        }
-    )
+    payload = {
+        "tag": [sys.hexversion, sys.implementation.cache_tag],
+        "code": marshal.dumps(_compiled(sources)),
+        "src": sources,
+    }
+    return marshal.dumps(payload, _PAYLOAD_MARSHAL)
 
 
 def _compiled(sources: Mapping[str, str]) -> dict[str, CodeType]:
@@ -147,12 +149,6 @@ def _compiled(sources: Mapping[str, str]) -> dict[str, CodeType]:
         name: compile(text, f"{_PACKAGE}/{name}.py", "exec", dont_inherit=True, optimize=0)
         for name, text in sources.items()
     }
-
-
-def _json_bytes(value: object) -> bytes:
-    import json
-
-    return json.dumps(value, ensure_ascii=False).encode("utf-8")
 
 
 def server_command(python: str) -> list[str]:

@@ -34,7 +34,6 @@ import contextlib
 import errno
 import os
 import posixpath
-import re
 import stat
 import time
 from collections.abc import Iterator
@@ -45,7 +44,18 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["BINARY_PROBE_BYTES", "VIEWS", "FileContext", "handle"]
+__all__ = ["BINARY_PROBE_BYTES", "VIEWS", "FileContext", "handle", "warm"]
+
+
+def warm() -> None:
+    """Import what the file tools use beyond the server's own modules, before dropping.
+
+    ``re`` (for glob) costs the server's start-up milliseconds it does not need, so
+    only the worker imports it, and before it becomes the call's user, which may not
+    be able to read the interpreter's library.
+    """
+    import re  # noqa: F401 - see above
+
 
 #: ``read``: default and largest ``limit``, default ``offset``, longest line shown whole.
 READ_DEFAULT_LIMIT = 400
@@ -662,6 +672,8 @@ def _list(arguments: dict[str, Any], ctx: FileContext) -> str:
 
 def _translate(pattern: str) -> str:
     """A regular expression for a glob over paths: ``*``, ``?``, ``[...]``, ``{a,b}`` and ``**``."""
+    import re  # only the worker imports it (see warm)
+
     out = []
     i = 0
     while i < len(pattern):
@@ -695,6 +707,8 @@ def _translate_stars(pattern: str, i: int) -> tuple[str, int]:
 
 
 def _translate_class(pattern: str, i: int) -> tuple[str, int]:
+    import re  # only the worker imports it (see warm)
+
     n = len(pattern)
     j = i + 1
     if j < n and pattern[j] in "!^":
@@ -714,6 +728,8 @@ def _translate_class(pattern: str, i: int) -> tuple[str, int]:
 
 
 def _translate_braces(pattern: str, i: int) -> tuple[str, int]:
+    import re  # only the worker imports it (see warm)
+
     depth = 0
     parts = []
     start = i + 1
@@ -736,6 +752,8 @@ class _Glob:
     """A compiled glob: the full-path match and which directories can still lead to one."""
 
     def __init__(self, pattern: str) -> None:
+        import re  # only the worker imports it (see warm)
+
         text = pattern
         while text.startswith("./"):
             text = text[2:]

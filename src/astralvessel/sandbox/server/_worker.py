@@ -64,6 +64,15 @@ def _load_handler() -> Handler | None:
     return handle
 
 
+def _warm_files() -> None:
+    """Import what the file tools need while this process can still read the library."""
+    try:
+        from . import _files
+    except ImportError:
+        return
+    _files.warm()
+
+
 class Worker:
     """The server's handle on a running worker: its pid and the two pipe ends."""
 
@@ -106,6 +115,7 @@ def start_worker(
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             _launch.prctl(_launch.PR_SET_PDEATHSIG, 9)
             if os.getppid() == server:
+                _warm_files()
                 if own_userns:
                     _become_call_user(drop_uid, drop_gid)
                 else:
