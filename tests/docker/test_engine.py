@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import marshal
 import os
 import socket
 import subprocess
@@ -19,8 +20,10 @@ import pytest
 from astralvessel.agent import Agent
 from astralvessel.errors import BackendUnavailableError, SandboxError
 from astralvessel.sandbox import DEFAULT_UID_RANGE, Policy, Promise, RunRequest
+from astralvessel.sandbox._session import server_command, server_payload
 from astralvessel.sandbox.docker import Docker
 from astralvessel.sandbox.docker._spec import LABEL_TURN
+from astralvessel.sandbox.server import _protocol
 from tests.conformance.calls import file_tool
 
 from ..conformance.calls import barrier
@@ -306,3 +309,30 @@ def test_host_environment_does_not_leak(turn, monkeypatch):
         assert "VESSEL_HOST_ONLY" not in _run(turn, "env").output
     finally:
         del os.environ["VESSEL_HOST_ONLY"]
+
+
+def test_the_image_compiles_the_server_once_and_turns_load_that_code(backend, small_policy):
+    """The image's own Python compiles the server's modules once; a turn's server loads that code."""
+    session = backend.start(small_policy)
+    try:
+        image_id = backend.engine.ensure_image(backend.base_image)
+        build = backend.engine.server_build(image_id, backend.python)
+        assert build is not None
+        major, minor, micro = (int(part) for part in session.ready_info["python"].split(".")[:3])
+        assert build.hexversion >> 8 == (major << 16 | minor << 8 | micro)
+    finally:
+        session.close()
+    # The same build, with every module's source broken: the image's server still boots.
+    payload = marshal.loads(server_payload(build))  # noqa: S302 - our own payload
+    payload["src"] = dict.fromkeys(payload["src"], "raise SystemExit('compiled source')")
+    data = marshal.dumps(payload, 4)
+    argv = [*server_command(backend.python, build)[:-1], str(len(data))]
+    done = subprocess.run(
+        ["docker", "run", "--rm", "-i", "--network", "none", BASE_IMAGE, *argv],
+        input=data + _protocol.encode({"type": "run", "id": 1}),
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    assert b"expected 'hello' first" in done.stdout, done.stderr
+    assert b"compiled source" not in done.stderr

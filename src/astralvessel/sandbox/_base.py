@@ -32,7 +32,7 @@ from ._api import (
     SandboxSession,
 )
 from ._policy import Policy
-from ._session import ServerSession
+from ._session import ServerBuild, ServerSession
 
 __all__ = [
     "BackendReport",
@@ -86,6 +86,11 @@ class ServerOptions:
     ready_timeout: float = attrs.field(default=30.0, validator=attrs.validators.gt(0))
     probe_key: str | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.instance_of(str))
+    )
+    #: The server's modules compiled by the sandbox's Python (``compile_command``), when
+    #: it is not the host's: a Docker image's interpreter then loads code, not source.
+    build: ServerBuild | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(ServerBuild))
     )
 
 
@@ -152,6 +157,7 @@ class Sandbox(abc.ABC):
             path_map=options.path_map,
             ready_timeout=options.ready_timeout,
             probe_key=options.probe_key,
+            build=options.build,
         )
 
     def __repr__(self) -> str:

@@ -32,6 +32,8 @@ from pathlib import Path
 from types import CodeType, TracebackType
 from typing import IO, Any
 
+import attrs
+
 from .._aio import cancelled_exception, wait_future
 from ..errors import BackendUnavailableError, PromiseNotEnforcedError, SandboxError
 from ._api import (
@@ -58,7 +60,14 @@ from ._policy import (
 )
 from .server import _protocol
 
-__all__ = ["ServerSession", "server_command", "server_payload"]
+__all__ = [
+    "ServerBuild",
+    "ServerSession",
+    "compile_command",
+    "parse_build",
+    "server_command",
+    "server_payload",
+]
 
 #: The server's modules, in the order they are executed (each may import those before it).
 #: ``_seccomp`` and ``_files`` are optional: the server reports what it lacks.
@@ -127,20 +136,83 @@ _OUTBOX_FILES_PER_CALL = 100
 
 
 @functools.cache
-def server_payload() -> bytes:
-    """Return the bytes to write to the server's stdin before anything else: its own code."""
+def _sources() -> tuple[tuple[str, str], ...]:
+    """Each server module's name and source, in ``SERVER_MODULES`` order."""
     package = resources.files("astralvessel.sandbox.server")
-    sources: dict[str, str] = {}
+    found = []
     for name in SERVER_MODULES:
         source = package / f"{name}.py"
         if source.is_file():
-            sources[name] = source.read_text(encoding="utf-8")
-    payload = {
-        "tag": [sys.hexversion, sys.implementation.cache_tag],
-        "code": marshal.dumps(_compiled(sources)),
-        "src": sources,
-    }
+            found.append((name, source.read_text(encoding="utf-8")))
+    return tuple(found)
+
+
+@functools.cache
+def server_payload(build: ServerBuild | None = None) -> bytes:
+    """Return the bytes to write to the server's stdin before anything else: its own code.
+
+    The code is compiled by this interpreter, or taken from ``build`` (the
+    modules compiled by the sandbox's own Python, see ``compile_command``).
+    """
+    sources = dict(_sources())
+    if build is None:
+        build = ServerBuild(
+            hexversion=sys.hexversion,
+            cache_tag=sys.implementation.cache_tag,
+            code=marshal.dumps(_compiled(sources)),
+        )
+    payload = {"tag": [build.hexversion, build.cache_tag], "code": build.code, "src": sources}
     return marshal.dumps(payload, _PAYLOAD_MARSHAL)
+
+
+@attrs.frozen
+class ServerBuild:
+    """The server's modules compiled by one interpreter: its ``sys.hexversion``, its
+    ``sys.implementation.cache_tag``, and a marshal of each module's code object."""
+
+    hexversion: int = attrs.field(validator=attrs.validators.instance_of(int))
+    cache_tag: str = attrs.field(validator=attrs.validators.instance_of(str))
+    code: bytes = attrs.field(validator=attrs.validators.instance_of(bytes), repr=False)
+
+
+# Compiles the modules given as name, source, name, source... exactly as the host's
+# ``_compiled`` does, and prints the interpreter's tag and the code (marshal, base64). The
+# sources are checked to parse as Python 3.8, so the interpreter is refused before that.
+_COMPILE = f"""\
+import sys,marshal,binascii
+if sys.version_info<(3,8):sys.exit(3)
+a=sys.argv[1:];c={{}}
+for i in range(0,len(a),2):
+ c[a[i]]=compile(a[i+1],{_PACKAGE!r}+'/'+a[i]+'.py','exec',dont_inherit=True,optimize=0)
+t=sys.implementation.cache_tag
+sys.stdout.write('%d %s\\n'%(sys.hexversion,t)+binascii.b2a_base64(marshal.dumps(c)).decode())
+"""
+
+
+def compile_command(python: str) -> list[str]:
+    """The argv that has ``python`` (in a sandbox) compile the server's modules.
+
+    What it prints is read with ``parse_build``. It exits with status 3 on a
+    Python older than 3.8, which cannot run the server. The sources travel as
+    arguments, each well under the kernel's 128 KiB a string.
+    """
+    argv = [python, "-I", "-S", "-B", "-c", _COMPILE]
+    for name, source in _sources():
+        argv += [name, source]
+    return argv
+
+
+def parse_build(output: bytes) -> ServerBuild | None:
+    """What ``compile_command`` printed, or None if it is not that (the turn then compiles)."""
+    head, _, body = output.partition(b"\n")
+    fields = head.decode("ascii", "replace").split()
+    if len(fields) != 2 or not fields[0].isdigit():
+        return None
+    try:
+        code = base64.b64decode(body.strip(), validate=True)
+    except ValueError:
+        return None
+    return ServerBuild(hexversion=int(fields[0]), cache_tag=fields[1], code=code) if code else None
 
 
 def _compiled(sources: Mapping[str, str]) -> dict[str, CodeType]:
@@ -151,9 +223,13 @@ def _compiled(sources: Mapping[str, str]) -> dict[str, CodeType]:
     }
 
 
-def server_command(python: str) -> list[str]:
-    """Return the argv that starts the server on ``python`` (a path inside the sandbox)."""
-    return [python, "-I", "-S", "-B", "-c", BOOTSTRAP, str(len(server_payload()))]
+def server_command(python: str, build: ServerBuild | None = None) -> list[str]:
+    """Return the argv that starts the server on ``python`` (a path inside the sandbox).
+
+    ``build``: the modules compiled by that Python, when it is not this one (the
+    same must then reach ``ServerOptions.build``).
+    """
+    return [python, "-I", "-S", "-B", "-c", BOOTSTRAP, str(len(server_payload(build)))]
 
 
 # Which promises a failed confinement step breaks (keys are the server's probe steps).
@@ -330,6 +406,7 @@ class ServerSession(SandboxSession):
         outbox_dir: Path | None = None,
         ready_timeout: float = 30.0,
         probe_key: str | None = None,
+        build: ServerBuild | None = None,
     ) -> ServerSession:
         """Boot the server on ``channel`` (payload, then ``hello``) and wait for ``ready``.
 
@@ -338,7 +415,8 @@ class ServerSession(SandboxSession):
         asked and ``policy.relaxed`` does not allow that. Closes the channel on
         any failure. ``outbox_dir`` keeps outbox files after ``close``; without
         it they live in a temporary folder removed at ``close``. ``probe_key``
-        lets turns started alike share one confinement probe (``ServerOptions``).
+        lets turns started alike share one confinement probe, and ``build`` is
+        the code the server's own Python compiled (both: ``ServerOptions``).
         """
         session = cls(channel, policy, backend=backend, outbox_dir=outbox_dir)
         hello = {
@@ -377,7 +455,7 @@ class ServerSession(SandboxSession):
         hello["probed"] = known
         try:
             session._reader.start()
-            session._send(server_payload() + _protocol.encode(hello))
+            session._send(server_payload(build) + _protocol.encode(hello))
             try:
                 info = session._ready.result(timeout=ready_timeout)
             except concurrent.futures.TimeoutError:

@@ -218,10 +218,11 @@ class Docker(Sandbox):
                 "Use an image with python3, or the docker-exec backend (one `docker exec` per "
                 "call, without process isolation or the file tools)"
             )
+        build = self.engine.server_build(image_id, self.python)
         spec = container_spec(
             policy,
             image=image_id,
-            command=server_argv(server_command(self.python), policy),
+            command=server_argv(server_command(self.python, build), policy),
             seccomp_profile=_seccomp.to_docker_profile("server", arch)
             if arch
             else {"defaultAction": "SCMP_ACT_ALLOW"},
@@ -243,6 +244,7 @@ class Docker(Sandbox):
                 seccomp=_seccomp.compile_bpf("calls", arch) if arch else None,
                 ready_timeout=self.start_timeout,
                 probe_key=f"{self.name}:{self.engine.base_url}:{image_id}:{self.python}",
+                build=build,
             ),
         )
 
