@@ -464,10 +464,10 @@ class ServerSession(SandboxSession):
                     f"within {ready_timeout:g} s; "
                     f"{channel.describe_exit()}"
                 ) from None
-            if key is not None and known is None and isinstance(info.get("problems"), dict):
+            if key is not None and known is None and isinstance(info.get("probed"), dict):
                 if len(_PROBED) >= _PROBED_MOST:
                     _PROBED.clear()
-                _PROBED[key] = {str(k): str(v) for k, v in info["problems"].items()}
+                _PROBED[key] = {str(k): str(v) for k, v in info["probed"].items()}
             session._check_ready(info, confine=confine, seccomp=seccomp)
         except BaseException:
             session.close()

@@ -326,6 +326,9 @@ class Server:
                 plan.own_userns = False
             if "seccomp" in problems:
                 plan.seccomp = None
+        # What the probe alone found, for the host to hand later turns (not this turn's own
+        # checks below, which each turn makes again).
+        probe_found = dict(problems)
         self.plan = plan
         workspace = map_path(config["workspace"], self.path_map)
         outbox = map_path(config["outbox"], self.path_map)
@@ -362,6 +365,7 @@ class Server:
                 "file_tools": _worker._load_handler() is not None,
                 "problems": problems,
                 "relaxations": relaxations,
+                "probed": probe_found,
             }
         )
         self._refill_spare()
