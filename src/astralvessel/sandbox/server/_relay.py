@@ -21,7 +21,7 @@ import os
 import selectors
 import signal
 import socket
-import traceback
+import sys
 
 from . import _launch
 
@@ -174,7 +174,9 @@ def start(target: str, port: int, drop_uid: int | None, drop_gid: int | None) ->
                 _launch.prctl(_launch.PR_SET_NO_NEW_PRIVS, 1)
                 _Relay(listener, target).serve()
         except BaseException:
-            traceback.print_exc()
+            # The interpreter's own hook prints the traceback without importing traceback
+            # (and re, through it) into every server's start-up, and after the drop above.
+            sys.excepthook(*sys.exc_info())
         finally:
             os._exit(0)
     listener.close()
