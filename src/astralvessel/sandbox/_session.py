@@ -253,25 +253,35 @@ _PROBLEM_PROMISES: dict[str, tuple[Promise, ...]] = {
 #: probe forks a chain of namespaces (about 10 ms of a 60 ms turn start), and its answer
 #: is the same for every turn started the same way on this host. Bounded: a host that
 #: starts turns in many ways probes again past this many.
-_PROBED: dict[tuple[object, ...], dict[str, str]] = {}
+_PROBED: dict[str, dict[str, str]] = {}
 _PROBED_MOST = 64
 
 
-def _probe_key(
-    key: str | None, confine: bool, hello: Mapping[str, Any]
-) -> tuple[object, ...] | None:
-    """What a probe's result depends on; ``None`` when it is not to be reused."""
+#: Hello fields that name this turn's own places, not how its calls are confined.
+_TURN_PLACES = frozenset(
+    ("env", "workdir", "workspace", "outbox", "visible_roots", "path_map", "egress", "probed")
+)
+
+
+def _probe_key(key: str | None, confine: bool, hello: Mapping[str, Any]) -> str | None:
+    """What a probe's result depends on; ``None`` when it is not to be reused.
+
+    Every hello field but the turn's places counts (a field added later counts
+    too, unless listed), except that only whether calls drop to a uid matters,
+    not which one: every uid a turn gets maps alike.
+    """
     if key is None or not confine:
         return None
-    limits = hello["limits"]
-    # Whether calls drop to a uid at all, not which one: every uid a turn gets maps alike.
-    return (
-        key,
-        hello["drop_uid"] is None,
-        hello["drop_gid"] is None,
-        hello["seccomp"],
-        tuple(sorted(limits.items())),
-    )
+    settings = {k: v for k, v in hello.items() if k not in _TURN_PLACES}
+    settings["drop_uid"] = hello["drop_uid"] is None
+    settings["drop_gid"] = hello["drop_gid"] is None
+    return key + "\0" + _json_text(settings)
+
+
+def _json_text(value: object) -> str:
+    import json
+
+    return json.dumps(value, sort_keys=True)
 
 
 def unenforced_promises(problems: Mapping[str, str]) -> dict[Promise, str]:
