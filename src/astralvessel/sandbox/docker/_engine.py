@@ -209,21 +209,25 @@ class Engine:
                 network_mode="none", read_only=True, cap_drop=["ALL"]
             ),
         )
+        status: int | None = None
         try:
             with contextlib.suppress(Exception):
                 api.start(container)
-            status = api.wait(container, timeout=self.start_timeout).get("StatusCode", 1)
+            status = int(api.wait(container, timeout=self.start_timeout).get("StatusCode", 1))
             if status == 0:
-                build = parse_build(api.logs(container, stdout=True, stderr=False))
+                # Without the code (an engine that fails this one request) turns compile.
+                with contextlib.suppress(Exception):
+                    build = parse_build(api.logs(container, stdout=True, stderr=False))
         except Exception:
-            status = 1
+            status = None  # the engine did not answer (a loaded machine): no, for now only
         finally:
             with contextlib.suppress(Exception):
                 api.remove_container(container, force=True)
-        ok = bool(status == 0)
-        with self._lock:
-            self._python_ok[key] = ok
-            self._builds[key] = build
+        ok = status == 0
+        if status is not None:
+            with self._lock:
+                self._python_ok[key] = ok
+                self._builds[key] = build
         return ok
 
     def server_build(self, image_id: str, python: str) -> ServerBuild | None:
