@@ -149,6 +149,23 @@ def _as_call(uid: int | None, gid: int | None) -> Iterator[None]:
         os.umask(mask)
 
 
+def _copy_file(source: str, target: str) -> None:
+    """shutil.copyfile without shutil: it pulls fnmatch and re into every turn's start, and
+    the library may not be importable here, while the root is being remade."""
+    src = os.open(source, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        dst = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+        try:
+            while chunk := os.read(src, 1 << 20):
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(dst, view) :]
+        finally:
+            os.close(dst)
+    finally:
+        os.close(src)
+
+
 def _copy(source: str, target: str) -> None:
     """Copy the tree the view shows at ``source`` (links as links) into ``target``.
 
@@ -156,10 +173,6 @@ def _copy(source: str, target: str) -> None:
     read (an image's ``/etc/shadow``, a root-only file among the host's entries)
     is left out, so a copy never shows the call more than the original did.
     """
-    # Here, not at the top: shutil pulls in fnmatch and re, milliseconds of every turn's
-    # start, and only a turn with a writable root copies (as the server, before any drop).
-    import shutil
-
     pending = [(source, target)]
     while pending:
         here, there = pending.pop()
@@ -178,7 +191,7 @@ def _copy(source: str, target: str) -> None:
                     os.mkdir(made, mode)
                     pending.append((entry.path, made))
                 elif entry.is_file():
-                    shutil.copyfile(entry.path, made)
+                    _copy_file(entry.path, made)
                     os.chmod(made, mode)
             except OSError:
                 continue
