@@ -348,7 +348,8 @@ class Server:
             "writable_roots": tuple(map_path(r, self.path_map) for r in config["writable_roots"]),
         }
         egress = self._start_relay(config)
-        self._start_worker()
+        # The file worker starts with the first file request (see _feed_worker): an idle
+        # turn then holds one Python process fewer, and its start forks one fewer.
         self.send(
             {
                 "type": "ready",
@@ -434,16 +435,17 @@ class Server:
             raise RuntimeError("the server is used before hello")
         return self.config, self.plan
 
-    def _start_worker(self) -> None:
+    def _start_worker(self) -> _worker.Worker:
         config, plan = self._configured()
-        self.worker = _worker.start_worker(
+        self.worker = worker = _worker.start_worker(
             drop_uid=config["drop_uid"],
             drop_gid=config["drop_gid"],
             context=self.worker_context,
             own_userns=plan.confine and plan.pid_namespace and plan.own_userns,
         )
         self.worker_decoder = _protocol.FrameDecoder()
-        self.selector.register(self.worker.replies, selectors.EVENT_READ, self._on_worker)
+        self.selector.register(worker.replies, selectors.EVENT_READ, self._on_worker)
+        return worker
 
     # -- calls -----------------------------------------------------------------
 
@@ -893,13 +895,31 @@ class Server:
         self._feed_worker()
 
     def _feed_worker(self) -> None:
-        if self.worker_busy is not None or not self.worker_queue or self.worker is None:
+        if self.worker_busy is not None or not self.worker_queue or not self.running:
             return
+        worker = self.worker
+        if worker is None:
+            try:
+                worker = self._start_worker()
+            except OSError as exc:  # no fork now (the process limit): these requests fail
+                while self.worker_queue:
+                    failed, _ = self.worker_queue.popleft()
+                    self.send(
+                        {
+                            "type": "fs_result",
+                            "id": failed["id"],
+                            "error": {
+                                "errno": "EAGAIN",
+                                "message": f"file tool cannot start its worker: {exc}",
+                            },
+                        }
+                    )
+                return
         request, body = self.worker_queue.popleft()
         timeout = request["timeout"]
         self.worker_busy = (request["id"], time.monotonic() + timeout + _WORKER_GRACE, timeout)
         try:
-            _launch._write_all(self.worker.requests, _protocol.encode(request, body))
+            _launch._write_all(worker.requests, _protocol.encode(request, body))
         except OSError:
             self._replace_worker("the file worker died")
 
@@ -943,9 +963,8 @@ class Server:
                     "error": {"errno": "ETIMEDOUT", "message": f"file tool {why}"},
                 }
             )
-        if self.running:
-            self._start_worker()
-            self._feed_worker()
+        # The next request, if one waits, starts a fresh worker.
+        self._feed_worker()
 
     # -- shutdown ----------------------------------------------------------------
 
