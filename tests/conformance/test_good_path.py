@@ -87,6 +87,27 @@ def test_concurrent_calls(session):
     assert outputs == ["0", "1", "2", "3"]
 
 
+def test_a_call_that_closed_its_output_takes_none_of_the_next_calls(session):
+    """Calls after one that closed its stdout and goes on running each get their own output."""
+    # It waits for the others, or 15 s where calls run one at a time (docker-exec).
+    quiet_script = (
+        "exec >/dev/null 2>&1; touch /workspace/quiet.started; "
+        "for _ in $(seq 300); do [ -e /workspace/quiet.done ] && break; sleep 0.05; done"
+    )
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        quiet = pool.submit(run, session, "/bin/sh", "-c", quiet_script, timeout=60)
+        started = "until [ -e /workspace/quiet.started ]; do sleep 0.05; done"
+        assert run(session, "/bin/sh", "-c", started, timeout=60).exit_code == 0
+        # Each of these runs after the quiet call's output pipe was closed: a later pipe may
+        # take its number, and its output must still go to its own call.
+        outputs = [run(session, "/bin/echo", f"loud {n}").output for n in range(6)]
+        run(session, "/bin/sh", "-c", "touch /workspace/quiet.done")
+        quiet_outcome = quiet.result()
+    assert outputs == [f"loud {n}\n" for n in range(6)]
+    assert quiet_outcome.exit_code == 0
+    assert quiet_outcome.output == ""
+
+
 def test_file_tools_see_the_sandbox_view(session):
     """read, list and glob answer from the sandbox's own view of the filesystem."""
     read = file_tool(session, "read", {"path": "/data/species.txt"}, timeout=10)

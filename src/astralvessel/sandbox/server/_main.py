@@ -487,19 +487,19 @@ class Server:
             spawned = _launch.spawn(plan, argv, cwd, dict(self.env, **extra_env), split=split)
         call = Call(call_id, spawned, order)
         self.calls[call_id] = call
-        self.selector.register(spawned.output, selectors.EVENT_READ, self._on_output)
+        self._watch(spawned.output, selectors.EVENT_READ, self._on_output, call)
         if split:
-            self.selector.register(spawned.errors, selectors.EVENT_READ, self._on_errors)
+            self._watch(spawned.errors, selectors.EVENT_READ, self._on_errors, call)
         elif spawned.errors >= 0:
             os.close(spawned.errors)  # a tool call's stderr shares the output pipe
             spawned.errors = -1
         body = order.stdin
         if not spawned.group:
             # The end of a namespace call comes on the status pipe (init's ``D``).
-            self.selector.register(spawned.status, selectors.EVENT_READ, self._on_status)
+            self._watch(spawned.status, selectors.EVENT_READ, self._on_status, call)
         if body:
             call.stdin = memoryview(body)
-            self.selector.register(spawned.stdin, selectors.EVENT_WRITE, self._on_stdin)
+            self._watch(spawned.stdin, selectors.EVENT_WRITE, self._on_stdin, call)
         else:
             self._close_stdin(call)
         # The host calls back to back: build the next call's namespaces now, while this one
@@ -552,15 +552,18 @@ class Server:
             return None
         return spare
 
-    def _call_by_fd(self, fd: int, attr: str) -> Call | None:
-        for call in self.calls.values():
-            if getattr(call.spawned, attr) == fd:
-                return call
-        return None
+    def _watch(self, fd: int, events: int, handler: Callable[[Call], None], call: Call) -> None:
+        """Watch one of ``call``'s pipes, bound to that call and no other.
 
-    def _on_stdin(self, fd: int, events: int) -> None:
-        call = self._call_by_fd(fd, "stdin")
-        if call is None:
+        A pipe's number is free for the next pipe once closed, while its call may
+        still be running (a command that closed its stdout): finding the call by
+        number would hand a later call's output to it.
+        """
+        self.selector.register(fd, events, lambda _fd, _events: handler(call))
+
+    def _on_stdin(self, call: Call) -> None:
+        fd = call.spawned.stdin
+        if fd < 0:
             return
         try:
             written = os.write(fd, call.stdin[:_READ_SIZE])
@@ -580,10 +583,10 @@ class Server:
         os.close(call.spawned.stdin)
         call.spawned.stdin = -1
 
-    def _on_output(self, fd: int, events: int) -> None:
-        call = self._call_by_fd(fd, "output")
-        if call is None:
+    def _on_output(self, call: Call) -> None:
+        if not call.output_open:
             return
+        fd = call.spawned.output
         for _ in range(16):
             try:
                 chunk = os.read(fd, _READ_SIZE)
@@ -597,11 +600,11 @@ class Server:
             if keep:
                 self.send({"type": "out", "id": call.id}, keep)
 
-    def _on_errors(self, fd: int, events: int) -> None:
+    def _on_errors(self, call: Call) -> None:
         """An exec's stderr: streamed apart, as ``out`` frames marked ``stderr``."""
-        call = self._call_by_fd(fd, "errors")
-        if call is None:
+        if not call.errors_open:
             return
+        fd = call.spawned.errors
         for _ in range(16):
             try:
                 chunk = os.read(fd, _READ_SIZE)
@@ -622,6 +625,7 @@ class Server:
         with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(call.spawned.output)
         os.close(call.spawned.output)
+        call.spawned.output = -1
 
     def _close_errors(self, call: Call) -> None:
         if not call.errors_open:
@@ -667,16 +671,13 @@ class Server:
         call.drain_deadline = time.monotonic() + (
             _DRAIN_GROUP if call.spawned.group else _DRAIN_NAMESPACE
         )
-        if call.output_open:
-            self._on_output(call.spawned.output, 0)
-        if call.errors_open:
-            self._on_errors(call.spawned.errors, 0)
+        self._on_output(call)
+        self._on_errors(call)
         self._maybe_finish(call)
 
-    def _on_status(self, fd: int, events: int) -> None:
-        call = self._call_by_fd(fd, "status")
-        if call is None:
-            return
+    def _on_status(self, call: Call) -> None:
+        if self.calls.get(call.id) is not call:
+            return  # answered, and its status pipe closed, earlier in this round
         closed = self._drain_status(call)
         if closed or call.namespace_empty:
             self._stop_watching_status(call)
