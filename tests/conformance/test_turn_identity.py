@@ -53,7 +53,7 @@ def _host_ids(marker: str) -> set[tuple[int, int]]:
 
 def _private_range() -> UidRange:
     """A one-id range of this test alone: outside the default, apart from concurrent runs."""
-    first = DEFAULT_UID_RANGE.last + 1 + (os.getpid() % 4096) * 64 + int.from_bytes(os.urandom(1))
+    first = DEFAULT_UID_RANGE.last + 1 + (os.getpid() % 4096) * 64 + os.urandom(1)[0]
     return UidRange(first, 1)
 
 

@@ -193,11 +193,12 @@ def test_ctrl_c_exits_130_with_one_line(tmp_path: Path) -> None:
         text=True,
     )
     deadline = time.monotonic() + 60
-    while not (out / "started").exists() and time.monotonic() < deadline:
+    while not (out / "started").exists() and process.poll() is None:
+        assert time.monotonic() < deadline, "the call never started"
         time.sleep(0.05)
     process.send_signal(signal.SIGINT)
-    _, stderr = process.communicate(timeout=60)
-    assert process.returncode == 130
+    stdout, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, (stdout, stderr)
     assert stderr.strip() == "astralvessel: interrupted"
 
 
