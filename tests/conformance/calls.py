@@ -95,12 +95,14 @@ def barrier(folder: str, name: str, parties: int, *, wait_s: int = 20) -> str:
     """A script that checks in at ``folder`` and waits for ``parties`` check-ins: ``met`` or ``alone``.
 
     Calls that run one at a time can never all be checked in at once, so the
-    first prints ``alone`` after ``wait_s`` seconds: the proof of overlap is
+    first prints ``alone`` after ``wait_s`` seconds and leaves a mark that sends
+    the later ones away at once (not ``wait_s`` each): the proof of overlap is
     the rendezvous itself, not a clock.
     """
     return (
         f'touch "{folder}/in-{name}"; '
         f"i=0; while [ $i -lt {wait_s * 10} ]; do "
         f'[ "$(ls "{folder}" | grep -c "^in-")" -ge {parties} ] && {{ echo met; exit 0; }}; '
-        "sleep 0.1; i=$((i+1)); done; echo alone"
+        f'[ -e "{folder}/gave-up" ] && {{ echo alone; exit 0; }}; '
+        f'sleep 0.1; i=$((i+1)); done; touch "{folder}/gave-up"; echo alone'
     )
