@@ -183,15 +183,21 @@ def test_ctrl_c_exits_130_with_one_line(tmp_path: Path) -> None:
     out.mkdir(mode=0o777)
     out.chmod(0o777)
     command = json.dumps({"command": "touch /out/started; sleep 60"})
-    process = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "astralvessel", "call", str(agent), "bash", command),
-            *("--mount", f"/out={out}:rw", "--backend", "bubblewrap"),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    # A background job of a non-interactive shell (nohup'd CI, ``cmd &``) starts with SIGINT
+    # ignored, and a child inherits that: give the CLI the disposition a terminal's has.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        process = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "astralvessel", "call", str(agent), "bash", command),
+                *("--mount", f"/out={out}:rw", "--backend", "bubblewrap"),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
     deadline = time.monotonic() + 60
     while not (out / "started").exists() and process.poll() is None:
         assert time.monotonic() < deadline, "the call never started"
