@@ -211,7 +211,8 @@ def test_close_ends_open_tunnels_and_the_thread(http_server):
     assert client.recv(4096) == b""
     client.close()
     assert not proxy.folder.exists()
-    assert not [t for t in threading.enumerate() if t.name == "astralvessel-egress"]
+    # This proxy's own thread: in a whole-suite run other proxies may still be closing.
+    assert not proxy._thread.is_alive()
 
 
 def test_many_turns_at_once(http_server):
