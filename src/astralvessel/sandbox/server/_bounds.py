@@ -10,23 +10,21 @@ kernel memory (inode and dentry).
 
 from __future__ import annotations
 
-import ctypes
 import os
 
 from . import _launch
 
 __all__ = ["MEMORY_INTERVAL", "bound_inodes", "call_memory", "over_limit"]
 
-_MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_REMOUNT = 1, 2, 4, 8, 32
 _MS_NOATIME, _MS_NODIRATIME, _MS_RELATIME = 1024, 2048, 1 << 21
 # statvfs f_flag bits -> the mount flags that keep them: a remount resets every per-mount
 # flag it is not given (losing nosuid would be worse than no inode bound), and in a user
 # namespace the kernel refuses to clear a flag it locked.
 _KEEP = (
-    (os.ST_RDONLY, _MS_RDONLY),
-    (os.ST_NOSUID, _MS_NOSUID),
-    (os.ST_NODEV, _MS_NODEV),
-    (os.ST_NOEXEC, _MS_NOEXEC),
+    (os.ST_RDONLY, _launch.MS_RDONLY),
+    (os.ST_NOSUID, _launch.MS_NOSUID),
+    (os.ST_NODEV, _launch.MS_NODEV),
+    (os.ST_NOEXEC, _launch.MS_NOEXEC),
     (os.ST_NOATIME, _MS_NOATIME),
     (os.ST_NODIRATIME, _MS_NODIRATIME),
     (os.ST_RELATIME, _MS_RELATIME),
@@ -39,17 +37,11 @@ def bound_inodes(path: str, inodes: int) -> str:
         before = os.statvfs(path)
         if 0 < before.f_files <= inodes:
             return ""  # the backend mounted it bounded (nsjail, Docker)
-        flags = _MS_REMOUNT
+        flags = _launch.MS_REMOUNT
         for st_flag, ms_flag in _KEEP:
             if before.f_flag & st_flag:
                 flags |= ms_flag
-        data = f"nr_inodes={inodes}".encode()
-        result = _launch._lib().mount(
-            None, path.encode(), None, ctypes.c_ulong(flags), ctypes.c_char_p(data)
-        )
-        if result != 0:
-            err = ctypes.get_errno()
-            return f"cannot remount {path} with nr_inodes={inodes}: {os.strerror(err)}"
+        _launch.mount(None, path, None, flags, f"nr_inodes={inodes}")
         after = os.statvfs(path)
     except OSError as exc:
         return f"cannot bound the inodes of {path}: {exc}"

@@ -73,9 +73,12 @@ __all__ = [
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWPID = 0x20000000
+MS_RDONLY = 0x1
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
 MS_NOEXEC = 0x8
+MS_REMOUNT = 0x20
+MS_BIND = 0x1000
 MS_REC = 0x4000
 MS_PRIVATE = 1 << 18
 PR_SET_PDEATHSIG = 1
@@ -126,15 +129,15 @@ def setns(fd: int, nstype: int) -> None:
     _check(_lib().setns(ctypes.c_int(fd), ctypes.c_int(nstype)), "setns")
 
 
-def mount(source: str | None, target: str, fstype: str | None, flags: int) -> None:
-    """Call mount(2) without data."""
+def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str = "") -> None:
+    """Call mount(2); ``data`` is the filesystem's options (``size=...``, ``lowerdir=...``)."""
     src = None if source is None else source.encode()
     kind = None if fstype is None else fstype.encode()
     result = _lib().mount(
         ctypes.c_char_p(src), ctypes.c_char_p(target.encode()), ctypes.c_char_p(kind),
-        ctypes.c_ulong(flags), ctypes.c_void_p(None),
+        ctypes.c_ulong(flags), ctypes.c_char_p(data.encode() if data else None),
     )  # fmt: skip
-    _check(result, f"mount {target}")
+    _check(result, f"mount {fstype or 'bind'} on {target}")
 
 
 def prctl(option: int, value: int) -> None:

@@ -38,44 +38,16 @@ import os
 import stat
 from collections.abc import Iterator
 
+from . import _launch
+
 # Annotations only: importing typing costs every turn's start a few milliseconds, and
 # mypy reads any ``if TYPE_CHECKING:`` block as taken.
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
-
 __all__ = ["LAYERS", "SCRATCH", "make_root_writable"]
 
 #: Scratch folders every writable root has, sticky and writable by all (made where missing).
 SCRATCH = ("/tmp", "/var/tmp")  # noqa: S108 - sandbox paths
 #: The folder of the workspace that holds the layers (covered once they are mounted).
 LAYERS = ".vessel-root"
-
-MS_RDONLY = 0x1
-MS_NOSUID = 0x2
-MS_NODEV = 0x4
-MS_NOEXEC = 0x8
-MS_BIND = 0x1000
-
-_libc: Any = None
-
-
-def _lib() -> Any:
-    global _libc  # noqa: PLW0603 - one handle for the process, loaded lazily
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    return _libc
-
-
-def _mount(source: str, target: str, fstype: str | None, flags: int, data: str = "") -> None:
-    result = _lib().mount(
-        ctypes.c_char_p(source.encode()), ctypes.c_char_p(target.encode()),
-        ctypes.c_char_p(None if fstype is None else fstype.encode()), ctypes.c_ulong(flags),
-        ctypes.c_char_p(data.encode() if data else None),
-    )  # fmt: skip
-    if result != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"mount {fstype or 'bind'} on {target}: {os.strerror(err)}")
 
 
 def _mount_points() -> list[str]:
@@ -133,7 +105,7 @@ def _seed(lower: str, upper: str) -> None:
 @contextlib.contextmanager
 def _as_call(uid: int | None, gid: int | None) -> Iterator[None]:
     """Create files as the call's host identity (fsuid, fsgid) and with umask 0, then restore."""
-    lib = _lib()
+    lib = _launch._lib()
     mask = os.umask(0)
     if gid is not None:
         lib.setfsgid(ctypes.c_uint(gid))
@@ -224,14 +196,14 @@ def make_root_writable(
         if how == "copy":
             with _as_call(uid, gid):
                 _copy(path, upper)
-            _mount(upper, path, None, MS_BIND)
+            _launch.mount(upper, path, None, _launch.MS_BIND)
         else:
             work = os.path.join(layers, "work", name)
             os.makedirs(work)
             with _as_call(uid, gid):
                 _seed(path, upper)
             options = f"lowerdir={path},upperdir={upper},workdir={work}"
-            _mount("overlay", path, "overlay", MS_NOSUID | MS_NODEV, options)
+            _launch.mount("overlay", path, "overlay", _launch.MS_NOSUID | _launch.MS_NODEV, options)
         done.append(path)
     # Programs expect both scratch folders (inspect_ai's tools use /var/tmp): where the
     # root was empty there, they are made as they always are, sticky and open to all.
@@ -244,6 +216,6 @@ def make_root_writable(
             if not os.path.islink(scratch):
                 os.chmod(scratch, 0o1777)  # noqa: S103 - what every system gives these two
     # The layers stay reachable only through the overlays.
-    cover = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
-    _mount("none", layers, "tmpfs", cover, "size=4k,mode=0555")
+    cover = _launch.MS_RDONLY | _launch.MS_NOSUID | _launch.MS_NODEV | _launch.MS_NOEXEC
+    _launch.mount("none", layers, "tmpfs", cover, "size=4k,mode=0555")
     return done
