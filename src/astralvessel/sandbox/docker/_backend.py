@@ -52,6 +52,9 @@ class Docker(Sandbox):
     is used. ``base_url`` names the engine (else ``DOCKER_HOST`` and the
     current context, as the ``docker`` CLI does). ``pull`` lets a missing
     image be pulled. ``cpus`` caps each turn's CPU share.
+    ``engine_concurrency`` bounds the container starts, removals and execs this
+    host process sends the engine at once (default 8, or
+    ``$ASTRALVESSEL_DOCKER_CONCURRENCY``); more wait their turn in the process.
     """
 
     name: ClassVar[str] = "docker"
@@ -71,6 +74,7 @@ class Docker(Sandbox):
         pull: bool = True,
         cpus: float | None = 1.0,
         start_timeout: float = 60.0,
+        engine_concurrency: int | None = None,
     ) -> None:
         self.base_image = base_image or os.environ.get(BASE_IMAGE_ENV) or DEFAULT_BASE_IMAGE
         self.image = image
@@ -80,7 +84,9 @@ class Docker(Sandbox):
         self.pull = pull
         self.cpus = cpus
         self.start_timeout = start_timeout
-        self.engine = Engine(base_url, pull=pull, start_timeout=start_timeout)
+        self.engine = Engine(
+            base_url, pull=pull, start_timeout=start_timeout, concurrency=engine_concurrency
+        )
 
     def __repr__(self) -> str:
         return (
@@ -232,8 +238,8 @@ class Docker(Sandbox):
             uid=CALL_UID if lease is None else lease.uid,
         )
         # The lease goes back once the container is removed.
-        channel = self.engine.attach_and_start(
-            self.engine.create(spec), on_close=None if lease is None else lease.release
+        channel = self.engine.start_container(
+            spec, on_close=None if lease is None else lease.release
         )
         return ServerLink(
             channel=channel,
@@ -313,8 +319,8 @@ class DockerExec(Docker):
             cpus=self.cpus,
             uid=CALL_UID if lease is None else lease.uid,
         )
-        channel = self.engine.attach_and_start(
-            self.engine.create(spec), on_close=None if lease is None else lease.release
+        channel = self.engine.start_container(
+            spec, on_close=None if lease is None else lease.release
         )
         session = ExecSession(
             self.engine.api(),

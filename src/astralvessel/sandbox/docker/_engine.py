@@ -22,10 +22,11 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ...errors import BackendUnavailableError, SandboxError
+from ...errors import BackendUnavailableError
 from .._layout import HOSTNAME
 from .._session import ServerBuild, compile_command, parse_build
-from ._attach import AttachChannel, raw_socket
+from ._attach import AttachChannel, close_attached, raw_socket
+from ._gate import POOL_SLACK, GatedApi, gate_for, resolve_concurrency, status_of
 from ._spec import (
     CALL_UID,
     LABEL_OWNER,
@@ -58,12 +59,24 @@ def import_docker() -> Any:
 class Engine:
     """One connection to a Docker (or Podman) engine, opened on first use, with its caches."""
 
-    def __init__(self, base_url: str | None, *, pull: bool, start_timeout: float) -> None:
+    def __init__(
+        self,
+        base_url: str | None,
+        *,
+        pull: bool,
+        start_timeout: float,
+        concurrency: int | None = None,
+    ) -> None:
         self.base_url = base_url
         self.pull = pull
         self.start_timeout = start_timeout
+        #: Container starts, removals and execs this process sends the engine at once.
+        self.concurrency = resolve_concurrency(concurrency)
+        self._gate = gate_for(base_url or os.environ.get("DOCKER_HOST") or "", self.concurrency)
         self._lock = threading.Lock()
+        self._probing = threading.Lock()
         self._client: Any = None
+        self._api: Any = None
         self._python_ok: dict[tuple[str, str], bool] = {}
         self._builds: dict[tuple[str, str], ServerBuild | None] = {}
         self._swept = False
@@ -83,18 +96,22 @@ class Engine:
             return self._maps_uids
 
     def api(self) -> Any:
-        """The SDK's low-level client; raises ``BackendUnavailableError`` if no engine answers."""
+        """The SDK's low-level client, its ``runc`` requests gated (see ``_gate``).
+
+        Raises ``BackendUnavailableError`` if no engine answers.
+        """
         with self._lock:
             if self._client is None:
                 self._client = self._connect()
+                self._api = GatedApi(self._client.api, self._gate)
                 # Close the engine connections when this engine is collected, not at exit.
                 weakref.finalize(self, self._client.close)
-            return self._client.api
+            return self._api
 
     def close(self) -> None:
         """Close the engine connections now (else they close when this engine is collected)."""
         with self._lock:
-            client, self._client = self._client, None
+            client, self._client, self._api = self._client, None, None
         if client is not None:
             with contextlib.suppress(Exception):
                 client.close()
@@ -102,11 +119,16 @@ class Engine:
     def _connect(self) -> Any:
         docker = import_docker()
         failure = ""
+        # Enough kept connections for every gated request and a few reads, so none is
+        # opened and dropped per request (attach and exec streams take their own).
+        pool = max(self.concurrency + POOL_SLACK, 10)
         try:
             if self.base_url is not None:
-                client = docker.DockerClient(base_url=self.base_url, version="auto")
+                client = docker.DockerClient(
+                    base_url=self.base_url, version="auto", max_pool_size=pool
+                )
             else:
-                client = _client_from_context(docker)
+                client = _client_from_context(docker, pool)
             client.ping()
         except Exception as exc:
             failure = str(exc)
@@ -194,10 +216,17 @@ class Engine:
         cold start (``server_build``).
         """
         key = (image_id, python)
-        with self._lock:
-            known = self._python_ok.get(key)
-        if known is not None:
-            return known
+        # One throwaway at a time: the turns that open together before the first answer wait
+        # for it, rather than each starting a throwaway of its own (128 at once, say).
+        with self._probing:
+            with self._lock:
+                known = self._python_ok.get(key)
+            if known is not None:
+                return known
+            return self._probe_python(key)
+
+    def _probe_python(self, key: tuple[str, str]) -> bool:
+        image_id, python = key
         api = self.api()
         build: ServerBuild | None = None
         container = api.create_container(
@@ -237,9 +266,56 @@ class Engine:
 
     # -- containers ---------------------------------------------------------------
 
-    def create(self, spec: ContainerSpec) -> str:
-        """Create (not start) the container ``spec`` describes; return its id."""
+    def start_container(
+        self, spec: ContainerSpec, *, on_close: Callable[[], None] | None = None
+    ) -> AttachChannel:
+        """Create the container ``spec`` describes, attach to its stdio, start it.
+
+        A start the engine refused with a server error (a runtime failing under
+        load) is made once more, on a new container, once the failed one is
+        removed. Any other failure, or an engine that does not answer, raises
+        one ``BackendUnavailableError`` naming the step and the engine.
+        ``on_close`` runs once the channel has removed the container.
+        """
+        for attempt in (1, 2):
+            try:
+                return self._start_once(spec, on_close)
+            except _StartFailed as failed:
+                if attempt == 2 or not failed.repeatable:
+                    raise BackendUnavailableError(failed.message) from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _start_once(
+        self, spec: ContainerSpec, on_close: Callable[[], None] | None
+    ) -> AttachChannel:
         api = self.api()
+        step = "create"
+        container_id: str | None = None
+        attached: Any = None
+        try:
+            container_id = self._create(api, spec)
+            step = "attach to"
+            attached = api.attach_socket(
+                container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+            )
+            channel = AttachChannel(
+                api, container_id, attached, engine=str(api.base_url), on_close=on_close
+            )
+            raw_socket(attached).settimeout(None)
+            step = "start"
+            api.start(container_id)
+        except Exception as exc:
+            if attached is not None:
+                close_attached(attached)
+            removed = container_id is None or _remove(api, container_id)
+            status = status_of(exc)
+            raise _StartFailed(
+                start_failure(step, exc, str(api.base_url)),
+                repeatable=step == "start" and removed and status is not None and status >= 500,
+            ) from None
+        return channel
+
+    def _create(self, api: Any, spec: ContainerSpec) -> str:
         host_config = api.create_host_config(**_sdk_host_config(spec.host_config))
         host_config.update(spec.host_config_extra)
         created = api.create_container(
@@ -260,31 +336,6 @@ class Engine:
             use_config_proxy=False,
         )
         return str(created["Id"])
-
-    def attach_and_start(
-        self, container_id: str, *, on_close: Callable[[], None] | None = None
-    ) -> AttachChannel:
-        """Attach to the container's stdio, then start it; remove it if either fails.
-
-        ``on_close`` runs once the channel has removed the container.
-        """
-        api = self.api()
-        try:
-            attached = api.attach_socket(
-                container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
-            )
-            channel = AttachChannel(
-                api, container_id, attached, engine=str(api.base_url), on_close=on_close
-            )
-            raw_socket(attached).settimeout(None)
-            api.start(container_id)
-        except Exception as exc:
-            with contextlib.suppress(Exception):
-                api.remove_container(container_id, force=True)
-            raise SandboxError(
-                f"the docker engine could not start the turn's container: {exc}"
-            ) from None
-        return channel
 
     # -- leftovers ------------------------------------------------------------------
 
@@ -311,6 +362,39 @@ class Engine:
             self.sweep()
 
 
+class _StartFailed(Exception):
+    """One attempt at a turn's container failed; whether a new attempt is safe."""
+
+    def __init__(self, message: str, *, repeatable: bool) -> None:
+        super().__init__(message)
+        self.message = message
+        self.repeatable = repeatable
+
+
+def start_failure(step: str, exc: BaseException, engine: str) -> str:
+    """What to tell the host when ``step`` of a container start failed with ``exc``."""
+    if status_of(exc) is None:
+        return (
+            f"docker cannot start the turn's container: the engine at {engine} did not answer "
+            f"the request to {step} it ({exc}). If `docker info` hangs too, the engine is "
+            "stuck: see docs/troubleshooting.md, 'The Docker engine stopped answering'"
+        )
+    explanation = getattr(exc, "explanation", None) or exc
+    return (
+        f"docker cannot start the turn's container: the engine at {engine} refused to "
+        f"{step} it: {explanation}"
+    )
+
+
+def _remove(api: Any, container_id: str) -> bool:
+    """Remove a container that failed to start; whether it is gone."""
+    try:
+        api.remove_container(container_id, force=True)
+    except Exception as exc:
+        return status_of(exc) == 404
+    return True
+
+
 def owner() -> str:
     """This host process's owner label: host name, pid and the pid's start time."""
     pid = os.getpid()
@@ -327,10 +411,10 @@ def _process_start_time(pid: int) -> str | None:
     return stat.rsplit(")", 1)[1].split()[19]
 
 
-def _client_from_context(docker: Any) -> Any:
+def _client_from_context(docker: Any, pool: int) -> Any:
     """A client for ``DOCKER_HOST``, else the CLI's current context, else the local socket."""
     if os.environ.get("DOCKER_HOST"):
-        return docker.from_env(version="auto")
+        return docker.from_env(version="auto", max_pool_size=pool)
     with contextlib.suppress(Exception):
         from docker.context import ContextAPI
 
@@ -341,11 +425,14 @@ def _client_from_context(docker: Any) -> Any:
                 tls=context.TLSConfig or False,
                 version="auto",
                 use_ssh_client=False,
+                max_pool_size=pool,
             )
     for candidate in _podman_sockets():
         if not Path("/var/run/docker.sock").exists() and Path(candidate).exists():
-            return docker.DockerClient(base_url=f"unix://{candidate}", version="auto")
-    return docker.from_env(version="auto")
+            return docker.DockerClient(
+                base_url=f"unix://{candidate}", version="auto", max_pool_size=pool
+            )
+    return docker.from_env(version="auto", max_pool_size=pool)
 
 
 def _podman_sockets() -> Iterator[str]:

@@ -1,0 +1,146 @@
+"""How much of the engine one host process asks for at once, and which failed requests it repeats.
+
+Why a bound. The requests that make the engine run ``runc`` (create, start,
+remove, exec) are the fragile ones under load: on Docker 20.10 with runc 1.1
+on cgroup v1, 128 container starts sent at once once left a ``runc create``
+and its ``runc init`` waiting on each other, and the engine then hung for
+every user of the machine (runc and containerd issue trackers hold many such
+hangs, all under many concurrent creates). The engine serialises much of a
+start anyway, so requests beyond a handful only queue inside it, where a stuck
+one holds all the others. Here they queue in the host process instead: a
+``threading.BoundedSemaphore`` per engine address and setting, shared by every
+``Docker`` backend of the process, around exactly those requests. Reads
+(inspect, logs, version) and the streams of attached turns are not counted:
+they do not run ``runc``.
+
+Which failures are repeated is a table (``RETRIES``): only answers the engine
+gives for conditions that pass and for requests that can be repeated without
+doing the thing twice. A removal is repeated on 409 (another removal is under
+way) and 500 (the kill or the layer cleanup was busy); a start is never
+repeated here, since a failed start leaves a container the caller must remove
+first (``Engine.start_container`` does that, then starts a new one). A request
+the engine did not answer (refused connection, timeout) is never repeated: an
+engine that stopped answering is not helped by more requests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ...errors import UsageError
+
+__all__ = [
+    "CONCURRENCY_ENV",
+    "DEFAULT_CONCURRENCY",
+    "GATED",
+    "RETRIES",
+    "GatedApi",
+    "gate_for",
+    "resolve_concurrency",
+    "retry_delay",
+    "status_of",
+]
+
+#: Engine requests that run ``runc`` at once per host process, engine and setting.
+DEFAULT_CONCURRENCY = 8
+#: Sets the bound where ``Docker(engine_concurrency=...)`` does not.
+CONCURRENCY_ENV = "ASTRALVESSEL_DOCKER_CONCURRENCY"
+_MAX_CONCURRENCY = 256
+#: Connections kept beyond the bound, for the reads that are not counted (inspect, ping).
+POOL_SLACK = 4
+
+#: The SDK methods that make the engine run ``runc`` (or change what it runs): counted.
+GATED = frozenset(
+    {"create_container", "start", "remove_container", "kill", "exec_create", "exec_start"}
+)
+
+#: (method, HTTP status the engine answered) -> pauses before each repeat, in seconds.
+RETRIES: Mapping[tuple[str, int], tuple[float, ...]] = {
+    ("remove_container", 409): (0.2, 0.5, 1.0, 2.0),
+    ("remove_container", 500): (0.2, 0.5, 1.0, 2.0),
+}
+
+_gates: dict[tuple[str, int], threading.BoundedSemaphore] = {}
+_gates_lock = threading.Lock()
+
+
+def resolve_concurrency(value: int | None) -> int:
+    """The bound from the argument, else ``$ASTRALVESSEL_DOCKER_CONCURRENCY``, else the default."""
+    raw: object = value
+    source = "engine_concurrency"
+    if value is None:
+        raw = os.environ.get(CONCURRENCY_ENV, "").strip() or DEFAULT_CONCURRENCY
+        source = f"${CONCURRENCY_ENV}"
+    count = 0
+    if isinstance(raw, int | str) and not isinstance(raw, bool):
+        with contextlib.suppress(ValueError):
+            count = int(raw)
+    if not 1 <= count <= _MAX_CONCURRENCY:
+        raise UsageError(
+            f"{source} is how many container starts, removals and execs one host process "
+            f"sends the engine at once: a whole number from 1 to {_MAX_CONCURRENCY}, "
+            f"not {raw!r}"
+        )
+    return count
+
+
+def gate_for(address: str, size: int) -> threading.BoundedSemaphore:
+    """The process's one gate for ``address`` at ``size`` (backends with one setting share it)."""
+    with _gates_lock:
+        gate = _gates.get((address, size))
+        if gate is None:
+            gate = _gates[(address, size)] = threading.BoundedSemaphore(size)
+        return gate
+
+
+def status_of(exc: BaseException) -> int | None:
+    """The HTTP status the engine answered with, or ``None`` if it did not answer."""
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    return status if isinstance(status, int) else None
+
+
+def retry_delay(method: str, status: int | None, attempt: int) -> float | None:
+    """The pause before repeating ``method`` after its ``attempt``-th failure, or ``None``."""
+    pauses = RETRIES.get((method, status)) if status is not None else None
+    if pauses is None or attempt > len(pauses):
+        return None
+    return pauses[attempt - 1]
+
+
+class GatedApi:
+    """The SDK's low-level client, with the ``GATED`` requests counted against the gate.
+
+    Any other attribute is the client's own. A gated request that fails as
+    ``RETRIES`` allows is repeated after its pause, outside the gate.
+    """
+
+    def __init__(self, api: Any, gate: threading.BoundedSemaphore) -> None:
+        self._api = api
+        self._gate = gate
+
+    def __getattr__(self, name: str) -> Any:
+        value = getattr(self._api, name)
+        if name not in GATED:
+            return value
+        return self._counted(name, value)
+
+    def _counted(self, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            attempt = 0
+            while True:
+                attempt += 1
+                try:
+                    with self._gate:
+                        return method(*args, **kwargs)
+                except Exception as exc:
+                    pause = retry_delay(name, status_of(exc), attempt)
+                    if pause is None:
+                        raise
+                time.sleep(pause)
+
+        return counted
