@@ -17,6 +17,7 @@ from astralvessel.sandbox.docker._gate import (
     CONCURRENCY_ENV,
     DEFAULT_CONCURRENCY,
     GatedApi,
+    Gates,
     resolve_concurrency,
     retry_delay,
 )
@@ -66,7 +67,7 @@ class _Engine:
 def test_the_gate_lets_exactly_its_size_through_at_once() -> None:
     """Twelve threads starting containers through a gate of 3: three meet inside, never four."""
     engine = _Engine(meet=threading.Barrier(3, timeout=30))
-    api = GatedApi(engine, threading.BoundedSemaphore(3))
+    api = GatedApi(engine, Gates(3))
     with concurrent.futures.ThreadPoolExecutor(12) as pool:
         # A broken barrier (fewer than 3 let in together) raises here.
         list(pool.map(api.start, [str(n) for n in range(12)]))
@@ -74,11 +75,22 @@ def test_the_gate_lets_exactly_its_size_through_at_once() -> None:
 
 
 def test_reads_pass_a_full_gate() -> None:
-    """An inspect is not a runc request: it answers while every slot of the gate is held."""
-    gate = threading.BoundedSemaphore(1)
-    api = GatedApi(_Engine(), gate)
-    with gate:
+    """An inspect is not a runc request: it answers while every runc slot is held."""
+    gates = Gates(1)
+    api = GatedApi(_Engine(), gates)
+    with gates.runc:
         assert api.inspect_container("c0ffee") == {"Id": "c0ffee"}
+
+
+def test_each_request_is_counted_by_its_kind() -> None:
+    """Starts and execs count as runc requests, inspects as reads; wait and attach are not counted."""
+    gates = Gates(2)
+    assert gates.for_method("start") is gates.runc
+    assert gates.for_method("exec_start") is gates.runc
+    assert gates.for_method("exec_inspect") is gates.reads
+    assert gates.for_method("wait") is None  # lasts as long as its container
+    assert gates.for_method("attach_socket") is None
+    assert gates.pool_size == 2 + 8 + 4
 
 
 @pytest.mark.parametrize(
@@ -96,7 +108,7 @@ def test_only_removals_the_engine_calls_passing_are_repeated(
     """A removal is repeated on 409 and 500 only; 404, 400 and no answer reach the caller at once."""
     engine = _Engine()
     engine.failures = list(failures)
-    api = GatedApi(engine, threading.BoundedSemaphore(2))
+    api = GatedApi(engine, Gates(2))
     last = failures[-1]
     if calls > len(failures):
         api.remove_container("c0ffee", force=True)

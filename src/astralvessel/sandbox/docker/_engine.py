@@ -26,7 +26,7 @@ from ...errors import BackendUnavailableError
 from .._layout import HOSTNAME
 from .._session import ServerBuild, compile_command, parse_build
 from ._attach import AttachChannel, close_attached, raw_socket
-from ._gate import POOL_SLACK, GatedApi, gate_for, resolve_concurrency, status_of
+from ._gate import GatedApi, gate_for, resolve_concurrency, status_of
 from ._spec import (
     CALL_UID,
     LABEL_OWNER,
@@ -119,9 +119,9 @@ class Engine:
     def _connect(self) -> Any:
         docker = import_docker()
         failure = ""
-        # Enough kept connections for every gated request and a few reads, so none is
+        # A kept connection for every request the bounds let through at once, so none is
         # opened and dropped per request (attach and exec streams take their own).
-        pool = max(self.concurrency + POOL_SLACK, 10)
+        pool = max(self._gate.pool_size, 10)
         try:
             if self.base_url is not None:
                 client = docker.DockerClient(

@@ -10,8 +10,10 @@ start anyway, so requests beyond a handful only queue inside it, where a stuck
 one holds all the others. Here they queue in the host process instead: a
 ``threading.BoundedSemaphore`` per engine address and setting, shared by every
 ``Docker`` backend of the process, around exactly those requests. Reads
-(inspect, logs, version) and the streams of attached turns are not counted:
-they do not run ``runc``.
+(inspect, logs, version) do not run ``runc`` and get a wider bound of their
+own (``READ_FACTOR`` times as many), so that 128 turns closing at once open no
+more connections than the SDK's pool keeps; the streams of running turns, and
+``wait``, which lasts as long as its container, are not counted at all.
 
 Which failures are repeated is a table (``RETRIES``): only answers the engine
 gives for conditions that pass and for requests that can be repeated without
@@ -38,8 +40,10 @@ __all__ = [
     "CONCURRENCY_ENV",
     "DEFAULT_CONCURRENCY",
     "GATED",
+    "READS",
     "RETRIES",
     "GatedApi",
+    "Gates",
     "gate_for",
     "resolve_concurrency",
     "retry_delay",
@@ -51,12 +55,18 @@ DEFAULT_CONCURRENCY = 8
 #: Sets the bound where ``Docker(engine_concurrency=...)`` does not.
 CONCURRENCY_ENV = "ASTRALVESSEL_DOCKER_CONCURRENCY"
 _MAX_CONCURRENCY = 256
-#: Connections kept beyond the bound, for the reads that are not counted (inspect, ping).
+#: Reads at once per request that runs ``runc``: reads are cheap, but each holds a connection.
+READ_FACTOR = 4
+#: Connections kept beyond both bounds, for the requests counted by neither (ping, attach).
 POOL_SLACK = 4
 
 #: The SDK methods that make the engine run ``runc`` (or change what it runs): counted.
 GATED = frozenset(
     {"create_container", "start", "remove_container", "kill", "exec_create", "exec_start"}
+)
+#: The SDK methods that only read the engine's state: counted by the wider read bound.
+READS = frozenset(
+    {"inspect_container", "exec_inspect", "inspect_image", "containers", "logs", "info", "version"}
 )
 
 #: (method, HTTP status the engine answered) -> pauses before each repeat, in seconds.
@@ -65,7 +75,26 @@ RETRIES: Mapping[tuple[str, int], tuple[float, ...]] = {
     ("remove_container", 500): (0.2, 0.5, 1.0, 2.0),
 }
 
-_gates: dict[tuple[str, int], threading.BoundedSemaphore] = {}
+
+class Gates:
+    """The two bounds of one engine and setting: requests that run ``runc``, and reads."""
+
+    def __init__(self, size: int) -> None:
+        self.runc = threading.BoundedSemaphore(size)
+        self.reads = threading.BoundedSemaphore(size * READ_FACTOR)
+        #: Connections the SDK should keep: one per request both bounds let through, and slack.
+        self.pool_size = size * (1 + READ_FACTOR) + POOL_SLACK
+
+    def for_method(self, name: str) -> threading.BoundedSemaphore | None:
+        """The bound ``name`` is counted by, or ``None``."""
+        if name in GATED:
+            return self.runc
+        if name in READS:
+            return self.reads
+        return None
+
+
+_gates: dict[tuple[str, int], Gates] = {}
 _gates_lock = threading.Lock()
 
 
@@ -89,13 +118,13 @@ def resolve_concurrency(value: int | None) -> int:
     return count
 
 
-def gate_for(address: str, size: int) -> threading.BoundedSemaphore:
-    """The process's one gate for ``address`` at ``size`` (backends with one setting share it)."""
+def gate_for(address: str, size: int) -> Gates:
+    """The process's one set of bounds for ``address`` at ``size`` (shared by one setting)."""
     with _gates_lock:
-        gate = _gates.get((address, size))
-        if gate is None:
-            gate = _gates[(address, size)] = threading.BoundedSemaphore(size)
-        return gate
+        gates = _gates.get((address, size))
+        if gates is None:
+            gates = _gates[(address, size)] = Gates(size)
+        return gates
 
 
 def status_of(exc: BaseException) -> int | None:
@@ -113,29 +142,32 @@ def retry_delay(method: str, status: int | None, attempt: int) -> float | None:
 
 
 class GatedApi:
-    """The SDK's low-level client, with the ``GATED`` requests counted against the gate.
+    """The SDK's low-level client, with ``GATED`` requests and ``READS`` counted by their bounds.
 
-    Any other attribute is the client's own. A gated request that fails as
-    ``RETRIES`` allows is repeated after its pause, outside the gate.
+    Any other attribute is the client's own. A counted request that fails as
+    ``RETRIES`` allows is repeated after its pause, outside the bound.
     """
 
-    def __init__(self, api: Any, gate: threading.BoundedSemaphore) -> None:
+    def __init__(self, api: Any, gates: Gates) -> None:
         self._api = api
-        self._gate = gate
+        self._gates = gates
 
     def __getattr__(self, name: str) -> Any:
         value = getattr(self._api, name)
-        if name not in GATED:
+        gate = self._gates.for_method(name)
+        if gate is None:
             return value
-        return self._counted(name, value)
+        return self._counted(name, value, gate)
 
-    def _counted(self, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
+    def _counted(
+        self, name: str, method: Callable[..., Any], gate: threading.BoundedSemaphore
+    ) -> Callable[..., Any]:
         def counted(*args: Any, **kwargs: Any) -> Any:
             attempt = 0
             while True:
                 attempt += 1
                 try:
-                    with self._gate:
+                    with gate:
                         return method(*args, **kwargs)
                 except Exception as exc:
                     pause = retry_delay(name, status_of(exc), attempt)
