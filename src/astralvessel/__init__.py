@@ -39,6 +39,7 @@ from .executor import Turn as Turn
 from .registry import Registry as Registry
 from .results import OutboxFile as OutboxFile
 from .results import ToolResult as ToolResult
+from .sandbox._api import DetachedProcess as DetachedProcess
 from .sandbox._api import ExecResult as ExecResult
 from .spec import InputMode as InputMode
 from .spec import Scope as Scope
@@ -55,6 +56,7 @@ __all__ = [
     "AstralVesselError",
     "BackendUnavailableError",
     "ConfigError",
+    "DetachedProcess",
     "EgressError",
     "ExecResult",
     "Executor",

@@ -39,8 +39,9 @@ def _on_asyncio() -> bool:
     return True
 
 
-async def wait_future(future: concurrent.futures.Future[_T], timeout: float) -> _T:
-    """Await a future another thread resolves; raise ``TimeoutError`` after ``timeout`` s.
+async def wait_future(future: concurrent.futures.Future[_T], timeout: float | None) -> _T:
+    """Await a future another thread resolves; raise ``TimeoutError`` after ``timeout`` s
+    (``None``: no limit).
 
     Cancelling the await leaves the future to its owner, who must settle it.
     """

@@ -19,6 +19,9 @@ The bounds, each documented in ``docs/exec-and-files.md``:
 * output: ``OUTPUT_BYTES`` of each stream kept, the rest dropped
   (``ExecResult.truncated``).
 * files: ``FILE_BYTES`` at most, read or written.
+* detached processes (``Turn.start``): at most ``DETACHED_PER_TURN`` at once,
+  each counted until everything it started has ended; the first ``LOG_BYTES``
+  of each one's merged output kept; ``timeout`` optional (until the turn ends).
 """
 
 from __future__ import annotations
@@ -38,18 +41,22 @@ from .errors import (
     SandboxPermissionError,
     UsageError,
 )
-from .sandbox._api import ExecRequest, FsReply, FsRequest
+from .sandbox._api import DetachRequest, ExecRequest, FsReply, FsRequest
 from .sandbox.server._fsops import CHUNK_BYTES
+from .sandbox.server._protocol import DETACHED_PER_TURN
 
 __all__ = [
     "ARGV_BYTES",
     "CHUNK_BYTES",
+    "DETACHED_PER_TURN",
     "ENV_BYTES",
     "FILE_BYTES",
     "INPUT_BYTES",
+    "LOG_BYTES",
     "MAX_TIMEOUT",
     "OUTPUT_BYTES",
     "RESERVED_ENV",
+    "detach_request",
     "exec_request",
     "list_plan",
     "read_plan",
@@ -64,6 +71,8 @@ INPUT_BYTES = 60 << 20
 ENV_BYTES = 256 << 10
 #: Bytes kept of each of stdout and stderr (inspect_ai's default exec bound is 10 MiB).
 OUTPUT_BYTES = 10 << 20
+#: Characters kept of a detached process's merged output (its log); the rest is dropped.
+LOG_BYTES = 64 << 10
 #: The longest timeout ``exec`` accepts, in seconds.
 MAX_TIMEOUT = 24 * 3600.0
 #: The most bytes ``read_file`` returns and ``write_file`` writes (inspect_ai's default).
@@ -177,6 +186,20 @@ def exec_request(
         env=_env(env),
         timeout=_timeout(timeout, default_timeout),
         output_bytes=OUTPUT_BYTES,
+    )
+
+
+def detach_request(
+    argv: object, *, input: object, cwd: object, env: object, timeout: object, workdir: str
+) -> DetachRequest:
+    """Check ``Turn.start``'s arguments and build the session's request; raise ``UsageError``."""
+    return DetachRequest(
+        argv=_argv(argv),
+        stdin=_input(input),
+        cwd=_cwd(cwd, workdir),
+        env=_env(env),
+        timeout=None if timeout is None else _timeout(timeout, 0.0),
+        log_chars=LOG_BYTES,
     )
 
 

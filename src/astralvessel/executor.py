@@ -29,7 +29,14 @@ from ._runners import plan_call
 from ._warm import WarmPool, check_warm
 from .errors import SandboxError, TurnClosedError
 from .results import ToolResult, render_refusal, render_sandbox_died
-from .sandbox._api import ExecRequest, ExecResult, FsReply, FsRequest
+from .sandbox._api import (
+    DetachedProcess,
+    DetachRequest,
+    ExecRequest,
+    ExecResult,
+    FsReply,
+    FsRequest,
+)
 from .sandbox._base import Sandbox, SandboxSession
 from .sandbox._policy import WORKSPACE_DIR, Limits, Mount, Policy, Promise
 from .sandbox._uids import UidRange
@@ -390,6 +397,60 @@ class Turn:
         except SandboxError:
             self._discard(session)
             raise
+
+    def start(
+        self,
+        argv: Sequence[str],
+        *,
+        input: bytes | str | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> DetachedProcess:
+        """Start ``argv`` in the turn's sandbox and return once it runs, without waiting for it.
+
+        Confined like a call (policy, limits, filter, memory watch), but it
+        lives on after its command exits for as long as anything it started
+        runs (a server that forks and exits keeps its daemon), until the turn
+        closes, ``timeout`` seconds pass, or ``kill()``. At most
+        ``DETACHED_PER_TURN`` (8) at once, each counted until everything it
+        started has ended: one more raises ``UsageError``. Its stdout and stderr
+        go to one log, of which the first 64 KiB are kept (``result().stdout``).
+        See ``DetachedProcess`` and ``docs/exec-and-files.md``.
+        """
+        request = self._detach_request(argv, input, cwd, env, timeout)
+        session = self.session
+        return self._guarded(session, lambda: session.detach(request))
+
+    async def astart(
+        self,
+        argv: Sequence[str],
+        *,
+        input: bytes | str | None = None,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> DetachedProcess:
+        """Async twin of ``start``."""
+        request = self._detach_request(argv, input, cwd, env, timeout)
+        session = await self._asession()
+        try:
+            return await session.adetach(request)
+        except SandboxError:
+            self._discard(session)
+            raise
+
+    def _detach_request(
+        self, argv: object, input: object, cwd: object, env: object, timeout: object
+    ) -> DetachRequest:
+        return _exec.detach_request(
+            argv,
+            input=input,
+            cwd=cwd,
+            env=env,
+            timeout=timeout,
+            workdir=str(self._context.policy.workdir),
+        )
 
     def read_file(self, path: str) -> bytes:
         """The bytes of the file at sandbox ``path`` (absolute, or relative to the workdir).

@@ -122,6 +122,30 @@ DECLARED_UNKEPT["docker-exec"].update(
 )
 
 
+#: test_detached.py's tests that start a process: detached processes live in the server.
+_DETACHED_TESTS = (
+    "test_detached_process_returns_at_once_and_reports_its_exit",
+    "test_detached_process_outlives_the_call_that_started_it",
+    "test_a_forked_daemon_lives_on_confined",
+    "test_detached_processes_die_with_their_turn",
+    "test_kill_takes_the_whole_tree",
+    "test_timeout_kills_the_whole_tree",
+    "test_the_turn_holds_a_bounded_number",
+    "test_limits_hold_for_a_detached_process",
+    "test_log_is_bounded",
+    "test_missing_command_is_a_failed_result",
+    "test_async_start_and_result",
+    "test_no_detached_process_outlives_a_killed_host",
+)
+DECLARED_UNKEPT["docker-exec"].update(
+    dict.fromkeys(
+        _DETACHED_TESTS,
+        f"{_NO_SERVER} to keep a detached process's namespace: Turn.start raises "
+        "BackendUnavailableError (use the docker backend)",
+    )
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark each declared-unkept test of a backend as a strict expected failure, with its reason."""
     for item in items:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from ._api import DetachedProcess as DetachedProcess
+from ._api import DetachRequest as DetachRequest
 from ._api import ExecRequest as ExecRequest
 from ._api import ExecResult as ExecResult
 from ._api import FsReply as FsReply
@@ -65,6 +67,8 @@ __all__ = [
     "BackendReport",
     "Bubblewrap",
     "Channel",
+    "DetachRequest",
+    "DetachedProcess",
     "Docker",
     "DockerExec",
     "ExecRequest",

@@ -14,18 +14,23 @@ between the two.
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Mapping
+import concurrent.futures
+import contextlib
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Protocol
 
 import attrs
 
+from .._aio import wait_future
 from ..errors import BackendUnavailableError
 from ._policy import Policy, Promise
 
 __all__ = [
     "BackendReport",
     "Channel",
+    "DetachRequest",
+    "DetachedProcess",
     "ExecRequest",
     "ExecResult",
     "FileOutcome",
@@ -94,6 +99,25 @@ class ExecRequest:
     env: Mapping[str, str] = attrs.field(factory=dict, converter=_env_map)
 
 
+@attrs.frozen(kw_only=True)
+class DetachRequest:
+    """A host's detached process in the turn's sandbox: confined like a call, it lives on
+    after its command exits for as long as anything it started runs, until the turn ends.
+
+    Built and checked by ``Turn.start`` (see ``astralvessel._exec``); the session
+    only carries it.
+    """
+
+    argv: tuple[str, ...] = attrs.field(converter=_str_tuple)
+    stdin: bytes = b""
+    #: Seconds before its whole namespace is killed; ``None``: until the turn ends.
+    timeout: float | None = None
+    #: Characters of its merged stdout and stderr kept (the log); the rest is dropped.
+    log_chars: int
+    cwd: str | None = None
+    env: Mapping[str, str] = attrs.field(factory=dict, converter=_env_map)
+
+
 _nonneg = attrs.validators.ge(0)
 
 
@@ -118,6 +142,78 @@ class ExecResult:
     def success(self) -> bool:
         """Whether the command exited with code 0."""
         return self.returncode == 0 and not self.timed_out
+
+
+def _copy_outcome(
+    done: concurrent.futures.Future[ExecResult], copy: concurrent.futures.Future[ExecResult]
+) -> None:
+    error = done.exception()
+    with contextlib.suppress(concurrent.futures.InvalidStateError):  # the wait was cancelled
+        if error is not None:
+            copy.set_exception(error)
+        else:
+            copy.set_result(done.result())
+
+
+class DetachedProcess:
+    """A process ``Turn.start`` started: it runs in the turn's sandbox until it and
+    everything it started end, or the turn closes.
+
+    Shaped like ``concurrent.futures.Future`` over the command's ``ExecResult``:
+    ``poll`` (the exit code, or ``None`` while the command runs), ``result`` and
+    ``aresult`` (wait for the command's exit; ``TimeoutError`` past ``timeout``),
+    ``kill`` (the whole namespace: the command and whatever it left running).
+    The result's ``stdout`` is the command's log: its stdout and stderr merged,
+    the first ``LOG_BYTES`` kept (``truncated`` says more came); ``stderr`` is
+    empty. A daemon the command forked outlives the command's exit: ``result``
+    then returns while the daemon keeps running, confined, until the turn ends.
+    """
+
+    def __init__(
+        self,
+        argv: tuple[str, ...],
+        future: concurrent.futures.Future[ExecResult],
+        kill: Callable[[], None],
+    ) -> None:
+        self.argv = argv
+        self._future = future
+        self._kill = kill
+
+    def __repr__(self) -> str:
+        state = "running" if not self._future.done() else f"exited {self.poll()}"
+        return f"<DetachedProcess {self.argv[0]!r} {state}>"
+
+    def poll(self) -> int | None:
+        """The command's exit code once it has exited, else ``None`` (never blocks)."""
+        if not self._future.done() or self._future.exception() is not None:
+            return None
+        return self._future.result().returncode
+
+    def done(self) -> bool:
+        """Whether the command has exited (or the sandbox ended under it)."""
+        return self._future.done()
+
+    def result(self, timeout: float | None = None) -> ExecResult:
+        """Wait for the command's exit and return it; ``TimeoutError`` if it runs on past
+        ``timeout`` seconds (it keeps running), ``SandboxError`` if the sandbox ended first."""
+        try:
+            return self._future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(f"{self.argv[0]!r} still runs after {timeout:g} s") from None
+
+    async def aresult(self, timeout: float | None = None) -> ExecResult:
+        """Async twin of ``result``; cancelling the wait leaves the process running."""
+        # A wait that is cancelled or times out cancels the future it awaits: give it a copy.
+        copy: concurrent.futures.Future[ExecResult] = concurrent.futures.Future()
+        self._future.add_done_callback(lambda done: _copy_outcome(done, copy))
+        try:
+            return await wait_future(copy, timeout)
+        except TimeoutError:
+            raise TimeoutError(f"{self.argv[0]!r} still runs after {timeout:g} s") from None
+
+    def kill(self) -> None:
+        """Kill the process and everything it started (its whole namespace); idempotent."""
+        self._kill()
 
 
 @attrs.frozen(kw_only=True)
@@ -232,6 +328,19 @@ class SandboxSession(abc.ABC):
     async def aexec(self, request: ExecRequest) -> ExecResult:
         """Async twin of ``exec``; cancelling it kills the command."""
         return self.exec(request)
+
+    def detach(self, request: DetachRequest) -> DetachedProcess:
+        """Start a detached process and return once it runs (see ``DetachedProcess``).
+
+        Raises ``UsageError`` when the turn holds its bound of detached processes,
+        ``BackendUnavailableError`` when this session cannot detach one, and
+        ``SandboxError`` if the sandbox died.
+        """
+        raise BackendUnavailableError(f"the {self.backend} backend cannot start detached processes")
+
+    async def adetach(self, request: DetachRequest) -> DetachedProcess:
+        """Async twin of ``detach``."""
+        return self.detach(request)
 
     @abc.abstractmethod
     def fs(self, request: FsRequest) -> FsReply:

@@ -35,9 +35,11 @@ from typing import IO, Any
 import attrs
 
 from .._aio import cancelled_exception, wait_future
-from ..errors import BackendUnavailableError, PromiseNotEnforcedError, SandboxError
+from ..errors import BackendUnavailableError, PromiseNotEnforcedError, SandboxError, UsageError
 from ._api import (
     Channel,
+    DetachedProcess,
+    DetachRequest,
     ExecRequest,
     ExecResult,
     FsReply,
@@ -305,6 +307,8 @@ class _Pending:
         self.streams = {"stdout": bytearray(), "stderr": bytearray()}
         self.stream_cut = False
         self.future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        #: A detached process: settled when the server says it runs (or refused it).
+        self.started: concurrent.futures.Future[None] = concurrent.futures.Future()
         self.output_chars = output_chars
         self.max_bytes = output_chars * 4
         self.output = bytearray()
@@ -590,6 +594,11 @@ class ServerSession(SandboxSession):
                 item.future.set_exception(exception)
             else:
                 item.future.set_result(result)
+        with contextlib.suppress(concurrent.futures.InvalidStateError):
+            if exception is not None:
+                item.started.set_exception(exception)
+            else:
+                item.started.set_result(None)
 
     def _on_frame(self, header: dict[str, Any], body: bytes) -> None:
         kind = header["type"]
@@ -619,7 +628,9 @@ class ServerSession(SandboxSession):
         self, call_id: int, item: _Pending, kind: str, header: dict[str, Any], body: bytes
     ) -> None:
         """A frame of a running call or exec: output, its exit, or an outbox file's bytes."""
-        if item.kind == "exec" and kind in ("out", "exit"):
+        if item.kind == "detach" and kind in ("started", "exit"):
+            self._on_detached(call_id, item, kind, header)
+        elif item.kind == "exec" and kind in ("out", "exit"):
             if kind == "out":
                 item.add_stream("stderr" if header.get("stream") == "stderr" else "stdout", body)
             else:
@@ -633,6 +644,35 @@ class ServerSession(SandboxSession):
             self._on_file_chunk(call_id, item, body)
         else:
             raise _protocol.ProtocolError(f"unexpected frame type {kind!r}")
+
+    def _on_detached(
+        self, call_id: int, item: _Pending, kind: str, header: Mapping[str, Any]
+    ) -> None:
+        """A detached process runs (``started``), was refused, or its command exited."""
+        if kind == "started":
+            with contextlib.suppress(concurrent.futures.InvalidStateError):
+                item.started.set_result(None)
+            return
+        refused = header.get("refused")
+        if isinstance(refused, str):
+            # Only the turn's bound or a server without namespaces refuses one.
+            error_type = UsageError if "already holds" in refused else BackendUnavailableError
+            self._finish(call_id, exception=error_type(refused[:2000]))
+            return
+        code = header.get("exit_code")
+        # Killed (by its timeout, ``kill``, the memory watch): SIGKILL's code.
+        if not isinstance(code, int) or header.get("timed_out"):
+            code = -9
+        self._finish(
+            call_id,
+            ExecResult(
+                returncode=code,
+                stdout=bytes(item.output),
+                timed_out=bool(header.get("timed_out")),
+                truncated=item.cut or bool(header.get("dropped_chars")),
+                duration=max(0.0, float(header.get("duration") or 0.0)),
+            ),
+        )
 
     def _finish(
         self, call_id: int, result: object = None, *, exception: BaseException | None = None
@@ -845,6 +885,30 @@ class ServerSession(SandboxSession):
         }
         return self._submit(item, header, argv + request.stdin), item
 
+    def _submit_detach(self, request: DetachRequest) -> tuple[int, _Pending]:
+        item = _Pending("detach", output_chars=request.log_chars)
+        if any("\0" in part for part in request.argv):
+            raise SandboxError("the sandbox server failed a call: argv may not contain NUL")
+        argv = b"\0".join(part.encode("utf-8", "surrogateescape") for part in request.argv)
+        header = {
+            "type": "run",
+            "detach": True,
+            "argv_bytes": len(argv),
+            "cwd": request.cwd,
+            # 0: no deadline; the process lives until the turn ends.
+            "timeout": request.timeout or 0,
+            "output_chars": request.log_chars,
+            "env": dict(request.env),
+        }
+        return self._submit(item, header, argv + request.stdin), item
+
+    def _detached(self, call_id: int, item: _Pending, request: DetachRequest) -> DetachedProcess:
+        def kill() -> None:
+            with contextlib.suppress(SandboxError):
+                self._send(_protocol.encode({"type": "cancel", "id": call_id}))
+
+        return DetachedProcess(request.argv, item.future, kill)
+
     def _submit_fs(self, request: FsRequest) -> tuple[int, _Pending]:
         item = _Pending("fs")
         header = {
@@ -915,6 +979,28 @@ class ServerSession(SandboxSession):
         call_id, item = self._submit_exec(request)
         result: ExecResult = await self._await(call_id, item, request.timeout + _ANSWER_GRACE)
         return result
+
+    def detach(self, request: DetachRequest) -> DetachedProcess:
+        """Start a detached process; return once the server says it runs."""
+        call_id, item = self._submit_detach(request)
+        try:
+            item.started.result(timeout=_ANSWER_GRACE)
+        except concurrent.futures.TimeoutError:
+            raise self._stuck(call_id, _ANSWER_GRACE) from None
+        return self._detached(call_id, item, request)
+
+    async def adetach(self, request: DetachRequest) -> DetachedProcess:
+        """Async twin of ``start``."""
+        call_id, item = self._submit_detach(request)
+        process = self._detached(call_id, item, request)
+        try:
+            await wait_future(item.started, _ANSWER_GRACE)
+        except TimeoutError:
+            raise self._stuck(call_id, _ANSWER_GRACE) from None
+        except cancelled_exception():  # nobody will hold the handle: do not leave it running
+            process.kill()
+            raise
+        return process
 
     def fs(self, request: FsRequest) -> FsReply:
         """Run one file primitive in the sandbox's view, as the calls' user."""

@@ -15,6 +15,10 @@ command is not pid 1 itself, so signals and orphan reaping behave as the
 program expects; and pid 1 ignores every signal sent from inside its own
 namespace, so the call cannot kill the init that watches it.
 
+A detached call (``Turn.start``) is the one exception: its init reports the
+command's exit, then only reaps, so what the command forked lives on in the
+namespace, confined, until it ends by itself or the server kills init.
+
 The forks are the expensive part, and none of them depends on the request. So
 ``prepare`` has the chain built ahead of time (a *spare*): init gets as far as
 the steps that do not change who it is (``no_new_privs`` and the seccomp
@@ -380,26 +384,32 @@ def _exec_command(  # noqa: PLR0917 - the child gets everything as plain values
 
 
 def encode_request(
-    argv: list[str], cwd: str, env: dict[str, str] | None = None, *, split: bool = False
+    argv: list[str],
+    cwd: str,
+    env: dict[str, str] | None = None,
+    *,
+    split: bool = False,
+    detach: bool = False,
 ) -> bytes:
-    """The request a prepared init reads: ``S`` (stderr apart) or ``M`` (merged), the
-    working directory, each ``NAME=value`` the call's environment adds (its own
-    ``$VESSEL_OUTBOX``, an exec's variables), an empty field, then argv, NUL-separated.
+    """The request a prepared init reads: ``S`` (stderr apart), ``M`` (merged) or ``B``
+    (merged, detached: the namespace outlives the command), the working directory,
+    each ``NAME=value`` the call's environment adds (its own ``$VESSEL_OUTBOX``, an
+    exec's variables), an empty field, then argv, NUL-separated.
 
     None of them can hold a NUL (the server refuses such a call), no environment
     entry is empty, and splitting bytes is far less work than parsing JSON on the
     call's critical path.
     """
     entries = [f"{name}={value}" for name, value in (env or {}).items()]
-    mode = "S" if split else "M"
+    mode = "B" if detach else "S" if split else "M"
     return b"\0".join(os.fsencode(part) for part in (mode, cwd, *entries, "", *argv))
 
 
-def _parse_request(data: bytes) -> tuple[list[str], str, dict[str, str], bool]:
+def _parse_request(data: bytes) -> tuple[list[str], str, dict[str, str], str]:
     mode, cwd, *rest = (os.fsdecode(part) for part in data.split(b"\0"))
     end = rest.index("")
     env = dict(entry.split("=", 1) for entry in rest[:end])
-    return rest[end + 1 :], cwd, env, mode == "S"
+    return rest[end + 1 :], cwd, env, mode
 
 
 def _read_to_end(fd: int) -> bytes:
@@ -414,7 +424,7 @@ def _read_to_end(fd: int) -> bytes:
     return b"".join(chunks)
 
 
-def _read_request(control: int) -> tuple[list[str], str, dict[str, str], bool] | None:
+def _read_request(control: int) -> tuple[list[str], str, dict[str, str], str] | None:
     """Read the whole request from the control pipe; None if the server closed it unused."""
     data = _read_to_end(control)
     return _parse_request(data) if data else None
@@ -516,15 +526,19 @@ def _spawn_command(argv: list[str], env: dict[str, str]) -> int | None:
     return pid
 
 
-def _run_request(plan: LaunchPlan, env: dict[str, str], fds: dict[str, int]) -> int | None:
-    """Wait for the request, confine init, start the command, wait for it; return its status.
+def _run_request(
+    plan: LaunchPlan, env: dict[str, str], fds: dict[str, int]
+) -> tuple[int, bool] | None:
+    """Wait for the request, confine init, start the command, wait for it; return its
+    status and whether the call is detached.
 
     None when the server threw this spare away unused.
     """
     request = _read_request(fds["control"])
     if request is None:
         return None
-    argv, cwd, extra_env, split = request
+    argv, cwd, extra_env, mode = request
+    split = mode == "S"
     # Init's own 0, 1 and 2 become the call's pipes, for the command to inherit. Before the
     # limits: a tiny RLIMIT_NOFILE would refuse the dup2.
     _take_pipes(fds["stdin"], fds["output"], fds["errors"], split)
@@ -544,11 +558,25 @@ def _run_request(plan: LaunchPlan, env: dict[str, str], fds: dict[str, int]) -> 
     for fd in (0, 1, 2):
         os.close(fd)
     if command is None:
-        return EXIT_CANNOT_EXECUTE << 8
+        return EXIT_CANNOT_EXECUTE << 8, mode == "B"
     while True:
         pid, status = os.waitpid(-1, 0)
         if pid == command:
-            return status
+            return status, mode == "B"
+
+
+def _reap_all() -> None:
+    """Reap every process of this namespace as it ends, until none is left (pid 1 only).
+
+    A detached call's namespace lives while anything in it does: a server that
+    forks and exits leaves its daemon here, re-parented to this init, still
+    confined, and killed with the turn.
+    """
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            return
 
 
 def _idle_priority() -> None:
@@ -582,7 +610,8 @@ def _run_init(plan: LaunchPlan, env: dict[str, str], fds: dict[str, int], alive:
     """Pid 1 of the call's namespace: mount /proc, confine, run the command, empty, report.
 
     Never returns. Reports ``X<status>`` when the command exits and ``D`` once
-    the namespace is empty, which is when the server answers the call.
+    the namespace is empty, which is when the server answers the call (a
+    detached call's namespace empties by itself, or when init is killed).
     """
     status_fd = fds["status"]
     try:
@@ -616,14 +645,18 @@ def _run_init(plan: LaunchPlan, env: dict[str, str], fds: dict[str, int], alive:
     except BaseException as exc:
         _report(status_fd, f"E cannot start the call's PID namespace: {exc}")
         os._exit(0)
+    detached = False
     try:
-        status = _run_request(plan, env, fds)
-        if status is None:
+        ran = _run_request(plan, env, fds)
+        if ran is None:
             os._exit(0)  # a spare the server threw away
+        status, detached = ran
         _report(status_fd, f"X{status}")
     except BaseException as exc:
         _report(status_fd, f"E cannot confine the call: {exc}")
     try:
+        if detached:
+            _reap_all()
         _empty_namespace()
         _report(status_fd, "D")
         # Tearing this process down takes a millisecond or more, likely on the CPU where
@@ -718,6 +751,7 @@ def start(
     env: dict[str, str] | None = None,
     *,
     split: bool = False,
+    detach: bool = False,
 ) -> None:
     """Hand a prepared command its request; it then confines itself and execs.
 
@@ -725,7 +759,7 @@ def start(
     """
     control, spawned.control = spawned.control, -1
     try:
-        _write_all(control, encode_request(argv, cwd, env, split=split))
+        _write_all(control, encode_request(argv, cwd, env, split=split, detach=detach))
     finally:
         os.close(control)
 

@@ -99,6 +99,7 @@ class RunOrder:
         split: bool = False,
         output_bytes: int = 0,
         env: dict[str, str] | None = None,
+        detach: bool = False,
     ) -> None:
         self.argv = argv
         self.cwd = cwd
@@ -108,6 +109,9 @@ class RunOrder:
         self.split = split
         self.output_bytes = output_bytes
         self.env = env or {}
+        #: A detached process (``Turn.start``): its namespace outlives its command, until
+        #: it is empty or the turn ends; no timeout unless one is given.
+        self.detach = detach
 
 
 class Call:
@@ -117,7 +121,11 @@ class Call:
         self.id = call_id
         self.spawned = spawned
         self.started = time.monotonic()
-        self.deadline = self.started + order.timeout
+        no_deadline = order.detach and order.timeout <= 0
+        self.deadline = float("inf") if no_deadline else self.started + order.timeout
+        self.detach = order.detach
+        #: A detached call's ``exit`` frame went out when its command exited (init's ``X``).
+        self.exit_sent = False
         self.output_chars = order.output_chars
         self.kept_chars = 0
         self.dropped_chars = 0
@@ -234,6 +242,8 @@ class Server:
             c.drain_deadline if c.drain_deadline is not None else c.deadline
             for c in self.calls.values()
         ]
+        # A detached call without a timeout has none (selectors cannot wait forever by number).
+        deadlines = [d for d in deadlines if d != float("inf")]
         if self.worker_busy is not None:
             deadlines.append(self.worker_busy[1])
         if self.refill_at is not None:
@@ -456,8 +466,7 @@ class Server:
         except (TypeError, ValueError) as exc:
             self.fail(call_id, str(exc))
             return
-        if call_id in self.calls:
-            self.fail(call_id, f"call id {call_id} is already running")
+        if not self._may_run(call_id, order, plan):
             return
         argv = [map_path(a, self.path_map) if a.startswith("/") else a for a in order.argv]
         cwd = map_path(order.cwd, self.path_map)
@@ -472,7 +481,7 @@ class Server:
         # Each call its own outbox: calls running at once never take each other's files.
         # An exec's own variables first: the call's outbox is the server's to name.
         extra_env = dict(order.env, VESSEL_OUTBOX=outbox)
-        spawned = self._start_on_spare(argv, cwd, extra_env, split)
+        spawned = self._start_on_spare(argv, cwd, extra_env, split, order.detach)
         if spawned is None and plan.confine and plan.pid_namespace:
             try:
                 spawned = self._prepare()
@@ -482,7 +491,7 @@ class Server:
                 return
             # If the chain died while setting up, its status pipe says why.
             with contextlib.suppress(OSError):
-                _launch.start(spawned, argv, cwd, extra_env, split=split)
+                _launch.start(spawned, argv, cwd, extra_env, split=split, detach=order.detach)
         elif spawned is None:
             spawned = _launch.spawn(plan, argv, cwd, dict(self.env, **extra_env), split=split)
         call = Call(call_id, spawned, order)
@@ -502,12 +511,66 @@ class Server:
             self._watch(spawned.stdin, selectors.EVENT_WRITE, self._on_stdin, call)
         else:
             self._close_stdin(call)
+        self._started(call)
         # The host calls back to back: build the next call's namespaces now, while this one
         # runs, or the next would wait for them. Otherwise wait for this call's answer
         # (see ``_maybe_finish``), so the forks do not compete with the call for the CPUs.
         now = time.monotonic()
         if now - self.last_answer < _BACK_TO_BACK:
             self._refill_spare()
+
+    def _may_run(self, call_id: int, order: RunOrder, plan: _launch.LaunchPlan) -> bool:
+        """Whether the request may start now; if not, answer it with why."""
+        if call_id in self.calls:
+            self.fail(call_id, f"call id {call_id} is already running")
+            return False
+        why = None
+        if not order.detach:
+            return True
+        if not (plan.confine and plan.pid_namespace):
+            # Without a namespace of its own, a daemon it forks escapes the kill at close.
+            why = "a detached process needs a server that gives each call its own namespaces"
+        elif sum(1 for c in self.calls.values() if c.detach) >= _protocol.DETACHED_PER_TURN:
+            why = (
+                f"the turn already holds {_protocol.DETACHED_PER_TURN} detached processes "
+                "(each counts until everything it started has ended)"
+            )
+        if why is None:
+            return True
+        self.send({"type": "exit", "id": call_id, "refused": why})
+        return False
+
+    def _started(self, call: Call) -> None:
+        """A detached process runs: the host's ``start`` returns now (its command's exit
+        comes as ``exit`` later), and the spare it took is rebuilt a moment after."""
+        if not call.detach:
+            return
+        self.send({"type": "started", "id": call.id})
+        if self.spare is None and self.refill_at is None:
+            self.refill_at = time.monotonic() + _REFILL_DELAY
+
+    def _announce_exit(self, call: Call) -> None:
+        """A detached call's command exited (init's ``X``): tell the host; its namespace
+        (and whatever the command left running there) lives on."""
+        statuses = [
+            line[1:]
+            for line in call.spawned.status_text.decode("utf-8", "replace").splitlines()
+            if line.startswith("X")
+        ]
+        if call.exit_sent or not statuses or not statuses[0].isdigit():
+            return
+        call.exit_sent = True
+        self.send(
+            {
+                "type": "exit",
+                "id": call.id,
+                "exit_code": _launch.exit_code_of(int(statuses[0])),
+                "timed_out": False,
+                "cancelled": False,
+                "dropped_chars": call.dropped_chars,
+                "duration": time.monotonic() - call.started,
+            }
+        )
 
     # -- spare -------------------------------------------------------------------
 
@@ -534,7 +597,7 @@ class Server:
         return _launch.prepare(zygote.order)
 
     def _start_on_spare(
-        self, argv: list[str], cwd: str, extra_env: dict[str, str], split: bool
+        self, argv: list[str], cwd: str, extra_env: dict[str, str], split: bool, detach: bool
     ) -> _launch.Spawned | None:
         """Hand the request to the spare and return it; None if there is no live spare."""
         spare, self.spare = self.spare, None
@@ -545,7 +608,7 @@ class Server:
             spare.close()
             return None
         try:
-            _launch.start(spare, argv, cwd, extra_env, split=split)
+            _launch.start(spare, argv, cwd, extra_env, split=split, detach=detach)
         except OSError:
             # It died before its init read the request.
             spare.close()
@@ -703,6 +766,8 @@ class Server:
         except BlockingIOError:
             pass
         call.namespace_empty = b"D\n" in call.spawned.status_text.splitlines(keepends=True)
+        if call.detach and not call.exit_sent and b"X" in call.spawned.status_text:
+            self._announce_exit(call)
         return closed
 
     def _read_status(self, call: Call) -> list[str]:
@@ -823,6 +888,25 @@ class Server:
                 return
             exit_code = _launch.exit_code_of(statuses[0])
         config, _ = self._configured()
+        if call.detach:
+            # Its namespace is empty: the command's exit went out when it came, unless the
+            # command never exited by itself (killed: with the turn, by the host, the watch).
+            self._drop_outbox(call.id)
+            if not call.exit_sent:
+                call.exit_sent = True
+                self.send(
+                    {
+                        "type": "exit",
+                        "id": call.id,
+                        "exit_code": exit_code,
+                        "timed_out": call.timed_out,
+                        "cancelled": call.cancelled,
+                        "memory": call.memory_stopped,
+                        "dropped_chars": call.dropped_chars,
+                        "duration": call.duration,
+                    }
+                )
+            return
         if call.split:
             # An exec returns its streams, not outbox files: what it left there goes.
             self._drop_outbox(call.id)
@@ -1044,7 +1128,10 @@ def _parse_run(header: dict[str, Any], body: bytes, workdir: str) -> RunOrder:
     ):
         raise ValueError("'env' must map names (no '=', no NUL) to strings without NUL")
     split = bool(header.get("split"))
-    return RunOrder(argv, cwd, timeout, output_chars, body, split, output_bytes, dict(env))
+    detach = header.get("detach") is True
+    if detach and split:
+        raise ValueError("a detached process has one merged log, not split streams")
+    return RunOrder(argv, cwd, timeout, output_chars, body, split, output_bytes, dict(env), detach)
 
 
 def _parse_hello(header: dict[str, Any]) -> dict[str, Any]:

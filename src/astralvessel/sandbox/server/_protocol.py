@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 __all__ = [
+    "DETACHED_PER_TURN",
     "MAX_BODY",
     "MAX_HEADER",
     "PREFIX",
@@ -39,6 +40,9 @@ PREFIX = struct.Struct("!II")
 MAX_HEADER = 1 << 20
 #: Bodies are stdin, output chunks and outbox chunks; senders keep them far below this.
 MAX_BODY = 1 << 26
+#: Detached processes (``Turn.start``) a turn may hold at once: each counts until its
+#: namespace is empty, whatever it forked, and the server refuses one more.
+DETACHED_PER_TURN = 8
 
 
 def _not_json(value: object) -> object:
