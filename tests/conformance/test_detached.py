@@ -33,8 +33,22 @@ def _sleeper(marker: str) -> list[str]:
 
 
 def _daemon_script(marker: str, then: str = "exit 0") -> str:
-    """A shell line that forks a session-leading daemon (marked), then runs ``then``."""
-    return f"{PYTHON} -c 'import os, time; os.setsid(); time.sleep(1000)' {marker} & {then}"
+    """A shell line that forks a daemon (marked), then runs ``then``.
+
+    The daemon says it is up by a file, so a test never mistakes a process
+    that is still starting (or dying) for one that lives on.
+    """
+    daemon = f"import time; open('/workspace/{marker}', 'w').close(); time.sleep(1000)"
+    return f'{PYTHON} -c "{daemon}" {marker} & {then}'
+
+
+def _daemon_up(turn: Turn, marker: str) -> list[int]:
+    """Wait until the daemon marked ``marker`` wrote its file; return its host pids."""
+    deadline = time.monotonic() + 30
+    while turn.exec(["test", "-e", f"/workspace/{marker}"]).returncode != 0:
+        assert time.monotonic() < deadline, "the daemon never came up"
+        time.sleep(0.05)
+    return host_processes_with(marker)
 
 
 def _wait_for(marker: str, seconds: float = 20.0) -> list[int]:
@@ -84,8 +98,10 @@ def test_a_forked_daemon_lives_on_confined(turn: Turn):
     marker = _marker()
     result = turn.start([SHELL, "-c", _daemon_script(marker)]).result(timeout=30)
     assert result.returncode == 0, result.stdout
-    pids = _wait_for(marker)
+    pids = _daemon_up(turn, marker)
     assert pids, "the daemon did not survive its parent's exit"
+    assert turn.exec(["true"]).returncode == 0
+    assert host_processes_with(marker) == pids, "the daemon did not outlive a later call"
     status = _status(pids[0])
     # Not the host's root, no capability, and in a PID namespace of its own (NSpid has two ids).
     assert status["Uid"].split()[0] != "0"
@@ -104,17 +120,17 @@ def test_detached_processes_die_with_their_turn(backend: Sandbox, agent_dir: Pat
         turn.start(_sleeper(running))
         turn.start([SHELL, "-c", _daemon_script(daemon)]).result(timeout=30)
         assert _wait_for(running)
-        assert _wait_for(daemon)
+        assert _daemon_up(turn, daemon)
         turn.close()
     assert wait_until_gone(running, 20) == []
     assert wait_until_gone(daemon, 20) == []
 
 
 def test_kill_takes_the_whole_tree(turn: Turn):
-    """``kill`` ends the command and what it forked, even a daemon in a session of its own."""
+    """``kill`` ends the command and what it forked, a daemon re-parented to init too."""
     marker = _marker()
     process = turn.start([SHELL, "-c", _daemon_script(marker, "sleep 1000")])
-    assert _wait_for(marker)
+    assert _daemon_up(turn, marker)
     process.kill()
     assert process.result(timeout=30).returncode == -9
     assert wait_until_gone(marker, 20) == []
@@ -124,9 +140,10 @@ def test_kill_takes_the_whole_tree(turn: Turn):
 def test_timeout_kills_the_whole_tree(turn: Turn):
     """A ``timeout`` bounds the process and its daemons together: past it, all are killed."""
     marker = _marker()
-    process = turn.start([SHELL, "-c", _daemon_script(marker)], timeout=1.0)
+    process = turn.start([SHELL, "-c", _daemon_script(marker)], timeout=10.0)
     assert process.result(timeout=30).returncode == 0
-    assert wait_until_gone(marker, 30) == []
+    assert _daemon_up(turn, marker)
+    assert wait_until_gone(marker, 60) == []
 
 
 def test_the_turn_holds_a_bounded_number(turn: Turn):
@@ -135,7 +152,7 @@ def test_the_turn_holds_a_bounded_number(turn: Turn):
     marker = _marker()
     # One slot held by a daemon whose own command has exited.
     turn.start([SHELL, "-c", _daemon_script(marker)]).result(timeout=30)
-    assert _wait_for(marker)
+    assert _daemon_up(turn, marker)
     held = [turn.start(["sleep", "1000"]) for _ in range(bound - 1)]
     with pytest.raises(UsageError, match=f"already holds {bound}"):
         turn.start(["true"])
