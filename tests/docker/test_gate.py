@@ -177,3 +177,11 @@ def test_a_container_the_engine_cannot_start_is_one_clear_error(docker_api: Any)
         backend.engine.start_container(spec)
     assert "/no/such/program" in str(caught.value)
     assert docker_api.containers(all=True, filters={"label": f"{LABEL_OWNER}={label}"}) == []
+
+
+def test_a_container_the_engine_will_not_create_is_one_clear_error(docker_api: Any) -> None:
+    """More CPUs than the machine has: the engine's refusal to create is named, not a bare HTTP error."""
+    backend = Docker(base_image=BASE_IMAGE, pull=False, cpus=4096.0)
+    with pytest.raises(BackendUnavailableError, match="refused to create it") as caught:
+        backend.start(Policy())
+    assert "CPU" in str(caught.value)

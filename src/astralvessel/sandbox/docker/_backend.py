@@ -209,7 +209,8 @@ class Docker(Sandbox):
         """Start one turn's container with the server as its process; return the attach channel."""
         lease = self._lease(policy)
         try:
-            return self._open_as(policy, lease)
+            with self.engine.failures("prepare"):
+                return self._open_as(policy, lease)
         except BaseException:
             if lease is not None:
                 lease.release()
@@ -298,7 +299,8 @@ class DockerExec(Docker):
                 )
         lease = self._lease(policy)
         try:
-            return self._start_exec(policy, lease)
+            with self.engine.failures("prepare"):
+                return self._start_exec(policy, lease)
         except BaseException:
             if lease is not None:
                 lease.release()

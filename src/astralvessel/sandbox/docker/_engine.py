@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from ...errors import BackendUnavailableError
+from ...errors import AstralVesselError, BackendUnavailableError
 from .._layout import HOSTNAME
 from .._session import ServerBuild, compile_command, parse_build
 from ._attach import AttachChannel, close_attached, raw_socket
@@ -143,6 +143,26 @@ class Engine:
             f"docker cannot start: no Docker engine answers ({failure}); start dockerd "
             "(or Podman's Docker-compatible socket) or set DOCKER_HOST"
         )
+
+    @contextlib.contextmanager
+    def failures(self, step: str) -> Iterator[None]:
+        """Raise an engine request that fails during ``step`` as one ``BackendUnavailableError``.
+
+        Errors of the library's own pass as they are; the SDK's (an answer the
+        engine refused, a request it did not answer in time) are named with the
+        step and the engine, not left as a bare HTTP error.
+        """
+        import requests
+
+        docker = import_docker()
+        try:
+            yield
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            if isinstance(exc, AstralVesselError):
+                raise
+            client = self._client
+            address = str(client.api.base_url) if client is not None else self.base_url
+            raise BackendUnavailableError(start_failure(step, exc, str(address))) from None
 
     # -- images -------------------------------------------------------------------
 
