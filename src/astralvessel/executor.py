@@ -373,8 +373,9 @@ class Turn:
         defaults to the turn's tool timeout. A command that fails or times out is
         a normal ``ExecResult``; the host's mistakes (a bad argv, a NUL, a value
         past its bound) raise ``UsageError``, and a sandbox that died raises
-        ``SandboxError`` (the turn's next use starts a fresh one). The bounds are
-        in ``docs/exec-and-files.md``.
+        ``SandboxError`` (the turn's next use starts a fresh one); closing the
+        turn meanwhile raises ``TurnClosedError``. The bounds are in
+        ``docs/exec-and-files.md``.
         """
         request = self._exec_request(argv, input, cwd, env, timeout)
         session = self.session
@@ -394,8 +395,8 @@ class Turn:
         session = await self._asession()
         try:
             return await session.aexec(request)
-        except SandboxError:
-            self._discard(session)
+        except SandboxError as error:
+            self._lost(session, error)
             raise
 
     def start(
@@ -512,9 +513,25 @@ class Turn:
         """Run one session step; a sandbox that died is discarded and its error raised."""
         try:
             return step()
-        except SandboxError:
-            self._discard(session)
+        except SandboxError as error:
+            self._lost(session, error)
             raise
+
+    def _lost(self, session: SandboxSession, error: SandboxError) -> None:
+        """Discard the sandbox a step lost; raise ``TurnClosedError`` if the turn was closed.
+
+        A turn closed while the step ran (from another thread or task) is the
+        host's own doing, not a failed sandbox: that step raises
+        ``TurnClosedError``, as any later use of the turn does.
+        """
+        self._discard(session)
+        with self._lock:
+            closed = self._closed
+        if closed:
+            raise TurnClosedError(
+                "this turn was closed while the command or file operation ran; "
+                "open a new one with executor.turn()"
+            ) from error
 
     def _drive(self, plan: Generator[FsRequest, FsReply, _T]) -> _T:
         """Run a file plan's steps on the session (the sync driver)."""
@@ -534,8 +551,8 @@ class Turn:
         while True:
             try:
                 reply = await session.afs(request)
-            except SandboxError:
-                self._discard(session)
+            except SandboxError as error:
+                self._lost(session, error)
                 raise
             try:
                 request = plan.send(reply)

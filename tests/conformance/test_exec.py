@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
+import time
 
-from astralvessel import ExecResult, Turn
+from astralvessel import ExecResult, Turn, TurnClosedError
 from astralvessel import _exec as exec_module
 
-from .calls import PYTHON, barrier, wait_until_gone
+from .calls import PYTHON, barrier, host_processes_with, wait_until_gone
 
 SHELL = "/bin/sh"
 
@@ -126,3 +128,56 @@ def test_sixteen_execs_run_at_once(turn: Turn):
 
     results = asyncio.run(all_at_once())
     assert [r.stdout for r in results] == [b"met\n"] * 16
+
+
+def _sleeper_running(marker: str) -> None:
+    """Wait until a host process carries ``marker``: the execs are in flight (or queued)."""
+    deadline = time.monotonic() + 30
+    while not host_processes_with(marker):
+        assert time.monotonic() < deadline, "no exec ever started"
+        time.sleep(0.05)
+
+
+def test_closing_the_turn_under_running_execs_is_turn_closed(turn: Turn):
+    """Execs in other threads when the turn closes raise TurnClosedError, and nothing stays."""
+    marker = f"exec-closed-{os.getpid()}-{os.urandom(3).hex()}"
+    outcomes: list[BaseException | ExecResult] = []
+
+    def one() -> None:
+        try:
+            outcomes.append(turn.exec([SHELL, "-c", f"sleep 1000; : {marker}", marker]))
+        except BaseException as error:  # the test reports whatever it was
+            outcomes.append(error)
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    _sleeper_running(marker)
+    turn.close()
+    for thread in threads:
+        thread.join(30)
+    assert not any(thread.is_alive() for thread in threads)
+    assert [type(o) for o in outcomes] == [TurnClosedError] * 4, outcomes
+    assert wait_until_gone(marker) == []
+
+
+def test_closing_the_turn_under_running_aexecs_is_turn_closed(turn: Turn):
+    """Awaited execs when another task closes the turn raise TurnClosedError, and nothing stays."""
+    marker = f"aexec-closed-{os.getpid()}-{os.urandom(3).hex()}"
+
+    async def close_when_running() -> None:
+        await asyncio.to_thread(_sleeper_running, marker)
+        await turn.aclose()
+
+    async def main() -> list[BaseException | ExecResult]:
+        argv = [SHELL, "-c", f"sleep 1000; : {marker}", marker]
+        closing = asyncio.ensure_future(close_when_running())
+        outcomes = await asyncio.gather(
+            *(turn.aexec(argv) for _ in range(4)), return_exceptions=True
+        )
+        await closing
+        return outcomes
+
+    outcomes = asyncio.run(main())
+    assert [type(o) for o in outcomes] == [TurnClosedError] * 4, outcomes
+    assert wait_until_gone(marker) == []

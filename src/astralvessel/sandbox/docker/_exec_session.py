@@ -393,6 +393,9 @@ class ExecSession(SandboxSession):
                     cut = cut or len(payload) > room
         finally:
             close_attached(attached)
+        if self._closed:
+            # Closing removed the container under it: its 137 is the close's, not the command's.
+            raise SandboxError("the docker-exec turn was closed while the command ran")
         self._kill_calls()
         try:
             code = None if timed_out else api.exec_inspect(exec_id).get("ExitCode")
