@@ -137,7 +137,7 @@ def test_kill_takes_the_whole_tree(turn: Turn):
     process.kill()  # idempotent
 
 
-def test_timeout_kills_the_whole_tree(turn: Turn):
+def test_detached_timeout_kills_the_whole_tree(turn: Turn):
     """A ``timeout`` bounds the process and its daemons together: past it, all are killed."""
     marker = _marker()
     process = turn.start([SHELL, "-c", _daemon_script(marker)], timeout=10.0)
