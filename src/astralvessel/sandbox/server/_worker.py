@@ -105,9 +105,19 @@ def start_worker(
     a confining server whose probe found it works does.
     """
     req_r, req_w = os.pipe()
-    rep_r, rep_w = os.pipe()
+    try:
+        rep_r, rep_w = os.pipe()
+    except OSError:
+        _close_all(req_r, req_w)
+        raise
     server = os.getpid()
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:
+        # No worker (EAGAIN at the process bound, ENOMEM): the four ends are the caller's
+        # to lose otherwise, and a server that retries would run out of descriptors.
+        _close_all(req_r, req_w, rep_r, rep_w)
+        raise
     if pid == 0:
         try:
             _launch.close_fds_except({req_r, rep_w})
@@ -132,6 +142,12 @@ def start_worker(
     os.close(rep_w)
     os.set_blocking(rep_r, False)
     return Worker(pid, req_w, rep_r)
+
+
+def _close_all(*fds: int) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def _become_call_user(uid: int | None, gid: int | None) -> None:
