@@ -46,3 +46,17 @@ def test_version_comes_from_metadata() -> None:
     from importlib.metadata import version
 
     assert astralvessel.__version__ == version("astralvessel")
+
+
+@pytest.mark.parametrize("module_name", PUBLIC_MODULES)
+def test_every_exported_error_is_in_errors(module_name: str) -> None:
+    """Each exception class a public module exports is the one astralvessel.errors defines."""
+    from astralvessel import errors
+
+    module = importlib.import_module(module_name)
+    for name in module.__all__:
+        value = getattr(module, name)
+        if isinstance(value, type) and issubclass(value, BaseException):
+            assert name in errors.__all__, f"{module_name}.{name} is not in astralvessel.errors"
+            assert getattr(errors, name) is value
+            assert value.__module__ == "astralvessel.errors"

@@ -17,6 +17,8 @@ caller would naturally catch::
     ├── EgressError(ValueError)                 web: a URL or address the policy refuses
     ├── SearchError(RuntimeError)               web: a search provider could not answer
     ├── TransportError(OSError)                 web: one HTTP exchange failed
+    ├── UnscriptedCallError(LookupError)        testing: a fake met what its script
+    │                                            does not answer (the test's mistake)
     └── SandboxFileError(OSError)               Turn.read_file/write_file/list_dir refused
         ├── SandboxFileNotFoundError(FileNotFoundError)
         ├── SandboxIsADirectoryError(IsADirectoryError)
@@ -28,6 +30,10 @@ caller would naturally catch::
 The ``SandboxFile*`` errors carry ``errno``, ``strerror`` and ``filename`` (the
 sandbox path) like the builtins they also are, so a harness that catches
 ``FileNotFoundError`` or ``PermissionError`` works unchanged.
+
+Every error a public module raises to the host is defined here, whichever
+module also exports it (``astralvessel``, ``astralvessel.web``,
+``astralvessel.testing``), so ``except astralvessel.errors.X`` catches it.
 
 ``SearchError`` and ``TransportError`` reach the model as error results (the
 ``Searcher`` and the ``Fetcher`` show their messages); a host meets them only
@@ -57,6 +63,7 @@ __all__ = [
     "ToolRegistrationError",
     "TransportError",
     "TurnClosedError",
+    "UnscriptedCallError",
     "UsageError",
 ]
 
@@ -163,3 +170,11 @@ class SandboxPermissionError(SandboxFileError, PermissionError):
 
 class FileTooLargeError(SandboxFileError):
     """The file is larger than the file primitives' bound (``errno.EFBIG``)."""
+
+
+class UnscriptedCallError(AstralVesselError, LookupError):
+    """A call reached a test double its script does not answer: the test's mistake.
+
+    Raised by ``astralvessel.testing``'s ``FakeSandbox`` and ``ScriptedModel``
+    (which also export it), so a test never passes on a call it did not expect.
+    """

@@ -9,11 +9,11 @@ checks. See "Testing your agent" in the docs.
 
 from __future__ import annotations
 
+from ..errors import UnscriptedCallError as UnscriptedCallError
 from ._fake import Answer as Answer
 from ._fake import FakeCall as FakeCall
 from ._fake import FakeRun as FakeRun
 from ._fake import FakeSandbox as FakeSandbox
-from ._fake import UnscriptedCallError as UnscriptedCallError
 from ._model import ModelTurn as ModelTurn
 from ._model import ScriptedCall as ScriptedCall
 from ._model import ScriptedModel as ScriptedModel

@@ -20,7 +20,7 @@ from typing import Any, ClassVar, TypeAlias
 
 import attrs
 
-from ..errors import AstralVesselError, UsageError
+from ..errors import UnscriptedCallError, UsageError
 from ..sandbox._api import (
     BackendReport,
     FsReply,
@@ -36,14 +36,10 @@ from ._fakefs import FakeFiles, check_file_paths, check_visible
 from ._fakegrep import fake_grep
 from ._identify import identify
 
-__all__ = ["Answer", "FakeCall", "FakeRun", "FakeSandbox", "UnscriptedCallError"]
+__all__ = ["Answer", "FakeCall", "FakeRun", "FakeSandbox"]
 
 #: Which built-in shows each of the server's views (for the record of calls).
 _VIEW_TOOLS = {"lines": "read", "find": "glob", "entries": "list"}
-
-
-class UnscriptedCallError(AstralVesselError, LookupError):
-    """A call reached the fake sandbox that its script does not answer: the test's mistake."""
 
 
 def _text(value: str | bytes) -> str:

@@ -23,8 +23,7 @@ from typing import Any, TypeAlias
 
 import attrs
 
-from ..errors import UsageError
-from ._fake import UnscriptedCallError
+from ..errors import UnscriptedCallError, UsageError
 
 __all__ = ["DIALECTS", "ModelTurn", "ScriptedCall", "ScriptedModel", "ToolAnswer", "tool_call"]
 
