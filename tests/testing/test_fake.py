@@ -7,8 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from astralvessel import Agent, Executor, Registry, SandboxError, ToolSpec, UsageError
-from astralvessel.testing import FakeCall, FakeRun, FakeSandbox, UnscriptedCallError
+from astralvessel import (
+    Agent,
+    ExecResult,
+    Executor,
+    Registry,
+    SandboxError,
+    SandboxPermissionError,
+    ToolSpec,
+    UsageError,
+)
+from astralvessel.testing import FakeCall, FakeExec, FakeRun, FakeSandbox, UnscriptedCallError
 
 ROOT = Path(__file__).parents[2]
 FIELD_GUIDE = ROOT / "examples" / "field-guide"
@@ -193,3 +202,87 @@ def test_grep_searches_the_fake_files_when_not_scripted() -> None:
         none = turn.call("grep", {"pattern": "kingfisher"})
     assert found.text == "a/x.md:1:otter\nb.md:1:Otters"
     assert (none.text, none.is_error) == ("No matches found.", False)
+
+
+def test_exec_is_answered_from_the_script_and_recorded() -> None:
+    """Turn.exec on a fake turn returns the scripted ExecResult and records what the host sent."""
+    fake = FakeSandbox(
+        exec={
+            ("make", "test"): ExecResult(returncode=2, stdout=b"1 failed\n", stderr=b"boom\n"),
+            "python3 -c 'print(1)'": "1\n",
+        }
+    )
+    with Executor(Registry(), sandbox=fake).turn() as turn:
+        failed = turn.exec(["make", "test"], input="in", cwd="src", env={"CI": "1"}, timeout=5)
+        printed = turn.exec(["python3", "-c", "print(1)"])
+    assert failed == ExecResult(returncode=2, stdout=b"1 failed\n", stderr=b"boom\n")
+    assert (printed.returncode, printed.stdout, printed.success) == (0, b"1\n", True)
+    assert fake.execs[0] == FakeExec(
+        argv=("make", "test"), stdin=b"in", cwd="/workspace/src", env={"CI": "1"}, timeout=5.0
+    )
+    assert fake.execs[1].cwd == "/workspace"
+    assert fake.calls == []
+
+
+async def test_aexec_answers_from_a_function_of_the_exec() -> None:
+    """A function answers every exec; a timed-out answer reads as a killed command (-9)."""
+
+    def answer(call: FakeExec) -> ExecResult:
+        return ExecResult(returncode=0, stdout=" ".join(call.argv).encode(), timed_out=True)
+
+    fake = FakeSandbox(exec=answer)
+    async with Executor(Registry(), sandbox=fake).turn() as turn:
+        result = await turn.aexec(["sleep", "9"])
+    assert (result.returncode, result.timed_out, result.stdout) == (-9, True, b"sleep 9")
+
+
+def test_exec_output_is_cut_at_the_stream_bound() -> None:
+    """Each stream past the exec bound is cut and the result says so, as a real sandbox does."""
+    from astralvessel._exec import OUTPUT_BYTES
+
+    fake = FakeSandbox(exec=ExecResult(returncode=0, stdout=b"x" * (OUTPUT_BYTES + 5)))
+    with Executor(Registry(), sandbox=fake).turn() as turn:
+        result = turn.exec(["yes"])
+    assert (len(result.stdout), result.truncated) == (OUTPUT_BYTES, True)
+
+
+def test_unscripted_exec_and_host_mistakes_raise() -> None:
+    """An exec the script does not answer raises UnscriptedCallError; a bad argv is UsageError."""
+    fake = FakeSandbox(exec={("ls",): ""})
+    with Executor(Registry(), sandbox=fake).turn() as turn:
+        with pytest.raises(UnscriptedCallError, match="no answer for exec"):
+            turn.exec(["rm", "-rf", "/"])
+        with pytest.raises(UsageError, match="NUL"):
+            turn.exec(["ls", "a\0b"])
+    assert [call.argv for call in fake.execs] == [("rm", "-rf", "/")]
+    with pytest.raises(UsageError, match="keyed by argv"):
+        FakeSandbox(exec={("ls", 1): ""})  # type: ignore[dict-item]
+
+
+def test_an_exec_answer_that_raises_sandbox_error_ends_the_fake_turn() -> None:
+    """SandboxError from an exec answer reaches the host, and the next use starts a fresh turn."""
+
+    def dies(call: FakeExec) -> str:
+        raise SandboxError("the sandbox died")
+
+    fake = FakeSandbox(exec={("crash",): dies, ("ok",): "fine"})
+    with Executor(Registry(), sandbox=fake).turn() as turn:
+        with pytest.raises(SandboxError):
+            turn.exec(["crash"])
+        assert turn.exec(["ok"]).stdout == b"fine"
+    assert fake.open_sessions == 0
+
+
+@pytest.mark.parametrize("writable_root", [False, True])
+def test_the_fake_gives_the_writable_root_as_a_real_backend_does(writable_root: bool) -> None:
+    """With writable_root the host writes under /etc and /opt; without, it is refused alike."""
+    fake = FakeSandbox()
+    executor = Executor(Registry(), sandbox=fake, writable_root=writable_root, root_identity=True)
+    with executor.turn() as turn:
+        for path in ("/etc/app.conf", "/opt/tool/bin"):
+            if writable_root:
+                turn.write_file(path, "x")
+                assert turn.read_file(path) == b"x"
+            else:
+                with pytest.raises(SandboxPermissionError):
+                    turn.write_file(path, "x")

@@ -14,6 +14,8 @@ from ._fake import Answer as Answer
 from ._fake import FakeCall as FakeCall
 from ._fake import FakeRun as FakeRun
 from ._fake import FakeSandbox as FakeSandbox
+from ._fakeexec import ExecAnswer as ExecAnswer
+from ._fakeexec import FakeExec as FakeExec
 from ._model import ModelTurn as ModelTurn
 from ._model import ScriptedCall as ScriptedCall
 from ._model import ScriptedModel as ScriptedModel
@@ -22,7 +24,9 @@ from ._model import tool_call as tool_call
 
 __all__ = [
     "Answer",
+    "ExecAnswer",
     "FakeCall",
+    "FakeExec",
     "FakeRun",
     "FakeSandbox",
     "ModelTurn",

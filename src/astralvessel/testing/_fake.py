@@ -8,7 +8,9 @@ in-memory files), then the library's own renderer turns the outcome into the
 ``ToolResult``. Refusals, output caps, timeouts, exit codes and a sandbox that
 dies therefore read exactly as they would in production, in microseconds.
 
-Every call that reaches the sandbox is recorded as a ``FakeCall``.
+Every call that reaches the sandbox is recorded as a ``FakeCall``; the host's
+own commands (``Turn.exec``) are answered from ``exec=`` and recorded as
+``FakeExec`` (see ``_fakeexec``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import attrs
 from ..errors import UnscriptedCallError, UsageError
 from ..sandbox._api import (
     BackendReport,
+    ExecRequest,
+    ExecResult,
     FsReply,
     FsRequest,
     OutboxFile,
@@ -32,6 +36,7 @@ from ..sandbox._api import (
 from ..sandbox._base import Sandbox, SandboxSession, ServerLink
 from ..sandbox._policy import Policy, Promise
 from ..spec import ToolSpec
+from ._fakeexec import ExecScript, FakeExec, answer_exec, check_exec_script
 from ._fakefs import FakeFiles, check_file_paths, check_visible
 from ._fakegrep import fake_grep
 from ._identify import identify
@@ -117,12 +122,17 @@ class FakeSandbox(Sandbox):
     answers any other confined call (without it, such a call raises
     ``UnscriptedCallError``). ``files`` maps sandbox paths to contents that
     ``read``, ``glob``, ``list`` and an unscripted ``grep`` see, beside the
-    agent folder and mounts.
+    agent folder and mounts. ``exec`` answers the host's ``Turn.exec``: a
+    mapping from argv (a tuple, or its ``shlex.join`` command line) to an
+    answer, or one answer for every command; an answer is the stdout text, an
+    ``ExecResult`` or a function of the ``FakeExec``. Without one, an exec
+    raises ``UnscriptedCallError``.
     ``registry`` tells declared tools apart by their commands; without it,
     the fake reads the agent folder the executor's policy names.
 
     Pass it as ``Executor(registry, sandbox=FakeSandbox(...))``. ``calls``
-    lists every call that reached it, in order, across turns.
+    lists every call that reached it, in order, across turns; ``execs``
+    every ``Turn.exec``.
     """
 
     name: ClassVar[str] = "fake"
@@ -137,13 +147,16 @@ class FakeSandbox(Sandbox):
         files: Mapping[str, str | bytes] | None = None,
         default: Answer | None = None,
         registry: Iterable[ToolSpec] | None = None,
+        exec: ExecScript | None = None,
     ) -> None:
         self.tools: dict[str, Answer] = dict(tools or {})
         self.bash: dict[str, Answer] = dict(bash or {})
         self.files: dict[str, bytes] = check_file_paths(files or {})
         self.default = default
         self.registry = registry
+        self.exec = check_exec_script(exec)
         self.calls: list[FakeCall] = []
+        self.execs: list[FakeExec] = []
         #: Turns started and not yet closed: 0 once every turn a test opened has ended.
         self.open_sessions = 0
         self._lock = threading.Lock()
@@ -190,6 +203,10 @@ class FakeSandbox(Sandbox):
     def _record(self, call: FakeCall) -> None:
         with self._lock:
             self.calls.append(call)
+
+    def _record_exec(self, call: FakeExec) -> None:
+        with self._lock:
+            self.execs.append(call)
 
     def _closed(self) -> None:
         with self._lock:
@@ -271,6 +288,22 @@ class FakeSession(SandboxSession):
     async def arun(self, request: RunRequest) -> RunOutcome:
         """Async twin of ``run``: nothing here waits."""
         return self.run(request)
+
+    def exec(self, request: ExecRequest) -> ExecResult:
+        """Record the host's command and answer it from the sandbox's ``exec`` script."""
+        call = FakeExec(
+            argv=request.argv,
+            stdin=request.stdin,
+            cwd=request.cwd or str(self.policy.workdir),
+            env=dict(request.env),
+            timeout=request.timeout,
+        )
+        self.sandbox._record_exec(call)
+        return answer_exec(self.sandbox.exec, call, request)
+
+    async def aexec(self, request: ExecRequest) -> ExecResult:
+        """Async twin of ``exec``: nothing here waits."""
+        return self.exec(request)
 
     def fs(self, request: FsRequest) -> FsReply:
         """Answer a file primitive with the sandbox server's own code, on the fake's files.
