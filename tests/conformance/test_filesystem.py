@@ -185,3 +185,46 @@ def test_host_untouched_by_workspace_writes(session):
         session, "import json; open('/workspace/inside.txt', 'w').write('x'); print(json.dumps(1))"
     )
     assert not os.path.exists("/workspace/inside.txt")
+
+
+def test_a_program_in_the_workspace_runs(session):
+    """A script and a copied binary in the workspace run by path: the workspace is not noexec."""
+    script = "#!/bin/sh\necho script ran\n"
+    result = py_json(
+        session,
+        f"""
+        import json, os, shutil, stat, subprocess
+        with open("/workspace/prog.sh", "w") as handle:
+            handle.write({script!r})
+        shutil.copy("/bin/true", "/workspace/true")
+        for name in ("prog.sh", "true"):
+            os.chmod("/workspace/" + name, 0o755)
+        out = [subprocess.run(["/workspace/" + name], capture_output=True, text=True)
+               for name in ("prog.sh", "true")]
+        print(json.dumps([[o.returncode, o.stdout, o.stderr] for o in out]))
+        """,
+    )
+    assert result == [[0, "script ran\n", ""], [0, "", ""]]
+
+
+def test_folders_above_a_mount_are_open_to_calls(backend: Sandbox, policy: Policy, data_dir):
+    """Folders made for a mount point deep in a new tree are 0755, so a call reaches the mount."""
+    deep = Policy(
+        agent_dir=policy.agent_dir,
+        workdir=policy.workdir,
+        mounts=(*policy.mounts, Mount.from_pair("/srv/deep/data", data_dir)),
+        limits=policy.limits,
+    )
+    turn = backend.start(deep)
+    try:
+        result = py_json(
+            turn,
+            """
+            import json, os
+            modes = {p: oct(os.stat(p).st_mode & 0o7777) for p in ("/srv", "/srv/deep")}
+            print(json.dumps([modes, open("/srv/deep/data/species.txt").read()]))
+            """,
+        )
+    finally:
+        turn.close()
+    assert result == [{"/srv": "0o755", "/srv/deep": "0o755"}, "otter\nheron\n"]

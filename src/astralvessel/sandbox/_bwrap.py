@@ -21,9 +21,9 @@ from ._hostinfo import BinaryInfo, HostFacts
 from ._layout import (
     DEVICE_LINKS,
     DEVICES,
-    ETC,
     HOSTNAME,
     Bind,
+    Dir,
     Step,
     Symlink,
     Tmpfs,
@@ -34,6 +34,8 @@ from ._nsbackend import NamespaceBackend
 from ._policy import Policy, Promise
 
 __all__ = ["Bubblewrap", "bwrap_argv"]
+
+ROOT = PurePosixPath("/")
 
 
 def _step_options(step: Step, features: frozenset[str]) -> list[str]:
@@ -64,14 +66,28 @@ def _dev_options(features: frozenset[str]) -> list[str]:
     return [*options, "--remount-ro", "/dev"]
 
 
-def _etc_parents(target: PurePosixPath, made: set[PurePosixPath]) -> list[str]:
-    """Readable folders above a bind into the synthetic /etc (bwrap would make them 0700)."""
+def _parents(
+    target: PurePosixPath, made: set[PurePosixPath], mounted: list[PurePosixPath]
+) -> list[str]:
+    """Readable folders above a mount point that no earlier step mounts.
+
+    bwrap makes a missing parent on its root tmpfs with mode 0700, which the
+    calls' user cannot cross: a mount at ``/srv/data`` (or a bind into the
+    synthetic ``/etc/ssl``) would be there and unreachable. nsjail and Docker
+    make such parents 0755; so does this. A parent inside an earlier mount is
+    that mount's own folder, left as it is.
+    """
     options: list[str] = []
     for parent in reversed(target.parents):
-        if (parent == ETC or ETC in parent.parents) and parent not in made:
-            made.add(parent)
-            options += ["--perms", "0755", "--dir", str(parent)]
+        if parent == ROOT or parent in made or _covered(parent, mounted):
+            continue
+        made.add(parent)
+        options += ["--perms", "0755", "--dir", str(parent)]
     return options
+
+
+def _covered(path: PurePosixPath, mounted: list[PurePosixPath]) -> bool:
+    return any(path == m or m in path.parents for m in mounted)
 
 
 def bwrap_argv(
@@ -103,12 +119,18 @@ def bwrap_argv(
         "--new-session",
     ]
     made: set[PurePosixPath] = set()
+    mounted: list[PurePosixPath] = []
     for step in sandbox_layout(policy, facts):
-        if isinstance(step, Bind):
-            argv += _etc_parents(PurePosixPath(step.target), made)
         if isinstance(step, Tmpfs):
             # /proc and /dev go in after the system dirs and before the workspace.
             argv += ["--proc", "/proc", *_dev_options(features)]
+        if isinstance(step, (Bind, Tmpfs, Dir)):
+            where = PurePosixPath(step.target if isinstance(step, Bind) else step.path)
+            argv += _parents(where, made, mounted)
+            if isinstance(step, Dir):
+                made.add(where)
+            else:
+                mounted.append(where)
         argv += _step_options(step, features)
     if "remount-ro" in features:
         # bwrap's own root tmpfs holds the mount points; nothing may add files to it.

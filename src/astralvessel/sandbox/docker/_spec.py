@@ -125,12 +125,19 @@ def _astralvessel_view(binds, system_dirs, root, workdir, root_dirs=()):
     check(libc.unshare(ctypes.c_int(0x00020000)), "unshare mount namespace")
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
+    def mkdirs(path):
+        # Mount points and the folders above them are 0755, as bubblewrap and nsjail
+        # make them: the umask is for what calls write, not for the view's skeleton.
+        if not os.path.isdir(path):
+            mkdirs(os.path.dirname(path))
+            os.mkdir(path)
+            os.chmod(path, 0o755)
     def bind(path, restrict=False):
         target = root + path
         if os.path.isdir(path):
-            os.makedirs(target, exist_ok=True)
+            mkdirs(target)
         else:
-            os.makedirs(os.path.dirname(target), exist_ok=True)
+            mkdirs(os.path.dirname(target))
             open(target, "a").close()
         mount(path, target, None, MS_BIND | MS_REC)
         if restrict:
@@ -251,8 +258,11 @@ def container_spec(
         binds.append(f"{policy.egress_socket.parent}:{EGRESS_DIR}:ro")
     tmpfs = {
         # The turn's only writable place: owned by the call user, at most the disk limit.
+        # "exec" because Docker's tmpfs is noexec unless told: a harness builds and runs
+        # programs here, as it can on bubblewrap and nsjail (noexec would stop only
+        # "./prog", never "sh prog" or "python3 prog"; confinement does not rest on it).
         str(WORKSPACE_DIR): (
-            f"rw,nosuid,nodev,size={disk_bytes},nr_inodes={limits.workspace_inodes},"
+            f"rw,exec,nosuid,nodev,size={disk_bytes},nr_inodes={limits.workspace_inodes},"
             f"mode=0755,uid={uid},gid={uid}"
         ),
     }
