@@ -11,11 +11,12 @@ Marked ``scale``: CI runs it on the full-matrix Python only (see noxfile.py).
 Docker runs it with the engine gate's default bound (8 container starts,
 removals and execs at once per host process, see docs/docker.md): unbounded,
 128 starts at once once left a ``runc create`` and its ``runc init`` waiting on
-each other and wedged the engine for the machine. ``docker-exec`` is not in
-the list, by design: each of its calls is a ``runc exec`` that the engine runs
-after answering the request (outside any bound the host sets), a full runc
-start per call; at 128 turns on a 2-core machine some first calls outlast
-their 30 s timeout. Hosts that open many turns at once use ``docker``.
+each other and wedged the engine for the machine. ``docker-exec`` is declared
+to hold 32 turns at once, not 128, by design: each of its calls is a ``runc
+exec`` that the engine runs after answering the request (outside any bound the
+host sets), a full runc start per call; at 128 turns on a 2-core machine some
+first calls outlast their 30 s timeout (64 held, in 87 s at load 73). Hosts
+that open many turns at once use ``docker``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ from astralvessel.sandbox import Limits
 from astralvessel.sandbox._discovery import get_backend
 
 TURNS = 128
+#: What docker-exec is declared (and tested) to hold at once; it held 64 on 2 cores, not 128.
+EXEC_TURNS = 32
 CALLS = 3
 #: Small limits: 128 turns of the default 1 GiB each would ask the engine for 128 GiB.
 LIMITS = Limits(memory_mb=128, disk_mb=8, processes=16, open_files=128)
@@ -46,9 +49,21 @@ SQUARE = ToolSpec.command_tool(
 @pytest.mark.parametrize("name", ["bubblewrap", "nsjail", "docker"])
 def test_128_turns_at_once(name: str) -> None:
     """128 turns, all alive at once, each call Python 3 times through the executor: 0 errors."""
+    assert _wrong_answers(name, TURNS) == []
+
+
+@pytest.mark.scale
+@pytest.mark.timeout(900)
+def test_docker_exec_holds_its_declared_turns_at_once() -> None:
+    """docker-exec's declared capacity, 32 turns all alive at once, each calling 3 times: 0 errors."""
+    assert _wrong_answers("docker-exec", EXEC_TURNS) == []
+
+
+def _wrong_answers(name: str, turns: int) -> list[tuple[int, list[str]]]:
+    """Open ``turns`` turns at once on backend ``name``; the turns whose answers were not right."""
     executor = Executor(Registry([SQUARE]), sandbox=get_backend(name), limits=LIMITS)
-    # Each turn waits here after its first answer, so all 128 sandboxes live at one moment.
-    all_open = threading.Barrier(TURNS, timeout=600)
+    # Each turn waits here after its first answer, so all its sandboxes live at one moment.
+    all_open = threading.Barrier(turns, timeout=600)
 
     def one(number: int) -> list[str]:
         texts = []
@@ -64,8 +79,7 @@ def test_128_turns_at_once(name: str) -> None:
             raise
         return texts
 
-    with concurrent.futures.ThreadPoolExecutor(TURNS) as pool:
-        answers = list(pool.map(one, range(TURNS)))
-    expected = [[str((n + c) ** 2) for c in range(CALLS)] for n in range(TURNS)]
-    wrong = [(n, got) for n, got in enumerate(answers) if got != expected[n]]
-    assert wrong == []
+    with concurrent.futures.ThreadPoolExecutor(turns) as pool:
+        answers = list(pool.map(one, range(turns)))
+    expected = [[str((n + c) ** 2) for c in range(CALLS)] for n in range(turns)]
+    return [(n, got) for n, got in enumerate(answers) if got != expected[n]]
