@@ -6,16 +6,22 @@ import asyncio
 import concurrent.futures
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+import trio
 
-from astralvessel import Agent, BackendUnavailableError, Registry, UsageError
+from astralvessel import Agent, BackendUnavailableError, Registry, ToolResult, UsageError
 from astralvessel.ray import RayExecutor
+from astralvessel.ray._host import TurnHost
 from astralvessel.sandbox import Bubblewrap
+from astralvessel.sandbox._channels import PipeChannel
+from astralvessel.sandbox._session import ServerSession
 
 from ..conftest import MakeAgent
-from .conftest import Node, wait_for_resource
+from .conftest import SETTLE, Node, wait_for_resource
 
 VESSEL = """
 name = "remote"
@@ -186,3 +192,179 @@ def test_a_node_lost_mid_turn_gives_an_error_result(
     finally:
         doomed.kill()
         wait_for_resource(ray_module, "node_doomed", present=False)
+
+
+# -- async on any event loop -------------------------------------------------------------
+
+
+def test_trio_awaits_calls_on_a_ray_node(registry: Registry, cluster: dict[str, object]) -> None:
+    """Under trio, ``async with`` a Ray turn and concurrent ``acall``s answer from one node."""
+    results: list[ToolResult] = []
+
+    async def main() -> None:
+        async with pinned(registry, cluster, "node_b").turn() as turn:
+
+            async def one(n: int) -> None:
+                results.append(await turn.acall("hello", {"name": str(n)}))
+
+            async with trio.open_nursery() as nursery:
+                for n in range(3):
+                    nursery.start_soon(one, n)
+
+    trio.run(main)
+    assert sorted(r.text.strip() for r in results) == [f"hello {n}" for n in range(3)]
+    assert len({r.metadata["node"] for r in results}) == 1
+
+
+# -- warm turns --------------------------------------------------------------------------
+
+
+def sandbox_pid(ray_module: Any, actor: Any) -> int:
+    """The host pid of the bwrap process holding the sandbox of a turn's actor (all nodes are here)."""
+
+    def pid_of(host: TurnHost) -> int:
+        turn = host._turn
+        assert turn is not None
+        session = turn._session
+        assert isinstance(session, ServerSession)
+        assert isinstance(session.channel, PipeChannel)
+        return session.channel.process.pid
+
+    return int(ray_module.get(actor.__ray_call__.remote(pid_of), timeout=SETTLE))
+
+
+def actor_id(actor: object) -> str:
+    """A Ray actor's id, to compare handles."""
+    return str(actor._actor_id.hex())  # type: ignore[attr-defined]
+
+
+def gone(pid: int) -> bool:
+    """Whether process ``pid`` has ended (a zombie of a dead parent counts as ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state in ("Z", "X")
+
+
+def settle(condition: Callable[[], bool], what: str) -> None:
+    """Wait (bounded) until ``condition()`` holds."""
+    deadline = time.monotonic() + SETTLE
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting: {what}"
+        time.sleep(0.2)
+
+
+def node_of(ray_module: object, resource: str) -> str:
+    """The id of the alive node offering ``resource``."""
+    (node,) = [
+        n["NodeID"]
+        for n in ray_module.nodes()  # type: ignore[attr-defined]
+        if n["Alive"] and resource in n["Resources"]
+    ]
+    return str(node)
+
+
+def test_warm_turns_start_from_the_pool(
+    registry: Registry, cluster: dict[str, object], ray_module: object
+) -> None:
+    """A turn takes an actor whose sandbox the node had started, and that sandbox ends with it."""
+    executor = RayExecutor(
+        registry,
+        sandbox="bubblewrap",
+        address=str(cluster["address"]),
+        actor_options={"resources": {"node_b": 1}},
+        warm=2,
+    )
+    try:
+        assert executor.wait_warm(SETTLE)
+        assert executor._warm is not None
+        waiting = executor._warm.waiting
+        assert {w.node for w in waiting} == {node_of(ray_module, "node_b")}
+        assert len(waiting) == 2
+        started = {actor_id(w.actor): sandbox_pid(ray_module, w.actor) for w in waiting}
+        with executor.turn() as turn:
+            result = turn.call("hello", {"name": "warm"})
+            assert not result.is_error, result.text
+            assert result.text.strip() == "hello warm"
+            taken = actor_id(turn._actor)
+            assert taken in started
+            assert sandbox_pid(ray_module, turn._actor) == started[taken]
+        settle(lambda: gone(started[taken]), "the taken turn's sandbox to end with the turn")
+        assert executor.wait_warm(SETTLE)
+        refilled = {actor_id(w.actor) for w in executor._warm.waiting}
+        assert len(refilled) == 2
+        assert taken not in refilled
+    finally:
+        executor.close()
+
+
+def test_close_releases_every_warm_sandbox_on_every_node(
+    registry: Registry, cluster: dict[str, object], ray_module: object
+) -> None:
+    """``close`` ends the waiting turns of both nodes: their sandboxes and their actors."""
+    executor = RayExecutor(registry, sandbox="bubblewrap", address=str(cluster["address"]), warm=1)
+    assert executor.wait_warm(SETTLE)
+    assert executor._warm is not None
+    waiting = executor._warm.waiting
+    assert {w.node for w in waiting} == {
+        node_of(ray_module, "node_head"),
+        node_of(ray_module, "node_b"),
+    }
+    pids = [sandbox_pid(ray_module, w.actor) for w in waiting]
+    assert not any(gone(pid) for pid in pids)
+    executor.close()
+    settle(lambda: all(gone(pid) for pid in pids), "every warm sandbox to end")
+    for w in waiting:
+        with pytest.raises(ray_module.exceptions.RayActorError):  # type: ignore[attr-defined]
+            ray_module.get(w.actor.node_id.remote(), timeout=SETTLE)  # type: ignore[attr-defined]
+    with executor.turn() as turn:  # after close, turns start cold
+        assert not turn.call("hello", {"name": "cold"}).is_error
+
+
+def test_a_node_lost_with_warm_turns_is_skipped(
+    registry: Registry, cluster: dict[str, object], ray_module: object
+) -> None:
+    """Warm turns of a node that left are not handed out; turns go on elsewhere, close ends."""
+    doomed = Node(
+        "node_doomed",
+        head=False,
+        address=str(cluster["address"]),
+        temp_dir=str(cluster["temp_dir"]),
+    )
+    try:
+        wait_for_resource(ray_module, "node_doomed")
+        lost = node_of(ray_module, "node_doomed")
+        executor = RayExecutor(
+            registry, sandbox="bubblewrap", address=str(cluster["address"]), warm=1
+        )
+        assert executor.wait_warm(SETTLE)
+        assert executor._warm is not None
+        assert lost in {w.node for w in executor._warm.waiting}
+        doomed.kill()
+        wait_for_resource(ray_module, "node_doomed", present=False)
+        time.sleep(1.0)  # past the pool's trust in its list of alive nodes
+        for n in range(3):
+            with executor.turn() as turn:
+                result = turn.call("hello", {"name": str(n)})
+                assert not result.is_error, result.text
+                assert result.metadata["node"] != lost
+        assert lost not in {w.node for w in executor._warm.waiting}
+        executor.close()
+    finally:
+        doomed.kill()
+        wait_for_resource(ray_module, "node_doomed", present=False)
+
+
+def test_warm_needs_a_node_that_can_hold_the_turns(
+    registry: Registry, cluster: dict[str, object]
+) -> None:
+    """``warm`` with resources no node offers is the host's mistake, said when the executor is made."""
+    with pytest.raises(UsageError, match="no alive node"):
+        RayExecutor(
+            registry,
+            sandbox="bubblewrap",
+            address=str(cluster["address"]),
+            actor_options={"resources": {"node_nowhere": 1}},
+            warm=1,
+        )

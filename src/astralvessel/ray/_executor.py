@@ -5,17 +5,18 @@ comes back); a turn's sandbox lives on the Ray node that placed its actor. A
 node lost mid-turn (the actor dies, the node is gone, or no answer comes within
 the call's timeout plus a grace) costs the call an error result, as a dead
 sandbox does locally, and the turn's next call starts a new actor, placed anew.
+With ``warm=N`` the executor keeps turns started ahead on each node (``_warm``).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
 import shutil
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
@@ -23,19 +24,20 @@ from typing import Any
 
 import attrs
 
+from .._aio import shielded, to_thread, wait_future
+from .._warm import check_warm
 from ..errors import BackendUnavailableError, TurnClosedError, UsageError
 from ..registry import Registry
 from ..results import OutboxFile, ToolResult, render_sandbox_died
 from ..sandbox._base import Sandbox
 from ._host import TurnHost
 from ._ship import pack_agent
+from ._warm import WarmTurns, pool_nodes, release
 
 __all__ = ["RayExecutor", "RayTurn"]
 
 #: How long past a call's own timeout the host waits for its node before calling it lost.
 CALL_GRACE = 60.0
-#: How long ``close`` waits for the node to end the turn before killing the actor.
-CLOSE_WAIT = 30.0
 #: Threads of one turn's actor: calls of one turn may run concurrently, as locally.
 TURN_CONCURRENCY = 32
 
@@ -69,8 +71,12 @@ class RayExecutor:
     ``scheduling_strategy``...); turns are spread over the nodes by default.
     ``outbox_dir`` is where the files calls leave in the outbox land on this
     host, one folder per turn, and stay; without it they go to a folder of
-    the turn, removed when it ends. Every other keyword is an ``Executor``
-    option, applied on the node.
+    the turn, removed when it ends. ``warm`` keeps that many turns started
+    ahead on each node that can hold this executor's turns (alive now, and
+    offering the resources ``actor_options`` ask for): opening a turn takes one,
+    its actor placed and its sandbox running, and each still serves exactly one
+    turn; ``close()`` (or leaving ``with``) ends the ones still waiting, on
+    every node. Every other keyword is an ``Executor`` option, applied on the node.
     """
 
     def __init__(
@@ -88,8 +94,7 @@ class RayExecutor:
                 "RayExecutor builds the backend on each node: pass its name "
                 f"({sandbox.name!r}) or its class, not an instance"
             )
-        if "warm" in options:
-            raise UsageError("RayExecutor does not keep warm sandboxes yet; drop warm=")
+        warm = check_warm(options.pop("warm", 0))
         outbox_dir = options.pop("outbox_dir", None)
         #: Where outbox files land on this host (kept); None: a folder per turn, removed with it.
         self.outbox_dir: Path | None = None if outbox_dir is None else Path(outbox_dir)
@@ -108,6 +113,10 @@ class RayExecutor:
         }
         self._actor_options: dict[str, Any] = {
             "scheduling_strategy": "SPREAD",
+            # A turn's actor only waits on its sandbox, whose work Ray does not see. Without
+            # this, an actor that names a custom resource holds a whole CPU for its life
+            # (Ray's default), so a one-CPU node would hold one turn at a time.
+            "num_cpus": 0,
             "max_concurrency": TURN_CONCURRENCY,
             "max_restarts": 0,
             **(actor_options or {}),
@@ -115,16 +124,44 @@ class RayExecutor:
         # Put once in the object store: each turn's actor fetches them from there.
         self._registry_ref = ray.put(registry)
         self._agent_ref = None if agent is None else ray.put(pack_agent(agent.path))
+        self._warm: WarmTurns | None = None
+        self._release: Callable[[], object] = _nothing
+        if warm:
+            nodes = pool_nodes(ray.nodes(), self._actor_options)
+            if not nodes:
+                raise UsageError(
+                    "RayExecutor(warm=) found no alive node offering what actor_options ask for "
+                    f"({self._actor_options.get('resources') or 'a CPU'}); start one first"
+                )
+            self._warm = WarmTurns(self._start_actor_on, nodes, warm)
+            # Waiting turns of an executor nobody closed end when it is collected.
+            self._release = weakref.finalize(self, self._warm.close)
 
     def turn(self) -> RayTurn:
         """Open one turn: a context manager (``with`` or ``async with``) on one node."""
         return RayTurn(self)
 
+    def wait_warm(self, timeout: float | None = None) -> bool:
+        """Block until every warm turn has its sandbox started; False if ``timeout`` passed first.
+
+        Without ``warm`` there is nothing to wait for (True). Raises the host's
+        error when a node could not start a sandbox.
+        """
+        pool = self._warm
+        return pool is None or pool.wait_filled(timeout)
+
     def close(self) -> None:
-        """Nothing to release here: each turn releases its own actor. For ``with`` symmetry."""
+        """End the warm turns still waiting, on every node; turns opened after it start cold.
+
+        Open turns are not touched: each releases its own actor when it ends.
+        """
+        self._warm = None
+        self._release()
 
     async def aclose(self) -> None:
-        """Async twin of ``close``."""
+        """Async twin of ``close``; it finishes even when the caller is being cancelled."""
+        with shielded():
+            await to_thread(self.close)
 
     def __enter__(self) -> RayExecutor:
         return self
@@ -144,9 +181,23 @@ class RayExecutor:
         timeout = (spec.timeout_seconds if spec is not None else None) or self.timeout_seconds
         return timeout + CALL_GRACE
 
-    def _start_actor(self) -> Any:
-        actor = _actor_class().options(**self._actor_options)
+    def _place(self) -> Any:
+        """A turn's actor: one started ahead if one is ready, else one placed now."""
+        pool = self._warm
+        actor = None if pool is None else pool.take()
+        return actor if actor is not None else self._start_actor()
+
+    def _start_actor(self, **placement: Any) -> Any:
+        actor = _actor_class().options(**{**self._actor_options, **placement})
         return actor.remote(self._registry_ref, self._options, self._agent_ref)
+
+    def _start_actor_on(self, node: str) -> Any:
+        """A turn's actor on ``node`` and nowhere else (a warm turn of that node's pool)."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        return self._start_actor(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False)
+        )
 
     def __repr__(self) -> str:
         return f"RayExecutor({self.registry!r}, sandbox={self._options['sandbox']!r})"
@@ -198,13 +249,14 @@ class RayTurn:
             actor, self._actor = self._actor, None
             outbox, self._outbox = self._outbox, None
         if actor is not None:
-            _release(actor)
+            release([actor])
         if outbox is not None and self.executor.outbox_dir is None:
             shutil.rmtree(outbox, ignore_errors=True)
 
     async def aclose(self) -> None:
-        """Async twin of ``close``."""
-        await asyncio.to_thread(self.close)
+        """Async twin of ``close``; it finishes even when the caller is being cancelled."""
+        with shielded():
+            await to_thread(self.close)
 
     @property
     def node(self) -> str:
@@ -218,7 +270,7 @@ class RayTurn:
             if self._closed:
                 raise TurnClosedError("this turn has ended; open a new one with executor.turn()")
             if self._actor is None:
-                self._actor = self.executor._start_actor()
+                self._actor = self.executor._place()
             return self._actor
 
     # -- calls ----------------------------------------------------------------------------
@@ -238,7 +290,8 @@ class RayTurn:
         started = time.monotonic()
         sent = self._send(name, arguments)
         try:
-            reply = await asyncio.wait_for(sent.reply, sent.timeout)
+            # A Ray reference is an asyncio awaitable only: its future serves any event loop.
+            reply = await wait_future(sent.reply.future(), sent.timeout)
         except Exception as exc:
             return self._failed(sent, name, exc, started)
         return self._land(reply)
@@ -257,17 +310,19 @@ class RayTurn:
         if isinstance(exc, ray.exceptions.RayTaskError):
             # The call itself raised on the node: a host mistake, raised as itself here.
             raise exc.cause from None
-        if not isinstance(exc, ray.exceptions.RayError | asyncio.TimeoutError):
+        if not isinstance(exc, ray.exceptions.RayError | TimeoutError):
             raise exc
         with self._lock:
             lost = self._actor is sent.actor
             if lost:
                 self._actor = None
         if lost:
-            _release(sent.actor, wait=False)
+            # A lost node has nothing left to close.
+            with contextlib.suppress(Exception):
+                ray.kill(sent.actor)
         why = (
             f"no answer from its Ray node within {sent.timeout:g} s"
-            if isinstance(exc, ray.exceptions.GetTimeoutError | asyncio.TimeoutError)
+            if isinstance(exc, TimeoutError)
             else f"its Ray node was lost: {type(exc).__name__}"
         )
         return attrs.evolve(
@@ -297,12 +352,5 @@ class RayTurn:
         return attrs.evolve(result, files=tuple(files))
 
 
-def _release(actor: Any, *, wait: bool = True) -> None:
-    """End a turn's actor: let it close its turn when it can answer, then kill it."""
-    ray = _ray()
-    if wait:
-        # A lost node has nothing left to close.
-        with contextlib.suppress(Exception):
-            ray.get(actor.close.remote(), timeout=CLOSE_WAIT)
-    with contextlib.suppress(Exception):
-        ray.kill(actor)
+def _nothing() -> None:
+    return None

@@ -3,13 +3,15 @@
 It is a plain class; ``_executor`` makes it a Ray actor. Everything the turn
 does (its sandbox, its workspace, its calls) happens on the actor's node, with
 that node's backend; only call arguments and results cross the network, and
-the outbox files of a call come back as bytes beside its result.
+the outbox files of a call come back as bytes beside its result. A warm turn
+(``_warm``) is one whose ``start`` ran before any turn took it.
 """
 
 from __future__ import annotations
 
 import shutil
 import tempfile
+import threading
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ import attrs
 from ..executor import Executor, Turn
 from ..registry import Registry
 from ..results import ToolResult
+from ..sandbox._base import SandboxSession
 from ._ship import unpack_agent, with_agent_at
 
 __all__ = ["TurnHost"]
@@ -42,6 +45,9 @@ class TurnHost:
         self._failure: Exception | None = None
         self._executor: Executor | None = None
         self._turn: Turn | None = None
+        #: The sandbox ``start`` started ahead, until the turn's first call checks it still runs.
+        self._waited: SandboxSession | None = None
+        self._lock = threading.Lock()
         try:
             if agent is not None:
                 registry = with_agent_at(registry, unpack_agent(agent))
@@ -58,12 +64,40 @@ class TurnHost:
         """The Ray node this turn runs on."""
         return self.node
 
-    def call(self, name: str, arguments: object) -> tuple[ToolResult, dict[str, bytes]]:
-        """Run one call in this node's turn; the result, and its outbox files' contents."""
+    def start(self) -> Exception | None:
+        """Start the turn's sandbox now, ahead of any call (a warm turn); the host's error if not.
+
+        The error is returned, not raised: a raise would read as a lost node on the host.
+        """
+        if self._failure is not None:
+            return self._failure
+        assert self._turn is not None  # noqa: S101 - set whenever there is no failure
+        try:
+            self._waited = self._turn.session
+        except Exception as exc:
+            return exc
+        return None
+
+    def _fresh(self) -> Turn:
+        """The turn; a warm sandbox that died while it waited is replaced before its first call.
+
+        Nothing ran in it yet, so nothing is lost: the turn starts a sandbox cold, as
+        the local pool's ``take`` skips a dead one.
+        """
         if self._failure is not None:
             raise self._failure
-        assert self._turn is not None  # noqa: S101 - set whenever there is no failure
-        result = self._turn.call(name, arguments)
+        with self._lock:
+            assert self._executor is not None  # noqa: S101 - set whenever there is no failure
+            assert self._turn is not None  # noqa: S101
+            waited, self._waited = self._waited, None
+            if waited is not None and not waited.alive():
+                self._turn.close()
+                self._turn = self._executor.turn()
+            return self._turn
+
+    def call(self, name: str, arguments: object) -> tuple[ToolResult, dict[str, bytes]]:
+        """Run one call in this node's turn; the result, and its outbox files' contents."""
+        result = self._fresh().call(name, arguments)
         files = {f.name: f.path.read_bytes() for f in result.files}
         return attrs.evolve(result, metadata={**result.metadata, "node": self.node}), files
 
