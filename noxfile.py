@@ -155,6 +155,6 @@ def docs(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """Run every benchmark; each prints ratios against a baseline measured in the same run."""
-    session.install(".[all]", "html2text>=2024.2.26")
+    session.install(".[all,ray]", "html2text>=2024.2.26")
     for script in sorted(__import__("pathlib").Path("bench").glob("bench_*.py")):
         session.run("python", str(script), *session.posargs)
