@@ -13,7 +13,9 @@ The bounds, each documented in ``docs/exec-and-files.md``:
   string longer than the kernel's 128 KiB is the command's failure (126, E2BIG).
 * ``input``: at most ``INPUT_BYTES``.
 * ``env``: at most ``ENV_BYTES`` in all; names non-empty, without ``=``.
-* no NUL anywhere in argv, cwd or env.
+* no NUL anywhere in argv, cwd or env; argv[0] not empty.
+* no lone surrogate in env or cwd (JSON text would carry it as ``?``); in
+  argv only ``os.fsdecode``'s escapes of non-UTF-8 bytes.
 * ``timeout``: above 0 and at most ``MAX_TIMEOUT`` seconds; the turn's tool
   timeout when omitted.
 * output: ``OUTPUT_BYTES`` of each stream kept, the rest dropped
@@ -97,6 +99,23 @@ def _no_nul(what: str, text: str) -> None:
         raise UsageError(f"{what} may not contain a NUL character")
 
 
+def _unicode(what: str, text: str, *, escaped_bytes: bool = False) -> None:
+    """Refuse text that cannot reach the sandbox as itself.
+
+    argv travels as bytes, so ``os.fsdecode``'s escapes (U+DC80-U+DCFF) carry a
+    non-UTF-8 byte there; env and cwd travel as JSON text, where any lone
+    surrogate would arrive as ``?``: another value than the host asked for.
+    """
+    try:
+        text.encode("utf-8", "surrogateescape" if escaped_bytes else "strict")
+    except UnicodeEncodeError as error:
+        kind = "an argument" if escaped_bytes else "text"
+        raise UsageError(
+            f"{what} holds {text[error.start]!r}, a lone surrogate that is not valid in {kind} "
+            "the sandbox can receive"
+        ) from None
+
+
 def _argv(argv: object) -> tuple[str, ...]:
     if isinstance(argv, (str, bytes)) or not isinstance(argv, Sequence):
         raise UsageError(
@@ -108,6 +127,9 @@ def _argv(argv: object) -> tuple[str, ...]:
         if not isinstance(part, str):
             raise UsageError(f"argv[{index}] must be a string, not {type(part).__name__}")
         _no_nul(f"argv[{index}]", part)
+        _unicode(f"argv[{index}]", part, escaped_bytes=True)
+    if not argv[0]:
+        raise UsageError("argv[0] must name a command: it is an empty string")
     size = sum(len(part.encode("utf-8", "surrogateescape")) + 1 for part in argv)
     if size > ARGV_BYTES:
         raise UsageError(f"argv is {size} bytes; the bound is {ARGV_BYTES} (ARG_MAX)")
@@ -139,6 +161,7 @@ def _env(env: object) -> dict[str, str]:
         if not name or "=" in name:
             raise UsageError(f"env name {name!r} must be non-empty and without '='")
         _no_nul(f"env[{name!r}]", name + value)
+        _unicode(f"env[{name!r}]", name + value)
         if name in RESERVED_ENV:
             raise UsageError(f"env may not set {name}: the sandbox sets it for each call")
         size += len(name.encode("utf-8", "surrogateescape")) + len(
@@ -155,6 +178,7 @@ def _cwd(cwd: object, workdir: str) -> str | None:
     if not isinstance(cwd, str) or not cwd:
         raise UsageError(f"cwd must be a non-empty sandbox path, not {cwd!r}")
     _no_nul("cwd", cwd)
+    _unicode("cwd", cwd)
     return posixpath.normpath(posixpath.join(workdir, cwd))
 
 

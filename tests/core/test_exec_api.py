@@ -52,6 +52,11 @@ def turn():
         (["ls"], {"input": b"x" * (exec_module.INPUT_BYTES + 1)}, "input is"),
         (["ls"], {"cwd": "a\0b"}, "NUL"),
         (["ls"], {"cwd": ""}, "cwd"),
+        ([""], {}, r"argv\[0\] must name a command"),
+        (["ls", "a\ud800"], {}, r"argv\[1\] holds .*surrogate"),
+        (["ls"], {"env": {"A": "\udcff"}}, "surrogate"),
+        (["ls"], {"env": {"\ud800": "b"}}, "surrogate"),
+        (["ls"], {"cwd": "/workspace/\udcff"}, "cwd holds .*surrogate"),
     ],
 )
 def test_exec_host_mistakes_raise_usage_error(turn, argv, options, message):
