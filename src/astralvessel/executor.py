@@ -261,6 +261,8 @@ class Turn:
         self._session: SandboxSession | None = None
         #: The turn's egress proxy, started with its first sandbox when the policy allows a network.
         self._proxy: EgressProxy | None = None
+        #: What ends its sandboxes and proxy if the turn is collected unclosed (_start_session).
+        self._finalizers: list[weakref.finalize[[], Turn]] = []
         self._lock = threading.Lock()
         self._closed = False
 
@@ -289,6 +291,9 @@ class Turn:
             self._closed = True
             session, self._session = self._session, None
             proxy, self._proxy = self._proxy, None
+            finalizers, self._finalizers = self._finalizers, []
+        for finalizer in finalizers:
+            finalizer.detach()
         if session is not None:
             session.close()
         if proxy is not None:
@@ -311,8 +316,26 @@ class Turn:
             if self._closed:
                 raise TurnClosedError("this turn has ended; open a new one with executor.turn()")
             if self._session is None:
-                self._session, self._proxy = self.executor._start_session(self._proxy)
+                self._session, self._proxy = self._start_session()
             return self._session
+
+    def _start_session(self) -> tuple[SandboxSession, EgressProxy | None]:
+        """Start the turn's sandbox (and its proxy, the first time); the caller holds the lock."""
+        session, proxy = self.executor._start_session(self._proxy)
+        # A turn dropped without close still ends its sandbox and stops its proxy's thread
+        # when it is collected: each would otherwise live as long as the host. The callbacks
+        # hold the session and proxy, never the turn. Not at exit: the sandbox dies with the
+        # host process anyway, and the proxy's thread is a daemon.
+        ends = (
+            [session.close]
+            if proxy is None or proxy is self._proxy
+            else [session.close, proxy.close]
+        )
+        for end in ends:
+            finalizer = weakref.finalize(self, end)
+            finalizer.atexit = False
+            self._finalizers.append(finalizer)
+        return session, proxy
 
     async def _asession(self) -> SandboxSession:
         with self._lock:
