@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import os
+import signal
 import tempfile
 import time
 from collections.abc import Callable
@@ -295,6 +297,41 @@ def test_warm_turns_start_from_the_pool(
         refilled = {actor_id(w.actor) for w in executor._warm.waiting}
         assert len(refilled) == 2
         assert taken not in refilled
+    finally:
+        executor.close()
+
+
+def test_a_warm_sandbox_that_died_while_waiting_is_replaced(
+    registry: Registry, cluster: dict[str, object], ray_module: object
+) -> None:
+    """A waiting turn whose sandbox was killed starts a fresh one before its first call."""
+    executor = RayExecutor(
+        registry,
+        sandbox="bubblewrap",
+        address=str(cluster["address"]),
+        actor_options={"resources": {"node_b": 1}},
+        warm=1,
+    )
+    try:
+        assert executor.wait_warm(SETTLE)
+        assert executor._warm is not None
+        (waiting,) = executor._warm.waiting
+        killed = sandbox_pid(ray_module, waiting.actor)
+        os.killpg(killed, signal.SIGKILL)
+        settle(lambda: gone(killed), "the killed warm sandbox to end")
+
+        def noticed(host: TurnHost) -> bool:
+            return host._waited is not None and not host._waited.alive()
+
+        settle(
+            lambda: bool(ray_module.get(waiting.actor.__ray_call__.remote(noticed))),  # type: ignore[attr-defined]
+            "the waiting turn to notice its sandbox died",
+        )
+        with executor.turn() as turn:
+            result = turn.call("hello", {"name": "again"})
+            assert not result.is_error, result.text
+            assert actor_id(turn._actor) == actor_id(waiting.actor)
+            assert sandbox_pid(ray_module, turn._actor) != killed
     finally:
         executor.close()
 
