@@ -1,9 +1,9 @@
 """The confining server's spare: the next call's namespaces, prepared ahead of time.
 
 These tests watch the server's process tree on the host (``/proc``): the server
-forks the zygote's launcher once, the launcher forks the zygote, and the zygote
-forks every call's init; a spare is an init with no child yet, waiting for its
-request.
+forks the zygote once (on the host it needs no launcher: see ``_zygote``), and
+the zygote forks every call's init; a spare is an init with no child yet,
+waiting for its request.
 """
 
 from __future__ import annotations
@@ -88,8 +88,8 @@ def chains(server: int) -> dict[int, list[int]]:
     """Each init (a spare's or a call's) the server's zygote forked, with its descendants."""
     tree = children()
     found: dict[int, list[int]] = {}
-    zygotes = [zygote for child in tree.get(server, []) for zygote in tree.get(child, [])]
-    for zygote in zygotes:
+    # The server's children: the zygote, and a file worker or relay, which fork nothing.
+    for zygote in tree.get(server, []):
         for init in tree.get(zygote, []):
             below: list[int] = []
             todo = list(tree.get(init, []))
@@ -102,10 +102,10 @@ def chains(server: int) -> dict[int, list[int]]:
 
 
 def zygote_of(server: int) -> int:
-    """The server's grandchild that forks the inits (under its launcher; the worker has none)."""
+    """The server's child that forks the inits (the worker and the relay have no children)."""
     wait_for(lambda: bool(chains(server)), "an init under the zygote")
     tree = children()
-    (zygote,) = [zygote for child in tree.get(server, []) for zygote in tree.get(child, [])]
+    (zygote,) = [child for child in tree.get(server, []) if tree.get(child)]
     return zygote
 
 

@@ -1,4 +1,9 @@
-"""What an idle turn holds: its file worker starts with the first file request, not with the turn."""
+"""What an idle turn holds: the server, its zygote and one spare init, and nothing else.
+
+Every Python process of an idle turn costs memory (issue 17's target: <= 8 MiB PSS a
+turn), so these tests pin the process tree's shape: a regression that adds a process
+(a launcher that only waits, a worker started with the turn) fails here by count and role.
+"""
 
 from __future__ import annotations
 
@@ -14,18 +19,28 @@ from astralvessel.sandbox._discovery import get_backend
 from astralvessel.sandbox._session import ServerSession
 
 BACKENDS = ["bubblewrap", "nsjail"]
+#: The sandbox binary's own processes above the server: bwrap's parent and its pid 1.
+BINARY_PROCESSES = {"bubblewrap": 2, "nsjail": 1}
 
 
-def _tree(root: int) -> set[int]:
-    """``root`` and every process below it, from ``/proc``."""
-    children: dict[int, list[int]] = {}
+def _parents() -> dict[int, int]:
+    """Every live process's parent, from ``/proc``."""
+    parents: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             try:
                 stat = Path(f"/proc/{entry}/stat").read_text()
             except OSError:
                 continue
-            children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+            parents[int(entry)] = int(stat.rsplit(")", 1)[1].split()[1])
+    return parents
+
+
+def _tree(root: int) -> set[int]:
+    """``root`` and every process below it, from ``/proc``."""
+    children: dict[int, list[int]] = {}
+    for pid, parent in _parents().items():
+        children.setdefault(parent, []).append(pid)
     found, todo = set(), [root]
     while todo:
         pid = todo.pop()
@@ -78,3 +93,26 @@ def test_the_file_worker_starts_with_the_first_file_request(name: str) -> None:
     (worker,) = after_first - idle
     assert worker in after_second
     assert after_second - after_first == set()
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_an_idle_turn_is_a_server_its_zygote_and_one_spare(name: str) -> None:
+    """An idle turn is the sandbox binary's processes over three Python ones in a line:
+    the server, the zygote it forked (no launcher between them), and the zygote's spare init."""
+    session = get_backend(name).start(Policy())
+    try:
+        pythons = _settled(session)
+        assert isinstance(session, ServerSession)
+        assert isinstance(session.channel, PipeChannel)
+        everything = _tree(session.channel.process.pid)
+        parents = _parents()
+        below_server = {pid for pid in everything if parents[pid] in pythons}
+    finally:
+        session.close()
+    assert len(everything - pythons) == BINARY_PROCESSES[name], "the sandbox binary's own"
+    (server,) = [pid for pid in pythons if parents[pid] not in pythons]
+    (zygote,) = [pid for pid in pythons if parents[pid] == server]
+    (spare,) = [pid for pid in pythons if parents[pid] == zygote]
+    assert pythons == {server, zygote, spare}
+    # Nothing of the turn hangs below the server that is not one of the three.
+    assert below_server == {zygote, spare}

@@ -117,6 +117,17 @@ def warm() -> None:
     _userns.warm()
 
 
+def release_free_memory() -> None:
+    """Give the C allocator's free pages back to the kernel (glibc's ``malloc_trim``).
+
+    The server frees much of what it read at start (its payload, the hello), and
+    an allocator keeps freed pages: resident, and counted in every idle turn's
+    memory. Best effort: another C library may have no ``malloc_trim``.
+    """
+    with contextlib.suppress(AttributeError, OSError):
+        _lib().malloc_trim(0)
+
+
 def _check(result: int, what: str) -> None:
     if result != 0:
         err = ctypes.get_errno()

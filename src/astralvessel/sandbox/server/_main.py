@@ -1136,7 +1136,8 @@ def _parse_run(header: dict[str, Any], body: bytes, workdir: str) -> RunOrder:
 
 def _parse_hello(header: dict[str, Any]) -> dict[str, Any]:
     """Check the hello's fields and return them with defaults; raise on a bad field."""
-    import base64
+    # Not base64, which imports re (and enum): every idle turn would hold them.
+    import binascii
 
     def optional_int(name: str) -> int | None:
         value = header.get(name)
@@ -1170,7 +1171,7 @@ def _parse_hello(header: dict[str, Any]) -> dict[str, Any]:
         "confine": bool(header["confine"]),
         "drop_uid": optional_int("drop_uid"),
         "drop_gid": optional_int("drop_gid"),
-        "seccomp": None if seccomp is None else base64.b64decode(seccomp),
+        "seccomp": None if seccomp is None else binascii.a2b_base64(seccomp),
         "env": dict(env),
         "workdir": str(header["workdir"]),
         "workspace": str(header["workspace"]),

@@ -10,12 +10,16 @@ namespace (``_launch.fork_chain``): the zygote does almost nothing between
 forks, so it touches few pages, and the server, which never forks a call
 again, touches its own.
 
-The zygote is itself pid 1 of a PID namespace its *launcher* (the server's
-child, which only waits) made for it. That namespace belongs to the sandbox's
-user namespace, so the zygote may return to it with ``setns`` after each
-``unshare(CLONE_NEWPID)``, which Docker's own PID namespace would refuse. It
-also means that when the zygote dies, the kernel kills every init (and every
-call) with it.
+The zygote is a plain child of the server where it may come back to the
+server's PID namespace with ``setns`` after each ``unshare(CLONE_NEWPID)``:
+under bubblewrap and nsjail the sandbox's user namespace (or, as root, the
+host's) owns that namespace, and the zygote holds its capabilities there.
+Docker's PID namespace belongs to the host, which refuses that ``setns``; there
+the zygote's child *launcher* makes a PID namespace of the sandbox's user
+namespace, forks the zygote as its pid 1 and only waits. An idle turn then
+holds one Python process more, so the launcher exists only where it must. Each
+init has ``PR_SET_PDEATHSIG`` on the zygote: when the zygote dies, every init
+dies, and every call with it.
 
 Orders come over a ``SOCK_SEQPACKET`` socket pair, one per packet: ``F`` with
 the child's ends of a call's pipes attached (``SCM_RIGHTS``) forks a chain,
@@ -26,7 +30,7 @@ itself when its call ends, but an init killed on a timeout cannot, and the
 kernel lets the zygote reap pid 1 only once every other process of its
 namespace is gone. Only the zygote can reap an init, so a pid it is asked to
 kill cannot have been reused. The zygote exits when the server closes the
-socket or dies (``PR_SET_PDEATHSIG`` on its launcher, and on it).
+socket or dies (``PR_SET_PDEATHSIG`` on the zygote, and on its launcher).
 """
 
 from __future__ import annotations
@@ -79,13 +83,14 @@ class Zygote:
 
 
 def start(plan: _launch.LaunchPlan, env: dict[str, str]) -> Zygote:
-    """Fork the zygote's launcher from this (the server's) process.
+    """Fork the zygote (or, where it needs one, its launcher) from this (the server's) process.
 
-    Raises ``OSError`` if it cannot. ``Zygote.pid`` is the launcher's, which
-    exits when the zygote does.
+    Raises ``OSError`` if it cannot. ``Zygote.pid`` is this process's child,
+    which exits when the zygote does.
     """
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     server = os.getpid()
+    _launch.release_free_memory()  # before the fork: the zygote would keep them too
     pid = os.fork()
     if pid == 0:
         try:
@@ -94,11 +99,26 @@ def start(plan: _launch.LaunchPlan, env: dict[str, str]) -> Zygote:
             _launch._child_signals()
             _launch.prctl(_launch.PR_SET_PDEATHSIG, 9)
             if os.getppid() == server:
-                _launch_zygote(theirs, plan, env)
+                _become_zygote(theirs, plan, env)
         finally:
             os._exit(0)
     theirs.close()
     return Zygote(pid, ours)
+
+
+def _become_zygote(sock: socket.socket, plan: _launch.LaunchPlan, env: dict[str, str]) -> None:
+    """Serve as the zygote right here if this PID namespace takes it back after each
+    ``unshare``; otherwise launch one as pid 1 of a namespace of its own."""
+    own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY)
+    try:
+        # What fork_chain does after every fork, tried once before the first: refused
+        # (EPERM) where the host's user namespace owns this PID namespace (Docker).
+        _launch.setns(own_pid_ns, _launch.CLONE_NEWPID)
+    except OSError:
+        os.close(own_pid_ns)
+        _launch_zygote(sock, plan, env)
+        return
+    _Loop(sock, plan, env, own_pid_ns).serve()
 
 
 def _launch_zygote(sock: socket.socket, plan: _launch.LaunchPlan, env: dict[str, str]) -> None:
@@ -116,7 +136,7 @@ def _launch_zygote(sock: socket.socket, plan: _launch.LaunchPlan, env: dict[str,
                 if os.read(alive_r, 1) == b"":
                     return
             os.close(alive_r)
-            _Loop(sock, plan, env).serve()
+            _Loop(sock, plan, env, os.open("/proc/self/ns/pid", os.O_RDONLY)).serve()
         finally:
             os._exit(0)
     sock.close()  # the zygote's end only: when it dies, the server's sends fail at once
@@ -128,14 +148,17 @@ def _launch_zygote(sock: socket.socket, plan: _launch.LaunchPlan, env: dict[str,
 class _Loop:
     """The zygote's state: the order socket, and the status pipe of each init not yet reaped."""
 
-    def __init__(self, sock: socket.socket, plan: _launch.LaunchPlan, env: dict[str, str]) -> None:
+    def __init__(
+        self, sock: socket.socket, plan: _launch.LaunchPlan, env: dict[str, str], own_pid_ns: int
+    ) -> None:
         self.sock = sock
         self.plan = plan
         self.env = env
         self.status: dict[int, int] = {}
         # Each init checks the read end for its parent's death; only the zygote writes.
         self.alive_r, self.alive_w = os.pipe()
-        self.own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY)
+        #: The zygote's own PID namespace (open), which it returns to after each fork.
+        self.own_pid_ns = own_pid_ns
 
     def serve(self) -> None:
         """Fork on every order and reap every init, until the server closes the socket."""
