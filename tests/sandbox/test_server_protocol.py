@@ -85,7 +85,7 @@ def test_server_sources_parse_as_python_38() -> None:
     """Every server module and the bootstrap use only Python 3.8 syntax (Docker images may be old)."""
     package = resources.files("astralvessel.sandbox.server")
     sources = marshal.loads(server_payload())["src"]  # noqa: S302 - our own payload
-    assert next(iter(sources)) == "_protocol"
+    assert next(iter(sources)) == "_lean"
     assert list(sources)[-1] == "_main"
     for name in SERVER_MODULES:
         path = package / f"{name}.py"

@@ -8,6 +8,8 @@ turn), so these tests pin the process tree's shape: a regression that adds a pro
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -16,11 +18,13 @@ import pytest
 from astralvessel.sandbox import FsRequest, Policy, SandboxSession
 from astralvessel.sandbox._channels import PipeChannel
 from astralvessel.sandbox._discovery import get_backend
-from astralvessel.sandbox._session import ServerSession
+from astralvessel.sandbox._session import BOOTSTRAP, ServerSession, server_payload
 
 BACKENDS = ["bubblewrap", "nsjail"]
 #: The sandbox binary's own processes above the server: bwrap's parent and its pid 1.
 BINARY_PROCESSES = {"bubblewrap": 2, "nsjail": 1}
+#: Standard modules the server must not hold: each idle turn would carry them (see _lean).
+HEAVY_MODULES = {"collections", "contextlib", "enum", "functools", "re", "selectors", "socket"}
 
 
 def _parents() -> dict[int, int]:
@@ -116,3 +120,30 @@ def test_an_idle_turn_is_a_server_its_zygote_and_one_spare(name: str) -> None:
     assert pythons == {server, zygote, spare}
     # Nothing of the turn hangs below the server that is not one of the three.
     assert below_server == {zygote, spare}
+
+
+def test_the_server_loads_without_the_heavy_standard_modules() -> None:
+    """The server's bootstrap loads every server module and imports none of ``HEAVY_MODULES``."""
+    main = "p._main.main()"
+    assert main in BOOTSTRAP
+    # The real bootstrap and payload, with main replaced by a report of what is loaded.
+    report = "print(' '.join(sorted(sys.modules)))"
+    payload = server_payload()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-I",
+            "-S",
+            "-B",
+            "-c",
+            BOOTSTRAP.replace(main, report),
+            str(len(payload)),
+        ],
+        input=payload,
+        capture_output=True,
+        check=True,
+        timeout=60,
+    )
+    loaded = set(done.stdout.decode().split())
+    assert "_astralvessel_server._main" in loaded
+    assert loaded & HEAVY_MODULES == set()

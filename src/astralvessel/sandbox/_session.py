@@ -74,6 +74,7 @@ __all__ = [
 #: The server's modules, in the order they are executed (each may import those before it).
 #: ``_seccomp`` and ``_files`` are optional: the server reports what it lacks.
 SERVER_MODULES = (
+    "_lean",
     "_protocol",
     "_seccomp",
     "_userns",

@@ -141,17 +141,18 @@ def _memfds(pid: str, seen: set[tuple[int, int]]) -> int:
     return total
 
 
-def call_memory(inits: dict[int, int], *, precise: bool = False) -> dict[int, int]:
+def call_memory(inits: dict[int, int], depth: int, *, precise: bool = False) -> dict[int, int]:
     """Bytes each running call holds, by call id: every process of its PID namespace.
 
     ``inits`` maps each call's init, by its pid in the zygote's namespace (the
-    ``P`` line), to the call's id. Every process of a call's namespace descends
-    from its init (orphans are re-parented to it), so each is charged to the
-    init its parents lead to. That takes only ``status``, which needs no ptrace
-    access (init is not dumpable). Each process counts its RSS, or with
-    ``precise`` its PSS where the kernel has it (never more than the RSS), plus
-    the memfd files it holds open. A process that exits while it is read is
-    skipped.
+    ``P`` line), to the call's id; a call's processes are ``depth`` namespaces
+    deep as this ``/proc`` counts them (``Zygote.call_depth``). Every process of
+    a call's namespace descends from its init (orphans are re-parented to it),
+    so each is charged to the init its parents lead to. That takes only
+    ``status``, which needs no ptrace access (init is not dumpable). Each
+    process counts its RSS, or with ``precise`` its PSS where the kernel has it
+    (never more than the RSS), plus the memfd files it holds open. A process
+    that exits while it is read is skipped.
     """
     usage = dict.fromkeys(inits.values(), 0)
     parent: dict[int, int] = {}
@@ -164,11 +165,11 @@ def call_memory(inits: dict[int, int], *, precise: bool = False) -> dict[int, in
             nspid, ppid, rss = _status(name)
         except (OSError, ValueError, IndexError):
             continue
-        if len(nspid) < 3:
+        if len(nspid) < depth:
             continue  # not in a call's namespace (the server, the zygote, the worker)
         parent[int(name)] = ppid
         resident[int(name)] = rss
-        if nspid[-1] == 1 and nspid[-2] in inits:
+        if len(nspid) == depth and nspid[-1] == 1 and nspid[-2] in inits:
             # A call's init: pid 1 of its namespace; one level up, the zygote's P line.
             owner[int(name)] = inits[nspid[-2]]
     seen: set[tuple[int, int]] = set()

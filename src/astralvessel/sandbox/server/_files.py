@@ -30,18 +30,19 @@ next step if it grows.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import posixpath
 import stat
 import time
-from collections.abc import Iterator
+
+from ._lean import suppress
 
 # Annotations only: importing typing costs every turn's start a few milliseconds, and
 # mypy reads any ``if TYPE_CHECKING:`` block as taken.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from typing import Any
 
 __all__ = ["BINARY_PROBE_BYTES", "VIEWS", "FileContext", "handle", "warm"]
@@ -277,7 +278,7 @@ class _Node:
 
 def _close(fd: int | None) -> None:
     if fd is not None:
-        with contextlib.suppress(OSError):
+        with suppress(OSError):
             os.close(fd)
 
 

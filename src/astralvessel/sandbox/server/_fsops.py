@@ -22,13 +22,13 @@ large file.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import posixpath
 import stat
 
 from . import _files
+from ._lean import suppress
 
 # Annotations only: importing typing (and re, through it) costs every turn's start a few
 # milliseconds, and mypy reads any ``if TYPE_CHECKING:`` block as taken.
@@ -141,7 +141,7 @@ def _open_folder(
             if above.fd is None:
                 raise _files._Refusal(f"{path} cannot be made here.", errno.EACCES) from None
             # Made meanwhile (another request, or a call)? Then resolve it as it is now.
-            with contextlib.suppress(FileExistsError):
+            with suppress(FileExistsError):
                 os.mkdir(name, _DIR_MODE, dir_fd=above.fd)
         finally:
             _files._close(above.fd)

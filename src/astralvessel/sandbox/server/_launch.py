@@ -40,16 +40,14 @@ namespace step (``_userns``) and the filter install (``_seccomp``) stand apart.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import resource
-import signal
 import stat
 import warnings  # noqa: F401 - see below
-from collections.abc import Callable
 
 from . import _userns
+from ._lean import signal, suppress
 
 # os.get_exec_path imports warnings on first use, and a call's init first uses it after
 # dropping to a uid that may not read the interpreter's library (the host's Python under
@@ -59,6 +57,7 @@ from . import _userns
 # mypy reads any ``if TYPE_CHECKING:`` block as taken.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 __all__ = [
@@ -124,7 +123,7 @@ def release_free_memory() -> None:
     an allocator keeps freed pages: resident, and counted in every idle turn's
     memory. Best effort: another C library may have no ``malloc_trim``.
     """
-    with contextlib.suppress(AttributeError, OSError):
+    with suppress(AttributeError, OSError):
         _lib().malloc_trim(0)
 
 
@@ -237,7 +236,7 @@ class Spawned:
         for name in ("output", "errors", "stdin", "status", "control"):
             fd = getattr(self, name)
             if fd >= 0:
-                with contextlib.suppress(OSError):
+                with suppress(OSError):
                     os.close(fd)
                 setattr(self, name, -1)
 
@@ -250,7 +249,7 @@ def close_fds_except(keep: set[int]) -> None:
         fds = list(range(3, min(resource.getrlimit(resource.RLIMIT_NOFILE)[0], 65536)))
     for fd in fds:
         if fd > 2 and fd not in keep:
-            with contextlib.suppress(OSError):
+            with suppress(OSError):
                 os.close(fd)
 
 
@@ -262,13 +261,13 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def _report(fd: int, line: str) -> None:
     """Send one line to the server on the status pipe; a failure here has nowhere to go."""
-    with contextlib.suppress(OSError):
+    with suppress(OSError):
         _write_all(fd, (line.replace("\n", " ") + "\n").encode("utf-8", "replace"))
 
 
 def _child_signals() -> None:
     """Undo the server's signal setup, which a fork inherits and an exec partly keeps."""
-    with contextlib.suppress(ValueError, OSError):
+    with suppress(ValueError, OSError):
         signal.set_wakeup_fd(-1)
     for sig in (signal.SIGCHLD, signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGXFSZ):
         signal.signal(sig, signal.SIG_DFL)
@@ -486,7 +485,7 @@ def reset_ignored_signals() -> None:
     """
     for sig in signal.valid_signals():
         if sig not in (signal.SIGKILL, signal.SIGSTOP, signal.SIGXFSZ):
-            with contextlib.suppress(OSError, ValueError):
+            with suppress(OSError, ValueError):
                 if signal.getsignal(sig) == signal.SIG_IGN:
                     signal.signal(sig, signal.SIG_DFL)
 
@@ -503,7 +502,7 @@ def _rehearse(plan: LaunchPlan, env: dict[str, str]) -> None:
     _executable("true", env)
     if plan.limits is not None:
         for which in _LIMITS:
-            with contextlib.suppress(ValueError, OSError):
+            with suppress(ValueError, OSError):
                 resource.setrlimit(which, resource.getrlimit(which))
 
 
@@ -517,7 +516,7 @@ def _spawn_command(argv: list[str], env: dict[str, str]) -> int | None:
     """
     path = _executable(argv[0], env)
     if path is not None:
-        with contextlib.suppress(OSError):
+        with suppress(OSError):
             return os.posix_spawn(path, argv, env, setsigmask=())
     try:
         pid = os.fork()
@@ -596,7 +595,7 @@ def _idle_priority() -> None:
     A process may always lower its own priority, but not raise it again, so
     only a process that has nothing left to do on a call's path does this.
     """
-    with contextlib.suppress(OSError, AttributeError):
+    with suppress(OSError, AttributeError):
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 
 
@@ -608,7 +607,7 @@ def _empty_namespace() -> None:
     namespace holds nothing but init. A fork racing the kill cannot slip through:
     the kernel refuses a fork to a process that has a fatal signal pending.
     """
-    with contextlib.suppress(OSError):
+    with suppress(OSError):
         os.kill(-1, signal.SIGKILL)
     while True:
         try:

@@ -1,6 +1,6 @@
 """The sandbox server's event loop (stdlib only, Python 3.8+).
 
-One thread, one ``selectors`` loop: frames from the host, each call's output
+One thread, one selector loop (``_lean.Selector``): frames from the host, each call's output
 pipe and stdin pipe, the file worker's replies and a SIGCHLD wake-up pipe. A
 single thread means every fork happens in a single-threaded process, so the
 Python code that runs between fork and exec cannot deadlock on a lock another
@@ -23,21 +23,18 @@ launch (``_launch``, ``_zygote``) and the file tools (``_files``, ``_worker``).
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import os
-import selectors
-import signal
 import sys
 import time
-from collections.abc import Callable
 
 from . import _bounds, _launch, _outbox, _protocol, _relay, _rootfs, _userns, _worker, _zygote
+from ._lean import EVENT_READ, EVENT_WRITE, Selector, signal, suppress
 
 # Annotations only: importing typing costs every turn's start a few milliseconds, and
 # mypy reads any ``if TYPE_CHECKING:`` block as taken.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 __all__ = ["Server", "main"]
@@ -65,14 +62,14 @@ def _seccomp_installer() -> Callable[[bytes], None] | None:
 
 def _warm(plan: _launch.LaunchPlan) -> None:
     """Do once, before any fork, the setup every call would otherwise repeat in its child."""
-    with contextlib.suppress(OSError, AttributeError):
+    with suppress(OSError, AttributeError):
         _launch.warm()
     if plan.seccomp is not None:
         try:
             from . import _seccomp
         except ImportError:
             return
-        with contextlib.suppress(ValueError, OSError, AttributeError):
+        with suppress(ValueError, OSError, AttributeError):
             _seccomp.prepare(plan.seccomp)
 
 
@@ -175,7 +172,7 @@ class Server:
         self.rfd = rfd
         self.wfd = wfd
         self.decoder = _protocol.FrameDecoder()
-        self.selector = selectors.DefaultSelector()
+        self.selector = Selector()
         self.calls: dict[int, Call] = {}
         self.running = True
         self.config: dict[str, Any] | None = None
@@ -185,7 +182,7 @@ class Server:
         self.worker: _worker.Worker | None = None
         self.worker_context: dict[str, Any] = {}
         self.worker_decoder = _protocol.FrameDecoder()
-        self.worker_queue: collections.deque[tuple[dict[str, Any], bytes]] = collections.deque()
+        self.worker_queue: list[tuple[dict[str, Any], bytes]] = []
         self.worker_busy: tuple[int, float, float] | None = None  # id, deadline, timeout
         #: The next call's prepared namespaces (confined with a PID namespace only).
         self.spare: _launch.Spawned | None = None
@@ -222,8 +219,8 @@ class Server:
         signal.signal(signal.SIGCHLD, lambda signum, frame: None)
         signal.set_wakeup_fd(wake_w)
         os.set_blocking(self.rfd, False)
-        self.selector.register(self.rfd, selectors.EVENT_READ, self._on_host)
-        self.selector.register(wake_r, selectors.EVENT_READ, self._on_wake)
+        self.selector.register(self.rfd, EVENT_READ, self._on_host)
+        self.selector.register(wake_r, EVENT_READ, self._on_wake)
         try:
             while self.running:
                 for key, events in self.selector.select(self._next_timeout()):
@@ -454,7 +451,7 @@ class Server:
             own_userns=plan.confine and plan.pid_namespace and plan.own_userns,
         )
         self.worker_decoder = _protocol.FrameDecoder()
-        self.selector.register(worker.replies, selectors.EVENT_READ, self._on_worker)
+        self.selector.register(worker.replies, EVENT_READ, self._on_worker)
         return worker
 
     # -- calls -----------------------------------------------------------------
@@ -490,25 +487,25 @@ class Server:
                 self.fail(call_id, f"cannot start the call's namespaces: {exc}")
                 return
             # If the chain died while setting up, its status pipe says why.
-            with contextlib.suppress(OSError):
+            with suppress(OSError):
                 _launch.start(spawned, argv, cwd, extra_env, split=split, detach=order.detach)
         elif spawned is None:
             spawned = _launch.spawn(plan, argv, cwd, dict(self.env, **extra_env), split=split)
         call = Call(call_id, spawned, order)
         self.calls[call_id] = call
-        self._watch(spawned.output, selectors.EVENT_READ, self._on_output, call)
+        self._watch(spawned.output, EVENT_READ, self._on_output, call)
         if split:
-            self._watch(spawned.errors, selectors.EVENT_READ, self._on_errors, call)
+            self._watch(spawned.errors, EVENT_READ, self._on_errors, call)
         elif spawned.errors >= 0:
             os.close(spawned.errors)  # a tool call's stderr shares the output pipe
             spawned.errors = -1
         body = order.stdin
         if not spawned.group:
             # The end of a namespace call comes on the status pipe (init's ``D``).
-            self._watch(spawned.status, selectors.EVENT_READ, self._on_status, call)
+            self._watch(spawned.status, EVENT_READ, self._on_status, call)
         if body:
             call.stdin = memoryview(body)
-            self._watch(spawned.stdin, selectors.EVENT_WRITE, self._on_stdin, call)
+            self._watch(spawned.stdin, EVENT_WRITE, self._on_stdin, call)
         else:
             self._close_stdin(call)
         self._started(call)
@@ -582,14 +579,14 @@ class Server:
             return
         if plan.confine and plan.pid_namespace:
             # A call that finds no spare prepares its own and reports why it failed.
-            with contextlib.suppress(OSError):
+            with suppress(OSError):
                 self.spare = self._prepare()
 
     def _prepare(self) -> _launch.Spawned:
         """Have the zygote fork a call's chain, (re)starting the zygote if it is not running."""
         zygote = self.zygote
         if zygote is not None:
-            with contextlib.suppress(OSError):
+            with suppress(OSError):
                 return _launch.prepare(zygote.order)
             zygote.close()  # it died; one new zygote, then give up
         _, plan = self._configured()
@@ -641,7 +638,7 @@ class Server:
     def _close_stdin(self, call: Call) -> None:
         if call.spawned.stdin < 0:
             return
-        with contextlib.suppress(KeyError, ValueError):
+        with suppress(KeyError, ValueError):
             self.selector.unregister(call.spawned.stdin)
         os.close(call.spawned.stdin)
         call.spawned.stdin = -1
@@ -685,7 +682,7 @@ class Server:
         if not call.output_open:
             return
         call.output_open = False
-        with contextlib.suppress(KeyError, ValueError):
+        with suppress(KeyError, ValueError):
             self.selector.unregister(call.spawned.output)
         os.close(call.spawned.output)
         call.spawned.output = -1
@@ -694,7 +691,7 @@ class Server:
         if not call.errors_open:
             return
         call.errors_open = False
-        with contextlib.suppress(KeyError, ValueError):
+        with suppress(KeyError, ValueError):
             self.selector.unregister(call.spawned.errors)
         os.close(call.spawned.errors)
         call.spawned.errors = -1
@@ -750,7 +747,7 @@ class Server:
                 self._ended(call, 0)
 
     def _stop_watching_status(self, call: Call) -> None:
-        with contextlib.suppress(KeyError, ValueError):
+        with suppress(KeyError, ValueError):
             self.selector.unregister(call.spawned.status)
 
     def _drain_status(self, call: Call) -> bool:
@@ -813,9 +810,9 @@ class Server:
         The limit is the turn's: every running call's processes together
         (``_bounds.call_memory``). RLIMIT_AS bounds each process between samples.
         """
-        plan = self.plan
+        plan, zygote = self.plan, self.zygote
         running = [c for c in self.calls.values() if c.status is None and c.memory_stopped is None]
-        if not running or plan is None or not (plan.confine and plan.pid_namespace):
+        if not running or plan is None or zygote is None or not plan.confine:
             self.memory_at = None
             return
         now = time.monotonic()
@@ -830,10 +827,10 @@ class Server:
                 inits[int(init[0])] = call.id
         config, _ = self._configured()
         limit = config["limits"]["memory_mb"] << 20
-        usage = _bounds.call_memory(inits)
+        usage = _bounds.call_memory(inits, zygote.call_depth)
         if _bounds.over_limit(usage, limit) is not None:
             # The RSS counts pages a fork shares once per process; decide on the PSS.
-            usage = _bounds.call_memory(inits, precise=True)
+            usage = _bounds.call_memory(inits, zygote.call_depth, precise=True)
         victim = _bounds.over_limit(usage, limit)
         # A sample takes at most a tenth of the server's time, however many processes.
         spent = time.monotonic() - now
@@ -988,7 +985,7 @@ class Server:
                 worker = self._start_worker()
             except OSError as exc:  # no fork now (the process limit): these requests fail
                 while self.worker_queue:
-                    failed, _ = self.worker_queue.popleft()
+                    failed, _ = self.worker_queue.pop(0)
                     self.send(
                         {
                             "type": "fs_result",
@@ -1000,7 +997,7 @@ class Server:
                         }
                     )
                 return
-        request, body = self.worker_queue.popleft()
+        request, body = self.worker_queue.pop(0)
         timeout = request["timeout"]
         self.worker_busy = (request["id"], time.monotonic() + timeout + _WORKER_GRACE, timeout)
         try:
@@ -1034,7 +1031,7 @@ class Server:
         """Kill the worker, answer its current request with ``why``, start a fresh one."""
         worker = self.worker
         if worker is not None:
-            with contextlib.suppress(KeyError, ValueError):
+            with suppress(KeyError, ValueError):
                 self.selector.unregister(worker.replies)
             worker.kill()
             self.worker = None
@@ -1061,7 +1058,7 @@ class Server:
             self._kill(call)
         for call in self.calls.values():
             if call.spawned.group:
-                with contextlib.suppress(ChildProcessError):
+                with suppress(ChildProcessError):
                     os.waitpid(call.spawned.pid, 0)
         if self.zygote is not None:
             # Its death takes every init (PDEATHSIG), and each namespace with it.
@@ -1069,14 +1066,14 @@ class Server:
         if self.worker is not None:
             self.worker.kill()
         if self.relay is not None:
-            with contextlib.suppress(OSError):
+            with suppress(OSError):
                 os.kill(self.relay, signal.SIGKILL)
 
 
 def _wait_readable(fd: int, timeout: float) -> None:
     """Block until ``fd`` has something to read (or end of file), at most ``timeout`` seconds."""
-    with selectors.DefaultSelector() as selector:
-        selector.register(fd, selectors.EVENT_READ)
+    with Selector() as selector:
+        selector.register(fd, EVENT_READ)
         selector.select(timeout)
 
 
@@ -1090,7 +1087,7 @@ def _has_exited(pid: int) -> bool:
 
 
 def _killpg(pgid: int) -> None:
-    with contextlib.suppress(OSError):
+    with suppress(OSError):
         os.killpg(pgid, signal.SIGKILL)
 
 

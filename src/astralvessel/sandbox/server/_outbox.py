@@ -20,16 +20,17 @@ What is not returned is counted by reason, for a note the model sees.
 
 from __future__ import annotations
 
-import contextlib
 import heapq
 import os
 import stat
-from collections.abc import Callable
+
+from ._lean import suppress
 
 # Annotations only: importing typing costs every turn's start a few milliseconds, and
 # mypy reads any ``if TYPE_CHECKING:`` block as taken.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any
 
 __all__ = ["FILES_PER_CALL", "Collected", "collect", "prepare", "remove_tree", "send_files"]
@@ -60,7 +61,7 @@ class Collected:
 
     def close(self) -> None:
         for _, fd, _ in self.files:
-            with contextlib.suppress(OSError):
+            with suppress(OSError):
                 os.close(fd)
         self.files = []
 
@@ -69,7 +70,7 @@ def prepare(root: str, call_id: int, uid: int | None, gid: int | None) -> str:
     """Make the call's empty outbox folder, owned by the call's user; return its path."""
     name = str(call_id)
     path = os.path.join(root, name)
-    with contextlib.suppress(OSError):
+    with suppress(OSError):
         os.makedirs(root, exist_ok=True)
     try:
         os.mkdir(path, 0o755)
@@ -183,7 +184,7 @@ def _open_regular(dfd: int, name: str, uid: int | None) -> int | None:
 
 
 def _remove_at(parent: str, name: str) -> None:
-    with contextlib.suppress(OSError):
+    with suppress(OSError):
         pfd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
         try:
             remove_tree(pfd, name)
@@ -240,7 +241,7 @@ def remove_tree(pfd: int, name: str, budget: int = REMOVE_BUDGET) -> None:
     except OSError:
         return  # cannot remove something: leave the rest (the workspace is bounded)
     finally:
-        with contextlib.suppress(OSError):
+        with suppress(OSError):
             os.close(fd)
 
 

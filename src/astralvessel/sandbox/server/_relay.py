@@ -8,7 +8,7 @@ them), so the server forks this relay at hello. It listens on
 connection a call opens, connects to the proxy's socket and copies bytes both
 ways, reading nothing: every decision is the host proxy's.
 
-One process, one ``selectors`` loop, non-blocking sockets, a bounded buffer
+One process, one selector loop, non-blocking sockets, a bounded buffer
 per direction (a side that stops reading stops the other side's reads), and at
 most ``MAX_CONNECTIONS`` at once. It dies with the server (``PDEATHSIG``) and
 with the sandbox. Stdlib only, Python 3.8+.
@@ -16,14 +16,17 @@ with the sandbox. Stdlib only, Python 3.8+.
 
 from __future__ import annotations
 
-import contextlib
+import _socket  # socket's C type: the socket module would import enum (see _lean)
 import os
-import selectors
-import signal
-import socket
 import sys
 
 from . import _launch
+from ._lean import EVENT_READ, EVENT_WRITE, Selector, signal, suppress
+
+# The relay process alone imports socket, for its listener's accept (see start).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import socket
 
 __all__ = ["start"]
 
@@ -35,7 +38,7 @@ _CHUNK = 65536
 class _Side:
     """One socket of a spliced pair and the bytes waiting to be written to it."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: _socket.socket) -> None:
         self.sock = sock
         self.pending = b""
         self.read_done = False  # it sent end-of-file (or failed): nothing more to read
@@ -48,12 +51,12 @@ class _Relay:
     def __init__(self, listener: socket.socket, target: str) -> None:
         self.listener = listener
         self.target = target
-        self.selector = selectors.DefaultSelector()
+        self.selector = Selector()
         self.pairs = 0
 
     def serve(self) -> None:
         self.listener.setblocking(False)
-        self.selector.register(self.listener, selectors.EVENT_READ, None)
+        self.selector.register(self.listener, EVENT_READ, None)
         while True:
             for key, events in self.selector.select():
                 if key.data is None:
@@ -69,7 +72,7 @@ class _Relay:
         if self.pairs >= MAX_CONNECTIONS:
             client.close()
             return
-        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        upstream = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         try:
             upstream.connect(self.target)
         except OSError:
@@ -88,9 +91,9 @@ class _Relay:
         events = 0
         # Read only while the peer's buffer has room: backpressure instead of memory.
         if not side.read_done and peer is not None and len(peer.pending) < _CHUNK:
-            events |= selectors.EVENT_READ
+            events |= EVENT_READ
         if side.pending:
-            events |= selectors.EVENT_WRITE
+            events |= EVENT_WRITE
         registered = side.sock.fileno() in self.selector.get_map()
         if events and registered:
             self.selector.modify(side.sock, events, side)
@@ -103,7 +106,7 @@ class _Relay:
         peer = side.peer
         if peer is None:
             return
-        if events & selectors.EVENT_WRITE and side.pending:
+        if events & EVENT_WRITE and side.pending:
             try:
                 sent = side.sock.send(side.pending)
                 side.pending = side.pending[sent:]
@@ -112,7 +115,7 @@ class _Relay:
             except OSError:
                 # It cannot take more: stop reading what was meant for it, keep the other way.
                 side.pending, side.broken, peer.read_done = b"", True, True
-        if events & selectors.EVENT_READ and not side.read_done:
+        if events & EVENT_READ and not side.read_done:
             try:
                 data: bytes | None = side.sock.recv(_CHUNK)
             except (BlockingIOError, InterruptedError):
@@ -128,8 +131,8 @@ class _Relay:
             if source is not None and source.read_done and not one.pending and not one.shut:
                 # Pass the end of the stream on once everything before it is delivered.
                 one.shut = True
-                with contextlib.suppress(OSError):
-                    one.sock.shutdown(socket.SHUT_WR)
+                with suppress(OSError):
+                    one.sock.shutdown(_socket.SHUT_WR)
         if side.read_done and peer.read_done and not side.pending and not peer.pending:
             self._close(side, peer)
             return
@@ -139,7 +142,7 @@ class _Relay:
     def _close(self, *sides: _Side) -> None:
         self.pairs -= 1
         for one in sides:
-            with contextlib.suppress(KeyError, ValueError):
+            with suppress(KeyError, ValueError):
                 self.selector.unregister(one.sock)
             one.sock.close()
             one.peer = None
@@ -152,9 +155,9 @@ def start(target: str, port: int, drop_uid: int | None, drop_gid: int | None) ->
     first; raises ``OSError`` if it cannot be. The relay gives up the server's
     identity (as the file worker does) before it serves.
     """
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
     try:
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
         listener.bind(("127.0.0.1", port))
         listener.listen(128)
     except OSError:
@@ -170,9 +173,14 @@ def start(target: str, port: int, drop_uid: int | None, drop_gid: int | None) ->
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             _launch.prctl(_launch.PR_SET_PDEATHSIG, 9)
             if os.getppid() == server:
+                # Here, before the drop (the library may be unreadable after it), and in the
+                # relay only: the server would hold socket's imports in every idle turn.
+                import socket
+
+                accepting = socket.socket(fileno=listener.detach())
                 _launch._drop(drop_uid, drop_gid)
                 _launch.prctl(_launch.PR_SET_NO_NEW_PRIVS, 1)
-                _Relay(listener, target).serve()
+                _Relay(accepting, target).serve()
         except BaseException:
             # The interpreter's own hook prints the traceback without importing traceback
             # (and re, through it) into every server's start-up, and after the drop above.

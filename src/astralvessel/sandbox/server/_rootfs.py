@@ -32,16 +32,12 @@ turn's: what one call installs the next one finds, and no other turn sees it.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import stat
-from collections.abc import Iterator
 
 from . import _launch
 
-# Annotations only: importing typing costs every turn's start a few milliseconds, and
-# mypy reads any ``if TYPE_CHECKING:`` block as taken.
 __all__ = ["LAYERS", "SCRATCH", "make_root_writable"]
 
 #: Scratch folders every writable root has, sticky and writable by all (made where missing).
@@ -102,23 +98,32 @@ def _seed(lower: str, upper: str) -> None:
             pending.append((entry.path, made))
 
 
-@contextlib.contextmanager
-def _as_call(uid: int | None, gid: int | None) -> Iterator[None]:
-    """Create files as the call's host identity (fsuid, fsgid) and with umask 0, then restore."""
-    lib = _launch._lib()
-    mask = os.umask(0)
-    if gid is not None:
-        lib.setfsgid(ctypes.c_uint(gid))
-    if uid is not None:
-        lib.setfsuid(ctypes.c_uint(uid))
-    try:
-        yield
-    finally:
-        if uid is not None:
+class _as_call:
+    """Create files as the call's host identity (fsuid, fsgid) and with umask 0, then restore.
+
+    A class rather than ``contextlib.contextmanager``, whose imports every idle turn would hold.
+    """
+
+    def __init__(self, uid: int | None, gid: int | None) -> None:
+        self.uid = uid
+        self.gid = gid
+        self.mask = 0
+
+    def __enter__(self) -> None:
+        lib = _launch._lib()
+        self.mask = os.umask(0)
+        if self.gid is not None:
+            lib.setfsgid(ctypes.c_uint(self.gid))
+        if self.uid is not None:
+            lib.setfsuid(ctypes.c_uint(self.uid))
+
+    def __exit__(self, *exc_info: object) -> None:
+        lib = _launch._lib()
+        if self.uid is not None:
             lib.setfsuid(ctypes.c_uint(os.geteuid()))
-        if gid is not None:
+        if self.gid is not None:
             lib.setfsgid(ctypes.c_uint(os.getegid()))
-        os.umask(mask)
+        os.umask(self.mask)
 
 
 def _copy_file(source: str, target: str) -> None:

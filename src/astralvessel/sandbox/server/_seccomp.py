@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import ctypes
 import os
-from collections.abc import Callable
+
+# Annotations only: collections.abc imports collections, which every idle turn would hold.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 __all__ = ["install", "prepare"]
 

@@ -29,10 +29,11 @@ in, where the call holds nothing: ``/proc/1`` is closed to the call.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import resource
+
+from ._lean import suppress
 
 # Annotations only: importing typing costs every turn's start a few milliseconds, and
 # mypy reads any ``if TYPE_CHECKING:`` block as taken.
@@ -126,7 +127,7 @@ def _map_from_outside(init: int, uid: int, gid: int, go: int, done: int, *, inne
             os.write(done, b"x")
             code = 0
     except BaseException as exc:
-        with contextlib.suppress(OSError):
+        with suppress(OSError):
             os.write(done, f"E{exc}".encode(errors="replace"))
     finally:
         os._exit(code)
@@ -147,7 +148,7 @@ def enter_own_namespace(host_uid: int | None, host_gid: int | None, inner: int =
     uid = os.geteuid() if host_uid is None else host_uid
     gid = os.getegid() if host_gid is None else host_gid
     # The namespace's parent levels count forks against the limit init has when it makes it.
-    with contextlib.suppress(OSError, ValueError):
+    with suppress(OSError, ValueError):
         resource.setrlimit(resource.RLIMIT_NPROC, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
     # Only a process left in the parent namespace, with our capabilities there, may map any id
     # but its own; so a child of ours writes the maps. The namespace is then owned by the
@@ -173,7 +174,7 @@ def enter_own_namespace(host_uid: int | None, host_gid: int | None, inner: int =
     if answer != b"x":
         raise OSError(f"cannot map the call's ids: {answer[1:].decode(errors='replace')}")
     # The creator holds every capability in the new namespace until it gives them up below.
-    with contextlib.suppress(OSError):
+    with suppress(OSError):
         os.setgroups([])  # refused where the sandbox's own namespace denies setgroups
     os.setresgid(inner, inner, inner)
     os.setresuid(inner, inner, inner)

@@ -10,20 +10,19 @@ views). So a file tool can never show more than a confined call could read.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import sys
 import time
-from collections.abc import Callable
 
 from . import _launch, _protocol, _userns
+from ._lean import signal, suppress
 
 __all__ = ["FileContext", "Worker", "start_worker"]
 
 # Annotations only: typing costs every turn's start milliseconds (mypy takes the branch).
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # collections.abc.Callable is not subscriptable at run time on Python 3.8
+    from collections.abc import Callable
     from typing import Any
 
     Handler = Callable[[str, dict[str, Any], Any], tuple[str, bool]]
@@ -83,12 +82,12 @@ class Worker:
 
     def kill(self) -> None:
         """Kill and reap the worker and close its pipes."""
-        with contextlib.suppress(OSError):
+        with suppress(OSError):
             os.kill(self.pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
+        with suppress(ChildProcessError):
             os.waitpid(self.pid, 0)
         for fd in (self.requests, self.replies):
-            with contextlib.suppress(OSError):
+            with suppress(OSError):
                 os.close(fd)
 
 
@@ -146,7 +145,7 @@ def start_worker(
 
 def _close_all(*fds: int) -> None:
     for fd in fds:
-        with contextlib.suppress(OSError):
+        with suppress(OSError):
             os.close(fd)
 
 

@@ -35,50 +35,52 @@ socket or dies (``PR_SET_PDEATHSIG`` on the zygote, and on its launcher).
 
 from __future__ import annotations
 
-import array
-import contextlib
+import _socket  # socket's C type: the socket module would import enum (see _lean)
 import gc
 import os
-import selectors
-import signal
-import socket
 import struct
 
 from . import _launch
+from ._lean import EVENT_READ, Selector, signal, suppress
 
 __all__ = ["Zygote", "start"]
 
 _FORK = b"F"
 _KILL = b"K"
 _PID = struct.Struct("!i")
-_FD_BYTES = array.array("i").itemsize
+_FD = struct.Struct("i")
 _STATUS = _launch.CHAIN_FDS.index("status")
 
 
 class Zygote:
-    """The server's handle on its zygote: its pid and the socket orders go through."""
+    """The server's handle on its zygote: its pid, the socket orders go through, and
+    ``call_depth``, how many PID namespaces deep (``NSpid`` in the server's ``/proc``,
+    counted from the server's own) each call's processes are: 2 under a zygote in the
+    server's namespace, 3 under a launcher's."""
 
-    def __init__(self, pid: int, sock: socket.socket) -> None:
+    def __init__(self, pid: int, sock: _socket.socket, call_depth: int) -> None:
         self.pid = pid
         self.sock = sock
+        self.call_depth = call_depth
 
     def order(self, child_fds: list[int]) -> None:
         """Have the zygote fork one chain on ``child_fds``; raises ``OSError`` if it is gone."""
-        rights = (socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", child_fds).tobytes())
+        fds = b"".join(_FD.pack(fd) for fd in child_fds)
+        rights = (_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)
         self.sock.sendmsg([_FORK], [rights])
 
     def kill(self, pid: int) -> None:
         """Have the zygote SIGKILL the init it named ``P<pid>``, unless it reaped it already."""
-        with contextlib.suppress(OSError):
+        with suppress(OSError):
             self.sock.send(_KILL + _PID.pack(pid))
 
     def close(self) -> None:
         """Close the socket (the zygote then exits) and reap the zygote, killing it if need be."""
-        with contextlib.suppress(OSError):
+        with suppress(OSError):
             self.sock.close()
-        with contextlib.suppress(OSError):
+        with suppress(OSError):
             os.kill(self.pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
+        with suppress(ChildProcessError):
             os.waitpid(self.pid, 0)
 
 
@@ -88,40 +90,51 @@ def start(plan: _launch.LaunchPlan, env: dict[str, str]) -> Zygote:
     Raises ``OSError`` if it cannot. ``Zygote.pid`` is this process's child,
     which exits when the zygote does.
     """
-    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    ours, theirs = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
     server = os.getpid()
+    own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY)
+    try:
+        # What fork_chain does after every fork, tried here once (it changes nothing): refused
+        # (EPERM) where the host's user namespace owns this PID namespace (Docker).
+        _launch.setns(own_pid_ns, _launch.CLONE_NEWPID)
+        launcher = False
+    except OSError:
+        launcher = True
     _launch.release_free_memory()  # before the fork: the zygote would keep them too
-    pid = os.fork()
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(own_pid_ns)
+        raise
     if pid == 0:
         try:
             ours.close()
-            _launch.close_fds_except({theirs.fileno()})
+            _launch.close_fds_except({theirs.fileno(), own_pid_ns})
             _launch._child_signals()
             _launch.prctl(_launch.PR_SET_PDEATHSIG, 9)
             if os.getppid() == server:
-                _become_zygote(theirs, plan, env)
+                if launcher:
+                    os.close(own_pid_ns)
+                    _launch_zygote(theirs, plan, env)
+                else:
+                    _Loop(theirs, plan, env, own_pid_ns).serve()
         finally:
             os._exit(0)
     theirs.close()
-    return Zygote(pid, ours)
+    os.close(own_pid_ns)
+    return Zygote(pid, ours, _depth() + (2 if launcher else 1))
 
 
-def _become_zygote(sock: socket.socket, plan: _launch.LaunchPlan, env: dict[str, str]) -> None:
-    """Serve as the zygote right here if this PID namespace takes it back after each
-    ``unshare``; otherwise launch one as pid 1 of a namespace of its own."""
-    own_pid_ns = os.open("/proc/self/ns/pid", os.O_RDONLY)
-    try:
-        # What fork_chain does after every fork, tried once before the first: refused
-        # (EPERM) where the host's user namespace owns this PID namespace (Docker).
-        _launch.setns(own_pid_ns, _launch.CLONE_NEWPID)
-    except OSError:
-        os.close(own_pid_ns)
-        _launch_zygote(sock, plan, env)
-        return
-    _Loop(sock, plan, env, own_pid_ns).serve()
+def _depth() -> int:
+    """How many PID namespaces deep this process is, as its ``/proc`` counts (``NSpid``)."""
+    with open("/proc/self/status", encoding="ascii", errors="replace") as handle:
+        for line in handle:
+            if line.startswith("NSpid:"):
+                return len(line.split()) - 1
+    return 1  # a kernel older than 4.1 has no NSpid (and no per-call memory watch either)
 
 
-def _launch_zygote(sock: socket.socket, plan: _launch.LaunchPlan, env: dict[str, str]) -> None:
+def _launch_zygote(sock: _socket.socket, plan: _launch.LaunchPlan, env: dict[str, str]) -> None:
     """Fork the zygote as pid 1 of a new PID namespace, then wait for it to exit."""
     alive_r, alive_w = os.pipe()
     _launch.unshare(_launch.CLONE_NEWPID)
@@ -132,7 +145,7 @@ def _launch_zygote(sock: socket.socket, plan: _launch.LaunchPlan, env: dict[str,
             _launch.prctl(_launch.PR_SET_PDEATHSIG, 9)
             # getppid() is 0 across a PID namespace; a closed pipe says the launcher died.
             os.set_blocking(alive_r, False)
-            with contextlib.suppress(BlockingIOError):
+            with suppress(BlockingIOError):
                 if os.read(alive_r, 1) == b"":
                     return
             os.close(alive_r)
@@ -149,7 +162,7 @@ class _Loop:
     """The zygote's state: the order socket, and the status pipe of each init not yet reaped."""
 
     def __init__(
-        self, sock: socket.socket, plan: _launch.LaunchPlan, env: dict[str, str], own_pid_ns: int
+        self, sock: _socket.socket, plan: _launch.LaunchPlan, env: dict[str, str], own_pid_ns: int
     ) -> None:
         self.sock = sock
         self.plan = plan
@@ -172,13 +185,13 @@ class _Loop:
         signal.signal(signal.SIGCHLD, lambda signum, frame: None)
         signal.set_wakeup_fd(wake_w)
         _warm_spawn()
-        with selectors.DefaultSelector() as selector:
-            selector.register(self.sock, selectors.EVENT_READ)
-            selector.register(wake_r, selectors.EVENT_READ)
+        with Selector() as selector:
+            selector.register(self.sock, EVENT_READ)
+            selector.register(wake_r, EVENT_READ)
             while True:
                 for key, _ in selector.select():
                     if key.fd == wake_r:
-                        with contextlib.suppress(OSError):
+                        with suppress(OSError):
                             while os.read(wake_r, 4096):
                                 pass
                     elif not self._take_order():
@@ -191,31 +204,31 @@ class _Loop:
             # Close-on-exec from the start: a received descriptor is inheritable otherwise,
             # and the call's status pipe must never reach the call.
             message, ancillary, _, _ = self.sock.recvmsg(
-                16, socket.CMSG_SPACE(len(_launch.CHAIN_FDS) * _FD_BYTES), socket.MSG_CMSG_CLOEXEC
+                16, _socket.CMSG_SPACE(len(_launch.CHAIN_FDS) * _FD.size), _socket.MSG_CMSG_CLOEXEC
             )
         except InterruptedError:
             return True
         if not message:
             return False
-        fds = array.array("i")
+        fds: list[int] = []
         for level, kind, data in ancillary:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds.frombytes(data[: len(data) - len(data) % _FD_BYTES])
+            if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+                fds += [fd for (fd,) in _FD.iter_unpack(data[: len(data) - len(data) % _FD.size])]
         if message[:1] == _KILL and len(message) == 1 + _PID.size and not fds:
             (pid,) = _PID.unpack(message[1:])
             if pid in self.status:  # not reaped yet, so the pid still names that init
-                with contextlib.suppress(OSError):
+                with suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
             return True
         if message != _FORK or len(fds) != len(_launch.CHAIN_FDS):
             for fd in fds:
-                with contextlib.suppress(OSError):
+                with suppress(OSError):
                     os.close(fd)
             return True
         status = fds[_STATUS]
         try:
             pid = _launch.fork_chain(
-                self.plan, self.env, list(fds), alive=self.alive_r, own_pid_ns=self.own_pid_ns
+                self.plan, self.env, fds, alive=self.alive_r, own_pid_ns=self.own_pid_ns
             )
         except OSError as exc:
             _launch._report(status, f"E cannot fork the call: {exc}")
@@ -253,5 +266,5 @@ def _warm_spawn() -> None:
     a third off its first (and only) ``posix_spawn``. The path does not exist, so
     the child fails at the exec and nothing runs.
     """
-    with contextlib.suppress(OSError, AttributeError):
+    with suppress(OSError, AttributeError):
         os.posix_spawn("/nonexistent/astralvessel-warm-up", ["warm-up"], {}, setsigmask=())
