@@ -58,9 +58,12 @@ def sh(
 
 
 def test_ready_reports_the_server(session: ServerSession) -> None:
-    """The ready message says which Python serves and that calls are not confined."""
+    """The ready message says which Python serves, that calls are not confined, and that it
+    serves the file primitives under the name their requests have (``fs``)."""
     assert session.ready_info["python"].startswith("3.")
     assert session.ready_info["confine"] is False
+    assert session.ready_info["fs"] is True
+    assert "file_tools" not in session.ready_info
 
 
 def test_output_is_stdout_and_stderr_in_order(session: ServerSession) -> None:

@@ -370,7 +370,8 @@ class Server:
                 "confine": plan.confine,
                 "pid_namespace": plan.confine and plan.pid_namespace,
                 "seccomp": plan.seccomp is not None,
-                "file_tools": _worker._load_handler() is not None,
+                # Whether the file primitives (`fs` requests) are served; informative only.
+                "fs": _worker._load_handler() is not None,
                 "problems": problems,
                 "relaxations": relaxations,
                 "probed": probe_found,
