@@ -286,3 +286,38 @@ def test_the_fake_gives_the_writable_root_as_a_real_backend_does(writable_root: 
             else:
                 with pytest.raises(SandboxPermissionError):
                     turn.write_file(path, "x")
+
+
+def test_start_on_a_fake_turn_is_a_process_that_has_exited_as_scripted() -> None:
+    """Turn.start is answered from exec=: its result merges the streams into the log."""
+    fake = FakeSandbox(exec={"serve --port 8000": ExecResult(returncode=0, stdout=b"up\n")})
+    with Executor(Registry(), sandbox=fake).turn() as turn:
+        process = turn.start(["serve", "--port", "8000"], env={"MODE": "test"})
+        assert (process.done(), process.poll()) == (True, 0)
+        assert process.result(timeout=1) == ExecResult(returncode=0, stdout=b"up\n")
+        process.kill()
+        with pytest.raises(UnscriptedCallError):
+            turn.start(["other"])
+    assert fake.execs[0] == FakeExec(
+        argv=("serve", "--port", "8000"),
+        cwd="/workspace",
+        env={"MODE": "test"},
+        timeout=None,
+        detached=True,
+    )
+
+
+async def test_astart_merges_stderr_into_the_log_and_cuts_it() -> None:
+    """A detached process's stderr joins its log, cut at the log bound as a real one's is."""
+    from astralvessel._exec import LOG_BYTES
+
+    fake = FakeSandbox(exec=ExecResult(returncode=3, stdout=b"o" * LOG_BYTES, stderr=b"e"))
+    async with Executor(Registry(), sandbox=fake).turn() as turn:
+        process = await turn.astart(["job"])
+        result = await process.aresult()
+    assert (result.returncode, len(result.stdout), result.stderr, result.truncated) == (
+        3,
+        LOG_BYTES,
+        b"",
+        True,
+    )

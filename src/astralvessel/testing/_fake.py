@@ -25,6 +25,8 @@ import attrs
 from ..errors import UnscriptedCallError, UsageError
 from ..sandbox._api import (
     BackendReport,
+    DetachedProcess,
+    DetachRequest,
     ExecRequest,
     ExecResult,
     FsReply,
@@ -36,7 +38,7 @@ from ..sandbox._api import (
 from ..sandbox._base import Sandbox, SandboxSession, ServerLink
 from ..sandbox._policy import Policy, Promise
 from ..spec import ToolSpec
-from ._fakeexec import ExecScript, FakeExec, answer_exec, check_exec_script
+from ._fakeexec import ExecScript, FakeExec, answer_detach, answer_exec, check_exec_script
 from ._fakefs import FakeFiles, check_file_paths, check_visible
 from ._fakegrep import fake_grep
 from ._identify import identify
@@ -304,6 +306,23 @@ class FakeSession(SandboxSession):
     async def aexec(self, request: ExecRequest) -> ExecResult:
         """Async twin of ``exec``: nothing here waits."""
         return self.exec(request)
+
+    def detach(self, request: DetachRequest) -> DetachedProcess:
+        """Record a ``Turn.start`` and answer it from ``exec``: a process that has exited."""
+        call = FakeExec(
+            argv=request.argv,
+            stdin=request.stdin,
+            cwd=request.cwd or str(self.policy.workdir),
+            env=dict(request.env),
+            timeout=request.timeout,
+            detached=True,
+        )
+        self.sandbox._record_exec(call)
+        return answer_detach(self.sandbox.exec, call, request)
+
+    async def adetach(self, request: DetachRequest) -> DetachedProcess:
+        """Async twin of ``detach``: nothing here waits."""
+        return self.detach(request)
 
     def fs(self, request: FsRequest) -> FsReply:
         """Answer a file primitive with the sandbox server's own code, on the fake's files.

@@ -12,6 +12,7 @@ request's bound with ``truncated`` set, and a timed-out command's status -9.
 
 from __future__ import annotations
 
+import concurrent.futures
 import shlex
 from collections.abc import Callable, Mapping
 from typing import TypeAlias
@@ -19,9 +20,16 @@ from typing import TypeAlias
 import attrs
 
 from ..errors import UnscriptedCallError, UsageError
-from ..sandbox._api import ExecRequest, ExecResult
+from ..sandbox._api import DetachedProcess, DetachRequest, ExecRequest, ExecResult
 
-__all__ = ["ExecAnswer", "ExecScript", "FakeExec", "answer_exec", "check_exec_script"]
+__all__ = [
+    "ExecAnswer",
+    "ExecScript",
+    "FakeExec",
+    "answer_detach",
+    "answer_exec",
+    "check_exec_script",
+]
 
 
 @attrs.frozen(kw_only=True)
@@ -30,14 +38,16 @@ class FakeExec:
 
     ``cwd`` is the sandbox path the command would run in (the workdir when the
     host gave none); ``env`` the variables the host set over the clean
-    environment.
+    environment; ``detached`` says it came from ``Turn.start`` (its
+    ``timeout`` is then ``None`` for one that runs until the turn ends).
     """
 
     argv: tuple[str, ...]
     stdin: bytes = b""
     cwd: str
     env: Mapping[str, str] = attrs.field(factory=dict)
-    timeout: float
+    timeout: float | None
+    detached: bool = False
 
 
 #: How the fake answers one exec: its stdout (exit 0), an ``ExecResult``, or a function of it.
@@ -75,8 +85,7 @@ def _cut(data: bytes, bound: int) -> tuple[bytes, bool]:
     return data[:bound], len(data) > bound
 
 
-def answer_exec(script: ExecScript | None, call: FakeExec, request: ExecRequest) -> ExecResult:
-    """The result a real session would return for ``call``, from the fake's script."""
+def _scripted(script: ExecScript | None, call: FakeExec) -> ExecResult:
     answer = _lookup(script, call)
     if answer is None:
         raise UnscriptedCallError(
@@ -93,13 +102,30 @@ def answer_exec(script: ExecScript | None, call: FakeExec, request: ExecRequest)
             f"the fake answer for exec {list(call.argv)[:4]} gave a {type(value).__name__}; "
             "give str, bytes or ExecResult"
         )
+    # A real command past its timeout is killed with its tree: SIGKILL's status.
+    return attrs.evolve(value, returncode=-9) if value.timed_out else value
+
+
+def answer_exec(script: ExecScript | None, call: FakeExec, request: ExecRequest) -> ExecResult:
+    """The result a real session would return for ``call``, from the fake's script."""
+    value = _scripted(script, call)
     stdout, cut_out = _cut(value.stdout, request.output_bytes)
     stderr, cut_err = _cut(value.stderr, request.output_bytes)
     return attrs.evolve(
-        value,
-        # A real command past its timeout is killed with its tree: SIGKILL's status.
-        returncode=-9 if value.timed_out else value.returncode,
-        stdout=stdout,
-        stderr=stderr,
-        truncated=value.truncated or cut_out or cut_err,
+        value, stdout=stdout, stderr=stderr, truncated=value.truncated or cut_out or cut_err
     )
+
+
+def answer_detach(
+    script: ExecScript | None, call: FakeExec, request: DetachRequest
+) -> DetachedProcess:
+    """A detached process that has already exited as the script says, as ``Turn.start`` returns it.
+
+    Its result is shaped as a real one's: stdout and stderr merged into the log
+    (``stdout``), cut at the request's bound, and ``stderr`` empty.
+    """
+    value = _scripted(script, call)
+    log, cut = _cut(value.stdout + value.stderr, request.log_chars)
+    future: concurrent.futures.Future[ExecResult] = concurrent.futures.Future()
+    future.set_result(attrs.evolve(value, stdout=log, stderr=b"", truncated=value.truncated or cut))
+    return DetachedProcess(call.argv, future, lambda: None)
