@@ -121,9 +121,13 @@ class RayExecutor:
             "max_restarts": 0,
             **(actor_options or {}),
         }
-        # Put once in the object store: each turn's actor fetches them from there.
-        self._registry_ref = ray.put(registry)
-        self._agent_ref = None if agent is None else ray.put(pack_agent(agent.path))
+        self._launcher = _Launcher(
+            actor_options=self._actor_options,
+            # Put once in the object store: each turn's actor fetches them from there.
+            registry_ref=ray.put(registry),
+            options=self._options,
+            agent_ref=None if agent is None else ray.put(pack_agent(agent.path)),
+        )
         self._warm: WarmTurns | None = None
         self._release: Callable[[], object] = _nothing
         if warm:
@@ -133,7 +137,8 @@ class RayExecutor:
                     "RayExecutor(warm=) found no alive node offering what actor_options ask for "
                     f"({self._actor_options.get('resources') or 'a CPU'}); start one first"
                 )
-            self._warm = WarmTurns(self._start_actor_on, nodes, warm)
+            # The pool holds the launcher, never the executor, so the executor can be collected.
+            self._warm = WarmTurns(self._launcher.start_on, nodes, warm)
             # Waiting turns of an executor nobody closed end when it is collected.
             self._release = weakref.finalize(self, self._warm.close)
 
@@ -185,22 +190,33 @@ class RayExecutor:
         """A turn's actor: one started ahead if one is ready, else one placed now."""
         pool = self._warm
         actor = None if pool is None else pool.take()
-        return actor if actor is not None else self._start_actor()
-
-    def _start_actor(self, **placement: Any) -> Any:
-        actor = _actor_class().options(**{**self._actor_options, **placement})
-        return actor.remote(self._registry_ref, self._options, self._agent_ref)
-
-    def _start_actor_on(self, node: str) -> Any:
-        """A turn's actor on ``node`` and nowhere else (a warm turn of that node's pool)."""
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        return self._start_actor(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False)
-        )
+        return actor if actor is not None else self._launcher.start()
 
     def __repr__(self) -> str:
         return f"RayExecutor({self.registry!r}, sandbox={self._options['sandbox']!r})"
+
+
+@attrs.frozen
+class _Launcher:
+    """How a turn's actor starts: the executor's options and object-store references."""
+
+    actor_options: Mapping[str, Any]
+    registry_ref: Any
+    options: Mapping[str, Any]
+    agent_ref: Any
+
+    def start(self, **placement: Any) -> Any:
+        """A turn's actor, placed by the executor's actor options (and ``placement`` over them)."""
+        actor = _actor_class().options(**{**self.actor_options, **placement})
+        return actor.remote(self.registry_ref, self.options, self.agent_ref)
+
+    def start_on(self, node: str) -> Any:
+        """A turn's actor on ``node`` and nowhere else (a warm turn of that node's pool)."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        return self.start(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False)
+        )
 
 
 @attrs.frozen
