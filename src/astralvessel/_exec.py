@@ -24,6 +24,9 @@ The bounds, each documented in ``docs/exec-and-files.md``:
 * detached processes (``Turn.start``): at most ``DETACHED_PER_TURN`` at once,
   each counted until everything it started has ended; the first ``LOG_BYTES``
   of each one's merged output kept; ``timeout`` optional (until the turn ends).
+* ``user``: a name (at most ``USER_NAME_CHARS``, no NUL, ``:`` or newline) or
+  a uid (0 to ``MAX_ID``), only under ``root_identity``; the name is looked up
+  in the first ``PASSWD_BYTES`` of the sandbox's own ``/etc/passwd``.
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ import os
 import posixpath
 from collections.abc import Generator, Mapping, Sequence
 
+import attrs
+
 from .errors import (
     FileTooLargeError,
     SandboxFileError,
@@ -43,7 +48,7 @@ from .errors import (
     SandboxPermissionError,
     UsageError,
 )
-from .sandbox._api import DetachRequest, ExecRequest, FsReply, FsRequest
+from .sandbox._api import MAX_ID, DetachRequest, ExecRequest, ExecResult, FsReply, FsRequest
 from .sandbox.server._fsops import CHUNK_BYTES
 from .sandbox.server._protocol import DETACHED_PER_TURN
 
@@ -57,9 +62,13 @@ __all__ = [
     "LOG_BYTES",
     "MAX_TIMEOUT",
     "OUTPUT_BYTES",
+    "PASSWD_BYTES",
     "RESERVED_ENV",
+    "USER_NAME_CHARS",
     "detach_request",
+    "exec_plan",
     "exec_request",
+    "find_user",
     "list_plan",
     "read_plan",
     "write_plan",
@@ -79,6 +88,12 @@ LOG_BYTES = 64 << 10
 MAX_TIMEOUT = 24 * 3600.0
 #: The most bytes ``read_file`` returns and ``write_file`` writes (inspect_ai's default).
 FILE_BYTES = 100 << 20
+#: The most bytes of the sandbox's /etc/passwd read to find a user.
+PASSWD_BYTES = CHUNK_BYTES
+#: The longest user name ``exec(user=)`` takes (NSS's own bound; useradd's is 32).
+USER_NAME_CHARS = 256
+#: What an exec whose user the sandbox does not know returns, as ``docker exec -u`` does.
+EXIT_NO_USER = 126
 #: Variables the sandbox sets per call that a host's ``env`` may not replace.
 RESERVED_ENV = frozenset({"VESSEL_OUTBOX"})
 
@@ -225,6 +240,94 @@ def detach_request(
         timeout=None if timeout is None else _timeout(timeout, 0.0),
         log_chars=LOG_BYTES,
     )
+
+
+def _user(user: object, *, root_identity: bool) -> str | int | None:
+    """Check ``exec``'s ``user``: a name or a uid; ``UsageError`` for anything else."""
+    if user is None:
+        return None
+    if not root_identity:
+        raise UsageError(
+            f"user={user!r} needs the root identity (Policy.root_identity, [sandbox] "
+            "root_identity): without it every command runs as the turn's one user"
+        )
+    if isinstance(user, str) and user.isascii() and user.isdigit():
+        user = int(user)
+    if isinstance(user, int) and not isinstance(user, bool):
+        if not 0 <= user <= MAX_ID:
+            raise UsageError(f"user must be a uid from 0 to {MAX_ID}, not {user}")
+        return user
+    if not isinstance(user, str) or not user:
+        raise UsageError(f"user must be a user name or a uid, not {user!r}")
+    if len(user) > USER_NAME_CHARS or any(c in user for c in "\0:\n"):
+        raise UsageError(
+            f"user must be a name of at most {USER_NAME_CHARS} characters without NUL, ':' "
+            f"or a newline, not {user[:64]!r}"
+        )
+    return user
+
+
+def _passwd_id(field: bytes) -> int | None:
+    if not (field.isdigit() and len(field) <= 10):
+        return None
+    value = int(field)
+    return value if value <= MAX_ID else None
+
+
+def find_user(passwd: bytes, user: str | int) -> tuple[int, int] | None:
+    """The uid and primary gid of ``user`` in the text of an /etc/passwd, or None.
+
+    A name must match a line's first field exactly; a uid matches a line's uid,
+    and one no line names keeps itself as its gid. Lines that are not
+    ``name:password:uid:gid:...`` with ids in range are skipped. Pure: the
+    text comes from the sandbox, where the calls may have written anything.
+    """
+    wanted = user.encode("utf-8", "surrogateescape") if isinstance(user, str) else None
+    for line in passwd.split(b"\n"):
+        fields = line.split(b":")
+        if len(fields) < 4:
+            continue
+        uid, gid = _passwd_id(fields[2]), _passwd_id(fields[3])
+        if uid is None or gid is None:
+            continue
+        if fields[0] == wanted or (wanted is None and uid == user):
+            return uid, gid
+    return None if wanted is not None else (int(user), int(user))
+
+
+def _no_user(user: str | int, why: str) -> ExecResult:
+    message = f"astralvessel: unable to find user {user!r}: {why}\n"
+    return ExecResult(returncode=EXIT_NO_USER, stderr=message.encode("utf-8", "replace"))
+
+
+def exec_plan(
+    request: ExecRequest, user: object, *, root_identity: bool, timeout: float
+) -> Generator[FsRequest, FsReply, ExecRequest | ExecResult]:
+    """Resolve ``exec``'s ``user`` in the sandbox's own /etc/passwd, read as the calls' user.
+
+    Returns ``request`` with the user's uid and gid, or, for a user the sandbox
+    does not know, the failed ``ExecResult`` (``EXIT_NO_USER``, the user named
+    on stderr) the command would have. Raises ``UsageError`` for a bad
+    ``user``, or any ``user`` without ``root_identity``.
+    """
+    wanted = _user(user, root_identity=root_identity)
+    if wanted is None:
+        return request
+    if wanted == 0:
+        return request  # root is the root identity's own uid and gid already
+    reply = yield FsRequest(op="read", path="/etc/passwd", timeout=timeout, length=PASSWD_BYTES)
+    # A passwd that cannot be read lists nobody: a uid still runs, with itself as its gid.
+    passwd, why = reply.data, "no matching entry in the sandbox's /etc/passwd"
+    size = reply.fields.get("size")
+    if reply.errno is not None:
+        passwd, why = b"", f"the sandbox's /etc/passwd cannot be read ({reply.message})"
+    elif isinstance(size, int) and size > PASSWD_BYTES:
+        passwd, why = b"", f"the sandbox's /etc/passwd is over {PASSWD_BYTES} bytes"
+    ids = find_user(passwd, wanted)
+    if ids is None:
+        return _no_user(wanted, why)
+    # (0, 0) are the root identity's own ids: the prepared call has them already.
+    return request if ids == (0, 0) else attrs.evolve(request, user=ids)
 
 
 def _path(path: object) -> str:

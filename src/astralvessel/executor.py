@@ -388,21 +388,29 @@ class Turn:
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
         timeout: float | None = None,
+        user: str | int | None = None,
     ) -> ExecResult:
         """Run ``argv`` in the turn's sandbox, confined like a tool call; stdout and stderr apart.
 
         ``input`` is the command's stdin; ``cwd`` a sandbox path (relative to the
         workdir); ``env`` variables set over the clean environment; ``timeout``
-        defaults to the turn's tool timeout. A command that fails or times out is
-        a normal ``ExecResult``; the host's mistakes (a bad argv, a NUL, a value
-        past its bound) raise ``UsageError``, and a sandbox that died raises
+        defaults to the turn's tool timeout. ``user`` (a name or uid, only
+        under ``root_identity``) is who the command sees itself as, looked up
+        in the sandbox's own ``/etc/passwd``: every user of a turn is the same
+        host identity, so it changes what the command sees, never what it can
+        reach; a user the sandbox does not know is a failed result (126). A
+        command that fails or times out is a normal ``ExecResult``; the host's
+        mistakes (a bad argv, a NUL, a value past its bound, ``user`` without
+        ``root_identity``) raise ``UsageError``, and a sandbox that died raises
         ``SandboxError`` (the turn's next use starts a fresh one); closing the
         turn meanwhile raises ``TurnClosedError``. The bounds are in
         ``docs/exec-and-files.md``.
         """
-        request = self._exec_request(argv, input, cwd, env, timeout)
+        planned = self._drive(self._exec_plan(argv, input, cwd, env, timeout, user))
+        if isinstance(planned, ExecResult):
+            return planned
         session = self.session
-        return self._guarded(session, lambda: session.exec(request))
+        return self._guarded(session, lambda: session.exec(planned))
 
     async def aexec(
         self,
@@ -412,12 +420,15 @@ class Turn:
         cwd: str | None = None,
         env: Mapping[str, str] | None = None,
         timeout: float | None = None,
+        user: str | int | None = None,
     ) -> ExecResult:
         """Async twin of ``exec``; many may run at once, and cancelling one kills its command."""
-        request = self._exec_request(argv, input, cwd, env, timeout)
+        planned = await self._adrive(self._exec_plan(argv, input, cwd, env, timeout, user))
+        if isinstance(planned, ExecResult):
+            return planned
         session = await self._asession()
         try:
-            return await session.aexec(request)
+            return await session.aexec(planned)
         except SandboxError as error:
             self._lost(session, error)
             raise
@@ -516,17 +527,21 @@ class Turn:
         """Async twin of ``list_dir``."""
         return await self._adrive(_exec.list_plan(path, timeout=self._file_timeout()))
 
-    def _exec_request(
-        self, argv: object, input: object, cwd: object, env: object, timeout: object
-    ) -> ExecRequest:
-        return _exec.exec_request(
+    def _exec_plan(  # noqa: PLR0917 - exec's own arguments, passed on as they came
+        self, argv: object, input: object, cwd: object, env: object, timeout: object, user: object
+    ) -> Generator[FsRequest, FsReply, ExecRequest | ExecResult]:
+        policy = self._context.policy
+        request = _exec.exec_request(
             argv,
             input=input,
             cwd=cwd,
             env=env,
             timeout=timeout,
             default_timeout=self.executor.timeout_seconds,
-            workdir=str(self._context.policy.workdir),
+            workdir=str(policy.workdir),
+        )
+        return _exec.exec_plan(
+            request, user, root_identity=policy.root_identity, timeout=self._file_timeout()
         )
 
     def _file_timeout(self) -> float:
@@ -558,7 +573,10 @@ class Turn:
 
     def _drive(self, plan: Generator[FsRequest, FsReply, _T]) -> _T:
         """Run a file plan's steps on the session (the sync driver)."""
-        request = next(plan)  # checks the host's arguments before a sandbox starts
+        try:
+            request = next(plan)  # checks the host's arguments before a sandbox starts
+        except StopIteration as done:  # a plan that needs no step
+            return done.value  # type: ignore[no-any-return]
         session = self.session
         while True:
             reply = self._guarded(session, lambda r=request: session.fs(r))  # type: ignore[misc]
@@ -569,7 +587,10 @@ class Turn:
 
     async def _adrive(self, plan: Generator[FsRequest, FsReply, _T]) -> _T:
         """Run a file plan's steps on the session (the async driver)."""
-        request = next(plan)
+        try:
+            request = next(plan)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
         session = await self._asession()
         while True:
             try:

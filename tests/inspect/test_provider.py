@@ -89,8 +89,9 @@ async def test_stray_output_bytes_do_not_cost_the_result(sandbox_env: SandboxEnv
     assert result.stdout == "ok\ufffd\n"
 
 
-async def test_root_is_accepted_under_root_identity() -> None:
-    """With root_identity, ``user="root"`` runs (as uid 0 without capabilities); others are refused."""
+async def test_users_under_root_identity() -> None:
+    """With root_identity, ``user=`` runs as that user of the sandbox's passwd, all without
+    capabilities; an unknown user is a failed result that names it, and nothing runs."""
     config = VesselSandboxConfig(backend="bubblewrap", root_identity=True)
     await VesselSandboxEnvironment.task_init("root", config)
     environments = await VesselSandboxEnvironment.sample_init("root", config, {})
@@ -98,8 +99,12 @@ async def test_root_is_accepted_under_root_identity() -> None:
     try:
         root = await env.exec(["sh", "-c", "id -u; grep CapEff /proc/self/status"], user="root")
         assert root.stdout == "0\nCapEff:\t0000000000000000\n"
-        with pytest.raises(SandboxUserUnsupportedError):
-            await env.exec(["id", "-u"], user="nobody")
+        nobody = await env.exec(["sh", "-c", "id -u; grep CapEff /proc/self/status"], user="nobody")
+        assert nobody.stdout == "65534\nCapEff:\t0000000000000000\n"
+        unknown = await env.exec(["touch", "ran"], user="../../etc")
+        assert not unknown.success
+        assert "'../../etc'" in unknown.stderr
+        assert "ran" not in (await env.exec(["ls"])).stdout
     finally:
         await VesselSandboxEnvironment.sample_cleanup("root", config, environments, False)
         await VesselSandboxEnvironment.task_cleanup("root", config, True)

@@ -2,8 +2,10 @@
 
 The checks are inspect's (``inspect_ai.util._sandbox.self_check``), pulled into
 collection the way inspect's own provider tests do; only the ``sandbox_env``
-fixture is ours. A check our sandbox cannot satisfy by design is a strict
-xfail with its reason, so it fails the day it starts to pass.
+fixture is ours. They run as inspect's own Docker sandbox runs them: as root
+in a root it may write (``root_identity`` and ``writable_root``), which
+``test_exec_as_user`` needs to add a user and run as it. Every check passes:
+there is no declared failure.
 """
 
 from __future__ import annotations
@@ -18,24 +20,13 @@ from astralvessel.integrations.inspect_ai import VesselSandboxConfig, VesselSand
 
 from .conftest import BACKENDS
 
-#: Checks the provider fails by design, with why.
-KNOWN_FAILURES = {
-    "test_exec_as_user": (
-        "every command runs as the sandbox's one identity: there is no root that can "
-        "add a user and switch to it (user= raises SandboxUserUnsupportedError)"
-    ),
-}
-
 
 @pytest.fixture(params=BACKENDS)
 async def sandbox_env(request: pytest.FixtureRequest) -> AsyncIterator[SandboxEnvironment]:
     """One sample's sandbox from the provider, on each backend, as inspect would open it."""
-    reason = KNOWN_FAILURES.get(request.node.originalname)
-    if reason is not None:
-        request.applymarker(pytest.mark.xfail(reason=reason, strict=True))
     task = f"self-check-{request.param}"
-    # inspect's checks write under /tmp, which only the writable root has.
-    config = VesselSandboxConfig(backend=request.param, writable_root=True)
+    # inspect's checks write under /tmp, which only the writable root has, and add a user.
+    config = VesselSandboxConfig(backend=request.param, writable_root=True, root_identity=True)
     await VesselSandboxEnvironment.task_init(task, config)
     environments = await VesselSandboxEnvironment.sample_init(task, config, {})
     try:

@@ -19,6 +19,7 @@ import pytest
 from astralvessel.sandbox import _seccomp as sc
 from astralvessel.sandbox._seccomp import (
     CALLS,
+    CALLS_AS_ROOT,
     PROFILES,
     SERVER,
     ArgEquals,
@@ -301,9 +302,26 @@ def test_server_list_is_a_subset_allowing_namespace_work() -> None:
     assert SERVER.decide("ioctl", [0, sc.TIOCSTI]) == errno.EPERM
 
 
+def test_calls_as_root_answers_chown_with_success_and_audit_as_absent() -> None:
+    """Under root_identity the chown family succeeds without running (errno 0), the audit
+    socket is refused as on a kernel without audit, and everything else is as for CALLS."""
+    for name in ("chown", "fchown", "lchown", "fchownat"):
+        assert CALLS_AS_ROOT.decide(name) == 0
+        assert CALLS.decide(name) is None
+        if syscall_number(name, "x86_64") is not None:
+            assert verdict("x86_64", name, (), CALLS_AS_ROOT) == ERRNO  # errno 0: success
+    audit = [sc.AF_NETLINK, 3, sc.NETLINK_AUDIT]
+    assert CALLS_AS_ROOT.decide("socket", audit) == errno.EPROTONOSUPPORT
+    assert CALLS.decide("socket", audit) == errno.EPERM
+    assert CALLS_AS_ROOT.decide("socket", [sc.AF_NETLINK, 3, 15]) == errno.EPERM
+    assert set(CALLS.rules) < set(CALLS_AS_ROOT.rules)
+    assert sc.calls_list(root_identity=True) is CALLS_AS_ROOT
+    assert sc.calls_list(root_identity=False) is CALLS
+
+
 def test_profiles_are_found_by_name() -> None:
     """Each backend can name a list instead of importing it."""
-    assert PROFILES == {"calls": CALLS, "server": SERVER}
+    assert PROFILES == {"calls": CALLS, "calls_as_root": CALLS_AS_ROOT, "server": SERVER}
     assert compile_bpf("server", "x86_64") == compile_bpf(SERVER, "x86_64")
     with pytest.raises(ValueError, match="unknown seccomp profile 'nope'"):
         compile_bpf("nope", "x86_64")
@@ -378,7 +396,9 @@ def test_program_kills_x32_calls() -> None:
 
 
 @pytest.mark.parametrize("arch", ARCHES)
-@pytest.mark.parametrize("profile", [CALLS, SERVER], ids=["calls", "server"])
+@pytest.mark.parametrize(
+    "profile", [CALLS, CALLS_AS_ROOT, SERVER], ids=["calls", "calls_as_root", "server"]
+)
 def test_program_matches_reference_for_every_rule(arch: sc.Arch, profile: DenyList) -> None:
     """Every call the tables know gets exactly the deny list's verdict, with args at rest."""
     for name in sc._TABLES[arch]:
@@ -433,7 +453,9 @@ EDGE_ARGS = (
 
 @pytest.mark.parametrize("arch", ARCHES)
 @pytest.mark.parametrize("name", [*CONDITIONAL, "socketpair"])
-@pytest.mark.parametrize("profile", [CALLS, SERVER], ids=["calls", "server"])
+@pytest.mark.parametrize(
+    "profile", [CALLS, CALLS_AS_ROOT, SERVER], ids=["calls", "calls_as_root", "server"]
+)
 def test_program_argument_edges(arch: sc.Arch, name: str, profile: DenyList) -> None:
     """Conditional rules agree with the reference for low words, high words and both."""
     if syscall_number(name, arch) is None:

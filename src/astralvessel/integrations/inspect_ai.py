@@ -23,9 +23,12 @@ agent's own tool calls.
 
 What inspect asks for and what it gets here:
 
-- **Users.** Every command runs as the sandbox's one identity. ``user="root"``
-  is accepted when the policy has ``root_identity`` (commands already run as
-  uid 0, with no capability); any other ``user=`` is refused with
+- **Users.** With ``root_identity``, ``user=`` is ``Turn.exec``'s: the command
+  sees itself as that user of the sandbox's own ``/etc/passwd`` (``adduser``
+  as root, then ``whoami`` as the new user, works), and every user is the
+  same host identity, so a user changes what a command sees, never what it
+  can reach. An unknown user is a failed result naming it. Without
+  ``root_identity`` there is one user, and any ``user=`` is refused with
   ``SandboxUserUnsupportedError``, which inspect reads as "no usable root"
   and answers by running its tools as the default user.
 - **Paths.** inspect's tools write under ``/tmp`` and ``/var/tmp``, which
@@ -169,16 +172,12 @@ def _is_tool_server_start(cmd: list[str]) -> bool:
     return cmd == [SANDBOX_CLI, "start-server"]
 
 
-#: The names inspect (and ``docker exec --user``) give root.
-_ROOT_NAMES = frozenset({"root", "0"})
-
-
 def _check_user(user: str | None, *, calls_are_root: bool) -> None:
-    """Refuse a user commands cannot run as: any but the default, or root under root_identity."""
-    if user is not None and not (calls_are_root and user in _ROOT_NAMES):
+    """Refuse ``user=`` where there is one user: without root_identity."""
+    if user is not None and not calls_are_root:
         raise SandboxUserUnsupportedError(
-            f"the astralvessel sandbox runs every command as its one identity; "
-            f"it cannot run as {user!r}"
+            f"the astralvessel sandbox runs every command as its one identity; it cannot run "
+            f"as {user!r} (users need the root identity: root_identity=True)"
         )
 
 
@@ -297,7 +296,9 @@ class VesselSandboxEnvironment(SandboxEnvironment):
         if _is_tool_server_start(cmd):
             return ExecResult(success=True, returncode=0, stdout="", stderr=_NO_TOOL_SERVER)
         with _unavailable_if_died():
-            result = await self.turn.aexec(cmd, input=input, cwd=cwd, env=env, timeout=timeout)
+            result = await self.turn.aexec(
+                cmd, input=input, cwd=cwd, env=env, timeout=timeout, user=user
+            )
         if result.timed_out:
             error = TimeoutError(f"command timed out after {timeout} seconds: {cmd[:1]}")
             error.truncated_output = _text(result.stdout + result.stderr)  # type: ignore[attr-defined]

@@ -80,6 +80,22 @@ def _env_map(value: Mapping[str, str]) -> Mapping[str, str]:
     return dict(value)
 
 
+#: The highest uid or gid a user namespace can map ((uid_t) -1 means "no id").
+MAX_ID = 0xFFFFFFFE
+
+
+def _optional_ids(_inst: object, _attr: object, value: tuple[int, int] | None) -> None:
+    if value is None:
+        return
+    ids: object = value
+    if not (
+        isinstance(ids, tuple)
+        and len(ids) == 2
+        and all(type(v) is int and 0 <= v <= MAX_ID for v in ids)
+    ):
+        raise ValueError(f"user must be (uid, gid), each 0 to {MAX_ID}, not {value!r}")
+
+
 @attrs.frozen(kw_only=True)
 class ExecRequest:
     """A host's command in the turn's sandbox: confined like a call, its streams apart.
@@ -97,6 +113,11 @@ class ExecRequest:
     cwd: str | None = None
     #: Variables set over the call's clean environment.
     env: Mapping[str, str] = attrs.field(factory=dict, converter=_env_map)
+    #: The uid and gid the command sees, resolved in the sandbox's own /etc/passwd
+    #: (``Turn.exec(user=)``, under ``root_identity``); None: the turn's own. Every
+    #: user of a turn is the same host identity: the ids change what the command
+    #: sees, never what it can reach.
+    user: tuple[int, int] | None = attrs.field(default=None, validator=_optional_ids)
 
 
 @attrs.frozen(kw_only=True)

@@ -34,7 +34,7 @@ from ._hostinfo import (
 from ._mechanisms import Setup, limit_mechanisms
 from ._policy import Policy, Promise
 from ._reach import Identity, check_reach
-from ._seccomp import CALLS, SERVER, DenyList, compile_bpf, to_kafel
+from ._seccomp import SERVER, DenyList, calls_list, compile_bpf, to_kafel
 from ._session import server_command
 from ._uids import UidLease, describe_range, lease_uid, resolve_range
 
@@ -286,7 +286,9 @@ class NamespaceBackend(Sandbox):
                 confine=True,
                 drop_uid=None if lease is None else lease.uid,
                 drop_gid=None if lease is None else lease.gid,
-                seccomp=_program(CALLS, facts.machine) if use_seccomp else None,
+                seccomp=_program(calls_list(policy.root_identity), facts.machine)
+                if use_seccomp
+                else None,
                 probe_key=f"{self.name}:{binary.path}:{facts.python.executable}",
             ),
         )

@@ -59,7 +59,8 @@ SYSTEM_DIRS: tuple[PurePosixPath, ...] = tuple(
 #: has them), each writable for the turn.
 ROOT_DIRS: tuple[PurePosixPath, ...] = tuple(
     PurePosixPath(p)
-    for p in ("/opt", "/var", "/srv", "/home", "/mnt", "/root", "/tmp")  # noqa: S108 - a sandbox path
+    # /run: where adduser, useradd and other root tools take their locks.
+    for p in ("/opt", "/var", "/srv", "/home", "/mnt", "/root", "/run", "/tmp")  # noqa: S108 - a sandbox path
 )
 #: The sandbox's ``$PATH`` and ``$LANG``; the other three variables point into the workspace.
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"

@@ -7,6 +7,11 @@ an optional argument condition and the errno the caller sees. Two lists ship:
   fork and exec by the sandbox server.
 - ``SERVER``: the subset the sandbox server itself never needs, for the outer
   sandbox around it (it still may create namespaces, mount, set process groups).
+- ``CALLS_AS_ROOT``: ``CALLS`` for a turn with ``Policy.root_identity``, where the
+  chown family succeeds without running (errno 0): a root with one id mapped
+  and no capability cannot give a file away, and package managers and
+  ``adduser`` stop at the first refused chown (what ``fakeroot`` does, without
+  remembering the owner it was told).
 
 From one list this module builds, as pure functions:
 
@@ -38,6 +43,7 @@ import attrs
 
 __all__ = [
     "CALLS",
+    "CALLS_AS_ROOT",
     "PROFILES",
     "SERVER",
     "AllOf",
@@ -49,6 +55,7 @@ __all__ = [
     "DenyList",
     "Rule",
     "available_arch",
+    "calls_list",
     "compile_bpf",
     "syscall_number",
     "to_docker_profile",
@@ -92,6 +99,7 @@ AF_INET = 2
 AF_INET6 = 10
 AF_NETLINK = 16
 NETLINK_ROUTE = 0
+NETLINK_AUDIT = 9
 #: Socket families a confined call may create: IP for the sandbox's own loopback
 #: (test servers, local databases) and netlink's route protocol, which getifaddrs,
 #: ``if_nameindex`` and ``ip`` use to list the sandbox's interfaces. Every other
@@ -138,6 +146,7 @@ PERSONALITY_QUERY = 0xFFFFFFFF
 # arch/x86/entry/syscalls/syscall_64.tbl; aarch64 uses the generic table
 # (include/uapi/asm-generic/unistd.h), which has no iopl or ioperm.
 _X86_64: Mapping[str, int] = {
+    "chown": 92, "fchown": 93, "lchown": 94, "fchownat": 260,
     "open": 2, "fcntl": 72, "creat": 85, "chmod": 90, "fchmod": 91, "mknod": 133,
     "inotify_init": 253, "inotify_add_watch": 254, "inotify_rm_watch": 255, "openat": 257,
     "mknodat": 259, "fchmodat": 268, "inotify_init1": 294, "fanotify_init": 300,
@@ -160,6 +169,7 @@ _X86_64: Mapping[str, int] = {
     "pidfd_getfd": 438, "mount_setattr": 442, "quotactl_fd": 443, "open_tree_attr": 467,
 }  # fmt: skip
 _AARCH64: Mapping[str, int] = {
+    "fchownat": 54, "fchown": 55,
     "fcntl": 25, "inotify_init1": 26, "inotify_add_watch": 27, "inotify_rm_watch": 28,
     "mknodat": 33, "fchmod": 52, "fchmodat": 53, "openat": 56, "fanotify_init": 262,
     "fanotify_mark": 263, "openat2": 437, "fchmodat2": 452,
@@ -315,7 +325,11 @@ def _condition_matches(cond: Condition, args: Sequence[int]) -> bool:
 
 @attrs.frozen(kw_only=True)
 class Rule:
-    """One refused system call: refused always, or only when ``when`` holds."""
+    """One refused system call: refused always, or only when ``when`` holds.
+
+    ``errno`` is what the caller sees; 0 answers success without running the
+    call (``CALLS_AS_ROOT``'s chowns).
+    """
 
     syscall: str
     why: str
@@ -325,8 +339,8 @@ class Rule:
     def __attrs_post_init__(self) -> None:
         if not any(self.syscall in table for table in _TABLES.values()):
             raise ValueError(f"unknown system call {self.syscall!r}: add its numbers to the tables")
-        if not 0 < self.errno < 4096:
-            raise ValueError(f"errno for {self.syscall} must be 1..4095, not {self.errno}")
+        if not 0 <= self.errno < 4096:
+            raise ValueError(f"errno for {self.syscall} must be 0..4095, not {self.errno}")
 
     def matches(self, args: Sequence[int]) -> bool:
         """Whether a call with these six raw arguments is refused by this rule."""
@@ -580,8 +594,50 @@ SERVER = DenyList(
     ),
 )
 
+_NO_OP_CHOWN_WHY = (
+    "root_identity: the call's root has one id mapped and no capability, so a chown could "
+    "only fail; it succeeds and changes nothing, as fakeroot's does"
+)
+#: Confined calls of a turn with ``Policy.root_identity``: ``CALLS``, and every chown a
+#: no-op that succeeds. No chown can give a file to anyone: the call's namespace maps one
+#: id, and outside it the file stays the turn's host identity's.
+CALLS_AS_ROOT = DenyList(
+    name="calls_as_root",
+    rules=(
+        # Before CALLS' own netlink rule, which answers EPERM: shadow's useradd and userdel
+        # open the audit socket and abort on EPERM, but go on without audit on a kernel
+        # that has none, which is what EPROTONOSUPPORT says.
+        Rule(
+            syscall="socket",
+            when=AllOf(
+                conditions=(
+                    ArgEquals(index=0, name="domain", value=AF_NETLINK),
+                    ArgEquals(index=2, name="protocol", value=NETLINK_AUDIT),
+                )
+            ),
+            why="the audit socket reaches the host's audit log; refused as a kernel without it",
+            errno=errno.EPROTONOSUPPORT,
+        ),
+        *CALLS.rules,
+        *_group("chown fchown lchown fchownat", _NO_OP_CHOWN_WHY, 0),
+    ),
+)
+
+#: The calls' list by ``Policy.root_identity``.
+_CALL_LISTS: Mapping[bool, DenyList] = {False: CALLS, True: CALLS_AS_ROOT}
+
+
+def calls_list(root_identity: bool) -> DenyList:
+    """The deny list for a turn's confined calls: ``CALLS_AS_ROOT`` under ``root_identity``."""
+    return _CALL_LISTS[bool(root_identity)]
+
+
 #: The shipped lists by name.
-PROFILES: Mapping[str, DenyList] = {CALLS.name: CALLS, SERVER.name: SERVER}
+PROFILES: Mapping[str, DenyList] = {
+    CALLS.name: CALLS,
+    CALLS_AS_ROOT.name: CALLS_AS_ROOT,
+    SERVER.name: SERVER,
+}
 
 
 def _resolve(deny_list: DenyList | str) -> DenyList:

@@ -884,6 +884,8 @@ class ServerSession(SandboxSession):
             "output_bytes": request.output_bytes,
             "env": dict(request.env),
         }
+        if request.user is not None:
+            header["user"] = list(request.user)
         return self._submit(item, header, argv + request.stdin), item
 
     def _submit_detach(self, request: DetachRequest) -> tuple[int, _Pending]:

@@ -248,7 +248,11 @@ class Docker(Sandbox):
                 confine=True,
                 # The container already runs as the turn's uid; in its user namespace only that
                 # uid exists, so there is nothing to drop to: a call loses its capabilities.
-                seccomp=_seccomp.compile_bpf("calls", arch) if arch else None,
+                seccomp=(
+                    _seccomp.compile_bpf(_seccomp.calls_list(policy.root_identity), arch)
+                    if arch
+                    else None
+                ),
                 ready_timeout=self.start_timeout,
                 probe_key=f"{self.name}:{self.engine.base_url}:{image_id}:{self.python}",
                 build=build,

@@ -199,6 +199,20 @@ class LaunchPlan:
         self.own_userns = own_userns
         #: The uid and gid a call has in its own user namespace (0 for ``root_identity``).
         self.inner_id = inner_id
+        #: The gid, when an exec's user (``with_identity``) has one apart from its uid.
+        self.inner_gid: int | None = None
+
+    def with_identity(self, uid: int, gid: int) -> LaunchPlan:
+        """This plan for one exec that names a user: ``uid``/``gid`` inside, the rest the same.
+
+        Only the ids the call sees change; they map to the same host identity
+        as every other call of the turn (see ``_userns.enter_own_namespace``).
+        """
+        other = LaunchPlan.__new__(LaunchPlan)
+        other.__dict__.update(self.__dict__)
+        other.inner_id = uid
+        other.inner_gid = gid
+        return other
 
 
 class Spawned:
@@ -649,7 +663,9 @@ def _run_init(plan: LaunchPlan, env: dict[str, str], fds: dict[str, int], alive:
         if plan.confine:
             if plan.own_userns:
                 # Before the filter, which refuses new namespaces.
-                _userns.enter_own_namespace(plan.drop_uid, plan.drop_gid, plan.inner_id)
+                _userns.enter_own_namespace(
+                    plan.drop_uid, plan.drop_gid, plan.inner_id, plan.inner_gid
+                )
             _filter_early(plan)
         _rehearse(plan, env)
     except BaseException as exc:

@@ -97,6 +97,7 @@ class RunOrder:
         output_bytes: int = 0,
         env: dict[str, str] | None = None,
         detach: bool = False,
+        identity: tuple[int, int] | None = None,
     ) -> None:
         self.argv = argv
         self.cwd = cwd
@@ -109,6 +110,8 @@ class RunOrder:
         #: A detached process (``Turn.start``): its namespace outlives its command, until
         #: it is empty or the turn ends; no timeout unless one is given.
         self.detach = detach
+        #: The uid and gid an exec's call sees (``Turn.exec(user=)``); None: the turn's own.
+        self.identity = identity
 
 
 class Call:
@@ -479,19 +482,12 @@ class Server:
         # Each call its own outbox: calls running at once never take each other's files.
         # An exec's own variables first: the call's outbox is the server's to name.
         extra_env = dict(order.env, VESSEL_OUTBOX=outbox)
-        spawned = self._start_on_spare(argv, cwd, extra_env, split, order.detach)
-        if spawned is None and plan.confine and plan.pid_namespace:
-            try:
-                spawned = self._prepare()
-            except OSError as exc:
-                self._drop_outbox(call_id)
-                self.fail(call_id, f"cannot start the call's namespaces: {exc}")
-                return
-            # If the chain died while setting up, its status pipe says why.
-            with suppress(OSError):
-                _launch.start(spawned, argv, cwd, extra_env, split=split, detach=order.detach)
-        elif spawned is None:
-            spawned = _launch.spawn(plan, argv, cwd, dict(self.env, **extra_env), split=split)
+        try:
+            spawned = self._spawn(order, argv, cwd, extra_env)
+        except OSError as exc:
+            self._drop_outbox(call_id)
+            self.fail(call_id, str(exc))
+            return
         call = Call(call_id, spawned, order)
         self.calls[call_id] = call
         self._watch(spawned.output, EVENT_READ, self._on_output, call)
@@ -570,6 +566,36 @@ class Server:
             }
         )
 
+    def _spawn(
+        self, order: RunOrder, argv: list[str], cwd: str, extra_env: dict[str, str]
+    ) -> _launch.Spawned:
+        """Start the call: on the spare, on a chain of its own, or (no namespaces) a group.
+
+        Raises ``OSError`` with the message for the host when it cannot start.
+        """
+        _, plan = self._configured()
+        split = order.split
+        if order.identity is not None and not self._can_choose_identity():
+            raise OSError("a call may name its user only under root_identity")
+        # The spare's init is in its user namespace already, as the turn's own ids.
+        spawned = (
+            self._start_on_spare(argv, cwd, extra_env, split, order.detach)
+            if order.identity is None
+            else None
+        )
+        if spawned is not None:
+            return spawned
+        if not (plan.confine and plan.pid_namespace):
+            return _launch.spawn(plan, argv, cwd, dict(self.env, **extra_env), split=split)
+        try:
+            spawned = self._prepare(order.identity)
+        except OSError as exc:
+            raise OSError(f"cannot start the call's namespaces: {exc}") from exc
+        # If the chain died while setting up, its status pipe says why.
+        with suppress(OSError):
+            _launch.start(spawned, argv, cwd, extra_env, split=split, detach=order.detach)
+        return spawned
+
     # -- spare -------------------------------------------------------------------
 
     def _refill_spare(self) -> None:
@@ -583,16 +609,27 @@ class Server:
             with suppress(OSError):
                 self.spare = self._prepare()
 
-    def _prepare(self) -> _launch.Spawned:
-        """Have the zygote fork a call's chain, (re)starting the zygote if it is not running."""
+    def _prepare(self, identity: tuple[int, int] | None = None) -> _launch.Spawned:
+        """Have the zygote fork a call's chain, (re)starting the zygote if it is not running.
+
+        ``identity``: the uid and gid the call sees, for an exec that names a user.
+        """
         zygote = self.zygote
         if zygote is not None:
             with suppress(OSError):
-                return _launch.prepare(zygote.order)
+                return _launch.prepare(lambda fds: zygote.order(fds, identity))
             zygote.close()  # it died; one new zygote, then give up
         _, plan = self._configured()
-        self.zygote = zygote = _zygote.start(plan, self.env)
-        return _launch.prepare(zygote.order)
+        self.zygote = fresh = _zygote.start(plan, self.env)
+        return _launch.prepare(lambda fds: fresh.order(fds, identity))
+
+    def _can_choose_identity(self) -> bool:
+        """Whether a call may name the ids it sees: root_identity, given, with each call
+        in a user namespace of its own (the only ids it can have map to the turn's)."""
+        config, plan = self._configured()
+        return bool(
+            config["root_identity"] and plan.confine and plan.pid_namespace and plan.own_userns
+        )
 
     def _start_on_spare(
         self, argv: list[str], cwd: str, extra_env: dict[str, str], split: bool, detach: bool
@@ -1129,7 +1166,27 @@ def _parse_run(header: dict[str, Any], body: bytes, workdir: str) -> RunOrder:
     detach = header.get("detach") is True
     if detach and split:
         raise ValueError("a detached process has one merged log, not split streams")
-    return RunOrder(argv, cwd, timeout, output_chars, body, split, output_bytes, dict(env), detach)
+    identity = _parse_identity(header.get("user"))
+    return RunOrder(
+        argv, cwd, timeout, output_chars, body, split, output_bytes, dict(env), detach, identity
+    )
+
+
+#: The highest uid or gid a user namespace can map ((uid_t) -1 is "no id").
+_MAX_ID = 0xFFFFFFFE
+
+
+def _parse_identity(value: object) -> tuple[int, int] | None:
+    """An exec's ``user``: ``[uid, gid]`` as the host resolved them, or None (absent)."""
+    if value is None:
+        return None
+    if (
+        not isinstance(value, list)
+        or len(value) != 2
+        or not all(type(v) is int and 0 <= v <= _MAX_ID for v in value)
+    ):
+        raise ValueError(f"'user' must be [uid, gid], each 0 to {_MAX_ID}")
+    return (value[0], value[1])
 
 
 def _parse_hello(header: dict[str, Any]) -> dict[str, Any]:

@@ -38,10 +38,28 @@ import stat
 
 from . import _launch
 
-__all__ = ["LAYERS", "SCRATCH", "make_root_writable"]
+__all__ = ["ETC_SEEDS", "LAYERS", "PAM_OTHER", "SCRATCH", "make_root_writable", "shadow_for"]
 
 #: Scratch folders every writable root has, sticky and writable by all (made where missing).
 SCRATCH = ("/tmp", "/var/tmp")  # noqa: S108 - sandbox paths
+#: PAM's policy for a service with none of its own, in a writable root without /etc/pam.d:
+#: root passes (pam_rootok), anyone else is refused. Without any policy PAM aborts, and
+#: adduser stops at its ``chfn``. Every user of a turn is the same host identity and no call
+#: can gain a privilege (``no_new_privs``), so root here is no more than the calls are.
+PAM_OTHER = """\
+# astralvessel's writable root: root's account tools pass, nothing else authenticates.
+auth     sufficient pam_rootok.so
+auth     required   pam_deny.so
+account  sufficient pam_rootok.so
+account  required   pam_deny.so
+password sufficient pam_rootok.so
+password required   pam_deny.so
+session  required   pam_permit.so
+"""
+#: What a writable root's copied /etc gets where it has no such entry, as the account tools
+#: (adduser, useradd, chfn) expect of a root: folder name -> its files (name -> text).
+#: adduser copies a new home from /etc/skel (without it, from the working directory).
+ETC_SEEDS: dict[str, dict[str, str]] = {"skel": {}, "pam.d": {"other": PAM_OTHER}}
 #: The folder of the workspace that holds the layers (covered once they are mounted).
 LAYERS = ".vessel-root"
 
@@ -174,6 +192,47 @@ def _copy(source: str, target: str) -> None:
                 continue
 
 
+def _create(path: str, data: bytes, mode: int) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+
+
+def shadow_for(passwd: bytes) -> bytes:
+    """An /etc/shadow for ``passwd``'s users: every password locked (``*``), no aging.
+
+    What a copied /etc gets when the call could not read the original (the
+    image's is root's alone) or there was none: PAM's ``pam_unix`` refuses
+    root's account without root's entry, and useradd keeps a shadow entry only
+    where the file exists.
+    """
+    names = [line.split(b":", 1)[0] for line in passwd.split(b"\n") if b":" in line]
+    return b"".join(name + b":*::0:99999:7:::\n" for name in names if name)
+
+
+def _seed_etc(upper: str) -> None:
+    """Add ``ETC_SEEDS`` and a locked shadow to a copied /etc where it has none of them."""
+    for folder, files in ETC_SEEDS.items():
+        where = os.path.join(upper, folder)
+        if os.path.lexists(where):
+            continue
+        os.mkdir(where, 0o755)
+        for name, text in files.items():
+            _create(os.path.join(where, name), text.encode(), 0o644)
+    shadow = os.path.join(upper, "shadow")
+    if not os.path.lexists(shadow):
+        try:
+            with open(os.path.join(upper, "passwd"), "rb") as handle:
+                passwd = handle.read(1 << 20)
+        except OSError:
+            passwd = b""
+        _create(shadow, shadow_for(passwd), 0o600)
+
+
 def make_root_writable(
     paths: list[str], workspace: str, uid: int | None, gid: int | None
 ) -> list[str]:
@@ -201,6 +260,8 @@ def make_root_writable(
         if how == "copy":
             with _as_call(uid, gid):
                 _copy(path, upper)
+                if path == "/etc":
+                    _seed_etc(upper)
             _launch.mount(upper, path, None, _launch.MS_BIND)
         else:
             work = os.path.join(layers, "work", name)

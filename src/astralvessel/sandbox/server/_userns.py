@@ -117,13 +117,15 @@ def _last_cap() -> int:
         return 63
 
 
-def _map_from_outside(init: int, uid: int, gid: int, go: int, done: int, *, inner: int) -> None:
+def _map_from_outside(  # noqa: PLR0917 - plain values across a fork
+    init: int, uid: int, gid: int, go: int, done: int, inner: int, inner_gid: int
+) -> None:
     """The mapper (a child of init, still in the parent namespace): map init's ids, say so."""
     code = 1
     try:
         if os.read(go, 1) == b"x":
             _write(f"/proc/{init}/uid_map", f"{inner} {uid} 1\n")
-            _write(f"/proc/{init}/gid_map", f"{inner} {gid} 1\n")
+            _write(f"/proc/{init}/gid_map", f"{inner_gid} {gid} 1\n")
             os.write(done, b"x")
             code = 0
     except BaseException as exc:
@@ -133,16 +135,23 @@ def _map_from_outside(init: int, uid: int, gid: int, go: int, done: int, *, inne
         os._exit(code)
 
 
-def enter_own_namespace(host_uid: int | None, host_gid: int | None, inner: int = CALL_ID) -> None:
+def enter_own_namespace(
+    host_uid: int | None, host_gid: int | None, inner: int = CALL_ID, inner_gid: int | None = None
+) -> None:
     """Move this process (a call's init) into a new user namespace as ``inner``, holding nothing.
 
     ``host_uid``/``host_gid``: the host identity to map to (root); None maps
-    this process's own (an ordinary user's server). ``inner``: the uid and gid
-    inside, ``CALL_ID`` or, for ``Policy.root_identity``, 0 (a root that holds
-    no capability: the sets are emptied and the securebits locked all the
-    same). Raises ``OSError`` if any step fails; the process is then unusable
-    for a call.
+    this process's own (an ordinary user's server). ``inner``: the uid inside,
+    ``CALL_ID`` or, for ``Policy.root_identity``, 0 (a root that holds no
+    capability: the sets are emptied and the securebits locked all the same)
+    or the uid of the user an exec names (``Turn.exec(user=)``); ``inner_gid``
+    the gid inside (``inner`` when None). Whichever they are, they map to the
+    same one host identity: the inner ids change what the call *sees* (its
+    uid, ``whoami``, the owner ``stat`` shows), never what it can reach.
+    Raises ``OSError`` if any step fails; the process is then unusable for a
+    call.
     """
+    inner_gid = inner if inner_gid is None else inner_gid
     if host_uid is not None:
         os.umask(TURN_UMASK)
     uid = os.geteuid() if host_uid is None else host_uid
@@ -160,7 +169,7 @@ def enter_own_namespace(host_uid: int | None, host_gid: int | None, inner: int =
     if mapper == 0:
         os.close(go_w)
         os.close(done_r)
-        _map_from_outside(me, uid, gid, go_r, done_w, inner=inner)
+        _map_from_outside(me, uid, gid, go_r, done_w, inner, inner_gid)
     os.close(go_r)
     os.close(done_w)
     try:
@@ -176,7 +185,7 @@ def enter_own_namespace(host_uid: int | None, host_gid: int | None, inner: int =
     # The creator holds every capability in the new namespace until it gives them up below.
     with suppress(OSError):
         os.setgroups([])  # refused where the sandbox's own namespace denies setgroups
-    os.setresgid(inner, inner, inner)
+    os.setresgid(inner_gid, inner_gid, inner_gid)
     os.setresuid(inner, inner, inner)
     give_up_capabilities()
     _prctl(PR_SET_DUMPABLE, 0)

@@ -22,7 +22,8 @@ init has ``PR_SET_PDEATHSIG`` on the zygote: when the zygote dies, every init
 dies, and every call with it.
 
 Orders come over a ``SOCK_SEQPACKET`` socket pair, one per packet: ``F`` with
-the child's ends of a call's pipes attached (``SCM_RIGHTS``) forks a chain,
+the child's ends of a call's pipes attached (``SCM_RIGHTS``) forks a chain
+(``F<uid><gid>`` one whose call sees those ids: an exec that names a user),
 ``K<pid>`` kills one. There is no reply: the zygote writes ``P<pid>`` on the
 chain's status pipe once init is forked, and init reports the rest. The zygote
 reaps every init and then writes ``D`` on its status pipe: init says ``D``
@@ -49,6 +50,7 @@ _FORK = b"F"
 _KILL = b"K"
 _PID = struct.Struct("!i")
 _FD = struct.Struct("i")
+_IDS = struct.Struct("!II")
 _STATUS = _launch.CHAIN_FDS.index("status")
 
 
@@ -63,11 +65,16 @@ class Zygote:
         self.sock = sock
         self.call_depth = call_depth
 
-    def order(self, child_fds: list[int]) -> None:
-        """Have the zygote fork one chain on ``child_fds``; raises ``OSError`` if it is gone."""
+    def order(self, child_fds: list[int], identity: tuple[int, int] | None = None) -> None:
+        """Have the zygote fork one chain on ``child_fds``; raises ``OSError`` if it is gone.
+
+        ``identity``: the uid and gid the call sees inside its user namespace,
+        instead of the plan's (see ``LaunchPlan.with_identity``).
+        """
         fds = b"".join(_FD.pack(fd) for fd in child_fds)
         rights = (_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)
-        self.sock.sendmsg([_FORK], [rights])
+        message = _FORK if identity is None else _FORK + _IDS.pack(*identity)
+        self.sock.sendmsg([message], [rights])
 
     def kill(self, pid: int) -> None:
         """Have the zygote SIGKILL the init it named ``P<pid>``, unless it reaped it already."""
@@ -220,7 +227,8 @@ class _Loop:
                 with suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
             return True
-        if message != _FORK or len(fds) != len(_launch.CHAIN_FDS):
+        plan = self._plan_for(message)
+        if plan is None or len(fds) != len(_launch.CHAIN_FDS):
             for fd in fds:
                 with suppress(OSError):
                     os.close(fd)
@@ -228,7 +236,7 @@ class _Loop:
         status = fds[_STATUS]
         try:
             pid = _launch.fork_chain(
-                self.plan, self.env, fds, alive=self.alive_r, own_pid_ns=self.own_pid_ns
+                plan, self.env, fds, alive=self.alive_r, own_pid_ns=self.own_pid_ns
             )
         except OSError as exc:
             _launch._report(status, f"E cannot fork the call: {exc}")
@@ -242,6 +250,14 @@ class _Loop:
         _launch._report(status, f"P{pid}")
         self.status[pid] = status
         return True
+
+    def _plan_for(self, message: bytes) -> _launch.LaunchPlan | None:
+        """The plan a fork order asks for (``F``, or ``F<uid><gid>``); None for any other."""
+        if message == _FORK:
+            return self.plan
+        if message[:1] == _FORK and len(message) == 1 + _IDS.size:
+            return self.plan.with_identity(*_IDS.unpack(message[1:]))
+        return None
 
     def _reap(self) -> None:
         """Reap every init that has exited and say ``D`` for it: its namespace is empty."""
