@@ -251,6 +251,8 @@ def _user(user: object, *, root_identity: bool) -> str | int | None:
             f"user={user!r} needs the root identity (Policy.root_identity, [sandbox] "
             "root_identity): without it every command runs as the turn's one user"
         )
+    if user == "root":
+        return 0  # the root identity's own uid, whatever the sandbox's passwd says
     if isinstance(user, str) and user.isascii() and user.isdigit():
         user = int(user)
     if isinstance(user, int) and not isinstance(user, bool):
@@ -314,7 +316,7 @@ def exec_plan(
     if wanted is None:
         return request
     if wanted == 0:
-        return request  # root is the root identity's own uid and gid already
+        return request  # root: the root identity's own uid and gid, the prepared call's
     reply = yield FsRequest(op="read", path="/etc/passwd", timeout=timeout, length=PASSWD_BYTES)
     # A passwd that cannot be read lists nobody: a uid still runs, with itself as its gid.
     passwd, why = reply.data, "no matching entry in the sandbox's /etc/passwd"
