@@ -23,10 +23,10 @@ import attrs
 import pytest
 
 from astralvessel import Executor, Turn
-from astralvessel.errors import UsageError
+from astralvessel.errors import SandboxError, UsageError
 from astralvessel.registry import Registry
 from astralvessel.sandbox import Mount
-from astralvessel.sandbox._api import MAX_ID
+from astralvessel.sandbox._api import MAX_ID, ExecRequest
 from astralvessel.sandbox._discovery import get_backend
 
 from .calls import wait_until_gone
@@ -257,3 +257,13 @@ def test_user_needs_the_root_identity(open_turn: OpenTurn):
         with pytest.raises(UsageError, match="root identity"):
             turn.exec(["touch", "/out/ran"], user=user)
     assert turn.exec(["ls", "/out"]).stdout == b""
+
+
+def test_the_server_refuses_a_user_without_the_root_identity(open_turn: OpenTurn, out: Path):
+    """A request that names ids under a policy without root_identity is refused by the sandbox
+    server itself (not only the host's check), and nothing runs."""
+    turn = open_turn(root_identity=False)
+    request = ExecRequest(argv=("touch", "/out/ran"), timeout=10.0, output_bytes=1024, user=(0, 0))
+    with pytest.raises(SandboxError, match="root_identity"):
+        turn.session.exec(request)
+    assert not (out / "ran").exists()

@@ -135,3 +135,75 @@ def test_write_plan_moves_large_data_in_chunks():
         (2 * exec_module.CHUNK_BYTES, 5, False),
     ]
     assert b"".join(r.data for r in requests) == data
+
+
+PASSWD = (
+    b"root:x:0:0:root:/root:/bin/sh\n"
+    b"alice:x:1000:1001::/home/alice:/bin/sh\n"
+    b"alice:x:2000:2000::/:/bin/sh\n"
+    b"broken:x:12:\n"
+    b"huge:x:4294967295:0::/:/bin/sh\n"
+    b"neg:x:-1:0::/:/bin/sh\n"
+    b"\xff\xfe:x:7:7::/:/bin/sh\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("user", "ids"),
+    [
+        ("alice", (1000, 1001)),  # the first line that names the user
+        (1000, (1000, 1001)),  # a uid takes its line's gid
+        (4242, (4242, 4242)),  # and, with no line, itself
+        ("broken", None),  # a line without a gid field
+        ("huge", None),  # (uid_t) -1 is no id
+        ("neg", None),
+        ("nobody", None),
+        ("al", None),  # names match whole
+        ("\udcff\udcfe", (7, 7)),  # a name that is not UTF-8 matches byte for byte
+    ],
+)
+def test_find_user_reads_passwd_as_the_first_matching_line(user, ids):
+    """A name matches a line's first field exactly, a uid its third; malformed lines are skipped."""
+    assert exec_module.find_user(PASSWD, user) == ids
+
+
+def _resolve(user, reply, *, root_identity=True):
+    """Drive exec_plan's one step with ``reply``; return what it gives for ``user``."""
+    request = exec_module.exec_request(
+        ["id"], input=None, cwd=None, env=None, timeout=None, default_timeout=5, workdir="/w"
+    )
+    plan = exec_module.exec_plan(request, user, root_identity=root_identity, timeout=5)
+    try:
+        step = next(plan)
+    except StopIteration as done:
+        return done.value
+    assert (step.op, step.path) == ("read", "/etc/passwd")
+    try:
+        plan.send(reply)
+    except StopIteration as done:
+        return done.value
+    raise AssertionError("exec_plan asked for a second step")
+
+
+def test_exec_plan_maps_a_user_and_fails_an_unknown_one():
+    """A listed user becomes the request's ids; an unknown one is exit 126 naming it; root and 0
+    need no lookup; an unreadable or oversized passwd lists nobody but uids still run."""
+    ok = FsReply(fields={"size": len(PASSWD)}, data=PASSWD)
+    assert _resolve("alice", ok).user == (1000, 1001)
+    assert _resolve("root", ok).user is None  # the root identity's own ids: the spare's
+    assert _resolve("0", ok).user is None
+    missing = _resolve("ghost", ok)
+    assert missing.returncode == 126
+    assert b"'ghost'" in missing.stderr
+    unreadable = FsReply(errno="EACCES", message="denied")
+    assert _resolve("alice", unreadable).returncode == 126
+    assert _resolve(77, unreadable).user == (77, 77)
+    oversized = FsReply(fields={"size": exec_module.PASSWD_BYTES + 1}, data=PASSWD)
+    assert b"over" in _resolve("alice", oversized).stderr
+
+
+@pytest.mark.parametrize("user", ["root", "nobody", 0, 7])
+def test_user_without_root_identity_is_a_usage_error(user):
+    """Without the root identity there is one user: any user= is refused before anything runs."""
+    with pytest.raises(UsageError, match="root identity"):
+        _resolve(user, FsReply(), root_identity=False)
