@@ -335,21 +335,25 @@ def test_root_identity_cannot_mount_unshare_or_load_modules(open_turn):
 
 
 def test_root_identity_cannot_change_the_hosts_files(open_turn, packages):
-    """Read-only mounts and the host's system files stay unwritable to root in the sandbox."""
+    """Read-only mounts and the host's system files stay unwritable to root in the sandbox; a
+    chown there succeeds (root identity's no-op) and changes no owner."""
     turn = open_turn(root_identity=True)
+    owner = (packages / "pip.whl").stat()
     outcome = run(
         turn,
         "sh",
         "-c",
         "echo x > /packages/av-x; echo x > /usr/bin/av-x; echo x >> /etc/hostname; "
-        "chmod 777 /usr/bin; chown 0 /packages/pip.whl; echo done",
+        "chmod 777 /usr/bin; chown 0 /packages/pip.whl && echo chowned; echo done",
     )
     refusals = ("Read-only file system", "Permission denied", "Operation not permitted")
     lines = outcome.output.splitlines()
-    assert lines[-1] == "done"
-    assert len([line for line in lines[:-1] if line.endswith(refusals)]) == 5, outcome.output
+    assert lines[-2:] == ["chowned", "done"]
+    assert len([line for line in lines[:-2] if line.endswith(refusals)]) == 4, outcome.output
     assert not (packages / "av-x").exists()
     assert not Path("/usr/bin/av-x").exists()
+    after = (packages / "pip.whl").stat()
+    assert (after.st_uid, after.st_gid) == (owner.st_uid, owner.st_gid)
 
 
 def test_root_identity_files_land_as_the_unprivileged_user(open_turn, writable):
@@ -458,11 +462,17 @@ def test_docker_exec_refuses_both():
 
 
 def test_writable_etc_shows_no_more_than_before(open_turn):
-    """The turn's copy of /etc holds what calls could read before, never more (no shadow file)."""
+    """The turn's copy of /etc holds what calls could read before and nothing more but its own
+    seeds: never the image's or host's shadow, only one with every password locked."""
     before = open_turn()
     after = open_turn(writable_root=True, root_identity=True)
     listing = "find /etc -readable -type f"
     readable_before = run(before, "sh", "-c", listing).output.split()
     readable_after = run(after, "sh", "-c", listing).output.split()
-    assert set(readable_after) <= set(readable_before)
-    assert run(after, "cat", "/etc/shadow").exit_code != 0
+    seeds = {"/etc/shadow", "/etc/pam.d/other"}
+    assert set(readable_after) - set(readable_before) <= seeds
+    shadow = run(after, "cat", "/etc/shadow")
+    assert shadow.exit_code == 0
+    entries = [line.split(":") for line in shadow.output.splitlines()]
+    assert entries
+    assert all(fields[1] == "*" for fields in entries), shadow.output
