@@ -9,6 +9,7 @@ Needs the ``ray`` extra (``pip install 'astralvessel[ray]'``)::
         result = turn.call("species", {"habitat": "rivers"})
         result.metadata["node"]          # the Ray node that ran it
 
+``RayExecutor(..., warm=N)`` keeps N turns started ahead on each node.
 See ``docs/scaling.md`` for how the agent folder and mounts reach the nodes.
 """
 
