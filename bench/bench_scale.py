@@ -128,6 +128,24 @@ def tree_kib(root: int, field: str) -> int:
     return total
 
 
+def settled_mean_kib(roots: list[int], field: str, timeout: float = 60.0) -> float:
+    """The trees' mean ``field`` once every turn is idle: two samples a second apart agree.
+
+    A turn is idle only once its spare init has built its namespaces and walked
+    its request path, which writes (copies) pages; on a loaded machine that
+    takes longer than any fixed pause, and an earlier sample would count less.
+    """
+    deadline = time.monotonic() + timeout
+    last = statistics.mean(tree_kib(r, field) for r in roots)
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        now = statistics.mean(tree_kib(r, field) for r in roots)
+        if abs(now - last) <= 0.005 * last:
+            return now
+        last = now
+    return last
+
+
 def session_root(session: SandboxSession) -> int | None:
     if isinstance(session, ServerSession) and isinstance(session.channel, PipeChannel):
         return session.channel.process.pid
@@ -149,9 +167,8 @@ def idle_memory(backend: Sandbox, turns: int) -> tuple[float, float, float] | No
     )
     sessions = [backend.start(Policy()) for _ in range(turns)]
     try:
-        time.sleep(1.0)  # let every server settle into its idle state
         roots = [r for r in map(session_root, sessions) if r is not None]
-        pss = statistics.mean(tree_kib(r, "Pss") for r in roots) / 1024
+        pss = settled_mean_kib(roots, "Pss") / 1024
         rss = statistics.mean(tree_kib(r, "Rss") for r in roots) / 1024
         bare_pss = tree_kib(bare.pid, "Pss") / 1024
     finally:
