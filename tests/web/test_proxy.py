@@ -249,3 +249,28 @@ def test_read_request_refuses_a_head_without_its_blank_line():
     with pytest.raises(ProxyRefusal) as info:
         read_request(b"GET http://site.test/ HTTP/1.1\r\n", (), LIMITS)
     assert info.value.status == 400
+
+
+def test_close_during_a_hung_name_lookup_stops_the_thread():
+    """A lookup that never returns (a DNS server that does not answer) does not keep the thread."""
+    entered, release = threading.Event(), threading.Event()
+
+    def hang(_earlier: int) -> list[str]:
+        entered.set()
+        release.wait(60)
+        return ["127.0.0.1"]
+
+    proxy = EgressProxy.start(["slow.test:443"], resolver=MapResolver({"slow.test": hang}))
+    client = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        client.settimeout(10)
+        client.connect(str(proxy.socket_path))
+        client.sendall(b"CONNECT slow.test:443 HTTP/1.1\r\n\r\n")
+        assert entered.wait(10)
+        proxy.close()
+        assert not proxy._thread.is_alive()
+        assert client.recv(4096) == b""
+    finally:
+        release.set()
+        client.close()
+        proxy.close()

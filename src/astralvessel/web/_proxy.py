@@ -119,11 +119,18 @@ class EgressProxy:
     # -- the loop thread -----------------------------------------------------------------
 
     def _run(self) -> None:
+        # Not asyncio.run: its end waits for the default executor, where a name lookup
+        # that hangs (a DNS server that does not answer) would keep this thread alive
+        # past close. Closing the loop leaves such a lookup to finish on its own.
+        loop = asyncio.new_event_loop()
         try:
-            asyncio.run(self._main())
+            loop.run_until_complete(self._main())
         except BaseException as exc:  # reported to start(), which raises it
             self._failure = exc
         finally:
+            with contextlib.suppress(Exception):
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
             self._ready.set()
 
     async def _main(self) -> None:
