@@ -45,6 +45,7 @@ _FILE_PRIMITIVE_TESTS = (
     "test_list_dir_names_entries_and_kinds",
     "test_parents_are_made_inside_the_workspace_only",
     "test_writable_root_opens_the_root_to_writes",
+    "test_links_swapped_under_file_operations_never_lead_outside",
 )
 #: Per backend, the tests of promises it declares it cannot keep (test name: why).
 DECLARED_UNKEPT: dict[str, dict[str, str]] = {

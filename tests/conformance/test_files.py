@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 
 import attrs
@@ -234,3 +235,83 @@ def test_writable_root_opens_the_root_to_writes(backend):
             assert turn.exec(["cat", path]).stdout == path.encode()
         with pytest.raises(SandboxPermissionError):
             turn.write_file("/proc/planted", b"x")
+
+
+# Swaps /workspace/race/x between a plain file and links out of the agent's data, and the link
+# /workspace/race/d between a plain folder inside and /proc, each by one atomic rename, as fast
+# as it can, until the host leaves /workspace/race/stop.
+_SWAPPER = r"""
+import os, time
+os.chdir("/workspace/race")
+open("x", "w").write("plain\n")
+os.mkdir("inside")
+open("inside/version", "w").write("plain\n")
+os.symlink("inside", "d")
+open("up", "w").close()
+end = time.monotonic() + 20  # docker-exec has no file primitives: its host never says stop
+
+
+def swap(make, name):
+    if os.path.lexists(name + ".new"):
+        os.unlink(name + ".new")
+    make(name + ".new")
+    os.rename(name + ".new", name)
+
+
+def plain(path):
+    with open(path, "w") as f:
+        f.write("plain\n")
+
+
+while not os.path.exists("stop") and time.monotonic() < end:
+    # Targets the calls' user may read, outside the agent's data: only the rules keep them out.
+    for target in ("/proc/version", "/proc/self/status", "/proc/cpuinfo"):
+        swap(lambda new: os.symlink(target, new), "x")
+        swap(plain, "x")
+        swap(lambda new: os.symlink("/proc", new), "d")
+        swap(lambda new: os.symlink("inside", new), "d")
+print("swapped")
+"""
+
+
+def test_links_swapped_under_file_operations_never_lead_outside(turn: Turn):
+    """A call swapping names for links out of the agent's data meanwhile: files stay inside."""
+    assert turn.exec(["mkdir", "/workspace/race"]).returncode == 0
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        swapping = pool.submit(turn.exec, ["python3", "-c", _SWAPPER], timeout=90)
+        while "up" not in dict(turn.list_dir("/workspace/race")):
+            assert not swapping.done(), swapping.result()
+        seen: set[object] = set()
+        try:
+            # At least 100 rounds, and on until both states were met (the swapper's pace varies).
+            for done in range(3000):
+                if done >= 100 and b"plain\n" in seen and SandboxPermissionError in seen:
+                    break
+                for op in (
+                    lambda: turn.read_file("/workspace/race/x"),
+                    lambda: turn.read_file("/workspace/race/d/version"),
+                    lambda: turn.list_dir("/workspace/race/d"),
+                    lambda: turn.write_file("/workspace/race/d/version", b"plain\n"),
+                ):
+                    try:
+                        got = op()
+                    except SandboxFileError as refused:
+                        got = type(refused)
+                    seen.add(tuple(got) if isinstance(got, list) else got)
+        finally:
+            turn.write_file("/workspace/race/stop", b"")
+        swapped = swapping.result()
+        assert swapped.stdout == b"swapped\n", swapped.stderr
+    # The race ran: the same names were seen plain and refused as links out.
+    assert b"plain\n" in seen, seen
+    assert SandboxPermissionError in seen, seen
+    # Contents read are the call's own plain files; a listing names only the plain folder's.
+    allowed = {b"plain\n", None, (("version", "file"),)}
+    assert {s for s in seen if not isinstance(s, type)} <= allowed, seen
+    assert {s for s in seen if isinstance(s, type)} <= {
+        SandboxFileNotFoundError,
+        SandboxPermissionError,
+        SandboxIsADirectoryError,
+        SandboxNotADirectoryError,
+        SandboxFileError,
+    }
