@@ -229,6 +229,9 @@ class _EngineProxy:
 
     def cut(self) -> None:
         """Drop every connection and stop listening."""
+        # Shut down first: a close alone leaves the accepting thread's call listening.
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
         self.listener.close()
         with self.lock:
             for sock in self.sockets:
@@ -239,9 +242,10 @@ class _EngineProxy:
 # The SDK leaves the socket of a refused connection to the garbage collector.
 @pytest.mark.filterwarnings("ignore::ResourceWarning")
 def test_engine_going_away_mid_turn_is_a_clear_error(docker_api, tmp_path):
-    """If the engine connection is lost mid-turn, the running call fails with a SandboxError, not a hang."""
+    """On the attach stream, a lost engine connection fails the running call with a SandboxError, not a hang."""
     proxy = _EngineProxy(tmp_path / "engine.sock")
     backend = Docker(base_image=BASE_IMAGE, pull=False, base_url=f"unix://{proxy.path}")
+    backend.direct = False
     session = backend.start(Policy())
     container_id = session.channel.container_id
     try:
@@ -251,6 +255,29 @@ def test_engine_going_away_mid_turn_is_a_clear_error(docker_api, tmp_path):
         with pytest.raises(SandboxError, match=r"engine|server"):
             _run(session, "sleep", "60", timeout=60)
         assert time.monotonic() - started < 50
+    finally:
+        session.close()
+        docker_api.remove_container(container_id, force=True)
+        backend.engine.close()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)
+            del backend, session
+            gc.collect()
+
+
+def test_engine_going_away_leaves_a_direct_turn_working(docker_api, tmp_path):
+    """With its own socket a turn outlives a lost engine connection, and its close still ends the container."""
+    proxy = _EngineProxy(tmp_path / "engine.sock")
+    backend = Docker(base_image=BASE_IMAGE, pull=False, base_url=f"unix://{proxy.path}")
+    session = backend.start(Policy())
+    container_id = session.channel.container_id
+    try:
+        assert _run(session, "echo", "up").output.strip() == "up"
+        proxy.cut()
+        assert _run(session, "echo", "still up").output.strip() == "still up"
+        # The engine cannot remove it now; closing the socket ends the server, and so the container.
+        session.close()
+        assert "StatusCode" in docker_api.wait(container_id, timeout=60)
     finally:
         session.close()
         docker_api.remove_container(container_id, force=True)

@@ -3,8 +3,8 @@
 A backend opens one ``Channel`` per turn (see ``_base.Sandbox.open``). Most
 backends start a process whose stdin and stdout are the server's own (bwrap,
 nsjail, the unconfined host process, a third party's launcher), and
-``PipeChannel`` is that channel, ready to reuse. Docker's attach stream has its
-own channel in ``docker/``.
+``PipeChannel`` is that channel, ready to reuse. Docker's channels (a unix
+socket of the turn's own, or the engine's attach stream) live in ``docker/``.
 """
 
 from __future__ import annotations

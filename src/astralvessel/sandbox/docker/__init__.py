@@ -3,6 +3,7 @@
 - ``_backend``: ``Docker`` and ``DockerExec`` (probe, start, sweep);
 - ``_engine``: the SDK client, images and builds, containers, leftovers;
 - ``_attach``: the engine's multiplexed streams and the attach ``Channel``;
+- ``_direct``: the direct ``Channel``, a unix socket of the turn's own;
 - ``_spec``: what a turn's container looks like, as pure functions of a ``Policy``;
 - ``_exec_session``: the ``docker-exec`` session, one ``docker exec`` per call.
 

@@ -62,6 +62,7 @@ class AttachChannel:
         self._tail_size = 0
         self._closed = False
         self._lock = threading.Lock()
+        self._pump_lock = threading.Lock()
         self._exit: str | None = None
 
     def send(self, data: bytes) -> None:
@@ -100,6 +101,34 @@ class AttachChannel:
                 return False
             self._pending += chunk
 
+    def fileno(self) -> int:
+        """The stream's socket, to wait on (``_direct`` reads the server's stderr from it)."""
+        return int(self._sock.fileno())
+
+    def pump(self) -> bool:
+        """Take what the stream holds now, without waiting, into the tail; False at its end.
+
+        With a direct channel this stream carries only the server's stderr (and
+        anything the container printed before the server connected).
+        """
+        with self._pump_lock:
+            try:
+                chunk = self._sock.recv(65536, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return True
+            except OSError:
+                return False
+            if not chunk:
+                return False
+            self._pending += chunk
+            while len(self._pending) >= _HEADER.size:
+                _, length = _HEADER.unpack_from(self._pending)
+                if len(self._pending) < _HEADER.size + length:
+                    break
+                self._keep_stderr(bytes(self._pending[_HEADER.size : _HEADER.size + length]))
+                del self._pending[: _HEADER.size + length]
+            return True
+
     def _keep_stderr(self, payload: bytes) -> None:
         self._tail.append(payload)
         self._tail_size += len(payload)
@@ -112,7 +141,9 @@ class AttachChannel:
             if self._closed:
                 return
             self._closed = True
-        self._exit = self._exit_status()
+        # No inspection first: it cost an engine round trip on every close, for a status
+        # only a turn that had already failed reads, and such a turn read it while open.
+        self._exit = "the turn's container was removed"
         removed = False
         try:
             self._api.remove_container(self.container_id, force=True)

@@ -1,8 +1,9 @@
 """The Docker backends: one container per turn on a real engine, through the Docker SDK.
 
 ``Docker`` runs the sandbox server as the container's own process, on the
-image's ``python3``, reached over the engine's attach stream: each call is a
-request to the server, not a ``docker exec``. ``DockerExec`` (``docker-exec``)
+image's ``python3``, reached over a unix socket of the turn's own (``_direct``)
+or, where that cannot be, the engine's attach stream: each call is a request
+to the server, not a ``docker exec``. ``DockerExec`` (``docker-exec``)
 is the explicit mode for images without a usable Python: no server, one
 ``docker exec`` per call, with the promises it cannot keep declared. Both
 share the image logic: a forced ``image``, else the agent's Dockerfile
@@ -23,8 +24,10 @@ from .._base import BackendReport, Sandbox, SandboxSession, ServerLink, ServerOp
 from .._mechanisms import Setup, limit_mechanisms
 from .._policy import Policy, Promise
 from .._reach import Identity, check_reach
-from .._session import server_command
+from .._session import ServerBuild, server_command
 from .._uids import UidLease, default_lock_dir, describe_range, lease_uid, resolve_range
+from ._attach import AttachChannel
+from ._direct import DirectChannel, Listener, NotConnectedError
 from ._engine import BASE_IMAGE_ENV, Engine, owner
 from ._exec_session import EXEC_NOTE, ExecSession
 from ._spec import (
@@ -87,6 +90,9 @@ class Docker(Sandbox):
         self.engine = Engine(
             base_url, pull=pull, start_timeout=start_timeout, concurrency=engine_concurrency
         )
+        #: Whether a turn's server may talk over a socket of its own rather than the
+        #: engine's attach stream (where the engine is local; see ``open``).
+        self.direct = True
 
     def __repr__(self) -> str:
         return (
@@ -206,17 +212,34 @@ class Docker(Sandbox):
         )
 
     def open(self, policy: Policy) -> ServerLink:
-        """Start one turn's container with the server as its process; return the attach channel."""
+        """Start one turn's container with the server as its process; return the channel to it.
+
+        The channel is a unix socket of the turn's own (``_direct``) when the
+        engine is local and the turn has a host uid to check the peer against;
+        else the engine's attach stream. A host whose policy keeps containers
+        from connecting to its socket (an SELinux label, say) is found at its
+        first turn, which then starts again on the attach stream, as later ones do.
+        """
         lease = self._lease(policy)
         try:
             with self.engine.failures("prepare"):
-                return self._open_as(policy, lease)
+                try:
+                    return self._open_as(policy, lease, direct=self._direct_for(lease))
+                except NotConnectedError:
+                    self.direct = False
+                    if lease is not None:
+                        lease.release()
+                    lease = self._lease(policy)
+                    return self._open_as(policy, lease, direct=False)
         except BaseException:
             if lease is not None:
                 lease.release()
             raise
 
-    def _open_as(self, policy: Policy, lease: UidLease | None) -> ServerLink:
+    def _direct_for(self, lease: UidLease | None) -> bool:
+        return self.direct and lease is not None and self.engine.is_local()
+
+    def _open_as(self, policy: Policy, lease: UidLease | None, *, direct: bool) -> ServerLink:
         image_id, arch = self._prepare(policy, lease)
         if not self.engine.has_python(image_id, self.python):
             raise BackendUnavailableError(
@@ -226,22 +249,14 @@ class Docker(Sandbox):
                 "call, without process isolation or the file tools)"
             )
         build = self.engine.server_build(image_id, self.python)
-        spec = container_spec(
-            policy,
-            image=image_id,
-            command=server_argv(server_command(self.python, build), policy),
-            seccomp_profile=_seccomp.to_docker_profile("server", arch)
-            if arch
-            else {"defaultAction": "SCMP_ACT_ALLOW"},
-            labels=self._labels(policy, "server"),
-            server=True,
-            cpus=self.cpus,
-            uid=CALL_UID if lease is None else lease.uid,
-        )
-        # The lease goes back once the container is removed.
-        channel = self.engine.start_container(
-            spec, on_close=None if lease is None else lease.release
-        )
+        listener = None if lease is None or not direct else Listener(lease.uid)
+        try:
+            channel = self._start_server(
+                policy, lease, image_id=image_id, arch=arch, build=build, listener=listener
+            )
+        finally:
+            if listener is not None:
+                listener.close()
         return ServerLink(
             channel=channel,
             options=ServerOptions(
@@ -258,6 +273,44 @@ class Docker(Sandbox):
                 build=build,
             ),
         )
+
+    def _start_server(
+        self,
+        policy: Policy,
+        lease: UidLease | None,
+        *,
+        image_id: str,
+        arch: Any,
+        build: ServerBuild | None,
+        listener: Listener | None,
+    ) -> AttachChannel | DirectChannel:
+        """Create and start the container; with ``listener``, wait for the server to connect."""
+        spec = container_spec(
+            policy,
+            image=image_id,
+            command=server_argv(
+                server_command(self.python, build), policy, direct=listener is not None
+            ),
+            seccomp_profile=_seccomp.to_docker_profile("server", arch)
+            if arch
+            else {"defaultAction": "SCMP_ACT_ALLOW"},
+            labels=self._labels(policy, "server"),
+            server=True,
+            cpus=self.cpus,
+            uid=CALL_UID if lease is None else lease.uid,
+            channel_dir=None if listener is None else listener.folder,
+        )
+        # The lease goes back once the container is removed.
+        attach = self.engine.start_container(
+            spec, on_close=None if lease is None else lease.release
+        )
+        if listener is None:
+            return attach
+        try:
+            return DirectChannel(listener.accept(attach, self.start_timeout), attach)
+        except BaseException:
+            attach.close()
+            raise
 
 
 class DockerExec(Docker):

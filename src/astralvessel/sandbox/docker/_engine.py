@@ -15,6 +15,7 @@ import contextlib
 import gc
 import os
 import socket
+import sys
 import threading
 import warnings
 import weakref
@@ -43,6 +44,8 @@ __all__ = ["BASE_IMAGE_ENV", "BUILT_REPOSITORY", "Engine", "import_docker", "own
 BASE_IMAGE_ENV = "ASTRALVESSEL_DOCKER_IMAGE"
 #: Tag prefix of images built from an agent's Dockerfile.
 BUILT_REPOSITORY = "astralvessel-agent"
+#: The SDK's base URL for an engine on a local unix socket.
+_LOCAL_URL = "http+docker://localhost"
 
 
 def import_docker() -> Any:
@@ -94,6 +97,14 @@ class Engine:
                 options = " ".join(self._client.api.info().get("SecurityOptions") or ())
                 self._maps_uids = "name=rootless" in options or "name=userns" in options
             return self._maps_uids
+
+    def is_local(self) -> bool:
+        """Whether the engine listens on a unix socket of this Linux machine.
+
+        Then its containers can be given a folder of this host, and connect to a
+        socket in it (the direct channel); a remote engine, or one in a VM, cannot.
+        """
+        return sys.platform.startswith("linux") and str(self.api().base_url) == _LOCAL_URL
 
     def api(self) -> Any:
         """The SDK's low-level client, its ``runc`` requests gated (see ``_gate``).

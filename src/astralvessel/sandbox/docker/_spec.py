@@ -90,6 +90,28 @@ EXEC_MASKED_PATHS = (
 #: Where Docker mounts the (empty) tmpfs the bootstrap builds the sandbox's root on.
 VIEW_ROOT = "/.astralvessel-root"
 
+#: Where the host's folder holding a turn's direct channel (``_direct``) is bound; the
+#: server connects to the socket in it first, before building the calls' view (which
+#: leaves it out).
+CHANNEL_DIR = "/run/astralvessel-host"
+CHANNEL_SOCKET = "server.sock"
+
+#: With a direct channel, runs first of all: the server's stdin and stdout become one
+#: unix socket to the host. A host that is gone (no listener) ends the container here.
+CONNECT_BOOTSTRAP = r"""
+def _astralvessel_connect(path):
+    # _socket, not socket: that one imports enum and selectors, memory an idle turn keeps.
+    import os, sys, _socket
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+    except OSError as exc:
+        sys.exit("astralvessel: cannot reach the host at %s: %s" % (path, exc))
+    os.dup2(sock.fileno(), 0)
+    os.dup2(sock.fileno(), 1)
+    sock.close()
+"""
+
 #: Runs first in the container's own process, before the server's code. It makes a
 #: user namespace mapping only our uid and gid to themselves: in it the server may
 #: create the PID and mount namespaces of each call; outside it, it holds nothing.
@@ -234,6 +256,7 @@ def container_spec(
     server: bool,
     cpus: float | None = 1.0,
     uid: int = CALL_UID,
+    channel_dir: str | None = None,
 ) -> ContainerSpec:
     """The container of one turn for ``policy``, whose calls are host ``uid`` (and gid).
 
@@ -256,6 +279,9 @@ def container_spec(
     if policy.egress_socket is not None and server:
         # The host egress proxy's socket folder, for the server's relay (see ``_relay``).
         binds.append(f"{policy.egress_socket.parent}:{EGRESS_DIR}:ro")
+    if channel_dir is not None and server:
+        # The host's folder of the turn's direct channel (``_direct``), for the server only.
+        binds.append(f"{channel_dir}:{CHANNEL_DIR}:ro")
     tmpfs = {
         # The turn's only writable place: owned by the call user, at most the disk limit.
         # "exec" because Docker's tmpfs is noexec unless told: a harness builds and runs
@@ -329,11 +355,13 @@ def view_binds(policy: Policy) -> list[str]:
     return sorted(unique, key=lambda p: (len(PurePosixPath(p).parts), p))
 
 
-def server_argv(command: Sequence[str], policy: Policy) -> list[str]:
+def server_argv(command: Sequence[str], policy: Policy, *, direct: bool = False) -> list[str]:
     """Wrap the server's ``python -c CODE`` command so the namespace bootstrap runs first.
 
     The bootstrap must run in the server's own process: capabilities gained by
     creating a user namespace would be lost across an ``exec`` by a non-root uid.
+    ``direct``: before it, the server connects its stdin and stdout to the
+    host's socket in ``CHANNEL_DIR`` (bound by ``container_spec(channel_dir=)``).
     """
     argv = list(command)
     try:
@@ -348,8 +376,16 @@ def server_argv(command: Sequence[str], policy: Policy) -> list[str]:
         f"_astralvessel_view({view_binds(policy)!r}, {[str(d) for d in SYSTEM_DIRS]!r}, "
         f"{VIEW_ROOT!r}, {str(policy.workdir)!r}, {root_dirs!r})\ndel _astralvessel_view\n"
     )
+    connect = (
+        CONNECT_BOOTSTRAP
+        + f"_astralvessel_connect({CHANNEL_DIR + '/' + CHANNEL_SOCKET!r})\n"
+        + "del _astralvessel_connect\n"
+        if direct
+        else ""
+    )
     argv[index + 1] = (
-        USERNS_BOOTSTRAP
+        connect
+        + USERNS_BOOTSTRAP
         + call
         + f"\nexec(compile({code!r}, '<astralvessel-server>', 'exec'), "
         + "{'__name__': '__main__', '__builtins__': __builtins__})\n"

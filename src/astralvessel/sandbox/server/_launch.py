@@ -43,6 +43,7 @@ from __future__ import annotations
 import ctypes
 import os
 import resource
+import select
 import stat
 import warnings  # noqa: F401 - see below
 
@@ -270,7 +271,15 @@ def close_fds_except(keep: set[int]) -> None:
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view) :]
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:
+            # A socket to the host (Docker's direct channel) is one open file for reading
+            # and writing, so the server's non-blocking read end makes this end so too:
+            # wait for room, as a blocking write would.
+            waiting = select.poll()
+            waiting.register(fd, select.POLLOUT)
+            waiting.poll()
 
 
 def _report(fd: int, line: str) -> None:

@@ -1,0 +1,168 @@
+"""A turn's direct channel to its server: a unix socket, not the engine's attach stream.
+
+On the attach stream every frame passes through dockerd and containerd-shim, each
+woken for it, both ways (a small echo takes about 76 µs there and 15 µs over a
+socket), and at each start the server's code crosses it too. With a local engine
+the host listens on a socket in a folder of its own, bound into the container at
+``CHANNEL_DIR``; the server connects to it first thing (``CONNECT_BOOTSTRAP``)
+and speaks the protocol over it. The attach stream stays, for the server's stderr
+and the container's removal. The socket is the lifeline as the stdin was: a host
+that dies closes its end, and the server reads the end of its input.
+
+Only the turn's own uid may connect (``SO_PEERCRED``): the folder must be
+reachable by that uid inside the container, so another host user could reach it
+too, and would be turned away. The folder is removed once the server is in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import socket
+import struct
+import tempfile
+import threading
+import time
+
+from ...errors import SandboxError
+from ._attach import AttachChannel
+from ._spec import CHANNEL_SOCKET
+
+__all__ = ["DirectChannel", "Listener", "NotConnectedError"]
+
+_PEERCRED = struct.Struct("3i")
+#: What the connect bootstrap says when it cannot reach the host's socket.
+_REFUSED = "astralvessel: cannot reach the host"
+
+
+class NotConnectedError(SandboxError):
+    """The server could not connect to the host's socket (a host whose policy forbids it)."""
+
+
+class Listener:
+    """The host's end before the server connects: a folder with one listening socket."""
+
+    def __init__(self, uid: int) -> None:
+        self._uid = uid
+        self.folder = tempfile.mkdtemp(prefix="astralvessel-")
+        self._path = os.path.join(self.folder, CHANNEL_SOCKET)
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            # Reachable by the turn's uid in the container, listable by no one else; anyone
+            # else who connects is turned away by ``accept``.
+            os.chmod(self.folder, 0o711)  # noqa: S103 - the peer is checked, see accept
+            self._sock.bind(self._path)
+            os.chmod(self._path, 0o666)  # noqa: S103 - the peer is checked, see accept
+            self._sock.listen(8)
+        except BaseException:
+            self.close()
+            raise
+
+    def accept(self, attach: AttachChannel, timeout: float) -> socket.socket:
+        """The server's connection; ``SandboxError`` if its container ends first or time runs out.
+
+        Connections from any other uid are closed and the wait goes on.
+        """
+        deadline = time.monotonic() + timeout
+        # poll, not select: a host with hundreds of turns holds descriptors past 1024.
+        waiting = select.poll()
+        waiting.register(self._sock.fileno(), select.POLLIN)
+        waiting.register(attach.fileno(), select.POLLIN)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise SandboxError(
+                    f"the docker sandbox server did not connect within {timeout:g} s; "
+                    f"{attach.describe_exit()}"
+                )
+            readable = {fd for fd, _ in waiting.poll(remaining * 1000)}
+            if attach.fileno() in readable and not attach.pump():
+                described = attach.describe_exit()
+                error = NotConnectedError if _REFUSED in described else SandboxError
+                raise error(f"the turn's container ended before its server connected; {described}")
+            if self._sock.fileno() in readable:
+                conn, _ = self._sock.accept()
+                _, uid, _ = _PEERCRED.unpack(
+                    conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+                )
+                if uid == self._uid:
+                    conn.setblocking(True)
+                    return conn
+                conn.close()
+
+    def close(self) -> None:
+        """Stop listening and remove the folder (a container keeps its bound view). Never raises."""
+        with contextlib.suppress(OSError):
+            self._sock.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self._path)
+        with contextlib.suppress(OSError):
+            os.rmdir(self.folder)
+
+
+class DirectChannel:
+    """A ``Channel`` over the server's socket; the attach stream under it keeps stderr."""
+
+    def __init__(self, sock: socket.socket, attach: AttachChannel) -> None:
+        self._sock = sock
+        self._attach = attach
+        #: The turn's container.
+        self.container_id = attach.container_id
+        self._ours = sock.fileno()
+        self._theirs = attach.fileno()
+        # Used by the one reading thread only; poll, as a host may hold over 1024 descriptors.
+        self._waiting = select.poll()
+        self._waiting.register(self._ours, select.POLLIN)
+        self._waiting.register(self._theirs, select.POLLIN)
+        self._watching = True
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def send(self, data: bytes) -> None:
+        """Write to the server."""
+        self._sock.sendall(data)
+
+    def recv(self, size: int) -> bytes:
+        """Return up to ``size`` bytes from the server; ``b""`` only at end of stream.
+
+        While waiting, what the server writes to stderr is taken into the attach
+        channel's tail, so its stderr never fills and blocks it.
+        """
+        try:
+            while self._watching and not self._closed:
+                readable = {fd for fd, _ in self._waiting.poll()}
+                if self._theirs in readable and not self._attach.pump():
+                    self._watching = False
+                if self._ours in readable:
+                    break
+            return self._sock.recv(size)
+        except (OSError, ValueError):
+            if self._closed:
+                return b""
+            raise
+
+    def close(self) -> None:
+        """Close the socket, then remove the container (``AttachChannel.close``). Never raises."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        with contextlib.suppress(OSError):
+            self._sock.close()
+        self._attach.close()
+
+    def describe_exit(self) -> str:
+        """Why the sandbox ended: the container's state and the server's stderr tail."""
+        if not self._closed:
+            # The server's last words (a traceback) may still be on their way: take them,
+            # briefly, from a stream that a dead container ends soon.
+            with contextlib.suppress(OSError, ValueError):
+                waiting = select.poll()
+                waiting.register(self._theirs, select.POLLIN)
+                for _ in range(64):
+                    if not waiting.poll(50) or not self._attach.pump():
+                        break
+        return self._attach.describe_exit()

@@ -1,0 +1,123 @@
+"""The direct channel: a turn's server speaks over a unix socket of its own, not the attach stream."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+from pathlib import Path
+
+from astralvessel.sandbox import Policy, RunRequest
+from astralvessel.sandbox.docker import Docker, _direct
+from astralvessel.sandbox.docker._attach import AttachChannel
+from astralvessel.sandbox.docker._direct import DirectChannel, Listener
+from astralvessel.sandbox.docker._spec import CHANNEL_DIR, CHANNEL_SOCKET
+
+from .conftest import BASE_IMAGE, SMALL_LIMITS
+
+_PEERCRED = struct.Struct("3i")
+
+
+def _run(session, *argv: str) -> object:
+    return session.run(RunRequest(argv=argv, timeout=20, output_chars=20000))
+
+
+def test_calls_travel_over_the_turns_own_socket(turn, docker_api):
+    """The server's end of the channel is a process of the turn's container, and the host folder is gone."""
+    channel = turn._channel
+    assert isinstance(channel, DirectChannel)
+    pid, _, _ = _PEERCRED.unpack(
+        channel._sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+    )
+    assert channel.container_id in Path(f"/proc/{pid}/cgroup").read_text()
+    assert _run(turn, "echo", "over the socket").output == "over the socket\n"
+    binds = docker_api.inspect_container(channel.container_id)["HostConfig"]["Binds"]
+    folders = [b.split(":")[0] for b in binds if b.split(":")[1] == CHANNEL_DIR]
+    assert len(folders) == 1
+    assert not Path(folders[0]).exists()
+
+
+def test_calls_cannot_see_the_channel(turn):
+    """The channel's folder is the server's alone: a call's view has no trace of it."""
+    outcome = _run(
+        turn, "/bin/sh", "-c", f"ls {CHANNEL_DIR}; grep -c astralvessel-host /proc/self/mountinfo"
+    )
+    assert "No such file or directory" in outcome.output
+    assert outcome.output.rstrip().endswith("0")
+
+
+def test_attach_stream_still_serves_turns(docker_api, small_policy):
+    """With the direct channel off (a remote engine's case) the turn speaks over the attach stream."""
+    backend = Docker(base_image=BASE_IMAGE, pull=False)
+    backend.direct = False
+    session = backend.start(small_policy)
+    try:
+        assert isinstance(session._channel, AttachChannel)
+        assert _run(session, "echo", "over the engine").output == "over the engine\n"
+    finally:
+        session.close()
+
+
+def test_a_host_that_refuses_the_socket_falls_back_to_attach(docker_api, monkeypatch):
+    """A server that cannot reach the host's socket costs one retry; that turn and later ones use attach."""
+    made = []
+    original = Listener.__init__
+
+    def unreachable(self: Listener, uid: int) -> None:
+        original(self, uid)
+        os.chmod(self.folder, 0o700)  # as a host's security policy refusing the container
+        made.append(self.folder)
+
+    monkeypatch.setattr(_direct.Listener, "__init__", unreachable)
+    backend = Docker(base_image=BASE_IMAGE, pull=False)
+    for _ in range(2):
+        session = backend.start(Policy(limits=SMALL_LIMITS))
+        try:
+            assert isinstance(session._channel, AttachChannel)
+            assert _run(session, "echo", "fell back").output == "fell back\n"
+        finally:
+            session.close()
+    assert backend.direct is False
+    assert len(made) == 1
+    assert not Path(made[0]).exists()
+
+
+def _connect_as(uid: int, path: str, said: bytes) -> int:
+    """Fork a child that connects to ``path`` as ``uid`` and says ``said``; return once it is in."""
+    connected_r, connected_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.setgid(uid)
+            os.setuid(uid)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(path)
+            sock.sendall(said)
+            os.write(connected_w, b"1")
+            sock.recv(1)
+        finally:
+            os._exit(0)
+    os.close(connected_w)
+    assert os.read(connected_r, 1) == b"1"
+    os.close(connected_r)
+    return pid
+
+
+def test_another_uid_is_turned_away():
+    """A connection from any uid but the turn's is closed, though it came first; the turn's is accepted."""
+    listener = Listener(uid=2013265999)
+    ours, theirs = socket.socketpair()
+    attach = AttachChannel(None, "none", theirs, engine="test")
+    path = os.path.join(listener.folder, CHANNEL_SOCKET)
+    pids = [_connect_as(2013265998, path, b"intruder"), _connect_as(2013265999, path, b"server")]
+    try:
+        conn = listener.accept(attach, timeout=20)
+        assert conn.recv(16) == b"server"
+        conn.close()
+    finally:
+        listener.close()
+        ours.close()
+        theirs.close()
+        for pid in pids:
+            os.waitpid(pid, 0)
+    assert not os.path.exists(listener.folder)
