@@ -34,6 +34,8 @@ __all__ = ["DirectChannel", "Listener", "NotConnectedError"]
 _PEERCRED = struct.Struct("3i")
 #: What the connect bootstrap says when it cannot reach the host's socket.
 _REFUSED = "astralvessel: cannot reach the host"
+#: How long ``describe_exit`` waits for the engine to see a dead server's container end.
+_EXIT_WAIT = 5.0
 
 
 class NotConnectedError(SandboxError):
@@ -157,12 +159,14 @@ class DirectChannel:
     def describe_exit(self) -> str:
         """Why the sandbox ended: the container's state and the server's stderr tail."""
         if not self._closed:
-            # The server's last words (a traceback) may still be on their way: take them,
-            # briefly, from a stream that a dead container ends soon.
+            # The socket ends as the server dies, before the engine has seen the container
+            # exit; the attach stream ends after, with the server's last words (a traceback)
+            # before its end. Wait for that end, for a while, so the state read is the exit.
+            deadline = time.monotonic() + _EXIT_WAIT
             with contextlib.suppress(OSError, ValueError):
                 waiting = select.poll()
                 waiting.register(self._theirs, select.POLLIN)
-                for _ in range(64):
-                    if not waiting.poll(50) or not self._attach.pump():
+                while (remaining := deadline - time.monotonic()) > 0:
+                    if waiting.poll(remaining * 1000) and not self._attach.pump():
                         break
         return self._attach.describe_exit()
