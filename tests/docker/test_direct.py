@@ -48,8 +48,7 @@ def test_calls_cannot_see_the_channel(turn):
 
 def test_attach_stream_still_serves_turns(docker_api, small_policy):
     """With the direct channel off (a remote engine's case) the turn speaks over the attach stream."""
-    backend = Docker(base_image=BASE_IMAGE, pull=False)
-    backend.direct = False
+    backend = Docker(base_image=BASE_IMAGE, pull=False, direct=False)
     session = backend.start(small_policy)
     try:
         assert isinstance(session._channel, AttachChannel)

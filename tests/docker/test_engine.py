@@ -244,8 +244,9 @@ class _EngineProxy:
 def test_engine_going_away_mid_turn_is_a_clear_error(docker_api, tmp_path):
     """On the attach stream, a lost engine connection fails the running call with a SandboxError, not a hang."""
     proxy = _EngineProxy(tmp_path / "engine.sock")
-    backend = Docker(base_image=BASE_IMAGE, pull=False, base_url=f"unix://{proxy.path}")
-    backend.direct = False
+    backend = Docker(
+        base_image=BASE_IMAGE, pull=False, base_url=f"unix://{proxy.path}", direct=False
+    )
     session = backend.start(Policy())
     container_id = session.channel.container_id
     try:

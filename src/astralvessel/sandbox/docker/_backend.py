@@ -55,6 +55,8 @@ class Docker(Sandbox):
     is used. ``base_url`` names the engine (else ``DOCKER_HOST`` and the
     current context, as the ``docker`` CLI does). ``pull`` lets a missing
     image be pulled. ``cpus`` caps each turn's CPU share.
+    ``direct=False`` keeps every turn on the engine's attach stream, not a
+    socket of its own (see ``open``).
     ``engine_concurrency`` bounds the container starts, removals and execs this
     host process sends the engine at once (default 8, or
     ``$ASTRALVESSEL_DOCKER_CONCURRENCY``); more wait their turn in the process.
@@ -78,6 +80,7 @@ class Docker(Sandbox):
         cpus: float | None = 1.0,
         start_timeout: float = 60.0,
         engine_concurrency: int | None = None,
+        direct: bool = True,
     ) -> None:
         self.base_image = base_image or os.environ.get(BASE_IMAGE_ENV) or DEFAULT_BASE_IMAGE
         self.image = image
@@ -92,7 +95,7 @@ class Docker(Sandbox):
         )
         #: Whether a turn's server may talk over a socket of its own rather than the
         #: engine's attach stream (where the engine is local; see ``open``).
-        self.direct = True
+        self.direct = direct
 
     def __repr__(self) -> str:
         return (
