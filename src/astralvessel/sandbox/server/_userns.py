@@ -18,6 +18,10 @@ installs the seccomp filter, and the call runs in it as uid and gid 65534:
   as root, the host uid and gid the server names, which the host leased for
   this turn alone (``sandbox/_uids``); as an ordinary user, the server's own,
   which is the host user's (the only id an unprivileged namespace may map).
+  The inner id is 65534, 0 under ``root_identity``, or the user an exec names
+  (``Turn.exec(user=)``): whichever it is, it is the one id mapped, and always
+  to that same host identity, so it changes what the call sees, never what it
+  can reach.
 - **Its files are its own.** With a host identity of the turn's own, the call
   creates files with umask 007: another turn's uid, neither owner nor group,
   reads nothing it left in a shared writable mount, while a folder's set-gid
