@@ -61,6 +61,7 @@ def _serve(args: argparse.Namespace) -> int:
         network_allow=args.network_allow,
         writable_root=args.writable_root,
         root_identity=args.root_identity,
+        tool_servers=args.tool_servers,
     )
     asyncio.run(serve_stdio(executor, name=args.name, start_sandbox=True))
     return 0

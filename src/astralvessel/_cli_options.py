@@ -10,7 +10,8 @@ __all__ = ["add_network_option", "add_relax_option"]
 
 
 def add_relax_option(parser: argparse.ArgumentParser) -> None:
-    """Add ``--relax PROMISE`` (repeatable), ``--writable-root``, ``--root-identity``.
+    """Add ``--relax PROMISE`` (repeatable), ``--writable-root``, ``--root-identity``,
+    ``--tool-servers``.
 
     Each is the host's explicit choice, as the ``Executor`` argument of the same name.
     """
@@ -42,6 +43,16 @@ def add_relax_option(parser: argparse.ArgumentParser) -> None:
         const=True,
         default=None,
         help="run calls as uid 0 of their own user namespace, still without any capability",
+    )
+    parser.add_argument(
+        "--tool-servers",
+        action="store_const",
+        const=True,
+        default=None,
+        help=(
+            "let calls open unix sockets and sessions within the turn, and pseudo-terminals "
+            "of their own (for long-lived tool servers)"
+        ),
     )
 
 

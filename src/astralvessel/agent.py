@@ -56,10 +56,12 @@ class Agent:
     services: Mapping[str, Service] = attrs.field(factory=dict)
     #: ``[network] allow``: the hosts calls may reach through the egress proxy (none: no network).
     network_allow: tuple[HostPattern, ...] = attrs.field(default=(), converter=parse_allow_list)
-    #: ``[sandbox] writable_root`` and ``root_identity``: the eval relaxations this agent
-    #: asks for (see ``Policy``); the host's ``Executor`` arguments override them.
+    #: ``[sandbox] writable_root``, ``root_identity`` and ``tool_servers``: the eval
+    #: relaxations this agent asks for (see ``Policy``); the host's ``Executor`` arguments
+    #: override them.
     writable_root: bool = False
     root_identity: bool = False
+    tool_servers: bool = False
 
     @classmethod
     def load(cls, path: str | Path) -> Agent:
@@ -116,6 +118,7 @@ class Agent:
             network_allow=network_allow,
             writable_root=raw.sandbox.writable_root,
             root_identity=raw.sandbox.root_identity,
+            tool_servers=raw.sandbox.tool_servers,
         )
 
     def package_path(self) -> PurePosixPath:
@@ -223,6 +226,7 @@ class _SandboxSection:
     dockerfile: str | None = None
     writable_root: bool = False
     root_identity: bool = False
+    tool_servers: bool = False
 
 
 @attrs.define

@@ -170,6 +170,7 @@ def _call(args: argparse.Namespace) -> int:
         network_allow=args.network_allow,
         writable_root=args.writable_root,
         root_identity=args.root_identity,
+        tool_servers=args.tool_servers,
         outbox_dir=outbox,
     )
     try:
@@ -219,7 +220,7 @@ def _doctor(args: argparse.Namespace) -> int:
             print(f"  NOT KEPT   {promise.value}: {why}")
     print(
         "opt-in eval relaxations (Executor(NAME=True), --writable-root, --root-identity, "
-        "[sandbox] NAME; they change policy_id; not on docker-exec or unconfined):"
+        "--tool-servers, [sandbox] NAME; they change policy_id; not on docker-exec or unconfined):"
     )
     for name, gives_up in EVAL_RELAXATIONS.items():
         print(f"  {name} gives up {gives_up}")

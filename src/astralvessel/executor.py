@@ -62,8 +62,9 @@ class Executor:
     says read-only explicitly), or lists ``Mount`` values. ``scopes``
     defaults to the agent's ``scopes``, or all four when it names none.
     ``relax`` names confinement promises the host explicitly gives up.
-    ``writable_root`` and ``root_identity`` opt into the eval relaxations of
-    ``Policy`` (a writable per-turn root, uid 0 without capabilities); None
+    ``writable_root``, ``root_identity`` and ``tool_servers`` opt into the eval
+    relaxations of ``Policy`` (a writable per-turn root, uid 0 without
+    capabilities, unix sockets, sessions and private terminals); None
     takes the agent's ``[sandbox]`` setting, False without an agent.
     ``fetcher`` serves webfetch (a default ``Fetcher`` when None); ``searcher``
     (a ``Searcher`` or a bare ``SearchProvider``) serves websearch. ``services``
@@ -99,6 +100,7 @@ class Executor:
         relax: Iterable[Promise | str] = (),
         writable_root: bool | None = None,
         root_identity: bool | None = None,
+        tool_servers: bool | None = None,
         timeout_seconds: float | None = None,
         output_chars: int | None = None,
         fetcher: Fetcher | None = None,
@@ -132,6 +134,7 @@ class Executor:
             else (agent.network_allow if agent is not None else ()),
             writable_root=_opted(writable_root, agent.writable_root if agent else False),
             root_identity=_opted(root_identity, agent.root_identity if agent else False),
+            tool_servers=_opted(tool_servers, agent.tool_servers if agent else False),
             uid_range=uid_range,
         ).relax(*relax)
         self.fetcher: Fetcher = _fetcher(fetcher)

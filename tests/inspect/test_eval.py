@@ -1,4 +1,5 @@
-"""A real ``inspect_ai.eval`` on the provider: a scripted model calls bash, python and text_editor.
+"""A real ``inspect_ai.eval`` on the provider: a scripted model calls bash, python, text_editor
+and bash_session.
 
 The model is inspect's ``mockllm`` with scripted tool calls (``custom_outputs``),
 so the eval is deterministic; everything else is inspect's own: the task,
@@ -15,7 +16,7 @@ from inspect_ai.dataset import Sample
 from inspect_ai.log import EvalLog
 from inspect_ai.model import ChatMessage, ChatMessageTool, ModelOutput, ModelUsage, get_model
 from inspect_ai.solver import generate, use_tools
-from inspect_ai.tool import bash, python, text_editor
+from inspect_ai.tool import bash, bash_session, python, text_editor
 from inspect_ai.util import SandboxEnvironmentSpec
 
 from astralvessel.integrations.inspect_ai import VesselSandboxConfig
@@ -94,6 +95,36 @@ def test_eval_runs_bash_python_and_text_editor(tmp_path: Path, backend: str) -> 
     assert texts[1] == "FROM-BASH\n"
     assert "from-bash" in texts[2]
     assert texts[4] == "by editor\n"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_eval_runs_bash_session_on_inspects_own_tool_server(tmp_path: Path, backend: str) -> None:
+    """bash_session keeps its shell (cwd, variables) across calls, served by inspect's tool server."""
+    agent = tmp_path / "agent"
+    agent.mkdir()
+    # inspect's tools live under /var/tmp (writable_root) and run as root (root_identity); its
+    # server listens on a unix socket and gives the shell a terminal (tool_servers).
+    (agent / "vessel.toml").write_text(
+        'name = "eval"\n[tools]\nbuiltin = []\n[sandbox]\n'
+        "writable_root = true\nroot_identity = true\ntool_servers = true\n"
+    )
+    config = VesselSandboxConfig(agent=str(agent), backend=backend)
+    task = Task(
+        dataset=[Sample(input="Use the shell.")],
+        solver=[use_tools([bash_session()]), generate()],
+        sandbox=SandboxEnvironmentSpec("astralvessel", config),
+        message_limit=20,
+    )
+    outputs = _calls(
+        ("bash_session", {"action": "type_submit", "input": "cd /workspace; export KEPT=otter"}),
+        ("bash_session", {"action": "type_submit", "input": "echo $KEPT in $(pwd) as $(id -u)"}),
+    )
+    model = get_model(MODEL, custom_outputs=outputs)
+    [log] = eval(task, model=model, display="none", log_dir=str(tmp_path / "logs"))
+    assert log.status == "success", log.error
+    replies = _tool_replies(log)
+    assert [r.error for r in replies] == [None, None], [r.error for r in replies]
+    assert "otter in /workspace as 0" in replies[1].text
 
 
 def test_samples_at_once_each_get_their_own_sandbox(tmp_path: Path) -> None:

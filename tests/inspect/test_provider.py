@@ -41,7 +41,8 @@ async def test_other_users_are_unsupported(sandbox_env: SandboxEnvironment, user
 
 
 async def test_tool_server_start_is_answered_not_run(sandbox_env: SandboxEnvironment) -> None:
-    """inspect's tool-server start succeeds without running, and says why in its stderr."""
+    """Without ``tool_servers``, inspect's tool-server start succeeds without running, and says
+    why in its stderr."""
     result = await sandbox_env.exec([SANDBOX_CLI, "start-server"])
     assert result.success
     assert "was not started" in result.stderr

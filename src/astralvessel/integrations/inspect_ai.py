@@ -38,12 +38,14 @@ What inspect asks for and what it gets here:
 - **Output** beyond inspect's limit (``INSPECT_SANDBOX_MAX_EXEC_OUTPUT_SIZE``,
   10 MiB by default) raises ``OutputLimitExceededError``, as does a read above
   ``INSPECT_SANDBOX_MAX_READ_FILE_SIZE``.
-- **inspect's tool server.** A call's processes end with the call and calls
-  may not open unix sockets, so the long-lived server inspect's sandbox tools
-  start (``inspect-sandbox-tools start-server``) cannot run. The provider
-  answers that one command itself with a result saying so. ``text_editor()``
-  runs in-process per request and needs no server; tools that do need it
-  (``bash_session()``, ``web_browser()``, streaming ``exec_remote``) fail.
+- **inspect's tool server.** ``inspect-sandbox-tools start-server`` runs as
+  a detached process (``Turn.start``): it forks the server and exits, and the
+  server lives on in the turn, confined, until the sample ends. The server
+  listens on a unix socket and gives ``bash_session()`` a terminal, so this
+  needs the ``tool_servers`` relaxation (with ``writable_root`` for inspect's
+  files); without it the provider answers that one command with a result
+  saying so. ``text_editor()`` needs no server. ``web_browser()`` needs a
+  browser the sandbox lacks.
 
 Needs the ``inspect`` extra: ``pip install 'astralvessel[inspect]'``.
 """
@@ -101,7 +103,7 @@ class VesselSandboxConfig(BaseModel):
     timeouts, network and relaxations; ``None`` runs with the library's
     defaults), ``backend`` a backend name (``None``: the best confined backend
     that can run here), ``relax`` the confinement promises the eval explicitly
-    gives up, and ``writable_root`` / ``root_identity`` the eval relaxations
+    gives up, and ``writable_root`` / ``root_identity`` / ``tool_servers`` the eval relaxations
     (``None``: the folder's ``[sandbox]`` setting).
     """
 
@@ -112,6 +114,7 @@ class VesselSandboxConfig(BaseModel):
     relax: tuple[str, ...] = ()
     writable_root: bool | None = None
     root_identity: bool | None = None
+    tool_servers: bool | None = None
 
     @field_validator("backend")
     @classmethod
@@ -155,16 +158,17 @@ class VesselSandboxConfig(BaseModel):
             relax=self.relax,
             writable_root=self.writable_root,
             root_identity=self.root_identity,
+            tool_servers=self.tool_servers,
         )
 
 
 # -- what inspect's calls become -------------------------------------------------------------
 
-#: What ``start-server`` answers (see the module docstring).
+#: What ``start-server`` answers without ``tool_servers`` (see the module docstring).
 _NO_TOOL_SERVER = (
-    "astralvessel: inspect's sandbox-tools server was not started: a call's processes end "
-    "with the call and calls may not open unix sockets. text_editor() needs no server; "
-    "bash_session(), web_browser() and streaming exec_remote() are unavailable here.\n"
+    "astralvessel: inspect's sandbox-tools server was not started: calls may not open unix "
+    "sockets or terminals unless the policy has tool_servers ([sandbox] tool_servers = true). "
+    "text_editor() needs no server; bash_session() and streaming exec_remote() do.\n"
 )
 
 
@@ -294,7 +298,7 @@ class VesselSandboxEnvironment(SandboxEnvironment):
         """Run ``cmd`` in the sample's sandbox; see the module docstring for the mapping."""
         _check_user(user, calls_are_root=self.turn.executor.policy.root_identity)
         if _is_tool_server_start(cmd):
-            return ExecResult(success=True, returncode=0, stdout="", stderr=_NO_TOOL_SERVER)
+            return await self._start_tool_server(cmd, input, cwd, env, timeout)
         with _unavailable_if_died():
             result = await self.turn.aexec(
                 cmd, input=input, cwd=cwd, env=env, timeout=timeout, user=user
@@ -319,6 +323,37 @@ class VesselSandboxEnvironment(SandboxEnvironment):
             returncode=status,
             stdout=_text(result.stdout),
             stderr=_text(result.stderr),
+        )
+
+    async def _start_tool_server(
+        self,
+        cmd: list[str],
+        input: str | bytes | None,
+        cwd: str | None,
+        env: dict[str, str] | None,
+        timeout: int | None,
+    ) -> ExecResult[str]:
+        """``start-server``: a detached process (``Turn.start``) with ``tool_servers``.
+
+        The command forks the server and exits once it answers; the server lives
+        on in the turn, confined, until the sample's turn closes. Without
+        ``tool_servers`` it could not listen on its socket or open a terminal, so
+        the provider answers with a result that says so.
+        """
+        if not self.turn.executor.policy.tool_servers:
+            return ExecResult(success=True, returncode=0, stdout="", stderr=_NO_TOOL_SERVER)
+        with _unavailable_if_died():
+            server = await self.turn.astart(cmd, input=input, cwd=cwd, env=env)
+            wait = timeout or self.turn.executor.timeout_seconds
+            try:
+                result = await server.aresult(timeout=wait)
+            except TimeoutError:
+                server.kill()
+                raise TimeoutError(f"command timed out after {wait} seconds: {cmd[:1]}") from None
+        status = _shell_status(result.returncode)
+        # The log holds stdout and stderr together; inspect reports stderr on failure.
+        return ExecResult(
+            success=status == 0, returncode=status, stdout="", stderr=_text(result.stdout)
         )
 
     async def write_file(self, file: str, contents: str | bytes) -> None:

@@ -286,7 +286,9 @@ class NamespaceBackend(Sandbox):
                 confine=True,
                 drop_uid=None if lease is None else lease.uid,
                 drop_gid=None if lease is None else lease.gid,
-                seccomp=_program(calls_list(policy.root_identity), facts.machine)
+                seccomp=_program(
+                    calls_list(policy.root_identity, policy.tool_servers), facts.machine
+                )
                 if use_seccomp
                 else None,
                 probe_key=f"{self.name}:{binary.path}:{facts.python.executable}",

@@ -129,6 +129,11 @@ EVAL_RELAXATIONS: Mapping[str, str] = {
         "the uid number only: calls are uid 0 of their own user namespace, every capability "
         "set still empty; their files land as the unprivileged user"
     ),
+    "tool_servers": (
+        "no-unix-sockets and no-new-sessions, within the turn: calls may open unix sockets "
+        "(reaching only what the turn's own processes listen on), start sessions, and open "
+        "pseudo-terminals of a devpts instance private to each call"
+    ),
 }
 
 
@@ -277,6 +282,11 @@ class Policy:
     #: namespace, still with every capability set empty; on the host they stay the sandbox's
     #: unprivileged identity.
     root_identity: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    #: Opt-in for long-lived tool servers (inspect's sandbox tools, language servers): calls
+    #: may create unix sockets and new sessions, and each call has pseudo-terminals from a
+    #: devpts instance of its own. The turn's filesystem and network namespace are its own,
+    #: so a socket reaches only what the turn's processes listen on.
+    tool_servers: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     #: The host uids a root host's turns lease from, one per turn (``None``: the
     #: ``ASTRALVESSEL_UID_RANGE`` variable's, else ``DEFAULT_UID_RANGE``). Who the calls
     #: are on the host, not what confines them, so not part of ``identity``.
@@ -346,6 +356,8 @@ class Policy:
             described["writable_root"] = True
         if self.root_identity:
             described["root_identity"] = True
+        if self.tool_servers:
+            described["tool_servers"] = True
         if self.network_allow:
             # Only when set, so the identity of every policy without a network is unchanged.
             described["network_allow"] = [str(p) for p in self.network_allow]

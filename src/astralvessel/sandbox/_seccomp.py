@@ -44,6 +44,8 @@ import attrs
 __all__ = [
     "CALLS",
     "CALLS_AS_ROOT",
+    "CALLS_AS_ROOT_TOOL_SERVERS",
+    "CALLS_TOOL_SERVERS",
     "PROFILES",
     "SERVER",
     "AllOf",
@@ -461,17 +463,28 @@ _MOUNT_WHY = "changes the filesystem view the sandbox was built with"
 _KEYS_WHY = "the kernel keyring is not namespaced and has a long history of bugs"
 _KERNEL_WHY = "changes the running kernel or system-wide state"
 
+_CALL_FAMILIES = Rule(
+    syscall="socket",
+    when=ArgNotIn(index=0, name="domain", values=CALL_SOCKET_FAMILIES),
+    why=(
+        "only IP (the sandbox's own loopback) and netlink; unix sockets reach services "
+        "by path or name, vsock reaches the hypervisor past the network namespace"
+    ),
+)
+#: ``_CALL_FAMILIES`` under ``Policy.tool_servers``: unix sockets too.
+_TOOL_SERVER_FAMILIES = Rule(
+    syscall="socket",
+    when=ArgNotIn(index=0, name="domain", values=SERVER_SOCKET_FAMILIES),
+    why=(
+        "tool_servers: unix sockets within the turn, IP on its loopback and netlink; vsock "
+        "reaches the hypervisor past the network namespace"
+    ),
+)
+
 _CALLS_RULES: tuple[Rule, ...] = (
     _always("setsid", "a new session would escape the call's process group and outlive it"),
     _always("setpgid", "a new process group would escape the kill at the end of the call"),
-    Rule(
-        syscall="socket",
-        when=ArgNotIn(index=0, name="domain", values=CALL_SOCKET_FAMILIES),
-        why=(
-            "only IP (the sandbox's own loopback) and netlink; unix sockets reach services "
-            "by path or name, vsock reaches the hypervisor past the network namespace"
-        ),
-    ),
+    _CALL_FAMILIES,
     _NETLINK_ROUTE_ONLY,
     _UNIX_PAIRS_ONLY,
     *_SETID_RULES,
@@ -623,19 +636,43 @@ CALLS_AS_ROOT = DenyList(
     ),
 )
 
-#: The calls' list by ``Policy.root_identity``.
-_CALL_LISTS: Mapping[bool, DenyList] = {False: CALLS, True: CALLS_AS_ROOT}
+
+def _with_tool_servers(base: DenyList) -> DenyList:
+    """``base`` under ``Policy.tool_servers``: new sessions and process groups allowed (a
+    call's PID namespace still ends with it), and unix sockets (the turn's filesystem and
+    network namespace are its own, so they reach only what its own processes listen on).
+    Every other rule stays, vsock and the netlink kinds included."""
+    rules = tuple(
+        _TOOL_SERVER_FAMILIES if rule is _CALL_FAMILIES else rule
+        for rule in base.rules
+        if rule.syscall not in ("setsid", "setpgid")
+    )
+    return DenyList(name=f"{base.name}_tool_servers", rules=rules)
 
 
-def calls_list(root_identity: bool) -> DenyList:
-    """The deny list for a turn's confined calls: ``CALLS_AS_ROOT`` under ``root_identity``."""
-    return _CALL_LISTS[bool(root_identity)]
+CALLS_TOOL_SERVERS = _with_tool_servers(CALLS)
+CALLS_AS_ROOT_TOOL_SERVERS = _with_tool_servers(CALLS_AS_ROOT)
+
+#: The calls' list by ``Policy.root_identity`` and ``Policy.tool_servers``.
+_CALL_LISTS: Mapping[tuple[bool, bool], DenyList] = {
+    (False, False): CALLS,
+    (True, False): CALLS_AS_ROOT,
+    (False, True): CALLS_TOOL_SERVERS,
+    (True, True): CALLS_AS_ROOT_TOOL_SERVERS,
+}
+
+
+def calls_list(root_identity: bool, tool_servers: bool = False) -> DenyList:
+    """The deny list for a turn's confined calls, by its eval relaxations."""
+    return _CALL_LISTS[bool(root_identity), bool(tool_servers)]
 
 
 #: The shipped lists by name.
 PROFILES: Mapping[str, DenyList] = {
     CALLS.name: CALLS,
     CALLS_AS_ROOT.name: CALLS_AS_ROOT,
+    CALLS_TOOL_SERVERS.name: CALLS_TOOL_SERVERS,
+    CALLS_AS_ROOT_TOOL_SERVERS.name: CALLS_AS_ROOT_TOOL_SERVERS,
     SERVER.name: SERVER,
 }
 

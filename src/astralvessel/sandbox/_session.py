@@ -469,6 +469,7 @@ class ServerSession(SandboxSession):
             if policy.writable_root
             else [],
             "root_identity": policy.root_identity,
+            "tool_servers": policy.tool_servers,
         }
         key = _probe_key(probe_key, confine, hello)
         known = None if key is None else _PROBED.get(key)
@@ -513,6 +514,7 @@ class ServerSession(SandboxSession):
         asked = {
             "writable_root": self.policy.writable_root,
             "root_identity": self.policy.root_identity,
+            "tool_servers": self.policy.tool_servers,
         }
         for name, wanted in asked.items():
             if wanted and isinstance(given.get(name), (str, type(None))):

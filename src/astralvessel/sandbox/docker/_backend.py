@@ -267,7 +267,9 @@ class Docker(Sandbox):
                 # The container already runs as the turn's uid; in its user namespace only that
                 # uid exists, so there is nothing to drop to: a call loses its capabilities.
                 seccomp=(
-                    _seccomp.compile_bpf(_seccomp.calls_list(policy.root_identity), arch)
+                    _seccomp.compile_bpf(
+                        _seccomp.calls_list(policy.root_identity, policy.tool_servers), arch
+                    )
                     if arch
                     else None
                 ),
@@ -351,7 +353,7 @@ class DockerExec(Docker):
                 "docker-exec runs no sandbox server to relay calls to the egress proxy; "
                 "use the docker backend for a turn with a network allow-list"
             )
-        for name in ("writable_root", "root_identity"):
+        for name in ("writable_root", "root_identity", "tool_servers"):
             if getattr(policy, name):
                 raise BackendUnavailableError(
                     f"docker-exec cannot give {name}: it runs no sandbox server to make it; "

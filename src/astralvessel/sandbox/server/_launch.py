@@ -112,7 +112,7 @@ def warm() -> None:
     on a small VM; done once in the server, no call pays it again.
     """
     lib = _lib()
-    for name in ("unshare", "setns", "mount", "prctl", "capset"):
+    for name in ("unshare", "setns", "mount", "umount2", "prctl", "capset"):
         getattr(lib, name)
     _userns.warm()
 
@@ -187,6 +187,7 @@ class LaunchPlan:
         install_seccomp: Callable[[bytes], None] | None,
         own_userns: bool = True,
         inner_id: int = _userns.CALL_ID,
+        terminals: bool = False,
     ) -> None:
         self.confine = confine
         self.pid_namespace = pid_namespace
@@ -200,6 +201,8 @@ class LaunchPlan:
         self.own_userns = own_userns
         #: The uid and gid a call has in its own user namespace (0 for ``root_identity``).
         self.inner_id = inner_id
+        #: Each call gets pseudo-terminals of its own devpts instance (``tool_servers``).
+        self.terminals = terminals
         #: The gid, when an exec's user (``with_identity``) has one apart from its uid.
         self.inner_gid: int | None = None
 
@@ -639,6 +642,44 @@ def _empty_namespace() -> None:
             return
 
 
+MNT_DETACH = 2
+
+
+def _private_terminals() -> None:
+    """Give this call's mount namespace a /dev with pseudo-terminals of its own (init only).
+
+    The sandbox's /dev has no terminals, and no call may create a node. So init
+    builds a new /dev: a read-only tmpfs holding a bind of
+    each device of the old one and a devpts instance of its own (``newinstance``),
+    whose terminals no other call, turn or the host can reach. The old /dev is
+    reached through a scratch tmpfs on /proc, which the fresh /proc then replaces.
+    """
+    scratch = "/proc"
+    mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=16k,mode=0700")
+    old = scratch + "/dev"
+    os.mkdir(old)
+    mount("/dev", old, None, MS_BIND | MS_REC)
+    mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755")
+    for name in os.listdir(old):
+        source, target = f"{old}/{name}", f"/dev/{name}"
+        if os.path.islink(source):
+            os.symlink(os.readlink(source), target)
+            continue
+        if os.path.isdir(source):
+            os.mkdir(target)
+        else:
+            os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o600))
+        mount(source, target, None, MS_BIND | MS_REC)
+    os.mkdir("/dev/pts")
+    mount(
+        "devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"
+    )
+    os.symlink("pts/ptmx", "/dev/ptmx")
+    # Read-only: where init is the calls' own uid (Docker), its tmpfs would be theirs to fill.
+    mount(None, "/dev", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NOEXEC)
+    _check(_lib().umount2(scratch.encode(), MNT_DETACH), "umount2 /proc")
+
+
 def _run_init(plan: LaunchPlan, env: dict[str, str], fds: dict[str, int], alive: int) -> None:
     """Pid 1 of the call's namespace: mount /proc, confine, run the command, empty, report.
 
@@ -665,6 +706,8 @@ def _run_init(plan: LaunchPlan, env: dict[str, str], fds: dict[str, int], alive:
         # shows up in the sandbox's view or another call's.
         unshare(CLONE_NEWNS)
         mount(None, "/", None, MS_REC | MS_PRIVATE)
+        if plan.terminals:
+            _private_terminals()
         mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
         # A write past RLIMIT_FSIZE then fails with EFBIG, as on a full disk, instead of
         # killing; an ignored signal stays ignored across exec.

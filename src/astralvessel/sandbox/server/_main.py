@@ -321,6 +321,7 @@ class Server:
             seccomp=config["seccomp"],
             install_seccomp=installer,
             inner_id=0 if config["root_identity"] else _userns.CALL_ID,
+            terminals=config["tool_servers"],
         )
         problems: dict[str, str] = {}
         if plan.confine:
@@ -398,6 +399,14 @@ class Server:
                     )
                 except OSError as exc:
                     given["writable_root"] = f"cannot make the root writable: {exc}"
+        if config["tool_servers"]:
+            # The filter the host sent allows the sockets and sessions; init mounts the
+            # terminals, in each call's own mount namespace.
+            given["tool_servers"] = (
+                True
+                if plan.confine and plan.pid_namespace
+                else "needs a server that gives each call its own namespaces"
+            )
         if config["root_identity"]:
             usable = plan.confine and plan.pid_namespace and plan.own_userns
             given["root_identity"] = (
@@ -1237,6 +1246,7 @@ def _parse_hello(header: dict[str, Any]) -> dict[str, Any]:
         "path_map": {str(k): str(v) for k, v in (header.get("path_map") or {}).items()},
         "writable_root": [str(p) for p in header.get("writable_root") or []],
         "root_identity": header.get("root_identity") is True,
+        "tool_servers": header.get("tool_servers") is True,
         "probed": probed,
     }
 
