@@ -20,6 +20,8 @@ from astralvessel.sandbox import _seccomp as sc
 from astralvessel.sandbox._seccomp import (
     CALLS,
     CALLS_AS_ROOT,
+    CALLS_AS_ROOT_TOOL_SERVERS,
+    CALLS_TOOL_SERVERS,
     PROFILES,
     SERVER,
     ArgEquals,
@@ -212,9 +214,12 @@ def test_inotify_is_refused_as_if_absent() -> None:
 AF_VSOCK, AF_PACKET, AF_ALG, AF_TIPC, AF_RDS = 40, 17, 38, 30, 21
 
 
-@pytest.mark.parametrize("profile", [CALLS, SERVER], ids=["calls", "server"])
+@pytest.mark.parametrize(
+    "profile", [CALLS, CALLS_TOOL_SERVERS, SERVER], ids=["calls", "calls_tool_servers", "server"]
+)
 def test_only_ip_and_netlink_route_sockets(profile: DenyList) -> None:
-    """Calls may open IP and netlink-route sockets only; the server may also open unix ones."""
+    """Calls may open IP and netlink-route sockets only; the server, and calls with
+    ``tool_servers``, may also open unix ones."""
     for family in (sc.AF_INET, sc.AF_INET6):
         assert profile.decide("socket", [family, 1, 0]) is None
     assert profile.decide("socket", [sc.AF_NETLINK, 3, sc.NETLINK_ROUTE]) is None
@@ -228,7 +233,9 @@ def test_only_ip_and_netlink_route_sockets(profile: DenyList) -> None:
     assert profile.decide("socket", [(1 << 32) | AF_VSOCK, 1, 0]) == errno.EPERM
 
 
-@pytest.mark.parametrize("profile", [CALLS, SERVER], ids=["calls", "server"])
+@pytest.mark.parametrize(
+    "profile", [CALLS, CALLS_TOOL_SERVERS, SERVER], ids=["calls", "calls_tool_servers", "server"]
+)
 def test_socketpair_only_unix(profile: DenyList) -> None:
     """Socket pairs are nameless unix ones only (asyncio, curl and libuv need them)."""
     assert profile.decide("socketpair", [sc.AF_UNIX, 1, 0, 0]) is None
@@ -319,9 +326,41 @@ def test_calls_as_root_answers_chown_with_success_and_audit_as_absent() -> None:
     assert sc.calls_list(root_identity=False) is CALLS
 
 
+@pytest.mark.parametrize(
+    ("base", "relaxed"),
+    [(CALLS, CALLS_TOOL_SERVERS), (CALLS_AS_ROOT, CALLS_AS_ROOT_TOOL_SERVERS)],
+    ids=["calls", "calls_as_root"],
+)
+def test_tool_servers_lists_differ_only_in_sockets_and_sessions(
+    base: DenyList, relaxed: DenyList
+) -> None:
+    """Under tool_servers setsid, setpgid and unix sockets are allowed; every other rule,
+    and every other socket family, is refused exactly as without it."""
+    assert set(base.syscalls) - set(relaxed.syscalls) == {"setsid", "setpgid"}
+    for name in ("setsid", "setpgid"):
+        assert base.decide(name) == errno.EPERM
+        assert relaxed.decide(name) is None
+    assert base.decide("socket", [sc.AF_UNIX, 1, 0]) == errno.EPERM
+    assert relaxed.decide("socket", [sc.AF_UNIX, 1, 0]) is None
+    for family in (AF_VSOCK, AF_PACKET, 0xFFFF):
+        assert relaxed.decide("socket", [family, 1, 0]) == errno.EPERM
+    audit = [sc.AF_NETLINK, 3, sc.NETLINK_AUDIT]
+    assert relaxed.decide("socket", audit) == base.decide("socket", audit)
+    others = [r for r in base.rules if r.syscall not in ("setsid", "setpgid", "socket")]
+    assert [r for r in relaxed.rules if r.syscall not in ("socket",)] == others
+    assert relaxed.decide("ioctl", [0, sc.TIOCSTI]) == errno.EPERM
+    assert sc.calls_list(base is CALLS_AS_ROOT, tool_servers=True) is relaxed
+
+
 def test_profiles_are_found_by_name() -> None:
     """Each backend can name a list instead of importing it."""
-    assert PROFILES == {"calls": CALLS, "calls_as_root": CALLS_AS_ROOT, "server": SERVER}
+    assert PROFILES == {
+        "calls": CALLS,
+        "calls_as_root": CALLS_AS_ROOT,
+        "calls_tool_servers": CALLS_TOOL_SERVERS,
+        "calls_as_root_tool_servers": CALLS_AS_ROOT_TOOL_SERVERS,
+        "server": SERVER,
+    }
     assert compile_bpf("server", "x86_64") == compile_bpf(SERVER, "x86_64")
     with pytest.raises(ValueError, match="unknown seccomp profile 'nope'"):
         compile_bpf("nope", "x86_64")
