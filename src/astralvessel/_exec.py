@@ -109,6 +109,10 @@ _ERRORS: Mapping[str, type[SandboxFileError]] = {
 }
 
 
+# Refusals after which a write leaves part of its data behind, filling the disk.
+_OUT_OF_SPACE = frozenset({"ENOSPC", "EFBIG", "EDQUOT"})
+
+
 def _no_nul(what: str, text: str) -> None:
     if "\0" in text:
         raise UsageError(f"{what} may not contain a NUL character")
@@ -386,7 +390,11 @@ def read_plan(path: object, *, timeout: float) -> Generator[FsRequest, FsReply, 
 def write_plan(
     path: object, data: object, *, timeout: float
 ) -> Generator[FsRequest, FsReply, None]:
-    """Write a whole file in ``CHUNK_BYTES`` steps, making missing folders on the way."""
+    """Write a whole file in ``CHUNK_BYTES`` steps, making missing folders on the way.
+
+    A write the disk cannot hold leaves the file empty, not a partial copy that
+    keeps the turn's disk full.
+    """
     where = _path(path)
     if isinstance(data, str):
         data = data.encode("utf-8")
@@ -407,6 +415,9 @@ def write_plan(
             truncate=offset == 0,
             make_parents=offset == 0,
         )
+        if reply.errno in _OUT_OF_SPACE:
+            # What was written of it would hold the turn's disk full: empty the file, then raise.
+            yield FsRequest(op="write", path=where, timeout=timeout, truncate=True)
         _raise_for(reply, where)
         offset += len(chunk)
         if offset >= len(raw):

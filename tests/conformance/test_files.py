@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import errno
 import os
 
 import attrs
@@ -315,3 +316,14 @@ def test_links_swapped_under_file_operations_never_lead_outside(turn: Turn):
         SandboxNotADirectoryError,
         SandboxFileError,
     }
+
+
+def test_write_past_the_disk_leaves_the_file_empty_and_room(turn: Turn):
+    """A write the disk cannot hold raises, leaves the file empty, and the workspace has room."""
+    over = (TEST_LIMITS.disk_mb + 4) << 20
+    with pytest.raises(SandboxFileError) as refused:
+        turn.write_file("/workspace/huge.bin", b"z" * over)
+    assert refused.value.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+    assert turn.read_file("/workspace/huge.bin") == b""
+    turn.write_file("/workspace/after.bin", b"y" * (4 << 20))
+    assert turn.read_file("/workspace/after.bin") == b"y" * (4 << 20)
