@@ -7,6 +7,8 @@ import socket
 import struct
 from pathlib import Path
 
+import attrs
+
 from astralvessel.sandbox import Policy, RunRequest
 from astralvessel.sandbox.docker import Docker, _direct
 from astralvessel.sandbox.docker._attach import AttachChannel
@@ -44,6 +46,25 @@ def test_calls_cannot_see_the_channel(turn):
     )
     assert "No such file or directory" in outcome.output
     assert outcome.output.rstrip().endswith("0")
+
+
+def test_a_writable_root_shows_no_channel_and_a_writable_run(backend):
+    """With a writable root, whose view binds the image's /run, a call still sees no trace of
+    the channel, and /run is the turn's to write (adduser takes its lock there)."""
+    policy = Policy(limits=attrs.evolve(SMALL_LIMITS, disk_mb=64), writable_root=True)
+    session = backend.start(policy)
+    try:
+        outcome = _run(
+            session,
+            "/bin/sh",
+            "-c",
+            f"ls {CHANNEL_DIR}; grep -c astralvessel-host /proc/self/mountinfo; "
+            "touch /run/av-lock && echo locked",
+        )
+    finally:
+        session.close()
+    assert "No such file or directory" in outcome.output
+    assert outcome.output.rstrip().splitlines()[-2:] == ["0", "locked"], outcome.output
 
 
 def test_attach_stream_still_serves_turns(docker_api, small_policy):

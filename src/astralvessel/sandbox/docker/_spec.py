@@ -92,8 +92,9 @@ VIEW_ROOT = "/.astralvessel-root"
 
 #: Where the host's folder holding a turn's direct channel (``_direct``) is bound; the
 #: server connects to the socket in it first, before building the calls' view (which
-#: leaves it out).
-CHANNEL_DIR = "/run/astralvessel-host"
+#: leaves it out). At the top, beside ``VIEW_ROOT``, not under /run: a writable root
+#: binds the image's /run into the view (adduser locks there), and would carry it along.
+CHANNEL_DIR = "/.astralvessel-host"
 CHANNEL_SOCKET = "server.sock"
 
 #: With a direct channel, runs first of all: the server's stdin and stdout become one
