@@ -134,6 +134,7 @@ _DETACHED_TESTS = (
     "test_detached_timeout_kills_the_whole_tree",
     "test_the_turn_holds_a_bounded_number",
     "test_limits_hold_for_a_detached_process",
+    "test_memory_watch_stops_a_detached_process",
     "test_log_is_bounded",
     "test_missing_command_is_a_failed_result",
     "test_async_start_and_result",

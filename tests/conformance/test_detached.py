@@ -11,6 +11,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import attrs
 import pytest
 
 from astralvessel import DetachedProcess, Executor, Registry, Turn, UsageError
@@ -196,6 +197,35 @@ def test_limits_hold_for_a_detached_process(turn: Turn):
     counted = forks.result(timeout=60)
     assert int(counted.stdout.split()[-1]) < TEST_LIMITS.processes
     forks.kill()
+
+
+def test_memory_watch_stops_a_detached_process(backend: Sandbox):
+    """Children of a detached process, together over the turn's memory, are stopped by the watch."""
+    # A large disk limit puts any memory cgroup (memory + disk + 128 MiB) far above what the
+    # children hold, so only the turn-wide memory watch itself can stop them.
+    limits = attrs.evolve(TEST_LIMITS, disk_mb=512)
+    each = limits.memory_mb * 3 // 10  # five children: together 1.5 times the limit
+    code = textwrap.dedent(
+        f"""
+        import os, time
+        for _ in range(5):
+            if os.fork() == 0:
+                held = [bytearray(8 << 20) for _ in range({each} // 8)]
+                time.sleep(60)
+                os._exit(0)
+        for _ in range(5):
+            os.wait()
+        print("every child ended on its own")
+        """
+    )
+    executor = Executor(Registry(), sandbox=backend, limits=limits)
+    with executor, executor.turn() as turn:
+        result = turn.start([PYTHON, "-c", code]).result(timeout=120)
+        assert result.returncode == -9
+        assert not result.timed_out
+        assert b"every child ended on its own" not in result.stdout
+        # The turn goes on.
+        assert turn.exec(["true"]).returncode == 0
 
 
 def test_log_is_bounded(turn: Turn):
