@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 
 import anyio
@@ -15,6 +16,7 @@ from inspect_ai.util._sandbox._cli import SANDBOX_CLI
 
 from astralvessel.integrations.inspect_ai import VesselSandboxConfig, VesselSandboxEnvironment
 
+from ..conformance.calls import host_processes_with, wait_until_gone
 from ..core.test_executor import kill_server
 
 CONFIG = VesselSandboxConfig(backend="bubblewrap")
@@ -60,6 +62,30 @@ async def test_dead_sandbox_is_unavailable_then_fresh(sandbox_env: SandboxEnviro
         await sandbox_env.exec(["cat", "kept.txt"])
     again = await sandbox_env.exec(["sh", "-c", "cat kept.txt 2>/dev/null; echo fresh"])
     assert again.stdout == "fresh\n"
+
+
+async def test_command_running_at_sample_cleanup_is_unavailable(
+    sandbox_env: SandboxEnvironment,
+) -> None:
+    """A command still running when inspect cleans the sample up raises SandboxUnavailableError."""
+    marker = f"cleanup-{os.getpid()}-{os.urandom(3).hex()}"
+    raised: list[BaseException] = []
+
+    async def run() -> None:
+        try:
+            await sandbox_env.exec(["sh", "-c", f"sleep 1000; : {marker}", marker])
+        except Exception as exc:  # the test checks which
+            raised.append(exc)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(run)
+        while not host_processes_with(marker):
+            await anyio.sleep(0.05)
+        await VesselSandboxEnvironment.sample_cleanup(
+            "provider", CONFIG, {"default": sandbox_env}, True
+        )
+    assert [type(exc) for exc in raised] == [SandboxUnavailableError], raised
+    assert wait_until_gone(marker) == []
 
 
 async def test_many_commands_at_once(sandbox_env: SandboxEnvironment) -> None:

@@ -78,7 +78,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from ..agent import Agent
-from ..errors import FileTooLargeError, SandboxError
+from ..errors import FileTooLargeError, SandboxError, TurnClosedError
 from ..executor import Executor
 from ..registry import Registry
 from ..sandbox._discovery import backend_names
@@ -197,10 +197,11 @@ def _could_not_execute(returncode: int, stderr: bytes) -> bool:
 
 @contextlib.contextmanager
 def _unavailable_if_died() -> Iterator[None]:
-    """A sandbox that died is inspect's ``SandboxUnavailableError``, never a command's result.
+    """A sandbox that died, or was cleaned up, is inspect's ``SandboxUnavailableError``.
 
-    The turn has discarded it already; its next command starts a fresh sandbox
-    (with a fresh workspace), which the message says.
+    A sandbox that died the turn has discarded already; its next command starts
+    a fresh sandbox (with a fresh workspace), which the message says. A turn
+    closed by ``sample_cleanup`` has no next command.
     """
     try:
         yield
@@ -208,6 +209,11 @@ def _unavailable_if_died() -> Iterator[None]:
         raise SandboxUnavailableError(
             f"the sample's sandbox died and its workspace is lost ({exc}); "
             "the next command starts a fresh one"
+        ) from exc
+    except TurnClosedError as exc:
+        # A task still running when inspect cleaned the sample up: its sandbox is gone for good.
+        raise SandboxUnavailableError(
+            "the sample's sandbox was cleaned up (sample_cleanup) before this command finished"
         ) from exc
 
 
