@@ -34,7 +34,8 @@ __all__ = ["DirectChannel", "Listener", "NotConnectedError"]
 _PEERCRED = struct.Struct("3i")
 #: What the connect bootstrap says when it cannot reach the host's socket.
 _REFUSED = "astralvessel: cannot reach the host"
-#: How long ``describe_exit`` waits for the engine to see a dead server's container end.
+#: How long ``describe_exit`` and ``close`` wait for the engine to see a dead server's
+#: container end.
 _EXIT_WAIT = 5.0
 
 
@@ -118,6 +119,8 @@ class DirectChannel:
         self._waiting.register(self._ours, select.POLLIN)
         self._waiting.register(self._theirs, select.POLLIN)
         self._watching = True
+        #: Whether the socket has ended (the server is gone).
+        self._ended = False
         self._closed = False
         self._lock = threading.Lock()
 
@@ -138,11 +141,29 @@ class DirectChannel:
                     self._watching = False
                 if self._ours in readable:
                     break
-            return self._sock.recv(size)
+            data = self._sock.recv(size)
         except (OSError, ValueError):
             if self._closed:
                 return b""
             raise
+        if not data:
+            self._ended = True
+        return data
+
+    def _await_exit(self, seconds: float) -> None:
+        """Wait (``seconds`` at most) for the attach stream's end, taking what it brings.
+
+        The socket ends as the server dies, before the engine has seen the
+        container exit; the attach stream ends after, the server's last words
+        (a traceback) before its end.
+        """
+        deadline = time.monotonic() + seconds
+        with contextlib.suppress(OSError, ValueError):
+            waiting = select.poll()
+            waiting.register(self._theirs, select.POLLIN)
+            while self._watching and (remaining := deadline - time.monotonic()) > 0:
+                if waiting.poll(remaining * 1000) and not self._attach.pump():
+                    self._watching = False
 
     def close(self) -> None:
         """Close the socket, then remove the container (``AttachChannel.close``). Never raises."""
@@ -154,19 +175,15 @@ class DirectChannel:
             self._sock.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self._sock.close()
+        if self._ended:
+            # The server has gone (a shutdown): remove its container once the engine has
+            # seen it end, which costs less than removing one still going down.
+            self._await_exit(_EXIT_WAIT)
         self._attach.close()
 
     def describe_exit(self) -> str:
         """Why the sandbox ended: the container's state and the server's stderr tail."""
         if not self._closed:
-            # The socket ends as the server dies, before the engine has seen the container
-            # exit; the attach stream ends after, with the server's last words (a traceback)
-            # before its end. Wait for that end, for a while, so the state read is the exit.
-            deadline = time.monotonic() + _EXIT_WAIT
-            with contextlib.suppress(OSError, ValueError):
-                waiting = select.poll()
-                waiting.register(self._theirs, select.POLLIN)
-                while (remaining := deadline - time.monotonic()) > 0:
-                    if waiting.poll(remaining * 1000) and not self._attach.pump():
-                        break
+            # So that the state read is the container's exit, and the tail holds its end.
+            self._await_exit(_EXIT_WAIT)
         return self._attach.describe_exit()
