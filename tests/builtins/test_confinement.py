@@ -179,12 +179,17 @@ def test_the_file_tools_never_show_what_the_sandbox_user_cannot_read(tree: Tree)
         (data / "secret.txt").chmod(0o600)
         (data / "closed").mkdir(mode=0o700)
         (data / "closed" / "inner.txt").write_text(CANARY)
-        shutil.copy(_files.__file__, base / "files_copy.py")
+        # The whole server package, where nobody can read it: _files imports its siblings.
+        shutil.copytree(
+            Path(_files.__file__).parent,
+            base / "server_copy",
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
         script = textwrap.dedent(
             f"""
             import sys
             sys.path.insert(0, {str(base)!r})
-            import files_copy as files
+            from server_copy import _files as files
             ctx = files.FileContext({str(data)!r}, [{str(data)!r}])
             print(repr(files.handle("lines", {{"path": "secret.txt"}}, ctx)))
             print(repr(files.handle("find", {{"pattern": "**/*.txt"}}, ctx)))
