@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import socket
 import struct
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
+import pytest
 
 from astralvessel.sandbox import Policy, RunRequest
 from astralvessel.sandbox.docker import Docker, _direct
@@ -141,3 +148,81 @@ def test_another_uid_is_turned_away():
         for pid in pids:
             os.waitpid(pid, 0)
     assert not os.path.exists(listener.folder)
+
+
+_MAKE_FOLDER_AND_DIE = """
+import os, signal, sys
+from astralvessel.sandbox.docker._direct import Listener
+listener = Listener(uid=2013265999)
+print(listener.folder, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def _killed_host_folder(tmp: Path) -> Path:
+    """Run a host process that makes its channel folder in ``tmp`` and is SIGKILLed; the folder."""
+    done = subprocess.run(
+        [sys.executable, "-c", _MAKE_FOLDER_AND_DIE],
+        env={**os.environ, "TMPDIR": str(tmp)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == -signal.SIGKILL, done.stderr
+    return Path(done.stdout.strip())
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A temporary folder with a short path: a unix socket's path must fit in 108 bytes."""
+    folder = Path(tempfile.mkdtemp(prefix="av-"))
+    yield folder
+    shutil.rmtree(folder)
+
+
+def test_a_killed_hosts_folder_is_reaped_by_the_next_host(short_tmp):
+    """A host SIGKILLed before its server connected leaves its folder, and the next host
+    process removes it at its first channel."""
+    first = _killed_host_folder(short_tmp)
+    assert first.is_dir()
+    assert (first / CHANNEL_SOCKET).exists()
+    second = _killed_host_folder(short_tmp)
+    assert not first.exists()
+    assert second.is_dir()
+
+
+def test_reaping_keeps_what_is_not_a_dead_hosts_folder(short_tmp):
+    """Reaping removes the dead host's folder only: a live host's folder, a link named as a
+    leftover and another uid's folder stay, and so does what the link points to."""
+    dead = _killed_host_folder(short_tmp)
+    live = short_tmp / (_direct._folder_prefix() + "live")
+    live.mkdir()
+    target = short_tmp / "target"
+    target.mkdir()
+    link = short_tmp / (dead.name + "L")
+    link.symlink_to(target)
+    foreign = short_tmp / (dead.name + "F")
+    foreign.mkdir()
+    os.chown(foreign, 2013265998, 2013265998)
+    assert _direct.reap_leftovers(str(short_tmp)) == 1
+    assert not dead.exists()
+    assert live.is_dir()
+    assert target.is_dir()
+    assert link.is_symlink()
+    assert foreign.is_dir()
+
+
+def test_leftover_folder_names_are_judged_by_their_owner():
+    """Only a well-formed channel folder name whose process is gone (or whose pid was reused) is a leftover."""
+    alive = {10: "500"}.get
+    assert _direct.is_leftover_folder("astralvessel-channel-11-500-abc", alive)
+    assert _direct.is_leftover_folder("astralvessel-channel-10-499-abc", alive)
+    assert not _direct.is_leftover_folder("astralvessel-channel-10-500-abc", alive)
+    for name in (
+        "astralvessel-abc",
+        "astralvessel-channel-x-500-abc",
+        "astralvessel-channel-11-500",
+        "astralvessel-channel--500-abc",
+        "other-channel-11-500-abc",
+    ):
+        assert not _direct.is_leftover_folder(name, alive), name

@@ -11,12 +11,15 @@ that dies closes its end, and the server reads the end of its input.
 
 Only the turn's own uid may connect (``SO_PEERCRED``): the folder must be
 reachable by that uid inside the container, so another host user could reach it
-too, and would be turned away. The folder is removed once the server is in.
+too, and would be turned away. The folder is removed once the server is in; a
+host killed before that leaves it behind, named for its process, and the next
+host process to open a channel removes it (``reap_leftovers``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import select
 import socket
@@ -24,12 +27,14 @@ import struct
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 
 from ...errors import SandboxError
 from ._attach import AttachChannel
+from ._engine import process_start_time
 from ._spec import CHANNEL_SOCKET
 
-__all__ = ["DirectChannel", "Listener", "NotConnectedError"]
+__all__ = ["DirectChannel", "Listener", "NotConnectedError", "is_leftover_folder", "reap_leftovers"]
 
 _PEERCRED = struct.Struct("3i")
 #: What the connect bootstrap says when it cannot reach the host's socket.
@@ -37,6 +42,65 @@ _REFUSED = "astralvessel: cannot reach the host"
 #: How long ``describe_exit`` and ``close`` wait for the engine to see a dead server's
 #: container end.
 _EXIT_WAIT = 5.0
+
+
+#: Every channel folder's name starts so, then the owner's pid and its start time.
+_FOLDER_PREFIX = "astralvessel-channel-"
+
+
+def _folder_prefix() -> str:
+    pid = os.getpid()
+    started = process_start_time(pid)
+    # Without /proc no owner can be told dead: such a folder is never reaped.
+    return "astralvessel-" if started is None else f"{_FOLDER_PREFIX}{pid}-{started}-"
+
+
+def is_leftover_folder(name: str, start_time_of: Callable[[int], str | None]) -> bool:
+    """Whether ``name`` is a channel folder of a host process that is gone.
+
+    ``start_time_of(pid)``: the process's start time, ``None`` if there is no
+    such process; a reused pid has another start time, so its folder is a leftover.
+    """
+    if not name.startswith(_FOLDER_PREFIX):
+        return False
+    pid, _, rest = name[len(_FOLDER_PREFIX) :].partition("-")
+    started, sep, _ = rest.partition("-")
+    if not (pid.isdigit() and started.isdigit() and sep):
+        return False
+    return start_time_of(int(pid)) != started
+
+
+def reap_leftovers(parent: str | None = None) -> int:
+    """Remove the channel folders of dead host processes in ``parent``; return how many.
+
+    A host killed between making its folder and its server connecting leaves
+    the folder (empty but for the socket). Only real folders of this uid go,
+    and only their socket with them: never a link, never anything else's.
+    """
+    parent = parent or tempfile.gettempdir()
+    removed = 0
+    with contextlib.suppress(OSError), os.scandir(parent) as entries:
+        for entry in entries:
+            if not is_leftover_folder(entry.name, process_start_time):
+                continue
+            with contextlib.suppress(OSError):
+                info = entry.stat(follow_symlinks=False)
+                if not entry.is_dir(follow_symlinks=False) or info.st_uid != os.geteuid():
+                    continue
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(entry.path, CHANNEL_SOCKET))
+                os.rmdir(entry.path)
+                removed += 1
+    return removed
+
+
+@functools.cache
+def _reap_once() -> None:
+    """Reap at this process's first channel only; the folders of the dead do not come back.
+
+    (Two first channels at once may both reap: a folder is removed once, harmlessly.)
+    """
+    reap_leftovers()
 
 
 class NotConnectedError(SandboxError):
@@ -48,7 +112,9 @@ class Listener:
 
     def __init__(self, uid: int) -> None:
         self._uid = uid
-        self.folder = tempfile.mkdtemp(prefix="astralvessel-")
+        _reap_once()
+        # Named for this process, so that what a killed host leaves is found (``reap_leftovers``).
+        self.folder = tempfile.mkdtemp(prefix=_folder_prefix())
         self._path = os.path.join(self.folder, CHANNEL_SOCKET)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:

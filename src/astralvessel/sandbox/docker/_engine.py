@@ -38,7 +38,14 @@ from ._spec import (
     owner_label,
 )
 
-__all__ = ["BASE_IMAGE_ENV", "BUILT_REPOSITORY", "Engine", "import_docker", "owner"]
+__all__ = [
+    "BASE_IMAGE_ENV",
+    "BUILT_REPOSITORY",
+    "Engine",
+    "import_docker",
+    "owner",
+    "process_start_time",
+]
 
 #: Overrides the default base image for hosts that cannot pull (CI builds one offline).
 BASE_IMAGE_ENV = "ASTRALVESSEL_DOCKER_IMAGE"
@@ -377,7 +384,7 @@ class Engine:
         removed = 0
         for summary in api.containers(all=True, filters={"label": LABEL_TURN}):
             labels = summary.get("Labels") or {}
-            if is_leftover(labels, hostname, _process_start_time):
+            if is_leftover(labels, hostname, process_start_time):
                 with contextlib.suppress(Exception):
                     api.remove_container(summary["Id"], force=True)
                     removed += 1
@@ -429,10 +436,10 @@ def _remove(api: Any, container_id: str) -> bool:
 def owner() -> str:
     """This host process's owner label: host name, pid and the pid's start time."""
     pid = os.getpid()
-    return owner_label(socket.gethostname(), pid, _process_start_time(pid) or "?")
+    return owner_label(socket.gethostname(), pid, process_start_time(pid) or "?")
 
 
-def _process_start_time(pid: int) -> str | None:
+def process_start_time(pid: int) -> str | None:
     """The start time of ``pid`` (clock ticks since boot), or ``None`` if it does not exist."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
