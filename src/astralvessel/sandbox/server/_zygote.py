@@ -134,9 +134,9 @@ def start(plan: _launch.LaunchPlan, env: dict[str, str]) -> Zygote:
 
 def _depth() -> int:
     """How many PID namespaces deep this process is, as its ``/proc`` counts (``NSpid``)."""
-    with open("/proc/self/status", encoding="ascii", errors="replace") as handle:
+    with open("/proc/self/status", "rb") as handle:
         for line in handle:
-            if line.startswith("NSpid:"):
+            if line.startswith(b"NSpid:"):
                 return len(line.split()) - 1
     return 1  # a kernel older than 4.1 has no NSpid (and no per-call memory watch either)
 
