@@ -147,3 +147,29 @@ def test_the_server_loads_without_the_heavy_standard_modules() -> None:
     loaded = set(done.stdout.decode().split())
     assert "_astralvessel_server._main" in loaded
     assert loaded & HEAVY_MODULES == set()
+
+
+#: Forks the zygote the way the server does after ``hello``, then lists the modules that
+#: appeared in the server meanwhile (the zygote's plan runs nothing here: it only waits).
+_FORK_ZYGOTE = """\
+before = set(sys.modules)
+plan = p._launch.LaunchPlan(confine=False, pid_namespace=False, drop_uid=None, drop_gid=None,
+    limits=None, seccomp=None, install_seccomp=None)
+zygote = p._zygote.start(plan, {})
+zygote.close()
+print(' '.join(sorted(set(sys.modules) - before)))"""
+
+
+def test_forking_the_zygote_imports_nothing_in_the_server() -> None:
+    """The server imports no module when it forks its zygote: the import machinery would
+    write (and so copy) pages the zygote still shares, about 0.7 MiB of every idle turn."""
+    payload = server_payload()
+    bootstrap = BOOTSTRAP.replace("p._main.main()", _FORK_ZYGOTE)
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-B", "-c", bootstrap, str(len(payload))],
+        input=payload,
+        capture_output=True,
+        check=True,
+        timeout=60,
+    )
+    assert done.stdout.decode().split() == []
