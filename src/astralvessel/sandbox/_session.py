@@ -87,6 +87,7 @@ SERVER_MODULES = (
     "_outbox",
     "_worker",
     "_relay",
+    "_calls",
     "_main",
 )
 _PACKAGE = "_astralvessel_server"

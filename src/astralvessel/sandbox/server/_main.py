@@ -28,6 +28,7 @@ import sys
 import time
 
 from . import _bounds, _launch, _outbox, _protocol, _relay, _rootfs, _userns, _worker, _zygote
+from ._calls import Call, RunOrder, exit_frame, map_path, parse_run
 from ._lean import EVENT_READ, EVENT_WRITE, Selector, signal, suppress
 
 # Annotations only: importing typing costs every turn's start a few milliseconds, and
@@ -43,6 +44,13 @@ _READ_SIZE = 65536
 # After a call's process is reaped, how long to wait for its output pipe to close.
 _DRAIN_NAMESPACE = 5.0
 _DRAIN_GROUP = 0.5
+#: A call's output pipes by the stream each carries, so one reader serves both: the
+#: ``Spawned`` attribute holding the pipe, the ``Call`` flag saying it is open, and the
+#: ``out`` frame's header (a tool call's merged text and a detached log are stdout).
+_PIPES = {
+    "stdout": ("output", "output_open", {"type": "out"}),
+    "stderr": ("errors", "errors_open", {"type": "out", "stream": "stderr"}),
+}
 # A file request may run this long past its timeout before the worker is replaced.
 _WORKER_GRACE = 5.0
 # A call that comes this soon after the last answer means the host calls back to back.
@@ -71,101 +79,6 @@ def _warm(plan: _launch.LaunchPlan) -> None:
             return
         with suppress(ValueError, OSError, AttributeError):
             _seccomp.prepare(plan.seccomp)
-
-
-def map_path(path: str, path_map: dict[str, str]) -> str:
-    """Rewrite a sandbox path through ``path_map`` (longest prefix wins); others are unchanged."""
-    for prefix in sorted(path_map, key=len, reverse=True):
-        base = prefix.rstrip("/")
-        if path in (prefix, base) or path.startswith(base + "/"):
-            return path_map[prefix].rstrip("/") + path[len(base) :]
-    return path
-
-
-class RunOrder:
-    """A checked ``run`` request: a tool call (one merged text stream, bounded in
-    characters) or an exec (``split``: stdout and stderr apart, each bounded in bytes)."""
-
-    def __init__(  # noqa: PLR0917 - plain record of a parsed request
-        self,
-        argv: list[str],
-        cwd: str,
-        timeout: float,
-        output_chars: int,
-        stdin: bytes,
-        split: bool = False,
-        output_bytes: int = 0,
-        env: dict[str, str] | None = None,
-        detach: bool = False,
-        identity: tuple[int, int] | None = None,
-    ) -> None:
-        self.argv = argv
-        self.cwd = cwd
-        self.timeout = timeout
-        self.output_chars = output_chars
-        self.stdin = stdin
-        self.split = split
-        self.output_bytes = output_bytes
-        self.env = env or {}
-        #: A detached process (``Turn.start``): its namespace outlives its command, until
-        #: it is empty or the turn ends; no timeout unless one is given.
-        self.detach = detach
-        #: The uid and gid an exec's call sees (``Turn.exec(user=)``); None: the turn's own.
-        self.identity = identity
-
-
-class Call:
-    """One running call, from fork until its exit frame is sent."""
-
-    def __init__(self, call_id: int, spawned: _launch.Spawned, order: RunOrder) -> None:
-        self.id = call_id
-        self.spawned = spawned
-        self.started = time.monotonic()
-        no_deadline = order.detach and order.timeout <= 0
-        self.deadline = float("inf") if no_deadline else self.started + order.timeout
-        self.detach = order.detach
-        #: A detached call's ``exit`` frame went out when its command exited (init's ``X``).
-        self.exit_sent = False
-        self.output_chars = order.output_chars
-        self.kept_chars = 0
-        self.dropped_chars = 0
-        self.cut = False
-        #: An exec's streams: bytes kept so far and bytes dropped past ``output_bytes``, each.
-        self.split = order.split
-        self.output_bytes = order.output_bytes
-        self.kept_bytes = {"stdout": 0, "stderr": 0}
-        self.dropped_bytes = {"stdout": 0, "stderr": 0}
-        self.errors_open = order.split
-        self.stdin = memoryview(b"")
-        self.status: int | None = None
-        self.drain_deadline: float | None = None
-        self.output_open = True
-        self.timed_out = False
-        self.cancelled = False
-        self.duration = 0.0
-        #: Init (or, if init was killed, the zygote) wrote ``D``: the namespace is empty.
-        self.namespace_empty = False
-        #: ``[held, limit]`` in bytes if the memory watch stopped the call (``_bounds``).
-        self.memory_stopped: list[int] | None = None
-
-    def take(self, chunk: bytes, stream: str = "stdout") -> bytes:
-        """Count ``chunk``; return the part to stream (``output_chars`` characters in all,
-        or for an exec ``output_bytes`` bytes of each stream)."""
-        if self.split:
-            room = max(0, self.output_bytes - self.kept_bytes[stream])
-            self.kept_bytes[stream] += min(room, len(chunk))
-            self.dropped_bytes[stream] += max(0, len(chunk) - room)
-            return chunk[:room]
-        if self.cut:
-            self.dropped_chars += _protocol.count_chars(chunk)
-            return b""
-        index = _protocol.split_chars(chunk, self.output_chars - self.kept_chars)
-        keep = chunk[:index]
-        self.kept_chars += _protocol.count_chars(keep)
-        if index < len(chunk):
-            self.cut = True
-            self.dropped_chars += _protocol.count_chars(chunk[index:])
-        return keep
 
 
 class Server:
@@ -472,7 +385,7 @@ class Server:
     def _run(self, call_id: int, header: dict[str, Any], body: bytes) -> None:
         config, plan = self._configured()
         try:
-            order = _parse_run(header, body, config["workdir"])
+            order = parse_run(header, body, config["workdir"])
         except (TypeError, ValueError) as exc:
             self.fail(call_id, str(exc))
             return
@@ -499,9 +412,9 @@ class Server:
             return
         call = Call(call_id, spawned, order)
         self.calls[call_id] = call
-        self._watch(spawned.output, EVENT_READ, self._on_output, call)
+        self._watch(spawned.output, EVENT_READ, lambda c: self._pump(c, "stdout"), call)
         if split:
-            self._watch(spawned.errors, EVENT_READ, self._on_errors, call)
+            self._watch(spawned.errors, EVENT_READ, lambda c: self._pump(c, "stderr"), call)
         elif spawned.errors >= 0:
             os.close(spawned.errors)  # a tool call's stderr shares the output pipe
             spawned.errors = -1
@@ -563,17 +476,10 @@ class Server:
         if call.exit_sent or not statuses or not statuses[0].isdigit():
             return
         call.exit_sent = True
-        self.send(
-            {
-                "type": "exit",
-                "id": call.id,
-                "exit_code": _launch.exit_code_of(int(statuses[0])),
-                "timed_out": False,
-                "cancelled": False,
-                "dropped_chars": call.dropped_chars,
-                "duration": time.monotonic() - call.started,
-            }
-        )
+        # The command ended by itself, now, whatever happens to its namespace later.
+        code = _launch.exit_code_of(int(statuses[0]))
+        duration = time.monotonic() - call.started
+        self.send(exit_frame(call, code, timed_out=False, cancelled=False, duration=duration))
 
     def _spawn(
         self, order: RunOrder, argv: list[str], cwd: str, extra_env: dict[str, str]
@@ -690,58 +596,36 @@ class Server:
         os.close(call.spawned.stdin)
         call.spawned.stdin = -1
 
-    def _on_output(self, call: Call) -> None:
-        if not call.output_open:
+    def _pump(self, call: Call, stream: str) -> None:
+        """Stream what one of ``call``'s output pipes holds to the host, as ``out`` frames;
+        at its end, close it and answer the call if that was the last thing it waited on."""
+        pipe, is_open, header = _PIPES[stream]
+        if not getattr(call, is_open):
             return
-        fd = call.spawned.output
+        fd = getattr(call.spawned, pipe)
         for _ in range(16):
             try:
                 chunk = os.read(fd, _READ_SIZE)
             except BlockingIOError:
                 return
             if not chunk:
-                self._close_output(call)
+                self._close_pipe(call, stream)
                 self._maybe_finish(call)
                 return
-            keep = call.take(chunk)
+            keep = call.take(chunk, stream)
             if keep:
-                self.send({"type": "out", "id": call.id}, keep)
+                self.send(dict(header, id=call.id), keep)
 
-    def _on_errors(self, call: Call) -> None:
-        """An exec's stderr: streamed apart, as ``out`` frames marked ``stderr``."""
-        if not call.errors_open:
+    def _close_pipe(self, call: Call, stream: str) -> None:
+        pipe, is_open, _ = _PIPES[stream]
+        if not getattr(call, is_open):
             return
-        fd = call.spawned.errors
-        for _ in range(16):
-            try:
-                chunk = os.read(fd, _READ_SIZE)
-            except BlockingIOError:
-                return
-            if not chunk:
-                self._close_errors(call)
-                self._maybe_finish(call)
-                return
-            keep = call.take(chunk, "stderr")
-            if keep:
-                self.send({"type": "out", "id": call.id, "stream": "stderr"}, keep)
-
-    def _close_output(self, call: Call) -> None:
-        if not call.output_open:
-            return
-        call.output_open = False
+        setattr(call, is_open, False)
+        fd = getattr(call.spawned, pipe)
         with suppress(KeyError, ValueError):
-            self.selector.unregister(call.spawned.output)
-        os.close(call.spawned.output)
-        call.spawned.output = -1
-
-    def _close_errors(self, call: Call) -> None:
-        if not call.errors_open:
-            return
-        call.errors_open = False
-        with suppress(KeyError, ValueError):
-            self.selector.unregister(call.spawned.errors)
-        os.close(call.spawned.errors)
-        call.spawned.errors = -1
+            self.selector.unregister(fd)
+        os.close(fd)
+        setattr(call.spawned, pipe, -1)
 
     def _on_wake(self, fd: int, events: int) -> None:
         try:
@@ -778,8 +662,8 @@ class Server:
         call.drain_deadline = time.monotonic() + (
             _DRAIN_GROUP if call.spawned.group else _DRAIN_NAMESPACE
         )
-        self._on_output(call)
-        self._on_errors(call)
+        for stream in _PIPES:
+            self._pump(call, stream)
         self._maybe_finish(call)
 
     def _on_status(self, call: Call) -> None:
@@ -841,8 +725,8 @@ class Server:
         for call in list(self.calls.values()):
             if call.drain_deadline is not None:
                 if now >= call.drain_deadline:
-                    self._close_output(call)
-                    self._close_errors(call)
+                    for stream in _PIPES:
+                        self._close_pipe(call, stream)
                     self._maybe_finish(call)
             elif now >= call.deadline and not call.timed_out:
                 call.timed_out = True
@@ -938,33 +822,12 @@ class Server:
             self._drop_outbox(call.id)
             if not call.exit_sent:
                 call.exit_sent = True
-                self.send(
-                    {
-                        "type": "exit",
-                        "id": call.id,
-                        "exit_code": exit_code,
-                        "timed_out": call.timed_out,
-                        "cancelled": call.cancelled,
-                        "memory": call.memory_stopped,
-                        "dropped_chars": call.dropped_chars,
-                        "duration": call.duration,
-                    }
-                )
+                self.send(exit_frame(call, exit_code))
             return
         if call.split:
             # An exec returns its streams, not outbox files: what it left there goes.
             self._drop_outbox(call.id)
-            self.send(
-                {
-                    "type": "exit",
-                    "id": call.id,
-                    "exit_code": exit_code,
-                    "timed_out": call.timed_out,
-                    "cancelled": call.cancelled,
-                    "dropped_bytes": call.dropped_bytes,
-                    "duration": call.duration,
-                }
-            )
+            self.send(exit_frame(call, exit_code))
             return
         collected = _outbox.collect(
             self.worker_context["outbox"],
@@ -973,20 +836,9 @@ class Server:
             config["limits"]["disk_mb"] << 20,
         )
         try:
-            self.send(
-                {
-                    "type": "exit",
-                    "id": call.id,
-                    "exit_code": exit_code,
-                    "timed_out": call.timed_out,
-                    "cancelled": call.cancelled,
-                    "memory": call.memory_stopped,
-                    "dropped_chars": call.dropped_chars,
-                    "duration": call.duration,
-                    "files": [{"name": name, "size": size} for name, _, size in collected.files],
-                    "skipped": sorted(collected.skipped.items()),
-                }
-            )
+            files = [{"name": name, "size": size} for name, _, size in collected.files]
+            skipped = sorted(collected.skipped.items())
+            self.send(exit_frame(call, exit_code, files=files, skipped=skipped))
         except BaseException:
             collected.close()
             raise
@@ -1136,66 +988,6 @@ def _has_exited(pid: int) -> bool:
 def _killpg(pgid: int) -> None:
     with suppress(OSError):
         os.killpg(pgid, signal.SIGKILL)
-
-
-def _parse_run(header: dict[str, Any], body: bytes, workdir: str) -> RunOrder:
-    """Check a run request: argv, cwd, timeout, output bounds, env and stdin; raise on a bad field.
-
-    The host sends argv in the body (``argv_bytes`` of NUL-separated UTF-8, then
-    stdin), so a command line as long as the kernel takes never meets the
-    header's bound; an ``argv`` list in the header is read as well.
-    """
-    argv: object = header.get("argv")
-    if "argv_bytes" in header:
-        size = header["argv_bytes"]
-        if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= len(body):
-            raise ValueError("'argv_bytes' must count bytes of the body")
-        argv = [part.decode("utf-8", "surrogateescape") for part in body[:size].split(b"\0")]
-        body = body[size:]
-    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
-        raise TypeError("'argv' must be a non-empty list of strings")
-    cwd = header.get("cwd") or workdir
-    if not isinstance(cwd, str):
-        raise TypeError("'cwd' must be a string")
-    if any("\0" in a for a in argv) or "\0" in cwd:
-        raise ValueError("'argv' and 'cwd' may not contain NUL characters")
-    try:
-        timeout = float(header.get("timeout", 30.0))
-        output_chars = int(header.get("output_chars", 30000))
-        output_bytes = int(header.get("output_bytes", 0))
-    except (TypeError, ValueError):
-        raise ValueError("'timeout' and the output bounds must be numbers") from None
-    env = header.get("env") or {}
-    if not isinstance(env, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\0" not in k + v
-        for k, v in env.items()
-    ):
-        raise ValueError("'env' must map names (no '=', no NUL) to strings without NUL")
-    split = bool(header.get("split"))
-    detach = header.get("detach") is True
-    if detach and split:
-        raise ValueError("a detached process has one merged log, not split streams")
-    identity = _parse_identity(header.get("user"))
-    return RunOrder(
-        argv, cwd, timeout, output_chars, body, split, output_bytes, dict(env), detach, identity
-    )
-
-
-#: The highest uid or gid a user namespace can map ((uid_t) -1 is "no id").
-_MAX_ID = 0xFFFFFFFE
-
-
-def _parse_identity(value: object) -> tuple[int, int] | None:
-    """An exec's ``user``: ``[uid, gid]`` as the host resolved them, or None (absent)."""
-    if value is None:
-        return None
-    if (
-        not isinstance(value, list)
-        or len(value) != 2
-        or not all(type(v) is int and 0 <= v <= _MAX_ID for v in value)
-    ):
-        raise ValueError(f"'user' must be [uid, gid], each 0 to {_MAX_ID}")
-    return (value[0], value[1])
 
 
 def _parse_hello(header: dict[str, Any]) -> dict[str, Any]:
