@@ -16,7 +16,8 @@ from pathlib import Path
 import attrs
 import pytest
 
-from astralvessel.sandbox import Policy, RunRequest
+from astralvessel.errors import BackendUnavailableError
+from astralvessel.sandbox import Mount, Policy, RunRequest
 from astralvessel.sandbox.docker import Docker, _direct
 from astralvessel.sandbox.docker._attach import AttachChannel
 from astralvessel.sandbox.docker._direct import DirectChannel, Listener
@@ -107,6 +108,69 @@ def test_a_host_that_refuses_the_socket_falls_back_to_attach(docker_api, monkeyp
     assert backend.direct is False
     assert len(made) == 1
     assert not Path(made[0]).exists()
+
+
+def test_an_engine_that_refuses_the_channels_folder_at_create_falls_back_to_attach(
+    docker_api, monkeypatch
+):
+    """An engine that refuses to bind the channel's folder when creating the container (as a
+    snap Docker may, its /tmp being its own) costs one retry; that turn and later ones use attach."""
+    # A colon in the folder's path is a bind the engine cannot parse: a real refusal at create.
+    parent = Path(tempfile.mkdtemp(prefix="av:"))
+    monkeypatch.setattr(tempfile, "tempdir", str(parent))
+    backend = Docker(base_image=BASE_IMAGE, pull=False)
+    try:
+        for _ in range(2):
+            session = backend.start(Policy(limits=SMALL_LIMITS))
+            try:
+                assert isinstance(session._channel, AttachChannel)
+                assert _run(session, "echo", "fell back").output == "fell back\n"
+            finally:
+                session.close()
+        assert backend.direct is False
+        assert list(parent.iterdir()) == []
+    finally:
+        shutil.rmtree(parent)
+
+
+def test_a_refusal_that_is_not_the_channels_is_the_hosts_error(docker_api, small_policy):
+    """A create the engine refuses for the policy's own settings fails on attach too: the
+    host gets that refusal, and the backend keeps its direct channel for later turns."""
+    backend = Docker(base_image=BASE_IMAGE, pull=False)
+    folder = Path(tempfile.mkdtemp(prefix="av:"))  # a bind the engine cannot parse
+    folder.chmod(0o755)
+    bad = attrs.evolve(small_policy, mounts=(Mount(source=folder, target="/data"),))
+    try:
+        with pytest.raises(BackendUnavailableError, match="refused to create"):
+            backend.start(bad)
+    finally:
+        folder.rmdir()
+    assert backend.direct is True
+    session = backend.start(small_policy)
+    try:
+        assert isinstance(session._channel, DirectChannel)
+    finally:
+        session.close()
+
+
+def test_a_temporary_folder_too_deep_for_a_socket_serves_over_attach(docker_api, monkeypatch):
+    """A host whose temporary folder leaves no room for a socket's path (108 bytes) gets its
+    turns on the attach stream, not a failure."""
+    parent = Path(tempfile.mkdtemp(prefix="av-"))
+    deep = parent / ("d" * 100)
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    backend = Docker(base_image=BASE_IMAGE, pull=False)
+    try:
+        session = backend.start(Policy(limits=SMALL_LIMITS))
+        try:
+            assert isinstance(session._channel, AttachChannel)
+            assert _run(session, "echo", "deep").output == "deep\n"
+        finally:
+            session.close()
+        assert list(deep.iterdir()) == []
+    finally:
+        shutil.rmtree(parent)
 
 
 def _connect_as(uid: int, path: str, said: bytes) -> int:

@@ -13,6 +13,7 @@ hash, else the base image. See ``docs/docker.md``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 from pathlib import Path
@@ -28,7 +29,7 @@ from .._session import ServerBuild, server_command
 from .._uids import UidLease, default_lock_dir, describe_range, lease_uid, resolve_range
 from ._attach import AttachChannel
 from ._direct import DirectChannel, Listener, NotConnectedError
-from ._engine import BASE_IMAGE_ENV, Engine, owner
+from ._engine import BASE_IMAGE_ENV, CreateRefusedError, Engine, owner
 from ._exec_session import EXEC_NOTE, ExecSession
 from ._spec import (
     CALL_UID,
@@ -220,8 +221,10 @@ class Docker(Sandbox):
         The channel is a unix socket of the turn's own (``_direct``) when the
         engine is local and the turn has a host uid to check the peer against;
         else the engine's attach stream. A host whose policy keeps containers
-        from connecting to its socket (an SELinux label, say) is found at its
-        first turn, which then starts again on the attach stream, as later ones do.
+        from connecting to its socket (an SELinux label, say), or an engine that
+        cannot bind the socket's folder (a snap Docker, whose /tmp is its own,
+        may refuse it at create) is found at its first turn, which then starts
+        again on the attach stream, as later ones do once that worked.
         """
         lease = self._lease(policy)
         try:
@@ -229,11 +232,12 @@ class Docker(Sandbox):
                 try:
                     return self._open_as(policy, lease, direct=self._direct_for(lease))
                 except NotConnectedError:
-                    self.direct = False
                     if lease is not None:
                         lease.release()
                     lease = self._lease(policy)
-                    return self._open_as(policy, lease, direct=False)
+                    link = self._open_as(policy, lease, direct=False)
+                    self.direct = False
+                    return link
         except BaseException:
             if lease is not None:
                 lease.release()
@@ -252,7 +256,12 @@ class Docker(Sandbox):
                 "call, without process isolation or the file tools)"
             )
         build = self.engine.server_build(image_id, self.python)
-        listener = None if lease is None or not direct else Listener(lease.uid)
+        listener = None
+        if lease is not None and direct:
+            # A host whose temporary folder's path leaves no room for the socket's name
+            # (108 bytes in all), or cannot be written, has this turn on the attach stream.
+            with contextlib.suppress(OSError):
+                listener = Listener(lease.uid)
         try:
             channel = self._start_server(
                 policy, lease, image_id=image_id, arch=arch, build=build, listener=listener
@@ -306,9 +315,16 @@ class Docker(Sandbox):
             channel_dir=None if listener is None else listener.folder,
         )
         # The lease goes back once the container is removed.
-        attach = self.engine.start_container(
-            spec, on_close=None if lease is None else lease.release
-        )
+        try:
+            attach = self.engine.start_container(
+                spec, on_close=None if lease is None else lease.release
+            )
+        except CreateRefusedError as refused:
+            if listener is None:
+                raise
+            raise NotConnectedError(
+                f"the engine cannot bind the channel's folder: {refused}"
+            ) from None
         if listener is None:
             return attach
         try:

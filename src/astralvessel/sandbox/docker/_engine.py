@@ -41,6 +41,7 @@ from ._spec import (
 __all__ = [
     "BASE_IMAGE_ENV",
     "BUILT_REPOSITORY",
+    "CreateRefusedError",
     "Engine",
     "import_docker",
     "owner",
@@ -319,6 +320,8 @@ class Engine:
             try:
                 return self._start_once(spec, on_close)
             except _StartFailed as failed:
+                if failed.refused:
+                    raise CreateRefusedError(failed.message) from None
                 if attempt == 2 or not failed.repeatable:
                     raise BackendUnavailableError(failed.message) from None
         raise AssertionError("unreachable")  # pragma: no cover
@@ -350,6 +353,9 @@ class Engine:
             raise _StartFailed(
                 start_failure(step, exc, str(api.base_url)),
                 repeatable=step == "start" and removed and status is not None and status >= 500,
+                # Engines answer a setting they cannot use with 400 or 500 (an unparsable
+                # bind is 500 on API 1.41): any answer is a refusal, silence is not.
+                refused=step == "create" and status is not None,
             ) from None
         return channel
 
@@ -400,13 +406,23 @@ class Engine:
             self.sweep()
 
 
-class _StartFailed(Exception):
-    """One attempt at a turn's container failed; whether a new attempt is safe."""
+class CreateRefusedError(BackendUnavailableError):
+    """The engine answered a request to create a turn's container with a refusal.
 
-    def __init__(self, message: str, *, repeatable: bool) -> None:
+    Most often the settings (a bind it cannot parse or find, say), rarely the
+    engine itself: a refusal is never repeated as it is.
+    """
+
+
+class _StartFailed(Exception):
+    """One attempt at a turn's container failed; whether a new attempt is safe, and whether
+    the engine refused to create it."""
+
+    def __init__(self, message: str, *, repeatable: bool, refused: bool = False) -> None:
         super().__init__(message)
         self.message = message
         self.repeatable = repeatable
+        self.refused = refused
 
 
 def start_failure(step: str, exc: BaseException, engine: str) -> str:
