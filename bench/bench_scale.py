@@ -3,7 +3,9 @@
 The figures of issue 17, per backend, each printed next to its target:
 
 - ``call``: one ``/bin/true`` tool call into a running turn (``turn.call``, after
-  a 20 ms pause), against ``posix_spawn`` of ``/bin/true`` on the host;
+  a 20 ms pause), against ``posix_spawn`` of ``/bin/true`` on the host right
+  after it: the two alternate, sample by sample, so a load that comes and goes
+  moves both, not their ratio; a few of each are taken first and dropped;
   target <= 4x.
 - ``cold start``: a turn's sandbox started and closed, against a one-shot
   sandbox of the same backend running ``/bin/true`` (the very command line the
@@ -49,11 +51,9 @@ TOOLS = (
 )
 
 
-def median_ms(action: Callable[[], object], runs: int, pause: float = 0.0) -> float:
+def median_ms(action: Callable[[], object], runs: int) -> float:
     samples = []
     for _ in range(runs):
-        if pause:
-            time.sleep(pause)
         began = time.perf_counter()
         action()
         samples.append((time.perf_counter() - began) * 1000)
@@ -63,6 +63,30 @@ def median_ms(action: Callable[[], object], runs: int, pause: float = 0.0) -> fl
 def posix_spawn_true() -> None:
     pid = os.posix_spawn(TRUE, [TRUE], {})
     os.waitpid(pid, 0)
+
+
+def call_and_spawn_ms(
+    call: Callable[[], object], runs: int, warm_up: int = 5
+) -> tuple[float, float]:
+    """Medians in ms of ``call`` (after a pause) and of ``posix_spawn_true`` right after it.
+
+    Sampled in alternation, so both see the same machine: on a shared host the
+    load changes within seconds, and two phases measured apart would each
+    catch a different one. The first ``warm_up`` pairs are dropped.
+    """
+    calls: list[float] = []
+    spawns: list[float] = []
+    for index in range(warm_up + runs):
+        time.sleep(PAUSE)
+        began = time.perf_counter()
+        call()
+        called = time.perf_counter()
+        posix_spawn_true()
+        spawned = time.perf_counter()
+        if index >= warm_up:
+            calls.append((called - began) * 1000)
+            spawns.append((spawned - called) * 1000)
+    return statistics.median(calls), statistics.median(spawns)
 
 
 def backend_of(name: str) -> Sandbox:
@@ -234,12 +258,10 @@ def bench(name: str, runs: int, turns: int, idle: int) -> None:
     one_shot_ms = median_ms(
         lambda: subprocess.run(one_shot, check=True, stdin=subprocess.DEVNULL, pass_fds=fds), runs
     )
-    spawn_ms = median_ms(posix_spawn_true, runs * 5)
     base_name = "docker run --rm" if name == "docker" else f"one-shot {name}"
 
     with executor(backend) as ex, ex.turn() as turn:
-        turn.call("true")
-        call_ms = median_ms(lambda: turn.call("true"), runs * 5, pause=PAUSE)
+        call_ms, spawn_ms = call_and_spawn_ms(lambda: turn.call("true"), runs * 10)
     ratio = call_ms / spawn_ms
     row(
         "call",

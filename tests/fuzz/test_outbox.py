@@ -94,3 +94,35 @@ def test_the_turn_writes_at_most_its_budget_of_files(turn: av.Turn) -> None:
     result = turn.call("emit", {"files": [["one-more", 1]]})
     assert result.files == ()
     assert "past the turn's 1000 outbox files" in result.text
+
+
+def test_an_empty_outbox_leaves_no_folder_behind(turn: av.Turn) -> None:
+    """Calls that leave their outbox empty leave no folder of theirs in the outbox."""
+    for _ in range(3):
+        assert turn.call("emit", {}).files == ()
+    listed = turn.call(
+        "bash",
+        {"command": 'cd "$VESSEL_OUTBOX/.." && echo left: * && echo "mine: ${VESSEL_OUTBOX##*/}"'},
+    )
+    assert not listed.is_error, listed.text
+    left, mine = listed.text.splitlines()[:2]
+    # Only the listing call's own outbox is there.
+    assert left == mine.replace("mine", "left")
+
+
+def test_an_outbox_left_holding_a_link_or_a_folder_is_taken_apart(turn: av.Turn) -> None:
+    """An outbox that is not empty (a link, an empty folder) still comes back counted."""
+    result = turn.call(
+        "bash", {"command": 'ln -s /etc/passwd "$VESSEL_OUTBOX/link"; mkdir "$VESSEL_OUTBOX/d"'}
+    )
+    assert result.files == ()
+    assert "2 not a plain file" in result.text
+    alive(turn)
+
+
+def test_a_call_that_removes_the_outbox_folder_does_not_break_the_next(turn: av.Turn) -> None:
+    """A call may remove the outbox folder whole; the next call's outbox is made again."""
+    turn.call("bash", {"command": 'rm -rf "$(dirname "$VESSEL_OUTBOX")"'})
+    result = turn.call("emit", {"files": [["after", 3]]})
+    assert not result.is_error, result.text
+    assert [(f.name, f.size) for f in result.files] == [("after", 3)]

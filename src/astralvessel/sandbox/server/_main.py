@@ -424,7 +424,11 @@ class Server:
             self._watch(spawned.status, EVENT_READ, self._on_status, call)
         if body:
             call.stdin = memoryview(body)
-            self._watch(spawned.stdin, EVENT_WRITE, self._on_stdin, call)
+            # A body that fits the pipe (a tool's arguments) goes now, without a wait for
+            # the pipe to be writable on the call's path; only a rest is watched for.
+            self._on_stdin(call)
+            if spawned.stdin >= 0:
+                self._watch(spawned.stdin, EVENT_WRITE, self._on_stdin, call)
         else:
             self._close_stdin(call)
         self._started(call)
