@@ -197,10 +197,31 @@ def _astralvessel_view(binds, system_dirs, root, workdir, root_dirs=()):
             etc_view()
         elif os.path.isdir(path):
             bind(path)
+    def copy_dirs(path, depth=0):
+        # The image's folders and links under ``path`` (its /run: a few empty folders),
+        # made on the view's tmpfs, where a bind's mount point can then be made too.
+        os.mkdir(root + path)
+        os.chmod(root + path, os.lstat(path).st_mode & 0o1777)
+        try:
+            names = sorted(os.listdir(path))[:256] if depth < 8 else []
+        except OSError:
+            names = []  # the host's egress folder, say: only its mount point is wanted
+        for name in names:
+            inner = path + "/" + name
+            if os.path.islink(inner):
+                os.symlink(os.readlink(inner), root + inner)
+            elif os.path.isdir(inner):
+                copy_dirs(inner, depth + 1)
     # A writable root (Policy.writable_root): the image's /opt, /var, ... or empty ones,
-    # which the server then covers with the turn's layers.
+    # which the server then covers with the turn's layers. One that holds a bind of the
+    # view (/run holds /run/egress) is copied instead: the image's own is read-only, so
+    # no mount point could be made in it, and a bind of it would carry the container's
+    # mount below it along, locked (made outside this user namespace), on which the
+    # kernel refuses the server's overlay.
     for path in root_dirs:
-        if os.path.isdir(path) and not os.path.islink(path):
+        if any(b.startswith(path + "/") for b in binds) and os.path.isdir(path):
+            copy_dirs(path)
+        elif os.path.isdir(path) and not os.path.islink(path):
             bind(path)
         elif not os.path.lexists(path):
             os.mkdir(root + path)

@@ -15,8 +15,11 @@ of what lies below:
   is (the host's ``/usr``, an image's ``/var``, an empty ``/opt``) read-only
   below, the turn's layer above. A directory built of mounts (bubblewrap's and
   nsjail's synthetic ``/etc``) is copied into the layer instead, as the view
-  shows it. A directory that holds another mount (a ``/tmp`` that holds the
-  host's interpreter) stays as it is.
+  shows it. A directory that holds other mounts (``/run`` holding the egress
+  proxy's socket folder, a ``/tmp`` holding the host's interpreter) gets its
+  overlay too, and each mount it held is bound back on top, as it was
+  (read-only stays read-only): a call can write beside ``/run/egress`` but
+  neither into it nor over it (a mount point cannot be removed or renamed).
 - **Who may write.** The files below belong to users the call's namespace does
   not map (host root), and no capability of a namespace reaches such files: a
   call could create nothing in ``/usr/local/lib``. So the upper layer starts
@@ -74,15 +77,21 @@ def _mount_points() -> list[str]:
 
 
 def _strategy(path: str, points: list[str]) -> str | None:
-    """``overlay``, ``copy`` (a directory built of mounts) or None (leave it as it is)."""
+    """``overlay``, ``copy`` (/etc, a directory built of mounts) or None (leave it as it is)."""
     try:
         if not stat.S_ISDIR(os.lstat(path).st_mode):
             return None
     except OSError:
         return None
-    if any(p.startswith(path + "/") for p in points):
-        return "copy" if path == "/etc" else None
+    if path == "/etc" and _held(path, points):
+        return "copy"
     return "overlay"
+
+
+def _held(path: str, points: list[str]) -> list[str]:
+    """The outermost mount points below ``path``: what an overlay on it must bind back."""
+    below = sorted({p for p in points if p.startswith(path + "/")})
+    return [p for p in below if not any(p.startswith(q + "/") for q in below)]
 
 
 def _own(path: str, uid: int | None, gid: int | None) -> None:
@@ -90,12 +99,15 @@ def _own(path: str, uid: int | None, gid: int | None) -> None:
         os.chown(path, uid, -1 if gid is None else gid, follow_symlinks=False)
 
 
-def _seed(lower: str, upper: str) -> None:
+def _seed(lower: str, upper: str, held: frozenset[str] = frozenset()) -> None:
     """Give ``upper`` a directory for every directory of ``lower``, with its mode.
 
     Runs as the call's file identity (see ``_as_call``), so each directory is
     the call's from the start, and under umask 0, so ``mkdir`` alone sets the
-    mode: one system call per directory, 15 000 for a Debian ``/usr``.
+    mode: one system call per directory, 15 000 for a Debian ``/usr``. The
+    mount points ``held`` are skipped: their mounts are bound back over the
+    overlay, and a tree behind one (an interpreter's) would cost the
+    workspace's inodes for nothing.
     """
     pending = [(lower, upper)]
     while pending:
@@ -111,6 +123,8 @@ def _seed(lower: str, upper: str) -> None:
                 mode = entry.stat(follow_symlinks=False).st_mode & 0o1777
             except OSError:
                 continue  # gone meanwhile, or hidden from the call as from us
+            if entry.path in held:
+                continue
             made = os.path.join(target, entry.name)
             os.mkdir(made, mode)
             pending.append((entry.path, made))
@@ -266,10 +280,21 @@ def make_root_writable(
         else:
             work = os.path.join(layers, "work", name)
             os.makedirs(work)
+            held = _held(path, points)
             with _as_call(uid, gid):
-                _seed(path, upper)
+                _seed(path, upper, frozenset(held))
+            # The overlay's lower layer is the directory without the mounts it held: each
+            # is bound aside first (behind the layers' cover), then back over the overlay.
+            aside = []
+            for number, point in enumerate(held):
+                kept = os.path.join(layers, "held", name, str(number))
+                os.makedirs(kept)
+                _launch.mount(point, kept, None, _launch.MS_BIND | _launch.MS_REC)
+                aside.append((kept, point))
             options = f"lowerdir={path},upperdir={upper},workdir={work}"
             _launch.mount("overlay", path, "overlay", _launch.MS_NOSUID | _launch.MS_NODEV, options)
+            for kept, point in aside:
+                _launch.mount(kept, point, None, _launch.MS_BIND | _launch.MS_REC)
         done.append(path)
     # Programs expect both scratch folders (inspect_ai's tools use /var/tmp): where the
     # root was empty there, they are made as they always are, sticky and open to all.
