@@ -60,7 +60,10 @@ class Docker(Sandbox):
     socket of its own (see ``open``).
     ``engine_concurrency`` bounds the container starts, removals and execs this
     host process sends the engine at once (default 8, or
-    ``$ASTRALVESSEL_DOCKER_CONCURRENCY``); more wait their turn in the process.
+    ``$ASTRALVESSEL_DOCKER_CONCURRENCY``); more wait their turn. ``engine_scope``
+    says who shares that bound: ``"machine"`` (the default, or
+    ``$ASTRALVESSEL_DOCKER_SCOPE``) counts every host process of this user on
+    the same engine together, ``"process"`` each host process on its own.
     """
 
     name: ClassVar[str] = "docker"
@@ -81,6 +84,7 @@ class Docker(Sandbox):
         cpus: float | None = 1.0,
         start_timeout: float = 60.0,
         engine_concurrency: int | None = None,
+        engine_scope: str | None = None,
         direct: bool = True,
     ) -> None:
         self.base_image = base_image or os.environ.get(BASE_IMAGE_ENV) or DEFAULT_BASE_IMAGE
@@ -92,7 +96,11 @@ class Docker(Sandbox):
         self.cpus = cpus
         self.start_timeout = start_timeout
         self.engine = Engine(
-            base_url, pull=pull, start_timeout=start_timeout, concurrency=engine_concurrency
+            base_url,
+            pull=pull,
+            start_timeout=start_timeout,
+            concurrency=engine_concurrency,
+            scope=engine_scope,
         )
         #: Whether a turn's server may talk over a socket of its own rather than the
         #: engine's attach stream (where the engine is local; see ``open``).

@@ -27,7 +27,7 @@ from ...errors import AstralVesselError, BackendUnavailableError
 from .._layout import HOSTNAME
 from .._session import ServerBuild, compile_command, parse_build
 from ._attach import AttachChannel, close_attached, raw_socket
-from ._gate import GatedApi, gate_for, resolve_concurrency, status_of
+from ._gate import GatedApi, gate_for, resolve_concurrency, resolve_scope, status_of
 from ._spec import (
     CALL_UID,
     LABEL_OWNER,
@@ -77,13 +77,18 @@ class Engine:
         pull: bool,
         start_timeout: float,
         concurrency: int | None = None,
+        scope: str | None = None,
     ) -> None:
         self.base_url = base_url
         self.pull = pull
         self.start_timeout = start_timeout
         #: Container starts, removals and execs this process sends the engine at once.
         self.concurrency = resolve_concurrency(concurrency)
-        self._gate = gate_for(base_url or os.environ.get("DOCKER_HOST") or "", self.concurrency)
+        #: Who shares that bound: every host process of this user (``machine``), or this one.
+        self.scope = resolve_scope(scope)
+        self._gate = gate_for(
+            base_url or os.environ.get("DOCKER_HOST") or "", self.concurrency, self.scope
+        )
         self._lock = threading.Lock()
         self._probing = threading.Lock()
         self._client: Any = None

@@ -1,4 +1,4 @@
-"""How much of the engine one host process asks for at once, and which failed requests it repeats.
+"""How much of the engine host processes ask for at once, and which failed requests are repeated.
 
 Why a bound. The requests that make the engine run ``runc`` (create, start,
 remove, exec) are the fragile ones under load: on Docker 20.10 with runc 1.1
@@ -8,12 +8,20 @@ every user of the machine (runc and containerd issue trackers hold many such
 hangs, all under many concurrent creates). The engine serialises much of a
 start anyway, so requests beyond a handful only queue inside it, where a stuck
 one holds all the others. Here they queue in the host process instead: a
-``threading.BoundedSemaphore`` per engine address and setting, shared by every
-``Docker`` backend of the process, around exactly those requests. Reads
+bound per engine address and setting, shared by every ``Docker`` backend of
+the process, around exactly those requests, and by default also shared with
+every other host process of this user driving the same engine (lock files,
+see ``_slots``; ``engine_scope='process'`` keeps it per process). Reads
 (inspect, logs, version) do not run ``runc`` and get a wider bound of their
 own (``READ_FACTOR`` times as many), so that 128 turns closing at once open no
 more connections than the SDK's pool keeps; the streams of running turns, and
 ``wait``, which lasts as long as its container, are not counted at all.
+
+An exec is different: the engine answers ``exec_start`` as soon as the stream
+is open, before ``runc exec`` has run, so the bound around the request would
+let the next one in while the engine still starts this one. ``docker-exec``
+therefore holds a slot itself (``GatedApi.runc_slot``) from the request until
+the exec's first byte says it runs, and sends both requests ungated.
 
 Which failures are repeated is a table (``RETRIES``): only answers the engine
 gives for conditions that pass and for requests that can be repeated without
@@ -35,6 +43,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ...errors import UsageError
+from .._etc import runtime_dir
+from ._slots import Bound, Slot, slot_folder
 
 __all__ = [
     "CONCURRENCY_ENV",
@@ -42,19 +52,26 @@ __all__ = [
     "GATED",
     "READS",
     "RETRIES",
+    "SCOPES",
+    "SCOPE_ENV",
     "GatedApi",
     "Gates",
     "gate_for",
     "resolve_concurrency",
+    "resolve_scope",
     "retry_delay",
     "status_of",
 ]
 
-#: Engine requests that run ``runc`` at once per host process, engine and setting.
+#: Engine requests that run ``runc`` at once per engine and setting (see ``SCOPES``).
 DEFAULT_CONCURRENCY = 8
 #: Sets the bound where ``Docker(engine_concurrency=...)`` does not.
 CONCURRENCY_ENV = "ASTRALVESSEL_DOCKER_CONCURRENCY"
 _MAX_CONCURRENCY = 256
+#: Sets the bound's scope where ``Docker(engine_scope=...)`` does not.
+SCOPE_ENV = "ASTRALVESSEL_DOCKER_SCOPE"
+#: Who shares one bound -> whether it is kept in lock files (else in the process alone).
+SCOPES: Mapping[str, bool] = {"machine": True, "process": False}
 #: Reads at once per request that runs ``runc``: reads are cheap, but each holds a connection.
 READ_FACTOR = 4
 #: Connections kept beyond both bounds, for the requests counted by neither (ping, attach).
@@ -77,15 +94,20 @@ RETRIES: Mapping[tuple[str, int], tuple[float, ...]] = {
 
 
 class Gates:
-    """The two bounds of one engine and setting: requests that run ``runc``, and reads."""
+    """The two bounds of one engine and setting: requests that run ``runc``, and reads.
 
-    def __init__(self, size: int) -> None:
-        self.runc = threading.BoundedSemaphore(size)
+    ``folder`` holds the ``runc`` bound's lock files when host processes share
+    it (``None``: this process alone). Reads are bounded per process: they run
+    no ``runc``, and their bound only keeps the connection pool enough.
+    """
+
+    def __init__(self, size: int, folder: str | None = None) -> None:
+        self.runc = Bound(size, folder)
         self.reads = threading.BoundedSemaphore(size * READ_FACTOR)
         #: Connections the SDK should keep: one per request both bounds let through, and slack.
         self.pool_size = size * (1 + READ_FACTOR) + POOL_SLACK
 
-    def for_method(self, name: str) -> threading.BoundedSemaphore | None:
+    def for_method(self, name: str) -> Bound | threading.BoundedSemaphore | None:
         """The bound ``name`` is counted by, or ``None``."""
         if name in GATED:
             return self.runc
@@ -94,7 +116,7 @@ class Gates:
         return None
 
 
-_gates: dict[tuple[str, int], Gates] = {}
+_gates: dict[tuple[str, int, str], Gates] = {}
 _gates_lock = threading.Lock()
 
 
@@ -111,19 +133,37 @@ def resolve_concurrency(value: int | None) -> int:
             count = int(raw)
     if not 1 <= count <= _MAX_CONCURRENCY:
         raise UsageError(
-            f"{source} is how many container starts, removals and execs one host process "
-            f"sends the engine at once: a whole number from 1 to {_MAX_CONCURRENCY}, "
+            f"{source} is how many container starts, removals and execs are sent to the "
+            f"engine at once: a whole number from 1 to {_MAX_CONCURRENCY}, "
             f"not {raw!r}"
         )
     return count
 
 
-def gate_for(address: str, size: int) -> Gates:
-    """The process's one set of bounds for ``address`` at ``size`` (shared by one setting)."""
+def resolve_scope(value: str | None) -> str:
+    """The scope from the argument, else ``$ASTRALVESSEL_DOCKER_SCOPE``, else ``machine``."""
+    source, raw = "engine_scope", value
+    if value is None:
+        source, raw = f"${SCOPE_ENV}", os.environ.get(SCOPE_ENV, "").strip() or "machine"
+    if not isinstance(raw, str) or raw not in SCOPES:
+        raise UsageError(
+            f"{source} says who shares the engine bound: 'machine' (every host process of "
+            f"this user on this engine) or 'process' (each host process its own), not {raw!r}"
+        )
+    return raw
+
+
+def gate_for(address: str, size: int, scope: str = "process") -> Gates:
+    """The process's one set of bounds for ``address`` at ``size`` and ``scope``.
+
+    A ``machine`` scope makes (or checks) this user's slot folder for the
+    engine, raising ``BackendUnavailableError`` if it is not safe to use.
+    """
     with _gates_lock:
-        gates = _gates.get((address, size))
+        gates = _gates.get((address, size, scope))
         if gates is None:
-            gates = _gates[(address, size)] = Gates(size)
+            folder = slot_folder(runtime_dir(os.geteuid()), address) if SCOPES[scope] else None
+            gates = _gates[(address, size, scope)] = Gates(size, folder)
         return gates
 
 
@@ -152,6 +192,15 @@ class GatedApi:
         self._api = api
         self._gates = gates
 
+    @property
+    def ungated(self) -> Any:
+        """The SDK's client itself, for requests whose caller holds a ``runc_slot``."""
+        return self._api
+
+    def runc_slot(self, deadline: float | None = None) -> Slot:
+        """Hold one ``runc`` place until ``Slot.release``; ``TimeoutError`` at ``deadline``."""
+        return self._gates.runc.acquire(deadline)
+
     def __getattr__(self, name: str) -> Any:
         value = getattr(self._api, name)
         gate = self._gates.for_method(name)
@@ -160,7 +209,7 @@ class GatedApi:
         return self._counted(name, value, gate)
 
     def _counted(
-        self, name: str, method: Callable[..., Any], gate: threading.BoundedSemaphore
+        self, name: str, method: Callable[..., Any], gate: Bound | threading.BoundedSemaphore
     ) -> Callable[..., Any]:
         def counted(*args: Any, **kwargs: Any) -> Any:
             attempt = 0
