@@ -181,12 +181,17 @@ class AttachChannel:
         return f"{status}; stderr: {tail[-2000:]}" if tail else status
 
 
-def frames(sock: Any, *, deadline: float | None = None) -> Iterator[tuple[int, bytes]]:
+def frames(
+    sock: Any, *, deadline: float | Callable[[], float | None] | None = None
+) -> Iterator[tuple[int, bytes]]:
     """An exec's output as (stream number, payload piece) until end of stream or ``deadline``.
 
     Pieces are yielded as they arrive, so the host holds at most one read
-    (64 KiB) however long a frame the engine announces.
+    (64 KiB) however long a frame the engine announces. A callable deadline is
+    asked before each wait (``docker-exec`` moves it once the exec runs).
     """
+    fixed = None if callable(deadline) else deadline
+    when = deadline if callable(deadline) else (lambda: fixed)
     pending = bytearray()
     kind, left = 0, 0
     while True:
@@ -201,8 +206,9 @@ def frames(sock: Any, *, deadline: float | None = None) -> Iterator[tuple[int, b
             del pending[: len(piece)]
             left -= len(piece)
             yield kind, piece
-        if deadline is not None:
-            remaining = deadline - time.monotonic()
+        now_due = when()
+        if now_due is not None:
+            remaining = now_due - time.monotonic()
             if remaining <= 0:
                 yield TIMED_OUT, b""
                 return

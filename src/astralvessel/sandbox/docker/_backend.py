@@ -416,6 +416,7 @@ class DockerExec(Docker):
             policy,
             backend=self.name,
             uid=CALL_UID if lease is None else lease.uid,
+            start_timeout=self.start_timeout,
         )
         try:
             session.prepare()

@@ -10,6 +10,14 @@ visible. Everything a call controls stays bounded on the host as in server
 mode: output in bytes (``OutputBuffer``), and outbox files by count and bytes,
 regular files with one link only, never following a link, with the server's
 note to the model about what did not come back.
+
+Every exec holds one of the engine's ``runc`` places (``_gate``) from its
+request until its command's first byte: the engine answers ``exec_start``
+before ``runc exec`` runs, so a bound around the requests alone let 128 turns'
+execs pile up inside the engine, where some first calls outlasted their whole
+timeout before they ran. A call's own timeout starts once it runs; the wait
+before is bounded by the backend's ``start_timeout`` and fails as one clear
+error.
 """
 
 from __future__ import annotations
@@ -21,7 +29,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +50,7 @@ from .._api import (
 from .._policy import Policy, Promise
 from ..server._outbox import FILES_PER_CALL, NOT_PLAIN, NOT_UTF8, TOO_BIG, TOO_MANY
 from ._attach import TIMED_OUT, AttachChannel, close_attached, frames, raw_socket
-from ._spec import CALL_UID, exec_argv
+from ._spec import CALL_UID, READY, exec_argv, ready_argv
 
 __all__ = [
     "EXEC_METADATA",
@@ -50,12 +58,14 @@ __all__ = [
     "EXEC_UNENFORCED",
     "OUTBOX_MAX_FILES",
     "ExecSession",
+    "ExecStream",
     "OutboxEntry",
     "OutputBuffer",
     "outbox_listing_argv",
     "parse_listing",
     "plan_outbox",
     "skipped_note",
+    "take_ready",
 ]
 
 EXEC_NOTE = (
@@ -199,6 +209,89 @@ def skipped_note(skipped: Mapping[str, int]) -> str:
     return f"[outbox: {sum(skipped.values())} entries not returned: {reasons}]\n"
 
 
+def take_ready(seen: bytes, piece: bytes) -> tuple[bytes, bytes, bool]:
+    """Match ``piece`` of stdout against ``READY`` after ``seen`` of it.
+
+    Returns what of ``READY`` is now seen, what of ``piece`` is output, and
+    whether the exec runs. The pair may come split; anything else first is
+    output (an engine's own message about an exec it could not run).
+    """
+    take = piece[: len(READY) - len(seen)]
+    if not READY.startswith(seen + take):
+        return READY, seen + piece, True
+    seen += take
+    return seen, piece[len(take) :], len(seen) == len(READY)
+
+
+class ExecStream:
+    """One exec's stream, holding a ``runc`` place of the engine from its request until it runs.
+
+    ``read(timeout)`` yields (stream, payload) without the ``READY`` pair, then
+    ``TIMED_OUT`` once the command has run ``timeout`` seconds. If the command
+    has not run by ``start_by`` (a ``time.monotonic`` value), ``read`` raises
+    ``SandboxError``; so does the start when the engine refuses it.
+    """
+
+    def __init__(
+        self, api: Any, container: str, argv: list[str], *, start_by: float, **options: Any
+    ) -> None:
+        self._start_by = start_by
+        #: When the command ran (its first byte, or the end of a stream that had none).
+        self.running_at: float | None = None
+        self._due: float | None = None
+        try:
+            self._slot = api.runc_slot(start_by)
+        except TimeoutError as exc:
+            raise SandboxError(f"the docker engine was too busy to start the exec: {exc}") from None
+        try:
+            raw = api.ungated
+            self.exec_id: str = raw.exec_create(container, argv, **options)["Id"]
+            self.attached = raw.exec_start(self.exec_id, socket=True)
+        except BaseException:
+            self._slot.release()
+            raise
+        self.sock = raw_socket(self.attached)
+
+    def _running(self, timeout: float | None) -> None:
+        self.running_at = time.monotonic()
+        self._due = None if timeout is None else self.running_at + timeout
+        self._slot.release()
+
+    def read(self, timeout: float | None = None) -> Iterator[tuple[int, bytes]]:
+        """The exec's output pieces after ``READY``, until its end or ``timeout`` after it ran."""
+        marker = b""
+
+        def due() -> float | None:
+            return self._start_by if self.running_at is None else self._due
+
+        for kind, piece in frames(self.sock, deadline=due):
+            if kind == TIMED_OUT:
+                if self.running_at is None:
+                    raise SandboxError(
+                        "the docker engine did not start the exec within the backend's "
+                        "start_timeout (it is overloaded; open fewer turns at once, or use "
+                        "the docker backend)"
+                    )
+                yield kind, piece
+                return
+            payload = piece
+            if self.running_at is None and kind == 1:
+                marker, payload, whole = take_ready(marker, piece)
+                if not whole:
+                    continue
+            if self.running_at is None:
+                self._running(timeout)
+            if payload:
+                yield kind, payload
+        if self.running_at is None:
+            self._running(timeout)
+
+    def close(self) -> None:
+        """Give the place back if still held, and close the stream. Never raises."""
+        self._slot.release()
+        close_attached(self.attached)
+
+
 class ExecSession(SandboxSession):
     """The turn's container, reached by one ``docker exec`` per call (as the turn's uid).
 
@@ -215,8 +308,11 @@ class ExecSession(SandboxSession):
         *,
         backend: str,
         uid: int = CALL_UID,
+        start_timeout: float = 60.0,
     ) -> None:
         self.policy = policy
+        #: How long an exec may wait for the engine to run it, before its own timeout starts.
+        self.start_timeout = start_timeout
         #: The call user, ``uid:gid``: the turn's own host uid.
         self._user = f"{uid}:{uid}"
         self.backend = backend
@@ -235,17 +331,40 @@ class ExecSession(SandboxSession):
         self, argv: list[str], *, limit: int = _HELPER_OUTPUT_MAX
     ) -> tuple[int | None, bytes]:
         """Run a helper command as the call user; its exit code and up to ``limit`` stdout bytes."""
-        exec_id = self._api.exec_create(self.container_id, argv, user=self._user, workdir="/")["Id"]
-        attached = self._api.exec_start(exec_id, socket=True)
+        stream = self._start(ready_argv(argv), user=self._user, workdir="/")
         output = bytearray()
         try:
             # Read to the end (the helper's exit code is wanted), keeping at most ``limit``.
-            for kind, payload in frames(raw_socket(attached)):
+            for kind, payload in stream.read():
                 if kind == 1:
                     output += payload[: max(limit - len(output), 0)]
         finally:
-            close_attached(attached)
-        return self._api.exec_inspect(exec_id).get("ExitCode"), bytes(output)
+            stream.close()
+        try:
+            return self._api.exec_inspect(stream.exec_id).get("ExitCode"), bytes(output)
+        except Exception as exc:
+            raise SandboxError(self._lost_why("the docker engine lost a command", exc)) from None
+
+    def _start(self, argv: list[str], **options: Any) -> ExecStream:
+        """Start one exec in the turn's container (see ``ExecStream``); ``SandboxError`` if not."""
+        try:
+            return ExecStream(
+                self._api,
+                self.container_id,
+                argv,
+                start_by=time.monotonic() + self.start_timeout,
+                **options,
+            )
+        except SandboxError:
+            raise
+        except Exception as exc:
+            raise SandboxError(self._lost_why("docker exec failed", exc)) from None
+
+    def _lost_why(self, what: str, exc: BaseException) -> str:
+        """Why an engine request of this turn failed: a closed turn says so, else the engine."""
+        if self._closed:
+            return "the docker-exec turn was closed while the command ran"
+        return f"{what}: {exc}; {self.channel.describe_exit()}"
 
     def prepare(self) -> None:
         """Create the outbox in the workspace."""
@@ -293,31 +412,28 @@ class ExecSession(SandboxSession):
         self._calls += 1
         # Each call its own outbox folder, as in server mode.
         outbox = f"{self._outbox}/{self._calls}"
-        try:
-            exec_id = api.exec_create(
-                self.container_id,
-                exec_argv(self.policy, request.argv, outbox=outbox),
-                user=self._user,
-                workdir=request.cwd or str(self.policy.workdir),
-                stdin=True,
-            )["Id"]
-            attached = api.exec_start(exec_id, socket=True)
-        except Exception as exc:
-            raise SandboxError(
-                f"docker exec failed: {exc}; {self.channel.describe_exit()}"
-            ) from None
+        stream = self._start(
+            exec_argv(self.policy, request.argv, outbox=outbox),
+            user=self._user,
+            workdir=request.cwd or str(self.policy.workdir),
+            stdin=True,
+        )
         if cancelled is not None and cancelled.is_set():
             self._kill_calls()  # cancelled while starting: the canceller's kill may have missed it
         try:
-            output, timed_out = self._stream(
-                raw_socket(attached), request, started + request.timeout
-            )
+            output, timed_out = self._stream(stream, request)
+        except SandboxError:
+            self._kill_calls()  # it may run yet, unwatched: end it before the turn's next call
+            raise
         finally:
-            close_attached(attached)
+            stream.close()
+        if self._closed:
+            # Closing removed the container under it: its end is the close's, not the call's.
+            raise SandboxError("the docker-exec turn was closed while the call ran")
         # Before the outbox is read, so nothing of the call can swap a file for a link.
         self._kill_calls()
         try:
-            exit_code = None if timed_out else api.exec_inspect(exec_id).get("ExitCode")
+            exit_code = None if timed_out else api.exec_inspect(stream.exec_id).get("ExitCode")
         except Exception as exc:
             raise SandboxError(
                 f"the docker engine lost the call ({exc}); {self.channel.describe_exit()}"
@@ -357,32 +473,24 @@ class ExecSession(SandboxSession):
         api = self._api
         started = time.monotonic()
         self._calls += 1
-        try:
-            exec_id = api.exec_create(
-                self.container_id,
-                exec_argv(
-                    self.policy,
-                    request.argv,
-                    outbox=f"{self._outbox}/{self._calls}",
-                    env=request.env,
-                    split=True,
-                    cwd=request.cwd or str(self.policy.workdir),
-                ),
-                user=f"{CALL_UID}:{CALL_UID}",
-                workdir="/",
-                stdin=True,
-            )["Id"]
-            attached = api.exec_start(exec_id, socket=True)
-        except Exception as exc:
-            raise SandboxError(
-                f"docker exec failed: {exc}; {self.channel.describe_exit()}"
-            ) from None
+        stream = self._start(
+            exec_argv(
+                self.policy,
+                request.argv,
+                outbox=f"{self._outbox}/{self._calls}",
+                env=request.env,
+                split=True,
+                cwd=request.cwd or str(self.policy.workdir),
+            ),
+            user=f"{CALL_UID}:{CALL_UID}",
+            workdir="/",
+            stdin=True,
+        )
         streams = {1: bytearray(), 2: bytearray()}
         cut = timed_out = False
-        sock = raw_socket(attached)
-        self._feed(sock, request.stdin)
+        self._feed(stream.sock, request.stdin)
         try:
-            for kind, payload in frames(sock, deadline=started + request.timeout):
+            for kind, payload in stream.read(request.timeout):
                 if kind == TIMED_OUT:
                     timed_out = True
                     break
@@ -391,14 +499,17 @@ class ExecSession(SandboxSession):
                     room = max(0, request.output_bytes - len(kept))
                     kept += payload[:room]
                     cut = cut or len(payload) > room
+        except SandboxError:
+            self._kill_calls()  # it may run yet, unwatched: end it before the turn's next call
+            raise
         finally:
-            close_attached(attached)
+            stream.close()
         if self._closed:
             # Closing removed the container under it: its 137 is the close's, not the command's.
             raise SandboxError("the docker-exec turn was closed while the command ran")
         self._kill_calls()
         try:
-            code = None if timed_out else api.exec_inspect(exec_id).get("ExitCode")
+            code = None if timed_out else api.exec_inspect(stream.exec_id).get("ExitCode")
         except Exception as exc:
             raise SandboxError(
                 f"the docker engine lost the command ({exc}); {self.channel.describe_exit()}"
@@ -423,12 +534,12 @@ class ExecSession(SandboxSession):
 
         threading.Thread(target=feed, daemon=True).start()
 
-    def _stream(self, sock: Any, request: RunRequest, deadline: float) -> tuple[OutputBuffer, bool]:
-        """Feed stdin, collect bounded output until the exec ends or the deadline passes."""
-        self._feed(sock, request.stdin)
+    def _stream(self, stream: ExecStream, request: RunRequest) -> tuple[OutputBuffer, bool]:
+        """Feed stdin, collect bounded output until the exec ends or its timeout passes."""
+        self._feed(stream.sock, request.stdin)
         output = OutputBuffer(request.output_chars)
         try:
-            for kind, payload in frames(sock, deadline=deadline):
+            for kind, payload in stream.read(request.timeout):
                 if kind == TIMED_OUT:
                     self._kill_calls()
                     return output, True
@@ -477,12 +588,11 @@ class ExecSession(SandboxSession):
     def _copy_out(self, source: str, size: int, path: Path) -> OutboxFile | None:
         """Stream one file to ``path`` (``dd`` with ``nofollow``), at most ``size`` bytes."""
         argv = ["dd", f"if={source}", "iflag=nofollow", "bs=65536", "status=none"]
-        exec_id = self._api.exec_create(self.container_id, argv, user=self._user, workdir="/")["Id"]
-        attached = self._api.exec_start(exec_id, socket=True)
+        stream = self._start(ready_argv(argv), user=self._user, workdir="/")
         written = 0
         try:
             with path.open("wb") as out:
-                for kind, payload in frames(raw_socket(attached)):
+                for kind, payload in stream.read():
                     if kind != 1:
                         continue
                     if written + len(payload) > size:
@@ -491,8 +601,8 @@ class ExecSession(SandboxSession):
                     out.write(payload)
                     written += len(payload)
         finally:
-            close_attached(attached)
-        if written != size or self._api.exec_inspect(exec_id).get("ExitCode") != 0:
+            stream.close()
+        if written != size or self._api.exec_inspect(stream.exec_id).get("ExitCode") != 0:
             path.unlink(missing_ok=True)
             return None
         return OutboxFile(name=path.name, size=size, path=path)

@@ -38,6 +38,7 @@ __all__ = [
     "LABEL_OWNER",
     "LABEL_POLICY",
     "LABEL_TURN",
+    "READY",
     "USERNS_BOOTSTRAP",
     "VIEW_ROOT",
     "ContainerSpec",
@@ -47,6 +48,7 @@ __all__ = [
     "is_leftover",
     "owner_label",
     "parse_owner",
+    "ready_argv",
     "server_argv",
     "view_binds",
 ]
@@ -415,6 +417,18 @@ def server_argv(command: Sequence[str], policy: Policy, *, direct: bool = False)
     return argv
 
 
+#: What every ``docker-exec`` command writes to stdout first (the host strips it): the
+#: engine answers an exec before ``runc exec`` has run, and this byte pair says it has.
+READY = b"\x1e\x1f"
+#: ``READY`` as ``printf`` writes it.
+_READY_PRINTF = "printf '\\036\\037'"
+
+
+def ready_argv(argv: Sequence[str]) -> list[str]:
+    """``argv`` run by a shell that first writes ``READY`` (a ``docker-exec`` helper command)."""
+    return ["/bin/sh", "-c", f'{_READY_PRINTF} && exec "$@"', "sh", *argv]
+
+
 def exec_argv(
     policy: Policy,
     argv: Sequence[str],
@@ -434,14 +448,15 @@ def exec_argv(
     the image's variables, ``PWD``), and stderr joins stdout in order, unless
     ``split`` (a host's ``Turn.exec``, whose ``env`` is set over the policy's).
     ``cwd``, when given, is entered by ``sh`` (a missing one fails as 126 with
-    the shell's message on stderr, not the engine's on stdout).
+    the shell's message on stderr, not the engine's on stdout). ``READY`` comes
+    first on stdout.
     """
     limits = policy.limits
     environment = dict(policy.environment, **(env or {}))
     if outbox is not None:
         environment["VESSEL_OUTBOX"] = outbox
     assignments = [f"{name}={value}" for name, value in environment.items()]
-    enter = 'cd -- "$1" || exit 126; shift; ' if cwd is not None else ""
+    enter = f"{_READY_PRINTF}; " + ('cd -- "$1" || exit 126; shift; ' if cwd is not None else "")
     script = enter + (
         f'umask 007 && mkdir -p -- "{environment["VESSEL_OUTBOX"]}" && '
         f"ulimit -v {limits.memory_mb * 1024} && ulimit -p {limits.processes} && "

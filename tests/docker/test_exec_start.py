@@ -1,0 +1,166 @@
+"""docker-exec's hold on the engine bound until an exec runs, and its turns under hostile conditions."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from astralvessel import Executor, Registry, ToolSpec
+from astralvessel.errors import SandboxError, TurnClosedError
+from astralvessel.sandbox import Policy, RunOutcome, RunRequest
+from astralvessel.sandbox.docker import DockerExec
+from astralvessel.sandbox.docker._exec_session import ExecSession, take_ready
+from astralvessel.sandbox.docker._spec import READY
+
+from .conftest import NOPYTHON_IMAGE, SMALL_LIMITS
+
+#: A bound of this process alone, so the test can see every place of it free or held.
+SIZE = 2
+
+
+@pytest.fixture
+def backend(docker_api: object) -> DockerExec:
+    """docker-exec on the image without Python, with a small bound kept in this process."""
+    return DockerExec(
+        image=NOPYTHON_IMAGE, pull=False, engine_concurrency=SIZE, engine_scope="process"
+    )
+
+
+@pytest.fixture
+def session(backend: DockerExec) -> Iterator[ExecSession]:
+    """A docker-exec turn, closed after the test."""
+    turn = backend.start(Policy(limits=SMALL_LIMITS))
+    assert isinstance(turn, ExecSession)
+    try:
+        yield turn
+    finally:
+        turn.close()
+
+
+def _run(session: ExecSession, script: str, timeout: float = 30.0) -> RunOutcome:
+    return session.run(
+        RunRequest(argv=["/bin/sh", "-c", script], timeout=timeout, output_chars=10_000)
+    )
+
+
+def _every_place_free(backend: DockerExec) -> bool:
+    """Whether all of the bound's places can be held at once now (then given back)."""
+    api = backend.engine.api()
+    slots = []
+    try:
+        for _ in range(SIZE):
+            slots.append(api.runc_slot(time.monotonic() + 30))
+    except TimeoutError:
+        return False
+    finally:
+        for slot in slots:
+            slot.release()
+    return True
+
+
+def test_the_ready_pair_is_taken_whole_split_or_not_at_all() -> None:
+    """READY is stripped whole or split over pieces; other first bytes are output, kept whole."""
+    assert take_ready(b"", READY + b"out") == (READY, b"out", True)
+    assert take_ready(b"", READY[:1]) == (READY[:1], b"", False)
+    assert take_ready(READY[:1], READY[1:] + b"x") == (READY, b"x", True)
+    assert take_ready(b"", b"OCI runtime exec failed") == (READY, b"OCI runtime exec failed", True)
+    assert take_ready(READY[:1], b"zz") == (READY, READY[:1] + b"zz", True)
+
+
+def test_output_never_shows_the_ready_pair(session: ExecSession) -> None:
+    """A call's output starts with its own first byte; the pair the shell wrote first is gone."""
+    outcome = _run(session, "printf first; printf '\\036\\037' >&2")
+    assert outcome.output == "first" + READY.decode()  # the call's own pair is its output
+    assert outcome.exit_code == 0
+
+
+def test_a_call_waits_for_a_place_and_its_timeout_starts_when_it_runs(
+    backend: DockerExec, session: ExecSession
+) -> None:
+    """Every place held elsewhere for 3 s: a 2 s call still runs whole once it gets one."""
+    api = backend.engine.api()
+    slots = [api.runc_slot() for _ in range(SIZE)]
+    releaser = threading.Timer(3.0, lambda: [slot.release() for slot in slots])
+    releaser.start()
+    try:
+        outcome = _run(session, "sleep 1; echo ran", timeout=2.0)
+    finally:
+        releaser.join()
+    assert (outcome.output, outcome.timed_out) == ("ran\n", False)
+    assert _every_place_free(backend)
+
+
+def test_an_engine_too_busy_to_start_the_call_is_one_clear_error(
+    backend: DockerExec, session: ExecSession
+) -> None:
+    """No place frees within start_timeout: SandboxError saying so, no hang; the turn lives on."""
+    api = backend.engine.api()
+    slots = [api.runc_slot() for _ in range(SIZE)]
+    session.start_timeout = 0.5
+    try:
+        with pytest.raises(SandboxError, match="too busy"):
+            _run(session, "echo never")
+    finally:
+        for slot in slots:
+            slot.release()
+    session.start_timeout = 60.0
+    assert _run(session, "echo again").output == "again\n"
+    assert _every_place_free(backend)
+
+
+def test_a_turn_closed_mid_exec_ends_the_call_and_frees_its_places(
+    backend: DockerExec, session: ExecSession
+) -> None:
+    """Closing the turn while a call sleeps ends the call at once; no place of the bound stays held."""
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        running = pool.submit(_run, session, "echo up; sleep 120", 300.0)
+        time.sleep(1.0)  # the call is under way (or starting): either way closing must end it
+        session.close()
+        try:
+            outcome = running.result(timeout=120)
+        except SandboxError:
+            pass  # the engine lost the container under the call: said as an error
+        else:
+            assert outcome.exit_code != 0
+    with pytest.raises(SandboxError, match="closed"):
+        _run(session, "echo after")
+    assert _every_place_free(backend)
+
+
+def test_many_calls_of_many_turns_at_once_hold_the_bound(backend: DockerExec) -> None:
+    """Eight turns calling at once through a bound of 2: every answer right, every place given back."""
+    turns = [backend.start(Policy(limits=SMALL_LIMITS)) for _ in range(8)]
+    try:
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            outputs = list(
+                pool.map(lambda pair: _run(pair[1], f"echo {pair[0]}").output, enumerate(turns))
+            )
+    finally:
+        for turn in turns:
+            turn.close()
+    assert outputs == [f"{n}\n" for n in range(8)]
+    assert _every_place_free(backend)
+
+
+ECHO = ToolSpec.command_tool("echo", "Echo.", ["/bin/sh", "-c", "cat"])
+
+
+def test_a_turn_outlives_the_thread_that_opened_it(backend: DockerExec) -> None:
+    """A turn opened by a thread that has ended is called and closed from another thread."""
+    executor = Executor(Registry([ECHO]), sandbox=backend, limits=SMALL_LIMITS)
+    opened = []
+    opener = threading.Thread(target=lambda: opened.append(executor.turn().__enter__()))
+    opener.start()
+    opener.join()
+    turn = opened[0]
+    result = turn.call("echo", {"n": 1})
+    assert not result.is_error
+    assert '"n": 1' in result.text or '"n":1' in result.text
+    turn.__exit__(None, None, None)
+    with pytest.raises(TurnClosedError):
+        turn.call("echo", {"n": 2})
+    assert _every_place_free(backend)
