@@ -88,6 +88,8 @@ SERVER_MODULES = (
     "_worker",
     "_relay",
     "_calls",
+    "_fsqueue",
+    "_hello",
     "_main",
 )
 _PACKAGE = "_astralvessel_server"

@@ -172,6 +172,15 @@ def exit_code_of(status: int) -> int:
     return os.WEXITSTATUS(status)
 
 
+def has_exited(pid: int) -> bool:
+    """Reap ``pid`` if it has exited (a child that is already gone counts as exited)."""
+    try:
+        reaped, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return reaped != 0
+
+
 class LaunchPlan:
     """How this server starts every call, fixed at ``hello`` and refined by the probe."""
 

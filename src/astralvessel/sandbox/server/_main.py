@@ -14,11 +14,12 @@ runs if the host calls back to back, so the forks stay off the call's critical
 path. A call that finds no spare (it died, or none could be built) has one
 built on demand.
 
-This module is longer than most because ``Server`` is one state machine over
-one loop: every handler reads and writes the same calls, spare and worker, and
-splitting it would spread that state over modules. What stands alone lives
-beside it: the wire format (``_protocol``), the outbox (``_outbox``), process
-launch (``_launch``, ``_zygote``) and the file tools (``_files``, ``_worker``).
+``Server`` is one state machine over one loop: every handler reads and writes the
+same calls and spare, so they stay here. What stands alone lives beside it: the
+wire format (``_protocol``), a call's values and its exit frame (``_calls``), the
+turn's setup from the hello (``_hello``), the file worker's queue (``_fsqueue``,
+``_worker``, ``_files``), the outbox (``_outbox``) and process launch (``_launch``,
+``_zygote``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import os
 import sys
 import time
 
-from . import _bounds, _launch, _outbox, _protocol, _relay, _rootfs, _userns, _worker, _zygote
+from . import _bounds, _fsqueue, _hello, _launch, _outbox, _protocol, _relay, _worker, _zygote
 from ._calls import Call, RunOrder, exit_frame, map_path, parse_run
 from ._lean import EVENT_READ, EVENT_WRITE, Selector, signal, suppress
 
@@ -51,34 +52,10 @@ _PIPES = {
     "stdout": ("output", "output_open", {"type": "out"}),
     "stderr": ("errors", "errors_open", {"type": "out", "stream": "stderr"}),
 }
-# A file request may run this long past its timeout before the worker is replaced.
-_WORKER_GRACE = 5.0
 # A call that comes this soon after the last answer means the host calls back to back.
 _BACK_TO_BACK = 0.01
 # How long after an answer the next spare's forks wait, so the host gets the CPUs first.
 _REFILL_DELAY = 0.003
-
-
-def _seccomp_installer() -> Callable[[bytes], None] | None:
-    try:
-        from . import _seccomp
-    except ImportError:
-        return None
-    install: Callable[[bytes], None] = _seccomp.install
-    return install
-
-
-def _warm(plan: _launch.LaunchPlan) -> None:
-    """Do once, before any fork, the setup every call would otherwise repeat in its child."""
-    with suppress(OSError, AttributeError):
-        _launch.warm()
-    if plan.seccomp is not None:
-        try:
-            from . import _seccomp
-        except ImportError:
-            return
-        with suppress(ValueError, OSError, AttributeError):
-            _seccomp.prepare(plan.seccomp)
 
 
 class Server:
@@ -95,11 +72,10 @@ class Server:
         self.plan: _launch.LaunchPlan | None = None
         self.path_map: dict[str, str] = {}
         self.env: dict[str, str] = {}
-        self.worker: _worker.Worker | None = None
-        self.worker_context: dict[str, Any] = {}
-        self.worker_decoder = _protocol.FrameDecoder()
-        self.worker_queue: list[tuple[dict[str, Any], bytes]] = []
-        self.worker_busy: tuple[int, float, float] | None = None  # id, deadline, timeout
+        #: The file worker's requests (``fs``), one at a time (see ``_fsqueue``).
+        self.files = _fsqueue.FsQueue(self.send, self.selector, lambda: self.running)
+        #: The folder under which each call gets its outbox (``_outbox``).
+        self.outbox = ""
         #: The next call's prepared namespaces (confined with a PID namespace only).
         self.spare: _launch.Spawned | None = None
         #: Forks every call's namespaces (see ``_zygote``); started on first need.
@@ -157,8 +133,9 @@ class Server:
         ]
         # A detached call without a timeout has none (selectors cannot wait forever by number).
         deadlines = [d for d in deadlines if d != float("inf")]
-        if self.worker_busy is not None:
-            deadlines.append(self.worker_busy[1])
+        busy = self.files.deadline()
+        if busy is not None:
+            deadlines.append(busy)
         if self.refill_at is not None:
             deadlines.append(self.refill_at)
         if self.memory_at is not None:
@@ -201,7 +178,9 @@ class Server:
         elif kind == "run":
             self._run(call_id, header, body)
         elif kind == "fs":
-            self._fs(call_id, header, body)
+            why = self.files.submit(call_id, header, body)
+            if why is not None:
+                self.fail(call_id, why)
         elif kind == "cancel":
             call = self.calls.get(call_id)
             if call is not None and call.drain_deadline is None:
@@ -217,39 +196,14 @@ class Server:
             self.fail(None, "a second 'hello'")
             return
         try:
-            config = _parse_hello(header)
+            config = _hello.parse_hello(header)
         except (KeyError, TypeError, ValueError) as exc:
             self.fail(None, f"invalid hello: {exc}")
             return
         self.config = config
         self.path_map = config["path_map"]
         self.env = {k: map_path(v, self.path_map) for k, v in config["env"].items()}
-        installer = _seccomp_installer()
-        plan = _launch.LaunchPlan(
-            confine=config["confine"],
-            pid_namespace=config["confine"],
-            drop_uid=config["drop_uid"],
-            drop_gid=config["drop_gid"],
-            limits=config["limits"] if config["confine"] else None,
-            seccomp=config["seccomp"],
-            install_seccomp=installer,
-            inner_id=0 if config["root_identity"] else _userns.CALL_ID,
-            terminals=config["tool_servers"],
-        )
-        problems: dict[str, str] = {}
-        if plan.confine:
-            _warm(plan)
-            # A host that started a turn the same way before sends what that turn's probe
-            # found: the answer depends on the host, not on the turn.
-            probed = config["probed"]
-            problems = _launch.probe(plan) if probed is None else dict(probed)
-            # Degrade what cannot work; the host refuses to go on unless it relaxed that promise.
-            if "pid_namespace" in problems:
-                plan.pid_namespace = False
-            if _launch.userns_problem(plan) in problems:
-                plan.own_userns = False
-            if "seccomp" in problems:
-                plan.seccomp = None
+        plan, problems = _hello.launch_plan(config)
         # What the probe alone found, for the host to hand later turns (not this turn's own
         # checks below, which each turn makes again).
         probe_found = dict(problems)
@@ -261,19 +215,27 @@ class Server:
             why = _bounds.bound_inodes(workspace, config["limits"]["workspace_inodes"])
             if why:
                 problems["workspace_inodes"] = why
-        self._prepare_workspace(workspace, outbox, config["drop_uid"], config["drop_gid"])
-        relaxations = self._relaxations(config, plan, workspace)
-        self.worker_context = {
-            "workdir": map_path(config["workdir"], self.path_map),
-            "visible_roots": tuple(map_path(r, self.path_map) for r in config["visible_roots"]),
-            "path_map": dict(self.path_map),
-            "workspace": workspace,
-            "outbox": outbox,
-            "writable_roots": tuple(map_path(r, self.path_map) for r in config["writable_roots"]),
+        _hello.prepare_workspace(workspace, outbox, config["drop_uid"], config["drop_gid"])
+        relaxations = _hello.relaxations(config, plan, workspace)
+        self.outbox = outbox
+        self.files.path_map = self.path_map
+        self.files.options = {
+            "drop_uid": config["drop_uid"],
+            "drop_gid": config["drop_gid"],
+            "context": {
+                "workdir": map_path(config["workdir"], self.path_map),
+                "visible_roots": tuple(map_path(r, self.path_map) for r in config["visible_roots"]),
+                "path_map": dict(self.path_map),
+                "workspace": workspace,
+                "outbox": outbox,
+                "writable_roots": tuple(
+                    map_path(r, self.path_map) for r in config["writable_roots"]
+                ),
+            },
+            "own_userns": plan.confine and plan.pid_namespace and plan.own_userns,
         }
         egress = self._start_relay(config)
-        # The file worker starts with the first file request (see _feed_worker): an idle
-        # turn then holds one Python process fewer, and its start forks one fewer.
+        # The file worker starts with the first file request (see _fsqueue).
         self.send(
             {
                 "type": "ready",
@@ -295,54 +257,6 @@ class Server:
             }
         )
         self._refill_spare()
-
-    @staticmethod
-    def _relaxations(
-        config: dict[str, Any], plan: _launch.LaunchPlan, workspace: str
-    ) -> dict[str, Any]:
-        """Give what the host opted into, before anything forks; say what each became or why not."""
-        given: dict[str, Any] = {}
-        if config["writable_root"]:
-            if not (plan.confine and plan.pid_namespace):
-                given["writable_root"] = "needs a server that gives each call its own namespaces"
-            else:
-                try:
-                    given["writable_root"] = _rootfs.make_root_writable(
-                        config["writable_root"], workspace, config["drop_uid"], config["drop_gid"]
-                    )
-                except OSError as exc:
-                    given["writable_root"] = f"cannot make the root writable: {exc}"
-        if config["tool_servers"]:
-            # The filter the host sent allows the sockets and sessions; init mounts the
-            # terminals, in each call's own mount namespace.
-            given["tool_servers"] = (
-                True
-                if plan.confine and plan.pid_namespace
-                else "needs a server that gives each call its own namespaces"
-            )
-        if config["root_identity"]:
-            usable = plan.confine and plan.pid_namespace and plan.own_userns
-            given["root_identity"] = (
-                plan.inner_id if usable else "needs each call in a user namespace of its own"
-            )
-        return given
-
-    @staticmethod
-    def _prepare_workspace(workspace: str, outbox: str, uid: int | None, gid: int | None) -> None:
-        """Make the outbox and hand workspace and outbox to the call's user (best effort)."""
-        try:
-            os.makedirs(outbox, exist_ok=True)
-        except OSError as exc:
-            print(f"astralvessel server: cannot create the outbox {outbox}: {exc}", file=sys.stderr)
-        if uid is None or os.geteuid() != 0:
-            return
-        for path in (workspace, outbox):
-            try:
-                os.chown(path, uid, -1 if gid is None else gid, follow_symlinks=False)
-            except OSError as exc:
-                print(
-                    f"astralvessel server: cannot hand {path} to uid {uid}: {exc}", file=sys.stderr
-                )
 
     def _start_relay(self, config: dict[str, Any]) -> bool | str | None:
         """Start the egress relay if the turn allows a network: True, None (no network), or why not.
@@ -368,18 +282,6 @@ class Server:
             raise RuntimeError("the server is used before hello")
         return self.config, self.plan
 
-    def _start_worker(self) -> _worker.Worker:
-        config, plan = self._configured()
-        self.worker = worker = _worker.start_worker(
-            drop_uid=config["drop_uid"],
-            drop_gid=config["drop_gid"],
-            context=self.worker_context,
-            own_userns=plan.confine and plan.pid_namespace and plan.own_userns,
-        )
-        self.worker_decoder = _protocol.FrameDecoder()
-        self.selector.register(worker.replies, EVENT_READ, self._on_worker)
-        return worker
-
     # -- calls -----------------------------------------------------------------
 
     def _run(self, call_id: int, header: dict[str, Any], body: bytes) -> None:
@@ -395,9 +297,7 @@ class Server:
         cwd = map_path(order.cwd, self.path_map)
         split = order.split
         try:
-            outbox = _outbox.prepare(
-                self.worker_context["outbox"], call_id, config["drop_uid"], config["drop_gid"]
-            )
+            outbox = _outbox.prepare(self.outbox, call_id, config["drop_uid"], config["drop_gid"])
         except OSError as exc:
             self.fail(call_id, f"cannot make the call's outbox: {exc}")
             return
@@ -648,12 +548,11 @@ class Server:
                 continue
             self._ended(call, status)
         zygote = self.zygote
-        if zygote is not None and _has_exited(zygote.pid):
+        if zygote is not None and _launch.has_exited(zygote.pid):
             zygote.close()
             self.zygote = None  # the next spare starts a new one
-        if self.worker is not None and _has_exited(self.worker.pid):
-            self._replace_worker("the file worker died")
-        if self.relay is not None and _has_exited(self.relay):
+        self.files.reap()
+        if self.relay is not None and _launch.has_exited(self.relay):
             self.relay = None  # reaped; calls then see the proxy port refuse connections
 
     def _ended(self, call: Call, status: int) -> None:
@@ -735,9 +634,7 @@ class Server:
             elif now >= call.deadline and not call.timed_out:
                 call.timed_out = True
                 self._kill(call)
-        busy = self.worker_busy
-        if busy is not None and now >= busy[1]:
-            self._replace_worker(f"timed out after {busy[2]:g} s")
+        self.files.check(now)
 
     def _watch_memory(self) -> None:
         """Every ``MEMORY_INTERVAL`` while calls run, stop the largest call past the turn's memory.
@@ -834,7 +731,7 @@ class Server:
             self.send(exit_frame(call, exit_code))
             return
         collected = _outbox.collect(
-            self.worker_context["outbox"],
+            self.outbox,
             call.id,
             config["drop_uid"],
             config["limits"]["disk_mb"] << 20,
@@ -850,106 +747,7 @@ class Server:
 
     def _drop_outbox(self, call_id: int) -> None:
         """Remove the outbox of a call that produced no answer."""
-        _outbox.collect(self.worker_context["outbox"], call_id, None, 0).close()
-
-    # -- file primitives -------------------------------------------------------
-
-    def _fs(self, call_id: int, header: dict[str, Any], body: bytes) -> None:
-        """A file primitive (read, write, list, or a built-in tool's view), answered by the
-        worker as the calls' user: ``op``, a sandbox ``path``, and the op's own fields."""
-        path = header.get("path", "")
-        arguments = header.get("arguments") or {}
-        if not isinstance(path, str) or not isinstance(header.get("op"), str):
-            self.fail(call_id, "'op' and 'path' must be strings")
-            return
-        if not isinstance(arguments, dict):
-            self.fail(call_id, "'arguments' must be an object")
-            return
-        if self.path_map and path.startswith("/"):
-            path = map_path(path, self.path_map)
-        view_path = arguments.get("path")
-        if self.path_map and isinstance(view_path, str) and view_path.startswith("/"):
-            arguments = dict(arguments, path=map_path(view_path, self.path_map))
-        try:
-            timeout = float(header.get("timeout", 30.0))
-        except (TypeError, ValueError):
-            self.fail(call_id, "'timeout' must be a number")
-            return
-        request = dict(header, id=call_id, path=path, arguments=arguments, timeout=timeout)
-        self.worker_queue.append((request, body))
-        self._feed_worker()
-
-    def _feed_worker(self) -> None:
-        if self.worker_busy is not None or not self.worker_queue or not self.running:
-            return
-        worker = self.worker
-        if worker is None:
-            try:
-                worker = self._start_worker()
-            except OSError as exc:  # no fork now (the process limit): these requests fail
-                while self.worker_queue:
-                    failed, _ = self.worker_queue.pop(0)
-                    self.send(
-                        {
-                            "type": "fs_result",
-                            "id": failed["id"],
-                            "error": {
-                                "errno": "EAGAIN",
-                                "message": f"file tool cannot start its worker: {exc}",
-                            },
-                        }
-                    )
-                return
-        request, body = self.worker_queue.pop(0)
-        timeout = request["timeout"]
-        self.worker_busy = (request["id"], time.monotonic() + timeout + _WORKER_GRACE, timeout)
-        try:
-            _launch._write_all(worker.requests, _protocol.encode(request, body))
-        except OSError:
-            self._replace_worker("the file worker died")
-
-    def _on_worker(self, fd: int, events: int) -> None:
-        try:
-            data = os.read(fd, _READ_SIZE)
-        except BlockingIOError:
-            return
-        if not data:
-            self._replace_worker("the file worker died")
-            return
-        self.worker_decoder.feed(data)
-        while True:
-            try:
-                frame = self.worker_decoder.next()
-            except _protocol.ProtocolError as exc:
-                self._replace_worker(f"the file worker broke protocol: {exc}")
-                return
-            if frame is None:
-                return
-            header, body = frame
-            self.worker_busy = None
-            self.send(header, body)
-            self._feed_worker()
-
-    def _replace_worker(self, why: str) -> None:
-        """Kill the worker, answer its current request with ``why``, start a fresh one."""
-        worker = self.worker
-        if worker is not None:
-            with suppress(KeyError, ValueError):
-                self.selector.unregister(worker.replies)
-            worker.kill()
-            self.worker = None
-        busy = self.worker_busy
-        self.worker_busy = None
-        if busy is not None:
-            self.send(
-                {
-                    "type": "fs_result",
-                    "id": busy[0],
-                    "error": {"errno": "ETIMEDOUT", "message": f"file tool {why}"},
-                }
-            )
-        # The next request, if one waits, starts a fresh worker.
-        self._feed_worker()
+        _outbox.collect(self.outbox, call_id, None, 0).close()
 
     # -- shutdown ----------------------------------------------------------------
 
@@ -966,8 +764,7 @@ class Server:
         if self.zygote is not None:
             # Its death takes every init (PDEATHSIG), and each namespace with it.
             self.zygote.close()
-        if self.worker is not None:
-            self.worker.kill()
+        self.files.stop()
         if self.relay is not None:
             with suppress(OSError):
                 os.kill(self.relay, signal.SIGKILL)
@@ -980,71 +777,9 @@ def _wait_readable(fd: int, timeout: float) -> None:
         selector.select(timeout)
 
 
-def _has_exited(pid: int) -> bool:
-    """Reap ``pid`` if it has exited (a child that is already gone counts as exited)."""
-    try:
-        reaped, _ = os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        return True
-    return reaped != 0
-
-
 def _killpg(pgid: int) -> None:
     with suppress(OSError):
         os.killpg(pgid, signal.SIGKILL)
-
-
-def _parse_hello(header: dict[str, Any]) -> dict[str, Any]:
-    """Check the hello's fields and return them with defaults; raise on a bad field."""
-    # Not base64, which imports re (and enum): every idle turn would hold them.
-    import binascii
-
-    def optional_int(name: str) -> int | None:
-        value = header.get(name)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-            raise TypeError(f"{name!r} must be an integer or null")
-        return value
-
-    env = header["env"]
-    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
-        raise TypeError("'env' must map names to strings")
-    limits = dict(header["limits"])
-    for key in ("disk_mb", "memory_mb", "processes", "open_files", "workspace_inodes"):
-        if not isinstance(limits.get(key), int):
-            raise TypeError(f"limits.{key} must be an integer")
-    seccomp = header.get("seccomp")
-    egress = header.get("egress")
-    if egress is not None and not (
-        isinstance(egress, dict)
-        and isinstance(egress.get("socket"), str)
-        and isinstance(egress.get("port"), int)
-    ):
-        raise TypeError("'egress' must be null or name a socket and a port")
-    probed = header.get("probed")
-    if probed is not None and (
-        not isinstance(probed, dict)
-        or not all(isinstance(k, str) and isinstance(v, str) for k, v in probed.items())
-    ):
-        raise TypeError("'probed' must map probe steps to strings, or be null")
-    return {
-        "egress": egress,
-        "confine": bool(header["confine"]),
-        "drop_uid": optional_int("drop_uid"),
-        "drop_gid": optional_int("drop_gid"),
-        "seccomp": None if seccomp is None else binascii.a2b_base64(seccomp),
-        "env": dict(env),
-        "workdir": str(header["workdir"]),
-        "workspace": str(header["workspace"]),
-        "outbox": str(header["outbox"]),
-        "limits": limits,
-        "visible_roots": [str(r) for r in header.get("visible_roots", [])],
-        "writable_roots": [str(r) for r in header.get("writable_roots", [])],
-        "path_map": {str(k): str(v) for k, v in (header.get("path_map") or {}).items()},
-        "writable_root": [str(p) for p in header.get("writable_root") or []],
-        "root_identity": header.get("root_identity") is True,
-        "tool_servers": header.get("tool_servers") is True,
-        "probed": probed,
-    }
 
 
 def main() -> None:

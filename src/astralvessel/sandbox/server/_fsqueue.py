@@ -1,0 +1,166 @@
+"""The sandbox server's side of the file worker: ``fs`` requests, one at a time (stdlib, 3.8+).
+
+The worker (``_worker``) answers file primitives as the calls' user, one request
+at a time. This queue checks each request, maps its paths, hands it over when
+the worker is free, relays the answer, and replaces a worker that died, broke
+protocol or ran past a request's timeout, answering that request with why. The
+worker starts with the first request: an idle turn then holds one Python process
+fewer, and its start forks one fewer.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from . import _launch, _protocol, _worker
+from ._calls import map_path
+from ._lean import EVENT_READ, suppress
+
+# Annotations only: importing typing costs every turn's start a few milliseconds, and
+# mypy reads any ``if TYPE_CHECKING:`` block as taken.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from ._lean import Selector
+
+__all__ = ["FsQueue"]
+
+_READ_SIZE = 65536
+# A file request may run this long past its timeout before the worker is replaced.
+_WORKER_GRACE = 5.0
+
+
+class FsQueue:
+    """The file requests of one turn, and the worker that answers them."""
+
+    def __init__(
+        self,
+        send: Callable[[dict[str, Any], bytes], None],
+        selector: Selector,
+        running: Callable[[], bool],
+    ) -> None:
+        self.send = send
+        self.selector = selector
+        #: Whether the server still serves: no worker starts once it is stopping.
+        self.running = running
+        #: ``_worker.start_worker``'s keywords, set by the hello.
+        self.options: dict[str, Any] = {}
+        self.path_map: dict[str, str] = {}
+        self.worker: _worker.Worker | None = None
+        self.decoder = _protocol.FrameDecoder()
+        self.queue: list[tuple[dict[str, Any], bytes]] = []
+        self.busy: tuple[int, float, float] | None = None  # id, deadline, timeout
+
+    def deadline(self) -> float | None:
+        """When the request the worker holds runs out of time (``time.monotonic``), if any."""
+        return None if self.busy is None else self.busy[1]
+
+    def submit(self, call_id: int, header: dict[str, Any], body: bytes) -> str | None:
+        """Queue a file primitive (read, write, list, or a built-in tool's view): ``op``, a
+        sandbox ``path`` and the op's own fields. Return why it is malformed, or None."""
+        path = header.get("path", "")
+        arguments = header.get("arguments") or {}
+        if not isinstance(path, str) or not isinstance(header.get("op"), str):
+            return "'op' and 'path' must be strings"
+        if not isinstance(arguments, dict):
+            return "'arguments' must be an object"
+        if self.path_map and path.startswith("/"):
+            path = map_path(path, self.path_map)
+        view_path = arguments.get("path")
+        if self.path_map and isinstance(view_path, str) and view_path.startswith("/"):
+            arguments = dict(arguments, path=map_path(view_path, self.path_map))
+        try:
+            timeout = float(header.get("timeout", 30.0))
+        except (TypeError, ValueError):
+            return "'timeout' must be a number"
+        request = dict(header, id=call_id, path=path, arguments=arguments, timeout=timeout)
+        self.queue.append((request, body))
+        self.feed()
+        return None
+
+    def feed(self) -> None:
+        """Hand the next request to the worker if it is free (starting it on first need)."""
+        if self.busy is not None or not self.queue or not self.running():
+            return
+        worker = self.worker
+        if worker is None:
+            try:
+                worker = self._start()
+            except OSError as exc:  # no fork now (the process limit): these requests fail
+                while self.queue:
+                    failed, _ = self.queue.pop(0)
+                    message = f"file tool cannot start its worker: {exc}"
+                    self._fail(failed["id"], "EAGAIN", message)
+                return
+        request, body = self.queue.pop(0)
+        timeout = request["timeout"]
+        self.busy = (request["id"], time.monotonic() + timeout + _WORKER_GRACE, timeout)
+        try:
+            _launch._write_all(worker.requests, _protocol.encode(request, body))
+        except OSError:
+            self.replace("the file worker died")
+
+    def check(self, now: float) -> None:
+        """Replace the worker if its request ran out of time."""
+        busy = self.busy
+        if busy is not None and now >= busy[1]:
+            self.replace(f"timed out after {busy[2]:g} s")
+
+    def reap(self) -> None:
+        """After SIGCHLD: replace the worker if it died."""
+        if self.worker is not None and _launch.has_exited(self.worker.pid):
+            self.replace("the file worker died")
+
+    def replace(self, why: str) -> None:
+        """Kill the worker, answer its current request with ``why``, start a fresh one."""
+        worker = self.worker
+        if worker is not None:
+            with suppress(KeyError, ValueError):
+                self.selector.unregister(worker.replies)
+            worker.kill()
+            self.worker = None
+        busy = self.busy
+        self.busy = None
+        if busy is not None:
+            self._fail(busy[0], "ETIMEDOUT", f"file tool {why}")
+        # The next request, if one waits, starts a fresh worker.
+        self.feed()
+
+    def stop(self) -> None:
+        if self.worker is not None:
+            self.worker.kill()
+
+    def _start(self) -> _worker.Worker:
+        self.worker = worker = _worker.start_worker(**self.options)
+        self.decoder = _protocol.FrameDecoder()
+        self.selector.register(worker.replies, EVENT_READ, self._on_replies)
+        return worker
+
+    def _on_replies(self, fd: int, events: int) -> None:
+        try:
+            data = os.read(fd, _READ_SIZE)
+        except BlockingIOError:
+            return
+        if not data:
+            self.replace("the file worker died")
+            return
+        self.decoder.feed(data)
+        while True:
+            try:
+                frame = self.decoder.next()
+            except _protocol.ProtocolError as exc:
+                self.replace(f"the file worker broke protocol: {exc}")
+                return
+            if frame is None:
+                return
+            header, body = frame
+            self.busy = None
+            self.send(header, body)
+            self.feed()
+
+    def _fail(self, request_id: int, errno: str, message: str) -> None:
+        error = {"errno": errno, "message": message}
+        self.send({"type": "fs_result", "id": request_id, "error": error}, b"")

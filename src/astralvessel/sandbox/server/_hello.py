@@ -1,0 +1,177 @@
+"""The turn's setup in the sandbox server, from the host's ``hello`` (stdlib only, Python 3.8+).
+
+The hello says once how every call of the turn runs: confined or not, as which
+ids, under which limits, filter and relaxations. Here it is checked, turned into
+the launch plan (probed, and degraded where a step cannot work on this host),
+and the workspace and the relaxations the host opted into are made ready, all
+before anything forks. The loop (``_main``) answers ``ready`` with what came of it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from . import _launch, _rootfs, _userns
+from ._lean import suppress
+
+# Annotations only: importing typing costs every turn's start a few milliseconds, and
+# mypy reads any ``if TYPE_CHECKING:`` block as taken.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+__all__ = ["launch_plan", "parse_hello", "prepare_workspace", "relaxations"]
+
+
+def parse_hello(header: dict[str, Any]) -> dict[str, Any]:
+    """Check the hello's fields and return them with defaults; raise on a bad field."""
+    # Not base64, which imports re (and enum): every idle turn would hold them.
+    import binascii
+
+    def optional_int(name: str) -> int | None:
+        value = header.get(name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+            raise TypeError(f"{name!r} must be an integer or null")
+        return value
+
+    env = header["env"]
+    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
+        raise TypeError("'env' must map names to strings")
+    limits = dict(header["limits"])
+    for key in ("disk_mb", "memory_mb", "processes", "open_files", "workspace_inodes"):
+        if not isinstance(limits.get(key), int):
+            raise TypeError(f"limits.{key} must be an integer")
+    seccomp = header.get("seccomp")
+    egress = header.get("egress")
+    if egress is not None and not (
+        isinstance(egress, dict)
+        and isinstance(egress.get("socket"), str)
+        and isinstance(egress.get("port"), int)
+    ):
+        raise TypeError("'egress' must be null or name a socket and a port")
+    probed = header.get("probed")
+    if probed is not None and (
+        not isinstance(probed, dict)
+        or not all(isinstance(k, str) and isinstance(v, str) for k, v in probed.items())
+    ):
+        raise TypeError("'probed' must map probe steps to strings, or be null")
+    return {
+        "egress": egress,
+        "confine": bool(header["confine"]),
+        "drop_uid": optional_int("drop_uid"),
+        "drop_gid": optional_int("drop_gid"),
+        "seccomp": None if seccomp is None else binascii.a2b_base64(seccomp),
+        "env": dict(env),
+        "workdir": str(header["workdir"]),
+        "workspace": str(header["workspace"]),
+        "outbox": str(header["outbox"]),
+        "limits": limits,
+        "visible_roots": [str(r) for r in header.get("visible_roots", [])],
+        "writable_roots": [str(r) for r in header.get("writable_roots", [])],
+        "path_map": {str(k): str(v) for k, v in (header.get("path_map") or {}).items()},
+        "writable_root": [str(p) for p in header.get("writable_root") or []],
+        "root_identity": header.get("root_identity") is True,
+        "tool_servers": header.get("tool_servers") is True,
+        "probed": probed,
+    }
+
+
+def launch_plan(config: dict[str, Any]) -> tuple[_launch.LaunchPlan, dict[str, str]]:
+    """How the turn's calls launch, from its hello: the plan, degraded where the probe (or
+    the host's answer from a turn started the same way) found a step cannot work, and what
+    the probe found, by step."""
+    installer = _seccomp_installer()
+    plan = _launch.LaunchPlan(
+        confine=config["confine"],
+        pid_namespace=config["confine"],
+        drop_uid=config["drop_uid"],
+        drop_gid=config["drop_gid"],
+        limits=config["limits"] if config["confine"] else None,
+        seccomp=config["seccomp"],
+        install_seccomp=installer,
+        inner_id=0 if config["root_identity"] else _userns.CALL_ID,
+        terminals=config["tool_servers"],
+    )
+    problems: dict[str, str] = {}
+    if plan.confine:
+        _warm(plan)
+        # A host that started a turn the same way before sends what that turn's probe
+        # found: the answer depends on the host, not on the turn.
+        probed = config["probed"]
+        problems = _launch.probe(plan) if probed is None else dict(probed)
+        # Degrade what cannot work; the host refuses to go on unless it relaxed that promise.
+        if "pid_namespace" in problems:
+            plan.pid_namespace = False
+        if _launch.userns_problem(plan) in problems:
+            plan.own_userns = False
+        if "seccomp" in problems:
+            plan.seccomp = None
+    return plan, problems
+
+
+def relaxations(config: dict[str, Any], plan: _launch.LaunchPlan, workspace: str) -> dict[str, Any]:
+    """Give what the host opted into, before anything forks; say what each became or why not."""
+    given: dict[str, Any] = {}
+    if config["writable_root"]:
+        if not (plan.confine and plan.pid_namespace):
+            given["writable_root"] = "needs a server that gives each call its own namespaces"
+        else:
+            try:
+                given["writable_root"] = _rootfs.make_root_writable(
+                    config["writable_root"], workspace, config["drop_uid"], config["drop_gid"]
+                )
+            except OSError as exc:
+                given["writable_root"] = f"cannot make the root writable: {exc}"
+    if config["tool_servers"]:
+        # The filter the host sent allows the sockets and sessions; init mounts the
+        # terminals, in each call's own mount namespace.
+        given["tool_servers"] = (
+            True
+            if plan.confine and plan.pid_namespace
+            else "needs a server that gives each call its own namespaces"
+        )
+    if config["root_identity"]:
+        usable = plan.confine and plan.pid_namespace and plan.own_userns
+        given["root_identity"] = (
+            plan.inner_id if usable else "needs each call in a user namespace of its own"
+        )
+    return given
+
+
+def prepare_workspace(workspace: str, outbox: str, uid: int | None, gid: int | None) -> None:
+    """Make the outbox and hand workspace and outbox to the call's user (best effort)."""
+    try:
+        os.makedirs(outbox, exist_ok=True)
+    except OSError as exc:
+        print(f"astralvessel server: cannot create the outbox {outbox}: {exc}", file=sys.stderr)
+    if uid is None or os.geteuid() != 0:
+        return
+    for path in (workspace, outbox):
+        try:
+            os.chown(path, uid, -1 if gid is None else gid, follow_symlinks=False)
+        except OSError as exc:
+            print(f"astralvessel server: cannot hand {path} to uid {uid}: {exc}", file=sys.stderr)
+
+
+def _seccomp_installer() -> Callable[[bytes], None] | None:
+    try:
+        from . import _seccomp
+    except ImportError:
+        return None
+    install: Callable[[bytes], None] = _seccomp.install
+    return install
+
+
+def _warm(plan: _launch.LaunchPlan) -> None:
+    """Do once, before any fork, the setup every call would otherwise repeat in its child."""
+    with suppress(OSError, AttributeError):
+        _launch.warm()
+    if plan.seccomp is not None:
+        try:
+            from . import _seccomp
+        except ImportError:
+            return
+        with suppress(ValueError, OSError, AttributeError):
+            _seccomp.prepare(plan.seccomp)
