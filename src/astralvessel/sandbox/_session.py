@@ -90,6 +90,7 @@ SERVER_MODULES = (
     "_calls",
     "_fsqueue",
     "_hello",
+    "_spawner",
     "_main",
 )
 _PACKAGE = "_astralvessel_server"

@@ -28,7 +28,7 @@ import os
 import sys
 import time
 
-from . import _bounds, _fsqueue, _hello, _launch, _outbox, _protocol, _relay, _worker, _zygote
+from . import _bounds, _fsqueue, _hello, _launch, _outbox, _protocol, _relay, _spawner, _worker
 from ._calls import Call, RunOrder, exit_frame, map_path, parse_run
 from ._lean import EVENT_READ, EVENT_WRITE, Selector, signal, suppress
 
@@ -76,10 +76,8 @@ class Server:
         self.files = _fsqueue.FsQueue(self.send, self.selector, lambda: self.running)
         #: The folder under which each call gets its outbox (``_outbox``).
         self.outbox = ""
-        #: The next call's prepared namespaces (confined with a PID namespace only).
-        self.spare: _launch.Spawned | None = None
-        #: Forks every call's namespaces (see ``_zygote``); started on first need.
-        self.zygote: _zygote.Zygote | None = None
+        #: Starts each call, on the spare or a chain of its own (see ``_spawner``); set by hello.
+        self.spawner: _spawner.Spawner | None = None
         #: The egress relay's pid, when the turn allows a network (see ``_relay``).
         self.relay: int | None = None
         #: When the last call's exit frame went out (``time.monotonic``).
@@ -208,6 +206,7 @@ class Server:
         # checks below, which each turn makes again).
         probe_found = dict(problems)
         self.plan = plan
+        self.spawner = _spawner.Spawner(plan, self.env, config["root_identity"])
         workspace = map_path(config["workspace"], self.path_map)
         outbox = map_path(config["outbox"], self.path_map)
         if plan.confine and workspace == config["workspace"]:
@@ -282,6 +281,17 @@ class Server:
             raise RuntimeError("the server is used before hello")
         return self.config, self.plan
 
+    def _source(self) -> _spawner.Spawner:
+        if self.spawner is None:
+            raise RuntimeError("the server is used before hello")
+        return self.spawner
+
+    def _refill_spare(self) -> None:
+        """Build the next call's namespaces now, unless one is ready or the server stops."""
+        self.refill_at = None
+        if self.running and self.spawner is not None:
+            self.spawner.refill()
+
     # -- calls -----------------------------------------------------------------
 
     def _run(self, call_id: int, header: dict[str, Any], body: bytes) -> None:
@@ -305,7 +315,7 @@ class Server:
         # An exec's own variables first: the call's outbox is the server's to name.
         extra_env = dict(order.env, VESSEL_OUTBOX=outbox)
         try:
-            spawned = self._spawn(order, argv, cwd, extra_env)
+            spawned = self._source().spawn(order, argv, cwd, extra_env)
         except OSError as exc:
             self._drop_outbox(call_id)
             self.fail(call_id, str(exc))
@@ -366,7 +376,7 @@ class Server:
         if not call.detach:
             return
         self.send({"type": "started", "id": call.id})
-        if self.spare is None and self.refill_at is None:
+        if self._source().spare is None and self.refill_at is None:
             self.refill_at = time.monotonic() + _REFILL_DELAY
 
     def _announce_exit(self, call: Call) -> None:
@@ -384,90 +394,6 @@ class Server:
         code = _launch.exit_code_of(int(statuses[0]))
         duration = time.monotonic() - call.started
         self.send(exit_frame(call, code, timed_out=False, cancelled=False, duration=duration))
-
-    def _spawn(
-        self, order: RunOrder, argv: list[str], cwd: str, extra_env: dict[str, str]
-    ) -> _launch.Spawned:
-        """Start the call: on the spare, on a chain of its own, or (no namespaces) a group.
-
-        Raises ``OSError`` with the message for the host when it cannot start.
-        """
-        _, plan = self._configured()
-        split = order.split
-        if order.identity is not None and not self._can_choose_identity():
-            raise OSError("a call may name its user only under root_identity")
-        # The spare's init is in its user namespace already, as the turn's own ids.
-        spawned = (
-            self._start_on_spare(argv, cwd, extra_env, split, order.detach)
-            if order.identity is None
-            else None
-        )
-        if spawned is not None:
-            return spawned
-        if not (plan.confine and plan.pid_namespace):
-            return _launch.spawn(plan, argv, cwd, dict(self.env, **extra_env), split=split)
-        try:
-            spawned = self._prepare(order.identity)
-        except OSError as exc:
-            raise OSError(f"cannot start the call's namespaces: {exc}") from exc
-        # If the chain died while setting up, its status pipe says why.
-        with suppress(OSError):
-            _launch.start(spawned, argv, cwd, extra_env, split=split, detach=order.detach)
-        return spawned
-
-    # -- spare -------------------------------------------------------------------
-
-    def _refill_spare(self) -> None:
-        """Prepare the next call's namespaces unless one is ready (confined with namespaces)."""
-        self.refill_at = None
-        plan = self.plan
-        if self.spare is not None or not self.running or plan is None:
-            return
-        if plan.confine and plan.pid_namespace:
-            # A call that finds no spare prepares its own and reports why it failed.
-            with suppress(OSError):
-                self.spare = self._prepare()
-
-    def _prepare(self, identity: tuple[int, int] | None = None) -> _launch.Spawned:
-        """Have the zygote fork a call's chain, (re)starting the zygote if it is not running.
-
-        ``identity``: the uid and gid the call sees, for an exec that names a user.
-        """
-        zygote = self.zygote
-        if zygote is not None:
-            with suppress(OSError):
-                return _launch.prepare(lambda fds: zygote.order(fds, identity))
-            zygote.close()  # it died; one new zygote, then give up
-        _, plan = self._configured()
-        self.zygote = fresh = _zygote.start(plan, self.env)
-        return _launch.prepare(lambda fds: fresh.order(fds, identity))
-
-    def _can_choose_identity(self) -> bool:
-        """Whether a call may name the ids it sees: root_identity, given, with each call
-        in a user namespace of its own (the only ids it can have map to the turn's)."""
-        config, plan = self._configured()
-        return bool(
-            config["root_identity"] and plan.confine and plan.pid_namespace and plan.own_userns
-        )
-
-    def _start_on_spare(
-        self, argv: list[str], cwd: str, extra_env: dict[str, str], split: bool, detach: bool
-    ) -> _launch.Spawned | None:
-        """Hand the request to the spare and return it; None if there is no live spare."""
-        spare, self.spare = self.spare, None
-        if spare is None:
-            return None
-        if not _launch.chain_alive(spare):
-            # Killed from outside, or it could not set itself up.
-            spare.close()
-            return None
-        try:
-            _launch.start(spare, argv, cwd, extra_env, split=split, detach=detach)
-        except OSError:
-            # It died before its init read the request.
-            spare.close()
-            return None
-        return spare
 
     def _watch(self, fd: int, events: int, handler: Callable[[Call], None], call: Call) -> None:
         """Watch one of ``call``'s pipes, bound to that call and no other.
@@ -547,10 +473,8 @@ class Server:
             if pid == 0:
                 continue
             self._ended(call, status)
-        zygote = self.zygote
-        if zygote is not None and _launch.has_exited(zygote.pid):
-            zygote.close()
-            self.zygote = None  # the next spare starts a new one
+        if self.spawner is not None:
+            self.spawner.reap()
         self.files.reap()
         if self.relay is not None and _launch.has_exited(self.relay):
             self.relay = None  # reaped; calls then see the proxy port refuse connections
@@ -618,10 +542,8 @@ class Server:
             _wait_readable(call.spawned.status, 1.0)
             lines = self._read_status(call)
         init = [line[1:] for line in lines if line.startswith("P")]
-        if init and init[0].isdigit() and self.zygote is not None:
-            # Init's parent kills it (no pid reuse there); the kernel then empties its
-            # namespace, and the zygote says D once it has reaped init.
-            self.zygote.kill(int(init[0]))
+        if init and init[0].isdigit():
+            self._source().kill_init(int(init[0]))
 
     def _check_deadlines(self) -> None:
         now = time.monotonic()
@@ -642,7 +564,8 @@ class Server:
         The limit is the turn's: every running call's processes together
         (``_bounds.call_memory``). RLIMIT_AS bounds each process between samples.
         """
-        plan, zygote = self.plan, self.zygote
+        plan = self.plan
+        zygote = None if self.spawner is None else self.spawner.zygote
         running = [c for c in self.calls.values() if c.status is None and c.memory_stopped is None]
         if not running or plan is None or zygote is None or not plan.confine:
             self.memory_at = None
@@ -683,7 +606,7 @@ class Server:
         del self.calls[call.id]
         self._answer(call, call.status)
         self.last_answer = time.monotonic()
-        if self.spare is None and self.refill_at is None:
+        if self._source().spare is None and self.refill_at is None:
             # Let the host take the answer first; the next spare's forks come a moment later.
             self.refill_at = self.last_answer + _REFILL_DELAY
 
@@ -752,18 +675,16 @@ class Server:
     # -- shutdown ----------------------------------------------------------------
 
     def _stop_everything(self) -> None:
-        spare, self.spare = self.spare, None
-        if spare is not None:
-            spare.close()  # its init reads end-of-file for a request and exits
+        if self.spawner is not None:
+            self.spawner.close_spare()
         for call in list(self.calls.values()):
             self._kill(call)
         for call in self.calls.values():
             if call.spawned.group:
                 with suppress(ChildProcessError):
                     os.waitpid(call.spawned.pid, 0)
-        if self.zygote is not None:
-            # Its death takes every init (PDEATHSIG), and each namespace with it.
-            self.zygote.close()
+        if self.spawner is not None:
+            self.spawner.close()
         self.files.stop()
         if self.relay is not None:
             with suppress(OSError):
