@@ -74,7 +74,9 @@ def host_processes_with(marker: str) -> list[int]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                # Another process's arguments may be any bytes (a test of hostile names).
+                raw = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+                cmdline = raw.decode("utf-8", "replace")
             except OSError:
                 continue
             if marker in cmdline:
