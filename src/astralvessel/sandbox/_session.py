@@ -88,6 +88,7 @@ SERVER_MODULES = (
     "_worker",
     "_relay",
     "_calls",
+    "_pipes",
     "_fsqueue",
     "_hello",
     "_spawner",

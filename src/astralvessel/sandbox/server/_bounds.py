@@ -14,7 +14,7 @@ import os
 
 from . import _launch
 
-__all__ = ["MEMORY_INTERVAL", "bound_inodes", "call_memory", "over_limit"]
+__all__ = ["MEMORY_INTERVAL", "bound_inodes", "call_memory", "over_limit", "victim"]
 
 _MS_NOATIME, _MS_NODIRATIME, _MS_RELATIME = 1024, 2048, 1 << 21
 # statvfs f_flag bits -> the mount flags that keep them: a remount resets every per-mount
@@ -196,3 +196,14 @@ def over_limit(usage: dict[int, int], limit: int) -> int | None:
     if sum(usage.values()) <= limit or not usage:
         return None
     return max(usage, key=lambda call: (usage[call], -call))
+
+
+def victim(inits: dict[int, int], depth: int, limit: int) -> tuple[int, list[int]] | None:
+    """The call to stop, and ``[held, limit]`` in bytes, when the calls whose inits are
+    ``inits`` (init's pid: call id) hold more than ``limit`` together; None if they do not."""
+    usage = call_memory(inits, depth)
+    if over_limit(usage, limit) is not None:
+        # The RSS counts pages a fork shares once per process; decide on the PSS.
+        usage = call_memory(inits, depth, precise=True)
+    chosen = over_limit(usage, limit)
+    return None if chosen is None else (chosen, [sum(usage.values()), limit])

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from . import _protocol
+from . import _launch, _protocol
 
 # Annotations only: importing typing costs every turn's start a few milliseconds, and
 # mypy reads any ``if TYPE_CHECKING:`` block as taken.
@@ -21,9 +21,16 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
-    from . import _launch
-
-__all__ = ["Call", "RunOrder", "exit_frame", "map_path", "parse_run"]
+__all__ = [
+    "Call",
+    "RunOrder",
+    "exit_frame",
+    "map_path",
+    "outcome",
+    "parse_run",
+    "refusal",
+    "status_values",
+]
 
 #: The highest uid or gid a user namespace can map ((uid_t) -1 is "no id").
 _MAX_ID = 0xFFFFFFFE
@@ -153,6 +160,51 @@ def exit_frame(call: Call, exit_code: int | None, **extra: Any) -> dict[str, Any
         frame[key] = getattr(call, attribute)
     frame.update(extra)
     return frame
+
+
+def status_values(text: bytes, letter: str) -> list[str]:
+    """What a chain's status pipe said in its lines marked ``letter``, in order: ``P`` init's
+    pid (from the zygote), ``X`` the command's wait status, ``E`` why the call could not
+    start (from init). ``D`` alone on a line says the namespace is empty."""
+    lines = text.decode("utf-8", "replace").splitlines()
+    return [line[1:] for line in lines if line.startswith(letter)]
+
+
+def outcome(call: Call, status: int) -> tuple[str | None, int | None]:
+    """How ``call`` ended, once all its processes are gone: why it failed (for the host's
+    error frame), or its exit code (None if the server stopped it). ``status`` is the wait
+    status of its reaped child (a group call's)."""
+    text = call.spawned.status_text
+    errors = status_values(text, "E")
+    if errors:
+        return errors[0].strip(), None
+    if call.timed_out or call.cancelled or call.memory_stopped is not None:
+        return None, None
+    if call.spawned.group:
+        return None, _launch.exit_code_of(status)
+    statuses = status_values(text, "X")
+    if not statuses:
+        return (
+            "the call's pid 1 died before its command's exit "
+            "(was it killed from outside the sandbox?)"
+        ), None
+    return None, _launch.exit_code_of(int(statuses[0]))
+
+
+def refusal(order: RunOrder, chains: bool, detached: int) -> str | None:
+    """Why a request may not start, with ``detached`` detached processes in the turn, or
+    None. ``chains``: the server gives each call its own namespaces."""
+    if not order.detach:
+        return None
+    if not chains:
+        # Without a namespace of its own, a daemon it forks escapes the kill at close.
+        return "a detached process needs a server that gives each call its own namespaces"
+    if detached >= _protocol.DETACHED_PER_TURN:
+        return (
+            f"the turn already holds {_protocol.DETACHED_PER_TURN} detached processes "
+            "(each counts until everything it started has ended)"
+        )
+    return None
 
 
 def parse_run(header: dict[str, Any], body: bytes, workdir: str) -> RunOrder:

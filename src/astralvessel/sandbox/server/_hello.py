@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 import sys
 
-from . import _launch, _rootfs, _userns
+from . import _launch, _protocol, _relay, _rootfs, _userns, _worker
+from ._calls import map_path
 from ._lean import suppress
 
 # Annotations only: importing typing costs every turn's start a few milliseconds, and
@@ -22,7 +23,15 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-__all__ = ["launch_plan", "parse_hello", "prepare_workspace", "relaxations"]
+__all__ = [
+    "launch_plan",
+    "parse_hello",
+    "prepare_workspace",
+    "ready_frame",
+    "relaxations",
+    "start_relay",
+    "worker_options",
+]
 
 
 def parse_hello(header: dict[str, Any]) -> dict[str, Any]:
@@ -153,6 +162,76 @@ def prepare_workspace(workspace: str, outbox: str, uid: int | None, gid: int | N
             os.chown(path, uid, -1 if gid is None else gid, follow_symlinks=False)
         except OSError as exc:
             print(f"astralvessel server: cannot hand {path} to uid {uid}: {exc}", file=sys.stderr)
+
+
+def worker_options(
+    config: dict[str, Any], plan: _launch.LaunchPlan, workspace: str, outbox: str
+) -> dict[str, Any]:
+    """``_worker.start_worker``'s keywords: the file worker runs as the calls' user and
+    sees the sandbox's paths as they are mapped on this side."""
+    path_map = config["path_map"]
+    return {
+        "drop_uid": config["drop_uid"],
+        "drop_gid": config["drop_gid"],
+        "context": {
+            "workdir": map_path(config["workdir"], path_map),
+            "visible_roots": tuple(map_path(r, path_map) for r in config["visible_roots"]),
+            "path_map": dict(path_map),
+            "workspace": workspace,
+            "outbox": outbox,
+            "writable_roots": tuple(map_path(r, path_map) for r in config["writable_roots"]),
+        },
+        "own_userns": plan.confine and plan.pid_namespace and plan.own_userns,
+    }
+
+
+def start_relay(config: dict[str, Any]) -> tuple[int | None, bool | str | None]:
+    """Start the egress relay if the turn allows a network: its pid, and True, None (no
+    network) or why not.
+
+    Forked first, while the server is a single thread with nothing of a call's open.
+    """
+    egress = config["egress"]
+    if egress is None:
+        return None, None
+    try:
+        relay = _relay.start(
+            map_path(egress["socket"], config["path_map"]),
+            egress["port"],
+            config["drop_uid"],
+            config["drop_gid"],
+        )
+    except OSError as exc:
+        return None, f"cannot listen on 127.0.0.1:{egress['port']}: {exc}"
+    return relay, True
+
+
+def ready_frame(
+    plan: _launch.LaunchPlan,
+    egress: bool | str | None,
+    problems: dict[str, str],
+    relaxations: dict[str, Any],
+    probed: dict[str, str],
+) -> dict[str, Any]:
+    """The answer to the hello: what this server is and what came of each request."""
+    return {
+        "type": "ready",
+        "egress": egress,
+        "version": _protocol.VERSION,
+        "python": sys.version.split()[0],
+        "pid": os.getpid(),
+        "uid": os.getuid(),
+        "euid": os.geteuid(),
+        "gid": os.getgid(),
+        "confine": plan.confine,
+        "pid_namespace": plan.confine and plan.pid_namespace,
+        "seccomp": plan.seccomp is not None,
+        # Whether the file primitives (`fs` requests) are served; informative only.
+        "fs": _worker._load_handler() is not None,
+        "problems": problems,
+        "relaxations": relaxations,
+        "probed": probed,
+    }
 
 
 def _seccomp_installer() -> Callable[[bytes], None] | None:

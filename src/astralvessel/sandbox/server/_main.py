@@ -15,21 +15,21 @@ path. A call that finds no spare (it died, or none could be built) has one
 built on demand.
 
 ``Server`` is one state machine over one loop: every handler reads and writes the
-same calls and spare, so they stay here. What stands alone lives beside it: the
-wire format (``_protocol``), a call's values and its exit frame (``_calls``), the
-turn's setup from the hello (``_hello``), the file worker's queue (``_fsqueue``,
-``_worker``, ``_files``), the outbox (``_outbox``) and process launch (``_launch``,
-``_zygote``).
+same calls, so they stay here. What stands alone lives beside it: the wire format
+(``_protocol``), a call's values, its outcome and its exit frame (``_calls``), its
+pipes (``_pipes``), where its processes come from (``_spawner``, ``_zygote``,
+``_launch``), the turn's setup from the hello (``_hello``), the file worker's queue
+(``_fsqueue``, ``_worker``, ``_files``), the outbox (``_outbox``) and the memory
+watch's measures (``_bounds``).
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import time
 
-from . import _bounds, _fsqueue, _hello, _launch, _outbox, _protocol, _relay, _spawner, _worker
-from ._calls import Call, RunOrder, exit_frame, map_path, parse_run
+from . import _bounds, _fsqueue, _hello, _launch, _outbox, _pipes, _protocol, _spawner
+from ._calls import Call, RunOrder, exit_frame, map_path, outcome, parse_run, refusal, status_values
 from ._lean import EVENT_READ, EVENT_WRITE, Selector, signal, suppress
 
 # Annotations only: importing typing costs every turn's start a few milliseconds, and
@@ -41,17 +41,9 @@ if TYPE_CHECKING:
 
 __all__ = ["Server", "main"]
 
-_READ_SIZE = 65536
 # After a call's process is reaped, how long to wait for its output pipe to close.
 _DRAIN_NAMESPACE = 5.0
 _DRAIN_GROUP = 0.5
-#: A call's output pipes by the stream each carries, so one reader serves both: the
-#: ``Spawned`` attribute holding the pipe, the ``Call`` flag saying it is open, and the
-#: ``out`` frame's header (a tool call's merged text and a detached log are stdout).
-_PIPES = {
-    "stdout": ("output", "output_open", {"type": "out"}),
-    "stderr": ("errors", "errors_open", {"type": "out", "stream": "stderr"}),
-}
 # A call that comes this soon after the last answer means the host calls back to back.
 _BACK_TO_BACK = 0.01
 # How long after an answer the next spare's forks wait, so the host gets the CPUs first.
@@ -144,7 +136,7 @@ class Server:
 
     def _on_host(self, fd: int, events: int) -> None:
         try:
-            data = os.read(fd, _READ_SIZE)
+            data = os.read(fd, _pipes.READ_SIZE)
         except BlockingIOError:
             return
         if not data:
@@ -218,63 +210,11 @@ class Server:
         relaxations = _hello.relaxations(config, plan, workspace)
         self.outbox = outbox
         self.files.path_map = self.path_map
-        self.files.options = {
-            "drop_uid": config["drop_uid"],
-            "drop_gid": config["drop_gid"],
-            "context": {
-                "workdir": map_path(config["workdir"], self.path_map),
-                "visible_roots": tuple(map_path(r, self.path_map) for r in config["visible_roots"]),
-                "path_map": dict(self.path_map),
-                "workspace": workspace,
-                "outbox": outbox,
-                "writable_roots": tuple(
-                    map_path(r, self.path_map) for r in config["writable_roots"]
-                ),
-            },
-            "own_userns": plan.confine and plan.pid_namespace and plan.own_userns,
-        }
-        egress = self._start_relay(config)
         # The file worker starts with the first file request (see _fsqueue).
-        self.send(
-            {
-                "type": "ready",
-                "egress": egress,
-                "version": _protocol.VERSION,
-                "python": sys.version.split()[0],
-                "pid": os.getpid(),
-                "uid": os.getuid(),
-                "euid": os.geteuid(),
-                "gid": os.getgid(),
-                "confine": plan.confine,
-                "pid_namespace": plan.confine and plan.pid_namespace,
-                "seccomp": plan.seccomp is not None,
-                # Whether the file primitives (`fs` requests) are served; informative only.
-                "fs": _worker._load_handler() is not None,
-                "problems": problems,
-                "relaxations": relaxations,
-                "probed": probe_found,
-            }
-        )
+        self.files.options = _hello.worker_options(config, plan, workspace, outbox)
+        self.relay, egress = _hello.start_relay(config)
+        self.send(_hello.ready_frame(plan, egress, problems, relaxations, probe_found))
         self._refill_spare()
-
-    def _start_relay(self, config: dict[str, Any]) -> bool | str | None:
-        """Start the egress relay if the turn allows a network: True, None (no network), or why not.
-
-        Forked first, while the server is a single thread with nothing of a call's open.
-        """
-        egress = config["egress"]
-        if egress is None:
-            return None
-        try:
-            self.relay = _relay.start(
-                map_path(egress["socket"], self.path_map),
-                egress["port"],
-                config["drop_uid"],
-                config["drop_gid"],
-            )
-        except OSError as exc:
-            return f"cannot listen on 127.0.0.1:{egress['port']}: {exc}"
-        return True
 
     def _configured(self) -> tuple[dict[str, Any], _launch.LaunchPlan]:
         if self.config is None or self.plan is None:
@@ -336,11 +276,13 @@ class Server:
             call.stdin = memoryview(body)
             # A body that fits the pipe (a tool's arguments) goes now, without a wait for
             # the pipe to be writable on the call's path; only a rest is watched for.
-            self._on_stdin(call)
+            _pipes.feed_stdin(call, self.selector)
             if spawned.stdin >= 0:
-                self._watch(spawned.stdin, EVENT_WRITE, self._on_stdin, call)
+                self._watch(
+                    spawned.stdin, EVENT_WRITE, lambda c: _pipes.feed_stdin(c, self.selector), call
+                )
         else:
-            self._close_stdin(call)
+            _pipes.close_stdin(call, self.selector)
         self._started(call)
         # The host calls back to back: build the next call's namespaces now, while this one
         # runs, or the next would wait for them. Otherwise wait for this call's answer
@@ -354,17 +296,8 @@ class Server:
         if call_id in self.calls:
             self.fail(call_id, f"call id {call_id} is already running")
             return False
-        why = None
-        if not order.detach:
-            return True
-        if not (plan.confine and plan.pid_namespace):
-            # Without a namespace of its own, a daemon it forks escapes the kill at close.
-            why = "a detached process needs a server that gives each call its own namespaces"
-        elif sum(1 for c in self.calls.values() if c.detach) >= _protocol.DETACHED_PER_TURN:
-            why = (
-                f"the turn already holds {_protocol.DETACHED_PER_TURN} detached processes "
-                "(each counts until everything it started has ended)"
-            )
+        detached = sum(1 for c in self.calls.values() if c.detach)
+        why = refusal(order, plan.confine and plan.pid_namespace, detached)
         if why is None:
             return True
         self.send({"type": "exit", "id": call_id, "refused": why})
@@ -382,11 +315,7 @@ class Server:
     def _announce_exit(self, call: Call) -> None:
         """A detached call's command exited (init's ``X``): tell the host; its namespace
         (and whatever the command left running there) lives on."""
-        statuses = [
-            line[1:]
-            for line in call.spawned.status_text.decode("utf-8", "replace").splitlines()
-            if line.startswith("X")
-        ]
+        statuses = status_values(call.spawned.status_text, "X")
         if call.exit_sent or not statuses or not statuses[0].isdigit():
             return
         call.exit_sent = True
@@ -404,58 +333,9 @@ class Server:
         """
         self.selector.register(fd, events, lambda _fd, _events: handler(call))
 
-    def _on_stdin(self, call: Call) -> None:
-        fd = call.spawned.stdin
-        if fd < 0:
-            return
-        try:
-            written = os.write(fd, call.stdin[:_READ_SIZE])
-            call.stdin = call.stdin[written:]
-        except BlockingIOError:
-            return
-        except OSError:
-            call.stdin = memoryview(b"")  # the command closed its stdin: the rest is not wanted
-        if not call.stdin:
-            self._close_stdin(call)
-
-    def _close_stdin(self, call: Call) -> None:
-        if call.spawned.stdin < 0:
-            return
-        with suppress(KeyError, ValueError):
-            self.selector.unregister(call.spawned.stdin)
-        os.close(call.spawned.stdin)
-        call.spawned.stdin = -1
-
     def _pump(self, call: Call, stream: str) -> None:
-        """Stream what one of ``call``'s output pipes holds to the host, as ``out`` frames;
-        at its end, close it and answer the call if that was the last thing it waited on."""
-        pipe, is_open, header = _PIPES[stream]
-        if not getattr(call, is_open):
-            return
-        fd = getattr(call.spawned, pipe)
-        for _ in range(16):
-            try:
-                chunk = os.read(fd, _READ_SIZE)
-            except BlockingIOError:
-                return
-            if not chunk:
-                self._close_pipe(call, stream)
-                self._maybe_finish(call)
-                return
-            keep = call.take(chunk, stream)
-            if keep:
-                self.send(dict(header, id=call.id), keep)
-
-    def _close_pipe(self, call: Call, stream: str) -> None:
-        pipe, is_open, _ = _PIPES[stream]
-        if not getattr(call, is_open):
-            return
-        setattr(call, is_open, False)
-        fd = getattr(call.spawned, pipe)
-        with suppress(KeyError, ValueError):
-            self.selector.unregister(fd)
-        os.close(fd)
-        setattr(call.spawned, pipe, -1)
+        if _pipes.pump(call, stream, self.send, self.selector):
+            self._maybe_finish(call)
 
     def _on_wake(self, fd: int, events: int) -> None:
         try:
@@ -485,11 +365,11 @@ class Server:
         call.duration = time.monotonic() - call.started
         if call.spawned.group:
             _killpg(call.spawned.pid)
-        self._close_stdin(call)
+        _pipes.close_stdin(call, self.selector)
         call.drain_deadline = time.monotonic() + (
             _DRAIN_GROUP if call.spawned.group else _DRAIN_NAMESPACE
         )
-        for stream in _PIPES:
+        for stream in _pipes.PIPES:
             self._pump(call, stream)
         self._maybe_finish(call)
 
@@ -525,9 +405,10 @@ class Server:
             self._announce_exit(call)
         return closed
 
-    def _read_status(self, call: Call) -> list[str]:
+    def _read_status(self, call: Call, letter: str) -> list[str]:
+        """What the status pipe has said so far in its lines marked ``letter``."""
         self._drain_status(call)
-        return call.spawned.status_text.decode("utf-8", "replace").splitlines()
+        return status_values(call.spawned.status_text, letter)
 
     def _kill(self, call: Call) -> None:
         """SIGKILL the call: its pid 1 (the kernel then empties the namespace) or its group."""
@@ -536,12 +417,11 @@ class Server:
             return
         if call.status is not None:
             return  # the namespace is empty and its pid 1 reaped: that pid may name another
-        lines = self._read_status(call)
-        if not any(line.startswith("P") for line in lines):
+        init = self._read_status(call, "P")
+        if not init:
             # The zygote names init as soon as it has forked it; wait the moment that takes.
             _wait_readable(call.spawned.status, 1.0)
-            lines = self._read_status(call)
-        init = [line[1:] for line in lines if line.startswith("P")]
+            init = self._read_status(call, "P")
         if init and init[0].isdigit():
             self._source().kill_init(int(init[0]))
 
@@ -550,8 +430,8 @@ class Server:
         for call in list(self.calls.values()):
             if call.drain_deadline is not None:
                 if now >= call.drain_deadline:
-                    for stream in _PIPES:
-                        self._close_pipe(call, stream)
+                    for stream in _pipes.PIPES:
+                        _pipes.close(call, stream, self.selector)
                     self._maybe_finish(call)
             elif now >= call.deadline and not call.timed_out:
                 call.timed_out = True
@@ -577,22 +457,17 @@ class Server:
             return
         inits: dict[int, int] = {}
         for call in running:
-            init = [line[1:] for line in self._read_status(call) if line.startswith("P")]
+            init = self._read_status(call, "P")
             if init and init[0].isdigit():
                 inits[int(init[0])] = call.id
         config, _ = self._configured()
-        limit = config["limits"]["memory_mb"] << 20
-        usage = _bounds.call_memory(inits, zygote.call_depth)
-        if _bounds.over_limit(usage, limit) is not None:
-            # The RSS counts pages a fork shares once per process; decide on the PSS.
-            usage = _bounds.call_memory(inits, zygote.call_depth, precise=True)
-        victim = _bounds.over_limit(usage, limit)
+        stop = _bounds.victim(inits, zygote.call_depth, config["limits"]["memory_mb"] << 20)
         # A sample takes at most a tenth of the server's time, however many processes.
         spent = time.monotonic() - now
         self.memory_at = now + max(_bounds.MEMORY_INTERVAL, _bounds.MEMORY_BACKOFF * spent)
-        if victim is not None:
-            call = self.calls[victim]
-            call.memory_stopped = [sum(usage.values()), limit]
+        if stop is not None:
+            call = self.calls[stop[0]]
+            call.memory_stopped = stop[1]
             self._kill(call)
 
     def _maybe_finish(self, call: Call) -> None:
@@ -615,44 +490,24 @@ class Server:
 
         ``status`` is the wait status of the call's reaped child (a group call's).
         """
-        lines = self._read_status(call)
+        self._drain_status(call)
         self._stop_watching_status(call)
         os.close(call.spawned.status)
-        errors = [line[1:].strip() for line in lines if line.startswith("E")]
-        if errors:
+        error, exit_code = outcome(call, status)
+        if error is not None:
             self._drop_outbox(call.id)
-            self.fail(call.id, errors[0])
+            self.fail(call.id, error)
             return
-        exit_code: int | None
-        if call.timed_out or call.cancelled or call.memory_stopped is not None:
-            exit_code = None
-        elif call.spawned.group:
-            exit_code = _launch.exit_code_of(status)
-        else:
-            statuses = [int(line[1:]) for line in lines if line.startswith("X")]
-            if not statuses:
-                self._drop_outbox(call.id)
-                self.fail(
-                    call.id,
-                    "the call's pid 1 died before its command's exit "
-                    "(was it killed from outside the sandbox?)",
-                )
-                return
-            exit_code = _launch.exit_code_of(statuses[0])
-        config, _ = self._configured()
-        if call.detach:
-            # Its namespace is empty: the command's exit went out when it came, unless the
-            # command never exited by itself (killed: with the turn, by the host, the watch).
+        if call.kind != "call":
+            # An exec returns its streams and a detached process its log, not outbox files:
+            # what it left there goes. A detached command's exit went out when it came,
+            # unless it never exited by itself (killed: with the turn, by the host, the watch).
             self._drop_outbox(call.id)
             if not call.exit_sent:
                 call.exit_sent = True
                 self.send(exit_frame(call, exit_code))
             return
-        if call.split:
-            # An exec returns its streams, not outbox files: what it left there goes.
-            self._drop_outbox(call.id)
-            self.send(exit_frame(call, exit_code))
-            return
+        config, _ = self._configured()
         collected = _outbox.collect(
             self.outbox,
             call.id,
