@@ -76,6 +76,7 @@ __all__ = [
 SERVER_MODULES = (
     "_lean",
     "_protocol",
+    "_sys",
     "_seccomp",
     "_userns",
     "_launch",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from . import _launch
+from . import _sys
 
 __all__ = ["MEMORY_INTERVAL", "bound_inodes", "call_memory", "over_limit", "victim"]
 
@@ -21,10 +21,10 @@ _MS_NOATIME, _MS_NODIRATIME, _MS_RELATIME = 1024, 2048, 1 << 21
 # flag it is not given (losing nosuid would be worse than no inode bound), and in a user
 # namespace the kernel refuses to clear a flag it locked.
 _KEEP = (
-    (os.ST_RDONLY, _launch.MS_RDONLY),
-    (os.ST_NOSUID, _launch.MS_NOSUID),
-    (os.ST_NODEV, _launch.MS_NODEV),
-    (os.ST_NOEXEC, _launch.MS_NOEXEC),
+    (os.ST_RDONLY, _sys.MS_RDONLY),
+    (os.ST_NOSUID, _sys.MS_NOSUID),
+    (os.ST_NODEV, _sys.MS_NODEV),
+    (os.ST_NOEXEC, _sys.MS_NOEXEC),
     (os.ST_NOATIME, _MS_NOATIME),
     (os.ST_NODIRATIME, _MS_NODIRATIME),
     (os.ST_RELATIME, _MS_RELATIME),
@@ -37,11 +37,11 @@ def bound_inodes(path: str, inodes: int) -> str:
         before = os.statvfs(path)
         if 0 < before.f_files <= inodes:
             return ""  # the backend mounted it bounded (nsjail, Docker)
-        flags = _launch.MS_REMOUNT
+        flags = _sys.MS_REMOUNT
         for st_flag, ms_flag in _KEEP:
             if before.f_flag & st_flag:
                 flags |= ms_flag
-        _launch.mount(None, path, None, flags, f"nr_inodes={inodes}")
+        _sys.mount(None, path, None, flags, f"nr_inodes={inodes}")
         after = os.statvfs(path)
     except OSError as exc:
         return f"cannot bound the inodes of {path}: {exc}"

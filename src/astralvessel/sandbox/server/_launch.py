@@ -49,6 +49,28 @@ import warnings  # noqa: F401 - see below
 
 from . import _userns
 from ._lean import signal, suppress
+from ._sys import (
+    CLONE_NEWNS,
+    CLONE_NEWPID,
+    MNT_DETACH,
+    MS_BIND,
+    MS_NODEV,
+    MS_NOEXEC,
+    MS_NOSUID,
+    MS_PRIVATE,
+    MS_RDONLY,
+    MS_REC,
+    MS_REMOUNT,
+    PR_SET_DUMPABLE,
+    PR_SET_NO_NEW_PRIVS,
+    PR_SET_PDEATHSIG,
+    check,
+    libc,
+    mount,
+    prctl,
+    setns,
+    unshare,
+)
 
 # os.get_exec_path imports warnings on first use, and a call's init first uses it after
 # dropping to a uid that may not read the interpreter's library (the host's Python under
@@ -59,7 +81,6 @@ from ._lean import signal, suppress
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from typing import Any
 
 __all__ = [
     "CHAIN_FDS",
@@ -75,34 +96,10 @@ __all__ = [
     "start",
 ]
 
-CLONE_NEWNS = 0x00020000
-CLONE_NEWPID = 0x20000000
-MS_RDONLY = 0x1
-MS_NOSUID = 0x2
-MS_NODEV = 0x4
-MS_NOEXEC = 0x8
-MS_REMOUNT = 0x20
-MS_BIND = 0x1000
-MS_REC = 0x4000
-MS_PRIVATE = 1 << 18
-PR_SET_PDEATHSIG = 1
-PR_SET_DUMPABLE = 4
-PR_SET_NO_NEW_PRIVS = 38
-
 # Exit codes of a child that failed before exec, as a shell would report them.
 EXIT_CANNOT_EXECUTE = 126
 EXIT_NOT_FOUND = 127
 EXIT_SETUP_FAILED = 125
-
-_libc: Any = None
-
-
-def _lib() -> Any:
-    """Return libc through ctypes (loaded on first use: Python 3.8-3.11 lack os.unshare)."""
-    global _libc  # noqa: PLW0603 - one handle for the process, loaded lazily
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    return _libc
 
 
 def warm() -> None:
@@ -111,7 +108,7 @@ def warm() -> None:
     Loading libc and resolving a symbol through ctypes costs about a millisecond
     on a small VM; done once in the server, no call pays it again.
     """
-    lib = _lib()
+    lib = libc()
     for name in ("unshare", "setns", "mount", "umount2", "prctl", "capset"):
         getattr(lib, name)
     _userns.warm()
@@ -125,41 +122,7 @@ def release_free_memory() -> None:
     memory. Best effort: another C library may have no ``malloc_trim``.
     """
     with suppress(AttributeError, OSError):
-        _lib().malloc_trim(0)
-
-
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def unshare(flags: int) -> None:
-    """Call unshare(2)."""
-    _check(_lib().unshare(ctypes.c_int(flags)), "unshare")
-
-
-def setns(fd: int, nstype: int) -> None:
-    """Call setns(2)."""
-    _check(_lib().setns(ctypes.c_int(fd), ctypes.c_int(nstype)), "setns")
-
-
-def mount(source: str | None, target: str, fstype: str | None, flags: int, data: str = "") -> None:
-    """Call mount(2); ``data`` is the filesystem's options (``size=...``, ``lowerdir=...``)."""
-    src = None if source is None else source.encode()
-    kind = None if fstype is None else fstype.encode()
-    result = _lib().mount(
-        ctypes.c_char_p(src), ctypes.c_char_p(target.encode()), ctypes.c_char_p(kind),
-        ctypes.c_ulong(flags), ctypes.c_char_p(data.encode() if data else None),
-    )  # fmt: skip
-    _check(result, f"mount {fstype or 'bind'} on {target}")
-
-
-def prctl(option: int, value: int) -> None:
-    """Call prctl(2) with one argument."""
-    zero = ctypes.c_ulong(0)
-    result = _lib().prctl(ctypes.c_int(option), ctypes.c_ulong(value), zero, zero, zero)
-    _check(result, f"prctl {option}")
+        libc().malloc_trim(0)
 
 
 def exit_code_of(status: int) -> int:
@@ -345,7 +308,7 @@ _CapData = ctypes.c_uint32 * 6
 def _clear_inheritable() -> None:
     """Empty every capability set, the inheritable one too (setresuid leaves it as it was)."""
     # nsjail's --keep_caps hands the server a full inheritable set; a call must not carry it.
-    _check(_lib().capset(_CapHeader(_LINUX_CAPABILITY_VERSION_3, 0), _CapData()), "capset")
+    check(libc().capset(_CapHeader(_LINUX_CAPABILITY_VERSION_3, 0), _CapData()), "capset")
 
 
 def _drop(uid: int | None, gid: int | None) -> None:
@@ -651,9 +614,6 @@ def _empty_namespace() -> None:
             return
 
 
-MNT_DETACH = 2
-
-
 def _private_terminals() -> None:
     """Give this call's mount namespace a /dev with pseudo-terminals of its own (init only).
 
@@ -686,7 +646,7 @@ def _private_terminals() -> None:
     os.symlink("pts/ptmx", "/dev/ptmx")
     # Read-only: where init is the calls' own uid (Docker), its tmpfs would be theirs to fill.
     mount(None, "/dev", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NOEXEC)
-    _check(_lib().umount2(scratch.encode(), MNT_DETACH), "umount2 /proc")
+    check(libc().umount2(scratch.encode(), MNT_DETACH), "umount2 /proc")
 
 
 def _run_init(plan: LaunchPlan, env: dict[str, str], fds: dict[str, int], alive: int) -> None:

@@ -20,7 +20,7 @@ import _socket  # socket's C type: the socket module would import enum (see _lea
 import os
 import sys
 
-from . import _launch
+from . import _launch, _sys
 from ._lean import EVENT_READ, EVENT_WRITE, Selector, signal, suppress
 
 # The relay process alone imports socket, for its listener's accept (see start).
@@ -171,7 +171,7 @@ def start(target: str, port: int, drop_uid: int | None, drop_gid: int | None) ->
             _launch.close_fds_except(keep)
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            _launch.prctl(_launch.PR_SET_PDEATHSIG, 9)
+            _sys.prctl(_sys.PR_SET_PDEATHSIG, 9)
             if os.getppid() == server:
                 # Here, before the drop (the library may be unreadable after it), and in the
                 # relay only: the server would hold socket's imports in every idle turn.
@@ -179,7 +179,7 @@ def start(target: str, port: int, drop_uid: int | None, drop_gid: int | None) ->
 
                 accepting = socket.socket(fileno=listener.detach())
                 _launch._drop(drop_uid, drop_gid)
-                _launch.prctl(_launch.PR_SET_NO_NEW_PRIVS, 1)
+                _sys.prctl(_sys.PR_SET_NO_NEW_PRIVS, 1)
                 _Relay(accepting, target).serve()
         except BaseException:
             # The interpreter's own hook prints the traceback without importing traceback

@@ -39,7 +39,7 @@ import ctypes
 import os
 import stat
 
-from . import _launch
+from . import _sys
 
 __all__ = ["ETC_SEEDS", "LAYERS", "PAM_OTHER", "SCRATCH", "make_root_writable", "shadow_for"]
 
@@ -142,7 +142,7 @@ class _as_call:
         self.mask = 0
 
     def __enter__(self) -> None:
-        lib = _launch._lib()
+        lib = _sys.libc()
         self.mask = os.umask(0)
         if self.gid is not None:
             lib.setfsgid(ctypes.c_uint(self.gid))
@@ -150,7 +150,7 @@ class _as_call:
             lib.setfsuid(ctypes.c_uint(self.uid))
 
     def __exit__(self, *exc_info: object) -> None:
-        lib = _launch._lib()
+        lib = _sys.libc()
         if self.uid is not None:
             lib.setfsuid(ctypes.c_uint(os.geteuid()))
         if self.gid is not None:
@@ -276,7 +276,7 @@ def make_root_writable(
                 _copy(path, upper)
                 if path == "/etc":
                     _seed_etc(upper)
-            _launch.mount(upper, path, None, _launch.MS_BIND)
+            _sys.mount(upper, path, None, _sys.MS_BIND)
         else:
             work = os.path.join(layers, "work", name)
             os.makedirs(work)
@@ -289,12 +289,12 @@ def make_root_writable(
             for number, point in enumerate(held):
                 kept = os.path.join(layers, "held", name, str(number))
                 os.makedirs(kept)
-                _launch.mount(point, kept, None, _launch.MS_BIND | _launch.MS_REC)
+                _sys.mount(point, kept, None, _sys.MS_BIND | _sys.MS_REC)
                 aside.append((kept, point))
             options = f"lowerdir={path},upperdir={upper},workdir={work}"
-            _launch.mount("overlay", path, "overlay", _launch.MS_NOSUID | _launch.MS_NODEV, options)
+            _sys.mount("overlay", path, "overlay", _sys.MS_NOSUID | _sys.MS_NODEV, options)
             for kept, point in aside:
-                _launch.mount(kept, point, None, _launch.MS_BIND | _launch.MS_REC)
+                _sys.mount(kept, point, None, _sys.MS_BIND | _sys.MS_REC)
         done.append(path)
     # Programs expect both scratch folders (inspect_ai's tools use /var/tmp): where the
     # root was empty there, they are made as they always are, sticky and open to all.
@@ -307,6 +307,6 @@ def make_root_writable(
             if not os.path.islink(scratch):
                 os.chmod(scratch, 0o1777)  # noqa: S103 - what every system gives these two
     # The layers stay reachable only through the overlays.
-    cover = _launch.MS_RDONLY | _launch.MS_NOSUID | _launch.MS_NODEV | _launch.MS_NOEXEC
-    _launch.mount("none", layers, "tmpfs", cover, "size=4k,mode=0555")
+    cover = _sys.MS_RDONLY | _sys.MS_NOSUID | _sys.MS_NODEV | _sys.MS_NOEXEC
+    _sys.mount("none", layers, "tmpfs", cover, "size=4k,mode=0555")
     return done

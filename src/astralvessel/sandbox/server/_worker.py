@@ -14,7 +14,7 @@ import os
 import sys
 import time
 
-from . import _launch, _protocol, _userns
+from . import _launch, _protocol, _sys, _userns
 from ._lean import signal, suppress
 
 __all__ = ["FileContext", "Worker", "start_worker"]
@@ -122,14 +122,14 @@ def start_worker(
             _launch.close_fds_except({req_r, rep_w})
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            _launch.prctl(_launch.PR_SET_PDEATHSIG, 9)
+            _sys.prctl(_sys.PR_SET_PDEATHSIG, 9)
             if os.getppid() == server:
                 _warm_files()
                 if own_userns:
                     _become_call_user(drop_uid, drop_gid)
                 else:
                     _launch._drop(drop_uid, drop_gid)
-                _launch.prctl(_launch.PR_SET_NO_NEW_PRIVS, 1)
+                _sys.prctl(_sys.PR_SET_NO_NEW_PRIVS, 1)
                 _serve(req_r, rep_w, context)
         except BaseException:
             # The interpreter's own hook prints the traceback without importing a module,
@@ -161,11 +161,9 @@ def _become_call_user(uid: int | None, gid: int | None) -> None:
     try:
         # The ids are mapped through /proc, which nsjail mounts read-only: the worker mounts
         # a /proc of its own (same processes, writable) in a mount namespace of its own.
-        _launch.unshare(_launch.CLONE_NEWNS)
-        _launch.mount(None, "/", None, _launch.MS_REC | _launch.MS_PRIVATE)
-        _launch.mount(
-            "proc", "/proc", "proc", _launch.MS_NOSUID | _launch.MS_NODEV | _launch.MS_NOEXEC
-        )
+        _sys.unshare(_sys.CLONE_NEWNS)
+        _sys.mount(None, "/", None, _sys.MS_REC | _sys.MS_PRIVATE)
+        _sys.mount("proc", "/proc", "proc", _sys.MS_NOSUID | _sys.MS_NODEV | _sys.MS_NOEXEC)
     except OSError:
         _launch._drop(uid, gid)
         if uid is None:

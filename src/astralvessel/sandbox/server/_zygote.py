@@ -41,7 +41,7 @@ import gc
 import os
 import struct
 
-from . import _launch
+from . import _launch, _sys
 from ._lean import EVENT_READ, Selector, signal, suppress
 
 __all__ = ["Zygote", "start"]
@@ -103,7 +103,7 @@ def start(plan: _launch.LaunchPlan, env: dict[str, str]) -> Zygote:
     try:
         # What fork_chain does after every fork, tried here once (it changes nothing): refused
         # (EPERM) where the host's user namespace owns this PID namespace (Docker).
-        _launch.setns(own_pid_ns, _launch.CLONE_NEWPID)
+        _sys.setns(own_pid_ns, _sys.CLONE_NEWPID)
         launcher = False
     except OSError:
         launcher = True
@@ -118,7 +118,7 @@ def start(plan: _launch.LaunchPlan, env: dict[str, str]) -> Zygote:
             ours.close()
             _launch.close_fds_except({theirs.fileno(), own_pid_ns})
             _launch._child_signals()
-            _launch.prctl(_launch.PR_SET_PDEATHSIG, 9)
+            _sys.prctl(_sys.PR_SET_PDEATHSIG, 9)
             if os.getppid() == server:
                 if launcher:
                     os.close(own_pid_ns)
@@ -144,12 +144,12 @@ def _depth() -> int:
 def _launch_zygote(sock: _socket.socket, plan: _launch.LaunchPlan, env: dict[str, str]) -> None:
     """Fork the zygote as pid 1 of a new PID namespace, then wait for it to exit."""
     alive_r, alive_w = os.pipe()
-    _launch.unshare(_launch.CLONE_NEWPID)
+    _sys.unshare(_sys.CLONE_NEWPID)
     pid = os.fork()
     if pid == 0:
         try:
             os.close(alive_w)
-            _launch.prctl(_launch.PR_SET_PDEATHSIG, 9)
+            _sys.prctl(_sys.PR_SET_PDEATHSIG, 9)
             # getppid() is 0 across a PID namespace; a closed pipe says the launcher died.
             os.set_blocking(alive_r, False)
             with suppress(BlockingIOError):
