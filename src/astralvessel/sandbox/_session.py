@@ -80,6 +80,8 @@ SERVER_MODULES = (
     "_seccomp",
     "_userns",
     "_launch",
+    "_init",
+    "_probe",
     "_rootfs",
     "_bounds",
     "_zygote",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-from . import _launch, _protocol, _relay, _rootfs, _userns, _worker
+from . import _launch, _probe, _protocol, _relay, _rootfs, _userns, _worker
 from ._calls import map_path
 from ._lean import suppress
 
@@ -109,11 +109,11 @@ def launch_plan(config: dict[str, Any]) -> tuple[_launch.LaunchPlan, dict[str, s
         # A host that started a turn the same way before sends what that turn's probe
         # found: the answer depends on the host, not on the turn.
         probed = config["probed"]
-        problems = _launch.probe(plan) if probed is None else dict(probed)
+        problems = _probe.probe(plan) if probed is None else dict(probed)
         # Degrade what cannot work; the host refuses to go on unless it relaxed that promise.
         if "pid_namespace" in problems:
             plan.pid_namespace = False
-        if _launch.userns_problem(plan) in problems:
+        if _probe.userns_problem(plan) in problems:
             plan.own_userns = False
         if "seccomp" in problems:
             plan.seccomp = None

@@ -1,41 +1,25 @@
-"""Starting one call: fork, confine, exec (stdlib only, Python 3.8+).
+"""Starting one call: the plan, the pipes, confinement and exec (stdlib only, Python 3.8+).
 
 Confined, a call runs under one process of ours: its *init*, pid 1 of a fresh
-PID namespace, which the zygote (see ``_zygote``) forks with
-``fork_chain``. Init makes a mount namespace of its own and mounts a fresh
-``/proc`` (so the call sees only its own processes), confines itself (rlimits,
-the unprivileged uid, ``no_new_privs``, the seccomp filter) and starts the
-*command* as its child. Everything the kernel passes on to a child (limits,
-credentials, the filter) the command inherits, so init can start it with
-``posix_spawn`` (a vfork and an exec: no copy of this Python process to make
-or to tear down) and fall back to fork and exec when that is refused. When the
-command exits, init kills everything left in its namespace, reaps it all and
-says so; a daemon or a double fork is gone before the call returns. The
-command is not pid 1 itself, so signals and orphan reaping behave as the
-program expects; and pid 1 ignores every signal sent from inside its own
-namespace, so the call cannot kill the init that watches it.
-
-A detached call (``Turn.start``) is the one exception: its init reports the
-command's exit, then only reaps, so what the command forked lives on in the
-namespace, confined, until it ends by itself or the server kills init.
-
-The forks are the expensive part, and none of them depends on the request. So
-``prepare`` has the chain built ahead of time (a *spare*): init gets as far as
-the steps that do not change who it is (``no_new_privs`` and the seccomp
-filter) and blocks reading its request (working directory and argv) from a
-control pipe. ``start`` writes the request; init then sets the limits, drops to
-the unprivileged uid and starts the command. The server keeps one spare ready,
-so a call's critical path is a pipe write, a few system calls and a vfork.
+PID namespace (``_init``), which the zygote (``_zygote``) forks. The forks are
+the expensive part, and none of them depends on the request. So ``prepare`` has
+the chain built ahead of time (a *spare*): init gets as far as the steps that do
+not change who it is and blocks reading its request (working directory and
+argv) from a control pipe. ``start`` writes the request; init then sets the
+limits, drops to the unprivileged uid and starts the command. The server keeps
+one spare ready, so a call's critical path is a pipe write, a few system calls
+and a vfork.
 
 Unconfined (or confined without namespaces, where the host allowed it), the
-command runs as the leader of a new process group that the server kills.
+command runs as the leader of a new process group that the server kills
+(``spawn``).
 
-Everything between fork and exec runs in a copy of a single-threaded process,
-so plain Python is safe there; each child ends in ``os._exit``.
-
-The module is long on purpose: fork, namespaces, init's confinement order and
-the rlimits must be read as one sequence to be audited; only the user
-namespace step (``_userns``) and the filter install (``_seccomp``) stand apart.
+Here live what both ways share: the plan (``LaunchPlan``), what the server keeps
+of a call (``Spawned``), the request's encoding, the rlimits, the drop to the
+call's uid and the filter's install order. Everything between fork and exec runs
+in a copy of a single-threaded process, so plain Python is safe there; each
+child ends in ``os._exit``. The system calls are ``_sys``'s, the user namespace
+step ``_userns``'s, the filter ``_seccomp``'s, the probe ``_probe``'s.
 """
 
 from __future__ import annotations
@@ -44,37 +28,10 @@ import ctypes
 import os
 import resource
 import select
-import stat
-import warnings  # noqa: F401 - see below
 
 from . import _userns
 from ._lean import signal, suppress
-from ._sys import (
-    CLONE_NEWNS,
-    CLONE_NEWPID,
-    MNT_DETACH,
-    MS_BIND,
-    MS_NODEV,
-    MS_NOEXEC,
-    MS_NOSUID,
-    MS_PRIVATE,
-    MS_RDONLY,
-    MS_REC,
-    MS_REMOUNT,
-    PR_SET_DUMPABLE,
-    PR_SET_NO_NEW_PRIVS,
-    PR_SET_PDEATHSIG,
-    check,
-    libc,
-    mount,
-    prctl,
-    setns,
-    unshare,
-)
-
-# os.get_exec_path imports warnings on first use, and a call's init first uses it after
-# dropping to a uid that may not read the interpreter's library (the host's Python under
-# /root): every module the server's children need is imported here, before any fork.
+from ._sys import PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG, check, libc, prctl
 
 # Annotations only: importing typing costs every turn's start a few milliseconds, and
 # mypy reads any ``if TYPE_CHECKING:`` block as taken.
@@ -83,14 +40,11 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 __all__ = [
-    "CHAIN_FDS",
     "LaunchPlan",
     "Spawned",
     "chain_alive",
     "exit_code_of",
-    "fork_chain",
     "prepare",
-    "probe",
     "reset_ignored_signals",
     "spawn",
     "start",
@@ -413,13 +367,6 @@ def encode_request(
     return b"\0".join(os.fsencode(part) for part in (mode, cwd, *entries, "", *argv))
 
 
-def _parse_request(data: bytes) -> tuple[list[str], str, dict[str, str], str]:
-    mode, cwd, *rest = (os.fsdecode(part) for part in data.split(b"\0"))
-    end = rest.index("")
-    env = dict(entry.split("=", 1) for entry in rest[:end])
-    return rest[end + 1 :], cwd, env, mode
-
-
 def _read_to_end(fd: int) -> bytes:
     """Read ``fd`` (blocking) until end of file, then close it."""
     chunks = []
@@ -430,48 +377,6 @@ def _read_to_end(fd: int) -> bytes:
         chunks.append(chunk)
     os.close(fd)
     return b"".join(chunks)
-
-
-def _read_request(control: int) -> tuple[list[str], str, dict[str, str], str] | None:
-    """Read the whole request from the control pipe; None if the server closed it unused."""
-    data = _read_to_end(control)
-    return _parse_request(data) if data else None
-
-
-def _filter_early(plan: LaunchPlan) -> None:
-    """The confinement steps that leave init's identity alone: ``no_new_privs``, seccomp."""
-    prctl(PR_SET_NO_NEW_PRIVS, 1)
-    if plan.seccomp is not None:
-        if plan.install_seccomp is None:
-            raise OSError("the seccomp installer is missing from this server")
-        plan.install_seccomp(plan.seccomp)
-
-
-def _become_unprivileged(plan: LaunchPlan) -> None:
-    """The rest of init's confinement, applied once the request is in: limits, then the uid."""
-    if plan.limits is not None:
-        # Init runs as the call's uid from here on, so RLIMIT_NPROC counts it too: one more,
-        # so that the call's own processes number exactly ``processes``.
-        _apply_limits(dict(plan.limits, processes=plan.limits["processes"] + 1))
-    if not plan.own_userns:
-        _drop(plan.drop_uid, plan.drop_gid)
-    # No other process of that uid may read init's memory or descriptors through /proc.
-    prctl(PR_SET_DUMPABLE, 0)
-
-
-def _executable(name: str, env: dict[str, str]) -> str | None:
-    """The file ``execvpe`` would run for ``name``, if an obvious one exists; else None."""
-    if "/" in name:
-        return name
-    for directory in os.get_exec_path(env):
-        candidate = os.path.join(directory, name)
-        try:
-            info = os.stat(candidate)
-        except OSError:
-            continue
-        if stat.S_ISREG(info.st_mode) and os.access(candidate, os.X_OK):
-            return candidate
-    return None
 
 
 def reset_ignored_signals() -> None:
@@ -486,266 +391,6 @@ def reset_ignored_signals() -> None:
             with suppress(OSError, ValueError):
                 if signal.getsignal(sig) == signal.SIG_IGN:
                     signal.signal(sig, signal.SIG_DFL)
-
-
-def _rehearse(plan: LaunchPlan, env: dict[str, str]) -> None:
-    """Walk the request's path once, to no effect, before the request comes.
-
-    Init shares its memory copy-on-write with the processes it was forked from,
-    so the first write to each page (Python writes reference counts everywhere)
-    costs a page fault and a copy. Taking those here, while the spare waits,
-    keeps them off the call's path.
-    """
-    _parse_request(encode_request(["true"], "/"))
-    _executable("true", env)
-    if plan.limits is not None:
-        for which in _LIMITS:
-            with suppress(ValueError, OSError):
-                resource.setrlimit(which, resource.getrlimit(which))
-
-
-def _spawn_command(argv: list[str], env: dict[str, str]) -> int | None:
-    """Start the command as this process's child, on this process's 0, 1 and 2; return its pid.
-
-    ``posix_spawn`` first: it shares this process's memory until the exec instead
-    of copying it. If it fails for any reason, fork and ``execvpe`` decide, and
-    report a command that cannot run exactly as they always have. None if not
-    even the fork works (``RLIMIT_NPROC``), after saying so on stderr.
-    """
-    path = _executable(argv[0], env)
-    if path is not None:
-        with suppress(OSError):
-            return os.posix_spawn(path, argv, env, setsigmask=())
-    try:
-        pid = os.fork()
-    except OSError as exc:
-        _write_all(2, f"astralvessel: cannot run {argv[0]!r}: {exc.strerror}\n".encode())
-        return None
-    if pid == 0:
-        code = EXIT_SETUP_FAILED
-        try:
-            try:
-                os.execvpe(argv[0], argv, env)  # noqa: S606 - argv, never a shell line
-            except OSError as exc:
-                _write_all(2, f"astralvessel: cannot run {argv[0]!r}: {exc.strerror}\n".encode())
-                code = EXIT_NOT_FOUND if isinstance(exc, FileNotFoundError) else EXIT_CANNOT_EXECUTE
-        finally:
-            os._exit(code)
-    return pid
-
-
-def _run_request(
-    plan: LaunchPlan, env: dict[str, str], fds: dict[str, int]
-) -> tuple[int, bool] | None:
-    """Wait for the request, confine init, start the command, wait for it; return its
-    status and whether the call is detached.
-
-    None when the server threw this spare away unused.
-    """
-    request = _read_request(fds["control"])
-    if request is None:
-        return None
-    argv, cwd, extra_env, mode = request
-    split = mode == "S"
-    # Init's own 0, 1 and 2 become the call's pipes, for the command to inherit. Before the
-    # limits: a tiny RLIMIT_NOFILE would refuse the dup2.
-    _take_pipes(fds["stdin"], fds["output"], fds["errors"], split)
-    # The only other descriptor init holds: a call that could write to it could say it was
-    # done while still running. (The zygote receives it close-on-exec already.)
-    os.set_inheritable(fds["status"], False)
-    if plan.confine:
-        _become_unprivileged(plan)
-    command: int | None = None
-    try:
-        os.chdir(cwd)
-    except OSError as exc:
-        _write_all(2, f"astralvessel: cannot enter {cwd}: {exc.strerror}\n".encode())
-    else:
-        command = _spawn_command(argv, dict(env, **extra_env))
-    # Init holds no end of the call's pipes: the output ends when the call's processes do.
-    for fd in (0, 1, 2):
-        os.close(fd)
-    if command is None:
-        return EXIT_CANNOT_EXECUTE << 8, mode == "B"
-    while True:
-        pid, status = os.waitpid(-1, 0)
-        if pid == command:
-            return status, mode == "B"
-
-
-def _reap_all() -> None:
-    """Reap every process of this namespace as it ends, until none is left (pid 1 only).
-
-    A detached call's namespace lives while anything in it does: a server that
-    forks and exits leaves its daemon here, re-parented to this init, still
-    confined, and killed with the turn.
-    """
-    while True:
-        try:
-            os.waitpid(-1, 0)
-        except ChildProcessError:
-            return
-
-
-def _idle_priority() -> None:
-    """Run this process only when nothing else wants the CPU (``SCHED_IDLE``); best effort.
-
-    A process may always lower its own priority, but not raise it again, so
-    only a process that has nothing left to do on a call's path does this.
-    """
-    with suppress(OSError, AttributeError):
-        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-
-
-def _empty_namespace() -> None:
-    """Kill every other process of this PID namespace and reap them all (pid 1 only).
-
-    Every process here descends from init, and an orphan is re-parented to init
-    before its parent can be reaped, so once ``waitpid`` finds no child left the
-    namespace holds nothing but init. A fork racing the kill cannot slip through:
-    the kernel refuses a fork to a process that has a fatal signal pending.
-    """
-    with suppress(OSError):
-        os.kill(-1, signal.SIGKILL)
-    while True:
-        try:
-            os.waitpid(-1, 0)
-        except ChildProcessError:
-            return
-
-
-def _private_terminals() -> None:
-    """Give this call's mount namespace a /dev with pseudo-terminals of its own (init only).
-
-    The sandbox's /dev has no terminals, and no call may create a node. So init
-    builds a new /dev: a read-only tmpfs holding a bind of
-    each device of the old one and a devpts instance of its own (``newinstance``),
-    whose terminals no other call, turn or the host can reach. The old /dev is
-    reached through a scratch tmpfs on /proc, which the fresh /proc then replaces.
-    """
-    scratch = "/proc"
-    mount("tmpfs", scratch, "tmpfs", MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=16k,mode=0700")
-    old = scratch + "/dev"
-    os.mkdir(old)
-    mount("/dev", old, None, MS_BIND | MS_REC)
-    mount("tmpfs", "/dev", "tmpfs", MS_NOSUID | MS_NOEXEC, "size=64k,mode=0755")
-    for name in os.listdir(old):
-        source, target = f"{old}/{name}", f"/dev/{name}"
-        if os.path.islink(source):
-            os.symlink(os.readlink(source), target)
-            continue
-        if os.path.isdir(source):
-            os.mkdir(target)
-        else:
-            os.close(os.open(target, os.O_CREAT | os.O_WRONLY, 0o600))
-        mount(source, target, None, MS_BIND | MS_REC)
-    os.mkdir("/dev/pts")
-    mount(
-        "devpts", "/dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620"
-    )
-    os.symlink("pts/ptmx", "/dev/ptmx")
-    # Read-only: where init is the calls' own uid (Docker), its tmpfs would be theirs to fill.
-    mount(None, "/dev", None, MS_BIND | MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NOEXEC)
-    check(libc().umount2(scratch.encode(), MNT_DETACH), "umount2 /proc")
-
-
-def _run_init(plan: LaunchPlan, env: dict[str, str], fds: dict[str, int], alive: int) -> None:
-    """Pid 1 of the call's namespace: mount /proc, confine, run the command, empty, report.
-
-    Never returns. Reports ``X<status>`` when the command exits and ``D`` once
-    the namespace is empty, which is when the server answers the call (a
-    detached call's namespace empties by itself, or when init is killed).
-    """
-    status_fd = fds["status"]
-    try:
-        # A session of its own, inherited by the command: a call's killpg(0) then reaches
-        # only this init (which ignores it) and the call's own tree, never the zygote or
-        # the server's group (in Docker the server shares the calls' uid).
-        os.setsid()
-        prctl(PR_SET_PDEATHSIG, 9)
-        # If the zygote died before PDEATHSIG was armed, the write end of this pipe is gone.
-        os.set_blocking(alive, False)
-        try:
-            if os.read(alive, 1) == b"":
-                os._exit(1)
-        except BlockingIOError:
-            pass
-        os.close(alive)
-        # A mount namespace of its own with private mounts, so this call's /proc never
-        # shows up in the sandbox's view or another call's.
-        unshare(CLONE_NEWNS)
-        mount(None, "/", None, MS_REC | MS_PRIVATE)
-        if plan.terminals:
-            _private_terminals()
-        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-        # A write past RLIMIT_FSIZE then fails with EFBIG, as on a full disk, instead of
-        # killing; an ignored signal stays ignored across exec.
-        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-        if plan.confine:
-            if plan.own_userns:
-                # Before the filter, which refuses new namespaces.
-                _userns.enter_own_namespace(
-                    plan.drop_uid, plan.drop_gid, plan.inner_id, plan.inner_gid
-                )
-            _filter_early(plan)
-        _rehearse(plan, env)
-    except BaseException as exc:
-        _report(status_fd, f"E cannot start the call's PID namespace: {exc}")
-        os._exit(0)
-    detached = False
-    try:
-        ran = _run_request(plan, env, fds)
-        if ran is None:
-            os._exit(0)  # a spare the server threw away
-        status, detached = ran
-        _report(status_fd, f"X{status}")
-    except BaseException as exc:
-        _report(status_fd, f"E cannot confine the call: {exc}")
-    try:
-        if detached:
-            _reap_all()
-        _empty_namespace()
-        _report(status_fd, "D")
-        # Tearing this process down takes a millisecond or more, likely on the CPU where
-        # ``D`` just woke the server: at idle priority the answer goes first. (Not before
-        # the report: an idle process waits for every other one before it writes.)
-        _idle_priority()
-    finally:
-        os._exit(0)
-
-
-#: The descriptors a chain gets, in the order ``prepare`` hands them to ``fork_chain``.
-CHAIN_FDS = ("output", "stdin", "status", "control", "errors")
-
-
-def fork_chain(
-    plan: LaunchPlan, env: dict[str, str], child_fds: list[int], *, alive: int, own_pid_ns: int
-) -> int:
-    """Fork a call's init, pid 1 of a new PID namespace, on ``child_fds``; return its pid.
-
-    ``child_fds`` are in ``CHAIN_FDS`` order and the caller closes them after;
-    ``alive`` is the read end of a pipe whose write end only the caller holds
-    (init's check that its parent is still there), and ``own_pid_ns`` an open
-    descriptor of the caller's PID namespace. ``unshare(CLONE_NEWPID)`` puts
-    only the *next* child in a new namespace, and works once, so the caller
-    returns to its own namespace (for its children) right after the fork;
-    raises ``OSError`` if either step fails, and then the caller cannot fork
-    another chain. The caller must reap init.
-    """
-    unshare(CLONE_NEWPID)
-    try:
-        pid = os.fork()
-        if pid == 0:
-            try:
-                close_fds_except({*child_fds, alive})
-                _child_signals()
-                fds = dict(zip(CHAIN_FDS, child_fds))  # noqa: B905 - no strict= before Python 3.10
-                _run_init(plan, env, fds, alive)
-            finally:
-                os._exit(EXIT_SETUP_FAILED)
-    finally:
-        setns(own_pid_ns, CLONE_NEWPID)
-    return pid
 
 
 def prepare(order: Callable[[list[int]], None]) -> Spawned:
@@ -839,117 +484,3 @@ def spawn(
     for fd in (out_r, in_w, st_r, err_r):
         os.set_blocking(fd, False)
     return Spawned(pid, out_r, in_w, st_r, group=True, errors=err_r)
-
-
-def probe(plan: LaunchPlan) -> dict[str, str]:
-    """Try every confinement step once in a throwaway child; return each failed step with why.
-
-    Keys: ``pid_namespace`` (unshare, fork, mount /proc), ``unprivileged`` (dropping
-    to the uid, or as an ordinary user the call's own user namespace),
-    ``user_namespace`` (as root, the call's own user namespace), ``no_new_privs``,
-    ``seccomp``, ``rlimits``. Empty means all work.
-    """
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        problems: dict[str, str] = {}
-        try:
-            _child_signals()
-            _probe_steps(plan, problems, write_end)
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    report = _read_to_end(read_end)
-    os.waitpid(pid, 0)
-    found: dict[str, str] = {}
-    for line in report.decode("utf-8", "replace").splitlines():
-        key, _, why = line.partition(" ")
-        found[key] = why
-    return found
-
-
-def _probe_steps(plan: LaunchPlan, problems: dict[str, str], out: int) -> None:
-    def fail(key: str, exc: BaseException) -> None:
-        _report(out, f"{key} {exc}")
-
-    if plan.pid_namespace:
-        _probe_namespaces(plan, fail)
-        return
-    _probe_confinement(plan, fail)
-
-
-def _probe_namespaces(plan: LaunchPlan, fail: Callable[[str, BaseException], None]) -> None:
-    """Take the zygote's and init's namespace steps, then probe confinement inside them."""
-    try:
-        # The zygote's launcher: a PID namespace for the zygote.
-        unshare(CLONE_NEWPID)
-        zygote = os.fork()
-    except BaseException as exc:
-        fail("pid_namespace", exc)
-        return
-    if zygote:
-        os.waitpid(zygote, 0)
-        return
-    try:
-        # The zygote: a PID namespace for one child, then back to its own.
-        own = os.open("/proc/self/ns/pid", os.O_RDONLY)
-        unshare(CLONE_NEWPID)
-        init = os.fork()
-        if init:
-            setns(own, CLONE_NEWPID)
-            os.waitpid(init, 0)
-            os._exit(0)
-        # Init: a mount namespace of its own with a fresh /proc.
-        unshare(CLONE_NEWNS)
-        mount(None, "/", None, MS_REC | MS_PRIVATE)
-        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    except BaseException as exc:
-        fail("pid_namespace", exc)
-    own_userns = False
-    if plan.own_userns:
-        try:
-            _userns.enter_own_namespace(plan.drop_uid, plan.drop_gid, plan.inner_id)
-            own_userns = True
-        except BaseException as exc:
-            fail(userns_problem(plan), exc)
-    try:
-        _probe_confinement(plan, fail, dropped=own_userns)
-    finally:
-        os._exit(0)
-
-
-def userns_problem(plan: LaunchPlan) -> str:
-    """The probe's key for a call's own user namespace that cannot be made.
-
-    Without it, an ordinary user's calls would keep the server's capabilities
-    (``unprivileged``); root's calls still drop to the host uid, but share its
-    process count with every other turn (``user_namespace``).
-    """
-    return "unprivileged" if plan.drop_uid is None else "user_namespace"
-
-
-def _probe_confinement(
-    plan: LaunchPlan, fail: Callable[[str, BaseException], None], *, dropped: bool = False
-) -> None:
-    if plan.limits is not None:
-        try:
-            _apply_limits(plan.limits)
-        except BaseException as exc:
-            fail("rlimits", exc)
-    if not dropped:
-        try:
-            _drop(plan.drop_uid, plan.drop_gid)
-        except BaseException as exc:
-            fail("unprivileged", exc)
-    try:
-        prctl(PR_SET_NO_NEW_PRIVS, 1)
-    except BaseException as exc:
-        fail("no_new_privs", exc)
-    if plan.seccomp is not None:
-        if plan.install_seccomp is None:
-            fail("seccomp", OSError("the seccomp installer is missing from this server"))
-            return
-        try:
-            plan.install_seccomp(plan.seccomp)
-        except BaseException as exc:
-            fail("seccomp", exc)

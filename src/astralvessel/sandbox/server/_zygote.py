@@ -6,7 +6,7 @@ call itself, it would pay that again for every page it touches while serving the
 next call (a few hundred page faults, a millisecond or more on a small VM),
 right on the call's path. So the server starts the zygote once, after
 ``hello``, and the zygote forks each call's init straight into a new PID
-namespace (``_launch.fork_chain``): the zygote does almost nothing between
+namespace (``_init.fork_chain``): the zygote does almost nothing between
 forks, so it touches few pages, and the server, which never forks a call
 again, touches its own.
 
@@ -41,7 +41,7 @@ import gc
 import os
 import struct
 
-from . import _launch, _sys
+from . import _init, _launch, _sys
 from ._lean import EVENT_READ, Selector, signal, suppress
 
 __all__ = ["Zygote", "start"]
@@ -51,7 +51,7 @@ _KILL = b"K"
 _PID = struct.Struct("!i")
 _FD = struct.Struct("i")
 _IDS = struct.Struct("!II")
-_STATUS = _launch.CHAIN_FDS.index("status")
+_STATUS = _init.CHAIN_FDS.index("status")
 
 
 class Zygote:
@@ -161,7 +161,7 @@ def _launch_zygote(sock: _socket.socket, plan: _launch.LaunchPlan, env: dict[str
             os._exit(0)
     sock.close()  # the zygote's end only: when it dies, the server's sends fail at once
     os.close(alive_r)
-    _launch._idle_priority()
+    _init._idle_priority()
     os.waitpid(pid, 0)
 
 
@@ -211,7 +211,7 @@ class _Loop:
             # Close-on-exec from the start: a received descriptor is inheritable otherwise,
             # and the call's status pipe must never reach the call.
             message, ancillary, _, _ = self.sock.recvmsg(
-                16, _socket.CMSG_SPACE(len(_launch.CHAIN_FDS) * _FD.size), _socket.MSG_CMSG_CLOEXEC
+                16, _socket.CMSG_SPACE(len(_init.CHAIN_FDS) * _FD.size), _socket.MSG_CMSG_CLOEXEC
             )
         except InterruptedError:
             return True
@@ -228,14 +228,14 @@ class _Loop:
                     os.kill(pid, signal.SIGKILL)
             return True
         plan = self._plan_for(message)
-        if plan is None or len(fds) != len(_launch.CHAIN_FDS):
+        if plan is None or len(fds) != len(_init.CHAIN_FDS):
             for fd in fds:
                 with suppress(OSError):
                     os.close(fd)
             return True
         status = fds[_STATUS]
         try:
-            pid = _launch.fork_chain(
+            pid = _init.fork_chain(
                 plan, self.env, fds, alive=self.alive_r, own_pid_ns=self.own_pid_ns
             )
         except OSError as exc:
