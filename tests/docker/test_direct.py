@@ -47,6 +47,14 @@ def test_calls_travel_over_the_turns_own_socket(turn, docker_api):
     assert not Path(folders[0]).exists()
 
 
+def test_a_direct_turns_container_has_no_stdin(turn, docker_api):
+    """Nothing reads a direct turn's container stdin, so the engine keeps none open for it."""
+    config = docker_api.inspect_container(turn._channel.container_id)["Config"]
+    assert config["OpenStdin"] is False
+    assert config["AttachStdin"] is False
+    assert _run(turn, "/bin/sh", "-c", "cat; echo done").output == "done\n"
+
+
 def test_calls_cannot_see_the_channel(turn):
     """The channel's folder is the server's alone: a call's view has no trace of it."""
     outcome = _run(

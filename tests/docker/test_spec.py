@@ -42,6 +42,18 @@ def test_container_is_locked_down():
     assert config["log_config"] == {"Type": "none", "Config": {}}
 
 
+def test_only_a_server_on_a_direct_channel_has_no_stdin():
+    """The attach stream's server and docker-exec's idle shell read stdin; a direct channel's
+    server reads its socket, and its container's stdin stays closed."""
+    direct = container_spec(
+        Policy(), image="img", command=["python3", "-c", "x"], seccomp_profile=PROFILE,
+        labels={LABEL_TURN: "1"}, server=True, channel_dir="/run/host-folder",
+    )  # fmt: skip
+    assert direct.open_stdin is False
+    assert _spec(Policy()).open_stdin is True
+    assert _spec(Policy(), server=False).open_stdin is True
+
+
 def test_seccomp_profile_is_passed_inline():
     """The compiled Docker profile travels as the seccomp security option's JSON."""
     options = _spec(Policy()).host_config["security_opt"]

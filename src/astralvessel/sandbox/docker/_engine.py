@@ -342,7 +342,8 @@ class Engine:
             container_id = self._create(api, spec)
             step = "attach to"
             attached = api.attach_socket(
-                container_id, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
+                container_id,
+                params={"stdin": int(spec.open_stdin), "stdout": 1, "stderr": 1, "stream": 1},
             )
             channel = AttachChannel(
                 api, container_id, attached, engine=str(api.base_url), on_close=on_close
@@ -378,8 +379,9 @@ class Engine:
             labels=dict(spec.labels),
             host_config=host_config,
             # Open stdin that closes when our attach stream does (StdinOnce): a killed host's
-            # server reads end of input and exits, and its container stops.
-            stdin_open=True,
+            # server reads end of input and exits, and its container stops. A direct channel's
+            # server has its socket for that (``_direct``), and no stdin.
+            stdin_open=spec.open_stdin,
             hostname=HOSTNAME,
             # The client's proxy settings would add variables to the clean environment.
             use_config_proxy=False,

@@ -264,6 +264,10 @@ class ContainerSpec:
     host_config: Mapping[str, object]
     #: Host-config keys the SDK has no argument for, merged in as-is.
     host_config_extra: Mapping[str, object]
+    #: Whether the container's stdin is open and attached: the server's input on the
+    #: attach stream, the idle shell's lifeline in ``docker-exec``; a server on a direct
+    #: channel reads its socket instead, and its stdin is ``/dev/null``.
+    open_stdin: bool = True
 
 
 def _covered(path: PurePosixPath, targets: Iterable[PurePosixPath]) -> bool:
@@ -363,6 +367,7 @@ def container_spec(
         labels=dict(labels),
         host_config=host_config,
         host_config_extra=extra,
+        open_stdin=not (server and channel_dir is not None),
     )
 
 
