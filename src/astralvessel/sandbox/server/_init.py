@@ -331,19 +331,25 @@ def _run_init(plan: LaunchPlan, env: dict[str, str], fds: dict[str, int], alive:
         _report(status_fd, f"E cannot start the call's PID namespace: {exc}")
         os._exit(0)
     detached = False
+    # What goes to the server with ``D``: the command's exit, for a call that is not
+    # detached. The server answers on ``D`` alone, so one write wakes it once, not twice.
+    exited: list[str] = []
     try:
         ran = _run_request(plan, env, fds)
         if ran is None:
             os._exit(0)  # a spare the server threw away
         status, detached = ran
-        _report(status_fd, f"X{status}")
+        if detached:
+            _report(status_fd, f"X{status}")  # the host hears of it now; the rest lives on
+        else:
+            exited.append(f"X{status}")
     except BaseException as exc:
         _report(status_fd, f"E cannot confine the call: {exc}")
     try:
         if detached:
             _reap_all()
         _empty_namespace()
-        _report(status_fd, "D")
+        _report(status_fd, *exited, "D")
         # Tearing this process down takes a millisecond or more, likely on the CPU where
         # ``D`` just woke the server: at idle priority the answer goes first. (Not before
         # the report: an idle process waits for every other one before it writes.)

@@ -211,10 +211,11 @@ def _write_all(fd: int, data: bytes) -> None:
             waiting.poll()
 
 
-def _report(fd: int, line: str) -> None:
-    """Send one line to the server on the status pipe; a failure here has nowhere to go."""
+def _report(fd: int, *lines: str) -> None:
+    """Send lines to the server on the status pipe, in one write; a failure has nowhere to go."""
+    text = "".join(line.replace("\n", " ") + "\n" for line in lines)
     with suppress(OSError):
-        _write_all(fd, (line.replace("\n", " ") + "\n").encode("utf-8", "replace"))
+        _write_all(fd, text.encode("utf-8", "replace"))
 
 
 def _child_signals() -> None:
