@@ -32,14 +32,18 @@ _SPAWN = multiprocessing.get_context("spawn")
 
 def _held_slot_files(folder: str) -> int:
     """How many of ``folder``'s slot files the kernel says are flock-held right now."""
-    inodes = {os.stat(path).st_ino for path in Path(folder).glob("slot-*.lock")}
+    # The kernel names a file as MAJOR:MINOR:INODE (device numbers in hex): an inode alone
+    # can be another file system's, such as a container's.
+    files = set()
+    for path in Path(folder).glob("slot-*.lock"):
+        info = os.stat(path)
+        files.add(f"{os.major(info.st_dev):02x}:{os.minor(info.st_dev):02x}:{info.st_ino}")
     held = 0
     for line in Path("/proc/locks").read_text().splitlines():
         fields = line.split()
         if "->" in fields or len(fields) < 6 or fields[1] != "FLOCK":
             continue  # a waiter, or not a whole-file lock
-        if int(fields[5].rsplit(":", 1)[1]) in inodes:
-            held += 1
+        held += fields[5] in files
     return held
 
 
