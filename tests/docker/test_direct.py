@@ -21,7 +21,13 @@ from astralvessel.sandbox import Mount, Policy, RunRequest
 from astralvessel.sandbox.docker import Docker, _direct
 from astralvessel.sandbox.docker._attach import AttachChannel
 from astralvessel.sandbox.docker._direct import DirectChannel, Listener
-from astralvessel.sandbox.docker._spec import CHANNEL_DIR, CHANNEL_SOCKET
+from astralvessel.sandbox.docker._engine import Starting
+from astralvessel.sandbox.docker._spec import (
+    CHANNEL_DIR,
+    CHANNEL_SOCKET,
+    LABEL_OWNER,
+    container_spec,
+)
 
 from .conftest import BASE_IMAGE, SMALL_LIMITS
 
@@ -298,3 +304,35 @@ def test_leftover_folder_names_are_judged_by_their_owner():
         "other-channel-11-500-abc",
     ):
         assert not _direct.is_leftover_folder(name, alive), name
+
+
+def test_a_start_refused_while_the_server_is_awaited_is_one_clear_error(docker_api):
+    """The host awaits the server while the engine starts its container: a start the engine
+    refuses ends that wait at once, as BackendUnavailableError naming the step; nothing is left."""
+    backend = Docker(base_image=BASE_IMAGE, pull=False)
+    label = "astralvessel-refused-start-test"
+    listener = Listener(uid=2013265999)
+    spec = container_spec(
+        Policy(),
+        image=backend.engine.ensure_image(BASE_IMAGE),
+        command=["/no/such/program"],
+        seccomp_profile={"defaultAction": "SCMP_ACT_ALLOW"},
+        labels={LABEL_OWNER: label},
+        server=True,
+        channel_dir=listener.folder,
+    )
+    met = []
+
+    def meet(attach: AttachChannel, starting: Starting) -> socket.socket:
+        met.append(attach.container_id)
+        # Without the start's refusal this would wait for a server that never comes.
+        return listener.accept(attach, 600, starting)
+
+    try:
+        with pytest.raises(BackendUnavailableError, match="refused to start it") as caught:
+            backend.engine.start_meeting(spec, on_close=None, meet=meet)
+    finally:
+        listener.close()
+    assert "/no/such/program" in str(caught.value)
+    assert len(met) == 1  # a refusal that is not the runtime's failing is not repeated
+    assert docker_api.containers(all=True, filters={"label": f"{LABEL_OWNER}={label}"}) == []

@@ -16,7 +16,7 @@ re-exported here, where backends and the executor have always found them.
 from __future__ import annotations
 
 import abc
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import ClassVar
 
 import attrs
@@ -100,6 +100,12 @@ class ServerLink:
 
     channel: Channel
     options: ServerOptions = attrs.field(validator=attrs.validators.instance_of(ServerOptions))
+    #: Waits for what the sandbox still had in hand when its server connected (a Docker
+    #: engine's answer to the start, while the server booted); raises if that failed.
+    #: Called once the server is ready, so the two overlap.
+    settle: Callable[[], None] | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.is_callable())
+    )
 
 
 class Sandbox(abc.ABC):
@@ -146,7 +152,7 @@ class Sandbox(abc.ABC):
             )
         link = self.open(policy)
         options = link.options
-        return ServerSession.start(
+        session = ServerSession.start(
             link.channel,
             policy,
             backend=self.name,
@@ -159,6 +165,13 @@ class Sandbox(abc.ABC):
             probe_key=options.probe_key,
             build=options.build,
         )
+        if link.settle is not None:
+            try:
+                link.settle()
+            except BaseException:
+                session.close()
+                raise
+        return session
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}()"

@@ -29,7 +29,7 @@ from .._session import ServerBuild, server_command
 from .._uids import UidLease, default_lock_dir, describe_range, lease_uid, resolve_range
 from ._attach import AttachChannel
 from ._direct import DirectChannel, Listener, NotConnectedError
-from ._engine import BASE_IMAGE_ENV, CreateRefusedError, Engine, owner
+from ._engine import BASE_IMAGE_ENV, CreateRefusedError, Engine, Starting, owner
 from ._exec_session import EXEC_NOTE, ExecSession
 from ._spec import (
     CALL_UID,
@@ -279,6 +279,7 @@ class Docker(Sandbox):
                 listener.close()
         return ServerLink(
             channel=channel,
+            settle=channel.settle if isinstance(channel, DirectChannel) else None,
             options=ServerOptions(
                 confine=True,
                 # The container already runs as the turn's uid; in its user namespace only that
@@ -323,23 +324,24 @@ class Docker(Sandbox):
             channel_dir=None if listener is None else listener.folder,
         )
         # The lease goes back once the container is removed.
-        try:
-            attach = self.engine.start_container(
-                spec, on_close=None if lease is None else lease.release
+        on_close = None if lease is None else lease.release
+        if listener is None:
+            return self.engine.start_container(spec, on_close=on_close)
+
+        def meet(attach: AttachChannel, starting: Starting) -> DirectChannel:
+            # While the engine answers the start, the server connects and boots.
+            return DirectChannel(
+                listener.accept(attach, self.start_timeout, starting), attach, starting
             )
+
+        try:
+            _, channel = self.engine.start_meeting(spec, on_close=on_close, meet=meet)
         except CreateRefusedError as refused:
-            if listener is None:
-                raise
             raise NotConnectedError(
                 f"the engine cannot bind the channel's folder: {refused}"
             ) from None
-        if listener is None:
-            return attach
-        try:
-            return DirectChannel(listener.accept(attach, self.start_timeout), attach)
-        except BaseException:
-            attach.close()
-            raise
+        assert channel is not None  # noqa: S101 - start_meeting returns what meet made
+        return channel
 
 
 class DockerExec(Docker):

@@ -31,7 +31,7 @@ from collections.abc import Callable
 
 from ...errors import SandboxError
 from ._attach import AttachChannel
-from ._engine import process_start_time
+from ._engine import Starting, process_start_time
 from ._spec import CHANNEL_SOCKET
 
 __all__ = ["DirectChannel", "Listener", "NotConnectedError", "is_leftover_folder", "reap_leftovers"]
@@ -128,16 +128,22 @@ class Listener:
             self.close()
             raise
 
-    def accept(self, attach: AttachChannel, timeout: float) -> socket.socket:
+    def accept(
+        self, attach: AttachChannel, timeout: float, starting: Starting | None = None
+    ) -> socket.socket:
         """The server's connection; ``SandboxError`` if its container ends first or time runs out.
 
-        Connections from any other uid are closed and the wait goes on.
+        Connections from any other uid are closed and the wait goes on. With
+        ``starting`` (the engine still starting the container), its refusal is
+        raised as soon as it comes (``Starting.result``).
         """
         deadline = time.monotonic() + timeout
         # poll, not select: a host with hundreds of turns holds descriptors past 1024.
         waiting = select.poll()
         waiting.register(self._sock.fileno(), select.POLLIN)
         waiting.register(attach.fileno(), select.POLLIN)
+        if starting is not None:
+            waiting.register(starting.fileno(), select.POLLIN)
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -146,7 +152,15 @@ class Listener:
                     f"{attach.describe_exit()}"
                 )
             readable = {fd for fd, _ in waiting.poll(remaining * 1000)}
+            if starting is not None and starting.fileno() in readable:
+                waiting.unregister(starting.fileno())
+                starting.result()
+                starting = None
             if attach.fileno() in readable and not attach.pump():
+                if starting is not None:
+                    # A container the runtime could not start ends before the engine
+                    # answers: its refusal says more than the exit does.
+                    starting.result()
                 described = attach.describe_exit()
                 error = NotConnectedError if _REFUSED in described else SandboxError
                 raise error(f"the turn's container ended before its server connected; {described}")
@@ -173,9 +187,13 @@ class Listener:
 class DirectChannel:
     """A ``Channel`` over the server's socket; the attach stream under it keeps stderr."""
 
-    def __init__(self, sock: socket.socket, attach: AttachChannel) -> None:
+    def __init__(
+        self, sock: socket.socket, attach: AttachChannel, starting: Starting | None = None
+    ) -> None:
         self._sock = sock
         self._attach = attach
+        #: The engine's answer to the container's start, maybe still on its way (``settle``).
+        self._starting = starting
         #: The turn's container.
         self.container_id = attach.container_id
         self._ours = sock.fileno()
@@ -189,6 +207,15 @@ class DirectChannel:
         self._ended = False
         self._closed = False
         self._lock = threading.Lock()
+
+    def settle(self) -> None:
+        """Wait for the engine's answer to the container's start; raise its refusal.
+
+        The server connects before the engine answers the start, and boots
+        meanwhile: the turn is started once both are done (``ServerLink.settle``).
+        """
+        if self._starting is not None:
+            self._starting.settle()
 
     def send(self, data: bytes) -> None:
         """Write to the server."""
@@ -241,6 +268,10 @@ class DirectChannel:
             self._sock.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self._sock.close()
+        if self._starting is not None:
+            # No start request left running behind a removed container.
+            with contextlib.suppress(Exception):
+                self._starting.result()
         if self._ended:
             # The server has gone (a shutdown): remove its container once the engine has
             # seen it end, which costs less than removing one still going down.

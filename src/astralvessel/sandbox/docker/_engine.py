@@ -21,7 +21,7 @@ import warnings
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from ...errors import AstralVesselError, BackendUnavailableError
 from .._layout import HOSTNAME
@@ -43,6 +43,7 @@ __all__ = [
     "BUILT_REPOSITORY",
     "CreateRefusedError",
     "Engine",
+    "Starting",
     "import_docker",
     "owner",
     "process_start_time",
@@ -321,9 +322,29 @@ class Engine:
         one ``BackendUnavailableError`` naming the step and the engine.
         ``on_close`` runs once the channel has removed the container.
         """
+        channel, _ = self.start_meeting(spec, on_close=on_close, meet=None)
+        return channel
+
+    def start_meeting(
+        self,
+        spec: ContainerSpec,
+        *,
+        on_close: Callable[[], None] | None,
+        meet: Callable[[AttachChannel, Starting], _Met] | None,
+    ) -> tuple[AttachChannel, _Met | None]:
+        """``start_container``, calling ``meet(channel, starting)`` while the engine starts it.
+
+        The engine's start takes most of a turn's start (runc, cgroups, mounts),
+        and the container's process runs before the engine answers: ``meet``
+        (the direct channel's accept) meets it meanwhile, watching ``starting``,
+        which raises the engine's refusal (``result``) as a failed start. What
+        ``meet`` raises otherwise passes as it is, the container removed. The
+        start's answer may still be on its way when this returns: ``result``
+        waits for it (``DirectChannel.settle``).
+        """
         for attempt in (1, 2):
             try:
-                return self._start_once(spec, on_close)
+                return self._start_once(spec, on_close, meet)
             except _StartFailed as failed:
                 if failed.refused:
                     raise CreateRefusedError(failed.message) from None
@@ -332,12 +353,16 @@ class Engine:
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _start_once(
-        self, spec: ContainerSpec, on_close: Callable[[], None] | None
-    ) -> AttachChannel:
+        self,
+        spec: ContainerSpec,
+        on_close: Callable[[], None] | None,
+        meet: Callable[[AttachChannel, Starting], _Met] | None,
+    ) -> tuple[AttachChannel, _Met | None]:
         api = self.api()
         step = "create"
         container_id: str | None = None
         attached: Any = None
+        starting: Starting | None = None
         try:
             container_id = self._create(api, spec)
             step = "attach to"
@@ -350,20 +375,35 @@ class Engine:
             )
             raw_socket(attached).settimeout(None)
             step = "start"
-            api.start(container_id)
-        except Exception as exc:
-            if attached is not None:
-                close_attached(attached)
-            removed = container_id is None or _remove(api, container_id)
-            status = status_of(exc)
-            raise _StartFailed(
-                start_failure(step, exc, str(api.base_url)),
-                repeatable=step == "start" and removed and status is not None and status >= 500,
-                # Engines answer a setting they cannot use with 400 or 500 (an unparsable
-                # bind is 500 on API 1.41): any answer is a refusal, silence is not.
-                refused=step == "create" and status is not None,
-            ) from None
-        return channel
+            if meet is None:
+                api.start(container_id)
+                return channel, None
+            starting = Starting(api, container_id)
+            return channel, meet(channel, starting)
+        except _EngineRefused as refused:
+            failure: Exception = refused.cause
+        except BaseException as exc:
+            if starting is not None:
+                # ``meet``'s own failure (the server never connected): the container goes,
+                # with the start's answer awaited so no request is left running.
+                channel.close()
+                with contextlib.suppress(Exception):
+                    starting.result()
+                raise
+            if not isinstance(exc, Exception):
+                raise
+            failure = exc
+        if attached is not None:
+            close_attached(attached)
+        removed = container_id is None or _remove(api, container_id)
+        status = status_of(failure)
+        raise _StartFailed(
+            start_failure(step, failure, str(api.base_url)),
+            repeatable=step == "start" and removed and status is not None and status >= 500,
+            # Engines answer a setting they cannot use with 400 or 500 (an unparsable
+            # bind is 500 on API 1.41): any answer is a refusal, silence is not.
+            refused=step == "create" and status is not None,
+        ) from None
 
     def _create(self, api: Any, spec: ContainerSpec) -> str:
         host_config = api.create_host_config(**_sdk_host_config(spec.host_config))
@@ -411,6 +451,69 @@ class Engine:
             self._swept = True
         with contextlib.suppress(Exception):
             self.sweep()
+
+
+_Met = TypeVar("_Met")
+
+
+class _EngineRefused(Exception):
+    """The engine's refusal of a start, carried out of ``meet`` (``Starting.result``)."""
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+class Starting:
+    """The engine's answer to a container's start, asked on a thread of its own.
+
+    So the host meets the container's process while the engine still works on
+    the start (``Engine.start_meeting``). ``fileno`` turns readable once the
+    answer is in; ``result`` waits for it and raises a refusal.
+    """
+
+    def __init__(self, api: Any, container_id: str) -> None:
+        self._engine = str(api.base_url)
+        self._read, self._write = os.pipe()
+        self._error: Exception | None = None
+        self._done = False
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(
+            target=self._start, args=(api, container_id), name="docker-start", daemon=True
+        )
+        self._thread.start()
+
+    def _start(self, api: Any, container_id: str) -> None:
+        try:
+            api.start(container_id)
+        except Exception as exc:
+            self._error = exc
+        finally:
+            os.write(self._write, b"!")
+
+    def fileno(self) -> int:
+        """Readable once the engine has answered."""
+        return self._read
+
+    def result(self) -> None:
+        """Wait for the engine's answer; raise its refusal (as ``_EngineRefused``). Repeatable."""
+        self._thread.join()
+        with self._lock:
+            if not self._done:
+                self._done = True
+                os.close(self._read)
+                os.close(self._write)
+        if self._error is not None:
+            raise _EngineRefused(self._error)
+
+    def settle(self) -> None:
+        """``result``, a refusal raised as ``BackendUnavailableError`` naming the start."""
+        try:
+            self.result()
+        except _EngineRefused as refused:
+            raise BackendUnavailableError(
+                start_failure("start", refused.cause, self._engine)
+            ) from None
 
 
 class CreateRefusedError(BackendUnavailableError):
