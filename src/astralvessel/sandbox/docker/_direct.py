@@ -135,9 +135,11 @@ class Listener:
 
         Connections from any other uid are closed and the wait goes on. With
         ``starting`` (the engine still starting the container), its refusal is
-        raised as soon as it comes (``Starting.result``).
+        raised as soon as it comes (``Starting.result``), and ``timeout`` runs
+        from its answer: a start queued behind others (``_gate``) is not the
+        server's delay, and the engine's request has a timeout of its own.
         """
-        deadline = time.monotonic() + timeout
+        deadline = None if starting is not None else time.monotonic() + timeout
         # poll, not select: a host with hundreds of turns holds descriptors past 1024.
         waiting = select.poll()
         waiting.register(self._sock.fileno(), select.POLLIN)
@@ -145,17 +147,20 @@ class Listener:
         if starting is not None:
             waiting.register(starting.fileno(), select.POLLIN)
         while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
                 raise SandboxError(
                     f"the docker sandbox server did not connect within {timeout:g} s; "
                     f"{attach.describe_exit()}"
                 )
-            readable = {fd for fd, _ in waiting.poll(remaining * 1000)}
+            readable = {
+                fd for fd, _ in waiting.poll(None if remaining is None else remaining * 1000)
+            }
             if starting is not None and starting.fileno() in readable:
                 waiting.unregister(starting.fileno())
                 starting.result()
                 starting = None
+                deadline = time.monotonic() + timeout
             if attach.fileno() in readable and not attach.pump():
                 if starting is not None:
                     # A container the runtime could not start ends before the engine
