@@ -51,15 +51,6 @@ TOOLS = (
 )
 
 
-def median_ms(action: Callable[[], object], runs: int) -> float:
-    samples = []
-    for _ in range(runs):
-        began = time.perf_counter()
-        action()
-        samples.append((time.perf_counter() - began) * 1000)
-    return statistics.median(samples)
-
-
 def paired_medians(
     first: Callable[[], object], second: Callable[[], object], runs: int
 ) -> tuple[float, float]:
