@@ -21,13 +21,13 @@ from astralvessel.sandbox import Mount, Policy, RunRequest
 from astralvessel.sandbox.docker import Docker, _direct
 from astralvessel.sandbox.docker._attach import AttachChannel
 from astralvessel.sandbox.docker._direct import DirectChannel, Listener
-from astralvessel.sandbox.docker._engine import Starting
 from astralvessel.sandbox.docker._spec import (
     CHANNEL_DIR,
     CHANNEL_SOCKET,
     LABEL_OWNER,
     container_spec,
 )
+from astralvessel.sandbox.docker._starting import Starting
 
 from .conftest import BASE_IMAGE, SMALL_LIMITS
 

@@ -29,7 +29,7 @@ from .._session import ServerBuild, server_command
 from .._uids import UidLease, default_lock_dir, describe_range, lease_uid, resolve_range
 from ._attach import AttachChannel
 from ._direct import DirectChannel, Listener, NotConnectedError
-from ._engine import BASE_IMAGE_ENV, CreateRefusedError, Engine, Starting, owner
+from ._engine import BASE_IMAGE_ENV, CreateRefusedError, Engine, owner
 from ._exec_session import EXEC_NOTE, ExecSession
 from ._spec import (
     CALL_UID,
@@ -41,6 +41,7 @@ from ._spec import (
     container_spec,
     server_argv,
 )
+from ._starting import Starting
 
 __all__ = ["DEFAULT_BASE_IMAGE", "Docker", "DockerExec"]
 

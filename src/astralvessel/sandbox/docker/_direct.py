@@ -31,8 +31,9 @@ from collections.abc import Callable
 
 from ...errors import SandboxError
 from ._attach import AttachChannel
-from ._engine import Starting, process_start_time
+from ._engine import process_start_time
 from ._spec import CHANNEL_SOCKET
+from ._starting import Starting
 
 __all__ = ["DirectChannel", "Listener", "NotConnectedError", "is_leftover_folder", "reap_leftovers"]
 

@@ -37,13 +37,13 @@ from ._spec import (
     is_leftover,
     owner_label,
 )
+from ._starting import EngineRefused, Starting, start_failure
 
 __all__ = [
     "BASE_IMAGE_ENV",
     "BUILT_REPOSITORY",
     "CreateRefusedError",
     "Engine",
-    "Starting",
     "import_docker",
     "owner",
     "process_start_time",
@@ -380,7 +380,7 @@ class Engine:
                 return channel, None
             starting = Starting(api, container_id)
             return channel, meet(channel, starting)
-        except _EngineRefused as refused:
+        except EngineRefused as refused:
             failure: Exception = refused.cause
         except BaseException as exc:
             if starting is not None:
@@ -456,66 +456,6 @@ class Engine:
 _Met = TypeVar("_Met")
 
 
-class _EngineRefused(Exception):
-    """The engine's refusal of a start, carried out of ``meet`` (``Starting.result``)."""
-
-    def __init__(self, cause: Exception) -> None:
-        super().__init__(str(cause))
-        self.cause = cause
-
-
-class Starting:
-    """The engine's answer to a container's start, asked on a thread of its own.
-
-    So the host meets the container's process while the engine still works on
-    the start (``Engine.start_meeting``). ``fileno`` turns readable once the
-    answer is in; ``result`` waits for it and raises a refusal.
-    """
-
-    def __init__(self, api: Any, container_id: str) -> None:
-        self._engine = str(api.base_url)
-        self._read, self._write = os.pipe()
-        self._error: Exception | None = None
-        self._done = False
-        self._lock = threading.Lock()
-        self._thread = threading.Thread(
-            target=self._start, args=(api, container_id), name="docker-start", daemon=True
-        )
-        self._thread.start()
-
-    def _start(self, api: Any, container_id: str) -> None:
-        try:
-            api.start(container_id)
-        except Exception as exc:
-            self._error = exc
-        finally:
-            os.write(self._write, b"!")
-
-    def fileno(self) -> int:
-        """Readable once the engine has answered."""
-        return self._read
-
-    def result(self) -> None:
-        """Wait for the engine's answer; raise its refusal (as ``_EngineRefused``). Repeatable."""
-        self._thread.join()
-        with self._lock:
-            if not self._done:
-                self._done = True
-                os.close(self._read)
-                os.close(self._write)
-        if self._error is not None:
-            raise _EngineRefused(self._error)
-
-    def settle(self) -> None:
-        """``result``, a refusal raised as ``BackendUnavailableError`` naming the start."""
-        try:
-            self.result()
-        except _EngineRefused as refused:
-            raise BackendUnavailableError(
-                start_failure("start", refused.cause, self._engine)
-            ) from None
-
-
 class CreateRefusedError(BackendUnavailableError):
     """The engine answered a request to create a turn's container with a refusal.
 
@@ -533,21 +473,6 @@ class _StartFailed(Exception):
         self.message = message
         self.repeatable = repeatable
         self.refused = refused
-
-
-def start_failure(step: str, exc: BaseException, engine: str) -> str:
-    """What to tell the host when ``step`` of a container start failed with ``exc``."""
-    if status_of(exc) is None:
-        return (
-            f"docker cannot start the turn's container: the engine at {engine} did not answer "
-            f"the request to {step} it ({exc}). If `docker info` hangs too, the engine is "
-            "stuck: see docs/troubleshooting.md, 'The Docker engine stopped answering'"
-        )
-    explanation = getattr(exc, "explanation", None) or exc
-    return (
-        f"docker cannot start the turn's container: the engine at {engine} refused to "
-        f"{step} it: {explanation}"
-    )
 
 
 def _remove(api: Any, container_id: str) -> bool:
