@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
+from ._exec import Listing as Listing
 from .agent import Agent as Agent
 from .agent import Service as Service
 from .errors import AstralVesselError as AstralVesselError
@@ -62,6 +63,7 @@ __all__ = [
     "Executor",
     "FileTooLargeError",
     "InputMode",
+    "Listing",
     "OutboxFile",
     "PromiseNotEnforcedError",
     "Registry",

@@ -20,7 +20,10 @@ The bounds, each documented in ``docs/exec-and-files.md``:
   timeout when omitted.
 * output: ``OUTPUT_BYTES`` of each stream kept, the rest dropped
   (``ExecResult.truncated``).
-* files: ``FILE_BYTES`` at most, read or written.
+* files: ``FILE_BYTES`` at most, read or written; paths as the os module takes
+  them (``os.fsdecode``'s escapes of non-UTF-8 bytes, no NUL).
+* ``list_dir``: at most ``limit`` entries (1 to ``LIST_MAX_ENTRIES``), and the
+  ``Listing`` says when the folder held more.
 * detached processes (``Turn.start``): at most ``DETACHED_PER_TURN`` at once,
   each counted until everything it started has ended; the first ``LOG_BYTES``
   of each one's merged output kept; ``timeout`` optional (until the turn ends).
@@ -35,7 +38,7 @@ import errno
 import math
 import os
 import posixpath
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 
 import attrs
 
@@ -49,7 +52,7 @@ from .errors import (
     UsageError,
 )
 from .sandbox._api import MAX_ID, DetachRequest, ExecRequest, ExecResult, FsReply, FsRequest
-from .sandbox.server._fsops import CHUNK_BYTES
+from .sandbox.server._fsops import CHUNK_BYTES, LIST_MAX_ENTRIES
 from .sandbox.server._protocol import DETACHED_PER_TURN
 
 __all__ = [
@@ -59,12 +62,14 @@ __all__ = [
     "ENV_BYTES",
     "FILE_BYTES",
     "INPUT_BYTES",
+    "LIST_MAX_ENTRIES",
     "LOG_BYTES",
     "MAX_TIMEOUT",
     "OUTPUT_BYTES",
     "PASSWD_BYTES",
     "RESERVED_ENV",
     "USER_NAME_CHARS",
+    "Listing",
     "detach_request",
     "exec_plan",
     "exec_request",
@@ -337,16 +342,21 @@ def exec_plan(
 
 
 def _path(path: object) -> str:
+    """A sandbox path as the os module takes one: str, with ``os.fsdecode``'s escapes of
+    non-UTF-8 bytes (as ``list_dir`` gives such names); never NUL or another surrogate."""
     if isinstance(path, os.PathLike):
         path = os.fspath(path)
     if not isinstance(path, str) or not path:
         raise UsageError(f"path must be a non-empty sandbox path, not {path!r}")
     _no_nul("path", path)
     try:
-        path.encode("utf-8")
-    except UnicodeEncodeError:
-        # A lone surrogate would reach the sandbox as another name.
-        raise UsageError(f"path {path!r} is not valid Unicode") from None
+        path.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError as error:
+        # No byte string decodes to it: it would reach the sandbox as another name.
+        raise UsageError(
+            f"path {path!r} holds {path[error.start]!r}, a lone surrogate that stands for no "
+            "byte of a file name (only os.fsdecode's escapes U+DC80-U+DCFF do)"
+        ) from None
     return path
 
 
@@ -424,18 +434,49 @@ def write_plan(
             return
 
 
+class Listing(list[tuple[str, str]]):
+    """What ``Turn.list_dir`` returns: a list of ``(name, kind)`` in name order, and
+    ``truncated``, true when the folder held more entries than the listing shows.
+
+    A name that is not UTF-8 holds ``os.fsdecode``'s escapes of its bytes, as
+    ``os.listdir`` gives it, and reaches the same file when passed back.
+    """
+
+    truncated: bool
+
+    def __init__(self, entries: Iterable[tuple[str, str]] = (), *, truncated: bool = False) -> None:
+        super().__init__(entries)
+        self.truncated = truncated
+
+    def __repr__(self) -> str:
+        return f"Listing({list.__repr__(self)}, truncated={self.truncated!r})"
+
+
+def _limit(limit: object) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise UsageError(f"limit must be a number of entries, not {limit!r}")
+    if not 1 <= limit <= LIST_MAX_ENTRIES:
+        raise UsageError(f"limit must be from 1 to {LIST_MAX_ENTRIES} entries, not {limit}")
+    return limit
+
+
+def _entries(records: bytes) -> Iterator[tuple[str, str]]:
+    """Parse the server's ``KIND/NAME\\0`` records; names as ``os.fsdecode`` gives them."""
+    for record in records.split(b"\0")[:-1]:
+        kind, _, name = record.partition(b"/")
+        yield name.decode("utf-8", "surrogateescape"), kind.decode("ascii", "replace")
+
+
 def list_plan(
-    path: object, *, timeout: float
-) -> Generator[FsRequest, FsReply, list[tuple[str, str]]]:
-    """List a folder: ``(name, kind)`` pairs, kind ``file``, ``dir``, ``link`` or ``other``."""
+    path: object, *, timeout: float, limit: object = LIST_MAX_ENTRIES
+) -> Generator[FsRequest, FsReply, Listing]:
+    """List a folder: ``(name, kind)`` pairs, kind ``file``, ``dir``, ``link`` or ``other``.
+
+    At most ``limit`` entries: past it, an arbitrary ``limit`` of them, sorted,
+    with ``truncated`` set.
+    """
     where = _path(path)
-    reply = yield FsRequest(op="list", path=where, timeout=timeout)
+    most = _limit(limit)
+    reply = yield FsRequest(op="list", path=where, timeout=timeout, limit=most)
     _raise_for(reply, where)
-    entries = reply.fields.get("entries")
-    if not isinstance(entries, list):
-        return []
-    return [
-        (str(entry[0]), str(entry[1]))
-        for entry in entries
-        if isinstance(entry, list) and len(entry) == 2
-    ]
+    return Listing(_entries(reply.data), truncated=bool(reply.fields.get("more")))

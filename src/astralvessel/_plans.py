@@ -132,12 +132,21 @@ def view_request(view: str, arguments: Mapping[str, Any], timeout: float) -> FsR
     return FsRequest(op="view", view=view, arguments=arguments, timeout=timeout)
 
 
+def _shown(text: str) -> str:
+    """``text`` as valid Unicode for a model: a file name's undecodable bytes (which the
+    sandbox sends as ``os.fsdecode``'s escapes) become U+FFFD, as a terminal shows them."""
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    except UnicodeEncodeError:  # another lone surrogate: no peer sends one, a fake might
+        return text.encode("utf-8", "replace").decode("utf-8")
+
+
 def view_outcome(reply: FsReply) -> FileOutcome:
     """A view's reply as the text the model reads; a worker failure is that text's error."""
     if reply.errno is not None:
-        return FileOutcome(text=reply.message or reply.errno, is_error=True)
+        return FileOutcome(text=_shown(reply.message or reply.errno), is_error=True)
     return FileOutcome(
-        text=str(reply.fields.get("text", "")), is_error=bool(reply.fields.get("is_error"))
+        text=_shown(str(reply.fields.get("text", ""))), is_error=bool(reply.fields.get("is_error"))
     )
 
 

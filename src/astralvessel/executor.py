@@ -23,6 +23,7 @@ import attrs
 from . import _exec
 from ._aio import shielded, to_thread
 from ._arguments import Refusal, check_arguments, parse_arguments, unknown_tool
+from ._exec import Listing
 from ._network import WarmNetwork, start_proxy
 from ._plans import Call, Plan, TurnContext
 from ._runners import plan_call
@@ -519,16 +520,23 @@ class Turn:
         """Async twin of ``write_file``."""
         await self._adrive(_exec.write_plan(path, data, timeout=self._file_timeout()))
 
-    def list_dir(self, path: str = ".") -> list[tuple[str, str]]:
+    def list_dir(self, path: str = ".", *, limit: int = _exec.LIST_MAX_ENTRIES) -> Listing:
         """The entries of the folder at sandbox ``path``: ``(name, kind)`` in name order.
 
-        ``kind`` is ``file``, ``dir``, ``link`` or ``other``; at most 10 000 entries.
+        ``kind`` is ``file``, ``dir``, ``link`` or ``other``. A ``Listing`` is a
+        list; its ``truncated`` is true when the folder held more than ``limit``
+        entries (1 to 10 000; ``UsageError`` outside), and then it holds
+        ``limit`` of them, not chosen by name. A name that is not UTF-8 comes as
+        ``os.listdir`` gives it (``os.fsdecode``'s escapes) and reaches the same
+        file when passed back. Raises ``SandboxFileNotFoundError``,
+        ``SandboxNotADirectoryError`` (a file), ``SandboxPermissionError``
+        (outside the agent's data, or unlistable as the calls' user).
         """
-        return self._drive(_exec.list_plan(path, timeout=self._file_timeout()))
+        return self._drive(_exec.list_plan(path, timeout=self._file_timeout(), limit=limit))
 
-    async def alist_dir(self, path: str = ".") -> list[tuple[str, str]]:
+    async def alist_dir(self, path: str = ".", *, limit: int = _exec.LIST_MAX_ENTRIES) -> Listing:
         """Async twin of ``list_dir``."""
-        return await self._adrive(_exec.list_plan(path, timeout=self._file_timeout()))
+        return await self._adrive(_exec.list_plan(path, timeout=self._file_timeout(), limit=limit))
 
     def _exec_plan(  # noqa: PLR0917 - exec's own arguments, passed on as they came
         self, argv: object, input: object, cwd: object, env: object, timeout: object, user: object

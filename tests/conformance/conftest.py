@@ -47,6 +47,13 @@ _FILE_PRIMITIVE_TESTS = (
     "test_writable_root_opens_the_root_to_writes",
     "test_links_swapped_under_file_operations_never_lead_outside",
     "test_write_past_the_disk_leaves_the_file_empty_and_room",
+    # test_file_names.py: names of any bytes, and listings that say when they were cut.
+    "test_listed_names_reach_the_same_files",
+    "test_host_names_arrive_as_their_bytes",
+    "test_name_lengths_are_the_kernels",
+    "test_dot_dot_names_a_folder_not_a_file",
+    "test_a_listing_past_its_limit_says_it_was_cut",
+    "test_a_folder_past_ten_thousand_entries_is_never_cut_silently",
 )
 #: Per backend, the tests of promises it declares it cannot keep (test name: why).
 DECLARED_UNKEPT: dict[str, dict[str, str]] = {
@@ -82,6 +89,7 @@ DECLARED_UNKEPT: dict[str, dict[str, str]] = {
         "test_file_names_from_file_tools_are_escaped": (
             f"{_NO_SERVER}: the file tools are unavailable"
         ),
+        "test_builtin_tools_act_on_hostile_names": f"{_NO_SERVER}: the file tools are unavailable",
         "test_sixteen_execs_run_at_once": f"{_NO_SERVER}: commands run one at a time",
         **dict.fromkeys(
             _FILE_PRIMITIVE_TESTS,

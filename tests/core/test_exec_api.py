@@ -207,3 +207,29 @@ def test_user_without_root_identity_is_a_usage_error(user):
     """Without the root identity there is one user: any user= is refused before anything runs."""
     with pytest.raises(UsageError, match="root identity"):
         _resolve(user, FsReply(), root_identity=False)
+
+
+def test_a_listing_is_a_list_that_says_it_was_cut():
+    """A Listing compares as its list, keeps ``truncated`` through pickle (Ray), shows both."""
+    import pickle
+
+    listing = exec_module.Listing([("caf\udce9", "file")], truncated=True)
+    assert listing == [("caf\udce9", "file")]
+    copy = pickle.loads(pickle.dumps(listing))  # noqa: S301 - our own bytes
+    assert copy == listing
+    assert copy.truncated
+    assert "truncated=True" in repr(listing)
+    assert not exec_module.Listing().truncated
+
+
+def test_list_records_are_parsed_as_fsdecode_names():
+    """The server's ``KIND/NAME\\0`` records become names as ``os.fsdecode`` gives them."""
+    plan = exec_module.list_plan("/workspace", timeout=5.0, limit=3)
+    request = next(plan)
+    assert request.limit == 3
+    records = b"file/caf\xe9\0dir/a\nb\0link/\x1b[0m\0"
+    with pytest.raises(StopIteration) as done:
+        plan.send(FsReply(fields={"count": 3, "more": True}, data=records))
+    listing = done.value.value
+    assert listing == [("caf\udce9", "file"), ("a\nb", "dir"), ("\x1b[0m", "link")]
+    assert listing.truncated

@@ -135,3 +135,20 @@ def test_cut_payload_is_reported_on_stderr() -> None:
     )
     assert done.returncode != 0
     assert b"payload cut short" in done.stderr
+
+
+def test_file_name_bytes_cross_a_frame_as_themselves():
+    """``os.fsdecode``'s escapes travel as their bytes and come back as the same escapes."""
+    name = "/workspace/caf\udce9\udcff\udc80"
+    frame = _protocol.encode({"type": "fs", "path": name})
+    assert b"caf\xe9\xff\x80" in frame
+    decoder = _protocol.FrameDecoder()
+    decoder.feed(frame)
+    assert _frames(decoder) == [({"type": "fs", "path": name}, b"")]
+
+
+def test_a_surrogate_that_stands_for_no_byte_crosses_as_a_replacement():
+    """Any other lone surrogate cannot be a byte: it arrives as U+FFFD, never breaking the frame."""
+    decoder = _protocol.FrameDecoder()
+    decoder.feed(_protocol.encode({"type": "x", "text": "a\ud800b\udcffc"}))
+    assert _frames(decoder) == [({"type": "x", "text": "a\ufffdb\udcffc"}, b"")]

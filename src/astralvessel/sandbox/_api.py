@@ -243,10 +243,11 @@ class FsRequest:
 
     ``op`` is ``read`` (``length`` bytes from ``offset``), ``write`` (``data`` at
     ``offset``; ``truncate`` first, ``make_parents`` creates missing folders),
-    ``list``, or ``view``: the text of ``view`` (``lines``, ``find``, ``entries``)
-    over ``arguments``, as the built-in file tools show it to a model (its reply
-    has ``text`` and ``is_error``). ``path`` is a sandbox path, absolute or
-    relative to the workdir (a view takes its path from ``arguments``).
+    ``list`` (at most ``limit`` entries), or ``view``: the text of ``view``
+    (``lines``, ``find``, ``entries``) over ``arguments``, as the built-in file
+    tools show it to a model (its reply has ``text`` and ``is_error``). ``path``
+    is a sandbox path, absolute or relative to the workdir (a view takes its
+    path from ``arguments``).
     """
 
     op: str = attrs.field(validator=attrs.validators.in_(("read", "write", "list", "view")))
@@ -257,6 +258,8 @@ class FsRequest:
     data: bytes = b""
     truncate: bool = False
     make_parents: bool = False
+    #: ``list``: the most entries to return (0: the server's own bound).
+    limit: int = attrs.field(default=0, validator=_nonneg)
     view: str = ""
     arguments: Mapping[str, object] = attrs.field(factory=dict, converter=dict)
 

@@ -936,6 +936,7 @@ class ServerSession(SandboxSession):
             "timeout": request.timeout,
             "offset": request.offset,
             "length": request.length,
+            "limit": request.limit,
             "truncate": request.truncate,
             "make_parents": request.make_parents,
             "view": request.view,

@@ -343,6 +343,7 @@ class FakeSession(SandboxSession):
             "path": request.path,
             "offset": request.offset,
             "length": request.length,
+            "limit": request.limit,
             "truncate": request.truncate,
             "make_parents": request.make_parents,
         }

@@ -227,6 +227,15 @@ def _path_argument(arguments: dict[str, Any], ctx: FileContext, *, required: boo
         raise _Refusal(f"path must be a string, not {value!r}.")
     if "\x00" in value:
         raise _Refusal("path must not contain a NUL character.")
+    try:
+        os.fsencode(value)
+    except UnicodeEncodeError as error:
+        # A lone surrogate no file name decodes to: no file has this name.
+        raise _Refusal(
+            f"path holds {value[error.start]!r}, a lone surrogate that no file name has; "
+            "give the name as the text list or glob show.",
+            errno.ENOENT,
+        ) from None
     # Joined, not normalised: ".." is resolved during the walk, after the links before it.
     return ctx.sandbox_path(posixpath.join(ctx.workdir, value))
 

@@ -212,39 +212,48 @@ def _open_for_writing(
 
 
 def _list(header: dict[str, Any], body: bytes, ctx: _files.FileContext, raw: Any) -> Reply:
+    """A folder's entries as the body: ``KIND/NAME\\0`` each, the name's own bytes.
+
+    A name holds neither ``/`` nor NUL, so the records need no escaping, and a
+    name that is not UTF-8 comes back as the very bytes the host sends back to
+    reach it. At most ``limit`` entries (``LIST_MAX_ENTRIES`` at most); ``more``
+    says the folder held others, which then are not shown.
+    """
     path = _path(header, ctx)
+    limit = min(_int_field(header, "limit") or LIST_MAX_ENTRIES, LIST_MAX_ENTRIES)
     node, parent = _files._resolve(path, ctx)
     try:
         fd = _files._open_directory(node, path)
     finally:
         _files._close(node.fd)
         _files._close(parent.fd)
-    entries: list[list[str]] = []
+    entries: list[tuple[bytes, bytes]] = []
     more = False
     try:
         with os.scandir(fd) as scan:
             for entry in scan:
-                if len(entries) >= LIST_MAX_ENTRIES:
+                if len(entries) >= limit:
                     more = True
                     break
-                entries.append([_files._display(entry.name), _type_of(entry)])
+                entries.append((os.fsencode(entry.name), _type_of(entry)))
     finally:
         os.close(fd)
     entries.sort()
-    return {"entries": entries, "more": more}, b""
+    records = b"".join(b"%s/%s\0" % (kind, name) for name, kind in entries)
+    return {"count": len(entries), "more": more}, records
 
 
-def _type_of(entry: os.DirEntry[str]) -> str:
+def _type_of(entry: os.DirEntry[str]) -> bytes:
     try:
         if entry.is_symlink():
-            return "link"
+            return b"link"
         if entry.is_dir(follow_symlinks=False):
-            return "dir"
+            return b"dir"
         if entry.is_file(follow_symlinks=False):
-            return "file"
+            return b"file"
     except OSError:
         pass
-    return "other"
+    return b"other"
 
 
 def _view(header: dict[str, Any], body: bytes, ctx: _files.FileContext, raw: Any) -> Reply:

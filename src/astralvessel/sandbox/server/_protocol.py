@@ -5,6 +5,11 @@ UTF-8 JSON (always an object with a ``type``), then the body as raw bytes. The
 header carries the message, the body carries bulk data (a call's stdin, an
 output chunk, a chunk of an outbox file) so it never needs escaping.
 
+Header text is the os module's text for paths: a byte that is not UTF-8 (a file
+name's) travels as itself and arrives as ``os.fsdecode``'s escape for it
+(U+DC80-U+DCFF, the ``surrogateescape`` error handler), so a name listed by one
+side reaches the very same file when the other sends it back.
+
 This module is sent to the sandbox as source and executed there, so it must
 import nothing but the standard library and run on old interpreters.
 """
@@ -108,17 +113,27 @@ def encode(header: dict[str, Any], body: bytes = b"") -> bytes:
     """Return one frame holding ``header`` and ``body``.
 
     Raises ``FrameTooLarge`` rather than build a frame the peer must refuse (a
-    refused frame ends the whole session). Text that is not valid Unicode (a
-    file name's undecodable bytes) is sent with replacement characters: the
-    peer always receives UTF-8.
+    refused frame ends the whole session). A file name's undecodable bytes
+    (``os.fsdecode``'s escapes) are sent as those very bytes; any other lone
+    surrogate, which no byte string decodes to, is sent as U+FFFD.
     """
     text = _dumps(header)
-    head = text.encode("utf-8", "replace")
+    try:
+        head = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        head = _unescapable(text).encode("utf-8", "surrogateescape")
     if len(head) > MAX_HEADER:
         raise FrameTooLarge(f"frame header of {len(head)} bytes exceeds {MAX_HEADER}")
     if len(body) > MAX_BODY:
         raise FrameTooLarge(f"frame body of {len(body)} bytes exceeds {MAX_BODY}")
     return PREFIX.pack(len(head), len(body)) + head + body
+
+
+def _unescapable(text: str) -> str:
+    """``text`` with each lone surrogate that stands for no byte (not U+DC80-U+DCFF) as U+FFFD."""
+    return "".join(
+        "\ufffd" if "\ud800" <= c <= "\udfff" and not "\udc80" <= c <= "\udcff" else c for c in text
+    )
 
 
 class FrameDecoder:
@@ -159,7 +174,7 @@ class FrameDecoder:
         body = bytes(buffer[PREFIX.size + head_len : end])
         del buffer[:end]
         try:
-            header = _loads(raw_head.decode("utf-8"))
+            header = _loads(raw_head.decode("utf-8", "surrogateescape"))
         except ValueError as exc:
             raise ProtocolError(f"frame header is not UTF-8 JSON: {exc}") from None
         if not isinstance(header, dict) or not isinstance(header.get("type"), str):
