@@ -496,8 +496,10 @@ class Turn:
 
         Resolved and confined like the built-in file tools, as the calls' user.
         Raises ``SandboxFileNotFoundError`` (a ``FileNotFoundError``),
-        ``SandboxIsADirectoryError``, ``SandboxPermissionError`` (outside the
-        agent's data, or unreadable) and ``FileTooLargeError`` past 100 MiB.
+        ``SandboxIsADirectoryError``, ``SandboxNotADirectoryError`` (a file on
+        the way), ``SandboxPermissionError`` (outside the agent's data, or
+        unreadable), ``FileTooLargeError`` past 100 MiB, and ``SandboxFileError``
+        for a FIFO, socket or device (``EINVAL``) or a name too long.
         """
         return self._drive(_exec.read_plan(path, timeout=self._file_timeout()))
 
@@ -510,9 +512,12 @@ class Turn:
 
         Missing folders on the way are made. Only under the workspace and
         writable mounts; never through a link at the name. Raises
-        ``SandboxPermissionError`` elsewhere (or on a read-only place),
-        ``SandboxIsADirectoryError`` for a folder, ``SandboxNotADirectoryError``
-        when a file stands where a folder should, and ``UsageError`` past 100 MiB.
+        ``SandboxPermissionError`` elsewhere (or on a read-only place, or a mode
+        the calls' user may not write), ``SandboxIsADirectoryError`` for a folder
+        (a mount point too), ``SandboxNotADirectoryError`` when a file stands
+        where a folder should, ``SandboxFileError`` for a link at the name
+        (``ELOOP``), a FIFO or socket (``EINVAL``), a name too long or a full
+        disk, and ``UsageError`` past 100 MiB.
         """
         self._drive(_exec.write_plan(path, data, timeout=self._file_timeout()))
 

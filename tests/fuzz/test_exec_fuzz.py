@@ -80,10 +80,17 @@ def test_exec_argv_and_env_reach_the_command_exactly(turn: av.Turn, args, value)
 @BUDGET
 @given(data=st.binary(max_size=5000), name=FS_TEXT.filter(lambda t: t not in ("", ".", "..")))
 def test_written_files_read_back_or_are_refused(turn: av.Turn, data, name):
-    """A file written under any name reads back exactly, or the name is refused as one error."""
+    """A file written under any name reads back exactly and is listed under that very name;
+    only a NUL (UsageError) or a path the kernel refuses (one SandboxFileError) is not."""
     path = "/workspace/fuzz/" + name
     try:
         turn.write_file(path, data)
-    except (av.UsageError, av.SandboxFileError):
+    except av.UsageError:
+        assert "\0" in name
+        return
+    except av.SandboxFileError:
+        assert "/" in name  # a folder of its own on the way: "a/..", a file in the way
         return
     assert turn.read_file(path) == data
+    if "/" not in name:
+        assert (name, "file") in turn.list_dir("/workspace/fuzz")

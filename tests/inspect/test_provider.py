@@ -110,6 +110,27 @@ async def test_invalid_utf8_text_read_is_decode_error(sandbox_env: SandboxEnviro
     assert await sandbox_env.read_file("blob", text=False) == b"\xff\xfe\x00"
 
 
+@pytest.mark.parametrize("raw", [b"caf\xe9.txt", b"\xff\xfe", b"new\nline", b"\x1b[31mred"])
+async def test_file_names_of_any_bytes_reach_the_same_file(
+    sandbox_env: SandboxEnvironment, raw: bytes
+) -> None:
+    """A name given as os.fsdecode gives it is written, read and run on as its very bytes."""
+    name = os.fsdecode(raw)
+    await sandbox_env.write_file(f"odd/{name}", "kept")
+    assert await sandbox_env.read_file(f"odd/{name}") == "kept"
+    listed = await sandbox_env.exec(
+        [
+            "python3",
+            "-c",
+            "import os; print(os.listdir(b'odd') == [os.fsencode(os.sys.argv[1])])",
+            name,
+        ]
+    )
+    assert listed.stdout == "True\n"
+    done = await sandbox_env.exec(["cat", f"odd/{name}"])
+    assert done.stdout == "kept"
+
+
 async def test_stray_output_bytes_do_not_cost_the_result(sandbox_env: SandboxEnvironment) -> None:
     """A command printing bytes that are not UTF-8 still returns, with replacement characters."""
     result = await sandbox_env.exec(["printf", "ok\\377\\n"])

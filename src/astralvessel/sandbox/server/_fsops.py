@@ -159,14 +159,22 @@ def _write(header: dict[str, Any], body: bytes, ctx: _files.FileContext, raw: An
     folder, name = posixpath.split(path)
     if name in ("", ".", ".."):
         raise _files._Refusal(f"{path} names a directory, not a file.", errno.EISDIR)
-    parent = _open_folder(folder or "/", ctx, raw, make=bool(header.get("make_parents")))
+    try:
+        parent = _open_folder(folder or "/", ctx, raw, make=bool(header.get("make_parents")))
+    except _files._Refusal as refusal:
+        # A visible root, or a folder above one, has its parent out of reach: the refusal
+        # would be about that parent, but what is wrong is that the path names a folder.
+        if refusal.code == errno.EACCES and _is_folder(path, ctx):
+            raise _files._Refusal(f"{path} is a directory, not a file.", errno.EISDIR) from None
+        raise
     try:
         fd = _open_for_writing(parent, name, path, ctx, raw, truncate=bool(header.get("truncate")))
     finally:
         _files._close(parent.fd)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise _files._Refusal(f"{path} is not a regular file.", errno.EINVAL)
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise _not_regular(path, mode)
         view = memoryview(body)
         position = offset
         while view:
@@ -177,6 +185,17 @@ def _write(header: dict[str, Any], body: bytes, ctx: _files.FileContext, raw: An
     finally:
         os.close(fd)
     return {"size": size}, b""
+
+
+def _is_folder(path: str, ctx: _files.FileContext) -> bool:
+    """Whether ``path`` resolves (visibly) to a folder; False for anything refused."""
+    try:
+        node, parent = _files._resolve(path, ctx)
+    except _files._Refusal:
+        return False
+    _files._close(node.fd)
+    _files._close(parent.fd)
+    return node.is_dir
 
 
 def _open_for_writing(
@@ -207,8 +226,20 @@ def _open_for_writing(
                 f"({os.strerror(error.errno)}).",
                 errno.EACCES,
             ) from None
+        if error.errno in (errno.ENXIO, errno.EOPNOTSUPP) and parent.fd is not None:
+            # A FIFO nobody reads, or a socket: the kernel's "no such device" misleads.
+            with suppress(OSError):
+                mode = os.stat(name, dir_fd=parent.fd, follow_symlinks=False).st_mode
+                raise _not_regular(path, mode) from None
         raise _files._os_refusal(error, path, path) from None
     raise _files._Refusal(f"{path} cannot be written here.", errno.EACCES)
+
+
+def _not_regular(path: str, mode: int) -> _files._Refusal:
+    return _files._Refusal(
+        f"{path} is {_files._kind(mode)}, not a regular file; write_file writes only files.",
+        errno.EINVAL,
+    )
 
 
 def _list(header: dict[str, Any], body: bytes, ctx: _files.FileContext, raw: Any) -> Reply:
