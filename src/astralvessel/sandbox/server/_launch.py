@@ -24,14 +24,13 @@ step ``_userns``'s, the filter ``_seccomp``'s, the probe ``_probe``'s.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import resource
 import select
 
 from . import _userns
 from ._lean import signal, suppress
-from ._sys import PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG, check, libc, prctl
+from ._sys import PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG, capset, libc, prctl
 
 # Annotations only: importing typing costs every turn's start a few milliseconds, and
 # mypy reads any ``if TYPE_CHECKING:`` block as taken.
@@ -254,16 +253,10 @@ def _apply_limits(limits: dict[str, int]) -> None:
             resource.setrlimit(which, (low, low))
 
 
-_LINUX_CAPABILITY_VERSION_3 = 0x20080522
-# Made once: building a ctypes array type takes longer than the system call.
-_CapHeader = ctypes.c_uint32 * 2
-_CapData = ctypes.c_uint32 * 6
-
-
 def _clear_inheritable() -> None:
     """Empty every capability set, the inheritable one too (setresuid leaves it as it was)."""
     # nsjail's --keep_caps hands the server a full inheritable set; a call must not carry it.
-    check(libc().capset(_CapHeader(_LINUX_CAPABILITY_VERSION_3, 0), _CapData()), "capset")
+    capset(0, 0, 0)
 
 
 def _drop(uid: int | None, gid: int | None) -> None:

@@ -32,6 +32,7 @@ __all__ = [
     "PR_SET_DUMPABLE",
     "PR_SET_NO_NEW_PRIVS",
     "PR_SET_PDEATHSIG",
+    "capset",
     "check",
     "libc",
     "mount",
@@ -98,3 +99,18 @@ def prctl(option: int, value: int) -> None:
     zero = ctypes.c_ulong(0)
     result = libc().prctl(ctypes.c_int(option), ctypes.c_ulong(value), zero, zero, zero)
     check(result, f"prctl {option}")
+
+
+_LINUX_CAPABILITY_VERSION_3 = 0x20080522
+# Made once: building a ctypes array type takes longer than the system call.
+_CapHeader = ctypes.c_uint32 * 2
+_CapData = ctypes.c_uint32 * 6
+
+
+def capset(effective: int, permitted: int, inheritable: int) -> None:
+    """Set this process's three capability sets (64-bit masks)."""
+    data = _CapData(
+        effective & 0xFFFFFFFF, permitted & 0xFFFFFFFF, inheritable & 0xFFFFFFFF,
+        effective >> 32, permitted >> 32, inheritable >> 32,
+    )  # fmt: skip
+    check(libc().capset(_CapHeader(_LINUX_CAPABILITY_VERSION_3, 0), data), "capset")

@@ -38,12 +38,7 @@ import os
 import resource
 
 from ._lean import suppress
-
-# Annotations only: importing typing costs every turn's start a few milliseconds, and
-# mypy reads any ``if TYPE_CHECKING:`` block as taken.
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Any
+from ._sys import PR_SET_DUMPABLE, capset, check, libc, prctl
 
 __all__ = ["CALL_ID", "TURN_UMASK", "enter_own_namespace", "give_up_capabilities", "warm"]
 
@@ -53,7 +48,6 @@ CALL_ID = 65534
 TURN_UMASK = 0o007
 
 CLONE_NEWUSER = 0x10000000
-PR_SET_DUMPABLE = 4
 PR_CAPBSET_DROP = 24
 PR_SET_SECUREBITS = 28
 PR_CAP_AMBIENT = 47
@@ -62,47 +56,11 @@ PR_CAP_AMBIENT_CLEAR_ALL = 4
 # and SECBIT_KEEP_CAPS locked off: uid 0 (if ever reached) and exec grant nothing.
 SECUREBITS_LOCKED = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80
 
-_LINUX_CAPABILITY_VERSION_3 = 0x20080522
-_CapHeader = ctypes.c_uint32 * 2
-_CapData = ctypes.c_uint32 * 6
-
-_libc: Any = None
-
-
-def _lib() -> Any:
-    global _libc  # noqa: PLW0603 - one handle for the process, loaded lazily
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-    return _libc
-
 
 def warm() -> None:
     """Resolve every libc function used here, once, before the server forks."""
     for name in ("unshare", "prctl", "capset"):
-        getattr(_lib(), name)
-
-
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-
-
-def _prctl(option: int, value: int) -> None:
-    zero = ctypes.c_ulong(0)
-    _check(
-        _lib().prctl(ctypes.c_int(option), ctypes.c_ulong(value), zero, zero, zero),
-        f"prctl {option}",
-    )
-
-
-def _capset(effective: int, permitted: int, inheritable: int) -> None:
-    """Set the three capability sets (64-bit masks)."""
-    data = _CapData(
-        effective & 0xFFFFFFFF, permitted & 0xFFFFFFFF, inheritable & 0xFFFFFFFF,
-        effective >> 32, permitted >> 32, inheritable >> 32,
-    )  # fmt: skip
-    _check(_lib().capset(_CapHeader(_LINUX_CAPABILITY_VERSION_3, 0), data), "capset")
+        getattr(libc(), name)
 
 
 def _write(path: str, text: str) -> None:
@@ -177,7 +135,7 @@ def enter_own_namespace(
     os.close(go_r)
     os.close(done_w)
     try:
-        _check(_lib().unshare(ctypes.c_int(CLONE_NEWUSER)), "unshare(CLONE_NEWUSER)")
+        check(libc().unshare(ctypes.c_int(CLONE_NEWUSER)), "unshare(CLONE_NEWUSER)")
         os.write(go_w, b"x")
         answer = os.read(done_r, 4096)
     finally:
@@ -192,7 +150,7 @@ def enter_own_namespace(
     os.setresgid(inner_gid, inner_gid, inner_gid)
     os.setresuid(inner, inner, inner)
     give_up_capabilities()
-    _prctl(PR_SET_DUMPABLE, 0)
+    prctl(PR_SET_DUMPABLE, 0)
 
 
 def give_up_capabilities() -> None:
@@ -205,8 +163,8 @@ def give_up_capabilities() -> None:
     """
     try:
         for cap in range(_last_cap() + 1):
-            _prctl(PR_CAPBSET_DROP, cap)
-        _prctl(PR_SET_SECUREBITS, SECUREBITS_LOCKED)
-        _prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+            prctl(PR_CAPBSET_DROP, cap)
+        prctl(PR_SET_SECUREBITS, SECUREBITS_LOCKED)
+        prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
     finally:
-        _capset(0, 0, 0)
+        capset(0, 0, 0)
