@@ -296,6 +296,8 @@ class Server:
         if call_id in self.calls:
             self.fail(call_id, f"call id {call_id} is already running")
             return False
+        if not order.detach:
+            return True  # only a detached process is bounded per turn
         detached = sum(1 for c in self.calls.values() if c.detach)
         why = refusal(order, plan.confine and plan.pid_namespace, detached)
         if why is None:
