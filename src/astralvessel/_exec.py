@@ -160,14 +160,20 @@ def _argv(argv: object) -> tuple[str, ...]:
     return tuple(argv)
 
 
+def _bytes(what: str, data: object) -> bytes:
+    """``data`` as bytes: str as UTF-8, where a lone surrogate is the host's mistake."""
+    if isinstance(data, str):
+        _unicode(what, data)
+        return data.encode("utf-8")
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise UsageError(f"{what} must be bytes or str, not {type(data).__name__}")
+    return bytes(data)
+
+
 def _input(data: object) -> bytes:
     if data is None:
         return b""
-    if isinstance(data, str):
-        data = data.encode("utf-8")
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise UsageError(f"input must be bytes or str, not {type(data).__name__}")
-    raw = bytes(data)
+    raw = _bytes("input", data)
     if len(raw) > INPUT_BYTES:
         raise UsageError(f"input is {len(raw)} bytes; the bound is {INPUT_BYTES}")
     return raw
@@ -406,11 +412,7 @@ def write_plan(
     keeps the turn's disk full.
     """
     where = _path(path)
-    if isinstance(data, str):
-        data = data.encode("utf-8")
-    if not isinstance(data, (bytes, bytearray, memoryview)):
-        raise UsageError(f"data must be bytes or str, not {type(data).__name__}")
-    raw = bytes(data)
+    raw = _bytes("data", data)
     if len(raw) > FILE_BYTES:
         raise UsageError(f"data is {len(raw)} bytes; write_file writes at most {FILE_BYTES}")
     offset = 0

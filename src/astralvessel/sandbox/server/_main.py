@@ -321,6 +321,11 @@ class Server:
         if call.exit_sent or not statuses or not statuses[0].isdigit():
             return
         call.exit_sent = True
+        # All the command wrote is in its log pipe before init reports its exit, but the
+        # selector may serve the status pipe first: send the log before the exit, or the
+        # host's result() misses its tail. One pump reads up to 1 MiB, what a pipe holds
+        # by default; a daemon left writing cannot keep the server here.
+        self._pump(call, "stdout")
         # The command ended by itself, now, whatever happens to its namespace later.
         code = _launch.exit_code_of(int(statuses[0]))
         duration = time.monotonic() - call.started
