@@ -18,6 +18,9 @@ The figures of issue 17, per backend, each printed next to its target:
 - ``memory per idle turn``: the proportional set size (PSS: shared pages split
   between their users) of every process of an idle turn's sandbox, against the
   same sandbox running a bare interpreter waiting on stdin; target <= 8 MiB.
+- ``memory per idle turn after calls``: the same turns measured again once each
+  has served a few tool calls and ``Turn.exec`` commands (the requests those
+  send) and is idle again, as a turn between a model's steps is; same target.
 
 Run: ``python bench/bench_scale.py [--runs N] [--turns N] [backend ...]``.
 """
@@ -33,8 +36,10 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import attrs
+
 from astralvessel import Executor, Registry, ToolSpec
-from astralvessel.sandbox import Policy, Sandbox, SandboxSession
+from astralvessel.sandbox import ExecRequest, Policy, RunRequest, Sandbox, SandboxSession
 from astralvessel.sandbox._channels import PipeChannel
 from astralvessel.sandbox._discovery import get_backend
 from astralvessel.sandbox._nsbackend import NamespaceBackend, _memfd
@@ -43,11 +48,10 @@ from astralvessel.sandbox._session import ServerSession
 TRUE = "/bin/true"
 PAUSE = 0.02
 IMAGE = os.environ.get("ASTRALVESSEL_DOCKER_IMAGE", "astralvessel-test/base:bookworm")
+PY = ("python3", "-c", "import sys; print(sum(range(10000)))")
 TOOLS = (
     ToolSpec.command_tool("true", "Do nothing.", [TRUE]),
-    ToolSpec.command_tool(
-        "py", "Run Python.", ["python3", "-c", "import sys; print(sum(range(10000)))"]
-    ),
+    ToolSpec.command_tool("py", "Run Python.", list(PY)),
 )
 
 
@@ -184,8 +188,27 @@ def session_root(session: SandboxSession) -> int | None:
     return None
 
 
-def idle_memory(backend: Sandbox, turns: int) -> tuple[float, float, float] | None:
-    """MiB per idle turn (PSS, RSS), and a bare interpreter's PSS in the same sandbox."""
+def serve(session: SandboxSession, rounds: int = 3) -> None:
+    """A few tool calls and execs into ``session``: what ``Turn.call`` and ``Turn.exec`` send."""
+    for _ in range(rounds):
+        for argv in ((TRUE,), PY):
+            outcome = session.run(RunRequest(argv=argv, timeout=60, output_chars=1000))
+            assert outcome.exit_code == 0, outcome.output
+            result = session.exec(ExecRequest(argv=argv, timeout=60, output_bytes=1000))
+            assert result.returncode == 0, result.stderr
+
+
+@attrs.frozen
+class IdleMemory:
+    """MiB per idle turn: fresh (PSS, RSS), after calls (PSS, RSS), and a bare interpreter's PSS."""
+
+    fresh: tuple[float, float]
+    served: tuple[float, float]
+    bare: float
+
+
+def idle_memory(backend: Sandbox, turns: int) -> IdleMemory | None:
+    """The same ``turns`` turns measured idle when fresh, then again after they served calls."""
     if not isinstance(backend, NamespaceBackend):
         return None
     facts, _ = backend._discover()
@@ -200,15 +223,22 @@ def idle_memory(backend: Sandbox, turns: int) -> tuple[float, float, float] | No
     sessions = [backend.start(Policy()) for _ in range(turns)]
     try:
         roots = [r for r in map(session_root, sessions) if r is not None]
-        pss = settled_mean_kib(roots, "Pss") / 1024
-        rss = statistics.mean(tree_kib(r, "Rss") for r in roots) / 1024
+
+        def measure() -> tuple[float, float]:
+            pss = settled_mean_kib(roots, "Pss") / 1024
+            return pss, statistics.mean(tree_kib(r, "Rss") for r in roots) / 1024
+
+        fresh = measure()
+        for session in sessions:
+            serve(session)
+        served = measure()
         bare_pss = tree_kib(bare.pid, "Pss") / 1024
     finally:
         for session in sessions:
             session.close()
         bare.kill()
         bare.wait()
-    return pss, rss, bare_pss
+    return IdleMemory(fresh=fresh, served=served, bare=bare_pss)
 
 
 # -- many turns at once ------------------------------------------------------------------
@@ -253,7 +283,7 @@ def row(figure: str, value: str, baseline: str, ratio: str, target: str, **verdi
     """One line of the table; ``holds=`` says whether the target holds."""
     holds = verdict.get("holds")
     mark = "" if holds is None else ("ok" if holds else "MISSED")
-    print(f"  {figure:<24} {value:>12} {baseline:>28} {ratio:>8}  {target:<22} {mark}")
+    print(f"  {figure:<34} {value:>12} {baseline:>28} {ratio:>8}  {target:<22} {mark}")
 
 
 def bench(name: str, runs: int, turns: int, idle: int) -> None:
@@ -339,16 +369,19 @@ def bench(name: str, runs: int, turns: int, idle: int) -> None:
     if memory is None:
         row("memory per idle turn", "n/a", "(not a host process tree)", "", "<= 8 MiB")
     else:
-        pss, rss, bare = memory
-        row(
-            "memory per idle turn",
-            f"{pss:.1f} MiB",
-            f"bare python {bare:.1f} MiB PSS",
-            f"{pss / bare:.1f}x",
-            "<= 8 MiB (PSS)",
-            holds=pss <= 8,
-        )
-        row("  (RSS, shared counted)", f"{rss:.1f} MiB", "", "", "")
+        for figure, (pss, rss) in (
+            ("memory per idle turn", memory.fresh),
+            ("memory per idle turn after calls", memory.served),
+        ):
+            row(
+                figure,
+                f"{pss:.1f} MiB",
+                f"bare python {memory.bare:.1f} MiB PSS",
+                f"{pss / memory.bare:.1f}x",
+                "<= 8 MiB (PSS)",
+                holds=pss <= 8,
+            )
+            row("  (RSS, shared counted)", f"{rss:.1f} MiB", "", "", "")
     print()
 
 
