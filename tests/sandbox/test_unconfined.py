@@ -4,7 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from astralvessel.sandbox._base import RunRequest
+import attrs
+import pytest
+
+from astralvessel.errors import BackendUnavailableError
+from astralvessel.sandbox._base import RunRequest, ServerLink
 from astralvessel.sandbox._policy import Mount, Policy, Promise
 from astralvessel.sandbox._unconfined import Unconfined
 from tests.conformance.calls import file_tool
@@ -70,3 +74,24 @@ def test_unconfined_refuses_the_eval_relaxations() -> None:
     for asked in ({"writable_root": True}, {"root_identity": True}):
         with pytest.raises(BackendUnavailableError, match=next(iter(asked))):
             Unconfined().start(Policy(**asked)).close()  # type: ignore[arg-type]
+
+
+def test_a_sandbox_that_fails_to_settle_closes_its_ready_server() -> None:
+    """A backend whose start fails after its server came up (``ServerLink.settle`` raises, as a
+    Docker engine refusing the start it was still answering) raises that, its session closed."""
+    started = []
+
+    class Refusing(Unconfined):
+        def open(self, policy: Policy) -> ServerLink:
+            link = super().open(policy)
+            started.append(link.channel)
+
+            def refuse() -> None:
+                raise BackendUnavailableError("the engine refused to start it after all")
+
+            return attrs.evolve(link, settle=refuse)
+
+    with pytest.raises(BackendUnavailableError, match="after all"):
+        Refusing().start(Policy())
+    assert len(started) == 1
+    assert started[0].process.poll() is not None  # the session closed: its server is gone
