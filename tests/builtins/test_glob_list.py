@@ -8,7 +8,7 @@ import time
 import pytest
 
 from astralvessel.builtins import BUILTINS
-from astralvessel.sandbox.server._files import handle
+from astralvessel.sandbox.server._files import UNDECODABLE_NOTE, handle
 
 from .conftest import CANARY, Call, Tree
 
@@ -148,6 +148,10 @@ def test_list_shows_links_by_where_they_lead(docs: Tree, call: Call) -> None:
 
 
 def test_list_names_are_shown_even_when_not_utf8(tree: Tree, call: Call) -> None:
-    """A file name that is not UTF-8 is shown with replacement characters."""
+    """A file name that is not UTF-8 is shown with replacement characters, and a note says
+    how to reach it (a tool's arguments cannot name its bytes)."""
     os.close(os.open(os.fsencode(tree.data) + b"/caf\xe9", os.O_CREAT | os.O_WRONLY, 0o644))
-    assert call("list") == ("caf\ufffd", False)
+    os.close(os.open(os.fsencode(tree.data) + b"/plain", os.O_CREAT | os.O_WRONLY, 0o644))
+    assert call("list") == (f"caf\ufffd\nplain\n{UNDECODABLE_NOTE}", False)
+    os.unlink(os.fsencode(tree.data) + b"/caf\xe9")
+    assert call("list") == ("plain", False)

@@ -620,6 +620,19 @@ def _display(name: str) -> str:
     return name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
+#: Told the model under a listing that shows a name's bytes as U+FFFD: what it can do.
+UNDECODABLE_NOTE = (
+    "[names shown with \ufffd hold bytes that are not UTF-8, which a tool's arguments cannot "
+    "name; reach those files with bash (ls -b shows their bytes as escapes; a shell glob "
+    "such as mv caf?.txt new.txt renames one)]"
+)
+
+
+def _noted(lines: list[str]) -> list[str]:
+    """``lines`` with ``UNDECODABLE_NOTE`` after them when one shows a replaced byte."""
+    return [*lines, UNDECODABLE_NOTE] if any("\ufffd" in line for line in lines) else lines
+
+
 def _links_to_directory(path: str, ctx: FileContext) -> bool:
     """Whether a link at ``path`` leads, within the visible roots, to a directory."""
     try:
@@ -667,8 +680,8 @@ def _list(arguments: dict[str, Any], ctx: FileContext) -> str:
     entries_shown = [d + "/" for d in sorted(directories)] + sorted(files)
     if not entries_shown:
         return f"[{path} is empty]"
-    lines = entries_shown[:LIST_MAX_ENTRIES]
-    left_out = len(entries_shown) - len(lines)
+    lines = _noted(entries_shown[:LIST_MAX_ENTRIES])
+    left_out = max(0, len(entries_shown) - LIST_MAX_ENTRIES)
     if left_out:
         lines.append(
             f"[{left_out} more entr{'y' if left_out == 1 else 'ies'} not shown: "
@@ -850,7 +863,7 @@ def _glob(arguments: dict[str, Any], ctx: FileContext) -> str:
         _display(posixpath.join(shown_base, rel) if shown_base else rel)
         for rel in found[:max_results]
     ]
-    lines = shown or [f"No files match {pattern!r} under {path}."]
+    lines = _noted(shown) or [f"No files match {pattern!r} under {path}."]
     if more:
         lines.append(
             f"[more than {max_results} files match; showing the first {max_results}: narrow the "
