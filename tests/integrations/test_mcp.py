@@ -63,6 +63,23 @@ VESSEL = """
     """
 
 
+def _nested(depth: int) -> dict[str, Any]:
+    value: dict[str, Any] = {}
+    for _ in range(depth):
+        value = {"a": value}
+    return value
+
+
+#: A model's hostile arguments, by name: each comes back as an error result saying why.
+#: (The SDK's client cannot send a lone surrogate, and its server drops a message nested
+#: past its JSON parser's 200 levels without an answer: past our bound of 64 here.)
+HOSTILE: dict[str, tuple[str, dict[str, Any]]] = {
+    "hostile_2mb": ("echo", {"q": "x" * (2 << 20)}),
+    "hostile_deep": ("echo", _nested(70)),
+    "hostile_nul_argv": ("count", {"path": "otter\0.md"}),
+}
+
+
 def _write_agent(root: Path) -> tuple[Path, Path]:
     agent = root / "agent"
     for rel, text in {"vessel.toml": VESSEL, **TOOLS}.items():
@@ -115,6 +132,9 @@ async def _session(agent: Path, data: Path) -> dict[str, Any]:
         found["concurrent"] = await asyncio.gather(
             *(session.call_tool("echo", {"n": n}) for n in range(4))
         )
+        for name, arguments in HOSTILE.items():
+            found[name] = await session.call_tool(*arguments)
+        found["after_hostile"] = await session.call_tool("echo", {"q": "still here"})
     return found
 
 
@@ -129,6 +149,14 @@ def _text(result: Any) -> str:
     (block,) = result.content
     assert block.type == "text"
     return str(block.text)
+
+
+@pytest.mark.parametrize("name", list(HOSTILE))
+def test_hostile_arguments_are_error_results(session: dict[str, Any], name: str) -> None:
+    """2 MB, 70 levels deep and NUL for an argv tool each come back as an error result, and
+    the session answers after them."""
+    assert session[name].is_error, _text(session[name])
+    assert _text(session["after_hostile"]).strip() == '{"q": "still here"}'
 
 
 def test_server_names_itself_after_the_agent(session: dict[str, Any]) -> None:
