@@ -173,3 +173,28 @@ def test_forking_the_zygote_imports_nothing_in_the_server() -> None:
         timeout=60,
     )
     assert done.stdout.decode().split() == []
+
+
+#: Takes the memory watch's samples (every process's status, then this process's PSS and
+#: memfds, as for a call past its limit), then lists the modules that appeared meanwhile.
+_SAMPLE_MEMORY = """\
+before = set(sys.modules)
+p._bounds.call_memory({}, 2)
+assert p._bounds._pss(str(os.getpid())) > 0
+p._bounds._memfds(str(os.getpid()), set())
+print(' '.join(sorted(set(sys.modules) - before)))"""
+
+
+def test_the_memory_watch_imports_nothing_in_the_server() -> None:
+    """The memory watch's first sample, taken during a turn's first call, imports no module
+    (a text-mode open imported its codec): each would copy pages the zygote shares."""
+    payload = server_payload()
+    bootstrap = BOOTSTRAP.replace("p._main.main()", _SAMPLE_MEMORY)
+    done = subprocess.run(
+        [sys.executable, "-I", "-S", "-B", "-c", bootstrap, str(len(payload))],
+        input=payload,
+        capture_output=True,
+        check=True,
+        timeout=60,
+    )
+    assert done.stdout.decode().split() == []
