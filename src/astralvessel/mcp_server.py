@@ -36,6 +36,7 @@ try:
     import mcp.server.lowlevel as mcp_lowlevel
     import mcp.server.stdio as mcp_stdio
     import mcp.types as mcp_types
+    from mcp.shared.message import SessionMessage as _SessionMessage
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         "serving tools over MCP needs the mcp package (2.3 or newer): "
@@ -202,14 +203,58 @@ async def serve_stdio(
             await _start(turn)
         server = create_server(turn, name=name)
         try:
-            async with mcp_stdio.stdio_server() as (read_stream, write_stream):
-                await server.run(read_stream, write_stream, server.create_initialization_options())
+            async with (
+                mcp_stdio.stdio_server() as (read_stream, write_stream),
+                anyio.create_task_group() as group,
+            ):
+                send, readable = anyio.create_memory_object_stream[_SessionMessage | Exception](0)
+                group.start_soon(_answer_unreadable, read_stream, send, write_stream)
+                await server.run(readable, write_stream, server.create_initialization_options())
         except BaseException as exc:
             if not _client_gone(exc):
                 raise
             # The client went away mid-session: end quietly. Nothing more can reach it,
             # and the interpreter's own flush of stdout at exit must not complain either.
             _silence_stdout()
+
+
+async def _answer_unreadable(source: Any, sink: Any, write_stream: Any) -> None:
+    """Pass the client's messages on to the server, answering each call the SDK could not
+    read (a message nested past its JSON parser's 200 levels): the SDK drops those without
+    an answer, and the client would wait for one forever."""
+    async with sink:
+        async for item in source:
+            answer = _unreadable_answer(item) if isinstance(item, Exception) else None
+            if answer is None:
+                await sink.send(item)
+            else:
+                await write_stream.send(_SessionMessage(answer))
+
+
+def _unreadable_answer(error: Exception) -> mcp_types.JSONRPCResponse | None:
+    """An error result for a ``tools/call`` the SDK could not parse, if its id can be read."""
+    errors = getattr(error, "errors", None)
+    try:
+        first = errors()[0] if callable(errors) else {}
+        request = json.loads(first.get("input") or "")
+    except (ValueError, RecursionError, IndexError, TypeError, AttributeError):
+        return None  # nested past even the standard library's reach: nothing names the call
+    if not isinstance(request, dict) or request.get("method") != "tools/call":
+        return None
+    call_id, params = request.get("id"), request.get("params")
+    if isinstance(call_id, bool) or not isinstance(call_id, (int, str)):
+        return None
+    name = str(params.get("name")) if isinstance(params, dict) else "the tool"
+    text = (
+        f"Error: the arguments for {name} could not be read ({first.get('msg', 'invalid')}). "
+        f"Call {name} again with flatter arguments."
+    )
+    result = mcp_types.CallToolResult(
+        content=[mcp_types.TextContent(type="text", text=text)], is_error=True
+    )
+    return mcp_types.JSONRPCResponse(
+        jsonrpc="2.0", id=call_id, result=result.model_dump(by_alias=True, exclude_none=True)
+    )
 
 
 #: What the stdio transport raises when the client has closed its end of the pipes.
