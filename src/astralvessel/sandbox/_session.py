@@ -85,6 +85,7 @@ SERVER_MODULES = (
     "_rootfs",
     "_bounds",
     "_zygote",
+    "_paths",
     "_files",
     "_fsops",
     "_outbox",

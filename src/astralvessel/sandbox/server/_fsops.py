@@ -6,7 +6,7 @@ worker as ``fs`` requests: ``read`` (a byte range of a regular file), ``write``
 ``list`` (a folder's entries). The built-in file tools come the same way, as
 ``view`` (``_files``'s text for a model). The worker runs them as the calls' user, so the
 kernel's permission checks and read-only mounts apply exactly as to a call,
-and every path is resolved by ``_files`` the way the built-in file tools
+and every path is resolved by ``_paths`` the way the built-in file tools
 resolve it: one component at a time, links walked by hand and kept inside the
 visible roots. A write must also land inside a *writable root* (the workspace
 and writable mounts), checked on the resolved, link-free parent; the file
@@ -27,7 +27,7 @@ import os
 import posixpath
 import stat
 
-from . import _files
+from . import _files, _paths
 from ._lean import suppress
 
 # Annotations only: importing typing (and re, through it) costs every turn's start a few
@@ -57,13 +57,13 @@ def handle(header: dict[str, Any], body: bytes, ctx: Any) -> Reply:
 
     A refusal is ``{"error": {"errno": NAME, "message": TEXT}}``.
     """
-    files_ctx = _files.FileContext.coerce(ctx)
+    files_ctx = _paths.FileContext.coerce(ctx)
     operation = _OPS.get(str(header.get("op")))
     if operation is None:
         return _error(errno.EINVAL, f"unknown file operation {header.get('op')!r}"), b""
     try:
         return operation(header, body, files_ctx, ctx)
-    except _files._Refusal as refusal:
+    except _paths._Refusal as refusal:
         return _error(refusal.code, str(refusal)), b""
     except OSError as error:
         code = error.errno or errno.EIO
@@ -77,24 +77,24 @@ def _error(code: int, message: str) -> dict[str, Any]:
 def _int_field(header: dict[str, Any], name: str) -> int:
     value = header.get(name, 0)
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _files._Refusal(f"{name} must be a non-negative integer")
+        raise _paths._Refusal(f"{name} must be a non-negative integer")
     return value
 
 
-def _path(header: dict[str, Any], ctx: _files.FileContext) -> str:
-    return _files._path_argument({"path": header.get("path")}, ctx, required=True)
+def _path(header: dict[str, Any], ctx: _paths.FileContext) -> str:
+    return _paths._path_argument({"path": header.get("path")}, ctx, required=True)
 
 
-def _read(header: dict[str, Any], body: bytes, ctx: _files.FileContext, raw: Any) -> Reply:
+def _read(header: dict[str, Any], body: bytes, ctx: _paths.FileContext, raw: Any) -> Reply:
     path = _path(header, ctx)
     offset = _int_field(header, "offset")
     length = min(_int_field(header, "length"), CHUNK_BYTES)
-    node, parent = _files._resolve(path, ctx)
+    node, parent = _paths._resolve(path, ctx)
     try:
-        fd = _files._open_for_reading(node, parent, path)
+        fd = _paths._open_for_reading(node, parent, path)
     finally:
-        _files._close(node.fd)
-        _files._close(parent.fd)
+        _paths._close(node.fd)
+        _paths._close(parent.fd)
     try:
         size = os.fstat(fd).st_size
         chunks = []
@@ -110,67 +110,67 @@ def _read(header: dict[str, Any], body: bytes, ctx: _files.FileContext, raw: Any
     return {"size": size}, b"".join(chunks)
 
 
-def _writable_roots(ctx: _files.FileContext, raw: Any) -> list[str]:
+def _writable_roots(ctx: _paths.FileContext, raw: Any) -> list[str]:
     roots = getattr(raw, "writable_roots", None) or ()
     return [ctx.sandbox_path(posixpath.normpath("/" + str(r).lstrip("/"))) for r in roots]
 
 
-def _check_writable(target: str, ctx: _files.FileContext, raw: Any, shown: str) -> None:
+def _check_writable(target: str, ctx: _paths.FileContext, raw: Any, shown: str) -> None:
     roots = _writable_roots(ctx, raw)
-    if not any(_files._under(target, root) for root in roots):
+    if not any(_paths._under(target, root) for root in roots):
         where = ", ".join(roots) if roots else "nowhere"
-        raise _files._Refusal(
+        raise _paths._Refusal(
             f"{shown} is outside the writable places; files can be written only under {where}.",
             errno.EACCES,
         )
 
 
 def _open_folder(
-    path: str, ctx: _files.FileContext, raw: Any, *, make: bool, depth: int = 0
-) -> _files._Node:
+    path: str, ctx: _paths.FileContext, raw: Any, *, make: bool, depth: int = 0
+) -> _paths._Node:
     """Resolve the folder ``path`` (link-free, visible); with ``make``, create what is missing."""
     try:
-        node, parent = _files._resolve(path, ctx)
-    except _files._Refusal as refusal:
+        node, parent = _paths._resolve(path, ctx)
+    except _paths._Refusal as refusal:
         if not make or refusal.code != errno.ENOENT or path == "/" or depth > 256:
             raise
         above = _open_folder(posixpath.dirname(path), ctx, raw, make=True, depth=depth + 1)
         try:
             name = posixpath.basename(path)
-            _check_writable(_files._child_path(above.path, name), ctx, raw, path)
+            _check_writable(_paths._child_path(above.path, name), ctx, raw, path)
             if above.fd is None:
-                raise _files._Refusal(f"{path} cannot be made here.", errno.EACCES) from None
+                raise _paths._Refusal(f"{path} cannot be made here.", errno.EACCES) from None
             # Made meanwhile (another request, or a call)? Then resolve it as it is now.
             with suppress(FileExistsError):
                 os.mkdir(name, _DIR_MODE, dir_fd=above.fd)
         finally:
-            _files._close(above.fd)
-        node, parent = _files._resolve(path, ctx)
-    _files._close(parent.fd)
+            _paths._close(above.fd)
+        node, parent = _paths._resolve(path, ctx)
+    _paths._close(parent.fd)
     if not node.is_dir:
-        _files._close(node.fd)
-        raise _files._Refusal(f"{path} is not a directory.", errno.ENOTDIR)
+        _paths._close(node.fd)
+        raise _paths._Refusal(f"{path} is not a directory.", errno.ENOTDIR)
     return node
 
 
-def _write(header: dict[str, Any], body: bytes, ctx: _files.FileContext, raw: Any) -> Reply:
+def _write(header: dict[str, Any], body: bytes, ctx: _paths.FileContext, raw: Any) -> Reply:
     path = _path(header, ctx)
     offset = _int_field(header, "offset")
     folder, name = posixpath.split(path)
     if name in ("", ".", ".."):
-        raise _files._Refusal(f"{path} names a directory, not a file.", errno.EISDIR)
+        raise _paths._Refusal(f"{path} names a directory, not a file.", errno.EISDIR)
     try:
         parent = _open_folder(folder or "/", ctx, raw, make=bool(header.get("make_parents")))
-    except _files._Refusal as refusal:
+    except _paths._Refusal as refusal:
         # A visible root, or a folder above one, has its parent out of reach: the refusal
         # would be about that parent, but what is wrong is that the path names a folder.
         if refusal.code == errno.EACCES and _is_folder(path, ctx):
-            raise _files._Refusal(f"{path} is a directory, not a file.", errno.EISDIR) from None
+            raise _paths._Refusal(f"{path} is a directory, not a file.", errno.EISDIR) from None
         raise
     try:
         fd = _open_for_writing(parent, name, path, ctx, raw, truncate=bool(header.get("truncate")))
     finally:
-        _files._close(parent.fd)
+        _paths._close(parent.fd)
     try:
         mode = os.fstat(fd).st_mode
         if not stat.S_ISREG(mode):
@@ -187,24 +187,24 @@ def _write(header: dict[str, Any], body: bytes, ctx: _files.FileContext, raw: An
     return {"size": size}, b""
 
 
-def _is_folder(path: str, ctx: _files.FileContext) -> bool:
+def _is_folder(path: str, ctx: _paths.FileContext) -> bool:
     """Whether ``path`` resolves (visibly) to a folder; False for anything refused."""
     try:
-        node, parent = _files._resolve(path, ctx)
-    except _files._Refusal:
+        node, parent = _paths._resolve(path, ctx)
+    except _paths._Refusal:
         return False
-    _files._close(node.fd)
-    _files._close(parent.fd)
+    _paths._close(node.fd)
+    _paths._close(parent.fd)
     return node.is_dir
 
 
 def _open_for_writing(
-    parent: _files._Node, name: str, path: str, ctx: _files.FileContext, raw: Any, *, truncate: bool
+    parent: _paths._Node, name: str, path: str, ctx: _paths.FileContext, raw: Any, *, truncate: bool
 ) -> int:
     """Open ``name`` in the resolved folder for writing, creating it; never through a link."""
-    target = _files._child_path(parent.path, name)
-    if not _files._visible(target, ctx):
-        raise _files._outside(path, ctx)
+    target = _paths._child_path(parent.path, name)
+    if not _paths._visible(target, ctx):
+        raise _paths._outside(path, ctx)
     _check_writable(target, ctx, raw, path)
     real = ctx.path_map.get(target)
     flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | _O_CLOEXEC
@@ -217,11 +217,11 @@ def _open_for_writing(
             return os.open(name, flags, _FILE_MODE, dir_fd=parent.fd)
     except OSError as error:
         if error.errno == errno.ELOOP:
-            raise _files._Refusal(
+            raise _paths._Refusal(
                 f"{path} is a symbolic link; write_file never follows one.", errno.ELOOP
             ) from None
         if error.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
-            raise _files._Refusal(
+            raise _paths._Refusal(
                 f"{path}: permission denied; the sandbox user cannot write it "
                 f"({os.strerror(error.errno)}).",
                 errno.EACCES,
@@ -231,18 +231,18 @@ def _open_for_writing(
             with suppress(OSError):
                 mode = os.stat(name, dir_fd=parent.fd, follow_symlinks=False).st_mode
                 raise _not_regular(path, mode) from None
-        raise _files._os_refusal(error, path, path) from None
-    raise _files._Refusal(f"{path} cannot be written here.", errno.EACCES)
+        raise _paths._os_refusal(error, path, path) from None
+    raise _paths._Refusal(f"{path} cannot be written here.", errno.EACCES)
 
 
-def _not_regular(path: str, mode: int) -> _files._Refusal:
-    return _files._Refusal(
-        f"{path} is {_files._kind(mode)}, not a regular file; write_file writes only files.",
+def _not_regular(path: str, mode: int) -> _paths._Refusal:
+    return _paths._Refusal(
+        f"{path} is {_paths._kind(mode)}, not a regular file; write_file writes only files.",
         errno.EINVAL,
     )
 
 
-def _list(header: dict[str, Any], body: bytes, ctx: _files.FileContext, raw: Any) -> Reply:
+def _list(header: dict[str, Any], body: bytes, ctx: _paths.FileContext, raw: Any) -> Reply:
     """A folder's entries as the body: ``KIND/NAME\\0`` each, the name's own bytes.
 
     A name holds neither ``/`` nor NUL, so the records need no escaping, and a
@@ -252,12 +252,12 @@ def _list(header: dict[str, Any], body: bytes, ctx: _files.FileContext, raw: Any
     """
     path = _path(header, ctx)
     limit = min(_int_field(header, "limit") or LIST_MAX_ENTRIES, LIST_MAX_ENTRIES)
-    node, parent = _files._resolve(path, ctx)
+    node, parent = _paths._resolve(path, ctx)
     try:
-        fd = _files._open_directory(node, path)
+        fd = _paths._open_directory(node, path)
     finally:
-        _files._close(node.fd)
-        _files._close(parent.fd)
+        _paths._close(node.fd)
+        _paths._close(parent.fd)
     entries: list[tuple[bytes, bytes]] = []
     more = False
     try:
@@ -287,15 +287,15 @@ def _type_of(entry: os.DirEntry[str]) -> bytes:
     return b"other"
 
 
-def _view(header: dict[str, Any], body: bytes, ctx: _files.FileContext, raw: Any) -> Reply:
+def _view(header: dict[str, Any], body: bytes, ctx: _paths.FileContext, raw: Any) -> Reply:
     arguments = header.get("arguments")
     if not isinstance(arguments, dict):
-        raise _files._Refusal("'arguments' must be an object")
+        raise _paths._Refusal("'arguments' must be an object")
     text, is_error = _files.handle(str(header.get("view")), arguments, ctx)
     return {"text": text, "is_error": is_error}, b""
 
 
-_OPS: dict[str, Callable[[dict[str, Any], bytes, _files.FileContext, Any], Reply]] = {
+_OPS: dict[str, Callable[[dict[str, Any], bytes, _paths.FileContext, Any], Reply]] = {
     "read": _read,
     "write": _write,
     "list": _list,
