@@ -13,7 +13,8 @@ from astralvessel import Executor, Registry, ToolSpec
 from astralvessel.errors import SandboxError, TurnClosedError
 from astralvessel.sandbox import Policy, RunOutcome, RunRequest
 from astralvessel.sandbox.docker import DockerExec
-from astralvessel.sandbox.docker._exec_session import ExecSession, take_ready
+from astralvessel.sandbox.docker._exec_session import ExecSession
+from astralvessel.sandbox.docker._exec_stream import take_ready
 from astralvessel.sandbox.docker._spec import READY
 
 from .conftest import NOPYTHON_IMAGE, SMALL_LIMITS

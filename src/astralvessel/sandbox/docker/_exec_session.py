@@ -11,13 +11,8 @@ mode: output in bytes (``OutputBuffer``), and outbox files by count and bytes,
 regular files with one link only, never following a link, with the server's
 note to the model about what did not come back.
 
-Every exec holds one of the engine's ``runc`` places (``_gate``) from its
-request until its command's first byte: the engine answers ``exec_start``
-before ``runc exec`` runs, so a bound around the requests alone let 128 turns'
-execs pile up inside the engine, where some first calls outlasted their whole
-timeout before they ran. A call's own timeout starts once it runs; the wait
-before is bounded by the backend's ``start_timeout`` and fails as one clear
-error.
+Every exec holds one of the engine's ``runc`` places until its command runs,
+and a call's own timeout starts then (``_exec_stream``).
 """
 
 from __future__ import annotations
@@ -29,7 +24,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -49,8 +44,9 @@ from .._api import (
 )
 from .._policy import Policy, Promise
 from ..server._outbox import FILES_PER_CALL, NOT_PLAIN, NOT_UTF8, TOO_BIG, TOO_MANY
-from ._attach import TIMED_OUT, AttachChannel, close_attached, frames, raw_socket
-from ._spec import CALL_UID, READY, exec_argv, ready_argv
+from ._attach import TIMED_OUT, AttachChannel
+from ._exec_stream import ExecStream
+from ._spec import CALL_UID, exec_argv, ready_argv
 
 __all__ = [
     "EXEC_METADATA",
@@ -58,14 +54,12 @@ __all__ = [
     "EXEC_UNENFORCED",
     "OUTBOX_MAX_FILES",
     "ExecSession",
-    "ExecStream",
     "OutboxEntry",
     "OutputBuffer",
     "outbox_listing_argv",
     "parse_listing",
     "plan_outbox",
     "skipped_note",
-    "take_ready",
 ]
 
 EXEC_NOTE = (
@@ -207,89 +201,6 @@ def skipped_note(skipped: Mapping[str, int]) -> str:
     """What the model reads after its output when outbox entries did not come back."""
     reasons = "; ".join(f"{n} {why}" for why, n in sorted(skipped.items()))
     return f"[outbox: {sum(skipped.values())} entries not returned: {reasons}]\n"
-
-
-def take_ready(seen: bytes, piece: bytes) -> tuple[bytes, bytes, bool]:
-    """Match ``piece`` of stdout against ``READY`` after ``seen`` of it.
-
-    Returns what of ``READY`` is now seen, what of ``piece`` is output, and
-    whether the exec runs. The pair may come split; anything else first is
-    output (an engine's own message about an exec it could not run).
-    """
-    take = piece[: len(READY) - len(seen)]
-    if not READY.startswith(seen + take):
-        return READY, seen + piece, True
-    seen += take
-    return seen, piece[len(take) :], len(seen) == len(READY)
-
-
-class ExecStream:
-    """One exec's stream, holding a ``runc`` place of the engine from its request until it runs.
-
-    ``read(timeout)`` yields (stream, payload) without the ``READY`` pair, then
-    ``TIMED_OUT`` once the command has run ``timeout`` seconds. If the command
-    has not run by ``start_by`` (a ``time.monotonic`` value), ``read`` raises
-    ``SandboxError``; so does the start when the engine refuses it.
-    """
-
-    def __init__(
-        self, api: Any, container: str, argv: list[str], *, start_by: float, **options: Any
-    ) -> None:
-        self._start_by = start_by
-        #: When the command ran (its first byte, or the end of a stream that had none).
-        self.running_at: float | None = None
-        self._due: float | None = None
-        try:
-            self._slot = api.runc_slot(start_by)
-        except TimeoutError as exc:
-            raise SandboxError(f"the docker engine was too busy to start the exec: {exc}") from None
-        try:
-            raw = api.ungated
-            self.exec_id: str = raw.exec_create(container, argv, **options)["Id"]
-            self.attached = raw.exec_start(self.exec_id, socket=True)
-        except BaseException:
-            self._slot.release()
-            raise
-        self.sock = raw_socket(self.attached)
-
-    def _running(self, timeout: float | None) -> None:
-        self.running_at = time.monotonic()
-        self._due = None if timeout is None else self.running_at + timeout
-        self._slot.release()
-
-    def read(self, timeout: float | None = None) -> Iterator[tuple[int, bytes]]:
-        """The exec's output pieces after ``READY``, until its end or ``timeout`` after it ran."""
-        marker = b""
-
-        def due() -> float | None:
-            return self._start_by if self.running_at is None else self._due
-
-        for kind, piece in frames(self.sock, deadline=due):
-            if kind == TIMED_OUT:
-                if self.running_at is None:
-                    raise SandboxError(
-                        "the docker engine did not start the exec within the backend's "
-                        "start_timeout (it is overloaded; open fewer turns at once, or use "
-                        "the docker backend)"
-                    )
-                yield kind, piece
-                return
-            payload = piece
-            if self.running_at is None and kind == 1:
-                marker, payload, whole = take_ready(marker, piece)
-                if not whole:
-                    continue
-            if self.running_at is None:
-                self._running(timeout)
-            if payload:
-                yield kind, payload
-        if self.running_at is None:
-            self._running(timeout)
-
-    def close(self) -> None:
-        """Give the place back if still held, and close the stream. Never raises."""
-        self._slot.release()
-        close_attached(self.attached)
 
 
 class ExecSession(SandboxSession):
