@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from astralvessel.sandbox import FsRequest, Policy, SandboxSession
+from astralvessel.sandbox import FsRequest, Policy, SandboxSession, _session
 from astralvessel.sandbox._channels import PipeChannel
 from astralvessel.sandbox._discovery import get_backend
 from astralvessel.sandbox._session import BOOTSTRAP, ServerSession, server_payload
@@ -198,3 +198,31 @@ def test_the_memory_watch_imports_nothing_in_the_server() -> None:
         timeout=60,
     )
     assert done.stdout.decode().split() == []
+
+
+@pytest.mark.parametrize("name", BACKENDS)
+def test_an_idle_file_worker_is_retired_and_the_next_request_starts_one(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A file worker idle past its limit exits, so a turn waiting on its model holds no
+    file tools; the next file request starts a fresh worker and is answered as before."""
+    monkeypatch.setattr(_session, "FILE_WORKER_IDLE", 0.3)
+    session = get_backend(name).start(Policy())
+    try:
+        idle = _settled(session)
+        first = session.fs(FsRequest(op="list", path="/workspace", timeout=30))
+        assert first.errno is None, first.message
+        (worker,) = _pythons(session) - idle
+        deadline = time.monotonic() + 30
+        while worker in _pythons(session) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        retired = _pythons(session)
+        second = session.fs(FsRequest(op="list", path="/workspace", timeout=30))
+        assert second.errno is None, second.message
+        after_second = _pythons(session)
+    finally:
+        session.close()
+    assert worker not in retired
+    assert retired == idle
+    (fresh,) = after_second - retired
+    assert fresh != worker

@@ -139,6 +139,11 @@ sys.stdout.flush();sys.stderr.flush();os._exit(0)
 # (covers killing the call and sending its outbox files).
 _ANSWER_GRACE = 60.0
 
+#: Seconds the sandbox's file worker may sit idle before the server retires it: it holds
+#: the file tools' imports (about 4 MiB of a turn's memory), which a turn waiting on its
+#: model keeps for nothing. The next file request starts a fresh one (a few ms).
+FILE_WORKER_IDLE = 30.0
+
 #: The most outbox files (and bytes) one turn writes to the host; the server bounds each
 #: call (100 files, the disk limit), the host bounds the turn, whatever the server says.
 OUTBOX_FILES_PER_TURN = 1000
@@ -479,6 +484,7 @@ class ServerSession(SandboxSession):
             else [],
             "root_identity": policy.root_identity,
             "tool_servers": policy.tool_servers,
+            "file_worker_idle": FILE_WORKER_IDLE,
         }
         key = _probe_key(probe_key, confine, hello)
         known = None if key is None else _PROBED.get(key)

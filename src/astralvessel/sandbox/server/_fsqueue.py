@@ -5,7 +5,10 @@ at a time. This queue checks each request, maps its paths, hands it over when
 the worker is free, relays the answer, and replaces a worker that died, broke
 protocol or ran past a request's timeout, answering that request with why. The
 worker starts with the first request: an idle turn then holds one Python process
-fewer, and its start forks one fewer.
+fewer, and its start forks one fewer. A worker left idle for ``idle_limit`` seconds
+is retired for the same reason: it holds the file tools' imports (several MiB of
+private pages), and a turn waiting on its model would keep them for nothing; the
+next request starts a fresh one.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ __all__ = ["FsQueue"]
 _READ_SIZE = 65536
 # A file request may run this long past its timeout before the worker is replaced.
 _WORKER_GRACE = 5.0
+#: How long a worker may sit idle before it is retired, unless the hello says otherwise.
+WORKER_IDLE = 30.0
 
 
 class FsQueue:
@@ -53,10 +58,19 @@ class FsQueue:
         self.decoder = _protocol.FrameDecoder()
         self.queue: list[tuple[dict[str, Any], bytes]] = []
         self.busy: tuple[int, float, float] | None = None  # id, deadline, timeout
+        #: Seconds an idle worker lives on (set by the hello).
+        self.idle_limit = WORKER_IDLE
+        #: When the worker last became free (``time.monotonic``).
+        self.idle_since = 0.0
 
     def deadline(self) -> float | None:
-        """When the request the worker holds runs out of time (``time.monotonic``), if any."""
-        return None if self.busy is None else self.busy[1]
+        """When the server must next look at the worker (``time.monotonic``), if ever:
+        the held request's time runs out, or an idle worker is due to retire."""
+        if self.busy is not None:
+            return self.busy[1]
+        if self.worker is not None and not self.queue:
+            return self.idle_since + self.idle_limit
+        return None
 
     def submit(self, call_id: int, header: dict[str, Any], body: bytes) -> str | None:
         """Queue a file primitive (read, write, list, or a built-in tool's view): ``op``, a
@@ -104,10 +118,12 @@ class FsQueue:
             self.replace("the file worker died")
 
     def check(self, now: float) -> None:
-        """Replace the worker if its request ran out of time."""
+        """Replace the worker if its request ran out of time; retire it if idle too long."""
         busy = self.busy
         if busy is not None and now >= busy[1]:
             self.replace(f"timed out after {busy[2]:g} s")
+        elif busy is None and not self.queue and now >= self.idle_since + self.idle_limit:
+            self._retire()
 
     def reap(self) -> None:
         """After SIGCHLD: replace the worker if it died."""
@@ -116,18 +132,22 @@ class FsQueue:
 
     def replace(self, why: str) -> None:
         """Kill the worker, answer its current request with ``why``, start a fresh one."""
-        worker = self.worker
-        if worker is not None:
-            with suppress(KeyError, ValueError):
-                self.selector.unregister(worker.replies)
-            worker.kill()
-            self.worker = None
+        self._retire()
         busy = self.busy
         self.busy = None
         if busy is not None:
             self._fail(busy[0], "ETIMEDOUT", f"file tool {why}")
         # The next request, if one waits, starts a fresh worker.
         self.feed()
+
+    def _retire(self) -> None:
+        """Kill and reap the worker, if there is one; the next request starts another."""
+        worker = self.worker
+        if worker is not None:
+            with suppress(KeyError, ValueError):
+                self.selector.unregister(worker.replies)
+            worker.kill()
+            self.worker = None
 
     def stop(self) -> None:
         if self.worker is not None:
@@ -158,6 +178,7 @@ class FsQueue:
                 return
             header, body = frame
             self.busy = None
+            self.idle_since = time.monotonic()
             self.send(header, body)
             self.feed()
 
