@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import re
 import signal
 import stat
 import threading
@@ -240,6 +241,30 @@ def test_backends_choose_a_shared_or_an_own_bound(docker_api: object) -> None:
     """By default a backend's runc bound lives in lock files; engine_scope='process' keeps it here."""
     shared = Docker(base_image=BASE_IMAGE, pull=False, engine_concurrency=6)
     own = Docker(base_image=BASE_IMAGE, pull=False, engine_concurrency=6, engine_scope="process")
-    assert shared.engine._gate.runc.folder is not None
-    assert own.engine._gate.runc.folder is None
+    assert shared.engine._gate.runc.shared
+    assert not own.engine._gate.runc.shared
     assert shared.engine._gate is not own.engine._gate
+    shared.engine.api().runc_slot().release()  # the first place taken makes the folder
+    folder = shared.engine._gate.runc.folder
+    assert folder is not None
+    assert stat.S_IMODE(os.lstat(folder).st_mode) == 0o700
+
+
+def test_an_unusable_folder_fails_the_first_request_not_the_backend(tmp_path: Path) -> None:
+    """A bound whose folder cannot be used is made without error; taking a place names the folder."""
+    runtime = tmp_path / "run"
+    runtime.mkdir()
+    runtime.chmod(0o777)  # anyone could swap what is inside
+    bound = Bound(2, lambda: slot_folder(str(runtime), "unix:///var/run/docker.sock"))
+    with pytest.raises(BackendUnavailableError, match=re.escape(str(runtime))):
+        bound.acquire()
+    assert _every_local_place_free(bound)
+
+
+def _every_local_place_free(bound: Bound) -> bool:
+    """Whether the bound's in-process places all came back after a failed take."""
+    taken = [bound._local.acquire(blocking=False) for _ in range(bound.size)]
+    for took in taken:
+        if took:
+            bound._local.release()
+    return all(taken)

@@ -36,6 +36,7 @@ engine that stopped answering is not helped by more requests.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
 import time
@@ -101,7 +102,7 @@ class Gates:
     no ``runc``, and their bound only keeps the connection pool enough.
     """
 
-    def __init__(self, size: int, folder: str | None = None) -> None:
+    def __init__(self, size: int, folder: str | Callable[[], str] | None = None) -> None:
         self.runc = Bound(size, folder)
         self.reads = threading.BoundedSemaphore(size * READ_FACTOR)
         #: Connections the SDK should keep: one per request both bounds let through, and slack.
@@ -153,17 +154,22 @@ def resolve_scope(value: str | None) -> str:
     return raw
 
 
+def _engine_folder(address: str) -> str:
+    return slot_folder(runtime_dir(os.geteuid()), address)
+
+
 def gate_for(address: str, size: int, scope: str = "process") -> Gates:
     """The process's one set of bounds for ``address`` at ``size`` and ``scope``.
 
     A ``machine`` scope makes (or checks) this user's slot folder for the
-    engine, raising ``BackendUnavailableError`` if it is not safe to use.
+    engine when the first request takes a place, raising
+    ``BackendUnavailableError`` there if it is not safe to use.
     """
     with _gates_lock:
         gates = _gates.get((address, size, scope))
         if gates is None:
-            folder = slot_folder(runtime_dir(os.geteuid()), address) if SCOPES[scope] else None
-            gates = _gates[(address, size, scope)] = Gates(size, folder)
+            locate = functools.partial(_engine_folder, address) if SCOPES[scope] else None
+            gates = _gates[(address, size, scope)] = Gates(size, locate)
         return gates
 
 

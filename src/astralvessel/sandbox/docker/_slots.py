@@ -29,6 +29,7 @@ import os
 import random
 import threading
 import time
+from collections.abc import Callable
 
 from ...errors import BackendUnavailableError
 
@@ -97,15 +98,22 @@ class Slot:
 class Bound:
     """At most ``size`` holders at once: in this process, and across processes sharing ``folder``.
 
-    ``folder=None`` keeps the bound in this process only. ``with bound:`` holds
+    ``folder=None`` keeps the bound in this process only; a callable names the
+    folder when a place is first taken (so making a backend never fails on
+    it; the first request that needs a place does, with the folder's error).
+    ``with bound:`` holds
     a place for the block, waiting as long as it takes; ``acquire(deadline)``
     holds one until ``Slot.release``, and raises ``TimeoutError`` at the
     deadline (a ``time.monotonic`` value).
     """
 
-    def __init__(self, size: int, folder: str | None = None) -> None:
+    def __init__(self, size: int, folder: str | Callable[[], str] | None = None) -> None:
         self.size = size
-        self.folder = folder
+        #: Whether host processes share this bound (through lock files).
+        self.shared = folder is not None
+        self._locate = folder if callable(folder) else None
+        #: The lock files' folder, once known.
+        self.folder = folder if isinstance(folder, str) else None
         self._local = threading.BoundedSemaphore(size)
         self._state = threading.Lock()
         self._fds: list[int] = []
@@ -118,7 +126,7 @@ class Bound:
         timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
         if not self._local.acquire(timeout=timeout):
             raise TimeoutError(f"no engine slot freed in this process ({self.size} held)")
-        if self.folder is None:
+        if not self.shared:
             return Slot(self, None)
         try:
             return Slot(self, self._lock_a_file(deadline))
@@ -168,7 +176,9 @@ class Bound:
             for fd in self._fds if self._pid else ():
                 with contextlib.suppress(OSError):
                     os.close(fd)
-            assert self.folder is not None  # noqa: S101 - only called for a shared bound
+            if self.folder is None:
+                assert self._locate is not None  # noqa: S101 - only called for a shared bound
+                self.folder = self._locate()
             flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
             self._fds = [
                 os.open(os.path.join(self.folder, f"slot-{i}.lock"), flags, 0o600)
