@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-from . import _launch, _probe, _protocol, _relay, _rootfs, _userns, _worker
+from . import _fsqueue, _launch, _probe, _protocol, _relay, _rootfs, _userns, _worker
 from ._calls import map_path
 from ._lean import suppress
 
@@ -66,7 +66,11 @@ def parse_hello(header: dict[str, Any]) -> dict[str, Any]:
         or not all(isinstance(k, str) and isinstance(v, str) for k, v in probed.items())
     ):
         raise TypeError("'probed' must map probe steps to strings, or be null")
+    idle = header.get("file_worker_idle", _fsqueue.WORKER_IDLE)
+    if isinstance(idle, bool) or not isinstance(idle, (int, float)) or not idle > 0:
+        raise TypeError("'file_worker_idle' must be a positive number of seconds")
     return {
+        "file_worker_idle": float(idle),
         "egress": egress,
         "confine": bool(header["confine"]),
         "drop_uid": optional_int("drop_uid"),

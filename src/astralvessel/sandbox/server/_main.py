@@ -212,9 +212,7 @@ class Server:
         self.files.path_map = self.path_map
         # The file worker starts with the first file request (see _fsqueue).
         self.files.options = _hello.worker_options(config, plan, workspace, outbox)
-        idle = config.get("file_worker_idle")
-        if isinstance(idle, (int, float)) and not isinstance(idle, bool) and idle > 0:
-            self.files.idle_limit = float(idle)
+        self.files.idle_limit = config["file_worker_idle"]
         self.relay, egress = _hello.start_relay(config)
         self.send(_hello.ready_frame(plan, egress, problems, relaxations, probe_found))
         self._refill_spare()
