@@ -27,6 +27,7 @@ from .sandbox.server._files import (
     GLOB_DEFAULT_MAX,
     GLOB_MAX,
     LIST_MAX_ENTRIES,
+    LIST_SCAN_ENTRIES,
     READ_DEFAULT_LIMIT,
     READ_MAX_LIMIT,
     READ_MAX_LINE_CHARS,
@@ -234,7 +235,7 @@ _LIST = Builtin(
     name="list",
     description=(
         "List a directory: subdirectories first, each with a trailing '/', then files, in name "
-        f"order, up to {LIST_MAX_ENTRIES} entries."
+        f"order, up to {LIST_MAX_ENTRIES} entries (of a folder's first {LIST_SCAN_ENTRIES})."
     ),
     parameters=_schema(
         {

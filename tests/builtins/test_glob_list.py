@@ -8,7 +8,12 @@ import time
 import pytest
 
 from astralvessel.builtins import BUILTINS
-from astralvessel.sandbox.server._files import UNDECODABLE_NOTE, handle
+from astralvessel.sandbox.server._files import (
+    LIST_MAX_ENTRIES,
+    LIST_SCAN_ENTRIES,
+    UNDECODABLE_NOTE,
+    handle,
+)
 
 from .conftest import CANARY, Call, Tree
 
@@ -124,6 +129,31 @@ def test_list_shows_at_most_500_entries_and_says_so(tree: Tree, call: Call) -> N
     assert len(lines) == 501
     assert lines[499] == "e499"
     assert lines[500].startswith("[20 more entries not shown")
+
+
+def test_list_reads_a_crowded_folder_only_to_its_bound(tree: Tree, call: Call) -> None:
+    """A folder past 10 000 entries is not read to the end; the note says the 500 shown are
+    sorted from the first 10 000 read."""
+    for n in range(LIST_SCAN_ENTRIES + 50):
+        os.mknod(tree.data / f"e{n:05}")
+    text, is_error = call("list")
+    lines = text.splitlines()
+    assert not is_error
+    assert len(lines) == LIST_MAX_ENTRIES + 1
+    assert lines[:-1] == sorted(lines[:-1])
+    assert lines[-1].startswith(f"[this folder holds more than {LIST_SCAN_ENTRIES} entries")
+
+
+def test_list_stops_at_the_deadline_and_says_so(tree: Tree) -> None:
+    """A listing still reading when the tool timeout passes shows what it read and says so."""
+    for n in range(200):
+        os.mknod(tree.data / f"e{n:03}")
+    ctx = tree.context(deadline=time.monotonic() - 1, timeout=7)
+    text, is_error = handle("entries", {}, ctx)
+    lines = text.splitlines()
+    assert not is_error
+    assert 0 < len(lines) - 1 < 200
+    assert lines[-1].startswith("[stopped after 7 s, the tool timeout, before the folder")
 
 
 def test_list_of_an_empty_directory_says_so(tree: Tree, call: Call) -> None:

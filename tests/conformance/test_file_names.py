@@ -12,6 +12,8 @@ from __future__ import annotations
 import errno
 import json
 import os
+import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import attrs
@@ -191,6 +193,46 @@ def test_a_folder_past_ten_thousand_entries_is_never_cut_silently(
         assert len(listed) == 10_000
         assert all(len(name) == 255 and kind == "file" for name, kind in listed)
         assert len(turn.list_dir("/workspace/huge", limit=1)) == 1
+
+
+#: Entries in the crowded folder: enough that reading them all would show in a call's time.
+CROWD = 200_000
+
+
+@pytest.fixture(scope="module")
+def crowded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Data holding a folder of 200 000 empty files, made once for every backend."""
+    data = tmp_path_factory.mktemp("crowded")
+    folder = data / "crowd"
+    folder.mkdir()
+    for n in range(CROWD):
+        os.mknod(folder / f"n{n:06}")
+    for path in (data, folder):
+        path.chmod(0o755)
+    yield data
+    shutil.rmtree(data)
+
+
+def test_the_list_tool_reads_a_crowded_folder_only_to_its_bound(
+    backend, agent_dir: Path, crowded: Path
+):
+    """The model's list of a 200 000-entry folder shows 500 names and says it stopped reading."""
+    executor = Executor(
+        Registry.for_agent(Agent.load(agent_dir)),
+        sandbox=backend,
+        mounts=(Mount.from_pair(WORKDIR, crowded),),
+        limits=TEST_LIMITS,
+        timeout_seconds=30.0,
+    )
+    with executor, executor.turn() as turn:
+        result = turn.call("list", {"path": "crowd"})
+        assert not result.is_error, result.text
+        *names, note = result.text.splitlines()
+        assert len(names) == 500
+        assert all(name.startswith("n") for name in names)
+        assert names == sorted(names)
+        assert note.startswith("[this folder holds more than 10000 entries")
+        assert turn.call("list", {}).text == "crowd/"
 
 
 @pytest.mark.parametrize("tool", ["read", "list", "glob", "grep"])

@@ -67,8 +67,9 @@ MAX_RESULT_CHARS = 100_000
 #: ``glob``: default and largest ``max_results``.
 GLOB_DEFAULT_MAX = 200
 GLOB_MAX = 2000
-#: ``list``: entries shown at most.
+#: ``list``: entries shown at most, and read at most (a folder with more is not read whole).
 LIST_MAX_ENTRIES = 500
+LIST_SCAN_ENTRIES = 10_000
 #: A file with a NUL byte in its first 8 KiB is binary.
 BINARY_PROBE_BYTES = 8192
 
@@ -313,19 +314,8 @@ def _list(arguments: dict[str, Any], ctx: FileContext) -> str:
     finally:
         _close(node.fd)
         _close(parent.fd)
-    directories: list[str] = []
-    files: list[str] = []
     try:
-        with os.scandir(fd) as entries:
-            for entry in entries:
-                try:
-                    is_dir = entry.is_dir(follow_symlinks=False)
-                    if not is_dir and entry.is_symlink():
-                        # Shown by what it leads to, and only when that is within the agent's data.
-                        is_dir = _links_to_directory(_child_path(node.path, entry.name), ctx)
-                except OSError:
-                    is_dir = False
-                (directories if is_dir else files).append(_display(entry.name))
+        directories, files, stop = _scan(fd, node.path, ctx)
     except OSError as error:
         raise _os_refusal(error, path, path) from None
     finally:
@@ -339,16 +329,66 @@ def _list(arguments: dict[str, Any], ctx: FileContext) -> str:
                 if name in files:
                     files.remove(name)
     entries_shown = [d + "/" for d in sorted(directories)] + sorted(files)
-    if not entries_shown:
+    if not entries_shown and stop is None:
         return f"[{path} is empty]"
     lines = _noted(entries_shown[:LIST_MAX_ENTRIES])
     left_out = max(0, len(entries_shown) - LIST_MAX_ENTRIES)
-    if left_out:
+    if stop is not None:
+        lines.append(_LIST_STOPS[stop](ctx))
+    elif left_out:
         lines.append(
             f"[{left_out} more entr{'y' if left_out == 1 else 'ies'} not shown: "
             f"only the first {LIST_MAX_ENTRIES} are listed; use glob to find specific files]"
         )
     return "\n".join(lines)
+
+
+def _scan(fd: int, at: str, ctx: FileContext) -> tuple[list[str], list[str], str | None]:
+    """The folder's directories and other entries, read up to ``LIST_SCAN_ENTRIES`` and
+    the deadline, and why the reading stopped early (``None`` if it read them all).
+
+    Reading a million names costs seconds and the model is shown 500 of them, so the
+    scan stops at a bound that still sorts any ordinary folder whole.
+    """
+    deadline = ctx.deadline
+    directories: list[str] = []
+    files: list[str] = []
+    with os.scandir(fd) as entries:
+        for count, entry in enumerate(entries, 1):
+            if count > LIST_SCAN_ENTRIES:
+                return directories, files, "more"
+            if deadline is not None and count % 64 == 0 and time.monotonic() > deadline:
+                return directories, files, "deadline"
+            try:
+                is_dir = entry.is_dir(follow_symlinks=False)
+                if not is_dir and entry.is_symlink():
+                    # Shown by what it leads to, and only when that is within the agent's data.
+                    is_dir = _links_to_directory(_child_path(at, entry.name), ctx)
+            except OSError:
+                is_dir = False
+            (directories if is_dir else files).append(_display(entry.name))
+    return directories, files, None
+
+
+def _past_the_scan(ctx: FileContext) -> str:
+    return (
+        f"[this folder holds more than {LIST_SCAN_ENTRIES} entries and was not read to the end: "
+        f"those above are the first {LIST_MAX_ENTRIES} in name order of the first "
+        f"{LIST_SCAN_ENTRIES} read, not of the whole folder; use glob to find specific files, "
+        "or bash (ls | wc -l counts them)]"
+    )
+
+
+def _past_the_deadline(ctx: FileContext) -> str:
+    limit = f"{ctx.timeout:g} s" if ctx.timeout is not None else "its time limit"
+    return (
+        f"[stopped after {limit}, the tool timeout, before the folder was read to the end: "
+        "the list above is incomplete; use glob to find specific files]"
+    )
+
+
+#: The note under a listing whose folder was not read to the end, by why it stopped.
+_LIST_STOPS = {"more": _past_the_scan, "deadline": _past_the_deadline}
 
 
 # -- glob -----------------------------------------------------------------------------------
