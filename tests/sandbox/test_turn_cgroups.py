@@ -156,3 +156,36 @@ def test_turn_cgroup_refuses_bad_paths(paths: object) -> None:
     """A turn's groups are a tuple of one or more absolute paths, on every construction path."""
     with pytest.raises(ValueError, match="turn's cgroup"):
         TurnCgroup(paths)  # type: ignore[arg-type]
+
+
+def test_groups_older_nsjail_turns_left_are_swept_when_dead() -> None:
+    """``NSJAIL.<pid>`` groups of older versions go once their pid is dead; a live or busy one stays."""
+    mounts = _mounts(("memory", "pids"))
+    dead, gone = subprocess.Popen(["/bin/true"]), subprocess.Popen(["/bin/true"])
+    dead.wait()
+    gone.wait()
+    alive = subprocess.Popen(["/bin/sleep", "60"])
+    try:
+        left = [Path(mount, PARENT, f"NSJAIL.{dead.pid}") for mount in mounts.values()]
+        live = [Path(mount, PARENT, f"NSJAIL.{alive.pid}") for mount in mounts.values()]
+        busy = Path(mounts["pids"], PARENT, f"NSJAIL.{gone.pid}")
+        for group in left + live + [busy]:
+            group.mkdir(parents=True, exist_ok=True)
+        # A group that still holds a process (the pid in its name gone) is not ours to empty.
+        holder = subprocess.Popen(
+            ["/bin/sh", "-c", 'echo 0 >"$0" && exec sleep 60', str(busy / "cgroup.procs")]
+        )
+        try:
+            group = turn_cgroup(mounts, Limits())
+            group.remove()
+            assert [path for path in left if path.exists()] == []
+            assert [path for path in live if not path.exists()] == []
+            assert busy.exists()
+        finally:
+            holder.kill()
+            holder.wait()
+    finally:
+        alive.kill()
+        alive.wait()
+        for group in [*live, busy]:
+            TurnCgroup((str(group),)).remove()

@@ -55,6 +55,10 @@ __all__ = [
 PARENT = "astralvessel"
 #: The prefix of a turn's group's name; the host pid that owns it follows.
 PREFIX = "turn-"
+#: Every name a group under ``PARENT`` may have, each followed by the pid it dies with:
+#: ours, and ``NSJAIL.<jailed pid>``, which nsjail made there while older versions of this
+#: library used its cgroup options, and left behind whenever a turn's close killed nsjail.
+SWEPT_PREFIXES = (PREFIX, "NSJAIL.")
 #: Headroom for the server itself on top of the calls' memory and workspace, in MiB.
 SERVER_MEMORY_MB = 128
 #: Processes and threads the server (and the tool that starts it) needs beside the calls' own.
@@ -154,7 +158,10 @@ def sweep_dead(parent: str, prefix: str = PREFIX) -> None:
     """Remove the groups ``<prefix><pid>-...`` under ``parent`` whose owning host process is gone.
 
     The owner lives as long as its turns' sandboxes, so a live turn's group is
-    never judged dead; a busy group is kept anyway (``rmdir`` refuses it).
+    never judged dead; a busy group is kept anyway (``rmdir`` refuses it). An
+    old ``NSJAIL.<pid>`` group goes the same way: its pid was the jailed process,
+    which lives as long as anything nsjail put in the group, and while nsjail
+    still sets a group up (mkdir, then its pid) that process is alive.
     """
     try:
         names = os.listdir(parent)
@@ -175,7 +182,8 @@ def _sweep(parents: Sequence[str]) -> None:
         if not os.path.isdir(path):
             _LEFTOVERS.discard(path)
     for parent in parents:
-        sweep_dead(parent)
+        for prefix in SWEPT_PREFIXES:
+            sweep_dead(parent, prefix)
 
 
 def turn_cgroup(mounts: Mapping[str, str], limits: Limits) -> TurnCgroup:
