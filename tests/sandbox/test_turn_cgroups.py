@@ -176,6 +176,8 @@ def test_groups_older_nsjail_turns_left_are_swept_when_dead() -> None:
             ["/bin/sh", "-c", 'echo 0 >"$0" && exec sleep 60', str(busy / "cgroup.procs")]
         )
         try:
+            while not (busy / "cgroup.procs").read_text().split():
+                assert holder.poll() is None, "the holder could not enter its group"
             group = turn_cgroup(mounts, Limits())
             group.remove()
             assert [path for path in left if path.exists()] == []
