@@ -100,10 +100,22 @@ def _loads(tool: str, text: str | bytes | bytearray) -> object:
     )
 
 
+#: The most characters of an unknown tool's name the refusal repeats back to the model.
+MAX_SHOWN_NAME_CHARS = 100
+
+
 def unknown_tool(name: object, available: Iterable[str]) -> str:
-    """The message for a call to a tool that does not exist (or is not granted)."""
+    """The message for a call to a tool that does not exist (or is not granted).
+
+    A name of megabytes is cut: the model needs to see that it was wrong, not all of it.
+    """
     names = ", ".join(available) or "none"
-    return f"Error: there is no tool named {str(name)!r}. The tools you can call are: {names}."
+    text = str(name)
+    if len(text) > MAX_SHOWN_NAME_CHARS:
+        shown = f"{text[:MAX_SHOWN_NAME_CHARS]!r} (cut; {len(text)} characters in all)"
+    else:
+        shown = repr(text)
+    return f"Error: there is no tool named {shown}. The tools you can call are: {names}."
 
 
 def check_arguments(spec: ToolSpec, arguments: Mapping[str, Any]) -> None:

@@ -10,12 +10,13 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from .._aio import gather
+from ..errors import UsageError
 
 if TYPE_CHECKING:
     from ..executor import Turn
     from ..results import ToolResult
 
-__all__ = ["ToolCall", "arun_calls", "as_dict", "run_calls"]
+__all__ = ["ToolCall", "arun_calls", "as_dict", "as_list", "run_calls"]
 
 #: Threads used at most for one batch of sync calls; more calls wait their turn.
 MAX_THREADS = 8
@@ -35,12 +36,25 @@ class ToolCall:
 
 
 def as_dict(value: object, what: str) -> Mapping[str, Any]:
-    """A plain mapping for ``value``, calling ``model_dump()`` on SDK objects."""
+    """A plain mapping for ``value``, calling ``model_dump()`` on SDK objects.
+
+    Raises ``UsageError`` for anything else: a response of the wrong shape is the
+    host's to fix (an API never sends one), not a call the model can retry.
+    """
     dump = getattr(value, "model_dump", None)
     if callable(dump):
         value = dump()
     if not isinstance(value, Mapping):
-        raise TypeError(f"expected {what} as a dict, got {type(value).__name__}")
+        raise UsageError(f"expected {what} as a dict, got {type(value).__name__}")
+    return value
+
+
+def as_list(value: object, what: str) -> Sequence[Any]:
+    """``value`` as a list of items (``None`` is none), or ``UsageError``."""
+    if value is None:
+        return ()
+    if isinstance(value, (str, bytes, bytearray, Mapping)) or not isinstance(value, Sequence):
+        raise UsageError(f"expected {what} as a list, got {type(value).__name__}")
     return value
 
 

@@ -41,9 +41,11 @@ def tool_calls(message: object) -> list[_common.ToolCall]:
     if isinstance(message, abc.Sequence) and not isinstance(message, (str, bytes)):
         blocks: Sequence[Any] = message
     else:
-        blocks = _common.as_dict(message, "a Messages API response").get("content") or ()
+        content = _common.as_dict(message, "a Messages API response").get("content")
+        # A plain-text content (a user message's shorthand) holds no tool_use blocks.
+        blocks = () if isinstance(content, str) else _common.as_list(content, "content")
     calls = []
-    for raw in blocks if not isinstance(blocks, str) else ():
+    for raw in blocks:
         block = _common.as_dict(raw, "a content block")
         if block.get("type") == "tool_use":
             calls.append(

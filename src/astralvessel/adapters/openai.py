@@ -54,13 +54,16 @@ def chat_tool_calls(response: object) -> list[_common.ToolCall]:
     """
     data = _common.as_dict(response, "a Chat Completions response or message")
     if "choices" in data:
-        choices = data["choices"] or [{}]
-        data = _common.as_dict(choices[0].get("message") or {}, "choices[0].message")
+        choices = _common.as_list(data["choices"], "choices") or [{}]
+        choice = _common.as_dict(choices[0], "choices[0]")
+        data = _common.as_dict(choice.get("message") or {}, "choices[0].message")
     calls = []
-    for item in data.get("tool_calls") or ():
+    for item in _common.as_list(data.get("tool_calls"), "tool_calls"):
         call = _common.as_dict(item, "a tool call")
         kind = call.get("type", "function")
-        body: Mapping[str, Any] = call.get(kind) or call.get("function") or {}
+        body = _common.as_dict(
+            call.get(kind) or call.get("function") or {}, f"a tool call's {kind}"
+        )
         # Custom (free-form) tools carry "input" text; function tools carry "arguments".
         arguments = body.get("arguments", body.get("input"))
         calls.append(
@@ -116,7 +119,9 @@ def responses_tool_calls(response: object) -> list[_common.ToolCall]:
     if isinstance(response, abc.Sequence) and not isinstance(response, (str, bytes)):
         items: Sequence[Any] = response
     else:
-        items = _common.as_dict(response, "a Responses API response").get("output") or ()
+        items = _common.as_list(
+            _common.as_dict(response, "a Responses API response").get("output"), "output"
+        )
     calls = []
     for raw in items:
         item = _common.as_dict(raw, "an output item")

@@ -73,9 +73,26 @@ def structured_tools(turn: Turn, *, budget: MediaBudget | None = None) -> list[S
     return _tools(turn.executor, lambda _: turn, budget or MediaBudget())
 
 
+class _WholeArguments(StructuredTool):
+    """A ``StructuredTool`` that hands the model's arguments to its function as one dict.
+
+    LangChain spreads a tool's input as keyword arguments and then sets its own
+    ``callbacks``, ``config`` and ``run_manager`` among them, so a model's argument
+    of one of those names was dropped silently, never reaching the tool's schema
+    check (and a declared tool with a ``config`` parameter never got it).
+    """
+
+    def _to_args_and_kwargs(
+        self, tool_input: str | dict[str, Any], tool_call_id: str | None
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        if isinstance(tool_input, dict):
+            return (dict(tool_input),), {}
+        return super()._to_args_and_kwargs(tool_input, tool_call_id)
+
+
 def _tools(executor: Executor, find: FindTurn, budget: MediaBudget) -> list[StructuredTool]:
     return [
-        StructuredTool(
+        _WholeArguments(
             name=schema["name"],
             description=schema["description"],
             # A JSON Schema dict: LangChain hands the model's arguments over as they came,
@@ -258,7 +275,9 @@ def _content(result: ToolResult, budget: MediaBudget) -> str | list[Any]:
 
 
 def _sync(find: FindTurn, name: str, budget: MediaBudget) -> Callable[..., str | list[Any]]:
-    def call(callbacks: BaseCallbackManager | None = None, **arguments: Any) -> str | list[Any]:
+    def call(
+        arguments: dict[str, Any], callbacks: BaseCallbackManager | None = None
+    ) -> str | list[Any]:
         return _content(find(callbacks).call(name, arguments), budget)
 
     return call
@@ -268,7 +287,7 @@ def _async(
     find: FindTurn, name: str, budget: MediaBudget
 ) -> Callable[..., Awaitable[str | list[Any]]]:
     async def acall(
-        callbacks: BaseCallbackManager | None = None, **arguments: Any
+        arguments: dict[str, Any], callbacks: BaseCallbackManager | None = None
     ) -> str | list[Any]:
         return _content(await find(callbacks).acall(name, arguments), budget)
 

@@ -30,7 +30,7 @@ try:
     from pydantic_ai.messages import BinaryContent
     from pydantic_ai.tools import ToolDefinition
     from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
-    from pydantic_core import SchemaValidator, core_schema
+    from pydantic_core import SchemaValidator, ValidationError, core_schema
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         "the pydantic-ai integration needs the pydantic-ai-slim package: "
@@ -46,9 +46,35 @@ if TYPE_CHECKING:
 
 __all__ = ["VesselToolset"]
 
-# The turn validates arguments against the tool's schema and answers a mistake with a
-# result the model can act on; pydantic-ai only needs to hand them over.
-_PASS_THROUGH = SchemaValidator(schema=core_schema.any_schema())
+#: The key under which ``_PassThrough`` hands over arguments that are not a JSON object's
+#: text: no JSON object has it (its keys are strings), so no model can forge it.
+_RAW = object()
+
+
+class _PassThrough:
+    """pydantic-ai's argument validator for the toolset: it checks nothing.
+
+    The turn validates arguments against the tool's schema and answers a mistake
+    with a result the model can act on; pydantic-ai only needs to hand them over.
+    Text pydantic-ai cannot parse (not JSON, nested 10 000 deep, a lone surrogate)
+    goes on as it came, so the turn refuses it as a failed call instead of
+    pydantic-ai spending the tool's retries (none) and failing the whole run.
+    """
+
+    _objects = SchemaValidator(schema=core_schema.dict_schema())
+
+    def validate_json(self, input: str | bytes | bytearray, **kwargs: Any) -> dict[Any, Any]:
+        try:
+            parsed: dict[Any, Any] = self._objects.validate_json(input)
+        except (ValidationError, RecursionError, ValueError):
+            return {_RAW: input}
+        return parsed
+
+    def validate_python(self, input: Any, **kwargs: Any) -> Any:
+        return input if isinstance(input, dict) else {_RAW: input}
+
+
+_PASS_THROUGH = _PassThrough()
 
 
 class VesselToolset(AbstractToolset[Any]):
@@ -114,7 +140,8 @@ class VesselToolset(AbstractToolset[Any]):
         if self._turn is None:
             # Called outside a run (the agent enters every toolset it runs with).
             raise RuntimeError("VesselToolset called outside an agent run; enter it first")
-        result = await self._turn.acall(name, tool_args)
+        arguments = tool_args.get(_RAW, tool_args)  # type: ignore[call-overload]
+        result = await self._turn.acall(name, arguments)
         if result.is_error:
             raise ToolFailed(result.text)
         return _return_value(result, self.budget)
