@@ -42,3 +42,31 @@ def test_another_interpreter_compiles_the_source() -> None:
     payload["code"] = b"not a marshal of code this interpreter could load"
     done = boot(payload)
     assert BOOTED in done.stdout, done.stderr
+
+
+# Appended to a module that has a docstring: it refuses to load with it kept.
+DOCSTRING_CHECK = '\nif __doc__ is not None:\n    raise SystemExit("docstring kept")\n'
+
+
+def test_the_compiled_code_carries_no_docstrings() -> None:
+    """The host compiles the server with optimize=2: no module or function keeps its docstring."""
+    payload = marshal.loads(server_payload())  # noqa: S302 - our own payload
+    code = marshal.loads(payload["code"])  # noqa: S302 - our own payload
+    namespace: dict[str, object] = {"__name__": "_astralvessel_server._protocol"}
+    exec(code["_protocol"], namespace)  # noqa: S102 - our own module, stdlib-only
+    assert namespace.get("__doc__") is None
+    assert getattr(namespace["encode"], "__doc__", "missing") is None
+
+
+def test_another_interpreter_compiles_without_docstrings() -> None:
+    """The bootstrap compiles the source with optimize=2 too: a module's docstring is gone."""
+    payload = marshal.loads(server_payload())  # noqa: S302 - our own payload
+    payload["tag"] = [0, "another-python"]
+    payload["code"] = b"not a marshal of code this interpreter could load"
+    sources = dict(payload["src"])
+    assert sources["_lean"].startswith('"""')
+    sources["_lean"] += DOCSTRING_CHECK
+    payload["src"] = sources
+    done = boot(payload)
+    assert BOOTED in done.stdout, done.stderr
+    assert b"docstring kept" not in done.stderr

@@ -109,7 +109,9 @@ _PAYLOAD_MARSHAL = 4
 # compiled by the host's interpreter (a marshal of code objects). A server on the very same
 # interpreter build (bubblewrap and nsjail run the host's own) loads the compiled code in
 # about a millisecond, where compiling 130 kB of source is most of a cold turn start; any
-# other Python (a Docker image's) compiles the source.
+# other Python (a Docker image's) compiles the source. Both compile with optimize=2: the
+# server has no assert and never reads a docstring, and the docstrings alone are about
+# 75 KiB of every idle turn's memory.
 # Before main, the payload is dropped and what is loaded frozen out of the collector's reach:
 # the server forks its helpers, and a collection in them would copy the pages they share.
 # When main returns (its calls and helpers are gone), the process leaves with os._exit:
@@ -127,7 +129,7 @@ if d['tag']==[sys.hexversion,sys.implementation.cache_tag]:c=marshal.loads(d['co
 P={_PACKAGE!r};p=types.ModuleType(P);p.__path__=[];sys.modules[P]=p
 for k,v in d['src'].items():
  m=types.ModuleType(P+'.'+k);m.__package__=P;sys.modules[m.__name__]=m;setattr(p,k,m)
- try:exec(c[k] if c else compile(v,P+'/'+k+'.py','exec'),m.__dict__)
+ try:exec(c[k] if c else compile(v,P+'/'+k+'.py','exec',optimize=2),m.__dict__)
  except ImportError:del sys.modules[m.__name__];delattr(p,k)
 del b,c,d,k,v,m
 import gc;gc.freeze()
@@ -205,7 +207,7 @@ import sys,marshal,binascii
 if sys.version_info<(3,8):sys.exit(3)
 a=sys.argv[1:];c={{}}
 for i in range(0,len(a),2):
- c[a[i]]=compile(a[i+1],{_PACKAGE!r}+'/'+a[i]+'.py','exec',dont_inherit=True,optimize=0)
+ c[a[i]]=compile(a[i+1],{_PACKAGE!r}+'/'+a[i]+'.py','exec',dont_inherit=True,optimize=2)
 t=sys.implementation.cache_tag
 sys.stdout.write('%d %s\\n'%(sys.hexversion,t)+binascii.b2a_base64(marshal.dumps(c)).decode())
 """
@@ -240,7 +242,7 @@ def parse_build(output: bytes) -> ServerBuild | None:
 def _compiled(sources: Mapping[str, str]) -> dict[str, CodeType]:
     """Each module's code as the bootstrap would compile it, without this module's futures."""
     return {
-        name: compile(text, f"{_PACKAGE}/{name}.py", "exec", dont_inherit=True, optimize=0)
+        name: compile(text, f"{_PACKAGE}/{name}.py", "exec", dont_inherit=True, optimize=2)
         for name, text in sources.items()
     }
 
