@@ -32,6 +32,11 @@ The figures of issue 17, per backend, each printed next to its target:
 - ``memory per idle turn after calls``: the same turns measured again once each
   has served a few tool calls and ``Turn.exec`` commands (the requests those
   send) and is idle again, as a turn between a model's steps is; same target.
+  Under each memory row, the same PSS per process of the turn (the sandbox
+  binary's, the server, its zygote, the spare init), each with its anonymous
+  part in brackets: the file-backed rest is split with every other process
+  that maps the same library, so it moves with what else runs on the machine,
+  while the anonymous part is the turn's own.
 
 Run: ``python bench/bench_scale.py [--runs N] [--turns N] [backend ...]``.
 """
@@ -180,18 +185,65 @@ def descendants(root: int) -> Iterator[int]:
         todo += children.get(pid, [])
 
 
+def rollup_kib(pid: int) -> dict[str, int]:
+    """``pid``'s ``/proc/PID/smaps_rollup`` in KiB by field (empty if it is gone)."""
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return {}
+    fields = {}
+    for line in text.splitlines()[1:]:
+        name, _, value = line.partition(":")
+        fields[name] = int(value.split()[0])
+    return fields
+
+
 def tree_kib(root: int, field: str) -> int:
     """The sum of ``field`` (``Pss`` or ``Rss``) of ``root``'s process tree, in KiB."""
-    total = 0
-    for pid in descendants(root):
+    return sum(rollup_kib(pid).get(field, 0) for pid in descendants(root))
+
+
+#: An idle turn's processes by how far below the server each is; above it, the binary's.
+ROLES = {0: "server", 1: "zygote", 2: "spare"}
+
+
+def role_kib(root: int) -> dict[str, tuple[int, int]]:
+    """PSS and its anonymous part (``Pss_Anon``) in KiB of each role in ``root``'s tree.
+
+    The server is the topmost Python process; the sandbox binary's own
+    processes (bwrap's two, nsjail's one) are above it. A file worker, when
+    alive, is counted with the zygote (both are the server's children).
+    """
+    depth: dict[int, int] = {}
+    server_depth = None
+    found: dict[str, tuple[int, int]] = {}
+    for pid in descendants(root):  # each parent before its children
         try:
-            text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+            parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            python = Path(f"/proc/{pid}/comm").read_text().startswith("python")
         except OSError:
             continue
-        for line in text.splitlines():
-            if line.startswith(field + ":"):
-                total += int(line.split()[1])
-    return total
+        depth[pid] = depth[parent] + 1 if pid != root and parent in depth else 0
+        if server_depth is None and python:
+            server_depth = depth[pid]
+        below = None if server_depth is None else depth[pid] - server_depth
+        role = "binary" if below is None else ROLES.get(below, "other")
+        fields = rollup_kib(pid)
+        pss, anon = found.get(role, (0, 0))
+        found[role] = (pss + fields.get("Pss", 0), anon + fields.get("Pss_Anon", 0))
+    return found
+
+
+def mean_roles_mib(roots: list[int]) -> dict[str, tuple[float, float]]:
+    """``role_kib`` of each tree, averaged over the trees, in MiB."""
+    trees = [role_kib(root) for root in roots]
+    means = {}
+    for name in ("binary", *ROLES.values(), "other"):
+        if any(name in tree for tree in trees):
+            pss = statistics.mean(tree.get(name, (0, 0))[0] for tree in trees) / 1024
+            anon = statistics.mean(tree.get(name, (0, 0))[1] for tree in trees) / 1024
+            means[name] = (pss, anon)
+    return means
 
 
 def settled_mean_kib(roots: list[int], field: str, timeout: float = 60.0) -> float:
@@ -230,11 +282,16 @@ def serve(session: SandboxSession, rounds: int = 3) -> None:
 
 @attrs.frozen
 class IdleMemory:
-    """MiB per idle turn: fresh (PSS, RSS), after calls (PSS, RSS), and a bare interpreter's PSS."""
+    """MiB per idle turn: fresh (PSS, RSS), after calls (PSS, RSS), and a bare interpreter's PSS.
+
+    With the PSS per role and its anonymous part, fresh and after calls (``mean_roles_mib``).
+    """
 
     fresh: tuple[float, float]
     served: tuple[float, float]
     bare: float
+    fresh_roles: dict[str, tuple[float, float]]
+    served_roles: dict[str, tuple[float, float]]
 
 
 def idle_memory(backend: Sandbox, turns: int) -> IdleMemory | None:
@@ -259,16 +316,24 @@ def idle_memory(backend: Sandbox, turns: int) -> IdleMemory | None:
             return pss, statistics.mean(tree_kib(r, "Rss") for r in roots) / 1024
 
         fresh = measure()
+        fresh_roles = mean_roles_mib(roots)
         for session in sessions:
             serve(session)
         served = measure()
+        served_roles = mean_roles_mib(roots)
         bare_pss = tree_kib(bare.pid, "Pss") / 1024
     finally:
         for session in sessions:
             session.close()
         bare.kill()
         bare.wait()
-    return IdleMemory(fresh=fresh, served=served, bare=bare_pss)
+    return IdleMemory(
+        fresh=fresh,
+        served=served,
+        bare=bare_pss,
+        fresh_roles=fresh_roles,
+        served_roles=served_roles,
+    )
 
 
 # -- many turns at once ------------------------------------------------------------------
@@ -413,9 +478,9 @@ def bench(name: str, runs: int, turns: int, idle: int) -> None:
     if memory is None:
         row("memory per idle turn", "n/a", "(not a host process tree)", "", "<= 8 MiB")
     else:
-        for figure, (pss, rss) in (
-            ("memory per idle turn", memory.fresh),
-            ("memory per idle turn after calls", memory.served),
+        for figure, (pss, rss), roles in (
+            ("memory per idle turn", memory.fresh, memory.fresh_roles),
+            ("memory per idle turn after calls", memory.served, memory.served_roles),
         ):
             row(
                 figure,
@@ -426,6 +491,8 @@ def bench(name: str, runs: int, turns: int, idle: int) -> None:
                 holds=pss <= 8,
             )
             row("  (RSS, shared counted)", f"{rss:.1f} MiB", "", "", "")
+            parts = "  ".join(f"{name} {p:.2f} ({a:.2f})" for name, (p, a) in roles.items())
+            print(f"    PSS per process, MiB (anonymous part): {parts}")
     print()
 
 
