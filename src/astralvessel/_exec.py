@@ -119,8 +119,10 @@ _OUT_OF_SPACE = frozenset({"ENOSPC", "EFBIG", "EDQUOT"})
 
 
 def _no_nul(what: str, text: str) -> None:
+    # "embedded null byte" is CPython's subprocess wording, which inspect_ai turns into a
+    # tool error the model sees (any other ValueError fails the whole sample).
     if "\0" in text:
-        raise UsageError(f"{what} may not contain a NUL character")
+        raise UsageError(f"{what} may not contain a NUL character (an embedded null byte)")
 
 
 def _unicode(what: str, text: str, *, escaped_bytes: bool = False) -> None:

@@ -77,6 +77,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         "pip install 'astralvessel[inspect]'"
     ) from exc
 
+from .._exec import ARGV_BYTES
 from ..agent import Agent
 from ..errors import FileTooLargeError, SandboxError, TurnClosedError
 from ..executor import Executor
@@ -183,6 +184,24 @@ def _check_user(user: str | None, *, calls_are_root: bool) -> None:
             f"the astralvessel sandbox runs every command as its one identity; it cannot run "
             f"as {user!r} (users need the root identity: root_identity=True)"
         )
+
+
+def _unrunnable(cmd: list[str]) -> str | None:
+    """Why no kernel could take ``cmd`` as a command line, or None.
+
+    inspect's tools put the model's text in a command (``bash -c TEXT``), so it may
+    be anything; such a command fails as an ``execve`` refused with ``E2BIG`` does,
+    a result the model reads, where the turn's ``UsageError`` (a ``ValueError``)
+    would fail the whole sample. A NUL goes on to the turn: its ``UsageError``
+    says "embedded null byte", which inspect shows the model as a tool error. (A
+    lone surrogate fails the sample in inspect itself, which cannot log it.)
+    """
+    if not all(isinstance(part, str) for part in cmd):
+        return None  # the host's mistake: the turn says what is wrong
+    size = sum(len(part.encode("utf-8", "surrogatepass")) + 1 for part in cmd)
+    if size > ARGV_BYTES:
+        return f"Argument list too long ({size} bytes; at most {ARGV_BYTES})"
+    return None
 
 
 def _text(data: bytes) -> str:
@@ -305,6 +324,11 @@ class VesselSandboxEnvironment(SandboxEnvironment):
         _check_user(user, calls_are_root=self.turn.executor.policy.root_identity)
         if _is_tool_server_start(cmd):
             return await self._start_tool_server(cmd, input, cwd, env, timeout)
+        why = _unrunnable(cmd)
+        if why is not None:
+            # The status and words of a command the server's init could not execve.
+            stderr = f"astralvessel: cannot run {cmd[0][:100]!r}: {why}\n"
+            return ExecResult(success=False, returncode=126, stdout="", stderr=stderr)
         with _unavailable_if_died():
             result = await self.turn.aexec(
                 cmd, input=input, cwd=cwd, env=env, timeout=timeout, user=user
