@@ -44,7 +44,9 @@ from ._launch import (
     _take_pipes,
     _write_all,
     close_fds_except,
+    die_with_parent,
     encode_request,
+    pipe_closed,
 )
 from ._lean import signal, suppress
 from ._sys import (
@@ -61,7 +63,6 @@ from ._sys import (
     MS_REMOUNT,
     PR_SET_DUMPABLE,
     PR_SET_NO_NEW_PRIVS,
-    PR_SET_PDEATHSIG,
     check,
     libc,
     mount,
@@ -173,12 +174,12 @@ def _spawn_command(argv: list[str], env: dict[str, str]) -> int | None:
 
 
 def _run_request(
-    plan: LaunchPlan, env: dict[str, str], fds: dict[str, int]
+    plan: LaunchPlan, env: dict[str, str], fds: dict[str, int], alive: int
 ) -> tuple[int, bool] | None:
     """Wait for the request, confine init, start the command, wait for it; return its
     status and whether the call is detached.
 
-    None when the server threw this spare away unused.
+    None when the server threw this spare away unused. ``alive``: see ``_run_init``.
     """
     request = _read_request(fds["control"])
     if request is None:
@@ -193,6 +194,9 @@ def _run_request(
     os.set_inheritable(fds["status"], False)
     if plan.confine:
         _become_unprivileged(plan)
+        if not plan.own_userns:
+            die_with_parent(lambda: pipe_closed(alive))  # the drop to the call's ids cleared it
+    os.close(alive)
     command: int | None = None
     try:
         os.chdir(cwd)
@@ -300,15 +304,11 @@ def _run_init(plan: LaunchPlan, env: dict[str, str], fds: dict[str, int], alive:
         # only this init (which ignores it) and the call's own tree, never the zygote or
         # the server's group (in Docker the server shares the calls' uid).
         os.setsid()
-        prctl(PR_SET_PDEATHSIG, 9)
-        # If the zygote died before PDEATHSIG was armed, the write end of this pipe is gone.
-        os.set_blocking(alive, False)
-        try:
-            if os.read(alive, 1) == b"":
-                os._exit(1)
-        except BlockingIOError:
-            pass
-        os.close(alive)
+        # Init dies with the zygote, and the kernel then empties its namespace. Only the
+        # zygote holds the write end of ``alive``: closed, the zygote died before the signal
+        # was armed. (Across the PID namespace getppid() says 0.) Every change of init's ids
+        # below clears the signal, so each arms it again, while ``alive`` is still open.
+        die_with_parent(lambda: pipe_closed(alive))
         # A mount namespace of its own with private mounts, so this call's /proc never
         # shows up in the sandbox's view or another call's.
         unshare(CLONE_NEWNS)
@@ -325,6 +325,7 @@ def _run_init(plan: LaunchPlan, env: dict[str, str], fds: dict[str, int], alive:
                 _userns.enter_own_namespace(
                     plan.drop_uid, plan.drop_gid, plan.inner_id, plan.inner_gid
                 )
+                die_with_parent(lambda: pipe_closed(alive))
             _filter_early(plan)
         _rehearse(plan, env)
     except BaseException as exc:
@@ -335,7 +336,7 @@ def _run_init(plan: LaunchPlan, env: dict[str, str], fds: dict[str, int], alive:
     # detached. The server answers on ``D`` alone, so one write wakes it once, not twice.
     exited: list[str] = []
     try:
-        ran = _run_request(plan, env, fds)
+        ran = _run_request(plan, env, fds, alive)
         if ran is None:
             os._exit(0)  # a spare the server threw away
         status, detached = ran

@@ -42,7 +42,9 @@ __all__ = [
     "LaunchPlan",
     "Spawned",
     "chain_alive",
+    "die_with_parent",
     "exit_code_of",
+    "pipe_closed",
     "prepare",
     "reset_ignored_signals",
     "spawn",
@@ -259,6 +261,31 @@ def _clear_inheritable() -> None:
     capset(0, 0, 0)
 
 
+def die_with_parent(parent_gone: Callable[[], bool]) -> None:
+    """Have the kernel SIGKILL this process when its parent dies; exit now if it has already.
+
+    Call it again after every change of identity: the kernel clears the
+    parent-death signal whenever a process's effective or filesystem uid or gid
+    changes (``_drop``, the ids a call takes in its own user namespace). A
+    process that lost it would outlive its parent, on the host when the server
+    runs there. ``parent_gone`` is asked only once the signal is armed, so a
+    parent that died a moment before cannot slip between the two.
+    """
+    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if parent_gone():
+        os._exit(1)
+
+
+def pipe_closed(fd: int) -> bool:
+    """Whether every write end of the pipe ``fd`` reads from is closed (``fd`` is left
+    non-blocking): a parent across a PID namespace, where ``getppid`` says 0, holds one."""
+    os.set_blocking(fd, False)
+    try:
+        return os.read(fd, 1) == b""
+    except BlockingIOError:
+        return False
+
+
 def _drop(uid: int | None, gid: int | None) -> None:
     if gid is not None:
         os.setgroups([])
@@ -272,7 +299,11 @@ def _confine_self(plan: LaunchPlan) -> None:
     """Apply the plan's confinement to this process, in the order that lets each step work."""
     if plan.limits is not None:
         _apply_limits(plan.limits)  # first, while still allowed to raise a hard limit
+    # The server, or this process would have died with it (``spawn`` armed the signal).
+    parent = os.getppid()
     _drop(plan.drop_uid, plan.drop_gid)
+    # The drop cleared the parent-death signal; armed again, the exec keeps it.
+    die_with_parent(lambda: os.getppid() != parent)
     prctl(PR_SET_NO_NEW_PRIVS, 1)
     if plan.seccomp is not None:
         if plan.install_seccomp is None:
@@ -462,6 +493,7 @@ def spawn(
     in_r, in_w = os.pipe()
     st_r, st_w = os.pipe()
     err_r, err_w = os.pipe()
+    server = os.getpid()
     pid = os.fork()
     if pid == 0:
         try:
@@ -469,7 +501,7 @@ def spawn(
             os.setpgid(0, 0)
             # Without namespaces nothing else kills a call whose server died;
             # this at least kills its leader.
-            prctl(PR_SET_PDEATHSIG, 9)
+            die_with_parent(lambda: os.getppid() != server)
             _exec_command(plan, argv, cwd, env, in_r, out_w, err_w, st_w, split)
         finally:
             os._exit(EXIT_SETUP_FAILED)

@@ -179,6 +179,9 @@ def start(target: str, port: int, drop_uid: int | None, drop_gid: int | None) ->
 
                 accepting = socket.socket(fileno=listener.detach())
                 _launch._drop(drop_uid, drop_gid)
+                # The drop cleared the parent-death signal: armed again, or the relay, which
+                # only waits for connections, would outlive a server killed on the host.
+                _launch.die_with_parent(lambda: os.getppid() != server)
                 _sys.prctl(_sys.PR_SET_NO_NEW_PRIVS, 1)
                 _Relay(accepting, target).serve()
         except BaseException:

@@ -129,6 +129,8 @@ def start_worker(
                     _become_call_user(drop_uid, drop_gid)
                 else:
                     _launch._drop(drop_uid, drop_gid)
+                # Either cleared the parent-death signal (the ids changed): armed again.
+                _launch.die_with_parent(lambda: os.getppid() != server)
                 _sys.prctl(_sys.PR_SET_NO_NEW_PRIVS, 1)
                 _serve(req_r, rep_w, context)
         except BaseException:
