@@ -84,13 +84,28 @@ def children() -> dict[int, list[int]]:
     return tree
 
 
+def is_init(pid: int) -> bool:
+    """Whether ``pid`` is pid 1 of a PID namespace of its own (the last ``NSpid`` entry)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    for line in status.splitlines():
+        if line.startswith("NSpid:"):
+            return line.split()[-1] == "1"
+    return False
+
+
 def chains(server: int) -> dict[int, list[int]]:
     """Each init (a spare's or a call's) the server's zygote forked, with its descendants."""
     tree = children()
     found: dict[int, list[int]] = {}
-    # The server's children: the zygote, and a file worker or relay, which fork nothing.
+    # The server's children: the zygote, and a file worker or relay, which fork no init.
     for zygote in tree.get(server, []):
-        for init in tree.get(zygote, []):
+        # Only an init is pid 1 of its own namespace. The zygote has one other child, for
+        # a moment as it starts: the ``posix_spawn`` it warms up with (see ``_zygote``), which
+        # looks just like an idle spare to a walk of /proc.
+        for init in filter(is_init, tree.get(zygote, [])):
             below: list[int] = []
             todo = list(tree.get(init, []))
             while todo:
@@ -174,10 +189,13 @@ def test_first_call_runs_in_the_spare_prepared_at_hello(
     spare, _ = spare_of(session)
     server = int(session.ready_info["pid"])
     thread, results = run_in_thread(session, gated(workspace, "echo $$; id -u"))
-    wait_for((workspace / "call.started").exists, "the call started")
-    assert spare in chains(server)  # the call's own chain is the spare's
-    (workspace / "go").touch()
-    thread.join()
+    try:
+        wait_for((workspace / "call.started").exists, "the call started")
+        assert spare in chains(server)  # the call's own chain is the spare's
+    finally:
+        # Let the call end even if a check failed, so its thread never outlives the session.
+        (workspace / "go").touch()
+        thread.join()
     # The command is the first process init starts for it, and runs unprivileged.
     assert results[0].output.split() == [str(CALL_PID), str(NOBODY)]
     assert results[0].exit_code == 0
@@ -208,15 +226,16 @@ def test_concurrent_calls_each_get_their_own_namespace(
         run_in_thread(session, gated(workspace, f"echo {n} $$ $(id -u)", tag=f"call{n}"))
         for n in range(4)
     ]
-    wait_for(
-        lambda: len(list(workspace.glob("call*.started"))) == 4 and len(chains(server)) >= 4,
-        "four running calls",
-    )
-    (workspace / "go").touch()
-    outputs = []
-    for thread, results in started:
-        thread.join()
-        outputs.append(results[0].output.split())
+    try:
+        wait_for(
+            lambda: len(list(workspace.glob("call*.started"))) == 4 and len(chains(server)) >= 4,
+            "four running calls",
+        )
+    finally:
+        (workspace / "go").touch()
+        for thread, _ in started:
+            thread.join()
+    outputs = [results[0].output.split() for _, results in started]
     assert sorted(outputs) == [[str(n), str(CALL_PID), str(NOBODY)] for n in range(4)]
     spare_of(session)
 
@@ -259,10 +278,12 @@ def test_spare_never_reaches_the_next_turn(workspace: Path) -> None:
     with start(workspace) as second:
         server = int(second.ready_info["pid"])
         thread, results = run_in_thread(second, gated(workspace, "echo ok"))
-        wait_for((workspace / "call.started").exists, "the call started")
-        pids = {pid for chain, below in chains(server).items() for pid in [chain, *below]}
-        (workspace / "go").touch()
-        thread.join()
+        try:
+            wait_for((workspace / "call.started").exists, "the call started")
+            pids = {pid for chain, below in chains(server).items() for pid in [chain, *below]}
+        finally:
+            (workspace / "go").touch()
+            thread.join()
     assert results[0].output == "ok\n"
     assert not pids & {old, *old_below}
     wait_for(
