@@ -19,15 +19,16 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
+import attrs
 import pytest
 
 from astralvessel.sandbox import _session
 from astralvessel.sandbox._base import RunOutcome, RunRequest
 from astralvessel.sandbox._channels import PipeChannel
-from astralvessel.sandbox._policy import Limits, Policy, Promise
+from astralvessel.sandbox._policy import EGRESS_DIR, Limits, Policy, Promise
 from astralvessel.sandbox._session import ServerSession, server_command
 
-from .test_spare import NOBODY, alive, chains, wait_for, zygote_of
+from .test_spare import NOBODY, alive, chains, processes, wait_for, zygote_of
 
 POLICY = Policy(
     limits=Limits(processes=64, open_files=256, disk_mb=8, memory_mb=512),
@@ -145,3 +146,60 @@ def test_a_running_call_dies_with_its_zygote(
             if start_time(pid) == started_at:
                 os.kill(pid, signal.SIGKILL)
         thread.join()
+
+
+def children_of(parent: int) -> list[int]:
+    """The live (not zombie) children of ``parent``."""
+    return [pid for pid, state, ppid in processes() if ppid == parent and state != "Z"]
+
+
+def uid_of(pid: int) -> int | None:
+    """The real uid of ``pid``, or None once it is gone."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    for line in status.splitlines():
+        if line.startswith("Uid:"):
+            return int(line.split()[1])
+    return None
+
+
+def test_the_relay_dies_with_its_server(workspace: Path) -> None:
+    """SIGKILL of a server on the host takes its egress relay, which dropped to the calls' uid."""
+    # A network namespace of the server's own: its relay listens on 127.0.0.1 there, not on
+    # the host's loopback where other tests' relays may listen.
+    channel = PipeChannel.spawn(
+        ["unshare", "--net", "--", *server_command(sys.executable)], name="parent-death-test"
+    )
+    policy = attrs.evolve(POLICY, egress_socket=workspace / "proxy.sock")
+    with ServerSession.start(
+        channel,
+        policy,
+        backend="parent-death-test",
+        confine=True,
+        drop_uid=NOBODY,
+        drop_gid=NOBODY,
+        seccomp=None,
+        path_map={str(EGRESS_DIR): str(workspace), "/workspace": str(workspace)},
+    ) as session:
+        server = int(session.ready_info["pid"])
+        # The relay is the server's child that is the calls' uid (the zygote stays root).
+        relays: list[int] = []
+
+        def relay_up() -> bool:
+            relays[:] = [pid for pid in children_of(server) if uid_of(pid) == NOBODY]
+            return len(relays) == 1
+
+        wait_for(relay_up, "the relay, as the calls' uid")
+        (relay,) = relays
+        started = start_time(relay)
+        try:
+            os.kill(server, signal.SIGKILL)
+            wait_for(
+                lambda: not (alive(relay) and start_time(relay) == started),
+                "the relay died with its server",
+            )
+        finally:
+            if start_time(relay) == started:
+                os.kill(relay, signal.SIGKILL)
