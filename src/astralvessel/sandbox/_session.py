@@ -114,11 +114,20 @@ _PAYLOAD_MARSHAL = 4
 # 75 KiB of every idle turn's memory.
 # Before main, the payload is dropped and what is loaded frozen out of the collector's reach:
 # the server forks its helpers, and a collection in them would copy the pages they share.
+# A third argument is a seccomp program in hex that the bootstrap installs (with
+# no_new_privs) before it reads anything: nsjail's server takes its x32 refusal so (see
+# ``x32_guard``), and a failure ends the server before any of its code runs.
 # When main returns (its calls and helpers are gone), the process leaves with os._exit:
 # tearing down the interpreter's modules takes milliseconds of every turn's close for
 # nothing, since no Python code of the server has anything left to do.
 BOOTSTRAP = f"""\
 import os,sys,marshal,types
+if sys.argv[2:]:
+ import ctypes as C,struct;f=bytes.fromhex(sys.argv[2]);g=C.create_string_buffer(f,len(f))
+ l=C.CDLL(None,use_errno=True);u=C.c_ulong;p=struct.pack('HP',len(f)//8,C.addressof(g))
+ if l.prctl(38,u(1),u(0),u(0),u(0)) or l.prctl(22,u(2),p,u(0),u(0)):
+  sys.exit('astralvessel server: cannot install its filter: '+os.strerror(C.get_errno()))
+ del C,struct,f,g,l,u,p
 n=int(sys.argv[1]);b=b''
 while len(b)<n:
  c=os.read(0,n-len(b))
@@ -247,13 +256,17 @@ def _compiled(sources: Mapping[str, str]) -> dict[str, CodeType]:
     }
 
 
-def server_command(python: str, build: ServerBuild | None = None) -> list[str]:
+def server_command(
+    python: str, build: ServerBuild | None = None, *, first_filter: bytes | None = None
+) -> list[str]:
     """Return the argv that starts the server on ``python`` (a path inside the sandbox).
 
     ``build``: the modules compiled by that Python, when it is not this one (the
-    same must then reach ``ServerOptions.build``).
+    same must then reach ``ServerOptions.build``). ``first_filter``: a seccomp
+    program the server installs, with ``no_new_privs``, before it reads its code.
     """
-    return [python, "-I", "-S", "-B", "-c", BOOTSTRAP, str(len(server_payload(build)))]
+    argv = [python, "-I", "-S", "-B", "-c", BOOTSTRAP, str(len(server_payload(build)))]
+    return argv if first_filter is None else [*argv, first_filter.hex()]
 
 
 # Which promises a failed confinement step breaks (keys are the server's probe steps).
