@@ -110,8 +110,8 @@ _PAYLOAD_MARSHAL = 4
 # interpreter build (bubblewrap and nsjail run the host's own) loads the compiled code in
 # about a millisecond, where compiling 130 kB of source is most of a cold turn start; any
 # other Python (a Docker image's) compiles the source. Both compile with optimize=2: the
-# server has no assert and never reads a docstring, and the docstrings alone are about
-# 75 KiB of every idle turn's memory.
+# server has no assert and never reads a docstring; without them the compiled code is 56 kB
+# smaller (an idle turn's PSS, measured A/B, moved by less than 0.05 MiB).
 # Before main, the payload is dropped and what is loaded frozen out of the collector's reach:
 # the server forks its helpers, and a collection in them would copy the pages they share.
 # A third argument is a seccomp program in hex that the bootstrap installs (with
