@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import threading
 import time
 import weakref
@@ -24,6 +23,7 @@ from . import _exec
 from ._aio import shielded, to_thread
 from ._arguments import Refusal, check_arguments, parse_arguments, unknown_tool
 from ._exec import Listing
+from ._leftovers import make_folder
 from ._network import WarmNetwork, start_proxy
 from ._plans import Call, Plan, TurnContext
 from ._runners import plan_call
@@ -720,6 +720,7 @@ def _outbox_dir(executor: Executor, chosen: str | os.PathLike[str] | None) -> Pa
     """The host's folder for outbox files, or a temporary one that lives as long as ``executor``."""
     if chosen is not None:
         return Path(chosen)
-    folder = Path(tempfile.mkdtemp(prefix="astralvessel-outbox-"))
+    # Named for this process: a host killed outright runs no finalizer, and leaves it for the next.
+    folder = Path(make_folder("outbox"))
     weakref.finalize(executor, shutil.rmtree, folder, ignore_errors=True)
     return folder

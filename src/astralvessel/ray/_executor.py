@@ -25,6 +25,7 @@ from typing import Any
 import attrs
 
 from .._aio import shielded, to_thread, wait_future
+from .._leftovers import make_folder
 from .._warm import check_warm
 from ..errors import BackendUnavailableError, TurnClosedError, UsageError
 from ..registry import Registry
@@ -355,8 +356,11 @@ class RayTurn:
                 chosen = self.executor.outbox_dir
                 if chosen is not None:
                     chosen.mkdir(parents=True, exist_ok=True)
-                prefix = "astralvessel-ray-outbox-" if chosen is None else "turn-"
-                self._outbox = Path(tempfile.mkdtemp(prefix=prefix, dir=chosen))
+                self._outbox = Path(
+                    make_folder("ray-outbox")
+                    if chosen is None
+                    else tempfile.mkdtemp(prefix="turn-", dir=chosen)
+                )
             self._calls += 1
             folder = self._outbox / f"call-{self._calls}"
         folder.mkdir()

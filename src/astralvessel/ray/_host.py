@@ -10,7 +10,6 @@ the outbox files of a call come back as bytes beside its result. A warm turn
 from __future__ import annotations
 
 import shutil
-import tempfile
 import threading
 from collections.abc import Mapping
 from pathlib import Path
@@ -18,6 +17,7 @@ from typing import Any
 
 import attrs
 
+from .._leftovers import make_folder
 from ..executor import Executor, Turn
 from ..registry import Registry
 from ..results import ToolResult
@@ -41,7 +41,8 @@ class TurnHost:
         self.node: str = ray.get_runtime_context().get_node_id()
         # The node's copy of outbox files lives as long as the turn: the host gets their bytes
         # with each result, and an actor is killed, not collected, so nothing else removes it.
-        self._outbox = Path(tempfile.mkdtemp(prefix="astralvessel-ray-turn-"))
+        # Named for this worker process, which Ray kills outright: the next one removes it.
+        self._outbox = Path(make_folder("ray-turn"))
         self._failure: Exception | None = None
         self._executor: Executor | None = None
         self._turn: Turn | None = None

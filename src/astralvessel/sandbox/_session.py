@@ -35,6 +35,7 @@ from typing import IO, Any
 import attrs
 
 from .._aio import cancelled_exception, wait_future
+from .._leftovers import make_folder
 from ..errors import BackendUnavailableError, PromiseNotEnforcedError, SandboxError, UsageError
 from ._api import (
     Channel,
@@ -884,9 +885,8 @@ class ServerSession(SandboxSession):
                 self._host_outbox.mkdir(parents=True, exist_ok=True)
                 self._outbox_dir = Path(tempfile.mkdtemp(prefix="turn-", dir=self._host_outbox))
             else:
-                self._outbox_dir = Path(
-                    tempfile.mkdtemp(prefix=f"astralvessel-{self.backend}-outbox-")
-                )
+                # Named for this process: a host killed outright leaves it for the next.
+                self._outbox_dir = Path(make_folder(f"{self.backend}-outbox"))
         return self._outbox_dir
 
     def _submit_run(self, request: RunRequest) -> tuple[int, _Pending]:

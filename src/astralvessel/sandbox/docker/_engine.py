@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from ..._leftovers import start_time as process_start_time
 from ...errors import AstralVesselError, BackendUnavailableError
 from .._layout import HOSTNAME
 from .._session import ServerBuild, compile_command, parse_build
@@ -488,16 +489,6 @@ def owner() -> str:
     """This host process's owner label: host name, pid and the pid's start time."""
     pid = os.getpid()
     return owner_label(socket.gethostname(), pid, process_start_time(pid) or "?")
-
-
-def process_start_time(pid: int) -> str | None:
-    """The start time of ``pid`` (clock ticks since boot), or ``None`` if it does not exist."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name may hold spaces and parentheses; fields resume after the last ')'.
-    return stat.rsplit(")", 1)[1].split()[19]
 
 
 def _client_from_context(docker: Any, pool: int) -> Any:

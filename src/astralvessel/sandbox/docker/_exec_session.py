@@ -31,6 +31,7 @@ from typing import Any
 import attrs
 
 from ..._aio import cancelled_exception, shielded, to_thread
+from ..._leftovers import make_folder
 from ...errors import SandboxError
 from .._api import (
     ExecRequest,
@@ -492,8 +493,11 @@ class ExecSession(SandboxSession):
             host = self.policy.outbox_dir
             if host is not None:
                 host.mkdir(parents=True, exist_ok=True)
-            prefix = "turn-" if host is not None else "astralvessel-docker-exec-outbox-"
-            self._outbox_root = Path(tempfile.mkdtemp(prefix=prefix, dir=host))
+            self._outbox_root = Path(
+                make_folder("docker-exec-outbox")
+                if host is None
+                else tempfile.mkdtemp(prefix="turn-", dir=host)
+            )
         return Path(tempfile.mkdtemp(prefix="call-", dir=self._outbox_root))
 
     def _copy_out(self, source: str, size: int, path: Path) -> OutboxFile | None:

@@ -1,0 +1,104 @@
+"""A host killed outright leaves its temporary folders; the next host process removes them."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+from astralvessel import _leftovers
+
+# A host that opens a bubblewrap turn, makes one call (which makes the turn's outbox
+# folder), lists its temporary folder, then waits to be killed or closes the turn.
+HOST = textwrap.dedent(
+    """
+    import sys, tempfile, time
+    from astralvessel.sandbox import Policy
+    from astralvessel.sandbox._base import RunRequest
+    from astralvessel.sandbox._discovery import get_backend
+    session = get_backend("bubblewrap").start(Policy())
+    session.run(RunRequest(argv=["/bin/echo", "hi"], timeout=30.0, output_chars=100))
+    print(*sorted(os.listdir(tempfile.gettempdir())), sep="\\n", flush=True)
+    if sys.argv[1] == "wait":
+        time.sleep(600)
+    session.close()
+    """
+).replace("import sys,", "import os, sys,")
+
+
+def host(tmp: Path, mode: str) -> subprocess.Popen[str]:
+    """Start the host script with ``tmp`` as its temporary folder."""
+    return subprocess.Popen(
+        [sys.executable, "-c", HOST, mode],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, TMPDIR=str(tmp)),
+    )
+
+
+def ours(names: list[str]) -> set[str]:
+    """The folder names a host made for its turn: its outbox."""
+    return {n for n in names if n.startswith("astralvessel-bubblewrap-outbox-")}
+
+
+def test_a_killed_hosts_folders_go_with_the_next_host(tmp_path: Path) -> None:
+    """A SIGKILLed host's outbox folder is removed by the next host's first turn, and that
+    host's own goes when it closes its turn."""
+    first: set[str] = set()
+    with host(tmp_path, "wait") as killed:
+        try:
+            assert killed.stdout is not None
+            while not first:
+                line = killed.stdout.readline()
+                assert line, "the first host ended before making its folders"
+                first |= ours([line.strip()])
+        finally:
+            killed.send_signal(signal.SIGKILL)
+    # Nothing else removes them: the host is dead, its finalizers never ran.
+    assert first <= set(os.listdir(tmp_path))
+    second = host(tmp_path, "exit")
+    out, _ = second.communicate(timeout=120)
+    assert second.returncode == 0
+    seen_by_second = ours(out.split())
+    assert len(seen_by_second) == 1  # its own: the dead host's was gone already
+    assert not seen_by_second & first
+    assert ours(os.listdir(tmp_path)) == set()
+
+
+def test_only_a_dead_owners_folders_are_leftovers() -> None:
+    """A folder is a leftover when its owner's pid is gone or names a process started later."""
+    started = {10: "500"}.get
+    assert _leftovers.is_leftover("astralvessel-egress-11-500-abc", "egress", started)
+    assert _leftovers.is_leftover("astralvessel-egress-10-499-abc", "egress", started)
+    assert not _leftovers.is_leftover("astralvessel-egress-10-500-abc", "egress", started)
+    for name in (
+        "astralvessel-egress-abc12345",  # made before folders named their owner
+        "astralvessel-outbox-k3j_x9a2",  # the CLI's outbox, which outlives the CLI on purpose
+        "astralvessel-egress-10-abc",
+        "astralvessel-egress-x-1-abc",
+        "astralvessel-outbox-11-500-abc",  # another kind
+        "other-egress-11-500-abc",
+    ):
+        assert not _leftovers.is_leftover(name, "egress", started), name
+
+
+def test_leftovers_never_follow_a_link_nor_take_a_live_owners(tmp_path: Path) -> None:
+    """Removal takes dead owners' real folders only: a live owner's folder, a link named like
+    a leftover and what it points to all stay."""
+    dead = tmp_path / "astralvessel-egress-999999999-1-abc"
+    (dead / "inner").mkdir(parents=True)
+    (dead / "inner" / "file").write_text("x")
+    live = tmp_path / (_leftovers.owned_prefix("egress") + "live")
+    live.mkdir()
+    target = tmp_path / "target"
+    target.mkdir()
+    (target / "keep").write_text("x")
+    (tmp_path / "astralvessel-egress-999999998-1-link").symlink_to(target)
+    assert _leftovers.remove_leftovers("egress", str(tmp_path)) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [live.name, "target", "astralvessel-egress-999999998-1-link"]
+    )
+    assert (target / "keep").exists()
