@@ -22,6 +22,7 @@ from pathlib import Path
 import attrs
 import pytest
 
+from astralvessel.errors import BackendUnavailableError
 from astralvessel.sandbox import _session
 from astralvessel.sandbox._base import RunOutcome, RunRequest
 from astralvessel.sandbox._channels import PipeChannel
@@ -39,14 +40,14 @@ POLICY = Policy(
 PATHS = {"own user namespace": None, "dropped uid": "user_namespace"}
 
 
-def start(workspace: Path, failed_step: str | None) -> ServerSession:
+def start(workspace: Path, failed_step: str | None, policy: Policy = POLICY) -> ServerSession:
     """Start a root-confined server on this interpreter; ``failed_step``: plant it as failed."""
 
     def boot() -> ServerSession:
         channel = PipeChannel.spawn(server_command(sys.executable), name="parent-death-test")
         return ServerSession.start(
             channel,
-            POLICY,
+            policy,
             backend="parent-death-test",
             confine=True,
             drop_uid=NOBODY,
@@ -203,3 +204,15 @@ def test_the_relay_dies_with_its_server(workspace: Path) -> None:
         finally:
             if start_time(relay) == started:
                 os.kill(relay, signal.SIGKILL)
+
+
+def test_root_identity_needs_the_calls_own_user_namespace(
+    workspace: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server whose calls drop to the uid (no user namespace of their own) cannot give
+    root_identity, and the turn does not start, saying why."""
+    monkeypatch.setattr(_session, "_PROBED", {})
+    # The first boot (the real probe) gives it; the second, with the step planted as failed,
+    # must refuse.
+    with pytest.raises(BackendUnavailableError, match="root_identity here: needs each call in"):
+        start(workspace, "user_namespace", attrs.evolve(POLICY, root_identity=True)).close()

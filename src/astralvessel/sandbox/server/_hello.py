@@ -124,33 +124,50 @@ def launch_plan(config: dict[str, Any]) -> tuple[_launch.LaunchPlan, dict[str, s
     return plan, problems
 
 
+_NEEDS_NAMESPACES = "needs a server that gives each call its own namespaces"
+
+
+def _own_namespaces(plan: _launch.LaunchPlan) -> bool:
+    return plan.confine and plan.pid_namespace
+
+
+def _writable_root(config: dict[str, Any], plan: _launch.LaunchPlan, workspace: str) -> Any:
+    if not _own_namespaces(plan):
+        return _NEEDS_NAMESPACES
+    try:
+        return _rootfs.make_root_writable(
+            config["writable_root"], workspace, config["drop_uid"], config["drop_gid"]
+        )
+    except OSError as exc:
+        return f"cannot make the root writable: {exc}"
+
+
+def _tool_servers(config: dict[str, Any], plan: _launch.LaunchPlan, workspace: str) -> Any:
+    # The filter the host sent allows the sockets and sessions; init mounts the
+    # terminals, in each call's own mount namespace.
+    return True if _own_namespaces(plan) else _NEEDS_NAMESPACES
+
+
+def _root_identity(config: dict[str, Any], plan: _launch.LaunchPlan, workspace: str) -> Any:
+    if _own_namespaces(plan) and plan.own_userns:
+        return plan.inner_id
+    return "needs each call in a user namespace of its own"
+
+
+#: Each relaxation a host may opt into (its hello field), and how it is given: what it
+#: became, or a text saying why not. In this order: the writable root's mounts come first.
+_RELAXATIONS: dict[str, Callable[[dict[str, Any], _launch.LaunchPlan, str], Any]] = {
+    "writable_root": _writable_root,
+    "tool_servers": _tool_servers,
+    "root_identity": _root_identity,
+}
+
+
 def relaxations(config: dict[str, Any], plan: _launch.LaunchPlan, workspace: str) -> dict[str, Any]:
     """Give what the host opted into, before anything forks; say what each became or why not."""
-    given: dict[str, Any] = {}
-    if config["writable_root"]:
-        if not (plan.confine and plan.pid_namespace):
-            given["writable_root"] = "needs a server that gives each call its own namespaces"
-        else:
-            try:
-                given["writable_root"] = _rootfs.make_root_writable(
-                    config["writable_root"], workspace, config["drop_uid"], config["drop_gid"]
-                )
-            except OSError as exc:
-                given["writable_root"] = f"cannot make the root writable: {exc}"
-    if config["tool_servers"]:
-        # The filter the host sent allows the sockets and sessions; init mounts the
-        # terminals, in each call's own mount namespace.
-        given["tool_servers"] = (
-            True
-            if plan.confine and plan.pid_namespace
-            else "needs a server that gives each call its own namespaces"
-        )
-    if config["root_identity"]:
-        usable = plan.confine and plan.pid_namespace and plan.own_userns
-        given["root_identity"] = (
-            plan.inner_id if usable else "needs each call in a user namespace of its own"
-        )
-    return given
+    return {
+        name: give(config, plan, workspace) for name, give in _RELAXATIONS.items() if config[name]
+    }
 
 
 def prepare_workspace(workspace: str, outbox: str, uid: int | None, gid: int | None) -> None:
