@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from astralvessel.sandbox import Limits, Mount, Policy
+from astralvessel.sandbox._cgroup import turn_memory_bytes, turn_pids
 from astralvessel.sandbox.docker._spec import (
     CALL_UID,
     LABEL_OWNER,
@@ -72,6 +73,15 @@ def test_limits_become_engine_limits():
     # The workspace tmpfs is charged to the container, so memory covers both.
     assert config["mem_limit"] >= (256 + 16) << 20
     assert config["memswap_limit"] == config["mem_limit"]
+
+
+def test_container_bounds_are_the_turn_cgroups():
+    """A container's memory and pids bounds are the namespace backends' turn cgroup bounds."""
+    limits = Limits(disk_mb=16, memory_mb=256, processes=48, open_files=256)
+    for server in (True, False):
+        config = _spec(Policy(limits=limits), server=server).host_config
+        assert config["mem_limit"] == turn_memory_bytes(limits)
+        assert config["pids_limit"] == turn_pids(limits)
 
 
 def test_workspace_is_a_sized_tmpfs_owned_by_the_call_user():

@@ -28,6 +28,7 @@ from pathlib import PurePosixPath
 
 import attrs
 
+from .._cgroup import turn_memory_bytes, turn_pids
 from .._policy import AGENT_DIR, EGRESS_DIR, ROOT_DIRS, SYSTEM_DIRS, WORKSPACE_DIR, Policy
 
 __all__ = [
@@ -65,11 +66,6 @@ LABEL_OWNER = "org.astralvessel.owner"
 LABEL_MODE = "org.astralvessel.mode"
 LABEL_POLICY = "org.astralvessel.policy"
 
-#: Memory the server, the file worker and the kernel's page tables need beyond the calls'.
-SERVER_MEMORY_MB = 128
-#: Processes beyond ``limits.processes``: the server, its file worker and zygote, and
-#: each call's init.
-SERVER_PROCESSES = 32
 #: Docker's masked paths outside ``/proc``. Any mask inside ``/proc`` makes the kernel
 #: refuse a fresh ``/proc`` in a call's PID namespace, so none is kept there; nothing in
 #: the container ever runs as root, so the masks would protect nothing in ``/proc``.
@@ -327,8 +323,9 @@ def container_spec(
         # An empty mount point the bootstrap mounts its own tmpfs root on.
         tmpfs[VIEW_ROOT] = "ro,nosuid,nodev,size=4096,mode=0755"
     # The workspace tmpfs is charged to the container's memory, so a full workspace
-    # must not be what pushes the server out of memory.
-    memory = (limits.memory_mb + limits.disk_mb + SERVER_MEMORY_MB) * mib
+    # must not be what pushes the server out of memory: the same bound as the turn
+    # cgroup of the namespace backends.
+    memory = turn_memory_bytes(limits)
     profile = json.dumps(seccomp_profile, sort_keys=True, separators=(",", ":"))
     host_config: dict[str, object] = {
         "network_mode": "none",
@@ -340,7 +337,7 @@ def container_spec(
             {"Name": "fsize", "Soft": disk_bytes, "Hard": disk_bytes},
             {"Name": "core", "Soft": 0, "Hard": 0},
         ],
-        "pids_limit": limits.processes + SERVER_PROCESSES,
+        "pids_limit": turn_pids(limits),
         "mem_limit": memory,
         "memswap_limit": memory,
         "tmpfs": tmpfs,
