@@ -101,13 +101,10 @@ DECLARED_UNKEPT: dict[str, dict[str, str]] = {
             f"{_NO_SERVER}: the file primitives are unavailable (the docker backend has them)",
         ),
         **dict.fromkeys(
-            (
-                "test_two_live_turns_are_two_host_uids",
-                "test_a_turns_files_are_closed_to_another_turn",
-                "test_uids_return_when_turns_close_and_exhaustion_is_one_error",
-            ),
-            f"{_NO_SERVER} to map a call's ids: every turn's calls are uid 65534 (a name in every "
-            "image), so turns share one host uid",
+            ("test_calls_are_uid_65534_inside", "test_the_calls_uid_has_a_name"),
+            f"{_NO_SERVER} to map a call's ids: calls are the turn's own leased host uid, which "
+            "the image's passwd does not name (a shared 65534 would share the kernel's per-uid "
+            "process limit among all turns)",
         ),
     },
 }

@@ -93,6 +93,19 @@ def test_host_names_arrive_as_their_bytes(turn: Turn):
     assert (os.fsdecode(b"made\xff\xfe\x01"), "file") in turn.list_dir("/workspace")
 
 
+def test_commands_reach_files_of_any_name_through_their_arguments(turn: Turn):
+    """A name of any bytes, given to commands as an argument, makes and reads that very file."""
+    for raw in HOSTILE_NAMES:
+        path = os.fsdecode(b"/workspace/" + raw)
+        made = turn.exec(["sh", "-c", 'printf "%s" "$1" > "$1"', "sh", path])
+        assert made.returncode == 0, made.stderr
+        assert turn.exec(["cat", "--", path]).stdout == b"/workspace/" + raw
+    listed = turn.exec(
+        ["find", "/workspace", "-mindepth", "1", "-maxdepth", "1", "-printf", "%f\\0"]
+    )
+    assert set(HOSTILE_NAMES) <= set(listed.stdout.split(b"\0"))
+
+
 @pytest.mark.parametrize(
     "path", ["/workspace/" + chr(0xD800), "/workspace/a" + chr(0xDFFF), chr(0xDC7F)]
 )

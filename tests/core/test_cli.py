@@ -316,5 +316,8 @@ def test_doctor_names_each_limits_mechanism() -> None:
     assert ("cgroup v1 memory group" in bwrap) is cgroup_here
     assert ("no memory cgroup" in bwrap) is not cgroup_here
     assert "memory watch" not in reports["docker-exec"]["mechanisms"]["memory"]
+    # The server runs docker's calls, so its watch bounds them; docker-exec has none.
+    assert "memory watch" in reports["docker"]["mechanisms"]["memory"]
+    assert "turn's own host uid" in reports["docker-exec"]["mechanisms"]["processes"]
     text = cli("doctor")
     assert "  limit inodes: the workspace tmpfs's nr_inodes=" in text.stdout

@@ -11,6 +11,7 @@ import pytest
 
 from astralvessel.sandbox import Policy, Promise, RunRequest, get_backend
 from astralvessel.sandbox._discovery import AUTOMATIC_ORDER
+from astralvessel.sandbox._uids import DEFAULT_UID_RANGE
 from astralvessel.sandbox.docker import DockerExec
 from astralvessel.sandbox.docker._exec_session import (
     OUTBOX_MAX_FILES,
@@ -54,12 +55,13 @@ def test_found_by_name():
 
 
 def test_calls_see_the_policys_exact_environment(exec_turn):
-    """Each call is a docker exec as uid 65534 with exactly the policy's environment, stderr merged."""
+    """Each call is a docker exec as the turn's leased uid with exactly the policy's env, stderr merged."""
     outcome = _run(exec_turn, "id -u; env | sort; echo to-stderr >&2; exit 3")
     assert outcome.exit_code == 3
     assert outcome.metadata["docker_mode"] == "exec-per-call"
     lines = outcome.output.splitlines()
-    assert lines[0] == "65534"
+    assert lines[0] == exec_turn._user.split(":")[0]
+    assert DEFAULT_UID_RANGE.first <= int(lines[0]) <= DEFAULT_UID_RANGE.last
     names = {line.split("=", 1)[0] for line in lines[1:-1]}
     assert names - {"PWD"} == set(Policy().environment)
     assert lines[-1] == "to-stderr"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
 from astralvessel.sandbox import Limits, Mount, Policy
@@ -12,6 +14,7 @@ from astralvessel.sandbox.docker._spec import (
     LABEL_OWNER,
     LABEL_TURN,
     VIEW_ROOT,
+    carry_bytes,
     container_spec,
     context_digest,
     exec_argv,
@@ -215,3 +218,43 @@ def test_context_digest_follows_content():
         [*files[:1], ("a.txt", 0o755, b"a")], dockerfile="Dockerfile", base_image_id="sha256:1"
     )
     assert base != context_digest(files, dockerfile="Dockerfile", base_image_id="sha256:2")
+
+
+#: Words of any bytes but NUL: not UTF-8, printf's own escapes, newlines at the end.
+BYTE_WORDS = [
+    b"\xff\xfe",
+    b"caf\xe9",
+    b"\x80" * 255,
+    b"new\nline\r\n\n",
+    b"back\\slash \\0101 \\c %s %b",
+    b"\x1b[31m\x07",
+    "\u00fcn\u00ef \u2713".encode(),
+    b"-n",
+    b"plain",
+]
+
+
+def test_words_of_any_bytes_reach_the_shell_as_their_bytes():
+    """Each word's bytes arrive, though the command sent is UTF-8 alone (as the engine's JSON)."""
+    words = [os.fsdecode(word) for word in BYTE_WORDS]
+    argv = carry_bytes('for a do printf "%s\\0" "$a"; done', words)
+    for word in argv:
+        word.encode("utf-8")
+    done = subprocess.run(argv, capture_output=True, check=True)
+    assert done.stdout.split(b"\0")[:-1] == BYTE_WORDS
+
+
+def test_utf8_words_are_sent_as_they_are():
+    """A command of UTF-8 words alone is passed unchanged, with no decoding step."""
+    assert carry_bytes("exec \"$@\"", ["ls", "\u00e9t\u00e9"]) == [
+        "/bin/sh", "-c", "exec \"$@\"", "sh", "ls", "\u00e9t\u00e9",
+    ]  # fmt: skip
+
+
+def test_a_call_with_byte_arguments_keeps_its_exec_command():
+    """A docker-exec call's argument of non-UTF-8 bytes still gets its limits, env and argv."""
+    name = os.fsdecode(b"/tmp/odd\xff")
+    argv = exec_argv(Policy(), ["cat", "--", name], outbox="/workspace/outbox/1")
+    assert "ulimit -p" in argv[2]
+    assert "\\0377" in argv[-1]
+    assert argv[4] == "0" * (len(argv) - 6) + "1"

@@ -52,7 +52,7 @@ def _processes(setup: Setup) -> str:
     parts.append(
         _NPROC
         if setup.server
-        else "RLIMIT_NPROC per call (ulimit -p), counted per uid 65534 in the engine's namespace"
+        else "RLIMIT_NPROC per call (ulimit -p), counted per the turn's own host uid"
     )
     return "; ".join(parts)
 

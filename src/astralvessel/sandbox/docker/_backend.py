@@ -34,6 +34,7 @@ from ._exec_session import EXEC_NOTE, ExecSession
 from ._spec import (
     CALL_UID,
     DEFAULT_BASE_IMAGE,
+    IDLE_ARGV,
     LABEL_MODE,
     LABEL_OWNER,
     LABEL_POLICY,
@@ -70,8 +71,8 @@ class Docker(Sandbox):
     name: ClassVar[str] = "docker"
     #: How ``doctor`` describes this backend's mode.
     mode: ClassVar[str] = "sandbox server in the container"
-    #: Whether each turn leases a host uid of its own (a server maps it to the calls' 65534).
-    leases_uids: ClassVar[bool] = True
+    #: Whether the sandbox server runs the calls (what ``doctor`` says bounds them).
+    runs_server: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -138,7 +139,7 @@ class Docker(Sandbox):
         container; there the container keeps uid 65534 of the engine's map.
         """
         self.engine.api()
-        if not self.leases_uids or self.engine.maps_container_uids():
+        if self.engine.maps_container_uids():
             return None
         return lease_uid(resolve_range(policy.uid_range), default_lock_dir())
 
@@ -188,8 +189,9 @@ class Docker(Sandbox):
             "user": (
                 f"uid {CALL_UID} in a user namespace of its own, no capabilities; on the host "
                 f"a uid of {describe_range()} of the turn's own"
-                if self.leases_uids
-                else f"uid {CALL_UID}, no capabilities, in every turn"
+                if self.runs_server
+                else f"the turn's own host uid of {describe_range()} (it has no name), "
+                "no capabilities"
             ),
             "mode": self.mode,
         }
@@ -198,7 +200,7 @@ class Docker(Sandbox):
         except Exception:
             cgroup = "engine's"
         mechanisms = limit_mechanisms(
-            Setup(memory_cgroup=cgroup, pids_cgroup=cgroup, server=self.mode == "server")
+            Setup(memory_cgroup=cgroup, pids_cgroup=cgroup, server=self.runs_server)
         )
         try:
             session = self.start(Policy().relax(*Promise))
@@ -356,9 +358,12 @@ class DockerExec(Docker):
 
     name: ClassVar[str] = "docker-exec"
     mode: ClassVar[str] = f"exec per call: {EXEC_NOTE}"
-    #: With no server to map a call's ids, a leased uid would be what calls see; every
-    #: ``docker-exec`` turn's calls are uid 65534 (a name in every image's passwd) instead.
-    leases_uids: ClassVar[bool] = False
+    #: With no server to map a call's ids, calls are the turn's leased host uid itself (not
+    #: 65534, a name in every image's passwd): the kernel counts ``ulimit -p`` per uid, so
+    #: turns sharing one uid would share one process limit (a forking tool at 64 turns met
+    #: "Cannot fork" below its own limit), and what one turn wrote in a shared writable
+    #: mount would be another's.
+    runs_server: ClassVar[bool] = False
 
     def open(self, policy: Policy) -> ServerLink:
         """This mode runs no sandbox server, so there is no channel to one."""
@@ -400,8 +405,7 @@ class DockerExec(Docker):
         spec = container_spec(
             policy,
             image=image_id,
-            # An idle shell holds the container open until the host's attach stream closes.
-            command=["/bin/sh", "-c", "read _ignored"],
+            command=IDLE_ARGV,
             seccomp_profile=_seccomp.to_docker_profile("calls", arch)
             if arch
             else {"defaultAction": "SCMP_ACT_ALLOW"},

@@ -1,7 +1,8 @@
 """The ``docker-exec`` session: each call one ``docker exec`` in the turn's container, no server.
 
 For images without a usable ``python3`` the sandbox server cannot run, so each
-call is an exec as uid 65534 in a container that carries every limit and the
+call is an exec as the turn's leased host uid (65534 on an engine that maps
+container uids itself) in a container that carries every limit and the
 ``calls`` seccomp profile. It is a second, smaller implementation of the
 session API, with its own conformance run (``tests/conformance``) that declares
 what it cannot keep: calls run one at a time, the file tools are unavailable,
@@ -394,7 +395,7 @@ class ExecSession(SandboxSession):
                 split=True,
                 cwd=request.cwd or str(self.policy.workdir),
             ),
-            user=f"{CALL_UID}:{CALL_UID}",
+            user=self._user,
             workdir="/",
             stdin=True,
         )

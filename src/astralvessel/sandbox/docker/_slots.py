@@ -56,6 +56,15 @@ def slot_folder(runtime: str, address: str) -> str:
 
     Raises ``BackendUnavailableError`` naming the folder when another user owns
     a level of it or can write there (they could then hold every slot).
+
+    The folder and its lock files are never removed, by design. A process that
+    removed them could not know that no other one had just opened them: that
+    one would then lock files no longer in the folder while later processes
+    lock new ones of the same names, and the machine-wide bound would silently
+    count twice. Making removal safe takes a second lock over the folder on
+    every process's first place; the leftover is one folder of ``size`` empty
+    files per engine address this user drove, under ``/run`` or
+    ``XDG_RUNTIME_DIR`` (both emptied at reboot, the latter at logout).
     """
     folder = os.path.join(runtime, "engines", engine_key(address))
     try:

@@ -35,6 +35,7 @@ __all__ = [
     "CALL_GID",
     "CALL_UID",
     "DEFAULT_BASE_IMAGE",
+    "IDLE_ARGV",
     "LABEL_MODE",
     "LABEL_OWNER",
     "LABEL_POLICY",
@@ -43,6 +44,7 @@ __all__ = [
     "USERNS_BOOTSTRAP",
     "VIEW_ROOT",
     "ContainerSpec",
+    "carry_bytes",
     "container_spec",
     "context_digest",
     "exec_argv",
@@ -286,8 +288,9 @@ def container_spec(
 
     ``server`` is true when the sandbox server runs as the container's process;
     false for ``docker-exec``, where an idle root process without capabilities
-    holds the container open and each call is a ``docker exec`` as uid 65534
-    (root, so that calls, which run as another uid, cannot signal it).
+    holds the container open (root, so that calls, which run as another uid,
+    cannot signal it; ``IDLE_ARGV``), and each call is a ``docker exec`` as
+    ``uid``.
     """
     limits = policy.limits
     mib = 1024 * 1024
@@ -419,6 +422,16 @@ def server_argv(command: Sequence[str], policy: Policy, *, direct: bool = False)
     return argv
 
 
+#: A ``docker-exec`` container's first process: it holds the container open until its
+#: stdin (the host's attach stream) ends, and reaps every orphan of the calls. Killed
+#: calls' processes are reparented to it, and a shell blocked in ``read`` never waits
+#: for them: their zombies would pile up against the turn's pids bound and its uid's
+#: ``ulimit -p`` until no call could fork. So ``read`` runs as a job (on the real stdin,
+#: kept as fd 3: a job's own stdin is ``/dev/null``) and the shell ``wait``s, which reaps
+#: any child. The engine's init (docker-init's tini) cannot be used: it calls
+#: ``setpgid``, which the ``calls`` seccomp profile every process here runs under refuses.
+IDLE_ARGV = ("/bin/sh", "-c", "exec 3<&0; read _ignored <&3 & wait")
+
 #: What every ``docker-exec`` command writes to stdout first (the host strips it): the
 #: engine answers an exec before ``runc exec`` has run, and this byte pair says it has.
 READY = b"\x1e\x1f"
@@ -429,6 +442,51 @@ _READY_PRINTF = "printf '\\036\\037'"
 def ready_argv(argv: Sequence[str]) -> list[str]:
     """``argv`` run by a shell that first writes ``READY`` (a ``docker-exec`` helper command)."""
     return ["/bin/sh", "-c", f'{_READY_PRINTF} && exec "$@"', "sh", *argv]
+
+
+#: Run first by a ``docker-exec`` command whose words are not all UTF-8: its first word
+#: flags (``1``) each following word that came as ``printf %b`` text, and each is put back
+#: as its bytes, in place (``$(...)`` drops trailing newlines, hence the ``_``).
+_BYTES_PRELUDE = (
+    'f=$1; shift; for a do shift; case $f in 1*) a=$(printf "%b_" "$a"); a=${a%_};; esac; '
+    'f=${f#?}; set -- "$@" "$a"; done; '
+)
+
+
+def _printf_text(raw: bytes) -> str:
+    """``raw`` as ``printf %b`` reads it back: printable ASCII as it is, other bytes in octal."""
+    return "".join(
+        "\\\\" if byte == 0x5C else chr(byte) if 0x20 <= byte < 0x7F else f"\\0{byte:03o}"
+        for byte in raw
+    )
+
+
+def carry_bytes(script: str, words: Sequence[str]) -> list[str]:
+    """``sh -c script`` with ``words`` as its arguments, each arriving as its exact bytes.
+
+    The engine takes an exec's command as JSON text, which can only carry
+    UTF-8: ``os.fsdecode``'s escape of a byte that is not UTF-8 would arrive as
+    U+FFFD. Words that are not valid UTF-8 therefore travel as ``printf %b``
+    text (ASCII) and the shell turns them back into their bytes before the
+    script runs. Commands of UTF-8 words alone are sent as they are.
+    """
+    raw = [word.encode("utf-8", "surrogateescape") for word in words]
+    flags = ["0" if _is_utf8(word) else "1" for word in raw]
+    if "1" not in flags:
+        return ["/bin/sh", "-c", script, "sh", *words]
+    carried = [
+        word if flag == "0" else _printf_text(data)
+        for word, data, flag in zip(words, raw, flags, strict=True)
+    ]
+    return ["/bin/sh", "-c", _BYTES_PRELUDE + script, "sh", "".join(flags), *carried]
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def exec_argv(
@@ -451,7 +509,8 @@ def exec_argv(
     ``split`` (a host's ``Turn.exec``, whose ``env`` is set over the policy's).
     ``cwd``, when given, is entered by ``sh`` (a missing one fails as 126 with
     the shell's message on stderr, not the engine's on stdout). ``READY`` comes
-    first on stdout.
+    first on stdout. Words that are not UTF-8 (``os.fsdecode``'s escapes) arrive
+    as their bytes (``carry_bytes``).
     """
     limits = policy.limits
     environment = dict(policy.environment, **(env or {}))
@@ -465,7 +524,7 @@ def exec_argv(
         'exec env -i "$@"' + ("" if split else " 2>&1")
     )
     entered = [cwd] if cwd is not None else []
-    return ["/bin/sh", "-c", script, "sh", *entered, *assignments, *argv]
+    return carry_bytes(script, [*entered, *assignments, *argv])
 
 
 def owner_label(hostname: str, pid: int, start_time: str) -> str:
