@@ -226,7 +226,9 @@ class ExecSession(SandboxSession):
         self.policy = policy
         #: How long an exec may wait for the engine to run it, before its own timeout starts.
         self.start_timeout = start_timeout
-        #: The call user, ``uid:gid``: the turn's own host uid.
+        #: The host uid (and gid) calls run as: the turn's own.
+        self.uid = uid
+        #: The call user, ``uid:gid``.
         self._user = f"{uid}:{uid}"
         self.backend = backend
         #: The turn's container.
