@@ -69,6 +69,10 @@ class ServerOptions:
     unprivileged user). ``seccomp`` is the call filter as BPF bytes.
     ``path_map`` maps sandbox paths to where the server sees them (only for a
     server that runs without a mount namespace of its own, as ``unconfined``).
+    ``memory_events`` names, in the server's view, files of the turn's memory
+    cgroup that count the kernel's OOM kills (``oom_kill`` in v1's
+    ``memory.oom_control`` or v2's ``memory.events``), the first that opens
+    wins: a call during which the count rises is reported as stopped for memory.
     ``probe_key`` names everything besides the hello that the server's
     confinement probe depends on (the binary, the interpreter, the image):
     turns with the same key and the same confinement settings reuse the first
@@ -86,6 +90,11 @@ class ServerOptions:
     ready_timeout: float = attrs.field(default=30.0, validator=attrs.validators.gt(0))
     probe_key: str | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.instance_of(str))
+    )
+    memory_events: tuple[str, ...] = attrs.field(
+        default=(),
+        converter=tuple,
+        validator=attrs.validators.deep_iterable(attrs.validators.instance_of(str)),
     )
     #: The server's modules compiled by the sandbox's Python (``compile_command``), when
     #: it is not the host's: a Docker image's interpreter then loads code, not source.
@@ -164,6 +173,7 @@ class Sandbox(abc.ABC):
             ready_timeout=options.ready_timeout,
             probe_key=options.probe_key,
             build=options.build,
+            memory_events=options.memory_events,
         )
         if link.settle is not None:
             try:

@@ -187,6 +187,8 @@ class Bubblewrap(NamespaceBackend):
         seccomp: int | str | None,
         *,
         config_fd: int | None = None,
+        server_fds: Sequence[int] = (),
     ) -> list[str]:
+        # bwrap leaves the descriptors it inherits open for the command: server_fds need nothing.
         fd = seccomp if isinstance(seccomp, int) else None
         return bwrap_argv(binary, policy, facts, command, seccomp_fd=fd)

@@ -45,6 +45,8 @@ __all__ = [
     "TurnCgroup",
     "cgroup_mounts",
     "memory_mount",
+    "memory_note",
+    "oom_kills",
     "sweep_dead",
     "turn_cgroup",
     "turn_memory_bytes",
@@ -118,6 +120,32 @@ class TurnCgroup:
         enter = " && ".join(['echo 0 >"$0"'] + ['echo 0 >"$1" && shift'] * (len(procs) - 1))
         return ["/bin/sh", "-c", enter + ' && exec "$@"', *procs, *argv]
 
+    def open_memory_events(self) -> int | None:
+        """A read-only descriptor of the memory group's ``memory.oom_control``, for the server
+        to count the kernel's OOM kills in the turn (``None`` without a memory group)."""
+        for path in self.paths:
+            with contextlib.suppress(OSError):
+                return os.open(os.path.join(path, "memory.oom_control"), os.O_RDONLY)
+        return None
+
+    def memory_note(self) -> str:
+        """Why the kernel stopped processes of this turn, for a sandbox that died; ``""`` if it did not.
+
+        cgroup v1 counts the OOM killer's kills in the group (``oom_kill`` of
+        ``memory.oom_control``, Linux 4.13+); read before ``remove``.
+        """
+        for path in self.paths:
+            try:
+                with open(os.path.join(path, "memory.oom_control"), "rb") as handle:
+                    kills = oom_kills(handle.read())
+                with open(os.path.join(path, "memory.limit_in_bytes"), "rb") as handle:
+                    limit = int(handle.read()) >> 20
+            except (OSError, ValueError):
+                continue
+            if kills:
+                return memory_note(kills, limit)
+        return ""
+
     def remove(self) -> None:
         """Delete the groups once their processes are gone (a moment after the sandbox is killed).
 
@@ -141,6 +169,24 @@ class TurnCgroup:
                     pause = min(pause * 2, 0.05)
                 else:
                     break
+
+
+def oom_kills(text: bytes) -> int:
+    """The ``oom_kill`` count of a memory group's ``memory.oom_control`` (v1) or ``memory.events``."""
+    for line in text.splitlines():
+        name, _, value = line.partition(b" ")
+        if name == b"oom_kill" and value.strip().isdigit():
+            return int(value)
+    return 0
+
+
+def memory_note(kills: int, limit_mb: int) -> str:
+    """What a result says when the kernel's OOM killer stopped ``kills`` processes of a turn."""
+    return (
+        f"killed for using more memory than its limit: the kernel stopped {kills} "
+        f"process{'es' if kills != 1 else ''} of the turn when it held its whole {limit_mb} MiB "
+        "(the calls' memory, the workspace's files, the server and kernel buffers such as pipes)"
+    )
 
 
 def _alive(pid: int) -> bool:

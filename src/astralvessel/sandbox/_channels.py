@@ -40,12 +40,15 @@ class PipeChannel:
         *,
         name: str,
         cleanup: Callable[[], None] | None = None,
+        explain: Callable[[], str] | None = None,
     ) -> None:
         if process.stdin is None or process.stdout is None or process.stderr is None:
             raise ValueError("PipeChannel needs a process with stdin, stdout and stderr pipes")
         self.process = process
         self.name = name
         self._cleanup = cleanup
+        #: What the backend knows of a death beyond the exit status (a memory group's OOM kills).
+        self._explain = explain
         self._stdin = process.stdin.fileno()
         self._stdout = process.stdout.fileno()
         self._tail: collections.deque[bytes] = collections.deque()
@@ -68,6 +71,7 @@ class PipeChannel:
         cwd: str | os.PathLike[str] | None = None,
         pass_fds: Iterable[int] = (),
         cleanup: Callable[[], None] | None = None,
+        explain: Callable[[], str] | None = None,
     ) -> PipeChannel:
         """Start ``argv`` with piped stdin, stdout and stderr, in its own session."""
 
@@ -92,7 +96,7 @@ class PipeChannel:
             if cleanup is not None:
                 cleanup()
             raise SandboxError(f"cannot start the {name} sandbox ({argv[0]}): {exc}") from exc
-        return cls(process, name=name, cleanup=cleanup)
+        return cls(process, name=name, cleanup=cleanup, explain=explain)
 
     def _drain_stderr(self, stream: IO[bytes]) -> None:
         # A ring of the last bytes: enough to explain a death, never unbounded.
@@ -138,6 +142,10 @@ class PipeChannel:
         tail = self.stderr_tail().strip()
         lines = tail.splitlines()[-20:]
         text = f"the {self.name} sandbox {status}"
+        if self._explain is not None:
+            with contextlib.suppress(Exception):
+                note = self._explain()
+                text += f", {note}" if note else ""
         return text + (":\n" + "\n".join(lines) if lines else " (no diagnostics on stderr)")
 
     def close(self) -> None:

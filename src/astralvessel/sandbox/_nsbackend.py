@@ -105,10 +105,12 @@ class NamespaceBackend(Sandbox):
         seccomp: int | str | None,
         *,
         config_fd: int | None = None,
+        server_fds: Sequence[int] = (),
     ) -> list[str]:
         """The command line; ``seccomp`` is a BPF file descriptor (bwrap) or kafel text (nsjail).
 
-        ``config_fd`` is a descriptor holding what ``_config`` returned, if anything.
+        ``config_fd`` is a descriptor holding what ``_config`` returned, if anything;
+        ``server_fds`` are descriptors the server itself must get, at the same numbers.
         """
 
     def _config(self, policy: Policy, facts: HostFacts) -> bytes | None:
@@ -250,6 +252,8 @@ class NamespaceBackend(Sandbox):
                 server_filter = _kafel(SERVER, facts.machine)
                 first_filter = x32_guard(facts.machine)
         config_fd: int | None = None
+        # The server counts the OOM kills in the turn's memory group through its own copy.
+        events_fd = None if cgroup is None else cgroup.open_memory_events()
         try:
             config = self._config(policy, facts)
             config_fd = None if config is None else _memfd(config, "astralvessel-config")
@@ -260,8 +264,9 @@ class NamespaceBackend(Sandbox):
                 server_command(facts.python.executable, first_filter=first_filter),
                 server_filter,
                 config_fd=config_fd,
+                server_fds=() if events_fd is None else (events_fd,),
             )
-            fds = tuple(fd for fd in (memfd, config_fd) if fd is not None)
+            fds = tuple(fd for fd in (memfd, config_fd, events_fd) if fd is not None)
             # The cgroup goes and the lease goes back once the sandbox is reaped.
             channel = PipeChannel.spawn(
                 argv if cgroup is None else cgroup.wrap(argv),
@@ -272,13 +277,14 @@ class NamespaceBackend(Sandbox):
                     None if cgroup is None else cgroup.remove,
                     None if lease is None else lease.release,
                 ),
+                explain=None if cgroup is None else cgroup.memory_note,
             )
         except ValueError as exc:
             if cgroup is not None:
                 cgroup.remove()
             raise BackendUnavailableError(f"{self.name} cannot build this sandbox: {exc}") from exc
         finally:
-            for fd in (memfd, config_fd):
+            for fd in (memfd, config_fd, events_fd):
                 if fd is not None:
                     os.close(fd)
         return ServerLink(
@@ -293,6 +299,7 @@ class NamespaceBackend(Sandbox):
                 if use_seccomp
                 else None,
                 probe_key=f"{self.name}:{binary.path}:{facts.python.executable}",
+                memory_events=() if events_fd is None else (f"/proc/self/fd/{events_fd}",),
             ),
         )
 

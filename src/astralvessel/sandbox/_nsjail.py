@@ -102,6 +102,7 @@ def nsjail_argv(
     *,
     seccomp_kafel: str | None,
     config_fd: int,
+    server_fds: Sequence[int] = (),
 ) -> list[str]:
     """The ``nsjail`` command line that runs ``command`` (the server) in ``policy``'s sandbox."""
     # The config comes first: it sets every field, and the options after it override
@@ -142,6 +143,8 @@ def nsjail_argv(
             for link, path in DEVICE_LINKS:
                 argv += ["--symlink", f"{link}:{path}"]
         argv += _step_options(step)
+    for fd in server_fds:
+        argv += ["--pass_fd", str(fd)]  # nsjail closes every other descriptor
     if seccomp_kafel is not None:
         argv += ["--seccomp_string", seccomp_kafel]
     argv += ["--", *command]
@@ -175,6 +178,7 @@ class Nsjail(NamespaceBackend):
         seccomp: int | str | None,
         *,
         config_fd: int | None = None,
+        server_fds: Sequence[int] = (),
     ) -> list[str]:
         kafel = seccomp if isinstance(seccomp, str) else None
         assert config_fd is not None  # noqa: S101 - start passes _config's descriptor
@@ -185,6 +189,7 @@ class Nsjail(NamespaceBackend):
             command,
             seccomp_kafel=kafel,
             config_fd=config_fd,
+            server_fds=server_fds,
         )
 
     def _config(self, policy: Policy, facts: HostFacts) -> bytes | None:

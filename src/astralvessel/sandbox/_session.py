@@ -26,7 +26,7 @@ import shutil
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
 from pathlib import Path
 from types import CodeType, TracebackType
@@ -50,6 +50,7 @@ from ._api import (
     RunRequest,
     SandboxSession,
 )
+from ._cgroup import turn_memory_bytes
 from ._policy import (
     EGRESS_DIR,
     EGRESS_PORT,
@@ -301,7 +302,17 @@ _PROBED_MOST = 64
 
 #: Hello fields that name this turn's own places, not how its calls are confined.
 _TURN_PLACES = frozenset(
-    ("env", "workdir", "workspace", "outbox", "visible_roots", "path_map", "egress", "probed")
+    (
+        "env",
+        "workdir",
+        "workspace",
+        "outbox",
+        "visible_roots",
+        "path_map",
+        "egress",
+        "probed",
+        "memory_events",
+    )
 )
 
 
@@ -461,6 +472,7 @@ class ServerSession(SandboxSession):
         ready_timeout: float = 30.0,
         probe_key: str | None = None,
         build: ServerBuild | None = None,
+        memory_events: Sequence[str] = (),
     ) -> ServerSession:
         """Boot the server on ``channel`` (payload, then ``hello``) and wait for ``ready``.
 
@@ -505,6 +517,7 @@ class ServerSession(SandboxSession):
             "root_identity": policy.root_identity,
             "tool_servers": policy.tool_servers,
             "file_worker_idle": FILE_WORKER_IDLE,
+            "memory_events": list(memory_events),
         }
         key = _probe_key(probe_key, confine, hello)
         known = None if key is None else _PROBED.get(key)
@@ -772,7 +785,7 @@ class ServerSession(SandboxSession):
             if size:
                 return
             self._file_done(item)
-        self._finish(call_id, self._outcome(item))
+        self._finish(call_id, self._outcome(item, turn_memory_bytes(self.policy.limits) >> 20))
 
     @staticmethod
     def _host_write_failed(item: _Pending, exc: OSError) -> None:
@@ -812,7 +825,8 @@ class ServerSession(SandboxSession):
             self._next_file(call_id, item)
 
     @staticmethod
-    def _outcome(item: _Pending) -> RunOutcome:
+    def _outcome(item: _Pending, bound_mb: int) -> RunOutcome:
+        """The call's result; ``bound_mb`` is the turn's memory group's, for its note."""
         exit_info = item.exit or {}
         code = exit_info.get("exit_code")
         output = bytes(item.output).decode("utf-8", "replace")
@@ -828,6 +842,14 @@ class ServerSession(SandboxSession):
             output += ("\n" if output and not output.endswith("\n") else "") + (
                 f"[memory limit: the turn's calls held {held} MiB, more than the {limit} MiB "
                 "limit; this call's processes were stopped]\n"
+            )
+        killed = exit_info.get("oom_killed")
+        if isinstance(killed, int) and not isinstance(killed, bool) and killed > 0:
+            output += ("\n" if output and not output.endswith("\n") else "") + (
+                f"[memory limit: the kernel stopped {killed} of the turn's processes while this "
+                f"call ran; the turn held its whole {bound_mb} MiB (the calls' memory, the "
+                "workspace's files and kernel buffers such as pipes); this call's processes "
+                "were stopped]\n"
             )
         return RunOutcome(
             output=output,

@@ -39,6 +39,7 @@ from ._spec import (
     LABEL_OWNER,
     LABEL_POLICY,
     LABEL_TURN,
+    MEMORY_EVENTS_FD,
     container_spec,
     server_argv,
 )
@@ -297,6 +298,7 @@ class Docker(Sandbox):
                 ready_timeout=self.start_timeout,
                 probe_key=f"{self.name}:{self.engine.base_url}:{image_id}:{self.python}",
                 build=build,
+                memory_events=(f"/proc/self/fd/{MEMORY_EVENTS_FD}",),
             ),
         )
 

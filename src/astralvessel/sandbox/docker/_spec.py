@@ -41,6 +41,7 @@ __all__ = [
     "LABEL_POLICY",
     "LABEL_TURN",
     "READY",
+    "MEMORY_EVENTS_FD",
     "USERNS_BOOTSTRAP",
     "VIEW_ROOT",
     "ContainerSpec",
@@ -113,6 +114,10 @@ def _astralvessel_connect(path):
     sock.close()
 """
 
+#: The descriptor on which the bootstrap leaves the container's memory group's count of
+#: OOM kills, for the server (``ServerOptions.memory_events``): above any the server opens.
+MEMORY_EVENTS_FD = 250
+
 #: Runs first in the container's own process, before the server's code. It makes a
 #: user namespace mapping only our uid and gid to themselves: in it the server may
 #: create the PID and mount namespaces of each call; outside it, it holds nothing.
@@ -127,6 +132,16 @@ def _astralvessel_view(binds, system_dirs, root, workdir, root_dirs=()):
     import ctypes, os, sys
     # Each turn is a uid of its own: what a call writes is closed to other turns' uids.
     os.umask(0o007)
+    # The container's memory group counts the kernel's OOM kills; the view leaves /sys out,
+    # so the server reads it on a descriptor kept at a number of its own (MEMORY_EVENTS_FD).
+    for path in ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events"):
+        try:
+            events = os.open(path, os.O_RDONLY)
+        except OSError:
+            continue
+        os.dup2(events, MEMORY_EVENTS_FD, inheritable=False)
+        os.close(events)
+        break
     libc = ctypes.CDLL(None, use_errno=True)
     def check(result, what):
         if result != 0:
@@ -245,7 +260,7 @@ def _astralvessel_view(binds, system_dirs, root, workdir, root_dirs=()):
     os.rmdir("/.old-root")
     mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
     os.chdir(workdir)
-"""
+""".replace("MEMORY_EVENTS_FD", str(MEMORY_EVENTS_FD))
 
 
 @attrs.frozen(kw_only=True)

@@ -14,7 +14,15 @@ import os
 
 from . import _sys
 
-__all__ = ["MEMORY_INTERVAL", "bound_inodes", "call_memory", "over_limit", "victim"]
+__all__ = [
+    "MEMORY_INTERVAL",
+    "bound_inodes",
+    "call_memory",
+    "oom_counter",
+    "oom_kills",
+    "over_limit",
+    "victim",
+]
 
 _MS_NOATIME, _MS_NODIRATIME, _MS_RELATIME = 1024, 2048, 1 << 21
 # statvfs f_flag bits -> the mount flags that keep them: a remount resets every per-mount
@@ -210,3 +218,41 @@ def victim(inits: dict[int, int], depth: int, limit: int) -> tuple[int, list[int
         usage = call_memory(inits, depth, precise=True)
     chosen = over_limit(usage, limit)
     return None if chosen is None else (chosen, [sum(usage.values()), limit])
+
+
+# -- the turn's memory group ----------------------------------------------------------------
+
+
+def oom_counter(paths: list[str]) -> int | None:
+    """A descriptor of the first of ``paths`` that opens: a file of the turn's memory group
+    that counts the kernel's OOM kills (``oom_kill``); None where the turn has none.
+
+    The host names them (``memory_events`` in the hello): a descriptor it passed in
+    (``/proc/self/fd/N``, bubblewrap and nsjail as root) or the container's own group
+    (Docker). Calls never hold it: every child closes what it did not ask for.
+    """
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        if oom_kills(fd) is not None:
+            return fd
+        os.close(fd)
+    return None
+
+
+def oom_kills(fd: int) -> int | None:
+    """How many processes the kernel's OOM killer has stopped in the group, or None if unreadable.
+
+    One ``pread`` of a few dozen bytes: cheap enough for every call's start and end.
+    """
+    try:
+        text = os.pread(fd, 4096, 0)
+    except OSError:
+        return None
+    for line in text.splitlines():
+        name, _, value = line.partition(b" ")
+        if name == b"oom_kill" and value.strip().isdigit():
+            return int(value)
+    return None

@@ -41,8 +41,16 @@ _MAX_ID = 0xFFFFFFFE
 #: process count characters of one text and say whether the memory watch stopped them.
 #: A tool call's outbox files come with its frame as ``extra`` (see ``exit_frame``).
 EXIT_FIELDS = {
-    "call": (("memory", "memory_stopped"), ("dropped_chars", "dropped_chars")),
-    "detached": (("memory", "memory_stopped"), ("dropped_chars", "dropped_chars")),
+    "call": (
+        ("memory", "memory_stopped"),
+        ("oom_killed", "oom_killed"),
+        ("dropped_chars", "dropped_chars"),
+    ),
+    "detached": (
+        ("memory", "memory_stopped"),
+        ("oom_killed", "oom_killed"),
+        ("dropped_chars", "dropped_chars"),
+    ),
     "exec": (("dropped_bytes", "dropped_bytes"),),
 }
 
@@ -123,6 +131,10 @@ class Call:
         self.namespace_empty = False
         #: ``[held, limit]`` in bytes if the memory watch stopped the call (``_bounds``).
         self.memory_stopped: list[int] | None = None
+        #: The turn's memory group's OOM kills when the call started, and how many more
+        #: there were by its end (``_bounds.oom_kills``; the kernel stopped the call).
+        self.oom_mark: int | None = None
+        self.oom_killed = 0
 
     def take(self, chunk: bytes, stream: str = "stdout") -> bytes:
         """Count ``chunk``; return the part to stream (``output_chars`` characters in all,
@@ -183,6 +195,8 @@ def outcome(call: Call, status: int) -> tuple[str | None, int | None]:
     if call.spawned.group:
         return None, _launch.exit_code_of(status)
     statuses = status_values(text, "X")
+    if not statuses and call.oom_killed:
+        return None, None  # the kernel's OOM killer took init itself: stopped, not failed
     if not statuses:
         return (
             "the call's pid 1 died before its command's exit "

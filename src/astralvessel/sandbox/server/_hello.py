@@ -66,6 +66,9 @@ def parse_hello(header: dict[str, Any]) -> dict[str, Any]:
         or not all(isinstance(k, str) and isinstance(v, str) for k, v in probed.items())
     ):
         raise TypeError("'probed' must map probe steps to strings, or be null")
+    events = header.get("memory_events") or []
+    if not isinstance(events, list) or not all(isinstance(path, str) for path in events):
+        raise TypeError("'memory_events' must be a list of paths")
     idle = header.get("file_worker_idle", _fsqueue.WORKER_IDLE)
     if isinstance(idle, bool) or not isinstance(idle, (int, float)) or not idle > 0:
         raise TypeError("'file_worker_idle' must be a positive number of seconds")
@@ -88,6 +91,7 @@ def parse_hello(header: dict[str, Any]) -> dict[str, Any]:
         "root_identity": header.get("root_identity") is True,
         "tool_servers": header.get("tool_servers") is True,
         "probed": probed,
+        "memory_events": events,
     }
 
 

@@ -229,6 +229,28 @@ def _reap_all() -> None:
             return
 
 
+#: The kernel's OOM killer takes the call's processes before any other of the turn.
+_OOM_SCORE_ADJ = b"1000"
+
+
+def _first_to_die() -> None:
+    """Make this call, and all it forks, the memory cgroup's first victims; best effort.
+
+    Where the turn has a memory group (as root, Docker), a call that fills it with
+    what the memory watch cannot see or stop in time (pipe buffers, a burst between
+    two samples) would otherwise have the kernel kill whichever process is largest:
+    the server, and the whole turn with it. Raising one's own score needs no
+    privilege; set while init is still privileged (as root) it is also the
+    floor the call cannot lower again.
+    """
+    with suppress(OSError):
+        fd = os.open("/proc/self/oom_score_adj", os.O_WRONLY)
+        try:
+            os.write(fd, _OOM_SCORE_ADJ)
+        finally:
+            os.close(fd)
+
+
 def _idle_priority() -> None:
     """Run this process only when nothing else wants the CPU (``SCHED_IDLE``); best effort.
 
@@ -316,6 +338,7 @@ def _run_init(plan: LaunchPlan, env: dict[str, str], fds: dict[str, int], alive:
         if plan.terminals:
             _private_terminals()
         mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        _first_to_die()  # through the call's own /proc: nsjail mounts the sandbox's read-only
         # A write past RLIMIT_FSIZE then fails with EFBIG, as on a full disk, instead of
         # killing; an ignored signal stays ignored across exec.
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)

@@ -78,6 +78,8 @@ class Server:
         self.refill_at: float | None = None
         #: When to sample the calls' memory next, while calls run (``time.monotonic``).
         self.memory_at: float | None = None
+        #: The turn's memory group's count of OOM kills, where it has one (``_bounds``).
+        self.oom_fd: int | None = None
 
     # -- host I/O ------------------------------------------------------------
 
@@ -198,6 +200,7 @@ class Server:
         # checks below, which each turn makes again).
         probe_found = dict(problems)
         self.plan = plan
+        self.oom_fd = _bounds.oom_counter(config["memory_events"])
         self.spawner = _spawner.Spawner(plan, self.env, config["root_identity"])
         workspace = map_path(config["workspace"], self.path_map)
         outbox = map_path(config["outbox"], self.path_map)
@@ -262,6 +265,8 @@ class Server:
             self.fail(call_id, str(exc))
             return
         call = Call(call_id, spawned, order)
+        if self.oom_fd is not None:
+            call.oom_mark = _bounds.oom_kills(self.oom_fd)
         self.calls[call_id] = call
         self._watch(spawned.output, EVENT_READ, lambda c: self._pump(c, "stdout"), call)
         if split:
@@ -501,6 +506,12 @@ class Server:
         self._drain_status(call)
         self._stop_watching_status(call)
         os.close(call.spawned.status)
+        if self.oom_fd is not None and call.oom_mark is not None:
+            # The kernel's OOM killer took processes of the turn while this call ran: those
+            # were this call's (init makes calls its first choice), or it would not have ended.
+            kills = _bounds.oom_kills(self.oom_fd)
+            if kills is not None and kills > call.oom_mark:
+                call.oom_killed = kills - call.oom_mark
         error, exit_code = outcome(call, status)
         if error is not None:
             self._drop_outbox(call.id)
