@@ -16,7 +16,7 @@ re-exported here, where backends and the executor have always found them.
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import ClassVar
 
 import attrs
@@ -46,6 +46,10 @@ __all__ = [
     "ServerLink",
     "ServerOptions",
 ]
+
+
+def _str_tuple(value: Iterable[str]) -> tuple[str, ...]:
+    return tuple(value)
 
 
 def _str_map(value: Mapping[str, str]) -> Mapping[str, str]:
@@ -93,7 +97,7 @@ class ServerOptions:
     )
     memory_events: tuple[str, ...] = attrs.field(
         default=(),
-        converter=tuple,
+        converter=_str_tuple,
         validator=attrs.validators.deep_iterable(attrs.validators.instance_of(str)),
     )
     #: The server's modules compiled by the sandbox's Python (``compile_command``), when

@@ -129,7 +129,7 @@ class TurnCgroup:
         return None
 
     def memory_note(self) -> str:
-        """Why the kernel stopped processes of this turn, for a sandbox that died; ``""`` if it did not.
+        """Why the kernel stopped this turn's processes, for a sandbox that died; else ``""``.
 
         cgroup v1 counts the OOM killer's kills in the group (``oom_kill`` of
         ``memory.oom_control``, Linux 4.13+); read before ``remove``.
@@ -172,7 +172,7 @@ class TurnCgroup:
 
 
 def oom_kills(text: bytes) -> int:
-    """The ``oom_kill`` count of a memory group's ``memory.oom_control`` (v1) or ``memory.events``."""
+    """The ``oom_kill`` count in a memory group's ``memory.oom_control`` or ``memory.events``."""
     for line in text.splitlines():
         name, _, value = line.partition(b" ")
         if name == b"oom_kill" and value.strip().isdigit():
