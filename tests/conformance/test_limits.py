@@ -227,6 +227,52 @@ def _stopped_together(session, memory_mb):
     assert after.output.strip() == "ok"
 
 
+#: Children that each fill pipes until they hold ``each_mb`` MiB or run out of descriptors,
+#: then keep them: kernel memory no process's RSS or PSS shows.
+_FILL_PIPES = """
+import fcntl, os, sys, time
+children, each = int(sys.argv[1]), int(sys.argv[2]) << 20
+for _ in range(children):
+    if os.fork() == 0:
+        held, chunk = 0, b"x" * 65536
+        try:
+            while held < each:
+                r, w = os.pipe()
+                fcntl.fcntl(w, fcntl.F_SETFL, os.O_NONBLOCK)
+                try:
+                    while True:
+                        held += os.write(w, chunk)
+                except BlockingIOError:
+                    pass
+        except OSError:
+            pass
+        time.sleep(60)
+        os._exit(0)
+for _ in range(children):
+    os.wait()
+print("every child ended on its own")
+"""
+
+
+def test_pipe_buffers_count_against_the_turns_memory(backend, policy):
+    """A call whose processes fill pipes past ``memory_mb`` is stopped with the memory note."""
+    # 8 children of up to 16 MiB of pipes each: twice the limit, under any memory group.
+    limits = attrs.evolve(TEST_LIMITS, memory_mb=64, open_files=4096)
+    session = backend.start(attrs.evolve(policy, limits=limits))
+    try:
+        outcome = run(session, "/usr/bin/python3", "-c", _FILL_PIPES, "8", "16", timeout=60.0)
+        assert not outcome.timed_out, outcome.output
+        assert outcome.exit_code is None, outcome.output
+        assert "every child ended on its own" not in outcome.output
+        assert "[memory limit: the turn's calls held" in outcome.output, outcome.output
+        assert "more than the 64 MiB limit" in outcome.output
+        # The turn goes on, its pipes gone with the call.
+        after = run(session, "/bin/echo", "after")
+        assert (after.exit_code, after.output) == (0, "after\n")
+    finally:
+        session.close()
+
+
 def test_memory_a_fork_shares_counts_once(session):
     """A parent's memory shared copy-on-write with its children is not counted once per child."""
     held = TEST_LIMITS.memory_mb * 6 // 10

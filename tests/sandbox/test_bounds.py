@@ -2,8 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
+
 from astralvessel.sandbox._session import ServerSession, _Pending
-from astralvessel.sandbox.server._bounds import over_limit
+from astralvessel.sandbox.server._bounds import (
+    _descriptors,
+    _pipe_bytes,
+    oom_counter,
+    oom_kills,
+    over_limit,
+)
 
 MIB = 1 << 20
 
@@ -21,12 +31,81 @@ def test_memory_stop_becomes_a_note_the_model_reads():
     item = _Pending(kind="run")
     item.output += b"partial"
     item.exit = {"exit_code": None, "memory": [300 * MIB, 256 * MIB]}
-    outcome = ServerSession._outcome(item)
+    outcome = ServerSession._outcome(item, 400)
     assert outcome.exit_code is None
     assert outcome.output == (
         "partial\n[memory limit: the turn's calls held 300 MiB, more than the 256 MiB limit; "
         "this call's processes were stopped]\n"
     )
+
+
+def test_kernel_stop_becomes_a_note_the_model_reads():
+    """An exit frame that counts OOM kills in the turn's memory group ends the output with why."""
+    item = _Pending(kind="run")
+    item.output += b"partial"
+    item.exit = {"exit_code": -9, "oom_killed": 2}
+    outcome = ServerSession._outcome(item, 400)
+    assert outcome.exit_code == -9
+    assert outcome.output == (
+        "partial\n[memory limit: the kernel stopped 2 of the turn's processes while this call "
+        "ran; the turn held its whole 400 MiB (the calls' memory, the workspace's files and "
+        "kernel buffers such as pipes); this call's processes were stopped]\n"
+    )
+    for unsure in (0, True, "2", None):
+        item.exit = {"exit_code": 0, "oom_killed": unsure}
+        assert "[memory limit" not in ServerSession._outcome(item, 400).output
+
+
+def test_oom_counts_are_read_from_v1_and_v2_files(tmp_path):
+    """The server reads ``oom_kill`` from v1's ``memory.oom_control`` and v2's ``memory.events``."""
+    v1 = tmp_path / "memory.oom_control"
+    v1.write_bytes(b"oom_kill_disable 0\nunder_oom 0\noom_kill 3\n")
+    v2 = tmp_path / "memory.events"
+    v2.write_bytes(b"low 0\nhigh 0\nmax 12\noom 2\noom_kill 2\noom_group_kill 0\n")
+    bare = tmp_path / "other"
+    bare.write_bytes(b"nothing 1\n")
+    for path, kills in ((v1, 3), (v2, 2), (bare, None)):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            assert oom_kills(fd) == kills
+        finally:
+            os.close(fd)
+    missing = str(tmp_path / "missing")
+    fd = oom_counter([missing, str(bare), str(v2), str(v1)])
+    assert fd is not None
+    try:
+        assert oom_kills(fd) == 2  # the first that opens and counts
+    finally:
+        os.close(fd)
+    assert oom_counter([missing, str(bare)]) is None
+
+
+def test_a_pipe_counts_a_page_per_buffer_it_may_hold():
+    """A pipe counts at most its slots and at most a page per byte held, plus two cached pages."""
+    page = 4096
+    pipes = [os.pipe(), os.pipe2(os.O_DIRECT), os.pipe()]
+    try:
+        full, packets, empty = pipes
+        os.set_blocking(full[1], False)
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                os.write(full[1], b"x" * page)
+        for _ in range(3):
+            os.write(packets[1], b"x")  # packet mode: a page each, for one byte
+        me = os.getpid()
+        slots = fcntl.fcntl(full[1], 1032) // page  # F_GETPIPE_SZ
+        assert _pipe_bytes(f"/proc/{me}/fd/{full[0]}") == page * (slots + 2)
+        assert _pipe_bytes(f"/proc/{me}/fd/{packets[1]}") == page * (3 + 2)
+        assert _pipe_bytes(f"/proc/{me}/fd/{empty[0]}") == page * 2
+        # Both ends of a pipe are one pipe: counted once per sample.
+        seen: set[object] = set()
+        total = _descriptors(str(me), seen)
+        assert total >= page * (slots + 3 + 2 + 3 * 2)
+        assert _descriptors(str(me), seen) == 0
+    finally:
+        for pair in pipes:
+            for fd in pair:
+                os.close(fd)
 
 
 def test_mechanisms_follow_what_the_turn_has():

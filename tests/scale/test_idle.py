@@ -175,13 +175,15 @@ def test_forking_the_zygote_imports_nothing_in_the_server() -> None:
     assert done.stdout.decode().split() == []
 
 
-#: Takes the memory watch's samples (every process's status, then this process's PSS and
-#: memfds, as for a call past its limit), then lists the modules that appeared meanwhile.
+#: Takes the memory watch's samples (every process's status, then this process's PSS,
+#: memfds and pipes, as for a call past its limit), then lists the modules that appeared.
 _SAMPLE_MEMORY = """\
 before = set(sys.modules)
 p._bounds.call_memory({}, 2)
 assert p._bounds._pss(str(os.getpid())) > 0
-p._bounds._memfds(str(os.getpid()), set())
+held = os.pipe()
+os.write(held[1], b"x")
+assert p._bounds._descriptors(str(os.getpid()), set()) >= 4096
 print(' '.join(sorted(set(sys.modules) - before)))"""
 
 

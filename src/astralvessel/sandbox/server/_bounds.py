@@ -127,11 +127,43 @@ def _pss(pid: str) -> int | None:
     return (pss["Pss_Anon"] + pss.get("Pss_Shmem", 0)) * _KIB
 
 
-def _memfds(pid: str, seen: set[tuple[int, int]]) -> int:
-    """Bytes of the memfd files ``pid`` holds open that no earlier process was charged for.
+#: Pages a pipe keeps cached after it is drained (Linux 6.14+; one before), whatever it holds.
+_PIPE_CACHED_PAGES = 2
+_PIPE_PAGE = 4096
+
+
+def _pipe_bytes(path: str) -> int:
+    """The most memory the pipe at ``path`` (``/proc/N/fd/M``) can pin now.
+
+    A pipe holds each write in a page of its own ring (up to its capacity,
+    ``F_GETPIPE_SZ``), merging small writes into the last page except in packet
+    mode, so the pages it pins number at most its slots and at most the bytes
+    it holds (``FIONREAD``), plus the pages it keeps cached. Opened anew through
+    ``/proc`` (read-only, non-blocking), which the server may: it already reads
+    the process's descriptors.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return 0
+    try:
+        capacity, held = _sys.pipe_load(fd)
+    except OSError:
+        return 0
+    finally:
+        os.close(fd)
+    return _PIPE_PAGE * (min(capacity // _PIPE_PAGE, held) + _PIPE_CACHED_PAGES)
+
+
+def _descriptors(pid: str, seen: set[object]) -> int:
+    """Bytes of the memfd files and pipes ``pid`` holds open that no earlier process was
+    charged for.
 
     A memfd holds memory whether or not it is mapped, and unmapped pages show in
-    no process's PSS.
+    no process's PSS; a pipe's buffers are kernel memory that no RSS counts (a
+    call filling pipes pinned hundreds of MiB unseen). The descriptors are read
+    every sample anyway, so this costs a ``readlink`` each, and four system
+    calls per distinct pipe.
     """
     total = 0
     base = f"/proc/{pid}/fd"
@@ -140,10 +172,20 @@ def _memfds(pid: str, seen: set[tuple[int, int]]) -> int:
     except OSError:
         return 0  # not ours to read (a call's init, which is not dumpable, holds none)
     for fd in fds:
+        path = f"{base}/{fd}"
         try:
-            if not os.readlink(f"{base}/{fd}").startswith("/memfd:"):
-                continue
-            st = os.stat(f"{base}/{fd}")
+            target = os.readlink(path)
+        except OSError:
+            continue
+        if target.startswith("pipe:"):
+            if target not in seen:  # "pipe:[inode]": one pipe, however many ends are open
+                seen.add(target)
+                total += _pipe_bytes(path)
+            continue
+        if not target.startswith("/memfd:"):
+            continue
+        try:
+            st = os.stat(path)
         except OSError:
             continue
         if (st.st_dev, st.st_ino) not in seen:
@@ -162,7 +204,7 @@ def call_memory(inits: dict[int, int], depth: int, *, precise: bool = False) -> 
     so each is charged to the init its parents lead to. That takes only
     ``status``, which needs no ptrace access (init is not dumpable). Each
     process counts its RSS, or with ``precise`` its PSS where the kernel has it
-    (never more than the RSS), plus the memfd files it holds open. A process
+    (never more than the RSS), plus the memfd files and pipes it holds open. A process
     that exits while it is read is skipped.
     """
     usage = dict.fromkeys(inits.values(), 0)
@@ -183,7 +225,7 @@ def call_memory(inits: dict[int, int], depth: int, *, precise: bool = False) -> 
         if len(nspid) == depth and nspid[-1] == 1 and nspid[-2] in inits:
             # A call's init: pid 1 of its namespace; one level up, the zygote's P line.
             owner[int(name)] = inits[nspid[-2]]
-    seen: set[tuple[int, int]] = set()
+    seen: set[object] = set()
     for pid in parent:
         walk, steps = pid, 0
         while walk not in owner and walk in parent and steps < len(parent):
@@ -198,7 +240,7 @@ def call_memory(inits: dict[int, int], depth: int, *, precise: bool = False) -> 
                 held = _status(str(pid))[2]
             except (OSError, ValueError, IndexError):
                 held = 0
-        usage[call] += held + _memfds(str(pid), seen)
+        usage[call] += held + _descriptors(str(pid), seen)
     return usage
 
 

@@ -36,6 +36,7 @@ __all__ = [
     "check",
     "libc",
     "mount",
+    "pipe_load",
     "prctl",
     "setns",
     "unshare",
@@ -114,3 +115,19 @@ def capset(effective: int, permitted: int, inheritable: int) -> None:
         effective >> 32, permitted >> 32, inheritable >> 32,
     )  # fmt: skip
     check(libc().capset(_CapHeader(_LINUX_CAPABILITY_VERSION_3, 0), data), "capset")
+
+
+_F_GETPIPE_SZ = 1032
+_FIONREAD = 0x541B
+
+
+def pipe_load(fd: int) -> tuple[int, int]:
+    """The pipe ``fd``'s capacity (``F_GETPIPE_SZ``) and the bytes it holds (``FIONREAD``)."""
+    held = ctypes.c_int(0)
+    capacity = libc().fcntl(ctypes.c_int(fd), ctypes.c_int(_F_GETPIPE_SZ))
+    if capacity < 0 or libc().ioctl(
+        ctypes.c_int(fd), ctypes.c_ulong(_FIONREAD), ctypes.byref(held)
+    ):
+        err = ctypes.get_errno()
+        raise OSError(err, f"pipe size: {os.strerror(err)}")
+    return capacity, held.value
