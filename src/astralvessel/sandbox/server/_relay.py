@@ -171,19 +171,18 @@ def start(target: str, port: int, drop_uid: int | None, drop_gid: int | None) ->
             _launch.close_fds_except(keep)
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            _sys.prctl(_sys.PR_SET_PDEATHSIG, 9)
-            if os.getppid() == server:
-                # Here, before the drop (the library may be unreadable after it), and in the
-                # relay only: the server would hold socket's imports in every idle turn.
-                import socket
+            _launch.die_with_parent(lambda: os.getppid() != server)
+            # Here, before the drop (the library may be unreadable after it), and in the
+            # relay only: the server would hold socket's imports in every idle turn.
+            import socket
 
-                accepting = socket.socket(fileno=listener.detach())
-                _launch._drop(drop_uid, drop_gid)
-                # The drop cleared the parent-death signal: armed again, or the relay, which
-                # only waits for connections, would outlive a server killed on the host.
-                _launch.die_with_parent(lambda: os.getppid() != server)
-                _sys.prctl(_sys.PR_SET_NO_NEW_PRIVS, 1)
-                _Relay(accepting, target).serve()
+            accepting = socket.socket(fileno=listener.detach())
+            _launch._drop(drop_uid, drop_gid)
+            # The drop cleared the parent-death signal: armed again, or the relay, which
+            # only waits for connections, would outlive a server killed on the host.
+            _launch.die_with_parent(lambda: os.getppid() != server)
+            _sys.prctl(_sys.PR_SET_NO_NEW_PRIVS, 1)
+            _Relay(accepting, target).serve()
         except BaseException:
             # The interpreter's own hook prints the traceback without importing traceback
             # (and re, through it) into every server's start-up, and after the drop above.

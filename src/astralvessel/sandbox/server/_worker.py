@@ -122,17 +122,16 @@ def start_worker(
             _launch.close_fds_except({req_r, rep_w})
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            _sys.prctl(_sys.PR_SET_PDEATHSIG, 9)
-            if os.getppid() == server:
-                _warm_files()
-                if own_userns:
-                    _become_call_user(drop_uid, drop_gid)
-                else:
-                    _launch._drop(drop_uid, drop_gid)
-                # Either cleared the parent-death signal (the ids changed): armed again.
-                _launch.die_with_parent(lambda: os.getppid() != server)
-                _sys.prctl(_sys.PR_SET_NO_NEW_PRIVS, 1)
-                _serve(req_r, rep_w, context)
+            _launch.die_with_parent(lambda: os.getppid() != server)
+            _warm_files()
+            if own_userns:
+                _become_call_user(drop_uid, drop_gid)
+            else:
+                _launch._drop(drop_uid, drop_gid)
+            # Either cleared the parent-death signal (the ids changed): armed again.
+            _launch.die_with_parent(lambda: os.getppid() != server)
+            _sys.prctl(_sys.PR_SET_NO_NEW_PRIVS, 1)
+            _serve(req_r, rep_w, context)
         except BaseException:
             # The interpreter's own hook prints the traceback without importing a module,
             # which this process, now the call's user, may not be able to read.

@@ -118,13 +118,12 @@ def start(plan: _launch.LaunchPlan, env: dict[str, str]) -> Zygote:
             ours.close()
             _launch.close_fds_except({theirs.fileno(), own_pid_ns})
             _launch._child_signals()
-            _sys.prctl(_sys.PR_SET_PDEATHSIG, 9)
-            if os.getppid() == server:
-                if launcher:
-                    os.close(own_pid_ns)
-                    _launch_zygote(theirs, plan, env)
-                else:
-                    _Loop(theirs, plan, env, own_pid_ns).serve()
+            _launch.die_with_parent(lambda: os.getppid() != server)
+            if launcher:
+                os.close(own_pid_ns)
+                _launch_zygote(theirs, plan, env)
+            else:
+                _Loop(theirs, plan, env, own_pid_ns).serve()
         finally:
             os._exit(0)
     theirs.close()
@@ -149,12 +148,8 @@ def _launch_zygote(sock: _socket.socket, plan: _launch.LaunchPlan, env: dict[str
     if pid == 0:
         try:
             os.close(alive_w)
-            _sys.prctl(_sys.PR_SET_PDEATHSIG, 9)
             # getppid() is 0 across a PID namespace; a closed pipe says the launcher died.
-            os.set_blocking(alive_r, False)
-            with suppress(BlockingIOError):
-                if os.read(alive_r, 1) == b"":
-                    return
+            _launch.die_with_parent(lambda: _launch.pipe_closed(alive_r))
             os.close(alive_r)
             _Loop(sock, plan, env, os.open("/proc/self/ns/pid", os.O_RDONLY)).serve()
         finally:
