@@ -25,9 +25,9 @@ from astralvessel.sandbox._policy import Limits, Policy
 from astralvessel.sandbox._session import ServerSession, server_command
 
 NOBODY = 65534
-#: The pid of a call's command in its namespace: init is 1, and 2 the short-lived helper that
-#: mapped the ids of init's own user namespace from outside it.
-CALL_PID = 3
+#: The pid of a call's command in its namespace: init is 1 and starts nothing before it (the
+#: zygote maps the ids of init's own user namespace, no helper process of init's does).
+CALL_PID = 2
 # How long to wait for the process tree to reach an expected shape (never a timing assertion).
 SETTLE = 10.0
 

@@ -313,7 +313,9 @@ def _private_terminals() -> None:
     check(libc().umount2(scratch.encode(), MNT_DETACH), "umount2 /proc")
 
 
-def _run_init(plan: LaunchPlan, env: dict[str, str], fds: dict[str, int], alive: int) -> None:
+def _run_init(
+    plan: LaunchPlan, env: dict[str, str], fds: dict[str, int], alive: int, mapper: int
+) -> None:
     """Pid 1 of the call's namespace: mount /proc, confine, run the command, empty, report.
 
     Never returns. Reports ``X<status>`` when the command exits and ``D`` once
@@ -346,10 +348,12 @@ def _run_init(plan: LaunchPlan, env: dict[str, str], fds: dict[str, int], alive:
             if plan.own_userns:
                 # Before the filter, which refuses new namespaces.
                 _userns.enter_own_namespace(
-                    plan.drop_uid, plan.drop_gid, plan.inner_id, plan.inner_gid
+                    plan.drop_uid, plan.drop_gid, plan.inner_id, plan.inner_gid, mapper=mapper
                 )
                 die_with_parent(lambda: pipe_closed(alive))
             _filter_early(plan)
+        # The zygote's map socket, before any request: no call may reach the zygote.
+        os.close(mapper)
         _rehearse(plan, env)
     except BaseException as exc:
         _report(status_fd, f"E cannot start the call's PID namespace: {exc}")
@@ -387,13 +391,21 @@ CHAIN_FDS = ("output", "stdin", "status", "control", "errors")
 
 
 def fork_chain(
-    plan: LaunchPlan, env: dict[str, str], child_fds: list[int], *, alive: int, own_pid_ns: int
+    plan: LaunchPlan,
+    env: dict[str, str],
+    child_fds: list[int],
+    *,
+    alive: int,
+    own_pid_ns: int,
+    mapper: int,
 ) -> int:
     """Fork a call's init, pid 1 of a new PID namespace, on ``child_fds``; return its pid.
 
     ``child_fds`` are in ``CHAIN_FDS`` order and the caller closes them after;
     ``alive`` is the read end of a pipe whose write end only the caller holds
-    (init's check that its parent is still there), and ``own_pid_ns`` an open
+    (init's check that its parent is still there), ``mapper`` the end of the
+    socket on which init asks the caller to map its user namespace's ids
+    (``_userns.enter_own_namespace``), and ``own_pid_ns`` an open
     descriptor of the caller's PID namespace. ``unshare(CLONE_NEWPID)`` puts
     only the *next* child in a new namespace, and works once, so the caller
     returns to its own namespace (for its children) right after the fork;
@@ -405,10 +417,10 @@ def fork_chain(
         pid = os.fork()
         if pid == 0:
             try:
-                close_fds_except({*child_fds, alive})
+                close_fds_except({*child_fds, alive, mapper})
                 _child_signals()
                 fds = dict(zip(CHAIN_FDS, child_fds))  # noqa: B905 - no strict= before Python 3.10
-                _run_init(plan, env, fds, alive)
+                _run_init(plan, env, fds, alive, mapper)
             finally:
                 os._exit(EXIT_SETUP_FAILED)
     finally:

@@ -33,14 +33,26 @@ in, where the call holds nothing: ``/proc/1`` is closed to the call.
 
 from __future__ import annotations
 
+import _socket  # socket's C type: the socket module would import enum (see _lean)
 import ctypes
 import os
 import resource
+import struct
 
 from ._lean import suppress
 from ._sys import PR_SET_DUMPABLE, capset, check, libc, prctl
 
-__all__ = ["CALL_ID", "TURN_UMASK", "enter_own_namespace", "give_up_capabilities", "warm"]
+__all__ = [
+    "CALL_ID",
+    "MAP_FDS",
+    "MAP_IDS",
+    "MAP_REQUEST",
+    "TURN_UMASK",
+    "enter_own_namespace",
+    "give_up_capabilities",
+    "map_ids",
+    "warm",
+]
 
 #: The uid and gid a call has inside its own user namespace.
 CALL_ID = 65534
@@ -55,12 +67,24 @@ PR_CAP_AMBIENT_CLEAR_ALL = 4
 # SECBIT_NOROOT, SECBIT_NO_SETUID_FIXUP and SECBIT_NO_CAP_AMBIENT_RAISE, each with its lock,
 # and SECBIT_KEEP_CAPS locked off: uid 0 (if ever reached) and exec grant nothing.
 SECUREBITS_LOCKED = 0x01 | 0x02 | 0x04 | 0x08 | 0x20 | 0x40 | 0x80
+#: A map request to the zygote: the letter, then the inner uid and gid; with it (SCM_RIGHTS)
+#: the asking process's ``/proc`` directory and the write end of the pipe for the answer.
+MAP_REQUEST = b"U"
+MAP_IDS = struct.Struct("!II")
+MAP_FDS = struct.Struct("ii")
+
+
+#: The highest capability this kernel knows (``warm``): read once, not by every call's init.
+_last_cap_known: int | None = None
 
 
 def warm() -> None:
-    """Resolve every libc function used here, once, before the server forks."""
+    """Resolve every libc function used here, and read the highest capability, once,
+    before the server forks."""
+    global _last_cap_known  # noqa: PLW0603 - a kernel constant, inherited by every fork
     for name in ("unshare", "prctl", "capset"):
         getattr(libc(), name)
+    _last_cap_known = _read_last_cap()
 
 
 def _write(path: str, text: str) -> None:
@@ -72,6 +96,10 @@ def _write(path: str, text: str) -> None:
 
 
 def _last_cap() -> int:
+    return _read_last_cap() if _last_cap_known is None else _last_cap_known
+
+
+def _read_last_cap() -> int:
     try:
         with open("/proc/sys/kernel/cap_last_cap") as handle:
             return int(handle.read())
@@ -98,7 +126,12 @@ def _map_from_outside(  # noqa: PLR0917 - plain values across a fork
 
 
 def enter_own_namespace(
-    host_uid: int | None, host_gid: int | None, inner: int = CALL_ID, inner_gid: int | None = None
+    host_uid: int | None,
+    host_gid: int | None,
+    inner: int = CALL_ID,
+    inner_gid: int | None = None,
+    *,
+    mapper: int | None = None,
 ) -> None:
     """Move this process (a call's init) into a new user namespace as ``inner``, holding nothing.
 
@@ -110,8 +143,11 @@ def enter_own_namespace(
     the gid inside (``inner`` when None). Whichever they are, they map to the
     same one host identity: the inner ids change what the call *sees* (its
     uid, ``whoami``, the owner ``stat`` shows), never what it can reach.
-    Raises ``OSError`` if any step fails; the process is then unusable for a
-    call.
+    ``mapper``: a call's init passes the zygote's end of its map socket
+    (``_zygote``), and the zygote, which holds the same capabilities in the
+    parent namespace, writes the maps; otherwise (the probe, the file worker)
+    a forked child of this process writes them. Raises ``OSError`` if any step
+    fails; the process is then unusable for a call.
     """
     inner_gid = inner if inner_gid is None else inner_gid
     if host_uid is not None:
@@ -122,8 +158,25 @@ def enter_own_namespace(
     with suppress(OSError, ValueError):
         resource.setrlimit(resource.RLIMIT_NPROC, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
     # Only a process left in the parent namespace, with our capabilities there, may map any id
-    # but its own; so a child of ours writes the maps. The namespace is then owned by the
+    # but its own; so another process writes the maps. The namespace is then owned by the
     # server's uid, which no call and no other host user has.
+    if mapper is None:
+        answer = _unshare_mapped_by_child(uid, gid, inner, inner_gid)
+    else:
+        answer = _unshare_mapped_by(mapper, inner, inner_gid)
+    if answer != b"x":
+        raise OSError(f"cannot map the call's ids: {answer[1:].decode(errors='replace')}")
+    # The creator holds every capability in the new namespace until it gives them up below.
+    with suppress(OSError):
+        os.setgroups([])  # refused where the sandbox's own namespace denies setgroups
+    os.setresgid(inner_gid, inner_gid, inner_gid)
+    os.setresuid(inner, inner, inner)
+    give_up_capabilities()
+    prctl(PR_SET_DUMPABLE, 0)
+
+
+def _unshare_mapped_by_child(uid: int, gid: int, inner: int, inner_gid: int) -> bytes:
+    """Enter a new user namespace and have a forked child of ours map it; its answer."""
     go_r, go_w = os.pipe()
     done_r, done_w = os.pipe()
     me = os.getpid()
@@ -137,20 +190,50 @@ def enter_own_namespace(
     try:
         check(libc().unshare(ctypes.c_int(CLONE_NEWUSER)), "unshare(CLONE_NEWUSER)")
         os.write(go_w, b"x")
-        answer = os.read(done_r, 4096)
+        return os.read(done_r, 4096)
     finally:
         os.close(go_w)
         os.close(done_r)
         os.waitpid(mapper, 0)
-    if answer != b"x":
-        raise OSError(f"cannot map the call's ids: {answer[1:].decode(errors='replace')}")
-    # The creator holds every capability in the new namespace until it gives them up below.
-    with suppress(OSError):
-        os.setgroups([])  # refused where the sandbox's own namespace denies setgroups
-    os.setresgid(inner_gid, inner_gid, inner_gid)
-    os.setresuid(inner, inner, inner)
-    give_up_capabilities()
-    prctl(PR_SET_DUMPABLE, 0)
+
+
+def _unshare_mapped_by(mapper: int, inner: int, inner_gid: int) -> bytes:
+    """Enter a new user namespace and have the zygote map it, over ``mapper``; its answer.
+
+    A fork of this process just to write two files would copy its page tables and
+    then fault in every page either side touches: about a millisecond of CPU per
+    call. The request carries this process's ``/proc`` directory (the zygote may
+    not see this process under the same pid) and the end of a pipe for the answer.
+    """
+    proc = os.open("/proc/self", os.O_RDONLY | os.O_DIRECTORY)
+    done_r, done_w = os.pipe()
+    try:
+        check(libc().unshare(ctypes.c_int(CLONE_NEWUSER)), "unshare(CLONE_NEWUSER)")
+        message = MAP_REQUEST + MAP_IDS.pack(inner, inner_gid)
+        rights = (_socket.SOL_SOCKET, _socket.SCM_RIGHTS, MAP_FDS.pack(proc, done_w))
+        sock = _socket.socket(fileno=os.dup(mapper))
+        try:
+            sock.sendmsg([message], [rights])
+        finally:
+            sock.close()
+        os.close(done_w)
+        done_w = -1
+        return os.read(done_r, 4096)
+    finally:
+        for fd in (proc, done_r, done_w):
+            if fd >= 0:
+                os.close(fd)
+
+
+def map_ids(proc: int, uid: int, gid: int, inner: int, inner_gid: int) -> None:
+    """Map ``inner``/``inner_gid`` to ``uid``/``gid`` in the user namespace of the process
+    whose ``/proc`` directory is open as ``proc`` (what the zygote does for each init)."""
+    for name, text in (("uid_map", f"{inner} {uid} 1\n"), ("gid_map", f"{inner_gid} {gid} 1\n")):
+        fd = os.open(name, os.O_WRONLY, dir_fd=proc)
+        try:
+            os.write(fd, text.encode())
+        finally:
+            os.close(fd)
 
 
 def give_up_capabilities() -> None:

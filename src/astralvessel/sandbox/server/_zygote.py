@@ -41,7 +41,7 @@ import gc
 import os
 import struct
 
-from . import _init, _launch, _sys
+from . import _init, _launch, _sys, _userns
 from ._lean import EVENT_READ, Selector, signal, suppress
 
 __all__ = ["Zygote", "start"]
@@ -174,6 +174,9 @@ class _Loop:
         self.alive_r, self.alive_w = os.pipe()
         #: The zygote's own PID namespace (open), which it returns to after each fork.
         self.own_pid_ns = own_pid_ns
+        #: Each init asks on ``maps[1]`` (which it inherits, and closes before its request)
+        #: for its user namespace's ids, and the zygote writes them (``_map``).
+        self.maps = _socket.socketpair(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
 
     def serve(self) -> None:
         """Fork on every order and reap every init, until the server closes the socket."""
@@ -190,12 +193,15 @@ class _Loop:
         with Selector() as selector:
             selector.register(self.sock, EVENT_READ)
             selector.register(wake_r, EVENT_READ)
+            selector.register(self.maps[0], EVENT_READ)
             while True:
                 for key, _ in selector.select():
                     if key.fd == wake_r:
                         with suppress(OSError):
                             while os.read(wake_r, 4096):
                                 pass
+                    elif key.fd == self.maps[0].fileno():
+                        self._map()
                     elif not self._take_order():
                         return
                 self._reap()
@@ -231,7 +237,12 @@ class _Loop:
         status = fds[_STATUS]
         try:
             pid = _init.fork_chain(
-                plan, self.env, fds, alive=self.alive_r, own_pid_ns=self.own_pid_ns
+                plan,
+                self.env,
+                fds,
+                alive=self.alive_r,
+                own_pid_ns=self.own_pid_ns,
+                mapper=self.maps[1].fileno(),
             )
         except OSError as exc:
             _launch._report(status, f"E cannot fork the call: {exc}")
@@ -245,6 +256,47 @@ class _Loop:
         _launch._report(status, f"P{pid}")
         self.status[pid] = status
         return True
+
+    def _map(self) -> None:
+        """Write the ids of one init's new user namespace, as it asked; answer on its pipe.
+
+        The zygote holds the capabilities in the parent namespace that the maps
+        need, as the init did before it entered its own. The host ids are the
+        plan's (the turn's), whatever the init asks: it names only the ids
+        inside, which change what a call sees, never what it can reach.
+        """
+        try:
+            message, ancillary, _, _ = self.maps[0].recvmsg(
+                16, _socket.CMSG_SPACE(_userns.MAP_FDS.size), _socket.MSG_CMSG_CLOEXEC
+            )
+        except InterruptedError:
+            return
+        fds: list[int] = []
+        for level, kind, data in ancillary:
+            if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+                fds += [fd for (fd,) in _FD.iter_unpack(data[: len(data) - len(data) % _FD.size])]
+        try:
+            if len(fds) != 2 or message[:1] != _userns.MAP_REQUEST:
+                return
+            proc, answer = fds
+            inner, inner_gid = _userns.MAP_IDS.unpack(message[1:])
+            plan = self.plan
+            uid = os.geteuid() if plan.drop_uid is None else plan.drop_uid
+            gid = os.getegid() if plan.drop_gid is None else plan.drop_gid
+            try:
+                _userns.map_ids(proc, uid, gid, inner, inner_gid)
+            except (OSError, ValueError) as exc:
+                reply = f"E{exc}".encode(errors="replace")
+            else:
+                reply = b"x"
+            with suppress(OSError):
+                os.write(answer, reply)
+        except (ValueError, struct.error, OSError):
+            pass  # a malformed request: its pipe closes unanswered, and that init gives up
+        finally:
+            for fd in fds:
+                with suppress(OSError):
+                    os.close(fd)
 
     def _plan_for(self, message: bytes) -> _launch.LaunchPlan | None:
         """The plan a fork order asks for (``F``, or ``F<uid><gid>``); None for any other."""
