@@ -363,8 +363,12 @@ def test_zygote_is_restarted_if_killed(session: ServerSession) -> None:
     """A zygote that died (killed here) is replaced: calls go on, in fresh namespaces."""
     server = int(session.ready_info["pid"])
     zygote = zygote_of(server)
+    spare, _ = spare_of(session)
     os.kill(zygote, signal.SIGKILL)
     wait_for(lambda: not alive(zygote), "the zygote died")
+    # Its spare dies with it (PDEATHSIG), a moment later: a call that reached the spare
+    # before that would fail as any call whose init is killed from outside does.
+    wait_for(lambda: not alive(spare), "the zygote's spare died")
     for _ in range(2):
         outcome = session.run(
             RunRequest(argv=["/bin/sh", "-c", "echo $$"], timeout=10, output_chars=100)
