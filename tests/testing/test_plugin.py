@@ -78,7 +78,9 @@ def run_suite(root: Path, *args: str) -> dict[str, str]:
         cwd=root,
         capture_output=True,
         check=False,
-        timeout=120,
+        # Only a guard against a hang: a pytest start imports every installed plugin
+        # (hypothesis, langsmith), which took over 50 s at load 15-30.
+        timeout=240,
     )
     outcomes: dict[str, str] = {}
     for case in ET.parse(report).iter("testcase"):  # noqa: S314 - our own pytest's report
