@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import http.client
 import threading
 import time
 from collections.abc import Iterator
@@ -77,6 +78,40 @@ def test_output_never_shows_the_ready_pair(session: ExecSession) -> None:
     outcome = _run(session, "printf first; printf '\\036\\037' >&2")
     assert outcome.output == "first" + READY.decode()  # the call's own pair is its output
     assert outcome.exit_code == 0
+
+
+def test_output_the_engine_sent_with_its_answer_is_kept(
+    session: ExecSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fast call whose output arrived with the engine's answer to its start keeps that output."""
+    begin = http.client.HTTPResponse.begin
+
+    def late_begin(response: http.client.HTTPResponse) -> None:
+        # A busy host reads the engine's answer late: by then the exec has run and its
+        # frames sit behind the answer, where the SDK's reader takes them with it.
+        if response._method == "POST":  # type: ignore[attr-defined]
+            time.sleep(0.4)
+        begin(response)
+
+    monkeypatch.setattr(http.client.HTTPResponse, "begin", late_begin)
+    outcomes = [_run(session, f"echo fast {n}") for n in range(3)]
+    assert [(o.output, o.exit_code) for o in outcomes] == [(f"fast {n}\n", 0) for n in range(3)]
+
+
+def test_many_fast_calls_of_turns_at_once_keep_their_output(backend: DockerExec) -> None:
+    """Four turns making fast calls at once from threads: every call's output comes back whole."""
+    turns = [backend.start(Policy(limits=SMALL_LIMITS)) for _ in range(4)]
+
+    def calls(index: int) -> list[str]:
+        return [_run(turns[index], f"echo {index} {n}").output for n in range(10)]
+
+    try:
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            outputs = list(pool.map(calls, range(4)))
+    finally:
+        for turn in turns:
+            turn.close()
+    assert outputs == [[f"{i} {n}\n" for n in range(10)] for i in range(4)]
 
 
 def test_a_call_waits_for_a_place_and_its_timeout_starts_when_it_runs(

@@ -18,7 +18,14 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["TIMED_OUT", "AttachChannel", "close_attached", "frames", "raw_socket"]
+__all__ = [
+    "TIMED_OUT",
+    "AttachChannel",
+    "close_attached",
+    "frames",
+    "raw_socket",
+    "read_ahead",
+]
 
 #: Bytes of the server's stderr kept to explain a container's death.
 _STDERR_TAIL = 16 * 1024
@@ -30,6 +37,32 @@ _HEADER = struct.Struct(">BxxxI")
 def raw_socket(attached: Any) -> Any:
     """The socket under the SDK's attach object (a ``SocketIO`` locally, a channel over SSH)."""
     return getattr(attached, "_sock", attached)
+
+
+def read_ahead(attached: Any) -> bytes:
+    """The stream's bytes the SDK's HTTP reader took past the response's headers.
+
+    The SDK hands back the socket under the buffered reader that parsed the
+    engine's ``101`` answer. When the engine's first frames arrive with that
+    answer (a fast exec on a busy host), the reader has already taken them into
+    its buffer, and reading the socket alone loses them: a call's whole output
+    came back empty. One ``read1`` without blocking returns that buffer (or, if
+    it is empty, what the socket has now, which is the stream's too).
+    """
+    response = getattr(attached, "_response", None)
+    reader = getattr(getattr(getattr(response, "raw", None), "_fp", None), "fp", None)
+    read1 = getattr(reader, "read1", None)
+    if read1 is None:
+        return b""
+    sock = raw_socket(attached)
+    before = sock.gettimeout()
+    sock.settimeout(0)
+    try:
+        return bytes(read1(65536) or b"")
+    except (OSError, ValueError):
+        return b""
+    finally:
+        sock.settimeout(before)
 
 
 class AttachChannel:
@@ -182,17 +215,21 @@ class AttachChannel:
 
 
 def frames(
-    sock: Any, *, deadline: float | Callable[[], float | None] | None = None
+    sock: Any,
+    *,
+    deadline: float | Callable[[], float | None] | None = None,
+    first: bytes = b"",
 ) -> Iterator[tuple[int, bytes]]:
     """An exec's output as (stream number, payload piece) until end of stream or ``deadline``.
 
     Pieces are yielded as they arrive, so the host holds at most one read
     (64 KiB) however long a frame the engine announces. A callable deadline is
     asked before each wait (``docker-exec`` moves it once the exec runs).
+    ``first`` is the stream's start already read (``read_ahead``).
     """
     fixed = None if callable(deadline) else deadline
     when = deadline if callable(deadline) else (lambda: fixed)
-    pending = bytearray()
+    pending = bytearray(first)
     kind, left = 0, 0
     while True:
         while pending:

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ...errors import SandboxError
-from ._attach import TIMED_OUT, close_attached, frames, raw_socket
+from ._attach import TIMED_OUT, close_attached, frames, raw_socket, read_ahead
 from ._spec import READY
 
 __all__ = ["ExecStream", "take_ready"]
@@ -65,6 +65,8 @@ class ExecStream:
             self._slot.release()
             raise
         self.sock = raw_socket(self.attached)
+        #: The stream's first bytes, if the SDK read them with the engine's answer.
+        self._first = read_ahead(self.attached)
 
     def _running(self, timeout: float | None) -> None:
         self.running_at = time.monotonic()
@@ -78,7 +80,7 @@ class ExecStream:
         def due() -> float | None:
             return self._start_by if self.running_at is None else self._due
 
-        for kind, piece in frames(self.sock, deadline=due):
+        for kind, piece in frames(self.sock, deadline=due, first=self._first):
             if kind == TIMED_OUT:
                 if self.running_at is None:
                     raise SandboxError(
