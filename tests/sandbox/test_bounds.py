@@ -100,7 +100,8 @@ def test_a_pipe_counts_a_page_per_buffer_it_may_hold():
         # Both ends of a pipe are one pipe: counted once per sample.
         seen: set[object] = set()
         total = _descriptors(str(me), seen)
-        assert total >= page * (slots + 3 + 2 + 3 * 2)
+        # The three pipes above (slots + 2, 3 + 2, 2 pages); the process may hold others.
+        assert total >= page * ((slots + 2) + (3 + 2) + 2)
         assert _descriptors(str(me), seen) == 0
     finally:
         for pair in pipes:
