@@ -16,6 +16,7 @@ from pathlib import Path
 import attrs
 import pytest
 
+from astralvessel._leftovers import is_leftover, owned_prefix
 from astralvessel.errors import BackendUnavailableError
 from astralvessel.sandbox import Mount, Policy, RunRequest
 from astralvessel.sandbox.docker import Docker, _direct
@@ -273,7 +274,7 @@ def test_reaping_keeps_what_is_not_a_dead_hosts_folder(short_tmp):
     """Reaping removes the dead host's folder only: a live host's folder, a link named as a
     leftover and another uid's folder stay, and so does what the link points to."""
     dead = _killed_host_folder(short_tmp)
-    live = short_tmp / (_direct._folder_prefix() + "live")
+    live = short_tmp / (owned_prefix("channel") + "live")
     live.mkdir()
     target = short_tmp / "target"
     target.mkdir()
@@ -293,9 +294,9 @@ def test_reaping_keeps_what_is_not_a_dead_hosts_folder(short_tmp):
 def test_leftover_folder_names_are_judged_by_their_owner():
     """Only a well-formed channel folder name whose process is gone (or whose pid was reused) is a leftover."""
     alive = {10: "500"}.get
-    assert _direct.is_leftover_folder("astralvessel-channel-11-500-abc", alive)
-    assert _direct.is_leftover_folder("astralvessel-channel-10-499-abc", alive)
-    assert not _direct.is_leftover_folder("astralvessel-channel-10-500-abc", alive)
+    assert is_leftover("astralvessel-channel-11-500-abc", "channel", alive)
+    assert is_leftover("astralvessel-channel-10-499-abc", "channel", alive)
+    assert not is_leftover("astralvessel-channel-10-500-abc", "channel", alive)
     for name in (
         "astralvessel-abc",
         "astralvessel-channel-x-500-abc",
@@ -303,7 +304,7 @@ def test_leftover_folder_names_are_judged_by_their_owner():
         "astralvessel-channel--500-abc",
         "other-channel-11-500-abc",
     ):
-        assert not _direct.is_leftover_folder(name, alive), name
+        assert not is_leftover(name, "channel", alive), name
 
 
 def test_a_start_refused_while_the_server_is_awaited_is_one_clear_error(docker_api):

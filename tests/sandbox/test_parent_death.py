@@ -22,6 +22,7 @@ from pathlib import Path
 import attrs
 import pytest
 
+from astralvessel._leftovers import start_time
 from astralvessel.errors import BackendUnavailableError
 from astralvessel.sandbox import _session
 from astralvessel.sandbox._base import RunOutcome, RunRequest
@@ -84,15 +85,6 @@ def session(
     with start(workspace, failed_step) as started:
         assert ("user_namespace" in started.ready_info["problems"]) == (failed_step is not None)
         yield started
-
-
-def start_time(pid: int) -> str | None:
-    """The kernel's start time of ``pid``: with the pid, it names one process even after reuse."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat.rsplit(")", 1)[1].split()[19]
 
 
 def running_call(session: ServerSession, workspace: Path) -> tuple[threading.Thread, list[int]]:

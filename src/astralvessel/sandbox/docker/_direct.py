@@ -27,15 +27,15 @@ import struct
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 
+from ..._leftovers import is_leftover, owned_prefix
 from ...errors import SandboxError
 from ._attach import AttachChannel
 from ._engine import process_start_time
 from ._spec import CHANNEL_SOCKET
 from ._starting import Starting
 
-__all__ = ["DirectChannel", "Listener", "NotConnectedError", "is_leftover_folder", "reap_leftovers"]
+__all__ = ["DirectChannel", "Listener", "NotConnectedError", "reap_leftovers"]
 
 _PEERCRED = struct.Struct("3i")
 #: What the connect bootstrap says when it cannot reach the host's socket.
@@ -45,30 +45,8 @@ _REFUSED = "astralvessel: cannot reach the host"
 _EXIT_WAIT = 5.0
 
 
-#: Every channel folder's name starts so, then the owner's pid and its start time.
-_FOLDER_PREFIX = "astralvessel-channel-"
-
-
-def _folder_prefix() -> str:
-    pid = os.getpid()
-    started = process_start_time(pid)
-    # Without /proc no owner can be told dead: such a folder is never reaped.
-    return "astralvessel-" if started is None else f"{_FOLDER_PREFIX}{pid}-{started}-"
-
-
-def is_leftover_folder(name: str, start_time_of: Callable[[int], str | None]) -> bool:
-    """Whether ``name`` is a channel folder of a host process that is gone.
-
-    ``start_time_of(pid)``: the process's start time, ``None`` if there is no
-    such process; a reused pid has another start time, so its folder is a leftover.
-    """
-    if not name.startswith(_FOLDER_PREFIX):
-        return False
-    pid, _, rest = name[len(_FOLDER_PREFIX) :].partition("-")
-    started, sep, _ = rest.partition("-")
-    if not (pid.isdigit() and started.isdigit() and sep):
-        return False
-    return start_time_of(int(pid)) != started
+#: The kind of this module's folders: ``astralvessel-channel-<pid>-<start time>-...``.
+_KIND = "channel"
 
 
 def reap_leftovers(parent: str | None = None) -> int:
@@ -82,7 +60,7 @@ def reap_leftovers(parent: str | None = None) -> int:
     removed = 0
     with contextlib.suppress(OSError), os.scandir(parent) as entries:
         for entry in entries:
-            if not is_leftover_folder(entry.name, process_start_time):
+            if not is_leftover(entry.name, _KIND, process_start_time):
                 continue
             with contextlib.suppress(OSError):
                 info = entry.stat(follow_symlinks=False)
@@ -115,7 +93,7 @@ class Listener:
         self._uid = uid
         _reap_once()
         # Named for this process, so that what a killed host leaves is found (``reap_leftovers``).
-        self.folder = tempfile.mkdtemp(prefix=_folder_prefix())
+        self.folder = tempfile.mkdtemp(prefix=owned_prefix(_KIND))
         self._path = os.path.join(self.folder, CHANNEL_SOCKET)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
