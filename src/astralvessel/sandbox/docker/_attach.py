@@ -5,12 +5,16 @@ output with an 8-byte header naming the stream (1 stdout, 2 stderr) and the
 payload length. ``AttachChannel`` carries the server's protocol on stdout and
 keeps a bounded stderr tail; ``frames`` reads an exec's stream for the
 ``docker-exec``, yielding payloads as they arrive so no frame is ever held whole.
+A stream that breaks (reset, broken pipe, or cut in the middle of a frame)
+raises ``BrokenStream``: what came before its break is not the exec's whole
+output, and a caller that took it as such would return a truncated success.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import socket
 import struct
 import threading
@@ -21,6 +25,7 @@ from typing import Any
 __all__ = [
     "TIMED_OUT",
     "AttachChannel",
+    "BrokenStream",
     "close_attached",
     "frames",
     "raw_socket",
@@ -32,6 +37,10 @@ _STDERR_TAIL = 16 * 1024
 #: A pseudo stream number ``frames`` yields when its deadline passes.
 TIMED_OUT = -1
 _HEADER = struct.Struct(">BxxxI")
+
+
+class BrokenStream(ConnectionError):
+    """An exec's stream ended without its end: the message says how (reset, short frame)."""
 
 
 def raw_socket(attached: Any) -> Any:
@@ -226,6 +235,9 @@ def frames(
     (64 KiB) however long a frame the engine announces. A callable deadline is
     asked before each wait (``docker-exec`` moves it once the exec runs).
     ``first`` is the stream's start already read (``read_ahead``).
+
+    Raises ``BrokenStream`` when reading fails (``ECONNRESET``, ``EPIPE``, any
+    other socket error) or the stream ends inside a frame's header or payload.
     """
     fixed = None if callable(deadline) else deadline
     when = deadline if callable(deadline) else (lambda: fixed)
@@ -254,11 +266,23 @@ def frames(
             chunk = sock.recv(65536)
         except TimeoutError:
             continue
-        except OSError:
-            return
+        except OSError as exc:
+            raise BrokenStream(f"its connection failed ({_error_name(exc)})") from None
         if not chunk:
+            if left:
+                raise BrokenStream(f"it ended {left} bytes short of a frame's payload")
+            if pending:
+                raise BrokenStream(
+                    f"it ended inside a frame's header ({len(pending)} of {_HEADER.size} bytes)"
+                )
             return
         pending += chunk
+
+
+def _error_name(exc: OSError) -> str:
+    """``ECONNRESET: Connection reset by peer``, or the error's own text if it has no number."""
+    code = errno.errorcode.get(exc.errno or 0)
+    return f"{code}: {exc.strerror}" if code else str(exc) or type(exc).__name__
 
 
 def close_attached(attached: Any) -> None:

@@ -338,6 +338,8 @@ class ExecSession(SandboxSession):
         try:
             output, timed_out = self._stream(stream, request)
         except SandboxError:
+            if self._closed:  # the close broke the stream: the close's doing, not the engine's
+                raise SandboxError("the docker-exec turn was closed while the call ran") from None
             self._kill_calls()  # it may run yet, unwatched: end it before the turn's next call
             raise
         finally:
@@ -415,6 +417,10 @@ class ExecSession(SandboxSession):
                     kept += payload[:room]
                     cut = cut or len(payload) > room
         except SandboxError:
+            if self._closed:  # the close broke the stream: the close's doing, not the engine's
+                raise SandboxError(
+                    "the docker-exec turn was closed while the command ran"
+                ) from None
             self._kill_calls()  # it may run yet, unwatched: end it before the turn's next call
             raise
         finally:

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from ...errors import SandboxError
-from ._attach import TIMED_OUT, close_attached, frames, raw_socket, read_ahead
+from ._attach import TIMED_OUT, BrokenStream, close_attached, frames, raw_socket, read_ahead
 from ._spec import READY
 
 __all__ = ["ExecStream", "take_ready"]
@@ -42,8 +42,9 @@ class ExecStream:
 
     ``read(timeout)`` yields (stream, payload) without the ``READY`` pair, then
     ``TIMED_OUT`` once the command has run ``timeout`` seconds. If the command
-    has not run by ``start_by`` (a ``time.monotonic`` value), ``read`` raises
-    ``SandboxError``; so does the start when the engine refuses it.
+    has not run by ``start_by`` (a ``time.monotonic`` value), or its stream
+    breaks (reset, or cut inside a frame), ``read`` raises ``SandboxError``; so
+    does the start when the engine refuses it.
     """
 
     def __init__(
@@ -75,6 +76,15 @@ class ExecStream:
 
     def read(self, timeout: float | None = None) -> Iterator[tuple[int, bytes]]:
         """The exec's output pieces after ``READY``, until its end or ``timeout`` after it ran."""
+        try:
+            yield from self._read(timeout)
+        except BrokenStream as exc:
+            # What came before the break is not the whole output: never a (truncated) success.
+            raise SandboxError(
+                f"the docker engine's stream of the exec's output broke: {exc}"
+            ) from None
+
+    def _read(self, timeout: float | None) -> Iterator[tuple[int, bytes]]:
         marker = b""
 
         def due() -> float | None:
