@@ -9,6 +9,13 @@ few hundred after a day of CI). So each folder's name says whose it is,
 kind a process makes removes that kind's folders whose owner is gone: no such
 pid, or a pid reused by a process started at another time. Only real folders
 of this uid are removed, never through a link.
+
+A folder that holds a unix socket has a bounded path (108 bytes, socket name
+included), so it may be named compactly instead: the pid and start time in
+base 36, each followed by a dot (``astralvessel-egress-2hwcg.cuyo00.<random>``),
+5 characters shorter for a large pid on a host up for months. The dots tell
+the forms apart: a decimal name is never read as base 36, which could take a
+live owner's folder (of an older version of this library) for a dead one's.
 """
 
 from __future__ import annotations
@@ -38,12 +45,46 @@ def _kind_prefix(kind: str) -> str:
     return f"astralvessel-{kind}-"
 
 
-def owned_prefix(kind: str) -> str:
-    """The start of this process's folder names of ``kind``; without ``/proc`` (no owner can
-    be told dead there) a name that is never taken for a leftover."""
+def owned_prefix(kind: str, *, compact: bool = False) -> str:
+    """The start of this process's folder names of ``kind`` (``compact``: in base 36); without
+    ``/proc`` (no owner can be told dead there) a name that is never taken for a leftover."""
     pid = os.getpid()
     started = start_time(pid)
-    return _kind_prefix(kind) + ("" if started is None else f"{pid}-{started}-")
+    if started is None:
+        return _kind_prefix(kind)
+    if compact:
+        return f"{_kind_prefix(kind)}{_base36(pid)}.{_base36(int(started))}."
+    return f"{_kind_prefix(kind)}{pid}-{started}-"
+
+
+_DIGITS36 = "0123456789abcdefghijklmnopqrstuvwxyz"
+
+
+def _base36(number: int) -> str:
+    digits = ""
+    while True:
+        number, digit = divmod(number, 36)
+        digits = _DIGITS36[digit] + digits
+        if not number:
+            return digits
+
+
+def _is_base36(text: str) -> bool:
+    # Not int(text, 36) alone: it takes upper case, underscores and spaces too.
+    return bool(text) and all(c in _DIGITS36 for c in text)
+
+
+def _owner(tail: str) -> tuple[int, str] | None:
+    """The pid and start time a folder name's tail names (either form), or None."""
+    pid, sep, rest = tail.partition("-")
+    started, sep2, _ = rest.partition("-")
+    if sep and sep2 and pid.isdigit() and started.isdigit():
+        return int(pid), started
+    pid, sep, rest = tail.partition(".")
+    started, sep2, _ = rest.partition(".")
+    if sep and sep2 and _is_base36(pid) and _is_base36(started):
+        return int(pid, 36), str(int(started, 36))
+    return None
 
 
 def is_leftover(name: str, kind: str, start_time_of: Callable[[int], str | None]) -> bool:
@@ -51,11 +92,11 @@ def is_leftover(name: str, kind: str, start_time_of: Callable[[int], str | None]
     prefix = _kind_prefix(kind)
     if not name.startswith(prefix):
         return False
-    pid, _, rest = name[len(prefix) :].partition("-")
-    started, sep, _ = rest.partition("-")
-    if not (pid.isdigit() and started.isdigit() and sep):
+    owner = _owner(name[len(prefix) :])
+    if owner is None:
         return False
-    return start_time_of(int(pid)) != started
+    pid, started = owner
+    return start_time_of(pid) != started
 
 
 def remove_leftovers(kind: str, parent: str | None = None) -> int:
@@ -85,12 +126,13 @@ def _removed_once(kind: str, parent: str) -> None:
     remove_leftovers(kind, parent)
 
 
-def make_folder(kind: str) -> str:
+def make_folder(kind: str, *, compact: bool = False) -> str:
     """Make a private temporary folder of ``kind`` named for this process; return its path.
 
-    The first call for a kind (per temporary folder) removes the leftovers of
-    owners that are gone. Raises ``OSError`` as ``tempfile.mkdtemp`` does.
+    ``compact`` names the owner in base 36 (for a folder holding a socket). The
+    first call for a kind (per temporary folder) removes the leftovers of owners
+    that are gone, named either way. Raises ``OSError`` as ``tempfile.mkdtemp`` does.
     """
     parent = tempfile.gettempdir()
     _removed_once(kind, parent)
-    return tempfile.mkdtemp(prefix=owned_prefix(kind), dir=parent)
+    return tempfile.mkdtemp(prefix=owned_prefix(kind, compact=compact), dir=parent)

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from astralvessel import _leftovers
 
@@ -66,6 +71,102 @@ def test_a_killed_hosts_folders_go_with_the_next_host(tmp_path: Path) -> None:
     assert len(seen_by_second) == 1  # its own: the dead host's was gone already
     assert not seen_by_second & first
     assert ours(os.listdir(tmp_path)) == set()
+
+
+# A host whose turn has a network: its first call starts the turn's egress proxy, whose
+# folder holds the proxy's socket. Then as HOST.
+EGRESS_HOST = textwrap.dedent(
+    """
+    import os, sys, tempfile, time
+    from astralvessel import Executor, Registry, ToolSpec
+    echo = ToolSpec.command_tool("echo", "Echo.", ["/bin/echo", "hi"])
+    executor = Executor(
+        Registry([echo]), sandbox="bubblewrap", network_allow=["example.org"]
+    )
+    with executor.turn() as turn:
+        assert not turn.call("echo", {}).is_error
+        print(*sorted(os.listdir(tempfile.gettempdir())), sep="\\n", flush=True)
+        if sys.argv[1] == "wait":
+            time.sleep(600)
+    """
+)
+
+
+def egress_host(tmp: Path, mode: str) -> subprocess.Popen[str]:
+    """Start the egress host script with ``tmp`` as its temporary folder."""
+    return subprocess.Popen(
+        [sys.executable, "-c", EGRESS_HOST, mode],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, TMPDIR=str(tmp)),
+    )
+
+
+def proxies(names: list[str]) -> set[str]:
+    """The egress proxy folders among ``names``."""
+    return {n for n in names if n.startswith("astralvessel-egress-")}
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A temporary folder in the system's own: pytest's ``tmp_path`` is too long a path for
+    the proxy's socket (108 bytes in all)."""
+    folder = Path(tempfile.mkdtemp(prefix="lo-"))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_killed_hosts_egress_folder_goes_with_the_next_hosts_proxy(short_tmp: Path) -> None:
+    """A SIGKILLed host's egress proxy folder (named compactly: its socket's path is bounded)
+    is removed by the next host's first proxy, and that host's own goes when its turn ends."""
+    tmp_path = short_tmp
+    first: set[str] = set()
+    with egress_host(tmp_path, "wait") as killed:
+        try:
+            assert killed.stdout is not None
+            while not first:
+                line = killed.stdout.readline()
+                assert line, "the first host ended before starting its proxy"
+                first |= proxies([line.strip()])
+        finally:
+            killed.send_signal(signal.SIGKILL)
+    assert first <= set(os.listdir(tmp_path))
+    (name,) = first
+    assert _leftovers.is_leftover(name, "egress", _leftovers.start_time)
+    second = egress_host(tmp_path, "exit")
+    out, _ = second.communicate(timeout=120)
+    assert second.returncode == 0
+    seen_by_second = proxies(out.split())
+    assert len(seen_by_second) == 1  # its own: the dead host's was gone already
+    assert not seen_by_second & first
+    assert proxies(os.listdir(tmp_path)) == set()
+
+
+def test_compact_names_say_their_owner_in_base_36() -> None:
+    """A compact name is this process's in base 36; it is judged as a decimal one is, and
+    neither form is ever read as the other."""
+    prefix = _leftovers.owned_prefix("egress", compact=True)
+    started = _leftovers.start_time(os.getpid())
+    assert started is not None
+    pid36, start36, rest = prefix.removeprefix("astralvessel-egress-").split(".")
+    assert (int(pid36, 36), int(start36, 36), rest) == (os.getpid(), int(started), "")
+    assert not _leftovers.is_leftover(prefix + "abc", "egress", _leftovers.start_time)
+    live = {36: "1296"}.get  # pid "10", start "100" in base 36
+    assert not _leftovers.is_leftover("astralvessel-egress-10.100.abc", "egress", live)
+    assert _leftovers.is_leftover("astralvessel-egress-10.101.abc", "egress", live)
+    assert _leftovers.is_leftover("astralvessel-egress-11.100.abc", "egress", live)
+    # The decimal "36-1296" names the same owner; read as base 36 it would be another.
+    assert not _leftovers.is_leftover("astralvessel-egress-36-1296-abc", "egress", live)
+    for name in (
+        "astralvessel-egress-10.100",
+        "astralvessel-egress-10.1_0.abc",  # int() takes underscores; a name is never so read
+        "astralvessel-egress-A.100.abc",
+        "astralvessel-egress-.100.abc",
+        "astralvessel-egress-10-100.abc",
+    ):
+        assert not _leftovers.is_leftover(name, "egress", live), name
 
 
 def test_only_a_dead_owners_folders_are_leftovers() -> None:

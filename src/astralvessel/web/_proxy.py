@@ -20,13 +20,13 @@ import asyncio
 import contextlib
 import os
 import shutil
-import tempfile
 import threading
 from collections.abc import Iterable
 from pathlib import Path
 
 import attrs
 
+from .._leftovers import make_folder
 from .._netallow import HostPattern, parse_allow_list
 from ._egress import EgressPolicy, Resolver, SystemResolver
 from ._proxyhead import (
@@ -73,7 +73,9 @@ class EgressProxy:
         self.counters = ProxyCounters()
         # Private to this host user; the socket itself is opened to the sandbox's
         # server (it may run as another uid, as in Docker), the folder only traversable.
-        self.folder = Path(tempfile.mkdtemp(prefix="astralvessel-egress-"))
+        # Named compactly for this process (the socket's path is bounded), so a killed
+        # host's folder is removed by the next host's first proxy (``_leftovers``).
+        self.folder = Path(make_folder("egress", compact=True))
         self.folder.chmod(0o711)
         self.socket_path = self.folder / SOCKET_NAME
         self._loop: asyncio.AbstractEventLoop | None = None
