@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
 import subprocess
@@ -136,6 +137,77 @@ def test_another_process_holding_a_uid_is_respected(tmp_path: Path) -> None:
             process.kill()
             process.wait()
     lease_uid(one, str(tmp_path)).release()
+
+
+# A lessee: leases an id of a 2-id range again and again (taken ids are tried again), marks it
+# held with a file only one process can create, and prints how many leases it had and every
+# id it found marked by another (two live leases of one id).
+LESSEE = """
+import os, sys
+from astralvessel.errors import BackendUnavailableError
+from astralvessel.sandbox._uids import UidRange, lease_uid
+locks, marks, wanted = sys.argv[1], sys.argv[2], int(sys.argv[3])
+had = 0
+while had < wanted:
+    try:
+        lease = lease_uid(UidRange(3_000_000, 2), locks)
+    except BackendUnavailableError:
+        continue
+    mark = os.path.join(marks, str(lease.uid))
+    try:
+        os.close(os.open(mark, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        print("twice", lease.uid, flush=True)
+    else:
+        os.sched_yield()
+        os.unlink(mark)
+    lease.release()
+    had += 1
+print("had", had, flush=True)
+"""
+
+
+def test_ended_leases_leave_no_lock_file_and_no_id_is_held_twice(tmp_path: Path) -> None:
+    """Six processes lease and end leases of two ids 300 times each: no id is ever held by two
+    at once (a lock file unlinked under a lessee that opened it is never its lease), and once
+    every lease has ended the lock folder is empty."""
+    locks, marks = tmp_path / "locks", tmp_path / "marks"
+    marks.mkdir()
+    lessees = [
+        subprocess.Popen(
+            [sys.executable, "-c", LESSEE, str(locks), str(marks), "300"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(6)
+    ]
+    outputs = [lessee.communicate(timeout=600)[0] for lessee in lessees]
+    assert [lessee.returncode for lessee in lessees] == [0] * 6
+    assert [line for out in outputs for line in out.splitlines() if line.startswith("twice")] == []
+    assert all(out.endswith("had 300\n") for out in outputs)
+    assert sorted(os.listdir(locks)) == []
+
+
+def test_a_lock_on_an_unlinked_file_is_no_lease(tmp_path: Path) -> None:
+    """A late lessee opened the file before its release and locks it after: that lock is on a
+    file the path no longer names, so it blocks no one; the path's new file is the lease."""
+    one = UidRange(3_000_000, 1)
+    first = lease_uid(one, str(tmp_path))
+    path = tmp_path / "3000000.lock"
+    opened = os.open(path, os.O_RDWR)  # another lessee's open, before the release
+    try:
+        first.release()
+        assert not path.exists()
+        second = lease_uid(one, str(tmp_path))  # makes the path's new file and holds it
+        assert path.exists()
+        # The late lessee's lock on the old file succeeds, but the path names another file.
+        fcntl.flock(opened, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with pytest.raises(BackendUnavailableError):
+            lease_uid(one, str(tmp_path))
+        second.release()
+    finally:
+        os.close(opened)
+    assert os.listdir(tmp_path) == []
 
 
 def test_an_unsafe_lock_folder_is_refused(tmp_path: Path) -> None:

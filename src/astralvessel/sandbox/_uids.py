@@ -25,6 +25,16 @@ its sandboxes die with it (``--die-with-parent``, the lifeline) and its uids
 are free again. The descriptor is close-on-exec and never inherited by a
 sandbox, so nothing inside one can hold a lease.
 
+A lease removes its lock file as it ends, so the folder holds about one file
+per uid held now, not one per uid ever leased (40 000 were seen). It unlinks
+the file while it still holds the lock, and a lessee counts a lock as its
+lease only once it holds it *and* the path still names the file it locked:
+one that opened the file before it was unlinked, and locked it after, holds a
+lock on a file nobody can find, so it closes it and tries the path again,
+where the next lessee's new file is the lock. Processes of a version of this
+library from before this rule never unlink, but do not check either: do not
+run both versions' hosts on one lock folder at once.
+
 Only root hosts lease: an ordinary user's unprivileged user namespace can map
 no id but the user's own, so there every turn is that user (see the threat
 model, "Identity and budget").
@@ -32,6 +42,7 @@ model, "Identity and budget").
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import grp
@@ -158,10 +169,12 @@ def describe_range() -> str:
 class UidLease:
     """One uid held for one turn until ``release`` (or until this process dies)."""
 
-    def __init__(self, uid: int, fd: int) -> None:
+    def __init__(self, uid: int, fd: int, path: str) -> None:
         self.uid = uid
         self.gid = uid
         self._fd: int | None = fd
+        #: The lock file, removed when the lease ends.
+        self._path = path
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -173,6 +186,11 @@ class UidLease:
         with self._lock:
             fd, self._fd = self._fd, None
         if fd is not None:
+            # Unlinked before the lock drops: a lessee that opened this file meanwhile finds
+            # it gone once it holds it, and tries the path again (``_try_lock``).
+            if _still_linked(fd, self._path):
+                with contextlib.suppress(OSError):
+                    os.unlink(self._path)
             os.close(fd)  # closing the only descriptor drops the flock
 
 
@@ -187,17 +205,40 @@ def _named(uid: int) -> bool:
     return False
 
 
-def _try_lock(lock_dir: str, uid: int) -> int | None:
-    path = os.path.join(lock_dir, f"{uid}.lock")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+def _still_linked(fd: int, path: str) -> bool:
+    """Whether ``path`` still names the file open at ``fd`` (no one unlinked or replaced it)."""
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
+        named = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
+
+
+def _lock_path(lock_dir: str, uid: int) -> str:
+    return os.path.join(lock_dir, f"{uid}.lock")
+
+
+def _try_lock(path: str) -> int | None:
+    """The descriptor holding the lock file at ``path``, or None if another lessee holds it.
+
+    Raises ``OSError`` when the file cannot be opened or locked for another reason.
+    """
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                return None
+            raise
+        if _still_linked(fd, path):
+            return fd
+        # Its lessee released it (unlinking it) between this open and this lock: the file
+        # held is no one's lock any more. The path's next file is; each retry follows a
+        # release by another lessee, so this ends.
         os.close(fd)
-        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-            return None
-        raise
-    return fd
 
 
 def _lock_dir(path: str) -> str:
@@ -242,14 +283,15 @@ def lease_uid(uid_range: UidRange, lock_dir: str = LOCK_DIR) -> UidLease:
         uid = uid_range.first + (start + step) % uid_range.count
         if uid in _RESERVED or _named(uid):
             continue
+        path = _lock_path(folder, uid)
         try:
-            fd = _try_lock(folder, uid)
+            fd = _try_lock(path)
         except OSError as exc:
             raise BackendUnavailableError(
                 f"cannot lock uid {uid} in {folder}: {exc.strerror}"
             ) from exc
         if fd is not None:
-            return UidLease(uid, fd)
+            return UidLease(uid, fd, path)
     raise BackendUnavailableError(
         f"every uid of the range {uid_range} is held by a live turn on this host "
         f"({uid_range.count} ids): close turns, or widen the range with "
