@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import errno
 import os
+import textwrap
 
 import attrs
 
-from .calls import py, py_json, run, wait_until_gone
+from astralvessel.sandbox import ExecRequest
+
+from .calls import PYTHON, py, py_json, run, wait_until_gone
 from .conftest import TEST_LIMITS
 
 MIB = 1024 * 1024
@@ -195,12 +198,33 @@ def test_memory_limit_holds_for_the_whole_turn(backend, policy):
         session.close()
 
 
-def _stopped_together(session, memory_mb):
-    """Five children of 0.3 times the limit each are stopped by the turn-wide limit; the turn goes on."""
+def test_an_exec_the_memory_limit_stops_says_so(backend, policy):
+    """An exec whose children together pass the limit is stopped, its stderr saying why."""
+    limits = attrs.evolve(TEST_LIMITS, disk_mb=512)
+    session = backend.start(attrs.evolve(policy, limits=limits))
+    try:
+        request = ExecRequest(
+            argv=(PYTHON, "-c", _together(limits.memory_mb)), timeout=40.0, output_bytes=100_000
+        )
+        result = session.exec(request)
+        assert not result.timed_out
+        assert result.returncode == -9
+        assert b"every child ended on its own" not in result.stdout
+        stderr = result.stderr.decode()
+        assert stderr.startswith("[memory limit: the turn's calls held "), stderr
+        assert f"more than the {limits.memory_mb} MiB limit" in stderr
+        assert "this call's processes were stopped]\n" in stderr
+        after = run(session, PYTHON, "-c", "print('ok')")
+        assert after.output == "ok\n", after.output
+    finally:
+        session.close()
+
+
+def _together(memory_mb):
+    """Python code whose five children of 0.3 times ``memory_mb`` each hold 1.5 times it."""
     children = 5
-    each = memory_mb * 3 // (children * 2)  # together 1.5 times the limit
-    outcome = py(
-        session,
+    each = memory_mb * 3 // (children * 2)
+    return textwrap.dedent(
         f"""
         import os, time
         for _ in range({children}):
@@ -213,9 +237,13 @@ def _stopped_together(session, memory_mb):
                 os._exit(0)
         os.wait()
         print("every child ended on its own")
-        """,
-        timeout=40.0,
+        """
     )
+
+
+def _stopped_together(session, memory_mb):
+    """Five children of 0.3 times the limit each are stopped by the turn-wide limit; the turn goes on."""
+    outcome = py(session, _together(memory_mb), timeout=40.0)
     assert not outcome.timed_out
     assert outcome.exit_code is None
     assert "every child ended on its own" not in outcome.output

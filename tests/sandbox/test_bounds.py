@@ -10,6 +10,8 @@ from astralvessel.sandbox._session import ServerSession, _Pending
 from astralvessel.sandbox.server._bounds import (
     _descriptors,
     _pipe_bytes,
+    group_limit,
+    limit_reader,
     oom_counter,
     oom_kills,
     over_limit,
@@ -31,7 +33,7 @@ def test_memory_stop_becomes_a_note_the_model_reads():
     item = _Pending(kind="run")
     item.output += b"partial"
     item.exit = {"exit_code": None, "memory": [300 * MIB, 256 * MIB]}
-    outcome = ServerSession._outcome(item, 400)
+    outcome = ServerSession._outcome(item, 400 * MIB)
     assert outcome.exit_code is None
     assert outcome.output == (
         "partial\n[memory limit: the turn's calls held 300 MiB, more than the 256 MiB limit; "
@@ -44,7 +46,7 @@ def test_kernel_stop_becomes_a_note_the_model_reads():
     item = _Pending(kind="run")
     item.output += b"partial"
     item.exit = {"exit_code": -9, "oom_killed": 2}
-    outcome = ServerSession._outcome(item, 400)
+    outcome = ServerSession._outcome(item, 400 * MIB)
     assert outcome.exit_code == -9
     assert outcome.output == (
         "partial\n[memory limit: the kernel stopped 2 of the turn's processes while this call "
@@ -53,7 +55,60 @@ def test_kernel_stop_becomes_a_note_the_model_reads():
     )
     for unsure in (0, True, "2", None):
         item.exit = {"exit_code": 0, "oom_killed": unsure}
-        assert "[memory limit" not in ServerSession._outcome(item, 400).output
+        assert "[memory limit" not in ServerSession._outcome(item, 400 * MIB).output
+
+
+def test_kernel_stop_states_the_limit_the_kernel_applied():
+    """The note states the group's limit the server read when the call ended, not the host's."""
+    item = _Pending(kind="run")
+    item.exit = {"exit_code": None, "oom_killed": 1, "oom_limit": 97 * MIB}
+    assert "the turn held its whole 97 MiB" in ServerSession._outcome(item, 400 * MIB).output
+    for unread in (None, 0, True, "97"):
+        item.exit = {"exit_code": None, "oom_killed": 1, "oom_limit": unread}
+        assert "its whole 400 MiB" in ServerSession._outcome(item, 400 * MIB).output
+
+
+def test_exec_stderr_ends_with_the_memory_notes():
+    """An exec the memory watch or the kernel stopped says so after its own stderr."""
+    item = _Pending(kind="exec", output_bytes=1024)
+    item.add_stream("stderr", b"own words")
+    header = {"exit_code": None, "memory": [300 * MIB, 256 * MIB], "oom_killed": 2}
+    result = ServerSession._exec_result(item, header, 400 * MIB)
+    assert result.returncode == -9
+    assert result.stderr == (
+        b"own words\n[memory limit: the turn's calls held 300 MiB, more than the 256 MiB limit; "
+        b"this call's processes were stopped]\n[memory limit: the kernel stopped 2 of the "
+        b"turn's processes while this call ran; the turn held its whole 400 MiB (the calls' "
+        b"memory, the workspace's files and kernel buffers such as pipes); this call's "
+        b"processes were stopped]\n"
+    )
+    clean = ServerSession._exec_result(item, {"exit_code": 0, "oom_killed": 0}, 400 * MIB)
+    assert clean.stderr == b"own words"
+
+
+def test_group_limits_are_read_from_v1_stat_and_v2_max(tmp_path):
+    """The server reads v1's ``hierarchical_memory_limit`` and v2's ``memory.max``."""
+    v1 = tmp_path / "memory.stat"
+    v1.write_bytes(b"cache 0\nrss 4096\nhierarchical_memory_limit 101711872\ntotal_rss 4096\n")
+    v2 = tmp_path / "memory.max"
+    v2.write_bytes(b"67108864\n")
+    unlimited = tmp_path / "unlimited.max"
+    unlimited.write_bytes(b"max\n")
+    huge = tmp_path / "unlimited.stat"
+    huge.write_bytes(b"hierarchical_memory_limit 9223372036854771712\n")
+    for path, limit in ((v1, 101711872), (v2, 64 * MIB), (unlimited, None), (huge, None)):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            assert group_limit(fd) == limit
+        finally:
+            os.close(fd)
+    fd = limit_reader([str(tmp_path / "missing"), str(unlimited), str(v2)])
+    assert fd is not None
+    try:
+        assert group_limit(fd) == 64 * MIB
+    finally:
+        os.close(fd)
+    assert limit_reader([str(unlimited)]) is None
 
 
 def test_oom_counts_are_read_from_v1_and_v2_files(tmp_path):

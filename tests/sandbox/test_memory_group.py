@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from astralvessel.sandbox import Limits, Policy, RunRequest, SandboxSession
+from astralvessel.sandbox import ExecRequest, Limits, Policy, RunRequest, SandboxSession
 from astralvessel.sandbox._cgroup import memory_mount, turn_cgroup
 from astralvessel.sandbox._channels import PipeChannel
 from astralvessel.sandbox._discovery import get_backend
@@ -56,16 +56,27 @@ def _run(session: SandboxSession, *argv: str) -> str:
     return f"{outcome.exit_code}|{outcome.output}"
 
 
+def _lower_the_bound(session: SandboxSession, backend: str) -> int:
+    """Lower the turn's memory group below what ``HOLD`` allocates; the new bound in MiB.
+
+    Lowered by hand: the watch's limit (memory_mb) is far above what the call holds, and
+    the group's configured bound too, so the note must state the bound the kernel applied.
+    """
+    group = _memory_group(session, backend)
+    usage = int((group / "memory.usage_in_bytes").read_text())
+    bound = usage + ALLOCATE_MB // 2 * MIB
+    (group / "memory.limit_in_bytes").write_text(str(bound))
+    # The kernel rounds a limit down to whole pages.
+    return int((group / "memory.limit_in_bytes").read_text()) >> 20
+
+
 @pytest.mark.parametrize("backend", ["bubblewrap", "nsjail", "docker"])
 def test_a_call_the_kernel_stops_for_memory_says_so(backend: str) -> None:
     """A call the memory group's OOM killer stops gets a result naming memory; the turn goes on."""
     session = get_backend(backend).start(Policy(limits=LIMITS))
     try:
         assert _run(session, "/bin/echo", "warm") == "0|warm\n"
-        group = _memory_group(session, backend)
-        usage = int((group / "memory.usage_in_bytes").read_text())
-        # Lowered by hand: the watch's limit (memory_mb) is far above what the call holds.
-        (group / "memory.limit_in_bytes").write_text(str(usage + ALLOCATE_MB // 2 * MIB))
+        bound_mb = _lower_the_bound(session, backend)
         stopped = _run(session, "/usr/bin/python3", "-c", HOLD)
         code, _, output = stopped.partition("|")
         # Killed: the command (SIGKILL's -9), or its init with it (no exit code at all).
@@ -73,7 +84,30 @@ def test_a_call_the_kernel_stops_for_memory_says_so(backend: str) -> None:
         assert "allocated all" not in output
         assert "[memory limit: the kernel stopped" in output, output
         assert "while this call ran" in output
+        assert f"the turn held its whole {bound_mb} MiB (" in output, output
         # The server was not the one stopped: the next call runs in the same sandbox.
+        assert session.alive()
+        assert _run(session, "/bin/echo", "after") == "0|after\n"
+    finally:
+        session.close()
+
+
+@pytest.mark.parametrize("backend", ["bubblewrap", "nsjail", "docker"])
+def test_an_exec_the_kernel_stops_for_memory_says_so(backend: str) -> None:
+    """An exec the memory group's OOM killer stops ends its stderr with the same note."""
+    session = get_backend(backend).start(Policy(limits=LIMITS))
+    try:
+        assert _run(session, "/bin/echo", "warm") == "0|warm\n"
+        bound_mb = _lower_the_bound(session, backend)
+        request = ExecRequest(
+            argv=("/usr/bin/python3", "-c", HOLD), timeout=60.0, output_bytes=100_000
+        )
+        stopped = session.exec(request)
+        assert stopped.returncode == -9, stopped
+        assert b"allocated all" not in stopped.stdout
+        stderr = stopped.stderr.decode()
+        assert "[memory limit: the kernel stopped" in stderr, stderr
+        assert f"the turn held its whole {bound_mb} MiB (" in stderr, stderr
         assert session.alive()
         assert _run(session, "/bin/echo", "after") == "0|after\n"
     finally:

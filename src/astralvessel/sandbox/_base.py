@@ -77,6 +77,9 @@ class ServerOptions:
     cgroup that count the kernel's OOM kills (``oom_kill`` in v1's
     ``memory.oom_control`` or v2's ``memory.events``), the first that opens
     wins: a call during which the count rises is reported as stopped for memory.
+    ``memory_limits`` names, the same way, files that hold the group's limit
+    (v1's ``memory.stat``, for its ``hierarchical_memory_limit``, or v2's
+    ``memory.max``): such a call's note states the limit the kernel applied.
     ``probe_key`` names everything besides the hello that the server's
     confinement probe depends on (the binary, the interpreter, the image):
     turns with the same key and the same confinement settings reuse the first
@@ -96,6 +99,11 @@ class ServerOptions:
         default=None, validator=attrs.validators.optional(attrs.validators.instance_of(str))
     )
     memory_events: tuple[str, ...] = attrs.field(
+        default=(),
+        converter=_str_tuple,
+        validator=attrs.validators.deep_iterable(attrs.validators.instance_of(str)),
+    )
+    memory_limits: tuple[str, ...] = attrs.field(
         default=(),
         converter=_str_tuple,
         validator=attrs.validators.deep_iterable(attrs.validators.instance_of(str)),
@@ -178,6 +186,7 @@ class Sandbox(abc.ABC):
             probe_key=options.probe_key,
             build=options.build,
             memory_events=options.memory_events,
+            memory_limits=options.memory_limits,
         )
         if link.settle is not None:
             try:

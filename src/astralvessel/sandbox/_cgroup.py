@@ -128,6 +128,15 @@ class TurnCgroup:
                 return os.open(os.path.join(path, "memory.oom_control"), os.O_RDONLY)
         return None
 
+    def open_memory_limit(self) -> int | None:
+        """A read-only descriptor of the memory group's ``memory.stat``, whose
+        ``hierarchical_memory_limit`` is the bound the kernel applies, for the server's
+        note on a call it stopped (``None`` without a memory group)."""
+        for path in self.paths:
+            with contextlib.suppress(OSError):
+                return os.open(os.path.join(path, "memory.stat"), os.O_RDONLY)
+        return None
+
     def memory_note(self) -> str:
         """Why the kernel stopped this turn's processes, for a sandbox that died; else ``""``.
 

@@ -254,6 +254,7 @@ class NamespaceBackend(Sandbox):
         config_fd: int | None = None
         # The server counts the OOM kills in the turn's memory group through its own copy.
         events_fd = None if cgroup is None else cgroup.open_memory_events()
+        limit_fd = None if cgroup is None or events_fd is None else cgroup.open_memory_limit()
         try:
             config = self._config(policy, facts)
             config_fd = None if config is None else _memfd(config, "astralvessel-config")
@@ -264,9 +265,9 @@ class NamespaceBackend(Sandbox):
                 server_command(facts.python.executable, first_filter=first_filter),
                 server_filter,
                 config_fd=config_fd,
-                server_fds=() if events_fd is None else (events_fd,),
+                server_fds=tuple(fd for fd in (events_fd, limit_fd) if fd is not None),
             )
-            fds = tuple(fd for fd in (memfd, config_fd, events_fd) if fd is not None)
+            fds = tuple(fd for fd in (memfd, config_fd, events_fd, limit_fd) if fd is not None)
             # The cgroup goes and the lease goes back once the sandbox is reaped.
             channel = PipeChannel.spawn(
                 argv if cgroup is None else cgroup.wrap(argv),
@@ -284,7 +285,7 @@ class NamespaceBackend(Sandbox):
                 cgroup.remove()
             raise BackendUnavailableError(f"{self.name} cannot build this sandbox: {exc}") from exc
         finally:
-            for fd in (memfd, config_fd, events_fd):
+            for fd in (memfd, config_fd, events_fd, limit_fd):
                 if fd is not None:
                     os.close(fd)
         return ServerLink(
@@ -300,6 +301,7 @@ class NamespaceBackend(Sandbox):
                 else None,
                 probe_key=f"{self.name}:{binary.path}:{facts.python.executable}",
                 memory_events=() if events_fd is None else (f"/proc/self/fd/{events_fd}",),
+                memory_limits=() if limit_fd is None else (f"/proc/self/fd/{limit_fd}",),
             ),
         )
 

@@ -51,6 +51,7 @@ from ._api import (
     SandboxSession,
 )
 from ._cgroup import turn_memory_bytes
+from ._memory_notes import memory_notes, with_notes
 from ._policy import (
     EGRESS_DIR,
     EGRESS_PORT,
@@ -312,6 +313,7 @@ _TURN_PLACES = frozenset(
         "egress",
         "probed",
         "memory_events",
+        "memory_limits",
     )
 )
 
@@ -473,6 +475,7 @@ class ServerSession(SandboxSession):
         probe_key: str | None = None,
         build: ServerBuild | None = None,
         memory_events: Sequence[str] = (),
+        memory_limits: Sequence[str] = (),
     ) -> ServerSession:
         """Boot the server on ``channel`` (payload, then ``hello``) and wait for ``ready``.
 
@@ -518,6 +521,7 @@ class ServerSession(SandboxSession):
             "tool_servers": policy.tool_servers,
             "file_worker_idle": FILE_WORKER_IDLE,
             "memory_events": list(memory_events),
+            "memory_limits": list(memory_limits),
         }
         key = _probe_key(probe_key, confine, hello)
         known = None if key is None else _PROBED.get(key)
@@ -690,7 +694,8 @@ class ServerSession(SandboxSession):
             if kind == "out":
                 item.add_stream("stderr" if header.get("stream") == "stderr" else "stdout", body)
             else:
-                self._finish(call_id, self._exec_result(item, header))
+                bound = turn_memory_bytes(self.policy.limits)
+                self._finish(call_id, self._exec_result(item, header, bound))
         elif kind == "out":
             item.add_output(body)
             self.max_buffered_output = max(self.max_buffered_output, len(item.output))
@@ -785,7 +790,7 @@ class ServerSession(SandboxSession):
             if size:
                 return
             self._file_done(item)
-        self._finish(call_id, self._outcome(item, turn_memory_bytes(self.policy.limits) >> 20))
+        self._finish(call_id, self._outcome(item, turn_memory_bytes(self.policy.limits)))
 
     @staticmethod
     def _host_write_failed(item: _Pending, exc: OSError) -> None:
@@ -825,8 +830,9 @@ class ServerSession(SandboxSession):
             self._next_file(call_id, item)
 
     @staticmethod
-    def _outcome(item: _Pending, bound_mb: int) -> RunOutcome:
-        """The call's result; ``bound_mb`` is the turn's memory group's, for its note."""
+    def _outcome(item: _Pending, bound: int) -> RunOutcome:
+        """The call's result; ``bound`` (bytes) is the turn's memory group's as configured,
+        for a note on the kernel's OOM killer that came without the limit it applied."""
         exit_info = item.exit or {}
         code = exit_info.get("exit_code")
         output = bytes(item.output).decode("utf-8", "replace")
@@ -836,21 +842,7 @@ class ServerSession(SandboxSession):
             output += ("\n" if output and not output.endswith("\n") else "") + (
                 f"[outbox: {sum(item.skipped.values())} entries not returned: {reasons}]\n"
             )
-        memory = exit_info.get("memory")
-        if isinstance(memory, list) and len(memory) == 2:
-            held, limit = (int(n) >> 20 for n in memory)
-            output += ("\n" if output and not output.endswith("\n") else "") + (
-                f"[memory limit: the turn's calls held {held} MiB, more than the {limit} MiB "
-                "limit; this call's processes were stopped]\n"
-            )
-        killed = exit_info.get("oom_killed")
-        if isinstance(killed, int) and not isinstance(killed, bool) and killed > 0:
-            output += ("\n" if output and not output.endswith("\n") else "") + (
-                f"[memory limit: the kernel stopped {killed} of the turn's processes while this "
-                f"call ran; the turn held its whole {bound_mb} MiB (the calls' memory, the "
-                "workspace's files and kernel buffers such as pipes); this call's processes "
-                "were stopped]\n"
-            )
+        output = with_notes(output, memory_notes(exit_info, bound))
         return RunOutcome(
             output=output,
             exit_code=code if isinstance(code, int) else None,
@@ -861,7 +853,9 @@ class ServerSession(SandboxSession):
         )
 
     @staticmethod
-    def _exec_result(item: _Pending, header: Mapping[str, Any]) -> ExecResult:
+    def _exec_result(item: _Pending, header: Mapping[str, Any], bound: int) -> ExecResult:
+        """The exec's result; a note on what memory bound stopped it ends its stderr
+        (``bound`` as ``_outcome``'s)."""
         code = header.get("exit_code")
         timed_out = bool(header.get("timed_out"))
         dropped = header.get("dropped_bytes") or {}
@@ -872,7 +866,7 @@ class ServerSession(SandboxSession):
             # Killed with its tree past its timeout: SIGKILL's code, as a shell would report it.
             returncode=code if isinstance(code, int) and not timed_out else -9,
             stdout=bytes(item.streams["stdout"]),
-            stderr=bytes(item.streams["stderr"]),
+            stderr=with_notes(bytes(item.streams["stderr"]), memory_notes(header, bound).encode()),
             timed_out=timed_out,
             truncated=item.stream_cut or server_cut,
             duration=max(0.0, float(header.get("duration") or 0.0)),

@@ -40,6 +40,7 @@ from ._spec import (
     LABEL_POLICY,
     LABEL_TURN,
     MEMORY_EVENTS_FD,
+    MEMORY_LIMIT_FD,
     container_spec,
     server_argv,
 )
@@ -299,6 +300,7 @@ class Docker(Sandbox):
                 probe_key=f"{self.name}:{self.engine.base_url}:{image_id}:{self.python}",
                 build=build,
                 memory_events=(f"/proc/self/fd/{MEMORY_EVENTS_FD}",),
+                memory_limits=(f"/proc/self/fd/{MEMORY_LIMIT_FD}",),
             ),
         )
 

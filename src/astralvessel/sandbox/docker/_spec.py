@@ -41,6 +41,7 @@ __all__ = [
     "LABEL_POLICY",
     "LABEL_TURN",
     "MEMORY_EVENTS_FD",
+    "MEMORY_LIMIT_FD",
     "READY",
     "USERNS_BOOTSTRAP",
     "VIEW_ROOT",
@@ -117,6 +118,9 @@ def _astralvessel_connect(path):
 #: The descriptor on which the bootstrap leaves the container's memory group's count of
 #: OOM kills, for the server (``ServerOptions.memory_events``): above any the server opens.
 MEMORY_EVENTS_FD = 250
+#: Where it leaves the same group's limit (v1's ``memory.stat``, v2's ``memory.max``), so
+#: the note of a call the kernel stopped states the limit the kernel applied.
+MEMORY_LIMIT_FD = 251
 
 #: Runs first in the container's own process, before the server's code. It makes a
 #: user namespace mapping only our uid and gid to themselves: in it the server may
@@ -132,19 +136,22 @@ def _astralvessel_view(binds, system_dirs, root, workdir, root_dirs=()):
     import ctypes, os, sys
     # Each turn is a uid of its own: what a call writes is closed to other turns' uids.
     os.umask(0o007)
-    # The container's memory group counts the kernel's OOM kills; the view leaves /sys out,
-    # so the server reads it on a descriptor kept at a number of its own (MEMORY_EVENTS_FD).
-    for path in ("/sys/fs/cgroup/memory/memory.oom_control", "/sys/fs/cgroup/memory.events"):
-        try:
-            events = os.open(path, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            os.dup2(events, MEMORY_EVENTS_FD, inheritable=False)
-        except OSError:
-            pass  # open_files at or under the number: calls' notes then come without it
-        os.close(events)
-        break
+    # The container's memory group counts the kernel's OOM kills and holds its limit; the
+    # view leaves /sys out, so the server reads them on descriptors kept at numbers of its
+    # own (MEMORY_EVENTS_FD, MEMORY_LIMIT_FD): cgroup v1's files first, then v2's.
+    for names, number in ((("memory/memory.oom_control", "memory.events"), MEMORY_EVENTS_FD),
+                          (("memory/memory.stat", "memory.max"), MEMORY_LIMIT_FD)):
+        for name in names:
+            try:
+                opened = os.open("/sys/fs/cgroup/" + name, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                os.dup2(opened, number, inheritable=False)
+            except OSError:
+                pass  # open_files at or under the number: calls' notes then come without it
+            os.close(opened)
+            break
     libc = ctypes.CDLL(None, use_errno=True)
     def check(result, what):
         if result != 0:
@@ -263,7 +270,9 @@ def _astralvessel_view(binds, system_dirs, root, workdir, root_dirs=()):
     os.rmdir("/.old-root")
     mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
     os.chdir(workdir)
-""".replace("MEMORY_EVENTS_FD", str(MEMORY_EVENTS_FD))
+""".replace("MEMORY_EVENTS_FD", str(MEMORY_EVENTS_FD)).replace(
+    "MEMORY_LIMIT_FD", str(MEMORY_LIMIT_FD)
+)
 
 
 @attrs.frozen(kw_only=True)

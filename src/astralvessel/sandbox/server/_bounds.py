@@ -18,6 +18,8 @@ __all__ = [
     "MEMORY_INTERVAL",
     "bound_inodes",
     "call_memory",
+    "group_limit",
+    "limit_reader",
     "oom_counter",
     "oom_kills",
     "over_limit",
@@ -298,3 +300,48 @@ def oom_kills(fd: int) -> int | None:
         if name == b"oom_kill" and value.strip().isdigit():
             return int(value)
     return None
+
+
+#: A limit at or above this is the kernel's "no limit" (v1 writes it as a huge page count).
+_UNLIMITED = 1 << 62
+
+
+def limit_reader(paths: list[str]) -> int | None:
+    """A descriptor of the first of ``paths`` that opens and holds a limit (``group_limit``);
+    None where the turn has no memory group, or its limit cannot be read.
+
+    The host names them (``memory_limits`` in the hello), as it names the OOM counter:
+    v1's ``memory.stat``, whose ``hierarchical_memory_limit`` is the bound the kernel
+    applies (the group's own or a lower one above it), or v2's ``memory.max``.
+    """
+    for path in paths:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            continue
+        if group_limit(fd) is not None:
+            return fd
+        os.close(fd)
+    return None
+
+
+def group_limit(fd: int) -> int | None:
+    """The memory group's limit in bytes now, read on ``fd``; None if unreadable or unlimited.
+
+    Read when the kernel's OOM killer has stopped a call, so the call's note states the
+    limit the kernel held the turn to, not the one the host configured.
+    """
+    try:
+        text = os.pread(fd, 65536, 0)
+    except OSError:
+        return None
+    value = text.strip()
+    if not value.isdigit():
+        for line in text.splitlines():
+            name, _, number = line.partition(b" ")
+            if name == b"hierarchical_memory_limit":
+                value = number.strip()
+                break
+    if not value.isdigit() or int(value) >= _UNLIMITED:
+        return None
+    return int(value)

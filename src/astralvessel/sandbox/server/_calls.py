@@ -35,23 +35,22 @@ __all__ = [
 #: The highest uid or gid a user namespace can map ((uid_t) -1 is "no id").
 _MAX_ID = 0xFFFFFFFE
 
+#: What stopped a call for memory, on every kind's ``exit`` frame: the memory watch
+#: (``[held, limit]``), or the kernel's OOM killer (how many it took, and the group's
+#: limit then, which may be lower than the one the host configured).
+_MEMORY_FIELDS = (
+    ("memory", "memory_stopped"),
+    ("oom_killed", "oom_killed"),
+    ("oom_limit", "oom_limit"),
+)
 #: What each kind of call's ``exit`` frame carries beyond the fields every kind has:
 #: the frame's key and the ``Call`` attribute it reports. An exec counts bytes per
-#: stream (its result has no place for a note on memory); a tool call and a detached
-#: process count characters of one text and say whether the memory watch stopped them.
-#: A tool call's outbox files come with its frame as ``extra`` (see ``exit_frame``).
+#: stream; a tool call and a detached process count characters of one text. A tool
+#: call's outbox files come with its frame as ``extra`` (see ``exit_frame``).
 EXIT_FIELDS = {
-    "call": (
-        ("memory", "memory_stopped"),
-        ("oom_killed", "oom_killed"),
-        ("dropped_chars", "dropped_chars"),
-    ),
-    "detached": (
-        ("memory", "memory_stopped"),
-        ("oom_killed", "oom_killed"),
-        ("dropped_chars", "dropped_chars"),
-    ),
-    "exec": (("dropped_bytes", "dropped_bytes"),),
+    "call": (*_MEMORY_FIELDS, ("dropped_chars", "dropped_chars")),
+    "detached": (*_MEMORY_FIELDS, ("dropped_chars", "dropped_chars")),
+    "exec": (*_MEMORY_FIELDS, ("dropped_bytes", "dropped_bytes")),
 }
 
 
@@ -135,6 +134,8 @@ class Call:
         #: there were by its end (``_bounds.oom_kills``; the kernel stopped the call).
         self.oom_mark: int | None = None
         self.oom_killed = 0
+        #: The memory group's limit in bytes when the call ended, if the kernel stopped it.
+        self.oom_limit: int | None = None
 
     def take(self, chunk: bytes, stream: str = "stdout") -> bytes:
         """Count ``chunk``; return the part to stream (``output_chars`` characters in all,

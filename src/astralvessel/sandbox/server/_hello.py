@@ -69,6 +69,9 @@ def parse_hello(header: dict[str, Any]) -> dict[str, Any]:
     events = header.get("memory_events") or []
     if not isinstance(events, list) or not all(isinstance(path, str) for path in events):
         raise TypeError("'memory_events' must be a list of paths")
+    memory_limits = header.get("memory_limits") or []
+    if not isinstance(memory_limits, list) or not all(isinstance(p, str) for p in memory_limits):
+        raise TypeError("'memory_limits' must be a list of paths")
     idle = header.get("file_worker_idle", _fsqueue.WORKER_IDLE)
     if isinstance(idle, bool) or not isinstance(idle, (int, float)) or not idle > 0:
         raise TypeError("'file_worker_idle' must be a positive number of seconds")
@@ -92,6 +95,7 @@ def parse_hello(header: dict[str, Any]) -> dict[str, Any]:
         "tool_servers": header.get("tool_servers") is True,
         "probed": probed,
         "memory_events": events,
+        "memory_limits": memory_limits,
     }
 
 

@@ -80,6 +80,8 @@ class Server:
         self.memory_at: float | None = None
         #: The turn's memory group's count of OOM kills, where it has one (``_bounds``).
         self.oom_fd: int | None = None
+        #: The same group's limit (``_bounds.group_limit``), for the note of a call it stopped.
+        self.limit_fd: int | None = None
 
     # -- host I/O ------------------------------------------------------------
 
@@ -201,6 +203,7 @@ class Server:
         probe_found = dict(problems)
         self.plan = plan
         self.oom_fd = _bounds.oom_counter(config["memory_events"])
+        self.limit_fd = _bounds.limit_reader(config["memory_limits"])
         self.spawner = _spawner.Spawner(plan, self.env, config["root_identity"])
         workspace = map_path(config["workspace"], self.path_map)
         outbox = map_path(config["outbox"], self.path_map)
@@ -512,6 +515,8 @@ class Server:
             kills = _bounds.oom_kills(self.oom_fd)
             if kills is not None and kills > call.oom_mark:
                 call.oom_killed = kills - call.oom_mark
+                if self.limit_fd is not None:
+                    call.oom_limit = _bounds.group_limit(self.limit_fd)
         error, exit_code = outcome(call, status)
         if error is not None:
             self._drop_outbox(call.id)
