@@ -9,6 +9,8 @@ import pytest
 
 from astralvessel.builtins import BUILTINS
 from astralvessel.sandbox.server._files import (
+    GLOB_MAX,
+    GLOB_SCAN_ENTRIES,
     LIST_MAX_ENTRIES,
     LIST_SCAN_ENTRIES,
     UNDECODABLE_NOTE,
@@ -92,6 +94,45 @@ def test_glob_stops_at_the_timeout_and_says_so(docs: Tree) -> None:
     text, is_error = handle("find", {"pattern": "*"}, ctx)
     assert not is_error
     assert text.splitlines()[-1].startswith("[stopped after 7 s, the tool timeout")
+
+
+def test_glob_stops_reading_a_folder_at_the_timeout(docs: Tree) -> None:
+    """The timeout is looked at while a folder is read, not only once it is read and sorted
+    whole: a search past its deadline in a folder of 200 entries matches none of them."""
+    for n in range(200):
+        os.mknod(docs.data / "sub" / f"g{n:03}.txt")
+    ctx = docs.context(deadline=time.monotonic() - 1, timeout=7)
+    text, is_error = handle("find", {"pattern": "*.txt", "path": "sub"}, ctx)
+    assert not is_error
+    assert text.splitlines() == [
+        f"No files matched '*.txt' under {docs.data / 'sub'}.",
+        "[stopped after 7 s, the tool timeout: the list above is incomplete; "
+        "narrow the pattern or path]",
+    ]
+
+
+def test_glob_reads_a_crowded_folder_only_to_its_bound(docs: Tree, call: Call) -> None:
+    """A folder past 10 000 entries is searched in the first 10 000 read; the note names it."""
+    (docs.data / "big").mkdir()
+    for n in range(GLOB_SCAN_ENTRIES + 50):
+        os.mknod(docs.data / "big" / f"e{n:05}.txt")
+    text, is_error = call("glob", pattern="*.md")
+    assert not is_error
+    assert text.splitlines() == [
+        "a-b/f.md",
+        "a.md",
+        "sub/c.md",
+        "sub/deep/d.md",
+        f"[folder big holds more than {GLOB_SCAN_ENTRIES} entries and was searched only in the "
+        f"first {GLOB_SCAN_ENTRIES} read, not to the end: matches in the rest are missing "
+        "above; use bash (find) to search such a folder whole]",
+    ]
+    found, _ = call("glob", pattern="e*.txt", path="big", max_results=GLOB_MAX)
+    *paths, more, crowded = found.splitlines()
+    assert paths == sorted(paths)
+    assert len(paths) == GLOB_MAX
+    assert more.startswith(f"[more than {GLOB_MAX} files match")
+    assert crowded.startswith("[folder big holds more than")
 
 
 def test_glob_with_no_match_is_not_an_error(docs: Tree, call: Call) -> None:

@@ -23,7 +23,7 @@ sandbox it runs on the image's ``python3``.
 
 from __future__ import annotations
 
-from ._globview import GLOB_DEFAULT_MAX, GLOB_MAX, glob
+from ._globview import GLOB_DEFAULT_MAX, GLOB_MAX, GLOB_SCAN_ENTRIES, glob
 from ._listview import LIST_MAX_ENTRIES, LIST_SCAN_ENTRIES, entries
 from ._paths import FileContext, _Refusal
 from ._readview import (
@@ -48,6 +48,7 @@ __all__ = [
     "BINARY_PROBE_BYTES",
     "GLOB_DEFAULT_MAX",
     "GLOB_MAX",
+    "GLOB_SCAN_ENTRIES",
     "LIST_MAX_ENTRIES",
     "LIST_SCAN_ENTRIES",
     "MAX_RESULT_CHARS",

@@ -2,7 +2,10 @@
 
 Globs are ripgrep's (``*``, ``?``, ``[...]``, ``{a,b}``, ``**``), translated to one
 regular expression; the walk never follows a link, skips folders no match can be
-under, and stops at the tool's deadline.
+under, and stops at the tool's deadline, checked while a folder is read too. A
+folder is read only to ``GLOB_SCAN_ENTRIES`` entries, as ``list`` reads one: a
+million names take seconds to read and sort. The result says when either bound
+cut the search short.
 
 This module is stdlib only and runs on Python 3.8+, because in a Docker
 sandbox it runs on the image's ``python3``.
@@ -32,11 +35,15 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from typing import Any
 
-__all__ = ["GLOB_DEFAULT_MAX", "GLOB_MAX", "glob"]
+__all__ = ["GLOB_DEFAULT_MAX", "GLOB_MAX", "GLOB_SCAN_ENTRIES", "glob"]
 
 #: ``glob``: default and largest ``max_results``.
 GLOB_DEFAULT_MAX = 200
 GLOB_MAX = 2000
+#: Entries of one folder read at most (a folder with more is searched in those only).
+GLOB_SCAN_ENTRIES = 10_000
+#: Entries read between two looks at the clock.
+_CLOCK_EVERY = 64
 
 
 def _translate(pattern: str) -> str:
@@ -194,23 +201,24 @@ def glob(arguments: dict[str, Any], ctx: FileContext) -> str:
         _close(parent.fd)
     found: list[str] = []
     unreadable = 0
+    crowded: list[str] = []
     timed_out = False
-    for relative, error in _walk(top, compiled, ctx):
-        if error:
+    for event, relative in _walk(top, compiled, ctx):
+        if event == _UNREADABLE:
             unreadable += 1
-            continue
-        if relative is None:
+        elif event == _CROWDED:
+            crowded.append(relative)
+        elif event == _DEADLINE:
             timed_out = True
             break
-        found.append(relative)
-        if len(found) > max_results:
-            break
+        else:
+            found.append(relative)
+            if len(found) > max_results:
+                break
     more = len(found) > max_results
-    shown = [
-        _display(posixpath.join(shown_base, rel) if shown_base else rel)
-        for rel in found[:max_results]
-    ]
-    lines = _noted(shown) or [f"No files match {pattern!r} under {path}."]
+    shown = [_display(_shown_path(shown_base, rel)) for rel in found[:max_results]]
+    none = "No files matched" if timed_out or crowded else "No files match"
+    lines = _noted(shown) or [f"{none} {pattern!r} under {path}."]
     if more:
         lines.append(
             f"[more than {max_results} files match; showing the first {max_results}: narrow the "
@@ -221,6 +229,8 @@ def glob(arguments: dict[str, Any], ctx: FileContext) -> str:
             f"[{unreadable} director{'y' if unreadable == 1 else 'ies'} could not be read "
             "by the sandbox user and were skipped]"
         )
+    if crowded:
+        lines.append(_crowded_note(crowded, shown_base))
     if timed_out:
         limit = f"{ctx.timeout:g} s" if ctx.timeout is not None else "its time limit"
         lines.append(
@@ -230,38 +240,78 @@ def glob(arguments: dict[str, Any], ctx: FileContext) -> str:
     return "\n".join(lines)
 
 
-def _sorted_entries(fd: int) -> Iterator[tuple[str, bool]]:
-    """A directory's ``(name, is a real directory)`` pairs in name order."""
-    listed = []
+def _shown_path(shown_base: str, relative: str) -> str:
+    if not relative:
+        return shown_base or "."
+    return posixpath.join(shown_base, relative) if shown_base else relative
+
+
+def _crowded_note(crowded: list[str], shown_base: str) -> str:
+    """What the model reads when folders held more entries than a search reads of one."""
+    first = _display(_shown_path(shown_base, crowded[0]))
+    which = (
+        f"folder {first} holds"
+        if len(crowded) == 1
+        else f"{len(crowded)} folders (the first: {first}) hold"
+    )
+    was = "was" if len(crowded) == 1 else "were"
+    return (
+        f"[{which} more than {GLOB_SCAN_ENTRIES} entries and {was} searched only in the first "
+        f"{GLOB_SCAN_ENTRIES} read, not to the end: matches in the rest are missing above; "
+        "use bash (find) to search such a folder whole]"
+    )
+
+
+#: What ``_walk`` yields, with a relative path: a match, a folder it could not read, a
+#: folder read only to ``GLOB_SCAN_ENTRIES``, and the deadline (then it stops).
+_MATCH, _UNREADABLE, _CROWDED, _DEADLINE = "match", "unreadable", "crowded", "deadline"
+
+
+class _PastDeadline(Exception):
+    """The tool's deadline passed during the search."""
+
+
+def _check_clock(count: int, deadline: float | None) -> None:
+    """Raise ``_PastDeadline`` if ``deadline`` has passed (looked at every ``_CLOCK_EVERY``)."""
+    if deadline is not None and count % _CLOCK_EVERY == 0 and time.monotonic() > deadline:
+        raise _PastDeadline
+
+
+def _sorted_entries(fd: int, deadline: float | None) -> tuple[list[tuple[str, bool]], bool]:
+    """A folder's ``(name, is a real directory)`` pairs in name order, read up to
+    ``GLOB_SCAN_ENTRIES``, and whether it held more.
+
+    Raises ``_PastDeadline`` once the deadline passes, ``OSError`` if it cannot be read.
+    """
+    listed: list[tuple[str, bool]] = []
     with os.scandir(fd) as scan:
-        for entry in scan:
+        for count, entry in enumerate(scan, 1):
+            if count > GLOB_SCAN_ENTRIES:
+                listed.sort()
+                return listed, True
+            _check_clock(count, deadline)
             try:
                 is_dir = entry.is_dir(follow_symlinks=False)
             except OSError:
                 is_dir = False
             listed.append((entry.name, is_dir))
     listed.sort()
-    return iter(listed)
+    return listed, False
 
 
-def _walk(top: int, compiled: _Glob, ctx: FileContext) -> Iterator[tuple[str | None, bool]]:
-    """Yield ``(relative path, False)`` for each match in name order, depth first.
+def _walk(top: int, compiled: _Glob, ctx: FileContext) -> Iterator[tuple[str, str]]:
+    """Yield ``(_MATCH, relative path)`` for each match in name order, depth first.
 
     Never follows a link: directories are entered with ``O_NOFOLLOW`` relative to
-    their parent's descriptor. Yields ``(None, True)`` for each directory it
-    cannot read and ``(None, False)`` once when the deadline passes, then stops.
+    their parent's descriptor. Also yields ``(_UNREADABLE, path)`` for each
+    directory it cannot read, ``(_CROWDED, path)`` for each read only in part,
+    and ``(_DEADLINE, "")`` once when the deadline passes, then stops.
     """
     deadline = ctx.deadline
     stack: list[tuple[int, list[str], Iterator[tuple[str, bool]]]] = []
-
     try:
-        stack.append((top, [], _sorted_entries(top)))
-    except OSError:
-        os.close(top)
-        yield None, True
-        return
-    checked = 0
-    try:
+        yield from _enter(stack, top, [], deadline)
+        checked = 0
         while stack:
             fd, parts, iterator = stack[-1]
             item = next(iterator, None)
@@ -270,9 +320,7 @@ def _walk(top: int, compiled: _Glob, ctx: FileContext) -> Iterator[tuple[str | N
                 stack.pop()
                 continue
             checked += 1
-            if deadline is not None and checked % 64 == 0 and time.monotonic() > deadline:
-                yield None, False
-                return
+            _check_clock(checked, deadline)
             name, is_dir = item
             child_parts = [*parts, name]
             if is_dir:
@@ -283,17 +331,39 @@ def _walk(top: int, compiled: _Glob, ctx: FileContext) -> Iterator[tuple[str | N
                         name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _O_CLOEXEC, dir_fd=fd
                     )
                 except OSError:
-                    yield None, True
+                    yield _UNREADABLE, "/".join(child_parts)
                     continue
-                try:
-                    stack.append((child, child_parts, _sorted_entries(child)))
-                except OSError:
-                    os.close(child)
-                    yield None, True
+                yield from _enter(stack, child, child_parts, deadline)
                 continue
             relative = "/".join(child_parts)
             if compiled.matches(relative):
-                yield relative, False
+                yield _MATCH, relative
+    except _PastDeadline:
+        yield _DEADLINE, ""
     finally:
         for fd, _, _ in stack:
             _close(fd)
+
+
+def _enter(
+    stack: list[tuple[int, list[str], Iterator[tuple[str, bool]]]],
+    fd: int,
+    parts: list[str],
+    deadline: float | None,
+) -> Iterator[tuple[str, str]]:
+    """Read the open folder ``fd`` and push it on the walk's ``stack`` (which closes it).
+
+    Yields ``_UNREADABLE`` or ``_CROWDED`` for it; raises ``_PastDeadline``.
+    """
+    try:
+        listed, crowded = _sorted_entries(fd, deadline)
+    except OSError:
+        os.close(fd)
+        yield _UNREADABLE, "/".join(parts)
+        return
+    except BaseException:
+        os.close(fd)
+        raise
+    stack.append((fd, parts, iter(listed)))
+    if crowded:
+        yield _CROWDED, "/".join(parts)
