@@ -18,7 +18,12 @@ import requests
 from astralvessel import Executor, Registry
 from astralvessel.errors import BackendUnavailableError, UsageError
 from astralvessel.sandbox import DEFAULT_UID_RANGE, Policy, UidRange
-from astralvessel.sandbox._uids import UID_RANGE_ENV, lease_uid, resolve_range
+from astralvessel.sandbox._uids import (
+    UID_RANGE_ENV,
+    lease_uid,
+    remove_free_locks,
+    resolve_range,
+)
 from astralvessel.sandbox.docker._attach import AttachChannel
 
 
@@ -208,6 +213,39 @@ def test_a_lock_on_an_unlinked_file_is_no_lease(tmp_path: Path) -> None:
     finally:
         os.close(opened)
     assert os.listdir(tmp_path) == []
+
+
+def test_a_first_lease_removes_the_lock_files_no_lease_holds(tmp_path: Path) -> None:
+    """The files an older version left (one per uid it ever leased) go at a process's first
+    lease in the folder; the file another process's live lease holds, and other files, stay."""
+    holder = (
+        "import sys, time\n"
+        "from astralvessel.sandbox._uids import UidRange, lease_uid\n"
+        f"lease = lease_uid(UidRange(3_000_000, 1), {str(tmp_path)!r})\n"
+        "print(lease.uid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    with subprocess.Popen(
+        [sys.executable, "-c", holder], stdout=subprocess.PIPE, text=True, env=dict(os.environ)
+    ) as process:
+        try:
+            assert process.stdout is not None
+            assert process.stdout.readline() == "3000000\n"
+            for uid in range(3_000_100, 3_000_400):
+                (tmp_path / f"{uid}.lock").touch(mode=0o600)
+            (tmp_path / "notes.txt").write_text("not a lock\n")
+            lease = lease_uid(UidRange(3_000_001, 1), str(tmp_path))
+            assert sorted(os.listdir(tmp_path)) == ["3000000.lock", "3000001.lock", "notes.txt"]
+            lease.release()
+        finally:
+            process.kill()
+            process.wait()
+    assert remove_free_locks(str(tmp_path)) == 1  # the killed holder's
+    assert os.listdir(tmp_path) == ["notes.txt"]
+    for uid in range(3_000_100, 3_000_150):
+        (tmp_path / f"{uid}.lock").touch(mode=0o600)
+    assert remove_free_locks(str(tmp_path), 20) == 20  # a bounded sweep: the rest stay
+    assert len(os.listdir(tmp_path)) == 31
 
 
 def test_an_unsafe_lock_folder_is_refused(tmp_path: Path) -> None:

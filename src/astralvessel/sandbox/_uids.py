@@ -33,7 +33,12 @@ one that opened the file before it was unlinked, and locked it after, holds a
 lock on a file nobody can find, so it closes it and tries the path again,
 where the next lessee's new file is the lock. Processes of a version of this
 library from before this rule never unlink, but do not check either: do not
-run both versions' hosts on one lock folder at once.
+run both versions' hosts on one lock folder at once. A process's first lease
+in a folder also removes files no lease holds (``remove_free_locks``): those
+such versions left, one per uid they ever leased, and those of hosts killed
+while they held a lease. At most ``SWEEP_LIMIT`` of them, so a turn's start
+pays a bounded part (all of 40 000 files took 1.9 s of CPU, 7.5 s at load 21;
+4 096 of them 0.27 s, 1.6 s at load 34); the next processes take the rest.
 
 Only root hosts lease: an ordinary user's unprivileged user namespace can map
 no id but the user's own, so there every turn is that user (see the threat
@@ -45,6 +50,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import grp
 import os
 import pwd
@@ -61,12 +67,14 @@ from ..errors import BackendUnavailableError, UsageError
 __all__ = [
     "DEFAULT_UID_RANGE",
     "LOCK_DIR",
+    "SWEEP_LIMIT",
     "UID_RANGE_ENV",
     "UidLease",
     "UidRange",
     "default_lock_dir",
     "describe_range",
     "lease_uid",
+    "remove_free_locks",
     "resolve_range",
 ]
 
@@ -264,6 +272,43 @@ def default_lock_dir() -> str:
     return os.path.join(base, f"astralvessel-{os.geteuid()}", "uids")
 
 
+_LOCK_NAME = re.compile(r"[0-9]{1,10}\.lock")
+#: Lock files a process's first lease removes at most (see the module's note).
+SWEEP_LIMIT = 4096
+
+
+def remove_free_locks(lock_dir: str, limit: int | None = None) -> int:
+    """Remove the lock files in ``lock_dir`` that no lease holds (at most ``limit``); return
+    how many.
+
+    Each is taken as a lease and ended (so removed) by the rule every lease
+    keeps: a file a live lease holds stays. Never raises (a file it cannot
+    take stays).
+    """
+    removed = 0
+    with contextlib.suppress(OSError), os.scandir(lock_dir) as entries:
+        for entry in entries:
+            if limit is not None and removed >= limit:
+                break
+            if not (_LOCK_NAME.fullmatch(entry.name) and entry.is_file(follow_symlinks=False)):
+                continue
+            with contextlib.suppress(OSError):
+                fd = _try_lock(entry.path)
+                if fd is not None:
+                    UidLease(int(entry.name.split(".")[0]), fd, entry.path).release()
+                    removed += 1
+    return removed
+
+
+@functools.cache
+def _swept_once(lock_dir: str) -> None:
+    """At a process's first lease in a folder only: files left there do not come back.
+
+    (Two first leases at once may both sweep: a file is removed once, harmlessly.)
+    """
+    remove_free_locks(lock_dir, SWEEP_LIMIT)
+
+
 def lease_uid(uid_range: UidRange, lock_dir: str = LOCK_DIR) -> UidLease:
     """Lease a uid of ``uid_range`` no live turn on this host holds; raise if every one is taken.
 
@@ -278,6 +323,7 @@ def lease_uid(uid_range: UidRange, lock_dir: str = LOCK_DIR) -> UidLease:
         raise BackendUnavailableError(
             f"cannot use the uid lock folder {lock_dir}: {exc.strerror}"
         ) from exc
+    _swept_once(folder)
     start = random.randrange(uid_range.count)  # noqa: S311 - spreads the search, no secret
     for step in range(uid_range.count):
         uid = uid_range.first + (start + step) % uid_range.count
