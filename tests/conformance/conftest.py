@@ -123,11 +123,10 @@ DECLARED_UNKEPT: dict[str, dict[str, str]] = {
             _FILE_PRIMITIVE_TESTS,
             f"{_NO_SERVER}: the file primitives are unavailable (the docker backend has them)",
         ),
-        **dict.fromkeys(
-            ("test_calls_are_uid_65534_inside", "test_the_calls_uid_has_a_name"),
+        "test_calls_are_uid_65534_inside": (
             f"{_NO_SERVER} to map a call's ids: calls are the turn's own leased host uid, which "
-            "the image's passwd does not name (a shared 65534 would share the kernel's per-uid "
-            "process limit among all turns)",
+            "the turn's passwd names nobody (a shared 65534 would share the kernel's per-uid "
+            "process limit among all turns)"
         ),
     },
 }

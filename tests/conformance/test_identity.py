@@ -50,23 +50,32 @@ def test_no_host_user_is_listed(session):
         """
         import json, os, pwd
         print(json.dumps({
+            "uid": os.getuid(),
             "users": [[p.pw_name, p.pw_uid, p.pw_dir] for p in pwd.getpwall()],
         }))
         """,
     )
     host_people = {p.pw_name for p in pwd.getpwall() if 1000 <= p.pw_uid < 60000}
     assert host_people.isdisjoint(name for name, _uid, _home in result["users"])
-    for _name, uid, home in result["users"]:
+    for name, uid, home in result["users"]:
         assert not home.startswith("/home/"), home
-        assert not (uid >= 1000 and uid != 65534)
+        # Only the call itself may be a high uid (docker-exec's: the turn's leased one).
+        assert not (uid >= 1000 and uid != 65534) or (uid, name) == (result["uid"], "nobody")
 
 
 def test_the_calls_uid_has_a_name(session):
-    """The call's uid is a user of the call's passwd: nobody (or root, for a root identity)."""
+    """The call's uid is a user of the call's passwd: nobody (or root, for a root identity).
+
+    The shell's tools name it too, and its home is the turn's workspace; the
+    environment has no ``USER`` (it holds only the documented variables).
+    """
     result = py_json(
         session, "import json, os, pwd; print(json.dumps(pwd.getpwuid(os.getuid()).pw_name))"
     )
     assert result in ("nobody", "root")
+    shell = run(session, "/bin/sh", "-c", 'whoami; id -un; echo "$HOME" "${USER-unset}"')
+    assert shell.exit_code == 0, shell.output
+    assert shell.output.split() == [result, result, "/workspace", "unset"]
 
 
 def test_minimal_dev_without_terminals(session):

@@ -9,8 +9,10 @@ from pathlib import Path
 
 from astralvessel.sandbox import Limits, Mount, Policy
 from astralvessel.sandbox._cgroup import turn_memory_bytes, turn_pids
+from astralvessel.sandbox.docker._identity import identity_files
 from astralvessel.sandbox.docker._spec import (
     CALL_UID,
+    IDLE_ARGV,
     LABEL_OWNER,
     LABEL_TURN,
     VIEW_ROOT,
@@ -135,6 +137,43 @@ def test_exec_mode_keeps_dockers_masks_and_hides_sys():
     masked = spec.host_config_extra["MaskedPaths"]
     assert {"/proc/kcore", "/proc/keys", "/sys", "/dev/mqueue"} <= set(masked)
     assert "ReadonlyPaths" not in spec.host_config_extra
+
+
+def test_exec_mode_binds_the_turns_passwd_and_group():
+    """docker-exec binds its turn's identity files over the image's; server mode never does."""
+    spec = container_spec(
+        Policy(),
+        image="img",
+        command=IDLE_ARGV,
+        seccomp_profile={},
+        labels={},
+        server=False,
+        uid=2_000_123,
+        identity_dir="/run/etc-x",
+    )
+    binds = spec.host_config["binds"]
+    assert "/run/etc-x/passwd:/etc/passwd:ro" in binds
+    assert "/run/etc-x/group:/etc/group:ro" in binds
+    served = container_spec(
+        Policy(),
+        image="img",
+        command=["python3", "-c", "pass"],
+        seccomp_profile={},
+        labels={},
+        server=True,
+        identity_dir="/run/etc-x",
+    )
+    assert not any("/etc/passwd" in bind for bind in served.host_config["binds"])
+
+
+def test_the_turns_passwd_names_its_uid_nobody_at_home_in_the_workspace():
+    """The leased uid is nobody (and its gid nogroup), home /workspace; root is there too."""
+    files = identity_files(2_000_123)
+    assert files["passwd"].splitlines() == [
+        "root:x:0:0:root:/workspace:/bin/sh",
+        "nobody:x:2000123:2000123:nobody:/workspace:/bin/sh",
+    ]
+    assert files["group"].splitlines() == ["root:x:0:", "nogroup:x:2000123:"]
 
 
 def test_environment_is_the_policy_environment():

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import shutil
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -31,6 +32,7 @@ from ._attach import AttachChannel
 from ._direct import DirectChannel, Listener, NotConnectedError
 from ._engine import BASE_IMAGE_ENV, CreateRefusedError, Engine, owner
 from ._exec_session import EXEC_NOTE, ExecSession
+from ._identity import write_identity
 from ._spec import (
     CALL_UID,
     DEFAULT_BASE_IMAGE,
@@ -406,6 +408,26 @@ class DockerExec(Docker):
 
     def _start_exec(self, policy: Policy, lease: UidLease | None) -> SandboxSession:
         image_id, arch = self._prepare(policy, lease)
+        # A leased uid has no name in the image: the turn's own passwd names it nobody. Only
+        # an engine on this machine can bind a file the host just wrote.
+        etc_dir = (
+            write_identity(lease.uid) if lease is not None and self.engine.is_local() else None
+        )
+        try:
+            return self._start_exec_container(policy, lease, image_id, arch, etc_dir)
+        except BaseException:
+            if etc_dir is not None:
+                shutil.rmtree(etc_dir, ignore_errors=True)
+            raise
+
+    def _start_exec_container(
+        self,
+        policy: Policy,
+        lease: UidLease | None,
+        image_id: str,
+        arch: Any,
+        etc_dir: str | None,
+    ) -> SandboxSession:
         spec = container_spec(
             policy,
             image=image_id,
@@ -417,6 +439,7 @@ class DockerExec(Docker):
             server=False,
             cpus=self.cpus,
             uid=CALL_UID if lease is None else lease.uid,
+            identity_dir=etc_dir,
         )
         channel = self.engine.start_container(
             spec, on_close=None if lease is None else lease.release
@@ -428,6 +451,7 @@ class DockerExec(Docker):
             backend=self.name,
             uid=CALL_UID if lease is None else lease.uid,
             start_timeout=self.start_timeout,
+            etc_dir=etc_dir,
         )
         try:
             session.prepare()

@@ -222,8 +222,11 @@ class ExecSession(SandboxSession):
         backend: str,
         uid: int = CALL_UID,
         start_timeout: float = 60.0,
+        etc_dir: str | None = None,
     ) -> None:
         self.policy = policy
+        #: The host folder of the turn's passwd and group (``_identity``), removed at close.
+        self._etc_dir = etc_dir
         #: How long an exec may wait for the engine to run it, before its own timeout starts.
         self.start_timeout = start_timeout
         #: The host uid (and gid) calls run as: the turn's own.
@@ -562,3 +565,6 @@ class ExecSession(SandboxSession):
         self.channel.close()
         if self.policy.outbox_dir is None and self._outbox_root is not None:
             shutil.rmtree(self._outbox_root, ignore_errors=True)
+        if self._etc_dir is not None:
+            # A container still bound to them keeps reading them: the binds hold the files.
+            shutil.rmtree(self._etc_dir, ignore_errors=True)

@@ -30,6 +30,7 @@ import attrs
 
 from .._cgroup import turn_memory_bytes, turn_pids
 from .._policy import AGENT_DIR, EGRESS_DIR, ROOT_DIRS, SYSTEM_DIRS, WORKSPACE_DIR, Policy
+from ._identity import identity_binds
 
 __all__ = [
     "CALL_GID",
@@ -310,6 +311,7 @@ def container_spec(
     cpus: float | None = 1.0,
     uid: int = CALL_UID,
     channel_dir: str | None = None,
+    identity_dir: str | None = None,
 ) -> ContainerSpec:
     """The container of one turn for ``policy``, whose calls are host ``uid`` (and gid).
 
@@ -317,7 +319,8 @@ def container_spec(
     false for ``docker-exec``, where an idle root process without capabilities
     holds the container open (root, so that calls, which run as another uid,
     cannot signal it; ``IDLE_ARGV``), and each call is a ``docker exec`` as
-    ``uid``.
+    ``uid``. ``identity_dir`` (``docker-exec``) holds the turn's passwd and
+    group files, bound over the image's (``_identity``).
     """
     limits = policy.limits
     mib = 1024 * 1024
@@ -336,6 +339,9 @@ def container_spec(
     if channel_dir is not None and server:
         # The host's folder of the turn's direct channel (``_direct``), for the server only.
         binds.append(f"{channel_dir}:{CHANNEL_DIR}:ro")
+    if identity_dir is not None and not server:
+        # The server maps a call's ids to a user every passwd names; an exec has no server.
+        binds += identity_binds(identity_dir)
     tmpfs = {
         # The turn's only writable place: owned by the call user, at most the disk limit.
         # "exec" because Docker's tmpfs is noexec unless told: a harness builds and runs
