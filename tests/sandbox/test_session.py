@@ -246,6 +246,51 @@ def test_server_killed_mid_call_raises(session: ServerSession) -> None:
         file_tool(session, "list", {}, timeout=5)
 
 
+# Runs the server (argv after its own) with its stdout piped, copies that output on, and
+# stops copying, then exits, just after the marker's first byte: the frame carrying it is
+# cut short on the host's pipe, as when the path between a server and the host breaks.
+CUTTER = """
+import subprocess, sys
+server = subprocess.Popen(sys.argv[1:], stdout=subprocess.PIPE)
+data, sent = b"", 0
+while True:
+    chunk = server.stdout.read1(65536)
+    if not chunk:
+        break
+    data += chunk
+    at = data.find(b"CUT-HERE")
+    upto = len(data) if at < 0 else at + 1
+    sys.stdout.buffer.write(data[sent:upto])
+    sys.stdout.buffer.flush()
+    sent = upto
+    if at >= 0:
+        server.kill()
+        break
+"""
+
+
+def test_a_frame_cut_short_is_an_error_naming_it(workspace: Path) -> None:
+    """The server's output ends inside a frame: the call raises SandboxError saying so, and
+    never returns the output before the cut as its whole output."""
+    channel = PipeChannel.spawn(
+        [sys.executable, "-c", CUTTER, *server_command(sys.executable)], name="cut"
+    )
+    with (
+        ServerSession.start(
+            channel,
+            Policy(),
+            backend="cut",
+            confine=False,
+            drop_uid=None,
+            drop_gid=None,
+            seccomp=None,
+            path_map={"/workspace": str(workspace)},
+        ) as cut,
+        pytest.raises(SandboxError, match="ended inside a frame"),
+    ):
+        cut.run(sh("echo before; printf 'CUT-HERE and after'"))
+
+
 def test_closed_session_refuses_calls(session: ServerSession) -> None:
     """After close, a call raises SandboxError saying the session is closed."""
     session.close()

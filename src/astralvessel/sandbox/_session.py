@@ -616,6 +616,12 @@ class ServerSession(SandboxSession):
             while True:
                 data = self._channel.recv(65536)
                 if not data:
+                    if decoder.buffered:
+                        # A frame cut short: whatever it was, the call it served has no end.
+                        reason = (
+                            "the sandbox server's output ended inside a frame "
+                            f"({decoder.buffered} bytes of it came)"
+                        )
                     break
                 decoder.feed(data)
                 while (frame := decoder.next()) is not None:
