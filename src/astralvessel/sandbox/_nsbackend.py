@@ -91,6 +91,10 @@ class NamespaceBackend(Sandbox):
         """Which cgroups this backend's turns get here, for ``doctor``."""
         return Setup()
 
+    def _details(self, facts: HostFacts) -> dict[str, str]:
+        """What else ``doctor`` should show of how this backend starts a turn here."""
+        return {}
+
     def _turn_cgroup(self, policy: Policy, facts: HostFacts) -> TurnCgroup | None:
         """The turn's groups to start the tool in, if the host allows; may raise ``OSError``."""
         return None
@@ -174,6 +178,7 @@ class NamespaceBackend(Sandbox):
                 else f"uid {NOBODY_UID} of a user namespace of their own, your uid {facts.uid}"
             ),
             "server interpreter": facts.python.executable,
+            **self._details(facts),
         }
         # A real turn, with every promise it cannot keep relaxed, is the only honest
         # test: it runs the binary, the layout and the server's own confinement probe.

@@ -1,4 +1,12 @@
-"""The nsjail backend: one ``nsjail --mode o`` per turn, the sandbox server inside it.
+"""The nsjail backend: one nsjail per turn, the sandbox server inside it.
+
+util-linux ``unshare`` makes the turn's PID namespace (and, without root, its
+user namespace) and forks nsjail into it; nsjail builds the other namespaces,
+the mounts, rlimits and seccomp filter and, in its execve mode (``--mode e``),
+becomes the server, the namespace's pid 1 (``_pidns`` says why: no nsjail
+process stays for the turn's life). Where the host has no such ``unshare``,
+nsjail's once mode (``--mode o``) makes every namespace and stays as the
+server's parent.
 
 ``nsjail_argv`` compiles a ``Policy`` into nsjail options (a pure function),
 overriding every nsjail default that would otherwise confine the *server*
@@ -34,6 +42,7 @@ from ._layout import (
 )
 from ._mechanisms import Setup
 from ._nsbackend import NamespaceBackend
+from ._pidns import find_unshare, unshare_argv
 from ._policy import Policy
 
 __all__ = ["CONTROLLERS", "Nsjail", "nsjail_argv", "nsjail_config"]
@@ -103,16 +112,25 @@ def nsjail_argv(
     seccomp_kafel: str | None,
     config_fd: int,
     server_fds: Sequence[int] = (),
+    unshare: str | None = None,
 ) -> list[str]:
-    """The ``nsjail`` command line that runs ``command`` (the server) in ``policy``'s sandbox."""
+    """The ``nsjail`` command line that runs ``command`` (the server) in ``policy``'s sandbox.
+
+    ``unshare``: util-linux ``unshare`` (see ``_pidns``), which makes the PID and
+    user namespaces and starts nsjail in them; without it nsjail makes them and
+    stays resident.
+    """
     # The config comes first: it sets every field, and the options after it override
     # all but its binds (nsjail mounts those first, then the command line's).
     argv = [binary.path, "--config", f"/proc/self/fd/{config_fd}", "--proc_path", "/proc"]
-    argv += ["--mode", "o", "--quiet", "--time_limit", "0", "--hostname", HOSTNAME]
-    if facts.is_root:
-        argv += ["--disable_clone_newuser"]
+    if unshare is not None:
+        argv = [*unshare_argv(unshare, is_root=facts.is_root), *argv]
+        argv += ["--mode", "e", "--disable_clone_newpid", "--disable_clone_newuser"]
+    elif facts.is_root:
+        argv += ["--mode", "o", "--disable_clone_newuser"]
     else:
-        argv += ["--user", f"0:{facts.uid}:1", "--group", f"0:{os.getgid()}:1"]
+        argv += ["--mode", "o", "--user", f"0:{facts.uid}:1", "--group", f"0:{os.getgid()}:1"]
+    argv += ["--quiet", "--time_limit", "0", "--hostname", HOSTNAME]
     argv += [
         # The server needs its capabilities (namespaces, setuid); it drops them per call.
         "--keep_caps",
@@ -165,6 +183,15 @@ class Nsjail(NamespaceBackend):
         why = "cgroup v1's memory and pids are not both mounted"
         return Setup(no_cgroup="not root" if not facts.is_root else why)
 
+    def _details(self, facts: HostFacts) -> dict[str, str]:
+        unshare = find_unshare()
+        if unshare is None:
+            return {
+                "PID namespace": "nsjail's, which stays as the server's parent "
+                "(no util-linux unshare with --kill-child here)"
+            }
+        return {"PID namespace": f"made by {unshare}; no nsjail process stays"}
+
     def _turn_cgroup(self, policy: Policy, facts: HostFacts) -> TurnCgroup | None:
         mounts = cgroup_mounts(facts, CONTROLLERS)
         return None if mounts is None else turn_cgroup(mounts, policy.limits)
@@ -190,6 +217,7 @@ class Nsjail(NamespaceBackend):
             seccomp_kafel=kafel,
             config_fd=config_fd,
             server_fds=server_fds,
+            unshare=find_unshare(),
         )
 
     def _config(self, policy: Policy, facts: HostFacts) -> bytes | None:
