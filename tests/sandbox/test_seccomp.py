@@ -8,6 +8,7 @@ i386 or AArch32 caller, every rule on the other architecture, high words set.
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import struct
 from collections.abc import Sequence
@@ -53,6 +54,13 @@ def decode(program: bytes) -> list[tuple[int, int, int, int]]:
     return [struct.unpack_from("<HBBI", program, i) for i in range(0, len(program), 8)]
 
 
+@functools.cache
+def _decoded(program: bytes) -> tuple[tuple[int, int, int, int], ...]:
+    """``decode``'s instructions, split once per program: the edge tests run each thousands of
+    times."""
+    return tuple(decode(program))
+
+
 def seccomp_data(nr: int, arch: int, args: Sequence[int] = ()) -> bytes:
     """Pack ``struct seccomp_data`` as a little-endian kernel would."""
     padded = [a & MASK64 for a in (*args, *(0,) * (6 - len(args)))]
@@ -61,7 +69,7 @@ def seccomp_data(nr: int, arch: int, args: Sequence[int] = ()) -> bytes:
 
 def run_bpf(program: bytes, data: bytes) -> int:
     """Run a seccomp program on ``data`` and return its verdict, checking every jump."""
-    insns = decode(program)
+    insns = _decoded(program)
     acc = 0
     pc = 0
     while True:
@@ -91,7 +99,14 @@ def verdict(arch: sc.Arch, name: str, args: Sequence[int] = (), profile: DenyLis
     """The compiled program's answer to a native call of ``name`` on ``arch``."""
     nr = syscall_number(name, arch)
     assert nr is not None
-    return run_bpf(compile_bpf(profile, arch), seccomp_data(nr, sc.AUDIT_ARCH[arch], args))
+    return run_bpf(_compiled(profile, arch), seccomp_data(nr, sc.AUDIT_ARCH[arch], args))
+
+
+@functools.cache
+def _compiled(profile: DenyList, arch: sc.Arch) -> bytes:
+    """``compile_bpf``'s program for a list and architecture, compiled once: it is the same
+    bytes each time (``test_compile_is_deterministic``), and the edge tests ask thousands."""
+    return compile_bpf(profile, arch)
 
 
 def expected(profile: DenyList, name: str, args: Sequence[int] = ()) -> int:
