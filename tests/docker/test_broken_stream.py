@@ -20,10 +20,10 @@ from urllib.parse import urlsplit
 import pytest
 
 from astralvessel import Executor, Registry, ToolSpec
-from astralvessel.sandbox.docker import DockerExec
+from astralvessel.sandbox.docker import Docker, DockerExec
 from astralvessel.sandbox.docker._attach import BrokenStream, frames
 
-from .conftest import NOPYTHON_IMAGE, SMALL_LIMITS
+from .conftest import BASE_IMAGE, NOPYTHON_IMAGE, SMALL_LIMITS
 
 _HEADER = struct.Struct(">BxxxI")
 #: How long the test waits for what it needs to see; a guard against a hang, not a measure.
@@ -87,10 +87,15 @@ class _Link:
         self.engine = engine
         #: Whether this connection carries an exec's stream (it asked the engine to start one).
         self.exec_stream = False
-        #: What the engine sent the client since the exec started.
+        #: Whether this connection carries a container's attach stream.
+        self.attach_stream = False
+        #: What the engine sent the client since the exec started (or the attach).
         self.answer = bytearray()
         self.reset = threading.Event()
         self.done = threading.Event()
+        #: Once the engine's answer holds this, the client gets up to its first byte, then
+        #: an orderly end: the frame that carried it is cut short.
+        self.cut_at: bytes | None = None
 
     def serve(self) -> None:
         """Forward both ways until both ends close, or reset the client when asked."""
@@ -130,8 +135,19 @@ class _Link:
             return
         if source is self.client and re.match(rb"POST /\S*exec/\w+/start ", data):
             self.exec_stream = True
-        elif source is self.engine and self.exec_stream:
+        elif source is self.client and re.match(rb"POST /\S*containers/\w+/attach", data):
+            self.attach_stream = True
+        elif source is self.engine and (self.exec_stream or self.attach_stream):
+            before = len(self.answer)
             self.answer += data
+            at = -1 if self.cut_at is None else self.answer.find(self.cut_at)
+            if at >= 0:
+                target.sendall(data[: max(0, at + 1 - before)])
+                target.shutdown(socket.SHUT_WR)
+                self.cut_at = None
+                selector.unregister(source)
+                del ends[source]
+                return
         target.sendall(data)
 
 
@@ -145,6 +161,7 @@ class EngineProxy:
         #: The ``base_url`` that reaches the engine through this front.
         self.url = f"tcp://{host}:{port}"
         self.links: list[_Link] = []
+        self.cut_marker: bytes | None = None
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self) -> None:
@@ -156,6 +173,7 @@ class EngineProxy:
             engine = socket.socket(socket.AF_UNIX)
             engine.connect(self._engine_socket)
             link = _Link(client, engine)
+            link.cut_at = self.cut_marker
             self.links.append(link)
             threading.Thread(target=link.serve, daemon=True).start()
 
@@ -170,6 +188,12 @@ class EngineProxy:
                     return
             time.sleep(0.05)
         pytest.fail(f"no exec stream showed {output!r}")
+
+    def cut_attach_streams_at(self, marker: bytes) -> None:
+        """Cut short the frame of any attach stream, open or to come, that carries ``marker``."""
+        self.cut_marker = marker
+        for link in list(self.links):
+            link.cut_at = marker
 
     def close(self) -> None:
         """Stop taking connections (those open end with their ends)."""
@@ -202,3 +226,20 @@ def test_a_call_whose_stream_is_reset_is_an_error_result(proxy: EngineProxy) -> 
     assert result.is_error
     assert "ECONNRESET" in result.text
     assert "stream of the exec's output broke" in result.text
+
+
+MARK = ToolSpec.command_tool(
+    "mark", "Print a marker.", ["/bin/sh", "-c", "echo before; printf 'CUT-HERE and after'"]
+)
+
+
+def test_an_attach_stream_cut_inside_a_frame_is_an_error_result(proxy: EngineProxy) -> None:
+    """A docker turn on the attach stream (no direct channel) whose stream ends inside a
+    frame: the call's result is an error naming the short frame."""
+    backend = Docker(base_image=BASE_IMAGE, pull=False, base_url=proxy.url, direct=False)
+    executor = Executor(Registry([MARK]), sandbox=backend, limits=SMALL_LIMITS)
+    proxy.cut_attach_streams_at(b"CUT-HERE")
+    with executor.turn() as turn:
+        result = turn.call("mark", {})
+    assert result.is_error
+    assert "ended inside a frame" in result.text

@@ -121,7 +121,11 @@ class AttachChannel:
         return data
 
     def _fill(self) -> bool:
-        """Read one frame's worth; False at end of stream."""
+        """Read one frame's worth; False at end of stream.
+
+        Raises ``BrokenStream`` when the stream ends inside a frame (the turn is
+        open), and ``OSError`` when reading fails.
+        """
         while True:
             if len(self._pending) >= _HEADER.size:
                 kind, length = _HEADER.unpack_from(self._pending)
@@ -140,6 +144,11 @@ class AttachChannel:
                     return False
                 raise
             if not chunk:
+                if self._pending and not self._closed:
+                    raise BrokenStream(
+                        f"the attach stream ended inside a frame ({len(self._pending)} bytes "
+                        "of it came)"
+                    )
                 return False
             self._pending += chunk
 
