@@ -224,6 +224,9 @@ def test_memory_watch_stops_a_detached_process(backend: Sandbox):
         assert result.returncode == -9
         assert not result.timed_out
         assert b"every child ended on its own" not in result.stdout
+        # Its stderr (else empty: the log is stdout) says why, as an exec's does.
+        assert result.stderr.startswith(b"[memory limit: the turn's calls held "), result.stderr
+        assert f"more than the {limits.memory_mb} MiB limit".encode() in result.stderr
         # The turn goes on.
         assert turn.exec(["true"]).returncode == 0
 

@@ -735,6 +735,8 @@ class ServerSession(SandboxSession):
             ExecResult(
                 returncode=code,
                 stdout=bytes(item.output),
+                # Its log is stdout; what stopped it for memory is said apart, as an exec's.
+                stderr=memory_notes(header, turn_memory_bytes(self.policy.limits)).encode(),
                 timed_out=bool(header.get("timed_out")),
                 truncated=item.cut or bool(header.get("dropped_chars")),
                 duration=max(0.0, float(header.get("duration") or 0.0)),
