@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import http.client
+import socket
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -15,7 +17,7 @@ from astralvessel.errors import SandboxError, TurnClosedError
 from astralvessel.sandbox import Policy, RunOutcome, RunRequest
 from astralvessel.sandbox.docker import DockerExec
 from astralvessel.sandbox.docker._exec_session import ExecSession
-from astralvessel.sandbox.docker._exec_stream import take_ready
+from astralvessel.sandbox.docker._exec_stream import ExecStream, take_ready
 from astralvessel.sandbox.docker._spec import READY
 
 from .conftest import NOPYTHON_IMAGE, SMALL_LIMITS
@@ -71,6 +73,52 @@ def test_the_ready_pair_is_taken_whole_split_or_not_at_all() -> None:
     assert take_ready(READY[:1], READY[1:] + b"x") == (READY, b"x", True)
     assert take_ready(b"", b"OCI runtime exec failed") == (READY, b"OCI runtime exec failed", True)
     assert take_ready(READY[:1], b"zz") == (READY, READY[:1] + b"zz", True)
+
+
+class _ReorderingEngine:
+    """An engine whose exec stream is a socket this test writes: the one way to force the
+    order a loaded engine gives at random (its stdout and stderr copiers race)."""
+
+    def __init__(self, stream: socket.socket) -> None:
+        self._stream = stream
+        self.ungated = self
+
+    def runc_slot(self, start_by: float) -> _Place:
+        return _Place()
+
+    def exec_create(self, container: str, argv: list[str], **options: object) -> dict[str, str]:
+        return {"Id": "exec-1"}
+
+    def exec_start(self, exec_id: str, *, socket: bool) -> socket.socket:
+        return self._stream
+
+
+class _Place:
+    def release(self) -> None:
+        pass
+
+
+def _frame(stream: int, payload: bytes) -> bytes:
+    return struct.pack(">BxxxI", stream, len(payload)) + payload
+
+
+def test_stderr_that_overtakes_the_ready_pair_leaves_it_stripped() -> None:
+    """The exec's first stderr before stdout's READY (split, even) still leaves READY out."""
+    host, engine = socket.socketpair()
+    with host, engine:
+        engine.sendall(
+            _frame(2, b"err\n")
+            + _frame(1, READY[:1])
+            + _frame(2, b"more\n")
+            + _frame(1, READY[1:] + b"out\n")
+        )
+        engine.shutdown(socket.SHUT_WR)
+        stream = ExecStream(
+            _ReorderingEngine(host), "container", ["true"], start_by=time.monotonic() + 30
+        )
+        pieces = list(stream.read(30.0))
+    assert pieces == [(2, b"err\n"), (2, b"more\n"), (1, b"out\n")]
+    assert stream.running_at is not None
 
 
 def test_output_never_shows_the_ready_pair(session: ExecSession) -> None:

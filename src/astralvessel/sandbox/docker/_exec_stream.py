@@ -85,7 +85,12 @@ class ExecStream:
             ) from None
 
     def _read(self, timeout: float | None) -> Iterator[tuple[int, bytes]]:
+        # READY is looked for on stdout until it (or other output) comes there, whatever
+        # came on stderr first: the engine copies each stream on its own, so under load an
+        # exec's first stderr (``Turn.exec``'s streams are apart) can overtake the READY
+        # its shell wrote to stdout before, which then reached the host as output.
         marker = b""
+        ready = False
 
         def due() -> float | None:
             return self._start_by if self.running_at is None else self._due
@@ -101,11 +106,12 @@ class ExecStream:
                 yield kind, piece
                 return
             payload = piece
-            if self.running_at is None and kind == 1:
-                marker, payload, whole = take_ready(marker, piece)
-                if not whole:
+            if kind == 1 and not ready:
+                marker, payload, ready = take_ready(marker, piece)
+                if not ready:
                     continue
             if self.running_at is None:
+                # Bytes on either stream: the exec runs, and its own timeout starts.
                 self._running(timeout)
             if payload:
                 yield kind, payload
