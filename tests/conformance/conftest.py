@@ -91,6 +91,10 @@ DECLARED_UNKEPT: dict[str, dict[str, str]] = {
             f"{_NO_SERVER} to watch the turn's memory: pipe buffers count only against the "
             "container's memory cgroup (memory_mb + disk_mb + 128 MiB)"
         ),
+        "test_a_call_cannot_hide_its_memory_from_the_watch": (
+            f"{_NO_SERVER} to watch the turn's memory: what a call's processes hold, hidden or "
+            "not, counts only against the container's memory cgroup (memory_mb + disk_mb + 128 MiB)"
+        ),
         "test_mountinfo_names_only_the_documented_host_paths": (
             f"{_NO_SERVER} to build the call's view: a call sees the container's mountinfo, with "
             "the engine's binds from /var/lib/docker/containers/ID"

@@ -7,6 +7,7 @@ import os
 import textwrap
 
 import attrs
+import pytest
 
 from astralvessel.sandbox import ExecRequest
 
@@ -324,3 +325,72 @@ def test_memory_a_fork_shares_counts_once(session):
     )
     assert outcome.exit_code == 0, outcome.output
     assert outcome.output.strip() == "all done"
+
+
+#: Children that make themselves not dumpable, then each fill memfds and pipes until they hold
+#: ``each_mb`` MiB, and keep them: a not-dumpable process's ``/proc/PID/fd`` is closed to a
+#: server that is not real root. ``prctl`` hides each child with ``PR_SET_DUMPABLE``; ``exec``
+#: started the whole script from a copy of the interpreter it may run but not read.
+_HIDE_AND_FILL = """
+import ctypes, fcntl, os, sys, time
+children, each, how = int(sys.argv[1]), int(sys.argv[2]) << 20, sys.argv[3]
+prctl = ctypes.CDLL(None, use_errno=True).prctl
+PR_GET_DUMPABLE, PR_SET_DUMPABLE = 3, 4
+for _ in range(children):
+    if os.fork() == 0:
+        if how == "prctl":
+            prctl(PR_SET_DUMPABLE, 0)
+        print("dumpable" if prctl(PR_GET_DUMPABLE) else "not dumpable", flush=True)
+        memfd, held, chunk = os.memfd_create("hidden"), 0, b"x" * 65536
+        while held < each // 2:  # in small writes: the process's own memory stays small
+            held += os.write(memfd, chunk)
+        try:
+            while held < each:
+                r, w = os.pipe()
+                fcntl.fcntl(w, fcntl.F_SETFL, os.O_NONBLOCK)
+                try:
+                    while True:
+                        held += os.write(w, chunk)
+                except BlockingIOError:
+                    pass
+        except OSError:
+            pass
+        time.sleep(30)
+        os._exit(0)
+for _ in range(children):
+    os.wait()
+print("every child ended on its own")
+"""
+#: Copies the interpreter to the workspace as mode 0111 and runs ``_HIDE_AND_FILL`` with it:
+#: exec of a file the process cannot read leaves it not dumpable.
+_FROM_AN_UNREADABLE_COPY = (
+    'copy="$TMPDIR/python-unreadable" && cp "$(readlink -f /usr/bin/python3)" "$copy" '
+    '&& chmod 0111 "$copy" && exec "$copy" -c "$0" "$@"'
+)
+
+
+@pytest.mark.parametrize("how", ["prctl", "exec"])
+def test_a_call_cannot_hide_its_memory_from_the_watch(backend, policy, how):
+    """Processes that make themselves not dumpable and then fill memfds and pipes past
+    ``memory_mb`` are stopped with the memory note, as any call is."""
+    # 4 children of 32 MiB each: twice the limit, under any memory group (disk for the copy);
+    # their own memory (five interpreters, sharing pages) stays well under it.
+    limits = attrs.evolve(TEST_LIMITS, memory_mb=64, open_files=4096, disk_mb=32)
+    session = backend.start(attrs.evolve(policy, limits=limits))
+    try:
+        if how == "prctl":
+            argv = ["/usr/bin/python3", "-c", _HIDE_AND_FILL, "4", "32", how]
+        else:
+            argv = ["/bin/sh", "-c", _FROM_AN_UNREADABLE_COPY, _HIDE_AND_FILL, "4", "32", how]
+        outcome = run(session, *argv, timeout=60.0)
+        assert not outcome.timed_out, outcome.output
+        assert outcome.exit_code is None, outcome.output
+        # The children did hide (else this tests nothing), and were stopped all the same.
+        assert "not dumpable" in outcome.output
+        assert "\ndumpable" not in "\n" + outcome.output, outcome.output
+        assert "every child ended on its own" not in outcome.output
+        assert "[memory limit:" in outcome.output, outcome.output
+        after = run(session, "/bin/echo", "after")
+        assert (after.exit_code, after.output) == (0, "after\n")
+    finally:
+        session.close()

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import fcntl
 import os
 
 from astralvessel.sandbox._session import ServerSession, _Pending
 from astralvessel.sandbox.server._bounds import (
+    _copied_descriptors,
     _descriptors,
     _pipe_bytes,
+    _status,
     group_limit,
     limit_reader,
     oom_counter,
@@ -39,6 +42,23 @@ def test_memory_stop_becomes_a_note_the_model_reads():
         "partial\n[memory limit: the turn's calls held 300 MiB, more than the 256 MiB limit; "
         "this call's processes were stopped]\n"
     )
+
+
+def test_hidden_descriptors_become_a_note_the_model_reads():
+    """A call stopped because its processes hid their descriptors says so, not a total it
+    could not know."""
+    item = _Pending(kind="run")
+    item.output += b"partial"
+    item.exit = {"exit_code": None, "memory": [3 * MIB, 256 * MIB], "memory_hidden": 2}
+    outcome = ServerSession._outcome(item, 400 * MIB)
+    assert outcome.exit_code is None
+    assert outcome.output == (
+        "partial\n[memory limit: 2 of this call's processes hid their descriptors (pipes and "
+        "memfds) from the turn's memory watch, so what they held could not be counted; this "
+        "call's processes were stopped]\n"
+    )
+    item.exit = {"exit_code": None, "memory": [300 * MIB, 256 * MIB], "memory_hidden": 0}
+    assert "held 300 MiB" in ServerSession._outcome(item, 400 * MIB).output
 
 
 def test_kernel_stop_becomes_a_note_the_model_reads():
@@ -211,3 +231,40 @@ def test_bubblewrap_turn_runs_in_its_memory_cgroup_where_the_host_has_one():
     if limit is not None:
         assert found == turn_memory_bytes(limits)
         assert not limit.parent.exists()
+
+
+def test_a_not_dumpable_process_s_descriptors_are_copied_in():
+    """The copies through ``pidfd_getfd`` weigh what ``/proc/PID/fd`` shows, where allowed."""
+    ready_r, ready_w = os.pipe()
+    stop_r, stop_w = os.pipe()
+    child = os.fork()
+    if child == 0:  # pragma: no cover - the child
+        try:
+            ctypes.CDLL(None).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+            memfd = os.memfd_create("held")
+            os.write(memfd, b"x" * (1 << 20))
+            held = os.pipe()
+            os.write(held[1], b"x" * 4096)
+            os.write(ready_w, b"r")
+            os.read(stop_r, 1)
+        finally:
+            os._exit(0)
+    try:
+        assert os.read(ready_r, 1) == b"r"
+        slots = _status(str(child))[3]
+        copied = _copied_descriptors(str(child), slots, set())
+        if os.geteuid() == 0:
+            assert copied == _descriptors(str(child), set())
+            assert copied is not None
+            assert copied >= (1 << 20) + 3 * 4096  # the memfd, and the pipe's page and cache
+        else:
+            # Its memory belongs to the host's user namespace (it never ran exec in one of
+            # ours), where an ordinary user holds nothing: the kernel refuses, and the watch
+            # counts the process as hiding.
+            assert _descriptors(str(child), set(), slots) is None
+            assert copied is None
+    finally:
+        os.write(stop_w, b"s")
+        os.waitpid(child, 0)
+        for fd in (ready_r, ready_w, stop_r, stop_w):
+            os.close(fd)

@@ -318,6 +318,10 @@ def test_server_list_is_a_subset_allowing_namespace_work() -> None:
     assert set(SERVER.rules) - own < set(CALLS.rules)
     for needed in ("unshare", "mount", "setpgid", "setsid", "setns", "clone", "chroot"):
         assert needed not in SERVER.syscalls
+    # The memory watch copies in the descriptors of a call's not-dumpable process; calls
+    # stack CALLS over the server's filter, which refuses it.
+    assert "pidfd_getfd" not in SERVER.syscalls
+    assert "pidfd_getfd" in CALLS.syscalls
     for refused in ("ptrace", "kexec_load", "init_module", "bpf", "keyctl", "perf_event_open"):
         assert refused in SERVER.syscalls
     for refused in ("userfaultfd", "io_uring_setup", "reboot", "open_by_handle_at"):

@@ -567,11 +567,14 @@ _CALLS_RULES: tuple[Rule, ...] = (
 CALLS = DenyList(name="calls", rules=_CALLS_RULES)
 
 #: Refused in the sandbox server: ``CALLS`` less what a server that forks namespaced,
-#: process-group-led children needs. Unix sockets stay allowed because asyncio's
-#: self-pipe is a ``socketpair(AF_UNIX)``; every family a call may not use but
+#: process-group-led children needs, and ``pidfd_getfd``, with which the memory watch
+#: reads the descriptors of a call's process that made itself not dumpable (each call
+#: installs ``CALLS`` over this, so no call has it). Unix sockets stay allowed because
+#: asyncio's self-pipe is a ``socketpair(AF_UNIX)``; every family a call may not use but
 #: unix is refused here too, so Docker's container profile (which replaces
 #: Docker's default one) refuses vsock and the rest as well.
 _SERVER_BASE = CALLS.without(
+    "pidfd_getfd",
     "setsid",
     "setpgid",
     "socket",

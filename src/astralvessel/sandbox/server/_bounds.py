@@ -10,6 +10,7 @@ kernel memory (inode and dentry).
 
 from __future__ import annotations
 
+import errno
 import os
 
 from . import _sys
@@ -93,14 +94,15 @@ def _fields(text: str, names: tuple[str, ...]) -> dict[str, int]:
     return found
 
 
-def _status(pid: str) -> tuple[list[int], int, int]:
-    """``pid``'s pids from this namespace down (``NSpid``), its parent's pid here, and its RSS.
+def _status(pid: str) -> tuple[list[int], int, int, int]:
+    """``pid``'s pids from this namespace down (``NSpid``), its parent's pid here, its RSS,
+    and the slots of its descriptor table (``FDSize``: every descriptor it holds is below).
 
     The RSS is its resident anonymous and shared memory (``RssAnon + RssShmem``),
     in bytes: kernel counters, so reading them costs the same whatever the size.
     """
     nspid: list[int] = []
-    ppid = rss = 0
+    ppid = rss = slots = 0
     for line in _read(f"/proc/{pid}/status").splitlines():
         if line.startswith("NSpid:"):
             nspid = [int(p) for p in line.split()[1:]]
@@ -108,7 +110,9 @@ def _status(pid: str) -> tuple[list[int], int, int]:
             ppid = int(line.split()[1])
         elif line.startswith(("RssAnon:", "RssShmem:")):
             rss += int(line.split()[1]) * _KIB
-    return nspid, ppid, rss
+        elif line.startswith("FDSize:"):
+            slots = int(line.split()[1])
+    return nspid, ppid, rss, slots
 
 
 def _pss(pid: str) -> int | None:
@@ -157,47 +161,100 @@ def _pipe_bytes(path: str) -> int:
     return _PIPE_PAGE * (min(capacity // _PIPE_PAGE, held) + _PIPE_CACHED_PAGES)
 
 
-def _descriptors(pid: str, seen: set[object]) -> int:
+def _descriptor_bytes(path: str, seen: set[object]) -> int:
+    """Bytes the descriptor at ``path`` (``/proc/N/fd/M``) holds if it is a memfd or a
+    pipe that no earlier descriptor was charged for; 0 for anything else."""
+    try:
+        target = os.readlink(path)
+    except OSError:
+        return 0
+    if target.startswith("pipe:"):
+        if target in seen:  # "pipe:[inode]": one pipe, however many ends are open
+            return 0
+        seen.add(target)
+        return _pipe_bytes(path)
+    return _memfd_bytes(path, seen) if target.startswith("/memfd:") else 0
+
+
+def _memfd_bytes(path: str, seen: set[object]) -> int:
+    """Bytes the memfd at ``path`` holds, unless an earlier descriptor was charged for it."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return 0
+    if (st.st_dev, st.st_ino) in seen:
+        return 0
+    seen.add((st.st_dev, st.st_ino))
+    return st.st_blocks * _PAGE
+
+
+def _descriptors(pid: str, seen: set[object], slots: int = 0) -> int | None:
     """Bytes of the memfd files and pipes ``pid`` holds open that no earlier process was
-    charged for.
+    charged for; None if the server can read them neither way (below).
 
     A memfd holds memory whether or not it is mapped, and unmapped pages show in
     no process's PSS; a pipe's buffers are kernel memory that no RSS counts (a
     call filling pipes pinned hundreds of MiB unseen). The descriptors are read
     every sample anyway, so this costs a ``readlink`` each, and four system
-    calls per distinct pipe.
+    calls per distinct pipe. A process that is not dumpable (``PR_SET_DUMPABLE``,
+    or started from a file it cannot read) has its ``/proc/PID/fd`` owned by a
+    root the server is not, unless it is real root; its descriptors are then
+    copied one by one (``_copied_descriptors``), ``slots`` of them at most.
     """
     total = 0
     base = f"/proc/{pid}/fd"
     try:
         fds = os.listdir(base)
+    except PermissionError:
+        return _copied_descriptors(pid, slots, seen)
     except OSError:
-        return 0  # not ours to read (a call's init, which is not dumpable, holds none)
+        return 0  # gone
     for fd in fds:
-        path = f"{base}/{fd}"
-        try:
-            target = os.readlink(path)
-        except OSError:
-            continue
-        if target.startswith("pipe:"):
-            if target not in seen:  # "pipe:[inode]": one pipe, however many ends are open
-                seen.add(target)
-                total += _pipe_bytes(path)
-            continue
-        if not target.startswith("/memfd:"):
-            continue
-        try:
-            st = os.stat(path)
-        except OSError:
-            continue
-        if (st.st_dev, st.st_ino) not in seen:
-            seen.add((st.st_dev, st.st_ino))
-            total += st.st_blocks * _PAGE
+        total += _descriptor_bytes(f"{base}/{fd}", seen)
     return total
 
 
-def call_memory(inits: dict[int, int], depth: int, *, precise: bool = False) -> dict[int, int]:
-    """Bytes each running call holds, by call id: every process of its PID namespace.
+def _copied_descriptors(pid: str, slots: int, seen: set[object]) -> int | None:
+    """``_descriptors`` for a process whose ``/proc/PID/fd`` the server may not read: each
+    of its first ``slots`` descriptors copied in with ``pidfd_getfd``, weighed, closed.
+
+    That asks for ptrace access instead, which the server has over every call:
+    each call's user namespace is a child of the server's and owned by the
+    server's uid (``_userns``), so the server holds every capability in it
+    without holding any more in its own; the calls' seccomp filter refuses
+    ``pidfd_getfd`` and ``ptrace``. A copy holds a pipe's end open for the few
+    system calls it is weighed in. None when the kernel refuses even that (a
+    process started from an unreadable file the call did not make, whose memory
+    then belongs to a namespace above the server's; or a kernel before 5.6).
+    """
+    try:
+        pidfd = _sys.pidfd_open(int(pid))
+    except OSError as exc:
+        return 0 if exc.errno == errno.ESRCH else None
+    total = 0
+    try:
+        for number in range(slots):
+            try:
+                fd = _sys.pidfd_getfd(pidfd, number)
+            except OSError as exc:
+                if exc.errno == errno.EBADF:
+                    continue  # no descriptor there
+                return total if exc.errno == errno.ESRCH else None
+            try:
+                total += _descriptor_bytes(f"/proc/self/fd/{fd}", seen)
+            finally:
+                os.close(fd)
+    finally:
+        os.close(pidfd)
+    return total
+
+
+def call_memory(
+    inits: dict[int, int], depth: int, *, precise: bool = False
+) -> tuple[dict[int, int], dict[int, int]]:
+    """Bytes each running call holds, by call id: every process of its PID namespace; and
+    by call id, how many of its processes hid their descriptors (``_descriptors``), for
+    the calls that have any.
 
     ``inits`` maps each call's init, by its pid in the zygote's namespace (the
     ``P`` line), to the call's id; a call's processes are ``depth`` namespaces
@@ -207,23 +264,26 @@ def call_memory(inits: dict[int, int], depth: int, *, precise: bool = False) -> 
     ``status``, which needs no ptrace access (init is not dumpable). Each
     process counts its RSS, or with ``precise`` its PSS where the kernel has it
     (never more than the RSS), plus the memfd files and pipes it holds open. A process
-    that exits while it is read is skipped.
+    that exits while it is read is skipped. A call's init, ours, is never counted as hiding.
     """
     usage = dict.fromkeys(inits.values(), 0)
+    hidden: dict[int, int] = {}
     parent: dict[int, int] = {}
     resident: dict[int, int] = {}
+    slots: dict[int, int] = {}
     owner: dict[int, int] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
-            nspid, ppid, rss = _status(name)
+            nspid, ppid, rss, fd_slots = _status(name)
         except (OSError, ValueError, IndexError):
             continue
         if len(nspid) < depth:
             continue  # not in a call's namespace (the server, the zygote, the worker)
         parent[int(name)] = ppid
         resident[int(name)] = rss
+        slots[int(name)] = fd_slots
         if len(nspid) == depth and nspid[-1] == 1 and nspid[-2] in inits:
             # A call's init: pid 1 of its namespace; one level up, the zygote's P line.
             owner[int(name)] = inits[nspid[-2]]
@@ -242,8 +302,11 @@ def call_memory(inits: dict[int, int], depth: int, *, precise: bool = False) -> 
                 held = _status(str(pid))[2]
             except (OSError, ValueError, IndexError):
                 held = 0
-        usage[call] += held + _descriptors(str(pid), seen)
-    return usage
+        descriptors = _descriptors(str(pid), seen, slots[pid])
+        if descriptors is None and pid not in owner:
+            hidden[call] = hidden.get(call, 0) + 1
+        usage[call] += held + (descriptors or 0)
+    return usage, hidden
 
 
 def over_limit(usage: dict[int, int], limit: int) -> int | None:
@@ -253,15 +316,25 @@ def over_limit(usage: dict[int, int], limit: int) -> int | None:
     return max(usage, key=lambda call: (usage[call], -call))
 
 
-def victim(inits: dict[int, int], depth: int, limit: int) -> tuple[int, list[int]] | None:
-    """The call to stop, and ``[held, limit]`` in bytes, when the calls whose inits are
-    ``inits`` (init's pid: call id) hold more than ``limit`` together; None if they do not."""
-    usage = call_memory(inits, depth)
-    if over_limit(usage, limit) is not None:
+def victim(inits: dict[int, int], depth: int, limit: int) -> tuple[int, list[int], int] | None:
+    """The call to stop, ``[held, limit]`` in bytes, and how many of its processes hid what
+    they hold; None if no call is to stop.
+
+    A call is stopped when the calls whose inits are ``inits`` (init's pid: call
+    id) hold more than ``limit`` together (the largest), or when any of its
+    processes hides its descriptors from the watch (fail closed: what it holds
+    there cannot be known).
+    """
+    usage, hidden = call_memory(inits, depth)
+    if not hidden and over_limit(usage, limit) is not None:
         # The RSS counts pages a fork shares once per process; decide on the PSS.
-        usage = call_memory(inits, depth, precise=True)
-    chosen = over_limit(usage, limit)
-    return None if chosen is None else (chosen, [sum(usage.values()), limit])
+        usage, hidden = call_memory(inits, depth, precise=True)
+    held = [sum(usage.values()), limit]
+    if hidden:
+        first = min(hidden)
+        return first, held, hidden[first]
+    largest = over_limit(usage, limit)
+    return None if largest is None else (largest, held, 0)
 
 
 # -- the turn's memory group ----------------------------------------------------------------

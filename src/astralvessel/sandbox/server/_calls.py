@@ -36,10 +36,12 @@ __all__ = [
 _MAX_ID = 0xFFFFFFFE
 
 #: What stopped a call for memory, on every kind's ``exit`` frame: the memory watch
-#: (``[held, limit]``), or the kernel's OOM killer (how many it took, and the group's
-#: limit then, which may be lower than the one the host configured).
+#: (``[held, limit]``, and how many of the call's processes hid their descriptors from
+#: it), or the kernel's OOM killer (how many it took, and the group's limit then, which
+#: may be lower than the one the host configured).
 _MEMORY_FIELDS = (
     ("memory", "memory_stopped"),
+    ("memory_hidden", "memory_hidden"),
     ("oom_killed", "oom_killed"),
     ("oom_limit", "oom_limit"),
 )
@@ -130,6 +132,9 @@ class Call:
         self.namespace_empty = False
         #: ``[held, limit]`` in bytes if the memory watch stopped the call (``_bounds``).
         self.memory_stopped: list[int] | None = None
+        #: How many of its processes hid their descriptors from the memory watch, if that
+        #: is why it stopped the call.
+        self.memory_hidden = 0
         #: The turn's memory group's OOM kills when the call started, and how many more
         #: there were by its end (``_bounds.oom_kills``; the kernel stopped the call).
         self.oom_mark: int | None = None

@@ -458,7 +458,8 @@ class Server:
         """Every ``MEMORY_INTERVAL`` while calls run, stop the largest call past the turn's memory.
 
         The limit is the turn's: every running call's processes together
-        (``_bounds.call_memory``). RLIMIT_AS bounds each process between samples.
+        (``_bounds.call_memory``). RLIMIT_AS bounds each process between samples. A call
+        with a process whose descriptors the watch cannot read is stopped too.
         """
         plan = self.plan
         zygote = None if self.spawner is None else self.spawner.zygote
@@ -484,6 +485,7 @@ class Server:
         if stop is not None:
             call = self.calls[stop[0]]
             call.memory_stopped = stop[1]
+            call.memory_hidden = stop[2]
             self._kill(call)
 
     def _maybe_finish(self, call: Call) -> None:
