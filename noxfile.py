@@ -61,10 +61,18 @@ SERIAL_TESTS = " or ".join(
 def tests(session: nox.Session) -> None:
     """Run the tests with real sandboxes: every backend on one Python, bubblewrap on the rest."""
     session.install(*TEST_DEPS)
-    if session.posargs or session.python == FULL_MATRIX_PYTHON:
-        # Every backend, one test at a time: Docker's and nsjail's tests were not yet checked
-        # on two workers.
+    if session.posargs:
         session.run("pytest", *session.posargs)
+        return
+    if session.python == FULL_MATRIX_PYTHON:
+        session.run(
+            "pytest", *PARALLEL, "-m", "not scale", "-k", f"not docker and not ({SERIAL_TESTS})"
+        )
+        # Docker's tests one at a time, as before: they share the machine's one engine and
+        # were not checked on two workers.
+        session.run("pytest", "-m", "not scale", "-k", f"docker or {SERIAL_TESTS}")
+        # 128 turns at once fill the machine by themselves.
+        session.run("pytest", "-m", "scale")
         return
     # The others leave out the scale tests (128 turns at once): they check capacity, not the
     # Python version.
