@@ -11,7 +11,8 @@ as its child (``posix_spawn``, or fork and exec when that is refused). When the
 command exits, init reports ``X<status>``, kills everything left in its
 namespace, reaps it all and reports ``D``; a detached call's init (``Turn.start``)
 reports the exit, then only reaps, so what the command forked lives on, confined,
-until it ends or the server kills init.
+until it ends or the server kills init (a command that left nothing running has
+its exit and ``D`` reported together).
 
 The command is not pid 1 itself, so signals and orphan reaping behave as the
 program expects; and pid 1 ignores every signal sent from inside its own
@@ -229,6 +230,19 @@ def _reap_all() -> None:
             return
 
 
+def _alone() -> bool:
+    """Whether init is the only process left in its namespace (pid 1 only); reaps what
+    has already ended. An orphan is re-parented to init before its parent can be
+    reaped, so after the command's reaping no child means nothing runs."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return True
+        if pid == 0:
+            return False
+
+
 #: The kernel's OOM killer takes the call's processes before any other of the turn.
 _OOM_SCORE_ADJ = b"1000"
 
@@ -367,9 +381,11 @@ def _run_init(
         if ran is None:
             os._exit(0)  # a spare the server threw away
         status, detached = ran
-        if detached:
+        if detached and not _alone():
             _report(status_fd, f"X{status}")  # the host hears of it now; the rest lives on
         else:
+            # With ``D`` in one write: a detached process that left nothing running has
+            # stopped counting against the turn's bound by the time the host has its exit.
             exited.append(f"X{status}")
     except BaseException as exc:
         _report(status_fd, f"E cannot confine the call: {exc}")
