@@ -172,18 +172,6 @@ def test_the_turn_holds_a_bounded_number(turn: Turn):
     assert again.result(timeout=30).returncode == 0
 
 
-def test_a_process_that_left_nothing_running_frees_its_slot_by_its_result(turn: Turn):
-    """Once the result of a command that left nothing running is in, its slot is free: a
-    full turn whose commands all exit at once starts its whole bound again, never refused."""
-    bound = exec_module.DETACHED_PER_TURN
-    for round_ in range(6):
-        go = f"/workspace/go-{round_}"
-        waiting = [SHELL, "-c", f"until [ -e {go} ]; do sleep 0.01; done"]
-        processes = [turn.start(waiting) for _ in range(bound)]
-        turn.write_file(go, b"")
-        assert [p.result(timeout=60).returncode for p in processes] == [0] * bound
-
-
 def test_limits_hold_for_a_detached_process(turn: Turn):
     """The turn's memory and process limits bound a detached process as they bound a call."""
     memory = turn.start([PYTHON, "-c", "b = bytearray(1 << 30); print('allocated')"])

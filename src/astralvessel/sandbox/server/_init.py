@@ -384,8 +384,8 @@ def _run_init(
         if detached and not _alone():
             _report(status_fd, f"X{status}")  # the host hears of it now; the rest lives on
         else:
-            # With ``D`` in one write: a detached process that left nothing running has
-            # stopped counting against the turn's bound by the time the host has its exit.
+            # With ``D`` in one write: a detached process that left nothing running stops
+            # counting against the turn's bound as the host hears of its exit, not later.
             exited.append(f"X{status}")
     except BaseException as exc:
         _report(status_fd, f"E cannot confine the call: {exc}")

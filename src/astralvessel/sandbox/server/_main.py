@@ -417,15 +417,7 @@ class Server:
         except BlockingIOError:
             pass
         call.namespace_empty = b"D\n" in call.spawned.status_text.splitlines(keepends=True)
-        # With ``D`` too (the command left nothing running), the exit goes with the answer,
-        # once the call no longer counts: a read here for the memory watch or a kill must
-        # not tell the host of the exit while the call still holds its slot.
-        if (
-            call.detach
-            and not call.exit_sent
-            and not call.namespace_empty
-            and b"X" in call.spawned.status_text
-        ):
+        if call.detach and not call.exit_sent and b"X" in call.spawned.status_text:
             self._announce_exit(call)
         return closed
 
