@@ -316,19 +316,29 @@ def over_limit(usage: dict[int, int], limit: int) -> int | None:
     return max(usage, key=lambda call: (usage[call], -call))
 
 
-def victim(inits: dict[int, int], depth: int, limit: int) -> tuple[int, list[int], int] | None:
+def victim(
+    inits: dict[int, int], depth: int, limit: int, *, hiding_stops: bool = True
+) -> tuple[int, list[int], int] | None:
     """The call to stop, ``[held, limit]`` in bytes, and how many of its processes hid what
     they hold; None if no call is to stop.
 
     A call is stopped when the calls whose inits are ``inits`` (init's pid: call
-    id) hold more than ``limit`` together (the largest), or when any of its
-    processes hides its descriptors from the watch (fail closed: what it holds
-    there cannot be known).
+    id) hold more than ``limit`` together (the largest), or, with ``hiding_stops``,
+    when any of its processes hides its descriptors from the watch (fail closed:
+    what it holds there cannot be known). Without a memory group the watch is the
+    only bound and hiding must stop the call; with one, the kernel charges pipes
+    and memfds to the group whoever can read them, and a process is briefly
+    unreadable between a change of uid and its exec (the kernel marks it not
+    dumpable), which under load the watch sees: stopping it would fail honest calls.
     """
     usage, hidden = call_memory(inits, depth)
+    if not hiding_stops:
+        hidden = {}
     if not hidden and over_limit(usage, limit) is not None:
         # The RSS counts pages a fork shares once per process; decide on the PSS.
         usage, hidden = call_memory(inits, depth, precise=True)
+        if not hiding_stops:
+            hidden = {}
     held = [sum(usage.values()), limit]
     if hidden:
         first = min(hidden)

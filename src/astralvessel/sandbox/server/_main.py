@@ -459,7 +459,8 @@ class Server:
 
         The limit is the turn's: every running call's processes together
         (``_bounds.call_memory``). RLIMIT_AS bounds each process between samples. A call
-        with a process whose descriptors the watch cannot read is stopped too.
+        with a process whose descriptors the watch cannot read is stopped too, where the turn
+        has no memory group to bound it.
         """
         plan = self.plan
         zygote = None if self.spawner is None else self.spawner.zygote
@@ -478,7 +479,13 @@ class Server:
             if init and init[0].isdigit():
                 inits[int(init[0])] = call.id
         config, _ = self._configured()
-        stop = _bounds.victim(inits, zygote.call_depth, config["limits"]["memory_mb"] << 20)
+        # With a memory group the kernel bounds what a call hides from the watch (victim).
+        stop = _bounds.victim(
+            inits,
+            zygote.call_depth,
+            config["limits"]["memory_mb"] << 20,
+            hiding_stops=self.oom_fd is None,
+        )
         # A sample takes at most a tenth of the server's time, however many processes.
         spent = time.monotonic() - now
         self.memory_at = now + max(_bounds.MEMORY_INTERVAL, _bounds.MEMORY_BACKOFF * spent)
