@@ -15,6 +15,11 @@ import os
 
 from . import _sys
 
+# mypy reads any ``if TYPE_CHECKING:`` block as taken; the server never imports typing.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 __all__ = [
     "MEMORY_INTERVAL",
     "bound_inodes",
@@ -358,12 +363,17 @@ def oom_counter(paths: list[str]) -> int | None:
     (``/proc/self/fd/N``, bubblewrap and nsjail as root) or the container's own group
     (Docker). Calls never hold it: every child closes what it did not ask for.
     """
+    return _first_readable(paths, oom_kills)
+
+
+def _first_readable(paths: list[str], read: Callable[[int], int | None]) -> int | None:
+    """A descriptor of the first of ``paths`` that opens and that ``read`` finds a value in."""
     for path in paths:
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
             continue
-        if oom_kills(fd) is not None:
+        if read(fd) is not None:
             return fd
         os.close(fd)
     return None
@@ -397,15 +407,7 @@ def limit_reader(paths: list[str]) -> int | None:
     v1's ``memory.stat``, whose ``hierarchical_memory_limit`` is the bound the kernel
     applies (the group's own or a lower one above it), or v2's ``memory.max``.
     """
-    for path in paths:
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            continue
-        if group_limit(fd) is not None:
-            return fd
-        os.close(fd)
-    return None
+    return _first_readable(paths, group_limit)
 
 
 def group_limit(fd: int) -> int | None:
