@@ -26,13 +26,11 @@ to be audited. The steps it shares with a call started without namespaces
 from __future__ import annotations
 
 import os
-import resource
 import stat
 import warnings  # noqa: F401 - see below
 
 from . import _userns
 from ._launch import (
-    _LIMITS,
     EXIT_CANNOT_EXECUTE,
     EXIT_NOT_FOUND,
     EXIT_SETUP_FAILED,
@@ -46,7 +44,6 @@ from ._launch import (
     _write_all,
     close_fds_except,
     die_with_parent,
-    encode_request,
     pipe_closed,
 )
 from ._lean import signal, suppress
@@ -126,22 +123,6 @@ def _executable(name: str, env: dict[str, str]) -> str | None:
         if stat.S_ISREG(info.st_mode) and os.access(candidate, os.X_OK):
             return candidate
     return None
-
-
-def _rehearse(plan: LaunchPlan, env: dict[str, str]) -> None:
-    """Walk the request's path once, to no effect, before the request comes.
-
-    Init shares its memory copy-on-write with the processes it was forked from,
-    so the first write to each page (Python writes reference counts everywhere)
-    costs a page fault and a copy. Taking those here, while the spare waits,
-    keeps them off the call's path.
-    """
-    _parse_request(encode_request(["true"], "/"))
-    _executable("true", env)
-    if plan.limits is not None:
-        for which in _LIMITS:
-            with suppress(ValueError, OSError):
-                resource.setrlimit(which, resource.getrlimit(which))
 
 
 def _spawn_command(argv: list[str], env: dict[str, str]) -> int | None:
@@ -368,7 +349,8 @@ def _run_init(
             _filter_early(plan)
         # The zygote's map socket, before any request: no call may reach the zygote.
         os.close(mapper)
-        _rehearse(plan, env)
+        # No rehearsal of the request's path here: its copies (about 0.2 MiB) would sit in
+        # every idle turn's spare, where a call takes them in about 0.1 ms (docs: scaling).
     except BaseException as exc:
         _report(status_fd, f"E cannot start the call's PID namespace: {exc}")
         os._exit(0)

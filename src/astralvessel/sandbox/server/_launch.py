@@ -227,15 +227,6 @@ def _child_signals() -> None:
         signal.signal(sig, signal.SIG_DFL)
 
 
-_LIMITS = (
-    resource.RLIMIT_NOFILE,
-    resource.RLIMIT_FSIZE,
-    resource.RLIMIT_AS,
-    resource.RLIMIT_NPROC,
-    resource.RLIMIT_CORE,
-)
-
-
 def _apply_limits(limits: dict[str, int]) -> None:
     mib = 1 << 20
     wanted = [
