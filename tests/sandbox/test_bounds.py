@@ -44,23 +44,6 @@ def test_memory_stop_becomes_a_note_the_model_reads():
     )
 
 
-def test_hidden_descriptors_become_a_note_the_model_reads():
-    """A call stopped because its processes hid their descriptors says so, not a total it
-    could not know."""
-    item = _Pending(kind="run")
-    item.output += b"partial"
-    item.exit = {"exit_code": None, "memory": [3 * MIB, 256 * MIB], "memory_hidden": 2}
-    outcome = ServerSession._outcome(item, 400 * MIB)
-    assert outcome.exit_code is None
-    assert outcome.output == (
-        "partial\n[memory limit: 2 of this call's processes hid their descriptors (pipes and "
-        "memfds) from the turn's memory watch, so what they held could not be counted; this "
-        "call's processes were stopped]\n"
-    )
-    item.exit = {"exit_code": None, "memory": [300 * MIB, 256 * MIB], "memory_hidden": 0}
-    assert "held 300 MiB" in ServerSession._outcome(item, 400 * MIB).output
-
-
 def test_kernel_stop_becomes_a_note_the_model_reads():
     """An exit frame that counts OOM kills in the turn's memory group ends the output with why."""
     item = _Pending(kind="run")

@@ -1,12 +1,11 @@
 """What a call's result says when the turn's memory bound stopped it (pure, no I/O).
 
 The server's ``exit`` frame says what stopped a call, for every kind of call:
-``memory`` (``[held, limit]`` in bytes) when the memory watch stopped it (with
-``memory_hidden`` when it did because some of the call's processes hid their
-descriptors from it: fail closed), and ``oom_killed`` (with ``oom_limit``, the
-group's limit then) when the kernel's OOM killer stopped processes of the turn
-while it ran. A tool call's note ends its output, for the model; an exec's ends
-its stderr, for the host. The wording is the one ``docs/sandbox-server.md`` gives.
+``memory`` (``[held, limit]`` in bytes) when the memory watch stopped it, and
+``oom_killed`` (with ``oom_limit``, the group's limit then) when the kernel's OOM
+killer stopped processes of the turn while it ran. A tool call's note ends its
+output, for the model; an exec's ends its stderr, for the host. The wording is
+the one ``docs/sandbox-server.md`` gives.
 """
 
 from __future__ import annotations
@@ -32,15 +31,7 @@ def memory_notes(exit_info: Mapping[str, Any], configured_bytes: int) -> str:
     """
     notes = []
     memory = exit_info.get("memory")
-    hidden = _count(exit_info.get("memory_hidden"))
-    if hidden is not None:
-        # Fail closed: the total the watch saw leaves out what those processes hold.
-        notes.append(
-            f"[memory limit: {hidden} of this call's processes hid their descriptors (pipes "
-            "and memfds) from the turn's memory watch, so what they held could not be "
-            "counted; this call's processes were stopped]\n"
-        )
-    elif isinstance(memory, list) and len(memory) == 2 and all(_count(n) for n in memory):
+    if isinstance(memory, list) and len(memory) == 2 and all(_count(n) for n in memory):
         held, limit = (int(n) >> 20 for n in memory)
         notes.append(
             f"[memory limit: the turn's calls held {held} MiB, more than the {limit} MiB "

@@ -254,12 +254,8 @@ def _copied_descriptors(pid: str, slots: int, seen: set[object]) -> int | None:
     return total
 
 
-def call_memory(
-    inits: dict[int, int], depth: int, *, precise: bool = False
-) -> tuple[dict[int, int], dict[int, int]]:
-    """Bytes each running call holds, by call id: every process of its PID namespace; and
-    by call id, how many of its processes hid their descriptors (``_descriptors``), for
-    the calls that have any.
+def call_memory(inits: dict[int, int], depth: int, *, precise: bool = False) -> dict[int, int]:
+    """Bytes each running call holds, by call id: every process of its PID namespace.
 
     ``inits`` maps each call's init, by its pid in the zygote's namespace (the
     ``P`` line), to the call's id; a call's processes are ``depth`` namespaces
@@ -269,10 +265,12 @@ def call_memory(
     ``status``, which needs no ptrace access (init is not dumpable). Each
     process counts its RSS, or with ``precise`` its PSS where the kernel has it
     (never more than the RSS), plus the memfd files and pipes it holds open. A process
-    that exits while it is read is skipped. A call's init, ours, is never counted as hiding.
+    that exits while it is read is skipped. A process whose descriptors the server can
+    read neither way (``_descriptors``) counts without them: stopping its call for that
+    stopped honest calls, since a process is unreadable for a moment between a change of
+    uid and its exec, and Docker's default seccomp profile refuses ``pidfd_getfd``.
     """
     usage = dict.fromkeys(inits.values(), 0)
-    hidden: dict[int, int] = {}
     parent: dict[int, int] = {}
     resident: dict[int, int] = {}
     slots: dict[int, int] = {}
@@ -307,11 +305,8 @@ def call_memory(
                 held = _status(str(pid))[2]
             except (OSError, ValueError, IndexError):
                 held = 0
-        descriptors = _descriptors(str(pid), seen, slots[pid])
-        if descriptors is None and pid not in owner:
-            hidden[call] = hidden.get(call, 0) + 1
-        usage[call] += held + (descriptors or 0)
-    return usage, hidden
+        usage[call] += held + (_descriptors(str(pid), seen, slots[pid]) or 0)
+    return usage
 
 
 def over_limit(usage: dict[int, int], limit: int) -> int | None:
@@ -321,35 +316,15 @@ def over_limit(usage: dict[int, int], limit: int) -> int | None:
     return max(usage, key=lambda call: (usage[call], -call))
 
 
-def victim(
-    inits: dict[int, int], depth: int, limit: int, *, hiding_stops: bool = True
-) -> tuple[int, list[int], int] | None:
-    """The call to stop, ``[held, limit]`` in bytes, and how many of its processes hid what
-    they hold; None if no call is to stop.
-
-    A call is stopped when the calls whose inits are ``inits`` (init's pid: call
-    id) hold more than ``limit`` together (the largest), or, with ``hiding_stops``,
-    when any of its processes hides its descriptors from the watch (fail closed:
-    what it holds there cannot be known). Without a memory group the watch is the
-    only bound and hiding must stop the call; with one, the kernel charges pipes
-    and memfds to the group whoever can read them, and a process is briefly
-    unreadable between a change of uid and its exec (the kernel marks it not
-    dumpable), which under load the watch sees: stopping it would fail honest calls.
-    """
-    usage, hidden = call_memory(inits, depth)
-    if not hiding_stops:
-        hidden = {}
-    if not hidden and over_limit(usage, limit) is not None:
+def victim(inits: dict[int, int], depth: int, limit: int) -> tuple[int, list[int]] | None:
+    """The call to stop, and ``[held, limit]`` in bytes, when the calls whose inits are
+    ``inits`` (init's pid: call id) hold more than ``limit`` together; None if they do not."""
+    usage = call_memory(inits, depth)
+    if over_limit(usage, limit) is not None:
         # The RSS counts pages a fork shares once per process; decide on the PSS.
-        usage, hidden = call_memory(inits, depth, precise=True)
-        if not hiding_stops:
-            hidden = {}
-    held = [sum(usage.values()), limit]
-    if hidden:
-        first = min(hidden)
-        return first, held, hidden[first]
-    largest = over_limit(usage, limit)
-    return None if largest is None else (largest, held, 0)
+        usage = call_memory(inits, depth, precise=True)
+    chosen = over_limit(usage, limit)
+    return None if chosen is None else (chosen, [sum(usage.values()), limit])
 
 
 # -- the turn's memory group ----------------------------------------------------------------

@@ -41,7 +41,6 @@ _MAX_ID = 0xFFFFFFFE
 #: may be lower than the one the host configured).
 _MEMORY_FIELDS = (
     ("memory", "memory_stopped"),
-    ("memory_hidden", "memory_hidden"),
     ("oom_killed", "oom_killed"),
     ("oom_limit", "oom_limit"),
 )
@@ -132,9 +131,6 @@ class Call:
         self.namespace_empty = False
         #: ``[held, limit]`` in bytes if the memory watch stopped the call (``_bounds``).
         self.memory_stopped: list[int] | None = None
-        #: How many of its processes hid their descriptors from the memory watch, if that
-        #: is why it stopped the call.
-        self.memory_hidden = 0
         #: The turn's memory group's OOM kills when the call started, and how many more
         #: there were by its end (``_bounds.oom_kills``; the kernel stopped the call).
         self.oom_mark: int | None = None

@@ -458,8 +458,7 @@ class Server:
         """Every ``MEMORY_INTERVAL`` while calls run, stop the largest call past the turn's memory.
 
         The limit is the turn's: every running call's processes together
-        (``_bounds.call_memory``). RLIMIT_AS bounds each process between samples. A call
-        is not stopped for a process whose descriptors the watch cannot read (see below).
+        (``_bounds.call_memory``). RLIMIT_AS bounds each process between samples.
         """
         plan = self.plan
         zygote = None if self.spawner is None else self.spawner.zygote
@@ -478,23 +477,13 @@ class Server:
             if init and init[0].isdigit():
                 inits[int(init[0])] = call.id
         config, _ = self._configured()
-        # A process the watch can read neither way is not stopped for it (hiding_stops): a
-        # process is unreadable for a moment between a change of uid and its exec, and where
-        # pidfd_getfd is refused (Docker's default profile refuses it without CAP_SYS_PTRACE)
-        # honest calls were stopped for it: 56 wrong answers at 128 Docker turns.
-        stop = _bounds.victim(
-            inits,
-            zygote.call_depth,
-            config["limits"]["memory_mb"] << 20,
-            hiding_stops=False,
-        )
+        stop = _bounds.victim(inits, zygote.call_depth, config["limits"]["memory_mb"] << 20)
         # A sample takes at most a tenth of the server's time, however many processes.
         spent = time.monotonic() - now
         self.memory_at = now + max(_bounds.MEMORY_INTERVAL, _bounds.MEMORY_BACKOFF * spent)
         if stop is not None:
             call = self.calls[stop[0]]
             call.memory_stopped = stop[1]
-            call.memory_hidden = stop[2]
             self._kill(call)
 
     def _maybe_finish(self, call: Call) -> None:
