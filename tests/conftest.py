@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
@@ -31,3 +32,19 @@ def make_agent(tmp_path: Path) -> MakeAgent:
         return folder
 
     return make
+
+
+#: The length of ``long_tmp``'s path: a CI runner's workspace or a deep ``tmp_path`` is as
+#: long, and a unix socket's address holds 107 bytes.
+LONG_TMP_BYTES = 200
+
+
+@pytest.fixture
+def long_tmp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The host's temporary folder for this test (``tempfile`` and ``TMPDIR``), its path
+    ``LONG_TMP_BYTES`` long."""
+    folder = tmp_path / ("t" * (LONG_TMP_BYTES - len(os.fsencode(tmp_path)) - 1))
+    folder.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    monkeypatch.setenv("TMPDIR", str(folder))
+    return folder

@@ -10,8 +10,9 @@ kind a process makes removes that kind's folders whose owner is gone: no such
 pid, or a pid reused by a process started at another time. Only real folders
 of this uid are removed, never through a link.
 
-A folder that holds a unix socket has a bounded path (108 bytes, socket name
-included), so it may be named compactly instead: the pid and start time in
+A folder that holds a unix socket may be named compactly instead, so that its
+socket's path fits a socket's address (107 bytes) more often and is bound
+directly, not through ``/proc`` (``_unixsock``): the pid and start time in
 base 36, each followed by a dot (``astralvessel-egress-2hwcg.cuyo00.<random>``),
 5 characters shorter for a large pid on a host up for months. The dots tell
 the forms apart: a decimal name is never read as base 36, which could take a

@@ -161,8 +161,9 @@ def _egress_threads() -> int:
     return sum(t.name == "astralvessel-egress" for t in threading.enumerate())
 
 
-def test_warm_turns_bring_their_own_proxy(origin_port):
-    """A warm sandbox is started with a proxy of its own, which the turn taking it then owns."""
+def test_warm_turns_bring_their_own_proxy(origin_port, long_tmp):
+    """A warm sandbox is started with a proxy of its own, which the turn taking it then owns
+    (the host's temporary folder far longer than a socket's address, as on many CI runners)."""
     before = _egress_threads()
     with _executor(origin_port, [f"pkgs.test:{origin_port}"], warm=2) as executor:
         assert executor.wait_warm(120)
@@ -172,6 +173,7 @@ def test_warm_turns_bring_their_own_proxy(origin_port):
         proxy = turn._proxy
         turn.close()
         assert proxy is not None
+        assert proxy.folder.parent == long_tmp
         assert not proxy.folder.exists()
     assert result.text == f"hello, pkgs.test:{origin_port}\n[exit code 0]"
     assert _egress_threads() == before

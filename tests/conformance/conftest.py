@@ -147,7 +147,7 @@ _NETWORK_TESTS = (
     "test_direct_connections_still_go_nowhere",
     "test_absurd_requests_get_a_refusal",
     "test_slow_request_head_is_cut_off",
-    "test_proxy_dies_with_its_turn",
+    "test_proxy_in_a_long_temporary_folder_serves_and_dies_with_its_turn",
     "test_loopback_stays_refused_without_the_operators_rule",
     "test_ipv6_and_private_literals_are_refused_by_name_rule",
 )

@@ -438,8 +438,11 @@ def test_pip_installs_from_an_index_through_the_proxy(net_session, origin):
     assert (outcome.exit_code, outcome.output) == (0, "installed through the egress proxy\n")
 
 
-def test_proxy_dies_with_its_turn(backend, policy, origin):
-    """Closing the proxy with its turn leaves no socket, folder or thread behind."""
+def test_proxy_in_a_long_temporary_folder_serves_and_dies_with_its_turn(
+    backend, policy, origin, long_tmp
+):
+    """A host whose temporary folder is far longer than a socket's address (107 bytes) still
+    gets a turn through its proxy; closing both leaves no socket, folder or thread behind."""
     proxy = EgressProxy.start(
         [f"{HOST}:{origin.http_port}"], egress=_operator_rule(origin), resolver=MapResolver()
     )
@@ -450,6 +453,7 @@ def test_proxy_dies_with_its_turn(backend, policy, origin):
     finally:
         session.close()
         proxy.close()
+    assert proxy.folder.parent == long_tmp
     assert not proxy.folder.exists()
     assert not [t for t in threading.enumerate() if t.name == "astralvessel-egress"]
 

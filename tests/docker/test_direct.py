@@ -168,24 +168,18 @@ def test_a_refusal_that_is_not_the_channels_is_the_hosts_error(docker_api, small
         session.close()
 
 
-def test_a_temporary_folder_too_deep_for_a_socket_serves_over_attach(docker_api, monkeypatch):
-    """A host whose temporary folder leaves no room for a socket's path (108 bytes) gets its
-    turns on the attach stream, not a failure."""
-    parent = Path(tempfile.mkdtemp(prefix="av-"))
-    deep = parent / ("d" * 100)
-    deep.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+def test_a_long_temporary_folder_keeps_the_direct_channel(docker_api, long_tmp):
+    """A host whose temporary folder is longer than a socket's address (107 bytes) still
+    gets its turns on the direct channel, and leaves nothing in the folder."""
     backend = Docker(base_image=BASE_IMAGE, pull=False)
+    session = backend.start(Policy(limits=SMALL_LIMITS))
     try:
-        session = backend.start(Policy(limits=SMALL_LIMITS))
-        try:
-            assert isinstance(session._channel, AttachChannel)
-            assert _run(session, "echo", "deep").output == "deep\n"
-        finally:
-            session.close()
-        assert list(deep.iterdir()) == []
+        assert isinstance(session._channel, DirectChannel)
+        assert _run(session, "echo", "deep").output == "deep\n"
     finally:
-        shutil.rmtree(parent)
+        session.close()
+    assert backend.direct is True
+    assert list(long_tmp.iterdir()) == []
 
 
 def _connect_as(uid: int, path: str, said: bytes) -> int:

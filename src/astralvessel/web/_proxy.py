@@ -20,14 +20,18 @@ import asyncio
 import contextlib
 import os
 import shutil
+import socket
+import sys
 import threading
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import attrs
 
 from .._leftovers import make_folder
 from .._netallow import HostPattern, parse_allow_list
+from .._unixsock import bind as bind_unix
 from ._egress import EgressPolicy, Resolver, SystemResolver
 from ._proxyhead import (
     ProxyLimits,
@@ -42,6 +46,10 @@ __all__ = ["EgressProxy", "ProxyCounters"]
 
 _CHUNK = 65536
 SOCKET_NAME = "proxy.sock"
+#: Python 3.13 removes a unix listener's file at close, by the name it was bound at: here
+#: maybe ``/proc/self/fd/N/...``, which names nothing once the bind is done. ``close``
+#: removes the whole folder instead.
+_NO_CLEANUP: dict[str, Any] = {"cleanup_socket": False} if sys.version_info >= (3, 13) else {}
 
 
 @attrs.define
@@ -145,9 +153,16 @@ class EgressProxy:
             tasks.add(task)
             task.add_done_callback(tasks.discard)
 
-        server = await asyncio.start_unix_server(
-            accept, path=str(self.socket_path), limit=self.limits.head_bytes + 1
-        )
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            # Through the folder's descriptor: a long TMPDIR leaves the path no room.
+            bind_unix(listener, str(self.socket_path))
+            server = await asyncio.start_unix_server(
+                accept, sock=listener, limit=self.limits.head_bytes + 1, **_NO_CLEANUP
+            )
+        except BaseException:
+            listener.close()
+            raise
         # The server may run as another uid (Docker's 65534); the folder is 0711 and unlisted.
         os.chmod(self.socket_path, 0o666)  # noqa: S103 - see above
         self._ready.set()

@@ -273,9 +273,9 @@ class Docker(Sandbox):
         build = self.engine.server_build(image_id, self.python)
         listener = None
         if lease is not None and direct:
-            # A host whose temporary folder's path leaves no room for the socket's name
-            # (108 bytes in all), or cannot be written, has this turn on the attach stream.
-            with contextlib.suppress(OSError):
+            # A host whose temporary folder cannot be written, or whose socket's path
+            # cannot be shortened (``_unixsock``), has this turn on the attach stream.
+            with contextlib.suppress(OSError, BackendUnavailableError):
                 listener = Listener(lease.uid)
         try:
             channel = self._start_server(

@@ -29,6 +29,7 @@ import threading
 import time
 
 from ..._leftovers import is_leftover, owned_prefix
+from ..._unixsock import bind as bind_unix
 from ...errors import SandboxError
 from ._attach import AttachChannel
 from ._engine import process_start_time
@@ -100,7 +101,8 @@ class Listener:
             # Reachable by the turn's uid in the container, listable by no one else; anyone
             # else who connects is turned away by ``accept``.
             os.chmod(self.folder, 0o711)  # noqa: S103 - the peer is checked, see accept
-            self._sock.bind(self._path)
+            # Through the folder's descriptor: a long TMPDIR leaves the path no room.
+            bind_unix(self._sock, self._path)
             os.chmod(self._path, 0o666)  # noqa: S103 - the peer is checked, see accept
             self._sock.listen(8)
         except BaseException:
