@@ -22,6 +22,7 @@ from astralvessel.errors import BackendUnavailableError, SandboxError
 from astralvessel.sandbox import DEFAULT_UID_RANGE, Policy, Promise, RunRequest
 from astralvessel.sandbox._session import server_command, server_payload
 from astralvessel.sandbox.docker import Docker
+from astralvessel.sandbox.docker._engine import Engine
 from astralvessel.sandbox.docker._spec import LABEL_TURN
 from astralvessel.sandbox.server import _protocol
 from tests.conformance.calls import file_tool
@@ -311,6 +312,43 @@ def test_no_engine_is_a_clear_error(tmp_path):
     with pytest.raises(BackendUnavailableError, match="no Docker engine answers"):
         backend.start(Policy())
     assert not backend.probe().available
+
+
+def _fds_on(folder: Path) -> list[str]:
+    """This process's descriptors open on ``folder``."""
+    fds = Path("/proc/self/fd")
+    found = []
+    for fd in os.listdir(fds):
+        with contextlib.suppress(OSError):
+            if os.readlink(fds / fd) == str(folder):
+                found.append(fd)
+    return found
+
+
+def test_an_engine_socket_too_long_for_an_address_is_reached(docker_api, long_tmp, monkeypatch):
+    """An engine socket whose path is over the 107 bytes an address holds (a deep DOCKER_HOST
+    or XDG_RUNTIME_DIR) is reached all the same; its folder is let go with the client."""
+    address = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    assert address.startswith("unix://"), "the test reaches a local engine's socket by a link"
+    link = long_tmp / "docker.sock"
+    link.symlink_to(address.removeprefix("unix://"))
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{link}")
+    engine = Engine(None, pull=False, start_timeout=20)
+    try:
+        assert engine.api().ping()
+        assert len(_fds_on(long_tmp)) == 1
+    finally:
+        engine.close()
+    assert _fds_on(long_tmp) == []
+
+
+def test_an_engine_socket_that_cannot_be_shortened_is_a_clear_error(long_tmp):
+    """An engine socket whose name alone leaves no room in an address is the host's error,
+    naming the path and the fix."""
+    path = long_tmp / ("n" * 100)
+    with pytest.raises(BackendUnavailableError, match="point DOCKER_HOST at a shorter path") as e:
+        Docker(base_url=f"unix://{path}").start(Policy())
+    assert str(path) in str(e.value)
 
 
 def test_calls_of_a_turn_run_concurrently(turn):

@@ -27,6 +27,7 @@ from ..._leftovers import start_time as process_start_time
 from ...errors import AstralVesselError, BackendUnavailableError
 from .._layout import HOSTNAME
 from .._session import ServerBuild, compile_command, parse_build
+from ._address import EngineAddresses
 from ._attach import AttachChannel, close_attached, raw_socket
 from ._gate import GatedApi, gate_for, resolve_concurrency, resolve_scope, status_of
 from ._spec import (
@@ -94,6 +95,8 @@ class Engine:
         self._lock = threading.Lock()
         self._probing = threading.Lock()
         self._client: Any = None
+        #: The short addresses of the client's socket, open as long as the client is.
+        self._addresses: EngineAddresses | None = None
         self._api: Any = None
         self._python_ok: dict[tuple[str, str], bool] = {}
         self._builds: dict[tuple[str, str], ServerBuild | None] = {}
@@ -128,38 +131,43 @@ class Engine:
         """
         with self._lock:
             if self._client is None:
-                self._client = self._connect()
+                self._client, self._addresses = self._connect()
                 self._api = GatedApi(self._client.api, self._gate)
                 # Close the engine connections when this engine is collected, not at exit.
-                weakref.finalize(self, self._client.close)
+                weakref.finalize(self, _close_client, self._client, self._addresses)
             return self._api
 
     def close(self) -> None:
         """Close the engine connections now (else they close when this engine is collected)."""
         with self._lock:
             client, self._client, self._api = self._client, None, None
-        if client is not None:
-            with contextlib.suppress(Exception):
-                client.close()
+            addresses, self._addresses = self._addresses, None
+        if client is not None and addresses is not None:
+            _close_client(client, addresses)
 
-    def _connect(self) -> Any:
+    def _connect(self) -> tuple[Any, EngineAddresses]:
         docker = import_docker()
         failure = ""
+        addresses = EngineAddresses()
         # A kept connection for every request the bounds let through at once, so none is
         # opened and dropped per request (attach and exec streams take their own).
         pool = max(self._gate.pool_size, 10)
         try:
             if self.base_url is not None:
                 client = docker.DockerClient(
-                    base_url=self.base_url, version="auto", max_pool_size=pool
+                    base_url=addresses.url(self.base_url), version="auto", max_pool_size=pool
                 )
             else:
-                client = _client_from_context(docker, pool)
+                client = _client_from_context(docker, pool, addresses.url)
             client.ping()
+        except AstralVesselError:
+            addresses.close()
+            raise  # a socket's path that cannot be shortened says so itself
         except Exception as exc:
             failure = str(exc)
         else:
-            return client
+            return client, addresses
+        addresses.close()
         # The SDK drops the socket of a refused connection without closing it; with the
         # exception (and its frames) gone, reap it now, quietly, not at a later collection.
         with warnings.catch_warnings():
@@ -491,17 +499,22 @@ def owner() -> str:
     return owner_label(socket.gethostname(), pid, process_start_time(pid) or "?")
 
 
-def _client_from_context(docker: Any, pool: int) -> Any:
-    """A client for ``DOCKER_HOST``, else the CLI's current context, else the local socket."""
-    if os.environ.get("DOCKER_HOST"):
-        return docker.from_env(version="auto", max_pool_size=pool)
+def _client_from_context(docker: Any, pool: int, shorten: Callable[[str], str]) -> Any:
+    """A client for ``DOCKER_HOST``, else the CLI's current context, else the local socket.
+
+    Each address goes through ``shorten`` (``EngineAddresses.url``) first.
+    """
+    host = os.environ.get("DOCKER_HOST")
+    if host:
+        environment = {**os.environ, "DOCKER_HOST": shorten(host)}
+        return docker.from_env(version="auto", max_pool_size=pool, environment=environment)
     with contextlib.suppress(Exception):
         from docker.context import ContextAPI
 
         context = ContextAPI.get_current_context()
         if context is not None and context.name != "default" and context.Host:
             return docker.DockerClient(
-                base_url=context.Host,
+                base_url=shorten(context.Host),
                 tls=context.TLSConfig or False,
                 version="auto",
                 use_ssh_client=False,
@@ -510,9 +523,16 @@ def _client_from_context(docker: Any, pool: int) -> Any:
     for candidate in _podman_sockets():
         if not Path("/var/run/docker.sock").exists() and Path(candidate).exists():
             return docker.DockerClient(
-                base_url=f"unix://{candidate}", version="auto", max_pool_size=pool
+                base_url=shorten(f"unix://{candidate}"), version="auto", max_pool_size=pool
             )
     return docker.from_env(version="auto", max_pool_size=pool)
+
+
+def _close_client(client: Any, addresses: EngineAddresses) -> None:
+    """Close an engine client's connections, then the short addresses it reached them by."""
+    with contextlib.suppress(Exception):
+        client.close()
+    addresses.close()
 
 
 def _podman_sockets() -> Iterator[str]:
