@@ -160,6 +160,12 @@ DECLARED_UNKEPT["docker-exec"].update(
 )
 
 
+DECLARED_UNKEPT["docker-exec"]["test_helpers_cannot_take_another_process_s_descriptors"] = (
+    f"{_NO_SERVER}: no file worker or egress relay to confine (a turn with a network "
+    "allow-list refuses to start)"
+)
+
+
 #: test_detached.py's tests that start a process: detached processes live in the server.
 _DETACHED_TESTS = (
     "test_detached_process_returns_at_once_and_reports_its_exit",

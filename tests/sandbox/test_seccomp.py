@@ -23,8 +23,12 @@ from astralvessel.sandbox._seccomp import (
     CALLS_AS_ROOT,
     CALLS_AS_ROOT_TOOL_SERVERS,
     CALLS_TOOL_SERVERS,
+    FILE_WORKER,
+    HELPERS,
     PROFILES,
+    RELAY,
     SERVER,
+    SERVER_ALLOWANCES,
     ArgEquals,
     ArgHasBits,
     ArgNotIn,
@@ -32,6 +36,7 @@ from astralvessel.sandbox._seccomp import (
     Rule,
     available_arch,
     compile_bpf,
+    helper_programs,
     syscall_number,
     to_docker_profile,
     to_kafel,
@@ -329,6 +334,60 @@ def test_server_list_is_a_subset_allowing_namespace_work() -> None:
     assert SERVER.decide("ioctl", [0, sc.TIOCSTI]) == errno.EPERM
 
 
+def test_server_list_is_calls_less_its_allowances() -> None:
+    """SERVER refuses all CALLS refuses but the allowances, each of which says why; of
+    sockets it allows unix ones besides what a call may open."""
+    assert all(why for why in SERVER_ALLOWANCES.values())
+    own = ("socket", "socketpair")
+    assert [r for r in SERVER.rules if r.syscall not in own] == [
+        r for r in CALLS.rules if r.syscall not in SERVER_ALLOWANCES
+    ]
+    for name in set(SERVER_ALLOWANCES) - set(own):
+        assert CALLS.decide(name, [sc.CLONE_NEWPID]) is not None, name
+        assert SERVER.decide(name, [sc.CLONE_NEWPID]) is None, name
+    assert SERVER.decide("socket", [sc.AF_UNIX, 1, 0]) is None
+
+
+def stacked(name: str, args: Sequence[int], *lists: DenyList) -> int | None:
+    """The errno filters stacked in a process give a call (the kernel's strictest answer:
+    here every refusal is an errno, and the newest filter's wins), or None if allowed."""
+    answers = [deny_list.decide(name, args) for deny_list in lists]
+    refused = [err for err in answers if err is not None]
+    return refused[-1] if refused else None
+
+
+@pytest.mark.parametrize("helper", sorted(HELPERS))
+def test_helpers_keep_none_of_the_servers_allowances_they_do_not_need(helper: str) -> None:
+    """Stacked over SERVER, a helper may not copy another process's descriptors, make
+    namespaces, mount, lead a session or start a process; what it does stays allowed."""
+    deny_list = HELPERS[helper]
+    taken_back = set(SERVER_ALLOWANCES) - {"socket"}
+    for name in ("pidfd_getfd", "ptrace", "process_vm_readv", "kcmp", *taken_back):
+        # Arguments a server would use: new PID namespace flags, a unix socket pair.
+        args = [sc.AF_UNIX, 1, 0] if name == "socketpair" else [sc.CLONE_NEWPID]
+        assert stacked(name, args, SERVER, deny_list) is not None, name
+    for name in ("clone", "fork", "vfork", "execve", "execveat"):
+        assert stacked(name, [0x11], SERVER, deny_list) == errno.EPERM, name  # fork's flags
+    for name in ("read", "write", "openat", "getdents64", "close", "epoll_wait", "accept4"):
+        assert stacked(name, [0, 0, 0], SERVER, deny_list) is None, name
+    assert stacked("socket", [sc.AF_INET, 1, 0], SERVER, deny_list) == errno.EPERM
+    assert stacked("socket", [sc.AF_NETLINK, 3, 0], SERVER, deny_list) == errno.EPERM
+    # Only the relay opens a socket: a unix one, to the host's egress proxy.
+    unix = stacked("socket", [sc.AF_UNIX, 1, 0], SERVER, deny_list)
+    assert unix == (None if deny_list is RELAY else errno.EPERM)
+    assert all(rule.why for rule in deny_list.rules)
+
+
+@pytest.mark.parametrize("arch", ARCHES)
+def test_helper_programs_are_the_helpers_lists_compiled(arch: sc.Arch) -> None:
+    """What a backend sends the server for its helpers: each list, compiled for the arch."""
+    programs = helper_programs(arch)
+    assert set(programs) == set(HELPERS) == {"file_worker", "relay"}
+    for name, program in programs.items():
+        assert program == compile_bpf(HELPERS[name], arch)
+    assert helper_programs(arch) is programs  # compiled once per process
+
+
 def test_calls_as_root_answers_chown_with_success_and_audit_as_absent() -> None:
     """Under root_identity the chown family succeeds without running (errno 0), the audit
     socket is refused as on a kernel without audit, and everything else is as for CALLS."""
@@ -380,6 +439,8 @@ def test_profiles_are_found_by_name() -> None:
         "calls_tool_servers": CALLS_TOOL_SERVERS,
         "calls_as_root_tool_servers": CALLS_AS_ROOT_TOOL_SERVERS,
         "server": SERVER,
+        "file_worker": FILE_WORKER,
+        "relay": RELAY,
     }
     assert compile_bpf("server", "x86_64") == compile_bpf(SERVER, "x86_64")
     with pytest.raises(ValueError, match="unknown seccomp profile 'nope'"):
@@ -456,7 +517,9 @@ def test_program_kills_x32_calls() -> None:
 
 @pytest.mark.parametrize("arch", ARCHES)
 @pytest.mark.parametrize(
-    "profile", [CALLS, CALLS_AS_ROOT, SERVER], ids=["calls", "calls_as_root", "server"]
+    "profile",
+    [CALLS, CALLS_AS_ROOT, SERVER, FILE_WORKER, RELAY],
+    ids=["calls", "calls_as_root", "server", "file_worker", "relay"],
 )
 def test_program_matches_reference_for_every_rule(arch: sc.Arch, profile: DenyList) -> None:
     """Every call the tables know gets exactly the deny list's verdict, with args at rest."""
@@ -805,7 +868,8 @@ def test_rules_are_frozen_values() -> None:
 
 
 def test_docs_name_every_refused_call() -> None:
-    """The documentation page explains every system call the calls list refuses."""
+    """The documentation page explains every system call the calls and helpers' lists refuse."""
     page = (Path(__file__).parents[2] / "docs" / "seccomp.md").read_text()
-    missing = [name for name in CALLS.syscalls if f"`{name}`" not in page]
+    names = {*CALLS.syscalls, *(n for deny_list in HELPERS.values() for n in deny_list.syscalls)}
+    missing = sorted(name for name in names if f"`{name}`" not in page)
     assert missing == []

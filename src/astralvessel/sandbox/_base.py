@@ -56,6 +56,13 @@ def _str_map(value: Mapping[str, str]) -> Mapping[str, str]:
     return dict(value)
 
 
+def _programs(value: Mapping[str, bytes]) -> Mapping[str, bytes]:
+    programs = dict(value)
+    if not all(isinstance(k, str) and isinstance(v, bytes) for k, v in programs.items()):
+        raise TypeError("helper_seccomp maps helper names to BPF programs (bytes)")
+    return programs
+
+
 def _optional_uid(value: int | None) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
         raise ValueError(f"a uid or gid is a non-negative integer or None, not {value!r}")
@@ -70,7 +77,10 @@ class ServerOptions:
     namespaces, rlimits, the call filter) and to refuse, unless the policy
     relaxed it, any promise it cannot keep. ``drop_uid`` and ``drop_gid`` are
     the host user calls become (``None`` where the sandbox already runs as its
-    unprivileged user). ``seccomp`` is the call filter as BPF bytes.
+    unprivileged user). ``seccomp`` is the call filter as BPF bytes, and
+    ``helper_seccomp`` the filter each of the server's helpers stacks over the
+    server's own before it reads anything a model sent, by helper name
+    (``_seccomp.helper_programs``; a helper not named runs under the server's).
     ``path_map`` maps sandbox paths to where the server sees them (only for a
     server that runs without a mount namespace of its own, as ``unconfined``).
     ``memory_events`` names, in the server's view, files of the turn's memory
@@ -92,6 +102,7 @@ class ServerOptions:
     seccomp: bytes | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.instance_of(bytes))
     )
+    helper_seccomp: Mapping[str, bytes] = attrs.field(factory=dict, converter=_programs)
     path_map: Mapping[str, str] = attrs.field(factory=dict, converter=_str_map)
     #: Seconds the server may take to say ``ready`` (an engine may be slow to start a container).
     ready_timeout: float = attrs.field(default=30.0, validator=attrs.validators.gt(0))
@@ -181,6 +192,7 @@ class Sandbox(abc.ABC):
             drop_uid=options.drop_uid,
             drop_gid=options.drop_gid,
             seccomp=options.seccomp,
+            helper_seccomp=options.helper_seccomp,
             path_map=options.path_map,
             ready_timeout=options.ready_timeout,
             probe_key=options.probe_key,

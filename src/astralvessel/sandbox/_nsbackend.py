@@ -34,7 +34,15 @@ from ._hostinfo import (
 from ._mechanisms import Setup, limit_mechanisms
 from ._policy import Policy, Promise
 from ._reach import Identity, check_reach
-from ._seccomp import SERVER, DenyList, calls_list, compile_bpf, to_kafel, x32_guard
+from ._seccomp import (
+    SERVER,
+    DenyList,
+    calls_list,
+    compile_bpf,
+    helper_programs,
+    to_kafel,
+    x32_guard,
+)
 from ._session import server_command
 from ._uids import UidLease, describe_range, lease_uid, resolve_range
 
@@ -304,6 +312,7 @@ class NamespaceBackend(Sandbox):
                 )
                 if use_seccomp
                 else None,
+                helper_seccomp=helper_programs(facts.machine) if use_seccomp else {},
                 probe_key=f"{self.name}:{binary.path}:{facts.python.executable}",
                 memory_events=() if events_fd is None else (f"/proc/self/fd/{events_fd}",),
                 memory_limits=() if limit_fd is None else (f"/proc/self/fd/{limit_fd}",),

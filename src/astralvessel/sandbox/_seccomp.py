@@ -1,12 +1,16 @@
 """The seccomp deny list: one source of truth, compiled into every form a backend needs.
 
 A ``DenyList`` is a named tuple of ``Rule`` values, each naming one system call,
-an optional argument condition and the errno the caller sees. Two lists ship:
+an optional argument condition and the errno the caller sees. These lists ship:
 
 - ``CALLS``: applied to every confined call (declared tools, grep, bash) between
   fork and exec by the sandbox server.
 - ``SERVER``: the subset the sandbox server itself never needs, for the outer
-  sandbox around it (it still may create namespaces, mount, set process groups).
+  sandbox around it (it still may create namespaces, mount, set process groups):
+  ``CALLS`` less ``SERVER_ALLOWANCES``.
+- ``FILE_WORKER`` and ``RELAY`` (``HELPERS``): what the server's helpers that read
+  model-controlled data stack over ``SERVER``: every allowance they do not need
+  taken back, and no process started.
 - ``CALLS_AS_ROOT``: ``CALLS`` for a turn with ``Policy.root_identity``, where the
   chown family succeeds without running (errno 0): a root with one id mapped
   and no capability cannot give a file away, and package managers and
@@ -34,6 +38,7 @@ all four against each other.
 from __future__ import annotations
 
 import errno
+import functools
 import platform
 import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -46,8 +51,12 @@ __all__ = [
     "CALLS_AS_ROOT",
     "CALLS_AS_ROOT_TOOL_SERVERS",
     "CALLS_TOOL_SERVERS",
+    "FILE_WORKER",
+    "HELPERS",
     "PROFILES",
+    "RELAY",
     "SERVER",
+    "SERVER_ALLOWANCES",
     "AllOf",
     "Arch",
     "ArgEquals",
@@ -59,6 +68,7 @@ __all__ = [
     "available_arch",
     "calls_list",
     "compile_bpf",
+    "helper_programs",
     "syscall_number",
     "to_docker_profile",
     "to_kafel",
@@ -170,6 +180,7 @@ _X86_64: Mapping[str, int] = {
     "io_uring_enter": 426, "io_uring_register": 427, "open_tree": 428, "move_mount": 429,
     "fsopen": 430, "fsconfig": 431, "fsmount": 432, "fspick": 433, "clone3": 435,
     "pidfd_getfd": 438, "mount_setattr": 442, "quotactl_fd": 443, "open_tree_attr": 467,
+    "fork": 57, "vfork": 58, "execve": 59, "execveat": 322,
 }  # fmt: skip
 _AARCH64: Mapping[str, int] = {
     "fchownat": 54, "fchown": 55,
@@ -192,6 +203,7 @@ _AARCH64: Mapping[str, int] = {
     "io_uring_register": 427, "open_tree": 428, "move_mount": 429, "fsopen": 430,
     "fsconfig": 431, "fsmount": 432, "fspick": 433, "clone3": 435, "pidfd_getfd": 438,
     "mount_setattr": 442, "quotactl_fd": 443, "open_tree_attr": 467,
+    "execve": 221, "execveat": 281,
 }  # fmt: skip
 _TABLES: Mapping[Arch, Mapping[str, int]] = {"x86_64": _X86_64, "aarch64": _AARCH64}
 
@@ -566,37 +578,51 @@ _CALLS_RULES: tuple[Rule, ...] = (
 #: Refused in every confined call.
 CALLS = DenyList(name="calls", rules=_CALLS_RULES)
 
-#: Refused in the sandbox server: ``CALLS`` less what a server that forks namespaced,
-#: process-group-led children needs, and ``pidfd_getfd``, with which the memory watch
-#: reads the descriptors of a call's process that made itself not dumpable (each call
-#: installs ``CALLS`` over this, so no call has it). Unix sockets stay allowed because
-#: asyncio's self-pipe is a ``socketpair(AF_UNIX)``; every family a call may not use but
-#: unix is refused here too, so Docker's container profile (which replaces
-#: Docker's default one) refuses vsock and the rest as well.
-_SERVER_BASE = CALLS.without(
-    "pidfd_getfd",
-    "setsid",
-    "setpgid",
-    "socket",
-    "socketpair",
-    "unshare",
-    "clone",
-    "clone3",
-    "setns",
-    "mount",
-    "umount2",
-    "move_mount",
-    "fsopen",
-    "fsmount",
-    "fsconfig",
-    "fspick",
-    "open_tree",
-    "open_tree_attr",
-    "mount_setattr",
-    "pivot_root",
-    "chroot",
-    name="server",
-)
+_NAMESPACES_WHY = "the zygote and each call's init make the call's namespaces"
+_MOUNTS_WHY = "each call's init mounts its own /proc (and /dev, for tool_servers' terminals)"
+#: What the sandbox server may do that a call may not, each with why: ``SERVER`` is
+#: ``CALLS`` less these. Every helper the server forks that reads model-controlled data
+#: takes back, in ``HELPERS``, each of these it does not need itself.
+SERVER_ALLOWANCES: Mapping[str, str] = {
+    "pidfd_getfd": (
+        "the memory watch copies in the descriptors of a call's process that made itself "
+        "not dumpable (each call installs CALLS over this, so no call has it)"
+    ),
+    "setsid": "each call's init leads a session of its own",
+    "setpgid": "a call started without namespaces leads a process group of its own",
+    "socket": (
+        "unix sockets too: the egress relay connects to the host's proxy through one "
+        "(every other family a call may not use stays refused, below)"
+    ),
+    "socketpair": "unix pairs, as for calls: the zygote's order and id-mapping sockets",
+    "unshare": _NAMESPACES_WHY,
+    "clone": _NAMESPACES_WHY,
+    "clone3": "libc's fork tries it first; refused with ENOSYS it falls back to clone",
+    "setns": "the zygote returns to its own PID namespace after each call's fork",
+    **dict.fromkeys(
+        (
+            "mount",
+            "umount2",
+            "move_mount",
+            "fsopen",
+            "fsmount",
+            "fsconfig",
+            "fspick",
+            "open_tree",
+            "open_tree_attr",
+            "mount_setattr",
+            "pivot_root",
+            "chroot",
+        ),
+        _MOUNTS_WHY,
+    ),
+}
+
+#: Refused in the sandbox server: ``CALLS`` less ``SERVER_ALLOWANCES``. Unix sockets
+#: stay allowed; every family a call may not use but unix is refused here too, so
+#: Docker's container profile (which replaces Docker's default one) refuses vsock and
+#: the rest as well.
+_SERVER_BASE = CALLS.without(*SERVER_ALLOWANCES, name="server")
 SERVER = DenyList(
     name="server",
     rules=(
@@ -610,6 +636,56 @@ SERVER = DenyList(
         _UNIX_PAIRS_ONLY,
     ),
 )
+
+_NO_PROCESS_WHY = (
+    "a helper starts no process and runs no program: taken over, it could not start a shell"
+)
+
+
+def _helper_list(name: str, sockets: Rule) -> DenyList:
+    """A helper's list, stacked over ``SERVER``: every server allowance taken back (as
+    ``CALLS`` refuses it), ``sockets`` for sockets, and no process started.
+
+    A filter stacked on the server's needs to name only what that one allows: the
+    kernel applies both, and the stricter answer wins.
+    """
+    shared = ("socket", "socketpair", "clone")
+    taken_back = tuple(
+        rule
+        for rule in CALLS.rules
+        if rule.syscall in SERVER_ALLOWANCES and rule.syscall not in shared
+    )
+    return DenyList(
+        name=name,
+        rules=(
+            *taken_back,
+            sockets,
+            _always("socketpair", "a helper talks over the pipes or sockets it was forked with"),
+            *_group("clone fork vfork execve execveat", _NO_PROCESS_WHY),
+        ),
+    )
+
+
+#: Stacked over ``SERVER`` in the file worker, which opens, reads and writes the paths a
+#: model names: it keeps none of the server's allowances and opens no socket at all.
+FILE_WORKER = _helper_list(
+    "file_worker",
+    _always("socket", "the file worker answers on the two pipes it was forked with"),
+)
+#: Stacked over ``SERVER`` in the egress relay, which copies bytes a call sends: it keeps
+#: unix sockets alone, for its connection to the host's proxy per call connection (its
+#: loopback listener is bound before the filter).
+RELAY = _helper_list(
+    "relay",
+    Rule(
+        syscall="socket",
+        when=ArgNotIn(index=0, name="domain", values=(AF_UNIX,)),
+        why="the relay opens only unix sockets, to the host's egress proxy",
+    ),
+)
+#: Each helper's list, by the name the hello gives its program (``helper_programs``).
+HELPERS: Mapping[str, DenyList] = {"file_worker": FILE_WORKER, "relay": RELAY}
+
 
 _NO_OP_CHOWN_WHY = (
     "root_identity: the call's root has one id mapped and no capability, so a chown could "
@@ -678,6 +754,8 @@ PROFILES: Mapping[str, DenyList] = {
     CALLS_TOOL_SERVERS.name: CALLS_TOOL_SERVERS,
     CALLS_AS_ROOT_TOOL_SERVERS.name: CALLS_AS_ROOT_TOOL_SERVERS,
     SERVER.name: SERVER,
+    FILE_WORKER.name: FILE_WORKER,
+    RELAY.name: RELAY,
 }
 
 
@@ -934,6 +1012,15 @@ def compile_bpf(deny_list: DenyList | str, arch: str) -> bytes:
             f"seccomp program for {profile.name!r} exceeds {BPF_MAXINSNS} instructions"
         )
     return program
+
+
+@functools.cache
+def helper_programs(arch: str) -> Mapping[str, bytes]:
+    """Each of ``HELPERS`` compiled for ``arch``, by helper name; compiled once per process.
+
+    Raises ``ValueError`` for an architecture ``compile_bpf`` does not support.
+    """
+    return {name: compile_bpf(deny_list, arch) for name, deny_list in HELPERS.items()}
 
 
 # ---------------------------------------------------------------------------

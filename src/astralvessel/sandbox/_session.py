@@ -469,6 +469,7 @@ class ServerSession(SandboxSession):
         drop_uid: int | None,
         drop_gid: int | None,
         seccomp: bytes | None,
+        helper_seccomp: Mapping[str, bytes] | None = None,
         path_map: Mapping[str, str] | None = None,
         outbox_dir: Path | None = None,
         ready_timeout: float = 30.0,
@@ -494,6 +495,10 @@ class ServerSession(SandboxSession):
             "drop_uid": drop_uid,
             "drop_gid": drop_gid,
             "seccomp": None if seccomp is None else base64.b64encode(seccomp).decode("ascii"),
+            "helper_seccomp": {
+                name: base64.b64encode(program).decode("ascii")
+                for name, program in (helper_seccomp or {}).items()
+            },
             "env": dict(policy.environment),
             "workdir": str(policy.workdir),
             "workspace": str(WORKSPACE_DIR),

@@ -298,6 +298,7 @@ class Docker(Sandbox):
                     if arch
                     else None
                 ),
+                helper_seccomp=_seccomp.helper_programs(arch) if arch else {},
                 ready_timeout=self.start_timeout,
                 probe_key=f"{self.name}:{self.engine.base_url}:{image_id}:{self.python}",
                 build=build,

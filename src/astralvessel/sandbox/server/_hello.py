@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 __all__ = [
+    "helper_filter",
     "launch_plan",
     "parse_hello",
     "prepare_workspace",
@@ -72,6 +73,11 @@ def parse_hello(header: dict[str, Any]) -> dict[str, Any]:
     memory_limits = header.get("memory_limits") or []
     if not isinstance(memory_limits, list) or not all(isinstance(p, str) for p in memory_limits):
         raise TypeError("'memory_limits' must be a list of paths")
+    helpers = header.get("helper_seccomp") or {}
+    if not isinstance(helpers, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in helpers.items()
+    ):
+        raise TypeError("'helper_seccomp' must map helper names to base64 programs")
     idle = header.get("file_worker_idle", _fsqueue.WORKER_IDLE)
     if isinstance(idle, bool) or not isinstance(idle, (int, float)) or not idle > 0:
         raise TypeError("'file_worker_idle' must be a positive number of seconds")
@@ -82,6 +88,7 @@ def parse_hello(header: dict[str, Any]) -> dict[str, Any]:
         "drop_uid": optional_int("drop_uid"),
         "drop_gid": optional_int("drop_gid"),
         "seccomp": None if seccomp is None else binascii.a2b_base64(seccomp),
+        "helper_seccomp": {k: binascii.a2b_base64(v) for k, v in helpers.items()},
         "env": dict(env),
         "workdir": str(header["workdir"]),
         "workspace": str(header["workspace"]),
@@ -211,10 +218,23 @@ def worker_options(
             "writable_roots": tuple(map_path(r, path_map) for r in config["writable_roots"]),
         },
         "own_userns": plan.confine and plan.pid_namespace and plan.own_userns,
+        "seccomp": helper_filter(config, plan, "file_worker"),
+        "install_seccomp": plan.install_seccomp,
     }
 
 
-def start_relay(config: dict[str, Any]) -> tuple[int | None, bool | str | None]:
+def helper_filter(config: dict[str, Any], plan: _launch.LaunchPlan, name: str) -> bytes | None:
+    """The filter helper ``name`` stacks over the server's: the host's, where the turn's
+    calls get theirs (None where they get none: the host relaxed it or this host has none)."""
+    if plan.seccomp is None:
+        return None
+    program: bytes | None = config["helper_seccomp"].get(name)
+    return program
+
+
+def start_relay(
+    config: dict[str, Any], plan: _launch.LaunchPlan
+) -> tuple[int | None, bool | str | None]:
     """Start the egress relay if the turn allows a network: its pid, and True, None (no
     network) or why not.
 
@@ -229,6 +249,8 @@ def start_relay(config: dict[str, Any]) -> tuple[int | None, bool | str | None]:
             egress["port"],
             config["drop_uid"],
             config["drop_gid"],
+            seccomp=helper_filter(config, plan, "relay"),
+            install_seccomp=plan.install_seccomp,
         )
     except OSError as exc:
         return None, f"cannot listen on 127.0.0.1:{egress['port']}: {exc}"

@@ -286,6 +286,21 @@ def _drop(uid: int | None, gid: int | None) -> None:
         _clear_inheritable()
 
 
+def stack_filter(program: bytes | None, install: Callable[[bytes], None] | None) -> None:
+    """Stack a helper's own filter (``_seccomp.HELPERS`` on the host) over the server's.
+
+    The file worker and the egress relay call this last, right before they read
+    what a model sent; ``program`` None (the turn's calls get no filter either)
+    installs nothing. Raises ``OSError`` if it cannot be installed: the helper
+    then exits rather than serve under the server's filter alone.
+    """
+    if program is None:
+        return
+    if install is None:
+        raise OSError("the seccomp installer is missing from this server")
+    install(program)
+
+
 def _confine_self(plan: LaunchPlan) -> None:
     """Apply the plan's confinement to this process, in the order that lets each step work."""
     if plan.limits is not None:

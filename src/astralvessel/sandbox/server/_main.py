@@ -219,7 +219,7 @@ class Server:
         # The file worker starts with the first file request (see _fsqueue).
         self.files.options = _hello.worker_options(config, plan, workspace, outbox)
         self.files.idle_limit = config["file_worker_idle"]
-        self.relay, egress = _hello.start_relay(config)
+        self.relay, egress = _hello.start_relay(config, plan)
         self.send(_hello.ready_frame(plan, egress, problems, relaxations, probe_found))
         self._refill_spare()
 

@@ -27,6 +27,7 @@ from ._lean import EVENT_READ, EVENT_WRITE, Selector, signal, suppress
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import socket
+    from collections.abc import Callable
 
 __all__ = ["start"]
 
@@ -148,12 +149,22 @@ class _Relay:
             one.peer = None
 
 
-def start(target: str, port: int, drop_uid: int | None, drop_gid: int | None) -> int:
+def start(
+    target: str,
+    port: int,
+    drop_uid: int | None,
+    drop_gid: int | None,
+    *,
+    seccomp: bytes | None = None,
+    install_seccomp: Callable[[bytes], None] | None = None,
+) -> int:
     """Listen on ``127.0.0.1:port``, fork the relay to ``target`` (a unix socket path); its pid.
 
     The listener is bound here, before ``ready``, so no call can take the port
     first; raises ``OSError`` if it cannot be. The relay gives up the server's
-    identity (as the file worker does) before it serves.
+    identity (as the file worker does) and stacks ``seccomp``, its own filter
+    (unix sockets alone, no process: ``_seccomp.RELAY`` on the host), over the
+    server's before it serves.
     """
     listener = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
     try:
@@ -182,6 +193,7 @@ def start(target: str, port: int, drop_uid: int | None, drop_gid: int | None) ->
             # only waits for connections, would outlive a server killed on the host.
             _launch.die_with_parent(lambda: os.getppid() != server)
             _sys.prctl(_sys.PR_SET_NO_NEW_PRIVS, 1)
+            _launch.stack_filter(seccomp, install_seccomp)
             _Relay(accepting, target).serve()
         except BaseException:
             # The interpreter's own hook prints the traceback without importing traceback

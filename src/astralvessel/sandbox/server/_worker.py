@@ -2,7 +2,9 @@
 
 The server may hold privileges (to make namespaces and mount ``/proc``), so it
 never opens a path a model named. It forks this worker once at startup; the
-worker drops to the call's uid and gid, sets ``no_new_privs`` and then serves
+worker drops to the call's uid and gid, sets ``no_new_privs``, stacks its own
+seccomp filter over the server's (none of the server's allowances, no socket,
+no process: ``_seccomp.FILE_WORKER`` on the host) and then serves
 one request at a time over a pair of pipes, in the same frame format as the
 host protocol (``_fsops``: read, write, list, and the built-in file tools'
 views). So a file tool can never show more than a confined call could read.
@@ -97,11 +99,15 @@ def start_worker(
     drop_gid: int | None,
     context: dict[str, Any],
     own_userns: bool = False,
+    seccomp: bytes | None = None,
+    install_seccomp: Callable[[bytes], None] | None = None,
 ) -> Worker:
     """Fork the worker; the server writes request frames to ``requests`` and reads ``replies``.
 
     ``own_userns``: take the calls' own kind of user namespace (see ``_userns``), as
-    a confining server whose probe found it works does.
+    a confining server whose probe found it works does. ``seccomp``: the worker's own
+    filter, which ``install_seccomp`` stacks over the server's before the first request
+    (see ``_launch.stack_filter``).
     """
     req_r, req_w = os.pipe()
     try:
@@ -131,6 +137,7 @@ def start_worker(
             # Either cleared the parent-death signal (the ids changed): armed again.
             _launch.die_with_parent(lambda: os.getppid() != server)
             _sys.prctl(_sys.PR_SET_NO_NEW_PRIVS, 1)
+            _launch.stack_filter(seccomp, install_seccomp)
             _serve(req_r, rep_w, context)
         except BaseException:
             # The interpreter's own hook prints the traceback without importing a module,
