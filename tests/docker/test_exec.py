@@ -20,6 +20,7 @@ from astralvessel.sandbox.docker._exec_session import (
     parse_listing,
     plan_outbox,
 )
+from astralvessel.sandbox.docker._spec import EXEC_SETUP_FAILED, READY, exec_argv
 from astralvessel.sandbox.server._outbox import NOT_PLAIN, NOT_UTF8, TOO_BIG, TOO_MANY
 from tests.conformance.calls import file_tool
 
@@ -81,6 +82,24 @@ def test_kills_leftovers_and_times_out(exec_turn, docker_api):
     assert outcome.timed_out
     processes = docker_api.top(exec_turn.container_id)["Processes"] or []
     assert not [p for p in processes if "sleep" in " ".join(p)]
+
+
+def test_a_wrapper_that_cannot_fork_says_so_instead_of_exiting_2(exec_turn, docker_api):
+    """A call whose shell cannot fork (its processes bound full) fails as a setup error, named.
+
+    dash exits 2 when a fork fails, even inside ``&&``: the call's code for
+    its own misuse errors. The call's exact command runs here, in the turn,
+    as the turn's uid, under a process bound of 1, so the first fork fails.
+    """
+    call = exec_argv(POLICY, ["echo", "ran"], outbox="/workspace/outbox/bound")
+    argv = ["/bin/sh", "-c", 'ulimit -p 1 && exec "$@"', "sh", *call]
+    exec_id = docker_api.exec_create(exec_turn.container_id, argv, user=exec_turn._user)["Id"]
+    output = docker_api.exec_start(exec_id, demux=True)
+    stderr = (output[1] or b"").decode()
+    assert docker_api.exec_inspect(exec_id)["ExitCode"] == EXEC_SETUP_FAILED, stderr
+    assert (output[0] or b"").replace(READY, b"") == b""
+    assert "fork" in stderr
+    assert "astralvessel: the sandbox could not start the command" in stderr
 
 
 def test_is_never_chosen_automatically():

@@ -36,6 +36,7 @@ __all__ = [
     "CALL_GID",
     "CALL_UID",
     "DEFAULT_BASE_IMAGE",
+    "EXEC_SETUP_FAILED",
     "IDLE_ARGV",
     "LABEL_MODE",
     "LABEL_OWNER",
@@ -494,24 +495,25 @@ def _printf_text(raw: bytes) -> str:
     )
 
 
-def carry_bytes(script: str, words: Sequence[str]) -> list[str]:
-    """``sh -c script`` with ``words`` as its arguments, each arriving as its exact bytes.
+def carry_bytes(script: str, words: Sequence[str], *, first: str = "") -> list[str]:
+    """``sh -c first+script`` with ``words`` as its arguments, each arriving as its exact bytes.
 
     The engine takes an exec's command as JSON text, which can only carry
     UTF-8: ``os.fsdecode``'s escape of a byte that is not UTF-8 would arrive as
     U+FFFD. Words that are not valid UTF-8 therefore travel as ``printf %b``
     text (ASCII) and the shell turns them back into their bytes before the
-    script runs. Commands of UTF-8 words alone are sent as they are.
+    script runs (``first`` runs before that). Commands of UTF-8 words alone are
+    sent as they are.
     """
     raw = [word.encode("utf-8", "surrogateescape") for word in words]
     flags = ["0" if _is_utf8(word) else "1" for word in raw]
     if "1" not in flags:
-        return ["/bin/sh", "-c", script, "sh", *words]
+        return ["/bin/sh", "-c", first + script, "sh", *words]
     carried = [
         word if flag == "0" else _printf_text(data)
         for word, data, flag in zip(words, raw, flags, strict=True)
     ]
-    return ["/bin/sh", "-c", _BYTES_PRELUDE + script, "sh", "".join(flags), *carried]
+    return ["/bin/sh", "-c", first + _BYTES_PRELUDE + script, "sh", "".join(flags), *carried]
 
 
 def _is_utf8(data: bytes) -> bool:
@@ -520,6 +522,20 @@ def _is_utf8(data: bytes) -> bool:
     except UnicodeDecodeError:
         return False
     return True
+
+
+#: Exit code of a ``docker-exec`` command whose wrapper failed before the command ran:
+#: the server's own for a call it could not set up (``server._launch.EXIT_SETUP_FAILED``).
+EXEC_SETUP_FAILED = 125
+#: Set first by every ``docker-exec`` call's shell: any way it ends before its ``exec``
+#: succeeds (a fork, a limit or an exec refused, the outbox folder not made) says so and
+#: exits ``EXEC_SETUP_FAILED``. Without it dash exits 2 after a failed fork (``Cannot
+#: fork``, fatal even inside ``&&``), a refused ``ulimit`` or an ``exec`` failing other
+#: than as not found or not executable: the code a command's own misuse error has.
+_SETUP_TRAP = (
+    "trap 'echo \"astralvessel: the sandbox could not start the command (the line above "
+    f"says why); it did not run\" >&2; exit {EXEC_SETUP_FAILED}' EXIT; "
+)
 
 
 def exec_argv(
@@ -543,21 +559,27 @@ def exec_argv(
     ``cwd``, when given, is entered by ``sh`` (a missing one fails as 126 with
     the shell's message on stderr, not the engine's on stdout). ``READY`` comes
     first on stdout. Words that are not UTF-8 (``os.fsdecode``'s escapes) arrive
-    as their bytes (``carry_bytes``).
+    as their bytes (``carry_bytes``). The outbox folder's path is a word too,
+    never script text. If the shell fails before its ``exec`` (any step, a fork
+    refused by the turn's process bounds among them), the command exits
+    ``EXEC_SETUP_FAILED`` with a line on stderr saying it did not run.
     """
     limits = policy.limits
     environment = dict(policy.environment, **(env or {}))
     if outbox is not None:
         environment["VESSEL_OUTBOX"] = outbox
     assignments = [f"{name}={value}" for name, value in environment.items()]
-    enter = f"{_READY_PRINTF}; " + ('cd -- "$1" || exit 126; shift; ' if cwd is not None else "")
+    enter = f"{_READY_PRINTF}; " + (
+        'cd -- "$1" || { trap - EXIT; exit 126; }; shift; ' if cwd is not None else ""
+    )
     script = enter + (
-        f'umask 007 && mkdir -p -- "{environment["VESSEL_OUTBOX"]}" && '
+        'umask 007 && mkdir -p -- "$1" && shift && '
         f"ulimit -v {limits.memory_mb * 1024} && ulimit -p {limits.processes} && "
         'exec env -i "$@"' + ("" if split else " 2>&1")
     )
     entered = [cwd] if cwd is not None else []
-    return carry_bytes(script, [*entered, *assignments, *argv])
+    words = [*entered, environment["VESSEL_OUTBOX"], *assignments, *argv]
+    return carry_bytes(script, words, first=_SETUP_TRAP)
 
 
 def owner_label(hostname: str, pid: int, start_time: str) -> str:
