@@ -44,7 +44,7 @@ import struct
 from . import _init, _launch, _sys, _userns
 from ._lean import EVENT_READ, Selector, signal, suppress
 
-__all__ = ["Zygote", "start"]
+__all__ = ["CLOSE_GRACE", "Zygote", "start"]
 
 _FORK = b"F"
 _KILL = b"K"
@@ -52,6 +52,8 @@ _PID = struct.Struct("!i")
 _FD = struct.Struct("i")
 _IDS = struct.Struct("!II")
 _STATUS = _init.CHAIN_FDS.index("status")
+#: Seconds a closed zygote has to carry out its last orders and exit before it is killed.
+CLOSE_GRACE = 1.0
 
 
 class Zygote:
@@ -82,7 +84,18 @@ class Zygote:
             self.sock.send(_KILL + _PID.pack(pid))
 
     def close(self) -> None:
-        """Close the socket (the zygote then exits) and reap the zygote, killing it if need be."""
+        """End the zygote and reap it: it carries out the orders already sent, then exits.
+
+        The end of the socket reaches the zygote after every order queued before
+        it, so the server's last kills (``_stop_everything``) are the zygote's
+        own, not left to the inits' parent-death signal; the zygote's end closes
+        only when it exits. One that has not within ``CLOSE_GRACE`` is killed.
+        """
+        with suppress(OSError):
+            self.sock.shutdown(_socket.SHUT_WR)
+            with Selector() as selector:
+                selector.register(self.sock, EVENT_READ)
+                selector.select(CLOSE_GRACE)  # readable at its end: the zygote never writes
         with suppress(OSError):
             self.sock.close()
         with suppress(OSError):
