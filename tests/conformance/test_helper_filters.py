@@ -1,4 +1,4 @@
-"""The server's helpers, taken over, still cannot copy in another process's descriptors.
+"""The server's helpers, taken over, still cannot take another process's descriptors.
 
 The file worker reads every path and byte of the file tools, the egress relay every
 byte a call sends out: a bug in either could hand a model code execution there. Each
@@ -7,8 +7,10 @@ allowances, ``pidfd_getfd`` first, are not theirs.
 
 The attacker here is the model after such a bug: the turn's server is booted with its
 file worker's handler and its relay's accept replaced by code that tries
-``pidfd_getfd`` on the server's stdin (the host's frames) and reports what the kernel
-answered, in the file tools' reply and to the call that connects. Everything else (the
+``pidfd_getfd`` on the server's stdin (the host's frames), then opening it and the
+server's memory through ``/proc``, and reports what the kernel answered, in the file
+tools' reply and to the call that connects. A helper holds the calls' identity
+(``_launch.become_call_user``), so the second door is shut as well. Everything else (the
 backend's sandbox, the server, its filter, the helpers' setup and their own filters)
 is the real thing.
 """
@@ -49,6 +51,13 @@ def _steal():
     pidfd = call(434, os.getppid(), 0)
     found["pidfd_open"] = pidfd
     found["server"] = call(438, pidfd, 0, 0) if pidfd >= 0 else None
+    for door in ("fd/0", "mem"):  # the same descriptor, and the server's memory, by path
+        try:
+            os.close(os.open("/proc/%d/%s" % (os.getppid(), door), os.O_RDONLY))
+        except OSError as exc:
+            found[door] = -exc.errno
+        else:
+            found[door] = 0
     try:
         child = os.fork()
     except OSError as exc:
@@ -118,12 +127,15 @@ def _refused(found: dict[str, int]) -> None:
     assert found["pidfd_open"] >= 0, found  # the attack reached its pidfd_getfd
     assert found["server"] == -errno.EPERM, f"took a descriptor of the server: {found}"
     assert found["fork"] == -errno.EPERM, f"started a process: {found}"
+    assert found["fd/0"] < 0, f"opened the server's descriptor through /proc: {found}"
+    assert found["mem"] < 0, f"opened the server's memory: {found}"
 
 
 def test_helpers_cannot_take_another_process_s_descriptors(
     taken_over: SandboxSession,
 ) -> None:
-    """pidfd_getfd on the server's descriptor is refused in the file worker and the relay."""
+    """pidfd_getfd on the server's descriptor is refused in the file worker and the relay, and
+    neither opens it, or the server's memory, through /proc."""
     reply = taken_over.fs(FsRequest(op="read", path="/data/species.txt", timeout=10))
     _refused(json.loads(reply.data))
     # A call of the turn talks to the relay, as a call using the network allow-list does.

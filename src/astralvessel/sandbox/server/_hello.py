@@ -249,6 +249,7 @@ def start_relay(
             egress["port"],
             config["drop_uid"],
             config["drop_gid"],
+            own_userns=_own_namespaces(plan) and plan.own_userns,
             seccomp=helper_filter(config, plan, "relay"),
             install_seccomp=plan.install_seccomp,
         )

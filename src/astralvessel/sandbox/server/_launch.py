@@ -28,7 +28,7 @@ import os
 import resource
 import select
 
-from . import _userns
+from . import _sys, _userns
 from ._lean import signal, suppress
 from ._sys import PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG, capset, libc, prctl
 
@@ -284,6 +284,36 @@ def _drop(uid: int | None, gid: int | None) -> None:
     if uid is not None:
         os.setresuid(uid, uid, uid)
         _clear_inheritable()
+
+
+def become_call_user(uid: int | None, gid: int | None, *, own_userns: bool) -> None:
+    """Take the calls' identity and hold what they hold, as the file worker and the egress
+    relay do before they serve: with ``own_userns``, uid 65534 of an own user namespace.
+
+    As an ordinary user the server is uid 0 of the sandbox's namespace with every
+    capability there; a helper gives them all up as a call's init does (holding
+    them, it could open the server's ``/proc/PID/fd`` and ``mem``). Where it cannot
+    mount its own ``/proc`` it drops to the uid as before. Raises ``OSError`` if the
+    namespace fails half made: the helper then exits rather than serve with the
+    server's privileges.
+    """
+    if not own_userns:
+        _drop(uid, gid)
+        return
+    try:
+        # The ids are mapped through /proc, which nsjail mounts read-only: the helper mounts
+        # a /proc of its own (same processes, writable) in a mount namespace of its own.
+        _sys.unshare(_sys.CLONE_NEWNS)
+        _sys.mount(None, "/", None, _sys.MS_REC | _sys.MS_PRIVATE)
+        _sys.mount("proc", "/proc", "proc", _sys.MS_NOSUID | _sys.MS_NODEV | _sys.MS_NOEXEC)
+    except OSError:
+        _drop(uid, gid)
+        if uid is None:
+            # Docker's masked /proc refuses a new one: the helper keeps the server's uid,
+            # but holds none of its capabilities (else it could read what no call can).
+            _userns.give_up_capabilities()
+        return
+    _userns.enter_own_namespace(uid, gid)
 
 
 def stack_filter(program: bytes | None, install: Callable[[bytes], None] | None) -> None:

@@ -155,6 +155,7 @@ def start(
     drop_uid: int | None,
     drop_gid: int | None,
     *,
+    own_userns: bool = False,
     seccomp: bytes | None = None,
     install_seccomp: Callable[[bytes], None] | None = None,
 ) -> int:
@@ -162,7 +163,8 @@ def start(
 
     The listener is bound here, before ``ready``, so no call can take the port
     first; raises ``OSError`` if it cannot be. The relay gives up the server's
-    identity (as the file worker does) and stacks ``seccomp``, its own filter
+    identity as the file worker does (``own_userns``: see ``_launch.become_call_user``)
+    and stacks ``seccomp``, its own filter
     (unix sockets alone, no process: ``_seccomp.RELAY`` on the host), over the
     server's before it serves.
     """
@@ -188,7 +190,7 @@ def start(
             import socket
 
             accepting = socket.socket(fileno=listener.detach())
-            _launch._drop(drop_uid, drop_gid)
+            _launch.become_call_user(drop_uid, drop_gid, own_userns=own_userns)
             # The drop cleared the parent-death signal: armed again, or the relay, which
             # only waits for connections, would outlive a server killed on the host.
             _launch.die_with_parent(lambda: os.getppid() != server)

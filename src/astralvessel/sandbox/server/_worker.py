@@ -16,7 +16,7 @@ import os
 import sys
 import time
 
-from . import _launch, _protocol, _sys, _userns
+from . import _launch, _protocol, _sys
 from ._lean import signal, suppress
 
 __all__ = ["FileContext", "Worker", "start_worker"]
@@ -130,10 +130,7 @@ def start_worker(
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             _launch.die_with_parent(lambda: os.getppid() != server)
             _warm_files()
-            if own_userns:
-                _become_call_user(drop_uid, drop_gid)
-            else:
-                _launch._drop(drop_uid, drop_gid)
+            _launch.become_call_user(drop_uid, drop_gid, own_userns=own_userns)
             # Either cleared the parent-death signal (the ids changed): armed again.
             _launch.die_with_parent(lambda: os.getppid() != server)
             _sys.prctl(_sys.PR_SET_NO_NEW_PRIVS, 1)
@@ -155,31 +152,6 @@ def _close_all(*fds: int) -> None:
     for fd in fds:
         with suppress(OSError):
             os.close(fd)
-
-
-def _become_call_user(uid: int | None, gid: int | None) -> None:
-    """Take the calls' identity and hold what they hold: uid 65534 of an own user namespace.
-
-    As an ordinary user the server is uid 0 of the sandbox's namespace with every
-    capability there; the worker gives them all up as a call's init does. Where
-    it cannot mount its own ``/proc`` it drops to the uid as before. Raises
-    ``OSError`` if the namespace fails half made: the worker then exits and the
-    file tools say so, rather than serve with the server's privileges.
-    """
-    try:
-        # The ids are mapped through /proc, which nsjail mounts read-only: the worker mounts
-        # a /proc of its own (same processes, writable) in a mount namespace of its own.
-        _sys.unshare(_sys.CLONE_NEWNS)
-        _sys.mount(None, "/", None, _sys.MS_REC | _sys.MS_PRIVATE)
-        _sys.mount("proc", "/proc", "proc", _sys.MS_NOSUID | _sys.MS_NODEV | _sys.MS_NOEXEC)
-    except OSError:
-        _launch._drop(uid, gid)
-        if uid is None:
-            # Docker's masked /proc refuses a new one: the worker keeps the server's uid,
-            # but holds none of its capabilities (else it could read what no call can).
-            _userns.give_up_capabilities()
-        return
-    _userns.enter_own_namespace(uid, gid)
 
 
 def _serve(requests: int, replies: int, context: dict[str, Any]) -> None:
