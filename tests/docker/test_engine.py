@@ -290,6 +290,26 @@ def test_engine_going_away_leaves_a_direct_turn_working(docker_api, tmp_path):
             gc.collect()
 
 
+def test_a_local_engine_is_asked_without_reading_the_proxy_environment(backend, monkeypatch):
+    """requests reads the proxy variables before each request; a unix socket uses none of them.
+
+    A remote engine's requests still read them: a proxy may stand between.
+    """
+    import requests.sessions
+
+    looked: list[str] = []
+    real = requests.sessions.get_environ_proxies
+
+    def looking(url: str, no_proxy: object = None) -> object:
+        looked.append(url)
+        return real(url, no_proxy=no_proxy)
+
+    api = backend.engine.api()  # connected first: the SDK asks the version as it connects
+    monkeypatch.setattr(requests.sessions, "get_environ_proxies", looking)
+    api.inspect_image(BASE_IMAGE)
+    assert bool(looked) == (not backend.engine.is_local())
+
+
 def test_image_without_python_is_refused_naming_docker_exec(docker_api):
     """The docker backend never falls back silently: an image without python3 names docker-exec."""
     backend = Docker(image=NOPYTHON_IMAGE, pull=False)
