@@ -21,6 +21,7 @@ import pytest
 
 from astralvessel import Agent, Executor, Listing, Registry, SandboxFileError, Turn, UsageError
 from astralvessel.sandbox import Mount
+from astralvessel.sandbox.server._files import LIST_MAX_ENTRIES, LIST_SCAN_ENTRIES
 
 from .conftest import TEST_LIMITS, WORKDIR
 
@@ -208,13 +209,14 @@ def test_a_folder_past_ten_thousand_entries_is_never_cut_silently(
         assert len(turn.list_dir("/workspace/huge", limit=1)) == 1
 
 
-#: Entries in the crowded folder: enough that reading them all would show in a call's time.
-CROWD = 200_000
+#: Entries in the crowded folder: just past the list tool's reading bound, which is what the
+#: note proves (a folder of 200 000 took 30 s to make on a loaded host and proved no more).
+CROWD = LIST_SCAN_ENTRIES + 50
 
 
 @pytest.fixture(scope="module")
 def crowded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """Data holding a folder of 200 000 empty files, made once for every backend."""
+    """Data holding a folder of ``CROWD`` empty files, made once for every backend."""
     data = tmp_path_factory.mktemp("crowded")
     folder = data / "crowd"
     folder.mkdir()
@@ -229,7 +231,7 @@ def crowded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 def test_the_list_tool_reads_a_crowded_folder_only_to_its_bound(
     backend, agent_dir: Path, crowded: Path
 ):
-    """The model's list of a 200 000-entry folder shows 500 names and says it stopped reading."""
+    """The model's list of a folder past the reading bound shows 500 names and says it stopped."""
     executor = Executor(
         Registry.for_agent(Agent.load(agent_dir)),
         sandbox=backend,
@@ -241,10 +243,10 @@ def test_the_list_tool_reads_a_crowded_folder_only_to_its_bound(
         result = turn.call("list", {"path": "crowd"})
         assert not result.is_error, result.text
         *names, note = result.text.splitlines()
-        assert len(names) == 500
+        assert len(names) == LIST_MAX_ENTRIES
         assert all(name.startswith("n") for name in names)
         assert names == sorted(names)
-        assert note.startswith("[this folder holds more than 10000 entries")
+        assert note.startswith(f"[this folder holds more than {LIST_SCAN_ENTRIES} entries")
         assert turn.call("list", {}).text == "crowd/"
 
 
