@@ -93,18 +93,23 @@ def wait_until_gone(marker: str, seconds: float = 5.0) -> list[int]:
     return left
 
 
-def barrier(folder: str, name: str, parties: int, *, wait_s: int = 20) -> str:
+def barrier(folder: str, name: str, parties: int, *, stall_s: int = 20) -> str:
     """A script that checks in at ``folder`` and waits for ``parties`` check-ins: ``met`` or ``alone``.
 
-    Calls that run one at a time can never all be checked in at once, so the
-    first prints ``alone`` after ``wait_s`` seconds and leaves a mark that sends
-    the later ones away at once (not ``wait_s`` each): the proof of overlap is
-    the rendezvous itself, not a clock.
+    The wait gives up after ``stall_s`` seconds with no new check-in, however
+    long the check-ins take to come all together: calls that start slowly on a
+    loaded host, but do overlap, keep arriving. Calls that run one at a time
+    never see a second check-in, so the first prints ``alone`` after
+    ``stall_s`` seconds and leaves a mark that sends the later ones away at once
+    (not ``stall_s`` each): the proof of overlap is the rendezvous itself, not a
+    clock.
     """
     return (
         f'touch "{folder}/in-{name}"; '
-        f"i=0; while [ $i -lt {wait_s * 10} ]; do "
-        f'[ "$(ls "{folder}" | grep -c "^in-")" -ge {parties} ] && {{ echo met; exit 0; }}; '
+        f"seen=0; i=0; while [ $i -lt {stall_s * 10} ]; do "
+        f'n=$(ls "{folder}" | grep -c "^in-"); '
+        f"[ $n -ge {parties} ] && {{ echo met; exit 0; }}; "
         f'[ -e "{folder}/gave-up" ] && {{ echo alone; exit 0; }}; '
+        f"[ $n -gt $seen ] && {{ seen=$n; i=0; }}; "
         f'sleep 0.1; i=$((i+1)); done; touch "{folder}/gave-up"; echo alone'
     )

@@ -118,12 +118,19 @@ def test_each_stream_is_cut_at_its_bound(turn: Turn):
 
 
 def test_sixteen_execs_run_at_once(turn: Turn):
-    """Sixteen execs of one turn run concurrently: all sixteen meet at a rendezvous."""
+    """Sixteen execs of one turn run concurrently: all sixteen meet at a rendezvous.
+
+    Execs run one at a time never bring a second check-in, so the first gives up
+    3 s after its own (the rest leave at once): the test fails in seconds there.
+    """
     assert turn.exec(["mkdir", "-p", "/workspace/meet"]).returncode == 0
 
     async def all_at_once() -> list[ExecResult]:
         return await asyncio.gather(
-            *(turn.aexec([SHELL, "-c", barrier("/workspace/meet", str(n), 16)]) for n in range(16))
+            *(
+                turn.aexec([SHELL, "-c", barrier("/workspace/meet", str(n), 16, stall_s=3)])
+                for n in range(16)
+            )
         )
 
     results = asyncio.run(all_at_once())
