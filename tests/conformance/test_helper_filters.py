@@ -21,6 +21,7 @@ import errno
 import functools
 import json
 import marshal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -94,13 +95,15 @@ _Relay._accept = _accept
 def _taken_over(build: object = None) -> bytes:
     """The server's payload with both helpers' entry points the attacker's.
 
-    Sources only, under a tag no interpreter has, so the sandbox's own Python
-    compiles them (on Docker too, where the host's compiled code could not run).
+    Compiled by this interpreter, as the real payload is: a sandbox on another Python
+    (a Docker image's) compiles the sources itself, as it would for the real one.
     """
     sources = dict(_session._sources())
     sources["_fsops"] += _FILE_WORKER
     sources["_relay"] += _RELAY
-    return marshal.dumps({"tag": [0, "taken-over"], "code": b"", "src": sources}, 4)
+    code = marshal.dumps(_session._compiled(sources))
+    tag = [sys.hexversion, sys.implementation.cache_tag]
+    return marshal.dumps({"tag": tag, "code": code, "src": sources}, 4)
 
 
 @pytest.fixture
