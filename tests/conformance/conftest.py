@@ -175,6 +175,7 @@ _DETACHED_TESTS = (
     "test_kill_takes_the_whole_tree",
     "test_detached_timeout_kills_the_whole_tree",
     "test_the_turn_holds_a_bounded_number",
+    "test_a_process_that_left_nothing_running_frees_its_slot_by_its_result",
     "test_limits_hold_for_a_detached_process",
     "test_memory_watch_stops_a_detached_process",
     "test_log_is_bounded",

@@ -172,6 +172,26 @@ def test_the_turn_holds_a_bounded_number(turn: Turn):
     assert again.result(timeout=30).returncode == 0
 
 
+def test_a_process_that_left_nothing_running_frees_its_slot_by_its_result(turn: Turn):
+    """Once the result of a command that left nothing running is in, its slot is free: a
+    full turn whose commands all exit at once starts them all again, never refused.
+
+    A chatty process keeps the server busy pumping its log, so the ends of the others
+    often reach it outside the status pipe's handler (the memory watch reads every
+    call's status while calls run): an end read there must free the slot all the same.
+    """
+    chatty = turn.start(["cat", "/dev/zero"])
+    others = exec_module.DETACHED_PER_TURN - 1
+    for round_ in range(10):
+        go = f"/workspace/go-{round_}"
+        waiting = [SHELL, "-c", f"until [ -e {go} ]; do sleep 0.01; done"]
+        processes = [turn.start(waiting) for _ in range(others)]
+        turn.write_file(go, b"")
+        assert [p.result(timeout=60).returncode for p in processes] == [0] * others
+    chatty.kill()
+    assert chatty.result(timeout=30).returncode == -9
+
+
 def test_limits_hold_for_a_detached_process(turn: Turn):
     """The turn's memory and process limits bound a detached process as they bound a call."""
     memory = turn.start([PYTHON, "-c", "b = bytearray(1 << 30); print('allocated')"])

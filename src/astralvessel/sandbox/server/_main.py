@@ -177,7 +177,7 @@ class Server:
                 self.fail(call_id, why)
         elif kind == "cancel":
             call = self.calls.get(call_id)
-            if call is not None and call.drain_deadline is None:
+            if call is not None and call.drain_deadline is None and self._still_running(call):
                 call.cancelled = True
                 self._kill(call)
         else:
@@ -392,20 +392,27 @@ class Server:
     def _on_status(self, call: Call) -> None:
         if self.calls.get(call.id) is not call:
             return  # answered, and its status pipe closed, earlier in this round
-        closed = self._drain_status(call)
-        if closed or call.namespace_empty:
+        if self._drain_status(call) and call.status is None:
+            # The chain is gone altogether, without a ``D``.
             self._stop_watching_status(call)
-            if call.status is None:
-                # Init (or the zygote, having reaped init) said the namespace is empty,
-                # or the chain is gone altogether.
-                self._ended(call, 0)
+            self._ended(call, 0)
 
     def _stop_watching_status(self, call: Call) -> None:
         with suppress(KeyError, ValueError):
             self.selector.unregister(call.spawned.status)
 
     def _drain_status(self, call: Call) -> bool:
-        """Read what the status pipe holds; return True once it is closed."""
+        """Read what the status pipe holds; return True once it is closed.
+
+        Whoever reads it, for any purpose, acts on what it says here: a ``D`` (init, or
+        the zygote having reaped init, says the namespace is empty) ends the call, which
+        may answer it and close this pipe; a detached command's ``X`` without it is
+        announced to the host. A ``D`` read elsewhere and acted on later (the memory
+        watch reads ``P`` here) left the call holding its detached slot after the host
+        had its exit, until the pipe's end: the next ``start`` was refused.
+        """
+        if call.spawned.status < 0:
+            return True  # answered: its pipe is closed
         closed = False
         try:
             while True:
@@ -417,9 +424,21 @@ class Server:
         except BlockingIOError:
             pass
         call.namespace_empty = b"D\n" in call.spawned.status_text.splitlines(keepends=True)
-        if call.detach and not call.exit_sent and b"X" in call.spawned.status_text:
+        if call.namespace_empty:
+            # A detached command's exit then goes with the answer, sent once the call no
+            # longer holds a slot. At shutdown nobody is answered: the caller kills the rest.
+            if call.status is None and not call.spawned.group and self.running:
+                self._stop_watching_status(call)
+                self._ended(call, 0)
+        elif call.detach and not call.exit_sent and b"X" in call.spawned.status_text:
             self._announce_exit(call)
         return closed
+
+    def _still_running(self, call: Call) -> bool:
+        """Whether ``call`` still runs, once what its status pipe holds is read: a stop (a
+        kill, a timeout) must not take a call that ended by itself for one it stopped."""
+        self._drain_status(call)
+        return call.status is None
 
     def _read_status(self, call: Call, letter: str) -> list[str]:
         """What the status pipe has said so far in its lines marked ``letter``."""
@@ -431,13 +450,15 @@ class Server:
         if call.spawned.group:
             _killpg(call.spawned.pid)
             return
-        if call.status is not None:
+        if not self._still_running(call):
             return  # the namespace is empty and its pid 1 reaped: that pid may name another
-        init = self._read_status(call, "P")
+        init = status_values(call.spawned.status_text, "P")
         if not init:
             # The zygote names init as soon as it has forked it; wait the moment that takes.
             _wait_readable(call.spawned.status, 1.0)
-            init = self._read_status(call, "P")
+            if not self._still_running(call):
+                return  # its ``D`` came instead: it ended (and may be answered)
+            init = status_values(call.spawned.status_text, "P")
         if init and init[0].isdigit():
             self._source().kill_init(int(init[0]))
 
@@ -449,7 +470,7 @@ class Server:
                     for stream in _pipes.PIPES:
                         _pipes.close(call, stream, self.selector)
                     self._maybe_finish(call)
-            elif now >= call.deadline and not call.timed_out:
+            elif now >= call.deadline and not call.timed_out and self._still_running(call):
                 call.timed_out = True
                 self._kill(call)
         self.files.check(now)
@@ -474,6 +495,8 @@ class Server:
         inits: dict[int, int] = {}
         for call in running:
             init = self._read_status(call, "P")
+            if call.status is not None:
+                continue  # the read found its ``D``: it ended, and may be answered
             if init and init[0].isdigit():
                 inits[int(init[0])] = call.id
         config, _ = self._configured()
@@ -509,6 +532,8 @@ class Server:
         self._drain_status(call)
         self._stop_watching_status(call)
         os.close(call.spawned.status)
+        # Its number may name another call's pipe from now: nothing reads it again.
+        call.spawned.status = -1
         if self.oom_fd is not None and call.oom_mark is not None:
             # The kernel's OOM killer took processes of the turn while this call ran: those
             # were this call's (init makes calls its first choice), or it would not have ended.
