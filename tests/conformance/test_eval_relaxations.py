@@ -11,6 +11,7 @@ disk limit, one turn's layers unseen by another).
 from __future__ import annotations
 
 import base64
+import compileall
 import ensurepip
 import errno
 import hashlib
@@ -71,25 +72,33 @@ def _tiny_wheel(folder: Path) -> Path:
     return wheel
 
 
-@pytest.fixture
-def packages(tmp_path: Path) -> Path:
-    """A read-only folder with pip (the host interpreter's bundled wheel) and a tiny wheel."""
-    folder = tmp_path / "packages"
-    folder.mkdir()
+def _unpacked_pip(folder: Path) -> None:
+    """Put pip (the host interpreter's bundled wheel, or the pip this test runs beside) in
+    ``folder/pip`` with its modules compiled: run from its zipped wheel, every call compiled
+    pip's hundreds of modules afresh, 10 s of each test on a loaded host.
+    """
     bundled = sorted((Path(ensurepip.__file__).parent / "_bundled").glob("pip-*.whl"))
     if bundled:
-        shutil.copy(bundled[-1], folder / "pip.whl")
+        with zipfile.ZipFile(bundled[-1]) as archive:
+            archive.extractall(folder, [n for n in archive.namelist() if n.startswith("pip/")])
     else:
-        # Debian's interpreter strips ensurepip's wheels: zip the pip this test runs beside.
+        # Debian's interpreter strips ensurepip's wheels.
         import pip
 
-        source = Path(pip.__file__).parent
-        with zipfile.ZipFile(folder / "pip.whl", "w") as archive:
-            for path in source.rglob("*"):
-                if path.is_file() and "__pycache__" not in path.parts:
-                    archive.write(path, str(Path("pip") / path.relative_to(source)))
+        shutil.copytree(
+            Path(pip.__file__).parent, folder / "pip", ignore=shutil.ignore_patterns("__pycache__")
+        )
+    # Compiled by this interpreter: a sandbox's python3 of another version compiles as before.
+    compileall.compile_dir(folder / "pip", quiet=1, workers=0)
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A read-only folder with pip, unpacked and compiled, and a tiny wheel; made once."""
+    folder = tmp_path_factory.mktemp("packages")
+    _unpacked_pip(folder)
     _tiny_wheel(folder)
-    for path in (tmp_path, folder, *folder.iterdir()):
+    for path in (folder, *folder.rglob("*")):
         path.chmod(0o755 if path.is_dir() else 0o644)
     return folder
 
@@ -132,7 +141,7 @@ def _pip(turn: SandboxSession) -> str:
     outcome = run(
         turn,
         "python3",
-        "/packages/pip.whl/pip",
+        "/packages/pip",
         "install",
         "--no-index",
         "--no-cache-dir",
@@ -338,13 +347,13 @@ def test_root_identity_cannot_change_the_hosts_files(open_turn, packages):
     """Read-only mounts and the host's system files stay unwritable to root in the sandbox; a
     chown there succeeds (root identity's no-op) and changes no owner."""
     turn = open_turn(root_identity=True)
-    owner = (packages / "pip.whl").stat()
+    owner = (packages / "pip").stat()
     outcome = run(
         turn,
         "sh",
         "-c",
         "echo x > /packages/av-x; echo x > /usr/bin/av-x; echo x >> /etc/hostname; "
-        "chmod 777 /usr/bin; chown 0 /packages/pip.whl && echo chowned; echo done",
+        "chmod 777 /usr/bin; chown 0 /packages/pip && echo chowned; echo done",
     )
     refusals = ("Read-only file system", "Permission denied", "Operation not permitted")
     lines = outcome.output.splitlines()
@@ -352,7 +361,7 @@ def test_root_identity_cannot_change_the_hosts_files(open_turn, packages):
     assert len([line for line in lines[:-2] if line.endswith(refusals)]) == 4, outcome.output
     assert not (packages / "av-x").exists()
     assert not Path("/usr/bin/av-x").exists()
-    after = (packages / "pip.whl").stat()
+    after = (packages / "pip").stat()
     assert (after.st_uid, after.st_gid) == (owner.st_uid, owner.st_gid)
 
 
