@@ -141,7 +141,9 @@ def test_kill_takes_the_whole_tree(turn: Turn):
 def test_detached_timeout_kills_the_whole_tree(turn: Turn):
     """A ``timeout`` bounds the process and its daemons together: past it, all are killed."""
     marker = _marker()
-    process = turn.start([SHELL, "-c", _daemon_script(marker)], timeout=10.0)
+    # Long enough for the daemon to come up and be seen on a loaded host, and no longer:
+    # the test waits it out whole.
+    process = turn.start([SHELL, "-c", _daemon_script(marker)], timeout=4.0)
     assert process.result(timeout=30).returncode == 0
     assert _daemon_up(turn, marker)
     assert wait_until_gone(marker, 60) == []
