@@ -422,3 +422,18 @@ def test_the_image_compiles_the_server_once_and_turns_load_that_code(backend, sm
     )
     assert b"expected 'hello' first" in done.stdout, done.stderr
     assert b"compiled source" not in done.stderr
+
+
+def test_an_image_found_to_run_python_is_not_probed_again_by_another_engine(backend, tmp_path):
+    """Which image runs the server's Python, and its compiled server, hold for the process:
+    a second ``Docker()`` starts no throwaway to ask again (it could not: no engine answers it)."""
+    image_id = backend.engine.ensure_image(backend.base_image)
+    assert backend.engine.has_python(image_id, backend.python)
+    build = backend.engine.server_build(image_id, backend.python)
+    assert build is not None
+    unreachable = Engine(f"unix://{tmp_path / 'nothing.sock'}", pull=False, start_timeout=5.0)
+    assert unreachable.has_python(image_id, backend.python)
+    assert unreachable.server_build(image_id, backend.python) == build
+    # An image this process never found to run Python is asked of the engine, which is not there.
+    with pytest.raises(BackendUnavailableError, match="no Docker engine answers"):
+        unreachable.has_python("sha256:" + "0" * 64, backend.python)
