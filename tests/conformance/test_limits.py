@@ -15,10 +15,10 @@ from .calls import PYTHON, py, py_json, run, wait_until_gone
 from .conftest import TEST_LIMITS
 
 MIB = 1024 * 1024
-#: How long the memory tests' children hold what they took: far longer than the watch needs to
-#: stop them even under load, and short enough that a backend that does not watch (docker-exec
-#: declares it) fails its expected failure in seconds, not after the call's whole timeout.
-HOLD_S = 12
+#: How long the memory tests' children hold what they took: far longer than the watch (it
+#: samples every 50 ms) needs to stop them even under load, and short enough that a backend
+#: that does not watch (docker-exec declares it) fails its expected failure in seconds.
+HOLD_S = 6
 
 
 def test_open_files_limited(session):
@@ -339,7 +339,7 @@ def test_memory_a_fork_shares_counts_once(session):
 #: started the whole script from a copy of the interpreter it may run but not read.
 _HIDE_AND_FILL = """
 import ctypes, fcntl, os, sys, time
-children, each, how = int(sys.argv[1]), int(sys.argv[2]) << 20, sys.argv[3]
+children, each, how, hold = int(sys.argv[1]), int(sys.argv[2]) << 20, sys.argv[3], sys.argv[4]
 prctl = ctypes.CDLL(None, use_errno=True).prctl
 PR_GET_DUMPABLE, PR_SET_DUMPABLE = 3, 4
 for _ in range(children):
@@ -361,7 +361,7 @@ for _ in range(children):
                     pass
         except OSError:
             pass
-        time.sleep(30)
+        time.sleep(float(hold))
         os._exit(0)
 for _ in range(children):
     os.wait()
@@ -385,9 +385,12 @@ def test_a_call_cannot_hide_its_memory_from_the_watch(backend, policy, how):
     session = backend.start(attrs.evolve(policy, limits=limits))
     try:
         if how == "prctl":
-            argv = ["/usr/bin/python3", "-c", _HIDE_AND_FILL, "4", "32", how]
+            argv = ["/usr/bin/python3", "-c", _HIDE_AND_FILL, "4", "32", how, str(HOLD_S)]
         else:
-            argv = ["/bin/sh", "-c", _FROM_AN_UNREADABLE_COPY, _HIDE_AND_FILL, "4", "32", how]
+            argv = [
+                *("/bin/sh", "-c", _FROM_AN_UNREADABLE_COPY, _HIDE_AND_FILL),
+                *("4", "32", how, str(HOLD_S)),
+            ]
         outcome = run(session, *argv, timeout=60.0)
         assert not outcome.timed_out, outcome.output
         assert outcome.exit_code is None, outcome.output
