@@ -23,6 +23,7 @@ from astralvessel.sandbox.docker._spec import (
     is_leftover,
     owner_label,
     parse_owner,
+    profile_text,
     server_argv,
     view_binds,
 )
@@ -65,6 +66,17 @@ def test_seccomp_profile_is_passed_inline():
     options = _spec(Policy()).host_config["security_opt"]
     (seccomp,) = [o for o in options if o.startswith("seccomp=")]
     assert json.loads(seccomp.removeprefix("seccomp=")) == PROFILE
+
+
+def test_a_profile_rendered_ahead_is_passed_as_it_is():
+    """A backend renders its profile's 40 kB of JSON once per process; a turn's spec takes the text."""
+    text = profile_text(PROFILE)
+    rendered = container_spec(
+        Policy(), image="img", command=["python3", "-c", "x"], seccomp_profile=text,
+        labels={LABEL_TURN: "1"}, server=True,
+    )  # fmt: skip
+    assert f"seccomp={text}" in rendered.host_config["security_opt"]
+    assert rendered.host_config == _spec(Policy()).host_config
 
 
 def test_limits_become_engine_limits():

@@ -55,6 +55,7 @@ __all__ = [
     "is_leftover",
     "owner_label",
     "parse_owner",
+    "profile_text",
     "ready_argv",
     "server_argv",
     "view_binds",
@@ -301,12 +302,17 @@ def _covered(path: PurePosixPath, targets: Iterable[PurePosixPath]) -> bool:
     return any(path == t or t in path.parents for t in targets)
 
 
+def profile_text(profile: Mapping[str, object]) -> str:
+    """Docker's seccomp profile as the JSON text the engine takes in the security option."""
+    return json.dumps(profile, sort_keys=True, separators=(",", ":"))
+
+
 def container_spec(
     policy: Policy,
     *,
     image: str,
     command: Sequence[str],
-    seccomp_profile: Mapping[str, object],
+    seccomp_profile: Mapping[str, object] | str,
     labels: Mapping[str, str],
     server: bool,
     cpus: float | None = 1.0,
@@ -321,7 +327,8 @@ def container_spec(
     holds the container open (root, so that calls, which run as another uid,
     cannot signal it; ``IDLE_ARGV``), and each call is a ``docker exec`` as
     ``uid``. ``identity_dir`` (``docker-exec``) holds the turn's passwd and
-    group files, bound over the image's (``_identity``).
+    group files, bound over the image's (``_identity``). ``seccomp_profile``
+    is Docker's JSON profile, or its text as ``profile_text`` renders it.
     """
     limits = policy.limits
     mib = 1024 * 1024
@@ -363,7 +370,7 @@ def container_spec(
     # must not be what pushes the server out of memory: the same bound as the turn
     # cgroup of the namespace backends.
     memory = turn_memory_bytes(limits)
-    profile = json.dumps(seccomp_profile, sort_keys=True, separators=(",", ":"))
+    profile = seccomp_profile if isinstance(seccomp_profile, str) else profile_text(seccomp_profile)
     host_config: dict[str, object] = {
         "network_mode": "none",
         "read_only": True,
