@@ -208,27 +208,35 @@ def test_many_users_at_once(open_turn: OpenTurn):
     assert asyncio.run(all_at_once()) == [f"{n}\n".encode() for n in expected]
 
 
-@pytest.mark.parametrize(
-    "user",
-    ["", "a\0b", "x" * 257, "name:0", "two\nlines", -1, MAX_ID + 1, 2**64, True, 1.5, b"root"],
+#: Users the host refuses before anything runs: empty, NUL-bearing, huge or malformed names,
+#: ids out of range, and values that are no name or id at all.
+HOSTILE_USERS: tuple[object, ...] = (
+    *("", "a\0b", "x" * 257, "name:0", "two\nlines"),
+    *(-1, MAX_ID + 1, 2**64, True, 1.5, b"root"),
 )
-def test_hostile_users_are_the_hosts_mistake(open_turn: OpenTurn, user: object):
+#: Users no passwd of the sandbox lists, some shaped as paths or patterns.
+UNKNOWN_USERS = ("nonexistent", "../../etc/passwd", "root/..", "*", "+")
+
+
+def test_hostile_users_are_the_hosts_mistake(open_turn: OpenTurn):
     """An empty, NUL-bearing, huge or malformed name, an id out of range or a non-name is
-    UsageError, and nothing runs."""
+    UsageError, and nothing runs (the cases share one turn: none runs anything)."""
     turn = open_turn()
-    with pytest.raises(UsageError):
-        turn.exec(["touch", "/out/ran"], user=user)  # type: ignore[arg-type]
-    assert turn.exec(["ls", "/out"]).stdout == b""
+    for user in HOSTILE_USERS:
+        with pytest.raises(UsageError):
+            turn.exec(["touch", "/out/ran"], user=user)  # type: ignore[arg-type]
+        assert turn.exec(["ls", "/out"]).stdout == b"", user
 
 
-@pytest.mark.parametrize("user", ["nonexistent", "../../etc/passwd", "root/..", "*", "+"])
-def test_unknown_user_is_a_failed_result_that_names_it(open_turn: OpenTurn, user: str):
-    """A user the sandbox's passwd does not list is exit 126 naming it; the command never runs."""
+def test_unknown_user_is_a_failed_result_that_names_it(open_turn: OpenTurn):
+    """A user the sandbox's passwd does not list is exit 126 naming it; the command never runs
+    (the cases share one turn: none runs anything)."""
     turn = open_turn()
-    result = turn.exec(["touch", "/out/ran"], user=user)
-    assert result.returncode == 126
-    assert repr(user).encode() in result.stderr
-    assert turn.exec(["ls", "/out"]).stdout == b""
+    for user in UNKNOWN_USERS:
+        result = turn.exec(["touch", "/out/ran"], user=user)
+        assert result.returncode == 126, user
+        assert repr(user).encode() in result.stderr, user
+        assert turn.exec(["ls", "/out"]).stdout == b"", user
 
 
 def test_hostile_passwd_cannot_stall_or_fool_the_lookup(open_turn: OpenTurn):
