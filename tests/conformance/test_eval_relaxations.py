@@ -82,12 +82,11 @@ def _unpacked_pip(folder: Path) -> None:
         with zipfile.ZipFile(bundled[-1]) as archive:
             archive.extractall(folder, [n for n in archive.namelist() if n.startswith("pip/")])
     else:
-        # Debian's interpreter strips ensurepip's wheels.
+        # Debian's interpreter strips ensurepip's wheels. Its pip comes compiled: copies
+        # keep their times, so compile_dir below finds the compiled modules current.
         import pip
 
-        shutil.copytree(
-            Path(pip.__file__).parent, folder / "pip", ignore=shutil.ignore_patterns("__pycache__")
-        )
+        shutil.copytree(Path(pip.__file__).parent, folder / "pip")
     # Compiled by this interpreter: a sandbox's python3 of another version compiles as before.
     compileall.compile_dir(folder / "pip", quiet=1, workers=0)
 
