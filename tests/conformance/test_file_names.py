@@ -266,16 +266,28 @@ def test_builtin_tools_act_on_hostile_names(turn: Turn, tool: str):
     assert turn.exec(["true"]).returncode == 0
 
 
-@pytest.mark.parametrize(
-    "path", [chr(0xD800), "a" + chr(0xDFFF), "x\0y", chr(0xDCFF), "../" * 200, "é" * 300, "\x1b[2J"]
+#: Paths no tool can take as they are: lone surrogates, a NUL, a climb, an overlong name, and
+#: a terminal control.
+HOSTILE_PATHS = (
+    chr(0xD800),
+    "a" + chr(0xDFFF),
+    "x\0y",
+    chr(0xDCFF),
+    "../" * 200,
+    "é" * 300,
+    "\x1b[2J",
 )
+
+
 @pytest.mark.parametrize("tool", ["read", "list", "glob", "grep"])
-def test_builtin_tools_refuse_hostile_paths_as_results(turn: Turn, tool: str, path: str):
-    """A hostile path gives the model a result it can act on, never a broken turn."""
-    arguments: dict[str, object] = {"path": path}
-    if tool in ("glob", "grep"):
-        arguments["pattern"] = "a"
-    result = turn.call(tool, json.dumps(arguments))
-    result.text.encode("utf-8")
-    assert result.text
-    assert turn.exec(["true"]).returncode == 0
+def test_builtin_tools_refuse_hostile_paths_as_results(turn: Turn, tool: str):
+    """A hostile path gives the model a result it can act on, never a broken turn (the paths
+    share one turn: each must leave it working for the next)."""
+    for path in HOSTILE_PATHS:
+        arguments: dict[str, object] = {"path": path}
+        if tool in ("glob", "grep"):
+            arguments["pattern"] = "a"
+        result = turn.call(tool, json.dumps(arguments))
+        result.text.encode("utf-8")
+        assert result.text, path
+        assert turn.exec(["true"]).returncode == 0, path
