@@ -1,38 +1,66 @@
-"""The CLI contract: commands, output and exit codes, run as a real subprocess."""
+"""The CLI contract: commands, output and exit codes.
+
+Most commands run in-process (``main`` with an argv, its stdout, stderr and exit code
+captured): a fresh interpreter per case cost 2-3 s of import at CI's load and proved
+nothing more. What only a real process shows stays a subprocess: the console script,
+Ctrl-C's exit 130, and the MCP server ending when its client's pipes close.
+"""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
+
+from astralvessel.cli import main
 
 ROOT = Path(__file__).parents[2]
 EXAMPLE = str(ROOT / "examples" / "field-guide")
 MOUNT = f"/data={ROOT / 'examples' / 'sample-data'}"
 
 
-def cli(*args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "astralvessel", *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+class Ran(NamedTuple):
+    """What one CLI run gave: its exit code and what it printed."""
+
+    returncode: int
+    stdout: str
+    stderr: str
 
 
-def test_check_valid_agent() -> None:
+Cli = Callable[..., Ran]
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Cli:
+    """Run the CLI's ``main`` in this process, as ``astralvessel ARGS`` with ``stdin``."""
+
+    def run(*args: str, stdin: str = "") -> Ran:
+        monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+        capsys.readouterr()
+        try:
+            code = main(list(args))
+        except SystemExit as exc:  # argparse's own exits (bad flags) end the process too
+            code = exc.code if isinstance(exc.code, int) else 1
+        out, err = capsys.readouterr()
+        return Ran(code, out, err)
+
+    return run
+
+
+def test_check_valid_agent(cli: Cli) -> None:
     """check exits 0 for a valid agent folder."""
     done = cli("check", EXAMPLE)
     assert done.returncode == 0, done.stderr
     assert "field-guide: ok" in done.stdout
 
 
-def test_check_invalid_agent(tmp_path: Path) -> None:
+def test_check_invalid_agent(cli: Cli, tmp_path: Path) -> None:
     """check prints the ConfigError text on stderr and exits 2."""
     (tmp_path / "vessel.toml").write_text("[tools]\nbuiltin = ['cat']\n")
     done = cli("check", str(tmp_path))
@@ -45,7 +73,7 @@ def test_check_invalid_agent(tmp_path: Path) -> None:
     ("dialect", "key"),
     [("openai", "function"), ("anthropic", "input_schema"), ("mcp", "inputSchema")],
 )
-def test_tools_prints_schemas(dialect: str, key: str) -> None:
+def test_tools_prints_schemas(cli: Cli, dialect: str, key: str) -> None:
     """tools prints the schemas of the chosen dialect as JSON."""
     done = cli("tools", EXAMPLE, "--dialect", dialect)
     assert done.returncode == 0, done.stderr
@@ -54,14 +82,14 @@ def test_tools_prints_schemas(dialect: str, key: str) -> None:
     assert len(schemas) == 6
 
 
-def test_tools_default_dialect_and_scope_filter() -> None:
+def test_tools_default_dialect_and_scope_filter(cli: Cli) -> None:
     """tools defaults to openai and filters by --scope."""
     done = cli("tools", EXAMPLE, "--scope", "tools:files")
     names = [s["function"]["name"] for s in json.loads(done.stdout)]
     assert names == ["read", "glob", "list"]
 
 
-def test_call_runs_species_in_a_sandbox() -> None:
+def test_call_runs_species_in_a_sandbox(cli: Cli) -> None:
     """call runs the example in the default confined backend and prints the result text."""
     done = cli("call", EXAMPLE, "species", '{"habitat": "estuaries"}', "--mount", MOUNT)
     assert done.returncode == 0, done.stderr
@@ -69,7 +97,7 @@ def test_call_runs_species_in_a_sandbox() -> None:
     assert names == ["Pied avocet", "Eurasian curlew", "Grey heron", "Harbour seal"]
 
 
-def test_call_reads_arguments_from_stdin_and_prints_json() -> None:
+def test_call_reads_arguments_from_stdin_and_prints_json(cli: Cli) -> None:
     """'-' reads the arguments from stdin; --json prints the whole result."""
     done = cli(
         "call",
@@ -89,7 +117,7 @@ def test_call_reads_arguments_from_stdin_and_prints_json() -> None:
     assert result["backend"] != "unconfined"
 
 
-def test_call_relax_gives_up_a_promise_as_the_api_does() -> None:
+def test_call_relax_gives_up_a_promise_as_the_api_does(cli: Cli) -> None:
     """--relax PROMISE reaches the executor: the result's policy identity records it."""
     args = ["call", EXAMPLE, "word_count", '{"path": "species/eel.md"}', "--mount", MOUNT, "--json"]
     strict, relaxed = cli(*args), cli(*args, "--relax", "process-limit")
@@ -100,7 +128,7 @@ def test_call_relax_gives_up_a_promise_as_the_api_does() -> None:
     assert strict_id != relaxed_id
 
 
-def test_call_eval_relaxations_reach_the_turn(tmp_path: Path) -> None:
+def test_call_eval_relaxations_reach_the_turn(cli: Cli, tmp_path: Path) -> None:
     """--writable-root --root-identity give the call uid 0 and a writable /usr; policy_id shows it."""
     agent = tmp_path / "agent"
     agent.mkdir()
@@ -119,7 +147,7 @@ def test_call_eval_relaxations_reach_the_turn(tmp_path: Path) -> None:
     assert strict_result["policy_id"] != relaxed_result["policy_id"]
 
 
-def test_call_error_result_exits_1() -> None:
+def test_call_error_result_exits_1(cli: Cli) -> None:
     """A result that is an error exits 1 and still prints its text."""
     done = cli("call", EXAMPLE, "species", '{"habitat": 3}', "--mount", MOUNT)
     assert done.returncode == 1
@@ -138,21 +166,13 @@ def test_call_error_result_exits_1() -> None:
         ["tools", EXAMPLE, "--dialect", "gemini"],
     ],
 )
-def test_host_errors_exit_2_with_one_line(args: list[str]) -> None:
+def test_host_errors_exit_2_with_one_line(cli: Cli, args: list[str]) -> None:
     """Bad backends, folders, mounts, scopes and flags exit 2 with one clear line, no traceback."""
     done = cli(*args)
     assert done.returncode == 2
     assert "Traceback" not in done.stderr
     assert done.stderr.strip()
     assert len(done.stderr.strip().splitlines()) <= 2
-
-
-def test_doctor_json_lists_backends() -> None:
-    """doctor --json reports every built-in backend with what it enforces."""
-    done = cli("doctor", "--json")
-    assert done.returncode == 0, done.stderr
-    names = {r["name"] for r in json.loads(done.stdout)}
-    assert {"bubblewrap", "nsjail", "docker", "unconfined"} <= names
 
 
 def test_console_script_matches_module() -> None:
@@ -208,7 +228,7 @@ def test_ctrl_c_exits_130_with_one_line(tmp_path: Path) -> None:
     assert stderr.strip() == "astralvessel: interrupted"
 
 
-def test_json_names_outbox_files_that_exist_after_exit(tmp_path: Path) -> None:
+def test_json_names_outbox_files_that_exist_after_exit(cli: Cli, tmp_path: Path) -> None:
     """--json names outbox files that still exist when the CLI has exited, under --outbox."""
     agent = _bash_agent(tmp_path)
     command = json.dumps({"command": 'printf report > "$VESSEL_OUTBOX/r.txt"'})
@@ -223,7 +243,7 @@ def test_json_names_outbox_files_that_exist_after_exit(tmp_path: Path) -> None:
             assert "outbox files kept in" in done.stderr
 
 
-def test_hostile_arguments_are_an_error_result_not_a_traceback(tmp_path: Path) -> None:
+def test_hostile_arguments_are_an_error_result_not_a_traceback(cli: Cli, tmp_path: Path) -> None:
     """Deeply nested JSON arguments exit 1 with a refusal the model can act on."""
     done = cli("call", str(_bash_agent(tmp_path)), "bash", "[" * 100_000)
     assert done.returncode == 1
@@ -231,7 +251,7 @@ def test_hostile_arguments_are_an_error_result_not_a_traceback(tmp_path: Path) -
     assert "Traceback" not in done.stderr
 
 
-def test_check_rejects_a_huge_vessel_file_by_its_size(tmp_path: Path) -> None:
+def test_check_rejects_a_huge_vessel_file_by_its_size(cli: Cli, tmp_path: Path) -> None:
     """A 100 MB vessel.toml is refused by its size with one problem, exit 2."""
     agent = _bash_agent(tmp_path)
     with (agent / "vessel.toml").open("r+b") as stream:
@@ -241,7 +261,7 @@ def test_check_rejects_a_huge_vessel_file_by_its_size(tmp_path: Path) -> None:
     assert "vessel.toml: larger than 1048576 bytes" in done.stderr
 
 
-def test_check_fails_a_dangling_ref(tmp_path: Path) -> None:
+def test_check_fails_a_dangling_ref(cli: Cli, tmp_path: Path) -> None:
     """check fails a tool whose parameters schema has a $ref that resolves nowhere."""
     agent = _bash_agent(tmp_path)
     (agent / "vessel.toml").write_text('[tools]\ndeclared = ["t.toml"]\n')
@@ -295,14 +315,16 @@ def test_mcp_server_ends_quietly_when_the_client_vanishes(tmp_path: Path) -> Non
     assert b"Traceback" not in stderr
 
 
-def test_doctor_names_each_limits_mechanism() -> None:
-    """doctor says, per backend, what holds memory, disk, inodes, processes and open files here."""
+def test_doctor_names_each_limits_mechanism(cli: Cli) -> None:
+    """doctor lists every built-in backend and says, per backend, what holds memory, disk,
+    inodes, processes and open files here (a probe starts trial turns: one test, two runs)."""
     from astralvessel.sandbox._cgroup import memory_mount
     from astralvessel.sandbox._hostinfo import collect_host_facts
 
     done = cli("doctor", "--json")
     assert done.returncode == 0, done.stderr
     reports = {r["name"]: r for r in json.loads(done.stdout)}
+    assert {"bubblewrap", "nsjail", "docker", "docker-exec", "unconfined"} <= set(reports)
     cgroup_here = memory_mount(collect_host_facts()) is not None
     for name in ("bubblewrap", "nsjail", "docker", "docker-exec"):
         mechanisms = reports[name]["mechanisms"]
@@ -320,4 +342,5 @@ def test_doctor_names_each_limits_mechanism() -> None:
     assert "memory watch" in reports["docker"]["mechanisms"]["memory"]
     assert "turn's own host uid" in reports["docker-exec"]["mechanisms"]["processes"]
     text = cli("doctor")
+    assert text.returncode == 0, text.stderr
     assert "  limit inodes: the workspace tmpfs's nr_inodes=" in text.stdout
