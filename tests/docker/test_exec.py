@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
@@ -271,6 +272,26 @@ def test_outbox_odd_names_and_leftovers_do_not_break_the_turn(exec_turn):
     # The first call's folder is gone; only the running call's own is there.
     after = _run(exec_turn, "ls -A /workspace/outbox; echo $VESSEL_OUTBOX")
     assert after.output == "2\n/workspace/outbox/2\n"
+
+
+def test_a_call_that_leaves_no_file_takes_one_exec_after_its_own(exec_turn, docker_api):
+    """After a call that leaves its outbox empty, one exec ends its processes, lists the outbox
+    and removes it (each exec costs the engine 0.1-0.2 s on a loaded host), and that holds."""
+    since = time.time()
+    outcome = _run(exec_turn, "sleep 300 & echo started")
+    until = time.time()
+    events = docker_api.events(
+        since=since,
+        until=until,
+        filters={"container": exec_turn.container_id, "event": "exec_create"},
+        decode=True,
+    )
+    assert len(list(events)) == 2
+    assert (outcome.output, outcome.files) == ("started\n", ())
+    processes = docker_api.top(exec_turn.container_id)["Processes"] or []
+    assert not [p for p in processes if "sleep" in " ".join(p)]
+    # The call's folder is gone; only the running call's own is there.
+    assert _run(exec_turn, "ls -A /workspace/outbox").output == "2\n"
 
 
 def test_base_image_runs_in_exec_mode_too(docker_api):
