@@ -229,24 +229,29 @@ def test_output_is_cut_at_the_cap_with_a_count(backend: Sandbox) -> None:
     assert result.text == "é" * 1000 + "\n[output truncated: 49001 more characters were dropped]"
 
 
+#: What the flooding tool prints: far past what the host may hold (the 8 MiB heap bound below).
+FLOOD_BYTES = 100 << 20
+
+
 def test_huge_output_keeps_host_memory_bounded(backend: Sandbox) -> None:
-    """A tool printing 300 MB leaves the host holding no more than a small bound of it."""
-    tool = ToolSpec.command_tool(
-        "flood", "Print a lot.", ["sh", "-c", "head -c 314572800 /dev/zero | tr '\\0' 'y'"]
+    """A tool printing 100 MiB leaves the host holding no more than a small bound of it."""
+    flood = ToolSpec.command_tool(
+        "flood", "Print a lot.", ["sh", "-c", f"head -c {FLOOD_BYTES} /dev/zero | tr '\\0' 'y'"]
     )
-    executor = executor_for(backend, tool, output_chars=30_000)
+    warm = ToolSpec.command_tool("warm", "Print a little.", ["echo", "warm"])
+    executor = executor_for(backend, flood, warm, output_chars=30_000)
     with executor.turn() as turn:
-        turn.call("flood")  # warm the sandbox so its start is not measured
+        turn.call("warm")  # start the sandbox first, so its start is not measured
         tracemalloc.start()
         try:
             result = turn.call("flood")
             _, peak = tracemalloc.get_traced_memory()
         finally:
             tracemalloc.stop()
-    assert result.dropped_chars == 314_572_800 - 30_000
+    assert result.dropped_chars == FLOOD_BYTES - 30_000
     assert len(result.text) < 31_000
     # The host's Python heap peak during the call: a few copies of the 30,000-character
-    # cap plus buffers, never anything near the 300 MB the tool printed.
+    # cap plus buffers, never anything near the 100 MiB the tool printed.
     assert peak < 8 * 1024 * 1024, peak
 
 
