@@ -50,21 +50,26 @@ def out(tmp_path: Path) -> Path:
     return folder
 
 
+def _executor(backend: str, out: Path, *, root_identity: bool = True) -> Executor:
+    """An executor of ``backend`` with ``out`` mounted at /out and a writable root."""
+    return Executor(
+        Registry(),
+        sandbox=get_backend(backend),
+        mounts=(Mount.from_pair("/out", out, writable=True),),
+        limits=LIMITS,
+        timeout_seconds=30.0,
+        writable_root=True,
+        root_identity=root_identity,
+    )
+
+
 @pytest.fixture(params=SERVER_BACKENDS)
 def open_turn(request: pytest.FixtureRequest, out: Path) -> Iterator[OpenTurn]:
     """Open turns of the backend with /out mounted (root identity and writable root by default)."""
     executors: list[Executor] = []
 
     def start(*, root_identity: bool = True) -> Turn:
-        executor = Executor(
-            Registry(),
-            sandbox=get_backend(request.param),
-            mounts=(Mount.from_pair("/out", out, writable=True),),
-            limits=LIMITS,
-            timeout_seconds=30.0,
-            writable_root=True,
-            root_identity=root_identity,
-        )
+        executor = _executor(request.param, out, root_identity=root_identity)
         executors.append(executor)
         return executor.turn()
 
@@ -78,6 +83,27 @@ def open_turn(request: pytest.FixtureRequest, out: Path) -> Iterator[OpenTurn]:
 def _adduser(turn: Turn, name: str) -> None:
     result = turn.exec([*ADDUSER, name], user="root", timeout=30)
     assert result.returncode == 0, result.stderr
+
+
+@attrs.frozen
+class UserTurn:
+    """A root-identity turn whose passwd lists ``avtest``, and the host folder at its /out."""
+
+    turn: Turn
+    out: Path
+
+
+@pytest.fixture(scope="module", params=SERVER_BACKENDS)
+def user_turn(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[UserTurn]:
+    """One such turn per backend, shared by the tests that only run commands in it as its
+    users (each a writable-root turn and an adduser of its own cost 2-3 s)."""
+    out = tmp_path_factory.mktemp("out")
+    out.chmod(0o777)
+    with _executor(request.param, out) as executor, executor.turn() as turn:
+        _adduser(turn, "avtest")
+        yield UserTurn(turn, out)
 
 
 def test_adduser_then_commands_as_each_user(open_turn: OpenTurn):
@@ -99,10 +125,9 @@ def test_adduser_then_commands_as_each_user(open_turn: OpenTurn):
     assert b"'avtest'" in gone.stderr
 
 
-def test_every_user_is_the_turns_one_host_identity(open_turn: OpenTurn, out: Path):
+def test_every_user_is_the_turns_one_host_identity(user_turn: UserTurn):
     """What root, a new user and nobody create in a host mount belongs to one and the same host uid."""
-    turn = open_turn()
-    _adduser(turn, "avtest")
+    turn, out = user_turn.turn, user_turn.out
     for user in ("root", "avtest", "nobody", 4242):
         result = turn.exec(["sh", "-c", f"echo x > /out/by-{user}"], user=user)
         assert result.returncode == 0, result.stderr
@@ -112,11 +137,10 @@ def test_every_user_is_the_turns_one_host_identity(open_turn: OpenTurn, out: Pat
         assert owners == {os.geteuid()}
 
 
-def test_a_user_holds_no_capability_and_cannot_become_root(open_turn: OpenTurn):
+def test_a_user_holds_no_capability_and_cannot_become_root(user_turn: UserTurn):
     """As another user every capability set is empty, no_new_privs is set, and setuid(0),
     a new user namespace and a set-id program all fail."""
-    turn = open_turn()
-    _adduser(turn, "avtest")
+    turn = user_turn.turn
     status = turn.exec(["cat", "/proc/self/status"], user="avtest").stdout.decode()
     fields = dict(line.split(":\t", 1) for line in status.splitlines() if ":\t" in line)
     for name in ("CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"):
@@ -179,11 +203,10 @@ def test_a_user_reads_nothing_of_another_turn(open_turn: OpenTurn, out: Path):
             assert (out / "first").stat().st_uid == os.geteuid()
 
 
-def test_a_user_keeps_the_turns_limits_and_timeout(open_turn: OpenTurn):
+def test_a_user_keeps_the_turns_limits_and_timeout(user_turn: UserTurn):
     """A call as another user has the same rlimits as the turn's own, and its timeout kills
     its whole process tree."""
-    turn = open_turn()
-    _adduser(turn, "avtest")
+    turn = user_turn.turn
     own = turn.exec(["cat", "/proc/self/limits"]).stdout
     assert turn.exec(["cat", "/proc/self/limits"], user="avtest").stdout == own
     started = turn.exec(["sh", "-c", "sleep 6061.5 & sleep 6062.5"], user="avtest", timeout=1)
@@ -191,10 +214,9 @@ def test_a_user_keeps_the_turns_limits_and_timeout(open_turn: OpenTurn):
     assert wait_until_gone("6061.5") == []
 
 
-def test_many_users_at_once(open_turn: OpenTurn):
+def test_many_users_at_once(user_turn: UserTurn):
     """Twelve execs at once as root, a new user and numeric uids each see their own uid."""
-    turn = open_turn()
-    _adduser(turn, "avtest")
+    turn = user_turn.turn
     uid = int(turn.exec(["id", "-u", "avtest"]).stdout)
     users: list[str | int] = ["root", "avtest", 0, 7, 1234, MAX_ID] * 2
     expected = [0, uid, 0, 7, 1234, MAX_ID] * 2
