@@ -65,13 +65,18 @@ def shared(tmp_path: Path) -> Path:
     return folder
 
 
-@pytest.fixture
-def turns(docker_api: object, shared: Path) -> Iterator[list[SandboxSession]]:
-    """``TURNS + 1`` docker-exec turns at ``PROCESSES``, started at once, sharing /shared."""
-    policy = Policy(
+def _policy(shared: Path) -> Policy:
+    """A turn at ``PROCESSES`` with ``shared`` at /shared."""
+    return Policy(
         limits=Limits(disk_mb=16, memory_mb=256, processes=PROCESSES, open_files=256),
         mounts=(Mount.from_pair("/shared", shared, writable=True),),
     )
+
+
+@pytest.fixture
+def turns(docker_api: object, shared: Path) -> Iterator[list[SandboxSession]]:
+    """``TURNS + 1`` docker-exec turns at ``PROCESSES``, started at once, sharing /shared."""
+    policy = _policy(shared)
     backend = DockerExec(image=NOPYTHON_IMAGE, pull=False)
     opened: list[SandboxSession] = []
     lock = threading.Lock()
@@ -131,11 +136,22 @@ def test_each_turn_forks_to_its_own_limit_beside_a_full_one(
     assert over.exit_code != 0
 
 
+@pytest.fixture
+def turn(docker_api: object, shared: Path) -> Iterator[SandboxSession]:
+    """One docker-exec turn at ``PROCESSES``, with /shared."""
+    session = DockerExec(image=NOPYTHON_IMAGE, pull=False).start(_policy(shared))
+    try:
+        yield session
+    finally:
+        session.close()
+
+
 def test_a_fork_bomb_leaves_nothing_against_the_turns_next_calls(
-    turns: list[SandboxSession], shared: Path
+    turn: SandboxSession, shared: Path
 ) -> None:
-    """After a fork bomb and calls whose children were killed, the same turn forks its limit again."""
-    session = turns[0]
+    """After a fork bomb and calls whose children were killed, the same turn forks its limit again
+    (one turn: the twelve others of ``turns`` took no part in it)."""
+    session = turn
     (shared / "go").touch()
     for round_ in range(3):
         bombed = _run(session, FORK_BOMB)
