@@ -2,6 +2,17 @@
 
 from __future__ import annotations
 
+import pytest
+
+from ._cli import Cli, in_process
+
+
+@pytest.fixture
+def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Cli:
+    """Run the CLI's ``main`` in this process, as ``astralvessel ARGS`` (see tests/core/_cli.py)."""
+    return in_process(capsys, monkeypatch)
+
+
 ECHO_TOOL = """
 name = "echo"
 description = "Echo the arguments back."

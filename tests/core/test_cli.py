@@ -8,49 +8,18 @@ Ctrl-C's exit 130, and the MCP server ending when its client's pipes close.
 
 from __future__ import annotations
 
-import io
 import json
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
 
 import pytest
 
-from astralvessel.cli import main
+from ._cli import Cli
 
 ROOT = Path(__file__).parents[2]
 EXAMPLE = str(ROOT / "examples" / "field-guide")
 MOUNT = f"/data={ROOT / 'examples' / 'sample-data'}"
-
-
-class Ran(NamedTuple):
-    """What one CLI run gave: its exit code and what it printed."""
-
-    returncode: int
-    stdout: str
-    stderr: str
-
-
-Cli = Callable[..., Ran]
-
-
-@pytest.fixture
-def cli(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> Cli:
-    """Run the CLI's ``main`` in this process, as ``astralvessel ARGS`` with ``stdin``."""
-
-    def run(*args: str, stdin: str = "") -> Ran:
-        monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
-        capsys.readouterr()
-        try:
-            code = main(list(args))
-        except SystemExit as exc:  # argparse's own exits (bad flags) end the process too
-            code = exc.code if isinstance(exc.code, int) else 1
-        out, err = capsys.readouterr()
-        return Ran(code, out, err)
-
-    return run
 
 
 def test_check_valid_agent(cli: Cli) -> None:

@@ -180,19 +180,17 @@ def test_unconfined_refuses_a_network_list(tmp_path):
         get_backend("unconfined").start(policy)
 
 
-def test_check_reports_a_bad_network_pattern(tmp_path):
+def test_check_reports_a_bad_network_pattern(cli, tmp_path):
     """`astralvessel check` fails an agent whose [network] allow holds an address, naming it."""
-    from .test_cli import cli
-
     folder = _agent(tmp_path, '[network]\nallow = ["pypi.org", "169.254.169.254"]\n')
     done = cli("check", str(folder))
     assert done.returncode == 2
     assert "vessel.toml: network.allow: network allow pattern '169.254.169.254'" in done.stderr
 
 
-def test_cli_call_takes_the_hosts_list(tmp_path):
+def test_cli_call_takes_the_hosts_list(cli, tmp_path):
     """`call --network-allow` gives calls the proxy (which then tries, and fails, to resolve)."""
-    from .test_cli import _bash_agent, cli
+    from .test_cli import _bash_agent
 
     agent = _bash_agent(tmp_path)
     command = '{"command": "curl -sS http://nowhere.invalid/"}'
@@ -203,9 +201,9 @@ def test_cli_call_takes_the_hosts_list(tmp_path):
     assert "astralvessel egress proxy: nowhere.invalid does not resolve" in done.stdout
 
 
-def test_cli_no_network_overrides_the_agent(tmp_path):
+def test_cli_no_network_overrides_the_agent(cli, tmp_path):
     """`call --no-network` removes the network an agent's [network] allow asks for."""
-    from .test_cli import _bash_agent, cli
+    from .test_cli import _bash_agent
 
     agent = _bash_agent(tmp_path)
     (agent / "vessel.toml").write_text(
