@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
 from typing import Any
 
@@ -63,5 +62,7 @@ def _serve(args: argparse.Namespace) -> int:
         root_identity=args.root_identity,
         tool_servers=args.tool_servers,
     )
+    import asyncio  # here, not at the top: every CLI start registers this command
+
     asyncio.run(serve_stdio(executor, name=args.name, start_sandbox=True))
     return 0

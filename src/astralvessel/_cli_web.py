@@ -12,23 +12,12 @@ import json
 import os
 import ssl
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._terminal import for_terminal
-from .web import (
-    AllowRule,
-    BraveProvider,
-    EgressPolicy,
-    Fetcher,
-    FetchLimits,
-    LocalIndexProvider,
-    ProxyTransport,
-    Searcher,
-    SearchProvider,
-    SearxngProvider,
-    StdlibTransport,
-    WebResult,
-)
+
+if TYPE_CHECKING:
+    from .web import SearchProvider, WebResult
 
 __all__ = ["register"]
 
@@ -108,6 +97,9 @@ def _show(result: WebResult, as_json: bool) -> int:
 
 def run_fetch(args: argparse.Namespace) -> int:
     """Run ``astralvessel fetch``."""
+    # The web stack is imported by the command that uses it: every CLI start registers this one.
+    from .web import AllowRule, EgressPolicy, Fetcher, FetchLimits, ProxyTransport, StdlibTransport
+
     try:
         rules = [AllowRule.parse(text) for text in args.allow]
         context = _context(args.cafile)
@@ -125,6 +117,8 @@ def run_fetch(args: argparse.Namespace) -> int:
 
 
 def _provider(args: argparse.Namespace) -> SearchProvider:
+    from .web import BraveProvider, LocalIndexProvider, SearxngProvider, StdlibTransport
+
     name = args.provider
     searxng_url = args.searxng_url or os.environ.get("ASTRALVESSEL_SEARXNG_URL")
     if name is None:
@@ -152,6 +146,8 @@ def _provider(args: argparse.Namespace) -> SearchProvider:
 
 def run_search(args: argparse.Namespace) -> int:
     """Run ``astralvessel search``."""
+    from .web import Searcher
+
     try:
         provider = _provider(args)
     except (ValueError, _HostError) as error:
