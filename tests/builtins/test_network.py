@@ -112,6 +112,7 @@ async def test_async_turn_reaches_the_listed_host(origin_port):
     assert result.text == f"hello, pkgs.test:{origin_port}\n[exit code 0]"
 
 
+@pytest.mark.slow
 def test_pip_installs_system_wide_with_the_eval_relaxations(tmp_path):
     """With a writable root and root identity, pip installs into /usr/local through the proxy."""
     import functools

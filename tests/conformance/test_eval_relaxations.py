@@ -156,6 +156,7 @@ def _pip(turn: SandboxSession) -> str:
 # -- a writable root -----------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("root_identity", [False, True], ids=["nobody", "root"])
 def test_pip_installs_into_the_system_site_packages(open_turn, root_identity):
     """pip installs a local wheel into the system site-packages, and the next call imports it."""

@@ -141,6 +141,7 @@ def test_process_count_limited(session):
     assert result["forked"] < TEST_LIMITS.processes
 
 
+@pytest.mark.slow
 def test_fork_bomb_ends_the_call_cleanly(session):
     """A fork bomb is held to the process limit, ends at the timeout, and leaves nothing behind."""
     marker = f"vessel-bomb-{os.urandom(4).hex()}"

@@ -19,6 +19,9 @@ CONFINED_EVERY = 50
 #: Resident memory the host may gain after the warm-up (allocator noise, not a leak).
 RSS_SLACK = 16 << 20
 
+# 10 000 calls: volume, on paths the rest of the suite runs on every Python.
+pytestmark = pytest.mark.slow
+
 
 def _rss() -> int:
     status = Path("/proc/self/status").read_text()

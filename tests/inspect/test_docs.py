@@ -35,6 +35,7 @@ def _scripted(*calls: tuple[str, dict[str, object]], answer: str) -> list[ModelO
     return outputs
 
 
+@pytest.mark.slow
 def test_inspect_recipe_task_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The recipe's task evaluates in the astralvessel sandbox and scores a correct answer."""
     monkeypatch.chdir(tmp_path)

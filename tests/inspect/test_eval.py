@@ -97,6 +97,7 @@ def test_eval_runs_bash_python_and_text_editor(tmp_path: Path, backend: str) -> 
     assert texts[4] == "by editor\n"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_eval_runs_bash_session_on_inspects_own_tool_server(tmp_path: Path, backend: str) -> None:
     """bash_session keeps its shell (cwd, variables) across calls, served by inspect's tool server."""

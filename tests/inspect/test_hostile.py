@@ -53,6 +53,7 @@ CALLS: list[tuple[str, dict[str, object], str]] = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_hostile_tool_calls_come_back_to_the_model(tmp_path: Path, backend: str) -> None:
     """NUL bytes, 2 MB and 200 KB commands, wrong types, lists 70 and 200 levels deep, missing

@@ -170,6 +170,7 @@ def test_backend_instances_are_refused(registry: Registry, cluster: dict[str, ob
         RayExecutor(registry, sandbox=Bubblewrap(), address=str(cluster["address"]))  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_a_node_lost_mid_turn_gives_an_error_result(
     registry: Registry, cluster: dict[str, object], ray_module: object
 ) -> None:
@@ -311,6 +312,7 @@ def test_warm_turns_start_from_the_pool(
         executor.close()
 
 
+@pytest.mark.slow
 def test_a_warm_sandbox_that_died_while_waiting_is_replaced(
     registry: Registry, cluster: dict[str, object], ray_module: object
 ) -> None:
@@ -346,6 +348,7 @@ def test_a_warm_sandbox_that_died_while_waiting_is_replaced(
         executor.close()
 
 
+@pytest.mark.slow
 def test_close_releases_every_warm_sandbox_on_every_node(
     registry: Registry, cluster: dict[str, object], ray_module: object
 ) -> None:
@@ -368,6 +371,7 @@ def test_close_releases_every_warm_sandbox_on_every_node(
         assert not turn.call("hello", {"name": "cold"}).is_error
 
 
+@pytest.mark.slow
 def test_an_executor_collected_without_close_releases_its_warm_turns(
     registry: Registry, cluster: dict[str, object]
 ) -> None:
@@ -387,6 +391,7 @@ def test_an_executor_collected_without_close_releases_its_warm_turns(
     assert pool.waiting == []
 
 
+@pytest.mark.slow
 def test_a_node_lost_with_warm_turns_is_skipped(
     registry: Registry, cluster: dict[str, object], ray_module: object
 ) -> None:

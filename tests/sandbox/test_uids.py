@@ -172,6 +172,7 @@ print("had", had, flush=True)
 """
 
 
+@pytest.mark.slow
 def test_ended_leases_leave_no_lock_file_and_no_id_is_held_twice(tmp_path: Path) -> None:
     """Six processes lease and end leases of two ids 300 times each: no id is ever held by two
     at once (a lock file unlinked under a lessee that opened it is never its lease), and once
