@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import NamedTuple
 
 import pytest
@@ -37,3 +38,13 @@ def in_process(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPat
         return Ran(code, out, err)
 
     return run
+
+
+def bash_agent(tmp_path: Path) -> Path:
+    """An agent folder in ``tmp_path`` with the bash tool alone, readable by the calls' user."""
+    agent = tmp_path / "agent"
+    agent.mkdir()
+    (agent / "vessel.toml").write_text('[tools]\nbuiltin = ["bash"]\n')
+    for path in (tmp_path, agent):
+        path.chmod(0o755)
+    return agent

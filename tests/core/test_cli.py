@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ._cli import Cli
+from ._cli import Cli, bash_agent
 
 ROOT = Path(__file__).parents[2]
 EXAMPLE = str(ROOT / "examples" / "field-guide")
@@ -153,21 +153,12 @@ def test_console_script_matches_module() -> None:
     assert done.returncode == 0
 
 
-def _bash_agent(tmp_path: Path) -> Path:
-    agent = tmp_path / "agent"
-    agent.mkdir()
-    (agent / "vessel.toml").write_text('[tools]\nbuiltin = ["bash"]\n')
-    for path in (tmp_path, agent):
-        path.chmod(0o755)
-    return agent
-
-
 def test_ctrl_c_exits_130_with_one_line(tmp_path: Path) -> None:
     """SIGINT during a call ends the CLI with exit 130 and one line, no traceback."""
     import signal
     import time
 
-    agent = _bash_agent(tmp_path)
+    agent = bash_agent(tmp_path)
     out = tmp_path / "out"
     out.mkdir(mode=0o777)
     out.chmod(0o777)
@@ -199,7 +190,7 @@ def test_ctrl_c_exits_130_with_one_line(tmp_path: Path) -> None:
 
 def test_json_names_outbox_files_that_exist_after_exit(cli: Cli, tmp_path: Path) -> None:
     """--json names outbox files that still exist when the CLI has exited, under --outbox."""
-    agent = _bash_agent(tmp_path)
+    agent = bash_agent(tmp_path)
     command = json.dumps({"command": 'printf report > "$VESSEL_OUTBOX/r.txt"'})
     for extra in ([], ["--outbox", str(tmp_path / "kept")]):
         done = cli("call", str(agent), "bash", command, "--json", *extra)
@@ -214,7 +205,7 @@ def test_json_names_outbox_files_that_exist_after_exit(cli: Cli, tmp_path: Path)
 
 def test_hostile_arguments_are_an_error_result_not_a_traceback(cli: Cli, tmp_path: Path) -> None:
     """Deeply nested JSON arguments exit 1 with a refusal the model can act on."""
-    done = cli("call", str(_bash_agent(tmp_path)), "bash", "[" * 100_000)
+    done = cli("call", str(bash_agent(tmp_path)), "bash", "[" * 100_000)
     assert done.returncode == 1
     assert done.stdout.startswith("Error: the arguments for bash are not valid JSON")
     assert "Traceback" not in done.stderr
@@ -222,7 +213,7 @@ def test_hostile_arguments_are_an_error_result_not_a_traceback(cli: Cli, tmp_pat
 
 def test_check_rejects_a_huge_vessel_file_by_its_size(cli: Cli, tmp_path: Path) -> None:
     """A 100 MB vessel.toml is refused by its size with one problem, exit 2."""
-    agent = _bash_agent(tmp_path)
+    agent = bash_agent(tmp_path)
     with (agent / "vessel.toml").open("r+b") as stream:
         stream.truncate(100 << 20)
     done = cli("check", str(agent))
@@ -232,7 +223,7 @@ def test_check_rejects_a_huge_vessel_file_by_its_size(cli: Cli, tmp_path: Path) 
 
 def test_check_fails_a_dangling_ref(cli: Cli, tmp_path: Path) -> None:
     """check fails a tool whose parameters schema has a $ref that resolves nowhere."""
-    agent = _bash_agent(tmp_path)
+    agent = bash_agent(tmp_path)
     (agent / "vessel.toml").write_text('[tools]\ndeclared = ["t.toml"]\n')
     (agent / "t.toml").write_text(
         'name = "t"\ndescription = "d"\ncommand = ["true"]\n'
@@ -245,7 +236,7 @@ def test_check_fails_a_dangling_ref(cli: Cli, tmp_path: Path) -> None:
 
 def test_mcp_server_ends_quietly_when_the_client_vanishes(tmp_path: Path) -> None:
     """A client that dies mid-call ends `astralvessel mcp` with no traceback on stderr."""
-    agent = _bash_agent(tmp_path)
+    agent = bash_agent(tmp_path)
     process = subprocess.Popen(
         [sys.executable, "-m", "astralvessel", "mcp", str(agent), "--backend", "bubblewrap"],
         stdin=subprocess.PIPE,

@@ -11,6 +11,8 @@ from astralvessel._netallow import HostPattern, parse_allow_list, permits
 from astralvessel.errors import ConfigError, UsageError
 from astralvessel.sandbox import Policy
 
+from ._cli import bash_agent
+
 
 @pytest.mark.parametrize(
     ("text", "host", "port", "allowed"),
@@ -190,9 +192,7 @@ def test_check_reports_a_bad_network_pattern(cli, tmp_path):
 
 def test_cli_call_takes_the_hosts_list(cli, tmp_path):
     """`call --network-allow` gives calls the proxy (which then tries, and fails, to resolve)."""
-    from .test_cli import _bash_agent
-
-    agent = _bash_agent(tmp_path)
+    agent = bash_agent(tmp_path)
     command = '{"command": "curl -sS http://nowhere.invalid/"}'
     done = cli(
         "call", str(agent), "bash", command, "--backend", "bubblewrap",
@@ -203,9 +203,7 @@ def test_cli_call_takes_the_hosts_list(cli, tmp_path):
 
 def test_cli_no_network_overrides_the_agent(cli, tmp_path):
     """`call --no-network` removes the network an agent's [network] allow asks for."""
-    from .test_cli import _bash_agent
-
-    agent = _bash_agent(tmp_path)
+    agent = bash_agent(tmp_path)
     (agent / "vessel.toml").write_text(
         '[tools]\nbuiltin = ["bash"]\n[network]\nallow = ["a.org"]\n'
     )
