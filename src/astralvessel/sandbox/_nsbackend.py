@@ -38,7 +38,7 @@ from ._seccomp import (
     SERVER,
     DenyList,
     calls_list,
-    compile_bpf,
+    compiled,
     helper_programs,
     to_kafel,
     x32_guard,
@@ -256,7 +256,7 @@ class NamespaceBackend(Sandbox):
         memfd: int | None = None
         if use_seccomp:
             if self.seccomp_as_fd:
-                memfd = _memfd(_program(SERVER, facts.machine))
+                memfd = _memfd(compiled(SERVER, facts.machine))
                 server_filter = memfd
             else:
                 # Kafel's x32 block is 1024 entries that nsjail compiles and keeps ~0.27 MiB
@@ -307,7 +307,7 @@ class NamespaceBackend(Sandbox):
                 confine=True,
                 drop_uid=None if lease is None else lease.uid,
                 drop_gid=None if lease is None else lease.gid,
-                seccomp=_program(
+                seccomp=compiled(
                     calls_list(policy.root_identity, policy.tool_servers), facts.machine
                 )
                 if use_seccomp
@@ -334,12 +334,6 @@ def _both(
             second()
 
     return run
-
-
-@functools.cache
-def _program(deny_list: DenyList, machine: str) -> bytes:
-    """A filter compiled once per process: every turn start would assemble the same program."""
-    return compile_bpf(deny_list, machine)
 
 
 @functools.cache

@@ -68,6 +68,7 @@ __all__ = [
     "available_arch",
     "calls_list",
     "compile_bpf",
+    "compiled",
     "helper_programs",
     "syscall_number",
     "to_docker_profile",
@@ -1015,12 +1016,22 @@ def compile_bpf(deny_list: DenyList | str, arch: str) -> bytes:
 
 
 @functools.cache
+def compiled(deny_list: DenyList, arch: str) -> bytes:
+    """``compile_bpf`` once per process for each list and architecture: every turn start of
+    every backend would assemble the same program again (3-5 ms each).
+
+    Raises ``ValueError`` as ``compile_bpf`` does.
+    """
+    return compile_bpf(deny_list, arch)
+
+
+@functools.cache
 def helper_programs(arch: str) -> Mapping[str, bytes]:
-    """Each of ``HELPERS`` compiled for ``arch``, by helper name; compiled once per process.
+    """Each of ``HELPERS`` compiled for ``arch``, by helper name (``compiled``).
 
     Raises ``ValueError`` for an architecture ``compile_bpf`` does not support.
     """
-    return {name: compile_bpf(deny_list, arch) for name, deny_list in HELPERS.items()}
+    return {name: compiled(deny_list, arch) for name, deny_list in HELPERS.items()}
 
 
 # ---------------------------------------------------------------------------

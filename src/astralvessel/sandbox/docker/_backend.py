@@ -63,12 +63,6 @@ def _docker_profile(deny_list: str, arch: str) -> str:
     return profile_text(_seccomp.to_docker_profile(deny_list, arch))
 
 
-@functools.cache
-def _program(deny_list: _seccomp.DenyList, arch: str) -> bytes:
-    """The calls' filter compiled once per process (5 ms a turn start, as ``_nsbackend``'s)."""
-    return _seccomp.compile_bpf(deny_list, arch)
-
-
 class Docker(Sandbox):
     """Run each turn in its own container on a Docker (or Podman) engine, the server inside.
 
@@ -310,7 +304,9 @@ class Docker(Sandbox):
                 # The container already runs as the turn's uid; in its user namespace only that
                 # uid exists, so there is nothing to drop to: a call loses its capabilities.
                 seccomp=(
-                    _program(_seccomp.calls_list(policy.root_identity, policy.tool_servers), arch)
+                    _seccomp.compiled(
+                        _seccomp.calls_list(policy.root_identity, policy.tool_servers), arch
+                    )
                     if arch
                     else None
                 ),
