@@ -146,6 +146,11 @@ def _own_namespaces(plan: _launch.LaunchPlan) -> bool:
     return plan.confine and plan.pid_namespace
 
 
+def _own_userns(plan: _launch.LaunchPlan) -> bool:
+    """Whether each call (and each helper, as calls do) enters a user namespace of its own."""
+    return _own_namespaces(plan) and plan.own_userns
+
+
 def _writable_root(config: dict[str, Any], plan: _launch.LaunchPlan, workspace: str) -> Any:
     if not _own_namespaces(plan):
         return _NEEDS_NAMESPACES
@@ -164,7 +169,7 @@ def _tool_servers(config: dict[str, Any], plan: _launch.LaunchPlan, workspace: s
 
 
 def _root_identity(config: dict[str, Any], plan: _launch.LaunchPlan, workspace: str) -> Any:
-    if _own_namespaces(plan) and plan.own_userns:
+    if _own_userns(plan):
         return plan.inner_id
     return "needs each call in a user namespace of its own"
 
@@ -217,7 +222,7 @@ def worker_options(
             "outbox": outbox,
             "writable_roots": tuple(map_path(r, path_map) for r in config["writable_roots"]),
         },
-        "own_userns": plan.confine and plan.pid_namespace and plan.own_userns,
+        "own_userns": _own_userns(plan),
         "seccomp": helper_filter(config, plan, "file_worker"),
         "install_seccomp": plan.install_seccomp,
     }
@@ -249,7 +254,7 @@ def start_relay(
             egress["port"],
             config["drop_uid"],
             config["drop_gid"],
-            own_userns=_own_namespaces(plan) and plan.own_userns,
+            own_userns=_own_userns(plan),
             seccomp=helper_filter(config, plan, "relay"),
             install_seccomp=plan.install_seccomp,
         )
