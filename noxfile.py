@@ -1,5 +1,5 @@
 """Development sessions: ``nox -s tests``, ``unprivileged``, ``lint``, ``typing``, ``docs``,
-``bench``.
+``bench``; plain ``nox`` runs ``ci``, which runs the first five in two streams at once.
 """
 
 from __future__ import annotations
@@ -7,12 +7,15 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import nox
 
-nox.options.sessions = ["tests", "unprivileged", "lint", "typing", "docs"]
+nox.options.sessions = ["ci"]
 nox.options.reuse_existing_virtualenvs = True
 # uv where nox was installed with it (``pip install 'nox[uv]'``, as .ci/run does), else venv and
 # pip: pip took 430 s to fill a test venv at load 16 where uv took 36 s, the same versions.
@@ -60,6 +63,54 @@ def tests(session: nox.Session) -> None:
     session.run("pytest", *args)
 
 
+#: What ``ci`` runs: each stream is one nox run of these sessions in turn, the streams at once.
+#: The tests wait on sandboxes far more than they compute (a serial run keeps this 2-core
+#: machine kind's load near 1), so two at once take little longer each than alone: stop 25's
+#: sessions took 7-10 min each and 3.11's 30 min, two checkouts at once. The streams are
+#: balanced on those figures; the ordinary user's copy of the tree is made first, before the
+#: other stream's tests write into the checkout.
+CI_STREAMS = (
+    ("unprivileged", *(f"tests-{p}" for p in PYTHONS if p != FULL_MATRIX_PYTHON)),
+    ("lint", f"tests-{FULL_MATRIX_PYTHON}", "typing", "docs"),
+)
+
+
+@nox.session(python=False)
+def ci(session: nox.Session) -> None:
+    """Every session but ``bench``, in the streams of ``CI_STREAMS`` at once; each output line is
+    printed as it comes, behind its session's name. Fails if any session failed, after all ran."""
+    lock = threading.Lock()
+    failed: list[str] = []
+
+    def run(stream: tuple[str, ...]) -> None:
+        # nox itself runs a stream's sessions in turn and goes on past a failed one.
+        child = subprocess.Popen(
+            [sys.executable, "-m", "nox", "--sessions", *stream],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+        )
+        current = stream[0]
+        for line in child.stdout or ():
+            # nox announces each session with "nox > Running session NAME".
+            if "Running session " in line:
+                current = line.rsplit("Running session ", 1)[1].strip()
+            with lock:
+                print(f"[{current}] {line}", end="", flush=True)
+        if child.wait() != 0:
+            with lock:
+                failed.append(" ".join(stream))
+
+    threads = [threading.Thread(target=run, args=(stream,)) for stream in CI_STREAMS]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if failed:
+        session.error(f"a session failed in: {'; '.join(failed)} (its lines are marked above)")
+
+
 #: The ordinary user .ci/setup.sh creates; as root, ``unprivileged`` runs everything as it.
 CI_USER = "vesselci"
 #: The interpreter the ordinary user's venv is made from: the system's (root's pyenv is private).
@@ -90,7 +141,14 @@ def unprivileged(session: nox.Session) -> None:
         ".",
         tree,
         ignore=shutil.ignore_patterns(
-            ".git", ".nox", ".venv", "_build", ".*_cache", "__pycache__", "*.egg-info"
+            ".git",
+            ".nox",
+            ".venv",
+            "_build",
+            ".*_cache",
+            ".hypothesis",
+            "__pycache__",
+            "*.egg-info",
         ),
     )
     # uv fills the test venv in a fraction of pip's time; the user gets a copy, since it
