@@ -10,13 +10,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import ssl
 import sys
 from typing import TYPE_CHECKING, Any
 
 from ._terminal import for_terminal
 
 if TYPE_CHECKING:
+    import ssl
+
     from .web import SearchProvider, WebResult
 
 __all__ = ["register"]
@@ -70,8 +71,12 @@ def register(subparsers: Any) -> None:
 
 
 def _context(cafile: str | None) -> ssl.SSLContext | None:
+    """The TLS context trusting `cafile` (None: the default); raises _HostError if unreadable."""
     if cafile is None:
         return None
+    # ssl costs 15 ms at import: only a command given --cafile pays it at this point.
+    import ssl
+
     try:
         return ssl.create_default_context(cafile=cafile)
     except (OSError, ssl.SSLError) as error:
