@@ -149,6 +149,9 @@ def test_wrap_enters_every_group_before_the_command_runs() -> None:
         zip(mounts, group.paths, strict=True)
     )
     assert echoed == "a b|$2"
+    # Through each group's tasks (the shell's one thread), never cgroup.procs: moving a
+    # whole process takes a global lock that waits out an RCU grace period on every start.
+    assert argv[3 : 3 + len(group.paths)] == [f"{path}/tasks" for path in group.paths]
 
 
 @pytest.mark.parametrize("paths", [(), ("relative/group",), ["/a/list"], ("/ok", b"/bytes")])
