@@ -53,6 +53,28 @@ def _ray() -> Any:
     return ray
 
 
+def _join(ray: Any, address: str | None) -> None:
+    """Join the cluster at ``address`` (None: ``RAY_ADDRESS``'s, or a new local one).
+
+    Raises ``BackendUnavailableError`` when Ray cannot start here because its own
+    sockets' paths are too long, and Ray's own errors otherwise.
+    """
+    try:
+        ray.init(address=address, logging_level="WARNING", log_to_driver=False)
+    except OSError as exc:
+        # Ray's session folder (and its sockets) go under $RAY_TMPDIR, else $TMPDIR, and Ray
+        # binds them by path: a long TMPDIR (a CI runner's, a job scheduler's) stops it cold.
+        if "AF_UNIX path length" not in str(exc):
+            raise
+        raise BackendUnavailableError(
+            "Ray cannot start its local node here: it puts its session folder under "
+            "$RAY_TMPDIR, else $TMPDIR, and its sockets' paths there are longer than a unix "
+            f"socket's address holds ({exc}). Set RAY_TMPDIR to a short folder "
+            "(RAY_TMPDIR=/tmp/ray), or start Ray with one (`ray start --head "
+            "--temp-dir=/tmp/ray`, or `ray.init(_temp_dir=...)` before RayExecutor)"
+        ) from exc
+
+
 @functools.cache
 def _actor_class() -> Any:
     """``TurnHost`` as a Ray actor class (made once; Ray is imported only when used)."""
@@ -101,7 +123,7 @@ class RayExecutor:
         self.outbox_dir: Path | None = None if outbox_dir is None else Path(outbox_dir)
         ray = _ray()
         if not ray.is_initialized():
-            ray.init(address=address, logging_level="WARNING", log_to_driver=False)
+            _join(ray, address)
         self.registry = registry
         agent = registry.agent
         self.timeout_seconds: float = options.get("timeout_seconds") or (
