@@ -91,15 +91,27 @@ def _unpacked_pip(folder: Path) -> None:
     compileall.compile_dir(folder / "pip", quiet=1, workers=0)
 
 
-@pytest.fixture(scope="module")
-def packages(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A read-only folder with pip, unpacked and compiled, and a tiny wheel; made once."""
-    folder = tmp_path_factory.mktemp("packages")
-    _unpacked_pip(folder)
-    _tiny_wheel(folder)
+def _world_readable(folder: Path) -> None:
     for path in (folder, *folder.rglob("*")):
         path.chmod(0o755 if path.is_dir() else 0o644)
+
+
+@pytest.fixture(scope="module")
+def packages(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder every turn here mounts read-only at /packages, with a tiny wheel; made once."""
+    folder = tmp_path_factory.mktemp("packages")
+    _tiny_wheel(folder)
+    _world_readable(folder)
     return folder
+
+
+@pytest.fixture(scope="module")
+def pip(packages: Path) -> Path:
+    """``packages`` with pip in it too, unpacked and compiled; made once, and only for the
+    tests that run pip (7 s at load 10, in sessions that leave those tests out)."""
+    _unpacked_pip(packages)
+    _world_readable(packages)
+    return packages
 
 
 @pytest.fixture
@@ -158,7 +170,7 @@ def _pip(turn: SandboxSession) -> str:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("root_identity", [False, True], ids=["nobody", "root"])
-def test_pip_installs_into_the_system_site_packages(open_turn, root_identity):
+def test_pip_installs_into_the_system_site_packages(open_turn, pip, root_identity):
     """pip installs a local wheel into the system site-packages, and the next call imports it."""
     turn = open_turn(writable_root=True, root_identity=root_identity)
     _pip(turn)
@@ -347,13 +359,15 @@ def test_root_identity_cannot_change_the_hosts_files(open_turn, packages):
     """Read-only mounts and the host's system files stay unwritable to root in the sandbox; a
     chown there succeeds (root identity's no-op) and changes no owner."""
     turn = open_turn(root_identity=True)
-    owner = (packages / "pip").stat()
+    wheel = packages / "avtiny-0.1-py3-none-any.whl"
+    owner = wheel.stat()
     outcome = run(
         turn,
         "sh",
         "-c",
         "echo x > /packages/av-x; echo x > /usr/bin/av-x; echo x >> /etc/hostname; "
-        "chmod 777 /usr/bin; chown 0 /packages/pip && echo chowned; echo done",
+        "chmod 777 /usr/bin; chown 0 /packages/avtiny-0.1-py3-none-any.whl && echo chowned; "
+        "echo done",
     )
     refusals = ("Read-only file system", "Permission denied", "Operation not permitted")
     lines = outcome.output.splitlines()
@@ -361,7 +375,7 @@ def test_root_identity_cannot_change_the_hosts_files(open_turn, packages):
     assert len([line for line in lines[:-2] if line.endswith(refusals)]) == 4, outcome.output
     assert not (packages / "av-x").exists()
     assert not Path("/usr/bin/av-x").exists()
-    after = (packages / "pip").stat()
+    after = wheel.stat()
     assert (after.st_uid, after.st_gid) == (owner.st_uid, owner.st_gid)
 
 
