@@ -8,7 +8,6 @@ a turn owns one running sandbox and its workspace. Every model mistake becomes a
 from __future__ import annotations
 
 import os
-import shutil
 import threading
 import time
 import weakref
@@ -23,7 +22,6 @@ from . import _exec
 from ._aio import shielded, to_thread
 from ._arguments import Refusal, check_arguments, parse_arguments, unknown_tool
 from ._exec import Listing
-from ._leftovers import make_folder
 from ._network import WarmNetwork, start_proxy
 from ._plans import Call, Plan, TurnContext
 from ._runners import plan_call
@@ -77,8 +75,9 @@ class Executor:
     kills the ones still waiting; turns opened after it start cold.
     ``outbox_dir`` is the host folder where the files calls leave in
     ``$VESSEL_OUTBOX`` are written (one folder per turn, one per call inside it)
-    and kept, for as long as the host wants them; without it they go to a
-    temporary folder removed with the executor.
+    and kept, for as long as the host wants them; without it each turn's go to a
+    temporary folder, removed once the turn is closed and no result (no
+    ``OutboxFile``) naming its files is left.
     ``network_allow`` lists the hosts calls may reach through the host's
     egress proxy (``pypi.org``, ``pypi.org:8080``, ``*.example.org``); it
     replaces the agent's ``[network] allow``, as ``scopes`` and ``limits``
@@ -129,7 +128,7 @@ class Executor:
             workdir=agent.workdir if agent is not None else WORKSPACE_DIR,
             mounts=_mounts(mounts),
             limits=limits or (agent.limits if agent is not None else Limits()),
-            outbox_dir=_outbox_dir(self, outbox_dir),
+            outbox_dir=_outbox_dir(outbox_dir),
             network_allow=network_allow
             if network_allow is not None
             else (agent.network_allow if agent is not None else ()),
@@ -716,11 +715,7 @@ def _resolve_backend(sandbox: Sandbox | str | None) -> Sandbox:
     return best_available() if sandbox is None else get_backend(sandbox)
 
 
-def _outbox_dir(executor: Executor, chosen: str | os.PathLike[str] | None) -> Path:
-    """The host's folder for outbox files, or a temporary one that lives as long as ``executor``."""
-    if chosen is not None:
-        return Path(chosen)
-    # Named for this process: a host killed outright runs no finalizer, and leaves it for the next.
-    folder = Path(make_folder("outbox"))
-    weakref.finalize(executor, shutil.rmtree, folder, ignore_errors=True)
-    return folder
+def _outbox_dir(chosen: str | os.PathLike[str] | None) -> Path | None:
+    """The host's folder for outbox files; None: each turn's own temporary one, removed once the
+    turn is closed and no result names its files (``sandbox._temporary_outbox``)."""
+    return None if chosen is None else Path(chosen)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
+import tempfile
 from pathlib import Path
 
 import astralvessel as av
@@ -38,15 +40,26 @@ def test_files_outlive_the_turn_in_the_hosts_folder(executor: av.Executor, tmp_p
     assert file.path.is_relative_to(tmp_path / "out")
 
 
-def test_default_outbox_lives_as_long_as_the_executor(executor: av.Executor) -> None:
-    """Without outbox_dir, files outlive the turn and go with the executor."""
+def _our_outbox_folders() -> set[Path]:
+    """This process's temporary outbox folders (a turn's, or an executor's before)."""
+    return set(Path(tempfile.gettempdir()).glob(f"astralvessel-*outbox-{os.getpid()}-*"))
+
+
+def test_default_outbox_lives_while_a_result_names_it(executor: av.Executor) -> None:
+    """Without outbox_dir, a turn's folder outlives the turn while a result names its files, and
+    goes with the last of them, the executor still alive: no folder per turn piles up."""
+    before = _our_outbox_folders()
     mine = av.Executor(executor.registry, sandbox=executor.sandbox)
     with mine.turn() as turn:
-        (file,) = turn.call("emit", {"files": [["a", 1]]}).files
-    assert file.path.exists()
-    del mine, turn
+        result = turn.call("emit", {"files": [["kept", 1]]})
+    (file,) = result.files
+    assert file.path.read_bytes() == b"x"
+    # The turn's own folder, nothing else of ours (before: one folder per executor).
+    assert _our_outbox_folders() - before == {file.path.parent.parent}
+    del result, file
     gc.collect()
-    assert not file.path.exists()
+    assert _our_outbox_folders() - before == set()
+    del mine
 
 
 def test_name_that_is_not_utf8_is_skipped_with_a_note(turn: av.Turn) -> None:

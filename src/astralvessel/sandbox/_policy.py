@@ -260,8 +260,8 @@ class Policy:
     limits: Limits = attrs.field(factory=Limits)
     relaxed: frozenset[Promise] = attrs.field(default=frozenset(), converter=_promise_set)
     #: The host folder where calls' outbox files are written and kept after the turn
-    #: (``None``: a temporary folder removed when the turn ends). Not part of the
-    #: confinement, so not part of ``identity``.
+    #: (``None``: a temporary folder of the turn, removed when it ends and no ``OutboxFile``
+    #: naming its files is left). Not part of the confinement, so not part of ``identity``.
     outbox_dir: Path | None = attrs.field(default=None, converter=attrs.converters.optional(Path))
     #: The agent's Dockerfile (``[sandbox] dockerfile``, validated by ``Agent.load``): backends
     #: that build an image (Docker) build it; the others ignore it.

@@ -22,7 +22,6 @@ import concurrent.futures
 import contextlib
 import functools
 import marshal
-import shutil
 import sys
 import tempfile
 import threading
@@ -35,7 +34,6 @@ from typing import IO, Any
 import attrs
 
 from .._aio import cancelled_exception, wait_future
-from .._leftovers import make_folder
 from ..errors import BackendUnavailableError, PromiseNotEnforcedError, SandboxError, UsageError
 from ._api import (
     Channel,
@@ -63,6 +61,7 @@ from ._policy import (
     Policy,
     Promise,
 )
+from ._temporary_outbox import TemporaryOutbox
 from .server import _protocol
 
 __all__ = [
@@ -449,9 +448,11 @@ class ServerSession(SandboxSession):
         self._dead: str | None = None
         self._closed = False
         self._ready: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
-        # Without a host folder (here or on the policy), outbox files live until ``close``.
+        # Without a host folder (here or on the policy), outbox files go to a temporary folder
+        # that outlives ``close`` while a result names a file in it.
         self._host_outbox = outbox_dir if outbox_dir is not None else policy.outbox_dir
         self._outbox_dir: Path | None = None
+        self._temporary_outbox: TemporaryOutbox | None = None
         self._outbox_files = 0
         self._outbox_bytes = 0
         self._reader = threading.Thread(
@@ -484,7 +485,8 @@ class ServerSession(SandboxSession):
         tail), and ``PromiseNotEnforcedError`` if it cannot confine calls as
         asked and ``policy.relaxed`` does not allow that. Closes the channel on
         any failure. ``outbox_dir`` keeps outbox files after ``close``; without
-        it they live in a temporary folder removed at ``close``. ``probe_key``
+        it they go to a temporary folder removed at ``close``, or later, when the
+        last ``OutboxFile`` naming a file in it is collected. ``probe_key``
         lets turns started alike share one confinement probe, and ``build`` is
         the code the server's own Python compiled (both: ``ServerOptions``).
         """
@@ -824,7 +826,10 @@ class ServerSession(SandboxSession):
             item.current.close()
             item.current = None
         if keep:
-            item.files.append(OutboxFile(name=name, size=size, path=_outbox_of(item) / name))
+            file = OutboxFile(name=name, size=size, path=_outbox_of(item) / name)
+            if self._temporary_outbox is not None:
+                self._temporary_outbox.keep_for(file)
+            item.files.append(file)
 
     def _on_file_chunk(self, call_id: int, item: _Pending, body: bytes) -> None:
         if not item.expected:
@@ -918,8 +923,8 @@ class ServerSession(SandboxSession):
                 self._host_outbox.mkdir(parents=True, exist_ok=True)
                 self._outbox_dir = Path(tempfile.mkdtemp(prefix="turn-", dir=self._host_outbox))
             else:
-                # Named for this process: a host killed outright leaves it for the next.
-                self._outbox_dir = Path(make_folder(f"{self.backend}-outbox"))
+                temporary = self._temporary_outbox = TemporaryOutbox(f"{self.backend}-outbox")
+                self._outbox_dir = temporary.path
         return self._outbox_dir
 
     def _submit_run(self, request: RunRequest) -> tuple[int, _Pending]:
@@ -1107,8 +1112,8 @@ class ServerSession(SandboxSession):
         if self._reader.ident is not None:
             self._reader.join(timeout=5.0)
         self._fail_all(f"the {self.backend} sandbox session was closed")
-        if self._host_outbox is None and self._outbox_dir is not None:
-            shutil.rmtree(self._outbox_dir, ignore_errors=True)
+        if self._temporary_outbox is not None:
+            self._temporary_outbox.close()
 
     def __enter__(self) -> ServerSession:
         return self

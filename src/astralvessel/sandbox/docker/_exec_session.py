@@ -32,7 +32,6 @@ from typing import Any
 import attrs
 
 from ..._aio import cancelled_exception, shielded, to_thread
-from ..._leftovers import make_folder
 from ...errors import SandboxError
 from .._api import (
     ExecRequest,
@@ -45,6 +44,7 @@ from .._api import (
     SandboxSession,
 )
 from .._policy import Policy, Promise
+from .._temporary_outbox import TemporaryOutbox
 from ..server._outbox import FILES_PER_CALL, NOT_PLAIN, NOT_UTF8, TOO_BIG, TOO_MANY
 from ._attach import TIMED_OUT, AttachChannel
 from ._exec_stream import ExecStream
@@ -248,6 +248,8 @@ class ExecSession(SandboxSession):
         self._closed = False
         #: This turn's host folder of outbox files, made at the first file.
         self._outbox_root: Path | None = None
+        #: That folder when the host named none: it outlives the turn while results name it.
+        self._temporary_outbox: TemporaryOutbox | None = None
         self._outbox = str(policy.environment["VESSEL_OUTBOX"])
         self._calls = 0
 
@@ -511,13 +513,12 @@ class ExecSession(SandboxSession):
         """A new host folder for one call's files (under the host's outbox folder, if named)."""
         if self._outbox_root is None:
             host = self.policy.outbox_dir
-            if host is not None:
+            if host is None:
+                self._temporary_outbox = TemporaryOutbox("docker-exec-outbox")
+                self._outbox_root = self._temporary_outbox.path
+            else:
                 host.mkdir(parents=True, exist_ok=True)
-            self._outbox_root = Path(
-                make_folder("docker-exec-outbox")
-                if host is None
-                else tempfile.mkdtemp(prefix="turn-", dir=host)
-            )
+                self._outbox_root = Path(tempfile.mkdtemp(prefix="turn-", dir=host))
         return Path(tempfile.mkdtemp(prefix="call-", dir=self._outbox_root))
 
     def _copy_out(self, source: str, size: int, path: Path) -> OutboxFile | None:
@@ -540,7 +541,8 @@ class ExecSession(SandboxSession):
         if written != size or self._api.exec_inspect(stream.exec_id).get("ExitCode") != 0:
             path.unlink(missing_ok=True)
             return None
-        return OutboxFile(name=path.name, size=size, path=path)
+        file = OutboxFile(name=path.name, size=size, path=path)
+        return file if self._temporary_outbox is None else self._temporary_outbox.keep_for(file)
 
     def fs(self, request: FsRequest) -> FsReply:
         """File primitives need the server, which this mode has not.
@@ -568,11 +570,12 @@ class ExecSession(SandboxSession):
         return dict(EXEC_UNENFORCED)
 
     def close(self) -> None:
-        """Remove the container, and the outbox copies unless the host named their folder."""
+        """Remove the container; the outbox copies go too unless the host named their folder
+        (or, in a temporary one, once no result names them)."""
         self._closed = True
         self.channel.close()
-        if self.policy.outbox_dir is None and self._outbox_root is not None:
-            shutil.rmtree(self._outbox_root, ignore_errors=True)
+        if self._temporary_outbox is not None:
+            self._temporary_outbox.close()
         if self._etc_dir is not None:
             # A container still bound to them keeps reading them: the binds hold the files.
             shutil.rmtree(self._etc_dir, ignore_errors=True)
