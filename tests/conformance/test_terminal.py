@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from astralvessel import _terminal
 from astralvessel.sandbox import Sandbox
+from tests.core._cli import in_process
 
 #: What the red team printed: clipboard write (OSC 52), window title (OSC 0), clear
 #: screen and home (CSI 2J, CSI H) under a forged line, a carriage return over it.
@@ -49,20 +49,30 @@ def hostile_data(tmp_path: Path) -> Path:
     return data
 
 
-def cli(backend: Sandbox, agent: Path, data: Path, tool: str, *extra: str) -> str:
-    """Run ``astralvessel call`` on ``backend`` and return what it printed."""
-    done = subprocess.run(
-        [
-            *(sys.executable, "-m", "astralvessel", "call", str(agent), tool, "{}"),
-            *("--backend", backend.name, "--mount", f"/data={data}", *extra),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+@pytest.fixture
+def cli(
+    backend: Sandbox,
+    hostile_agent: Path,
+    hostile_data: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> Callable[..., str]:
+    """``astralvessel call`` of the hostile agent on ``backend``: what it printed.
+
+    The CLI's ``main`` runs in this process (tests/core/_cli.py), as the core CLI tests run
+    it: what it prints is the same, and a new interpreter per call cost 4-8 s at load 10.
+    """
+    run = in_process(capsys, monkeypatch)
+
+    def call(tool: str, *extra: str) -> str:
+        ran = run(
+            *("call", str(hostile_agent), tool, "{}"),
+            *("--backend", backend.name, "--mount", f"/data={hostile_data}", *extra),
+        )
+        assert ran.returncode == 0, ran.stderr
+        return ran.stdout
+
+    return call
 
 
 def _no_controls(text: str) -> bool:
@@ -70,9 +80,9 @@ def _no_controls(text: str) -> bool:
     return all(ch in "\n\t" or ch.isprintable() for ch in text)
 
 
-def test_call_output_escapes_terminal_controls(backend, hostile_agent, hostile_data):
+def test_call_output_escapes_terminal_controls(cli):
     """A tool's OSC, CSI, carriage return, C1 and bidi characters are shown escaped, not obeyed."""
-    shown = cli(backend, hostile_agent, hostile_data, "shout")
+    shown = cli("shout")
     assert _no_controls(shown), repr(shown)
     assert shown == _terminal.for_terminal(HOSTILE) + "\n"
     assert "\\x1b]52;c;" in shown
@@ -81,14 +91,14 @@ def test_call_output_escapes_terminal_controls(backend, hostile_agent, hostile_d
     assert "\\x0dX" in shown
 
 
-def test_file_names_from_file_tools_are_escaped(backend, hostile_agent, hostile_data):
+def test_file_names_from_file_tools_are_escaped(cli):
     """A file name holding ESC and BEL comes back from ``list`` escaped on the terminal."""
-    shown = cli(backend, hostile_agent, hostile_data, "list")
+    shown = cli("list")
     assert _no_controls(shown), repr(shown)
     assert "report\\x1b]0;pwned\\x07.txt" in shown
 
 
-def test_json_output_stays_exact(backend, hostile_agent, hostile_data):
+def test_json_output_stays_exact(cli):
     """``--json`` carries the exact text, escapes included, for programs that read it."""
-    result = json.loads(cli(backend, hostile_agent, hostile_data, "shout", "--json"))
+    result = json.loads(cli("shout", "--json"))
     assert result["text"] == HOSTILE
