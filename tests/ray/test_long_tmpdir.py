@@ -22,6 +22,13 @@ def test_a_local_ray_refused_a_long_tmpdir_says_how_to_start_it(
     monkeypatch.setenv("TMPDIR", str(long_tmp))
     monkeypatch.delenv("RAY_TMPDIR", raising=False)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    # Else a new local Ray turns token auth on: it writes ~/.ray/auth_token, which every later
+    # `ray start` then requires (the cluster fixture's `ray status` fails), and sets
+    # RAY_AUTH_MODE in this process's environment.
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    token = Path.home() / ".ray" / "auth_token"
+    had_token = token.exists()
     with pytest.raises(BackendUnavailableError, match="RAY_TMPDIR=/tmp/ray"):
         RayExecutor(Registry(), sandbox="bubblewrap")
     assert not ray_module.is_initialized()  # type: ignore[attr-defined]
+    assert token.exists() == had_token
