@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import json
-import subprocess
+import runpy
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,23 +14,46 @@ import pytest
 from .conftest import BACKEND
 
 LOOPS = Path(__file__).resolve().parents[2] / "examples" / "loops"
+FRAMEWORKS = LOOPS.parent / "frameworks"
+
+#: Runs one example as ``python SCRIPT --backend BACKEND``: what it printed.
+RunScript = Callable[[Path], str]
+#: Runs one of ``examples/loops`` the same way: the JSON lines it printed.
+RunLoop = Callable[[str], list[dict[str, Any]]]
 
 
-def _run(script: str) -> list[dict[str, Any]]:
-    done = subprocess.run(
-        [sys.executable, str(LOOPS / script), "--backend", BACKEND],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return [json.loads(line) for line in done.stdout.splitlines()]
+@pytest.fixture
+def run_script(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> RunScript:
+    """Run an example script as ``__main__`` in this process, its folder first on sys.path as
+    ``python SCRIPT`` puts it; an error it raises fails the test with its traceback.
+
+    In this process, not a new interpreter: the frameworks' imports (the Agents SDK's alone
+    took 35 s at load 20) are made once, by test_frameworks.py, not once per example.
+    """
+
+    def run(script: Path) -> str:
+        monkeypatch.setattr(sys, "argv", [str(script), "--backend", BACKEND])
+        monkeypatch.syspath_prepend(str(script.parent))
+        capsys.readouterr()
+        runpy.run_path(str(script), run_name="__main__")
+        return capsys.readouterr().out
+
+    return run
 
 
-def test_openai_chat_loop() -> None:
+@pytest.fixture
+def run_loop(run_script: RunScript) -> RunLoop:
+    """Run one of ``examples/loops``: the JSON lines it printed."""
+
+    def run(script: str) -> list[dict[str, Any]]:
+        return [json.loads(line) for line in run_script(LOOPS / script).splitlines()]
+
+    return run
+
+
+def test_openai_chat_loop(run_loop: RunLoop) -> None:
     """The Chat Completions loop answers both calls of one response with tool messages."""
-    messages = _run("openai_chat.py")
+    messages = run_loop("openai_chat.py")
     tools = [m for m in messages if m["role"] == "tool"]
     assert [m["tool_call_id"] for m in tools] == ["call_species", "call_words"]
     assert "Eurasian otter" in tools[0]["content"]
@@ -37,9 +61,9 @@ def test_openai_chat_loop() -> None:
     assert messages[-1]["content"].startswith("Beavers")
 
 
-def test_openai_responses_loop() -> None:
+def test_openai_responses_loop(run_loop: RunLoop) -> None:
     """The async Responses loop adds one function_call_output per function call."""
-    items = _run("openai_responses.py")
+    items = run_loop("openai_responses.py")
     outputs = [i for i in items if i.get("type") == "function_call_output"]
     assert [o["call_id"] for o in outputs] == ["call_species", "call_grep"]
     assert "Pied avocet" in outputs[0]["output"]
@@ -47,9 +71,9 @@ def test_openai_responses_loop() -> None:
     assert items[-1]["type"] == "message"
 
 
-def test_anthropic_messages_loop() -> None:
+def test_anthropic_messages_loop(run_loop: RunLoop) -> None:
     """The Messages loop returns one user message of results, the model's mistake flagged."""
-    messages = _run("anthropic_messages.py")
+    messages = run_loop("anthropic_messages.py")
     results = messages[2]["content"]
     assert [r["tool_use_id"] for r in results] == ["toolu_1", "toolu_2"]
     assert "Eurasian otter" in results[0]["content"]
@@ -68,35 +92,20 @@ def test_example_needs_no_vendor_sdk(script: str) -> None:
     assert "import anthropic" not in source
 
 
-FRAMEWORKS = LOOPS.parent / "frameworks"
-
-
-def _run_text(script: str) -> str:
-    done = subprocess.run(
-        [sys.executable, str(FRAMEWORKS / script), "--backend", BACKEND],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    return done.stdout
-
-
-def test_agents_sdk_example() -> None:
+def test_agents_sdk_example(run_script: RunScript) -> None:
     """The Agents SDK example's run answers with what the sandboxed ``species`` tool printed."""
-    assert "Pied avocet" in _run_text("agents_sdk_run.py")
+    assert "Pied avocet" in run_script(FRAMEWORKS / "agents_sdk_run.py")
 
 
-def test_pydantic_ai_example() -> None:
+def test_pydantic_ai_example(run_script: RunScript) -> None:
     """The pydantic-ai example's run gets the tool's text and a failed result for the bad read."""
-    output = _run_text("pydantic_ai_run.py")
+    output = run_script(FRAMEWORKS / "pydantic_ai_run.py")
     assert "Pied avocet" in output
     assert output.rstrip().endswith("(failed)")
 
 
-def test_langchain_example() -> None:
+def test_langchain_example(run_script: RunScript) -> None:
     """The LangChain example gets a success ToolMessage and an error one for the bad argument."""
-    lines = _run_text("langchain_run.py").splitlines()
+    lines = run_script(FRAMEWORKS / "langchain_run.py").splitlines()
     assert lines[0] == "call_1 [success]: ["
     assert lines[-1].startswith("call_2 [error]: Error: invalid arguments for grep")
