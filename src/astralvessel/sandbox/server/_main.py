@@ -221,7 +221,10 @@ class Server:
         self.files.idle_limit = config["file_worker_idle"]
         self.relay, egress = _hello.start_relay(config, plan)
         self.send(_hello.ready_frame(plan, egress, problems, relaxations, probe_found))
-        self._refill_spare()
+        # The first spare, like every next one, waits a moment: the host has the CPUs to
+        # return the turn, and a turn closed at once (a probe's, a cancelled one) forks no
+        # zygote and no chain only to kill them. A call that comes first takes its own.
+        self.refill_at = time.monotonic() + _REFILL_DELAY
 
     def _configured(self) -> tuple[dict[str, Any], _launch.LaunchPlan]:
         if self.config is None or self.plan is None:
@@ -251,6 +254,9 @@ class Server:
         if not self._may_run(call_id, order, plan):
             return
         argv = [map_path(a, self.path_map) if a.startswith("/") else a for a in order.argv]
+        # A call before the first spare was due: it builds its own chain, and the next spare
+        # comes after its answer (or now, for calls back to back), not while it runs.
+        self.refill_at = None
         cwd = map_path(order.cwd, self.path_map)
         split = order.split
         try:
