@@ -35,8 +35,6 @@ from ._policy import Policy, Promise
 
 __all__ = ["Bubblewrap", "bwrap_argv"]
 
-ROOT = PurePosixPath("/")
-
 
 def _step_options(step: Step, features: frozenset[str]) -> list[str]:
     if isinstance(step, Bind):
@@ -66,28 +64,32 @@ def _dev_options(features: frozenset[str]) -> list[str]:
     return [*options, "--remount-ro", "/dev"]
 
 
-def _parents(
-    target: PurePosixPath, made: set[PurePosixPath], mounted: list[PurePosixPath]
-) -> list[str]:
+def _parents(target: str, made: set[str], mounted: list[str]) -> list[str]:
     """Readable folders above a mount point that no earlier step mounts.
 
     bwrap makes a missing parent on its root tmpfs with mode 0700, which the
     calls' user cannot cross: a mount at ``/srv/data`` (or a bind into the
     synthetic ``/etc/ssl``) would be there and unreachable. nsjail and Docker
     make such parents 0755; so does this. A parent inside an earlier mount is
-    that mount's own folder, left as it is.
+    that mount's own folder, left as it is. Paths are normalised absolute text:
+    as ``PurePosixPath`` objects (a path per parent, compared part by part) this
+    was 2 ms of the host's CPU at every turn start, about 1 ms more than the
+    rest of the command line.
     """
     options: list[str] = []
-    for parent in reversed(target.parents):
-        if parent == ROOT or parent in made or _covered(parent, mounted):
+    names = target.split("/")[1:-1]
+    for depth in range(1, len(names) + 1):
+        parent = "/" + "/".join(names[:depth])
+        if parent in made or _covered(parent, mounted):
             continue
         made.add(parent)
-        options += ["--perms", "0755", "--dir", str(parent)]
+        options += ["--perms", "0755", "--dir", parent]
     return options
 
 
-def _covered(path: PurePosixPath, mounted: list[PurePosixPath]) -> bool:
-    return any(path == m or m in path.parents for m in mounted)
+def _covered(path: str, mounted: list[str]) -> bool:
+    """Whether ``path`` is one of ``mounted`` or inside one."""
+    return any(path == m or path.startswith(m.rstrip("/") + "/") for m in mounted)
 
 
 def bwrap_argv(
@@ -118,14 +120,14 @@ def bwrap_argv(
         # A new session: nothing inside can reach the host's terminal (TIOCSTI).
         "--new-session",
     ]
-    made: set[PurePosixPath] = set()
-    mounted: list[PurePosixPath] = []
+    made: set[str] = set()
+    mounted: list[str] = []
     for step in sandbox_layout(policy, facts):
         if isinstance(step, Tmpfs):
             # /proc and /dev go in after the system dirs and before the workspace.
             argv += ["--proc", "/proc", *_dev_options(features)]
         if isinstance(step, (Bind, Tmpfs, Dir)):
-            where = PurePosixPath(step.target if isinstance(step, Bind) else step.path)
+            where = str(PurePosixPath(step.target if isinstance(step, Bind) else step.path))
             argv += _parents(where, made, mounted)
             if isinstance(step, Dir):
                 made.add(where)
