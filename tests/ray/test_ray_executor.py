@@ -116,14 +116,18 @@ async def test_async_calls_run_concurrently_in_one_turn(
 
 
 def test_outbox_files_come_back_to_the_host(registry: Registry, cluster: dict[str, object]) -> None:
-    """A file left in the outbox on the node is a file on this host, removed with the turn."""
+    """A file left in the outbox on the node is a file on this host, kept after the turn while
+    a result names it, and removed with the last of them."""
     with pinned(registry, cluster, "node_b").turn() as turn:
         result = turn.call("report", {})
         assert not result.is_error, result.text
-        (report,) = result.files
-        assert report.name == "report.txt"
-        assert Path(report.path).read_text() == "findings\n"
-    assert not Path(report.path).exists()
+    (report,) = result.files
+    assert report.name == "report.txt"
+    assert Path(report.path).read_text() == "findings\n"
+    folder = report.path.parent
+    del result, report
+    gc.collect()
+    assert not folder.exists()
 
 
 def test_outbox_dir_keeps_the_files_and_nodes_keep_nothing(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import shutil
 import tempfile
 import threading
 import time
@@ -25,12 +24,12 @@ from typing import Any
 import attrs
 
 from .._aio import shielded, to_thread, wait_future
-from .._leftovers import make_folder
 from .._warm import check_warm
 from ..errors import BackendUnavailableError, TurnClosedError, UsageError
 from ..registry import Registry
 from ..results import OutboxFile, ToolResult, render_sandbox_died
 from ..sandbox._base import Sandbox
+from ..sandbox._temporary_outbox import TemporaryOutbox
 from ._host import TurnHost
 from ._ship import pack_agent
 from ._warm import WarmTurns, pool_nodes, release
@@ -94,7 +93,8 @@ class RayExecutor:
     ``scheduling_strategy``...); turns are spread over the nodes by default.
     ``outbox_dir`` is where the files calls leave in the outbox land on this
     host, one folder per turn, and stay; without it they go to a folder of
-    the turn, removed when it ends. ``warm`` keeps that many turns started
+    the turn, removed once it has ended and no result naming its files is left
+    (as ``Executor``'s). ``warm`` keeps that many turns started
     ahead on each node that can hold this executor's turns (alive now, and
     offering the resources ``actor_options`` ask for): opening a turn takes one,
     its actor placed and its sandbox running, and each still serves exactly one
@@ -119,7 +119,8 @@ class RayExecutor:
             )
         warm = check_warm(options.pop("warm", 0))
         outbox_dir = options.pop("outbox_dir", None)
-        #: Where outbox files land on this host (kept); None: a folder per turn, removed with it.
+        #: Where outbox files land on this host (kept); None: a folder per turn, removed once it
+        #: is closed and no result names its files.
         self.outbox_dir: Path | None = None if outbox_dir is None else Path(outbox_dir)
         ray = _ray()
         if not ray.is_initialized():
@@ -260,6 +261,8 @@ class RayTurn:
         self._lock = threading.Lock()
         self._closed = False
         self._outbox: Path | None = None
+        #: That folder when the executor names none: it outlives the turn while results name it.
+        self._temporary_outbox: TemporaryOutbox | None = None
         self._calls = 0
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -286,11 +289,11 @@ class RayTurn:
         with self._lock:
             self._closed = True
             actor, self._actor = self._actor, None
-            outbox, self._outbox = self._outbox, None
+            temporary, self._temporary_outbox = self._temporary_outbox, None
         if actor is not None:
             release([actor])
-        if outbox is not None and self.executor.outbox_dir is None:
-            shutil.rmtree(outbox, ignore_errors=True)
+        if temporary is not None:
+            temporary.close()
 
     async def aclose(self) -> None:
         """Async twin of ``close``; it finishes even when the caller is being cancelled."""
@@ -376,21 +379,22 @@ class RayTurn:
         with self._lock:
             if self._outbox is None:
                 chosen = self.executor.outbox_dir
-                if chosen is not None:
+                if chosen is None:
+                    self._temporary_outbox = TemporaryOutbox("ray-outbox")
+                    self._outbox = self._temporary_outbox.path
+                else:
                     chosen.mkdir(parents=True, exist_ok=True)
-                self._outbox = Path(
-                    make_folder("ray-outbox")
-                    if chosen is None
-                    else tempfile.mkdtemp(prefix="turn-", dir=chosen)
-                )
+                    self._outbox = Path(tempfile.mkdtemp(prefix="turn-", dir=chosen))
             self._calls += 1
             folder = self._outbox / f"call-{self._calls}"
+            temporary = self._temporary_outbox
         folder.mkdir()
         files = []
         for entry in result.files:
             path = folder / entry.name
             path.write_bytes(contents[entry.name])
-            files.append(OutboxFile(name=entry.name, size=entry.size, path=path))
+            file = OutboxFile(name=entry.name, size=entry.size, path=path)
+            files.append(file if temporary is None else temporary.keep_for(file))
         return attrs.evolve(result, files=tuple(files))
 
 
