@@ -164,6 +164,10 @@ DECLARED_UNKEPT["docker-exec"]["test_helpers_cannot_take_another_process_s_descr
     f"{_NO_SERVER}: no file worker or egress relay to confine (a turn with a network "
     "allow-list refuses to start)"
 )
+DECLARED_UNKEPT["docker-exec"]["test_calls_beside_the_server_cannot_read_it"] = (
+    f"{_NO_SERVER}: its calls are the turn's own host uid with no capabilities, beside no server "
+    "(a turn with a network allow-list, as this test's, refuses to start)"
+)
 
 
 #: test_detached.py's tests that start a process: detached processes live in the server.

@@ -29,7 +29,7 @@ import attrs
 import pytest
 
 from astralvessel.sandbox import FsRequest, Policy, Sandbox, SandboxSession, _session
-from astralvessel.sandbox._policy import EGRESS_PORT
+from astralvessel.sandbox._policy import EGRESS_PORT, Promise
 
 from .calls import py_json
 
@@ -59,6 +59,9 @@ def _steal():
             found[door] = -exc.errno
         else:
             found[door] = 0
+    fields = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
+    for name in ("CapEff", "CapPrm", "CapBnd", "CapAmb"):
+        found[name] = int(fields[name], 16)
     try:
         child = os.fork()
     except OSError as exc:
@@ -106,12 +109,33 @@ def _taken_over(build: object = None) -> bytes:
     return marshal.dumps({"tag": tag, "code": code, "src": sources}, 4)
 
 
-@pytest.fixture
+class _NoPidNamespace(dict[str, dict[str, str]]):
+    """The host's record of probe answers, saying of every way to start a turn that the
+    sandbox cannot give a call a PID namespace: the server then takes this answer for its
+    own probe's and starts calls beside itself, without namespaces of their own."""
+
+    def get(self, key: str, default: object = None) -> dict[str, str]:
+        return {"pid_namespace": "planted by the test"}
+
+
+#: How the turn's calls start: each in namespaces of its own, or (the host relaxed process
+#: isolation where a sandbox cannot give them) beside the server.
+LAUNCHES = ("own namespaces", "no pid namespace")
+
+
+@pytest.fixture(params=LAUNCHES)
 def taken_over(
-    backend: Sandbox, policy: Policy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    request: pytest.FixtureRequest,
+    backend: Sandbox,
+    policy: Policy,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[SandboxSession]:
     """A turn with an egress relay, whose server runs the attacker's helpers."""
     monkeypatch.setattr(_session, "server_payload", _taken_over)
+    if request.param == "no pid namespace":
+        monkeypatch.setattr(_session, "_PROBED", _NoPidNamespace())
+        policy = policy.relax(Promise.PROCESS_ISOLATION, Promise.NO_NEW_SESSIONS)
     egress = tmp_path / "egress"
     egress.mkdir()
     egress.chmod(0o755)
@@ -132,6 +156,10 @@ def _refused(found: dict[str, int]) -> None:
     assert found["fork"] == -errno.EPERM, f"started a process: {found}"
     assert found["fd/0"] < 0, f"opened the server's descriptor through /proc: {found}"
     assert found["mem"] < 0, f"opened the server's memory: {found}"
+    # Effective, permitted, ambient: nothing to use. The bounding set: nothing an exec could
+    # hand back, in the helpers' own user namespace or, where they have none, after the drop.
+    held = {name: found[name] for name in ("CapEff", "CapPrm", "CapBnd", "CapAmb")}
+    assert held == dict.fromkeys(held, 0), f"holds capabilities a call lacks: {found}"
 
 
 def test_helpers_cannot_take_another_process_s_descriptors(
@@ -151,4 +179,42 @@ def test_helpers_cannot_take_another_process_s_descriptors(
                 print(s.makefile("rb").read().decode())
             """,
         )
+    )
+
+
+def test_calls_beside_the_server_cannot_read_it(taken_over: SandboxSession) -> None:
+    """A call that shares the server's PID namespace (and, where there is no uid to drop to,
+    its uid) holds no capability and opens none of the server's /proc entries."""
+    found = py_json(
+        taken_over,
+        """
+        import json, os
+        fields = dict(line.split(":", 1) for line in open("/proc/self/status") if ":" in line)
+        found = {name: int(fields[name], 16) for name in ("CapEff", "CapPrm", "CapBnd", "CapAmb")}
+        # Beside the server, its child; in a PID namespace of its own, the call's init.
+        parent = "/proc/%d/" % os.getppid()
+        for door in ("environ", "mem"):
+            try:
+                os.close(os.open(parent + door, os.O_RDONLY))
+                found[door] = "opened"
+            except OSError as exc:
+                found[door] = exc.errno
+        # The folder may list (its owner may be the call's host uid); no entry may be named.
+        try:
+            fds = os.listdir(parent + "fd")
+        except OSError as exc:
+            fds = []
+        found["fd"] = []
+        for fd in fds:
+            try:
+                found["fd"].append(os.readlink(parent + "fd/" + fd))
+            except OSError:
+                pass
+        print(json.dumps(found))
+        """,
+    )
+    held = {name: found.pop(name) for name in ("CapEff", "CapPrm", "CapBnd", "CapAmb")}
+    assert held == dict.fromkeys(held, 0), f"a call holds capabilities: {held}"
+    assert found == {"environ": errno.EACCES, "mem": errno.EACCES, "fd": []}, (
+        f"a call reached the server's /proc entries: {found}"
     )

@@ -223,6 +223,7 @@ def worker_options(
             "writable_roots": tuple(map_path(r, path_map) for r in config["writable_roots"]),
         },
         "own_userns": _own_userns(plan),
+        "confine": plan.confine,
         "seccomp": helper_filter(config, plan, "file_worker"),
         "install_seccomp": plan.install_seccomp,
     }
@@ -255,6 +256,7 @@ def start_relay(
             config["drop_uid"],
             config["drop_gid"],
             own_userns=_own_userns(plan),
+            confine=plan.confine,
             seccomp=helper_filter(config, plan, "relay"),
             install_seccomp=plan.install_seccomp,
         )

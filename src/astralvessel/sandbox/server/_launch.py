@@ -246,12 +246,6 @@ def _apply_limits(limits: dict[str, int]) -> None:
             resource.setrlimit(which, (low, low))
 
 
-def _clear_inheritable() -> None:
-    """Empty every capability set, the inheritable one too (setresuid leaves it as it was)."""
-    # nsjail's --keep_caps hands the server a full inheritable set; a call must not carry it.
-    capset(0, 0, 0)
-
-
 def die_with_parent(parent_gone: Callable[[], bool]) -> None:
     """Have the kernel SIGKILL this process when its parent dies; exit now if it has already.
 
@@ -278,25 +272,40 @@ def pipe_closed(fd: int) -> bool:
 
 
 def _drop(uid: int | None, gid: int | None) -> None:
+    """Take the calls' ``uid`` and ``gid`` (None: keep this process's) and hold no capability.
+
+    Where a process does this, it has no user namespace of its own to leave the
+    server's capabilities behind in: without a uid to drop to (an ordinary user's
+    server, Docker's) it would keep every one, and with one the bounding set
+    would stay full. So it gives up every set, the inheritable one too, which
+    nsjail's ``--keep_caps`` fills. Raises ``OSError`` if a step is refused.
+    """
     if gid is not None:
         os.setgroups([])
         os.setresgid(gid, gid, gid)
+    # While CAP_SETPCAP is held: past setresuid nothing could empty the bounding set. The
+    # locked securebits keep setresuid from clearing the rest, which capset then empties.
+    _userns.lock_capabilities()
     if uid is not None:
         os.setresuid(uid, uid, uid)
-        _clear_inheritable()
+    capset(0, 0, 0)
 
 
-def become_call_user(uid: int | None, gid: int | None, *, own_userns: bool) -> None:
+def become_call_user(uid: int | None, gid: int | None, *, own_userns: bool, confine: bool) -> None:
     """Take the calls' identity and hold what they hold, as the file worker and the egress
     relay do before they serve: with ``own_userns``, uid 65534 of an own user namespace.
 
-    As an ordinary user the server is uid 0 of the sandbox's namespace with every
-    capability there; a helper gives them all up as a call's init does (holding
-    them, it could open the server's ``/proc/PID/fd`` and ``mem``). Where it cannot
-    mount its own ``/proc`` it drops to the uid as before. Raises ``OSError`` if the
-    namespace fails half made: the helper then exits rather than serve with the
+    As an ordinary user (or in Docker) the server is uid 0 of the sandbox's
+    namespace with every capability there; a helper gives them all up as a call
+    does (holding them, it could open the server's ``/proc/PID/fd`` and ``mem``).
+    Where it cannot mount its own ``/proc``, or the calls get no namespace of their
+    own, it drops to the calls' uid as they do (``_drop``). Unconfined (not
+    ``confine``) the calls are the server's equal, and so is the helper. Raises
+    ``OSError`` if a step fails: the helper then exits rather than serve with the
     server's privileges.
     """
+    if not confine:
+        return
     if not own_userns:
         _drop(uid, gid)
         return
@@ -307,11 +316,8 @@ def become_call_user(uid: int | None, gid: int | None, *, own_userns: bool) -> N
         _sys.mount(None, "/", None, _sys.MS_REC | _sys.MS_PRIVATE)
         _sys.mount("proc", "/proc", "proc", _sys.MS_NOSUID | _sys.MS_NODEV | _sys.MS_NOEXEC)
     except OSError:
+        # Docker's masked /proc refuses a new one.
         _drop(uid, gid)
-        if uid is None:
-            # Docker's masked /proc refuses a new one: the helper keeps the server's uid,
-            # but holds none of its capabilities (else it could read what no call can).
-            _userns.give_up_capabilities()
         return
     _userns.enter_own_namespace(uid, gid)
 

@@ -156,6 +156,7 @@ def start(
     drop_gid: int | None,
     *,
     own_userns: bool = False,
+    confine: bool = True,
     seccomp: bytes | None = None,
     install_seccomp: Callable[[bytes], None] | None = None,
 ) -> int:
@@ -163,10 +164,9 @@ def start(
 
     The listener is bound here, before ``ready``, so no call can take the port
     first; raises ``OSError`` if it cannot be. The relay gives up the server's
-    identity as the file worker does (``own_userns``: see ``_launch.become_call_user``)
-    and stacks ``seccomp``, its own filter
-    (unix sockets alone, no process: ``_seccomp.RELAY`` on the host), over the
-    server's before it serves.
+    identity as the file worker does (``own_userns``, ``confine``: see
+    ``_launch.become_call_user``) and stacks ``seccomp``, its own filter (unix sockets
+    alone, no process: ``_seccomp.RELAY`` on the host), over the server's before it serves.
     """
     listener = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
     try:
@@ -190,7 +190,7 @@ def start(
             import socket
 
             accepting = socket.socket(fileno=listener.detach())
-            _launch.become_call_user(drop_uid, drop_gid, own_userns=own_userns)
+            _launch.become_call_user(drop_uid, drop_gid, own_userns=own_userns, confine=confine)
             # The drop cleared the parent-death signal: armed again, or the relay, which
             # only waits for connections, would outlive a server killed on the host.
             _launch.die_with_parent(lambda: os.getppid() != server)

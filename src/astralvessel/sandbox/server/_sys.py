@@ -32,6 +32,7 @@ __all__ = [
     "PR_SET_DUMPABLE",
     "PR_SET_NO_NEW_PRIVS",
     "PR_SET_PDEATHSIG",
+    "capget",
     "capset",
     "check",
     "libc",
@@ -117,6 +118,13 @@ def capset(effective: int, permitted: int, inheritable: int) -> None:
         effective >> 32, permitted >> 32, inheritable >> 32,
     )  # fmt: skip
     check(libc().capset(_CapHeader(_LINUX_CAPABILITY_VERSION_3, 0), data), "capset")
+
+
+def capget() -> tuple[int, int, int]:
+    """This process's effective, permitted and inheritable capability sets (64-bit masks)."""
+    data = _CapData()
+    check(libc().capget(_CapHeader(_LINUX_CAPABILITY_VERSION_3, 0), data), "capget")
+    return data[0] | data[3] << 32, data[1] | data[4] << 32, data[2] | data[5] << 32
 
 
 _F_GETPIPE_SZ = 1032

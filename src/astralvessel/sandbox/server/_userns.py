@@ -35,12 +35,13 @@ from __future__ import annotations
 
 import _socket  # socket's C type: the socket module would import enum (see _lean)
 import ctypes
+import errno
 import os
 import resource
 import struct
 
 from ._lean import suppress
-from ._sys import PR_SET_DUMPABLE, capset, check, libc, prctl
+from ._sys import PR_SET_DUMPABLE, capget, capset, check, libc, prctl
 
 __all__ = [
     "CALL_ID",
@@ -50,6 +51,7 @@ __all__ = [
     "TURN_UMASK",
     "enter_own_namespace",
     "give_up_capabilities",
+    "lock_capabilities",
     "map_ids",
     "warm",
 ]
@@ -60,6 +62,7 @@ CALL_ID = 65534
 TURN_UMASK = 0o007
 
 CLONE_NEWUSER = 0x10000000
+CAP_SETPCAP = 8
 PR_CAPBSET_DROP = 24
 PR_SET_SECUREBITS = 28
 PR_CAP_AMBIENT = 47
@@ -82,7 +85,7 @@ def warm() -> None:
     """Resolve every libc function used here, and read the highest capability, once,
     before the server forks."""
     global _last_cap_known  # noqa: PLW0603 - a kernel constant, inherited by every fork
-    for name in ("unshare", "prctl", "capset"):
+    for name in ("unshare", "prctl", "capset", "capget"):
         getattr(libc(), name)
     _last_cap_known = _read_last_cap()
 
@@ -239,15 +242,37 @@ def map_ids(proc: int, uid: int, gid: int, inner: int, inner_gid: int) -> None:
 def give_up_capabilities() -> None:
     """Empty every capability set (bounding and ambient too) and lock the securebits.
 
-    What ``enter_own_namespace`` ends with; alone, it is what a process does that
-    keeps its uid but must hold nothing (the file worker where it cannot have a
-    namespace of its own). Raises ``OSError`` if a step is refused; the sets a
-    process may always empty (effective, permitted, inheritable) are emptied even then.
+    What ``enter_own_namespace`` ends with. Raises ``OSError`` if a step is
+    refused; the sets a process may always empty (effective, permitted,
+    inheritable) are emptied even then.
     """
     try:
-        for cap in range(_last_cap() + 1):
-            prctl(PR_CAPBSET_DROP, cap)
-        prctl(PR_SET_SECUREBITS, SECUREBITS_LOCKED)
-        prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+        _lock_capabilities()
     finally:
         capset(0, 0, 0)
+
+
+def lock_capabilities() -> None:
+    """Empty the ambient and bounding sets and lock the securebits, so that no change of uid
+    and no exec can hand a capability back; the sets in use stay for the caller to empty.
+
+    For a process about to take the calls' ids outside a user namespace of its own
+    (``_launch._drop``): it still needs ``CAP_SETUID`` for that. Where this process
+    does not hold ``CAP_SETPCAP`` (an ordinary user's unconfined server, a sandbox
+    that gave it none) the kernel refuses the bounding set and the securebits to
+    anyone, so there is nothing this process could give up there: that refusal
+    passes. Raises ``OSError`` for any other failure, or if ``CAP_SETPCAP`` was held.
+    """
+    try:
+        _lock_capabilities()
+    except OSError as exc:
+        if exc.errno != errno.EPERM or capget()[0] >> CAP_SETPCAP & 1:
+            raise
+
+
+def _lock_capabilities() -> None:
+    # Ambient first: it needs no capability, so a refusal below leaves it empty all the same.
+    prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL)
+    for cap in range(_last_cap() + 1):
+        prctl(PR_CAPBSET_DROP, cap)
+    prctl(PR_SET_SECUREBITS, SECUREBITS_LOCKED)

@@ -99,15 +99,17 @@ def start_worker(
     drop_gid: int | None,
     context: dict[str, Any],
     own_userns: bool = False,
+    confine: bool = True,
     seccomp: bytes | None = None,
     install_seccomp: Callable[[bytes], None] | None = None,
 ) -> Worker:
     """Fork the worker; the server writes request frames to ``requests`` and reads ``replies``.
 
     ``own_userns``: take the calls' own kind of user namespace (see ``_userns``), as
-    a confining server whose probe found it works does. ``seccomp``: the worker's own
-    filter, which ``install_seccomp`` stacks over the server's before the first request
-    (see ``_launch.stack_filter``).
+    a confining server whose probe found it works does; ``confine`` False (unconfined
+    calls) keeps the server's identity (see ``_launch.become_call_user``). ``seccomp``:
+    the worker's own filter, which ``install_seccomp`` stacks over the server's before
+    the first request (see ``_launch.stack_filter``).
     """
     req_r, req_w = os.pipe()
     try:
@@ -130,7 +132,7 @@ def start_worker(
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             _launch.die_with_parent(lambda: os.getppid() != server)
             _warm_files()
-            _launch.become_call_user(drop_uid, drop_gid, own_userns=own_userns)
+            _launch.become_call_user(drop_uid, drop_gid, own_userns=own_userns, confine=confine)
             # Either cleared the parent-death signal (the ids changed): armed again.
             _launch.die_with_parent(lambda: os.getppid() != server)
             _sys.prctl(_sys.PR_SET_NO_NEW_PRIVS, 1)
