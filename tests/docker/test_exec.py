@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
@@ -212,10 +213,17 @@ def test_plan_keeps_the_budgets_and_names_the_servers_reasons():
 
 
 def test_outbox_returns_regular_files(exec_turn):
-    """A file left in $VESSEL_OUTBOX comes back with its bytes."""
+    """A file left in $VESSEL_OUTBOX comes back with its bytes; without a host folder, the
+    turn's temporary one outlives the turn while a result names it, and goes with the last."""
     outcome = _run(exec_turn, "printf 'hi there' > $VESSEL_OUTBOX/out.txt")
     (file,) = outcome.files
     assert (file.name, file.size, file.path.read_bytes()) == ("out.txt", 8, b"hi there")
+    exec_turn.close()
+    assert file.path.read_bytes() == b"hi there"
+    folder = file.path.parent.parent
+    del outcome, file
+    gc.collect()
+    assert not folder.exists()
 
 
 def test_outbox_files_outlive_the_turn_in_the_hosts_folder(docker_api, tmp_path):
