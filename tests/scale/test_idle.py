@@ -25,7 +25,17 @@ BACKENDS = ["bubblewrap", "nsjail"]
 #: util-linux ``unshare``, which started nsjail (nsjail itself where the host has none).
 BINARY_PROCESSES = {"bubblewrap": 2, "nsjail": 1}
 #: Standard modules the server must not hold: each idle turn would carry them (see _lean).
-HEAVY_MODULES = {"collections", "contextlib", "enum", "functools", "re", "selectors", "socket"}
+#: And math: a shared library to load at every turn start for one rounding (``_lean``).
+HEAVY_MODULES = {
+    "collections",
+    "contextlib",
+    "enum",
+    "functools",
+    "math",
+    "re",
+    "selectors",
+    "socket",
+}
 
 
 def _parents() -> dict[int, int]:
