@@ -250,6 +250,17 @@ def test_outbox_follows_no_links(exec_turn):
     assert f"[outbox: 6 entries not returned: 6 {NOT_PLAIN}]" in outcome.output
 
 
+def test_an_outbox_that_cannot_be_listed_says_so(exec_turn):
+    """A call that makes its outbox unreadable gets no file back and reads why, not an
+    outbox that looks empty; the next call's outbox is its own as ever."""
+    outcome = _run(exec_turn, "echo kept > $VESSEL_OUTBOX/kept.txt && chmod 0 $VESSEL_OUTBOX")
+    assert outcome.files == ()
+    assert "[outbox: cannot be listed, no file returned: find: " in outcome.output
+    assert "Permission denied]" in outcome.output
+    after = _run(exec_turn, "echo again > $VESSEL_OUTBOX/again.txt")
+    assert [f.name for f in after.files] == ["again.txt"]
+
+
 def test_outbox_file_count_is_bounded(exec_turn):
     """A call that leaves thousands of files gets at most OUTBOX_MAX_FILES, and the host is told."""
     outcome = _run(exec_turn, "cd $VESSEL_OUTBOX && seq 1 3000 | xargs touch", timeout=60)

@@ -135,7 +135,8 @@ def outbox_listing_argv(outbox: str, listed: int) -> list[str]:
 
     The kill comes first, so nothing of the call can swap a file for a link
     once listed (``kill -9 -1`` as the call user reaches every process of that
-    uid but the shell itself). ``find`` without ``-L`` follows no symbolic link
+    uid but the shell itself). Only a folder that cannot be listed writes to
+    stderr (``find``'s complaint). ``find`` without ``-L`` follows no symbolic link
     (its type is ``l``), and the link count shows a hard link, which would let
     a call return one workspace file many times over. At most ``listed``
     entries are described; the count says how many more there were. One exec
@@ -145,10 +146,11 @@ def outbox_listing_argv(outbox: str, listed: int) -> list[str]:
     return [
         "/bin/sh",
         "-c",
+        # Only the count's find speaks on stderr: why the folder cannot be listed, if so.
         f"kill -9 -1 2>/dev/null; n=$({entries} -printf . | wc -c); "
-        'if [ "$n" = 0 ]; then find "$1" -delete; fi; '
+        'if [ "$n" = 0 ]; then find "$1" -delete 2>/dev/null; fi; '
         'printf "%s\\0" "$n"; '
-        f'{entries} -printf "%y%n/%s/%f\\0" | head -z -n "$2"',
+        f'{entries} -printf "%y%n/%s/%f\\0" 2>/dev/null | head -z -n "$2"',
         "sh",
         outbox,
         str(listed),
@@ -205,10 +207,22 @@ def plan_outbox(
     return take, skipped
 
 
+#: The bytes of a helper's stderr kept to say why it failed.
+_COMPLAINT_MAX = 300
+
+
 def skipped_note(skipped: Mapping[str, int]) -> str:
     """What the model reads after its output when outbox entries did not come back."""
     reasons = "; ".join(f"{n} {why}" for why, n in sorted(skipped.items()))
     return f"[outbox: {sum(skipped.values())} entries not returned: {reasons}]\n"
+
+
+def unlisted_note(code: int | None, complaint: bytes) -> str:
+    """What the model reads after its output when its outbox could not be listed: ``find``'s
+    own words (the call's path, and why), or the listing's exit code."""
+    said = " ".join(complaint.decode("utf-8", "replace").split())
+    why = said or f"the listing exited with {code}"
+    return f"[outbox: cannot be listed, no file returned: {why}]\n"
 
 
 class ExecSession(SandboxSession):
@@ -257,19 +271,30 @@ class ExecSession(SandboxSession):
         self, argv: list[str], *, limit: int = _HELPER_OUTPUT_MAX
     ) -> tuple[int | None, bytes]:
         """Run a helper command as the call user; its exit code and up to ``limit`` stdout bytes."""
+        code, output, _ = self._exec_both(argv, limit=limit)
+        return code, output
+
+    def _exec_both(
+        self, argv: list[str], *, limit: int = _HELPER_OUTPUT_MAX
+    ) -> tuple[int | None, bytes, bytes]:
+        """``_exec``, with the first ``_COMPLAINT_MAX`` bytes of the helper's stderr too."""
         stream = self._start(ready_argv(argv), user=self._user, workdir="/")
         output = bytearray()
+        errors = bytearray()
         try:
             # Read to the end (the helper's exit code is wanted), keeping at most ``limit``.
             for kind, payload in stream.read():
                 if kind == 1:
                     output += payload[: max(limit - len(output), 0)]
+                elif kind == 2:
+                    errors += payload[: max(_COMPLAINT_MAX - len(errors), 0)]
         finally:
             stream.close()
         try:
-            return self._api.exec_inspect(stream.exec_id).get("ExitCode"), bytes(output)
+            code = self._api.exec_inspect(stream.exec_id).get("ExitCode")
         except Exception as exc:
             raise SandboxError(self._lost_why("the docker engine lost a command", exc)) from None
+        return code, bytes(output), bytes(errors)
 
     def _start(self, argv: list[str], **options: Any) -> ExecStream:
         """Start one exec in the turn's container (see ``ExecStream``); ``SandboxError`` if not."""
@@ -364,11 +389,11 @@ class ExecSession(SandboxSession):
             raise SandboxError(
                 f"the docker engine lost the call ({exc}); {self.channel.describe_exit()}"
             ) from None
-        files, skipped = self._collect_outbox(outbox)
+        files, note = self._collect_outbox(outbox)
         text = output.text
-        if skipped:
+        if note:
             # The model is told, in its own result, what it left that did not come back.
-            text += ("\n" if text and not text.endswith("\n") else "") + skipped_note(skipped)
+            text += ("\n" if text and not text.endswith("\n") else "") + note
         return RunOutcome(
             output=text,
             exit_code=exit_code,
@@ -478,15 +503,17 @@ class ExecSession(SandboxSession):
             output.add(b"", final=True)
         return output, False
 
-    def _collect_outbox(self, outbox: str) -> tuple[tuple[OutboxFile, ...], dict[str, int]]:
+    def _collect_outbox(self, outbox: str) -> tuple[tuple[OutboxFile, ...], str]:
         """End the call's processes, copy its outbox files out within the budgets, then remove
-        its folder."""
+        its folder; the files, and the line the model reads about what did not come back."""
         # The listing's exec ends the call's processes and removes an outbox left empty.
         total = -1
         try:
-            code, listing = self._exec(outbox_listing_argv(outbox, _LISTED_MAX))
-            if code != 0:
-                return (), {}
+            code, listing, complaint = self._exec_both(outbox_listing_argv(outbox, _LISTED_MAX))
+            if code != 0 or complaint:
+                # A call that made its outbox unreadable (or removed it) gets no file back,
+                # and is told so: an empty outbox would say it left none.
+                return (), unlisted_note(code, complaint)
             total, entries = parse_listing(listing)
             take, skipped = plan_outbox(
                 total,
@@ -503,7 +530,7 @@ class ExecSession(SandboxSession):
                     skipped[NOT_PLAIN] = skipped.get(NOT_PLAIN, 0) + 1
                 else:
                     files.append(file)
-            return tuple(files), skipped
+            return tuple(files), skipped_note(skipped) if skipped else ""
         finally:
             if total != 0:
                 # Whatever was left (links, folders, files past a budget) goes with the folder.
