@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import re
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.core._cli import in_process
 
 ROOT = Path(__file__).parents[1]
 TUTORIAL = (ROOT / "docs" / "tutorial.md").read_text()
@@ -29,18 +29,16 @@ def shell_commands() -> list[str]:
 
 
 @pytest.mark.parametrize("command", shell_commands())
-def test_tutorial_command(command: str) -> None:
+def test_tutorial_command(
+    command: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Each astralvessel command in the tutorial behaves as the tutorial says."""
     argv = shlex.split(command)
     assert argv[0] == "astralvessel"
-    done = subprocess.run(
-        [sys.executable, "-m", "astralvessel", *argv[1:]],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    # The CLI's main in this process (tests/core/_cli.py; tests/core/test_cli.py runs
+    # ``python -m astralvessel`` itself): a new interpreter per command cost 4-19 s at load 11.
+    monkeypatch.chdir(ROOT)
+    done = in_process(capsys, monkeypatch)(*argv[1:])
     expected = 1 if '"habitat": 3' in command else 0  # the tutorial's deliberate mistake
     assert done.returncode == expected, done.stdout + done.stderr
 
