@@ -153,7 +153,9 @@ def test_a_fork_bomb_leaves_nothing_against_the_turns_next_calls(
     (one turn: the twelve others of ``turns`` took no part in it)."""
     session = turn
     (shared / "go").touch()
-    for round_ in range(3):
+    # A first round fails at ``left`` where nothing reaps the bomb's orphans (checked); the
+    # second shows that reaping them once left the turn as it found it, ready for more.
+    for round_ in range(2):
         bombed = _run(session, FORK_BOMB)
         assert bombed.exit_code == 0, bombed.output
         left = _run(session, f"for i in $(seq {CHILDREN}); do sleep 600 & done; echo left")
