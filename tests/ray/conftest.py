@@ -96,6 +96,15 @@ def ray_module() -> object:
 @pytest.fixture(scope="module")
 def cluster(ray_module: object) -> Iterator[dict[str, object]]:
     """A head node (resource ``node_head``) and a second node (``node_b``), joined by this test."""
+    # Without auth, whatever the machine holds: once anything ran a local ray.init() here,
+    # ~/.ray/auth_token exists, `ray start` then turns token auth on, and `ray status` and
+    # the driver (which do not) are refused (InvalidAuthToken) until the fixture gives up.
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("RAY_AUTH_MODE", "disabled")
+        yield from _cluster(ray_module)
+
+
+def _cluster(ray_module: object) -> Iterator[dict[str, object]]:
     address = f"127.0.0.1:{_free_port()}"
     temp_dir = tempfile.mkdtemp(prefix="rayh-")  # a short prefix: Ray nests socket paths in it
     nodes = [Node("node_head", head=True, address=address, temp_dir=temp_dir)]
