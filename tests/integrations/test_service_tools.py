@@ -24,7 +24,7 @@ LOOKUP_TOOL = """
 name = "lookup"
 description = "Look a species up in the catalogue."
 service = "catalog"
-timeout_seconds = 1
+timeout_seconds = {timeout}
 
 [parameters]
 type = "object"
@@ -33,7 +33,12 @@ type = "string"
 """
 
 
-def _agent(make_agent: MakeAgent, url: str) -> av.Agent:
+#: The tool's timeout where a test does not wait for it: a loopback POST took over 1 s once on a
+#: loaded machine (load 12); the timeout tests set 1 s, which they wait out.
+ROOMY_TIMEOUT_S = 30
+
+
+def _agent(make_agent: MakeAgent, url: str, timeout_s: int = ROOMY_TIMEOUT_S) -> av.Agent:
     folder = make_agent(
         f"""
         tool_output_chars = 200
@@ -42,7 +47,7 @@ def _agent(make_agent: MakeAgent, url: str) -> av.Agent:
         [services.catalog]
         url = "{url}"
         """,
-        {"tools/lookup.toml": LOOKUP_TOOL},
+        {"tools/lookup.toml": LOOKUP_TOOL.format(timeout=timeout_s)},
     )
     return av.Agent.load(folder)
 
@@ -136,10 +141,13 @@ def test_long_response_is_cut_to_the_output_cap(
 
 
 @both
-def test_slow_service_times_out(executor: av.Executor, service: Service, call: Caller) -> None:
+def test_slow_service_times_out(
+    make_agent: MakeAgent, service: Service, backend: Sandbox, call: Caller
+) -> None:
     """A service slower than the tool's timeout gives a timed-out error result."""
     service.reply = lambda _: Reply(body=b"late", delay=3)
-    result = call(executor, {"q": "otter"})
+    agent = _agent(make_agent, service.url, timeout_s=1)
+    result = call(av.Executor(av.Registry.for_agent(agent), sandbox=backend), {"q": "otter"})
     assert result.timed_out
     assert result.is_error
     assert result.text == "[timed out after 1 s]"
@@ -198,7 +206,7 @@ def test_bound_async_callable_errors_and_timeouts(
             await anyio.Event().wait()  # on whichever loop runs the call
         raise ToolError(f"no species called {arguments['q']}")
 
-    agent = _agent(make_agent, service.url)
+    agent = _agent(make_agent, service.url, timeout_s=1)
     executor = av.Executor(
         av.Registry.for_agent(agent), sandbox=backend, services={"catalog": catalog}
     )
@@ -223,7 +231,7 @@ def test_service_without_url_or_callable_raises(backend: Sandbox) -> None:
 def test_example_agent_folders_load(tmp_path: Path) -> None:
     """The service tool file format used in the docs loads as a SERVICE tool."""
     (tmp_path / "tools").mkdir()
-    (tmp_path / "tools" / "lookup.toml").write_text(LOOKUP_TOOL)
+    (tmp_path / "tools" / "lookup.toml").write_text(LOOKUP_TOOL.format(timeout=1))
     (tmp_path / "vessel.toml").write_text(
         '[tools]\ndeclared = ["tools/lookup.toml"]\n'
         '[services.catalog]\nurl = "http://127.0.0.1:8080/tools"\n'
