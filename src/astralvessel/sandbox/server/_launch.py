@@ -30,7 +30,7 @@ import select
 
 from . import _sys, _userns
 from ._lean import signal, suppress
-from ._sys import PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG, capset, libc, prctl
+from ._sys import PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_PDEATHSIG, capset, libc, prctl
 
 # Annotations only: importing typing costs every turn's start a few milliseconds, and
 # mypy reads any ``if TYPE_CHECKING:`` block as taken.
@@ -299,7 +299,7 @@ def become_call_user(uid: int | None, gid: int | None, *, own_userns: bool, conf
     namespace with every capability there; a helper gives them all up as a call
     does (holding them, it could open the server's ``/proc/PID/fd`` and ``mem``).
     Where it cannot mount its own ``/proc``, or the calls get no namespace of their
-    own, it drops to the calls' uid as they do (``_drop``). Unconfined (not
+    own, it drops to the calls' uid as they do, and is not dumpable. Unconfined (not
     ``confine``) the calls are the server's equal, and so is the helper. Raises
     ``OSError`` if a step fails: the helper then exits rather than serve with the
     server's privileges.
@@ -307,7 +307,7 @@ def become_call_user(uid: int | None, gid: int | None, *, own_userns: bool, conf
     if not confine:
         return
     if not own_userns:
-        _drop(uid, gid)
+        _drop_undumpable(uid, gid)
         return
     try:
         # The ids are mapped through /proc, which nsjail mounts read-only: the helper mounts
@@ -317,9 +317,21 @@ def become_call_user(uid: int | None, gid: int | None, *, own_userns: bool, conf
         _sys.mount("proc", "/proc", "proc", _sys.MS_NOSUID | _sys.MS_NODEV | _sys.MS_NOEXEC)
     except OSError:
         # Docker's masked /proc refuses a new one.
-        _drop(uid, gid)
+        _drop_undumpable(uid, gid)
         return
     _userns.enter_own_namespace(uid, gid)
+
+
+def _drop_undumpable(uid: int | None, gid: int | None) -> None:
+    """``_drop``, then shut this process's ``/proc`` entries to every process that holds no
+    capability over it (raises ``OSError`` as ``_drop`` does).
+
+    A helper that keeps a uid the calls share, holding no capability as they hold
+    none, is otherwise theirs to read: a call beside it (no PID namespace of its
+    own) could open its memory, or its pipes to the server through ``fd``.
+    """
+    _drop(uid, gid)
+    prctl(PR_SET_DUMPABLE, 0)
 
 
 def stack_filter(program: bytes | None, install: Callable[[bytes], None] | None) -> None:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import time
 
-from . import _bounds, _fsqueue, _hello, _launch, _outbox, _pipes, _protocol, _spawner
+from . import _bounds, _fsqueue, _hello, _launch, _outbox, _pipes, _protocol, _spawner, _sys
 from ._calls import Call, RunOrder, exit_frame, map_path, outcome, parse_run, refusal, status_values
 from ._lean import EVENT_READ, EVENT_WRITE, Selector, signal, suppress
 
@@ -615,6 +615,10 @@ def _killpg(pgid: int) -> None:
 
 def main() -> None:
     """Serve the host on this process's stdin and stdout."""
+    # Not dumpable: a process of its uid that holds no capability over it (a call beside it,
+    # where calls get no namespaces of their own) may neither ptrace it nor open its /proc.
+    # Its forks inherit it: each call's init and the helpers until they change their ids.
+    _sys.prctl(_sys.PR_SET_DUMPABLE, 0)
     rfd = os.dup(0)
     wfd = os.dup(1)
     # Nothing but frames may reach the host's pipe: stray prints go to stderr, reads see nothing.

@@ -160,6 +160,10 @@ def enter_own_namespace(
     # The namespace's parent levels count forks against the limit init has when it makes it.
     with suppress(OSError, ValueError):
         resource.setrlimit(resource.RLIMIT_NPROC, (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    # The mapper opens this process's uid_map: a process the server (not dumpable) forked has
+    # its /proc owned by a root the mapper may not be (Docker's, which no namespace maps).
+    # Dumpable again until the maps are written; it is not from the end of this on.
+    prctl(PR_SET_DUMPABLE, 1)
     # Only a process left in the parent namespace, with our capabilities there, may map any id
     # but its own; so another process writes the maps. The namespace is then owned by the
     # server's uid, which no call and no other host user has.
