@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from astralvessel.errors import SandboxError
 from astralvessel.sandbox import Policy, Promise, RunRequest, get_backend
 from astralvessel.sandbox._discovery import AUTOMATIC_ORDER
 from astralvessel.sandbox._uids import DEFAULT_UID_RANGE
@@ -259,6 +260,14 @@ def test_an_outbox_that_cannot_be_listed_says_so(exec_turn):
     assert "Permission denied]" in outcome.output
     after = _run(exec_turn, "echo again > $VESSEL_OUTBOX/again.txt")
     assert [f.name for f in after.files] == ["again.txt"]
+
+
+def test_an_outbox_that_cannot_be_made_says_why(exec_turn):
+    """A turn whose outbox folder cannot be made fails with mkdir's own words, not an empty
+    reason."""
+    exec_turn._outbox = "/proc/1/outbox"  # nothing may create a folder there
+    with pytest.raises(SandboxError, match=r"prepare its workspace: mkdir: cannot create"):
+        exec_turn.prepare()
 
 
 def test_outbox_file_count_is_bounded(exec_turn):

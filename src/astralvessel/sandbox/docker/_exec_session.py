@@ -319,11 +319,13 @@ class ExecSession(SandboxSession):
 
     def prepare(self) -> None:
         """Create the outbox in the workspace."""
-        code, out = self._exec(["mkdir", "-p", self._outbox])
+        code, _, complaint = self._exec_both(["mkdir", "-p", self._outbox])
         if code != 0:
+            # mkdir says why on stderr (its stdout is empty): the engine's words, else the code.
+            said = " ".join(complaint.decode(errors="replace").split())
             raise SandboxError(
                 "the docker-exec container cannot prepare its workspace: "
-                + out.decode(errors="replace")
+                + (said or f"mkdir exited with {code}")
             )
 
     def _kill_calls(self) -> None:
