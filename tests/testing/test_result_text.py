@@ -7,6 +7,7 @@ the same text, so a host's tests on the fake see what production shows.
 
 from __future__ import annotations
 
+import gc
 import textwrap
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -165,6 +166,13 @@ def test_outbox_files_come_back(make_executor: MakeExecutor) -> None:
         assert (file.name, file.size) == ("r.txt", 5)
         assert Path(file.path).read_bytes() == b"hello"
     assert result.text == "[exit code 0]"
+    # The file outlives the turn while a result names it (a host attaches it to the model's
+    # next request), and goes with the last one.
+    path = Path(file.path)
+    assert path.read_bytes() == b"hello"
+    del file, result
+    gc.collect()
+    assert not path.exists()
 
 
 def test_file_tools_read_mounted_data_alike(make_executor: MakeExecutor, tmp_path: Path) -> None:

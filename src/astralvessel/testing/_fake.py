@@ -37,6 +37,7 @@ from ..sandbox._api import (
 )
 from ..sandbox._base import Sandbox, SandboxSession, ServerLink
 from ..sandbox._policy import Policy, Promise
+from ..sandbox._temporary_outbox import TemporaryOutbox
 from ..spec import ToolSpec
 from ._fakeexec import ExecScript, FakeExec, answer_detach, answer_exec, check_exec_script
 from ._fakefs import FakeFiles, check_file_paths, check_visible
@@ -242,6 +243,8 @@ class FakeSession(SandboxSession):
         self._closed = False
         self._runs = 0
         self._lock = threading.Lock()
+        # Made at the first call that leaves a file, as the real sessions make theirs.
+        self._outbox: TemporaryOutbox | None = None
 
     def run(self, request: RunRequest) -> RunOutcome:
         """Identify the call, record it, and answer it as the script says."""
@@ -364,29 +367,36 @@ class FakeSession(SandboxSession):
             return self._files
 
     def _leave(self, files: Mapping[str, bytes]) -> tuple[OutboxFile, ...]:
-        # As the real session does: a call's outbox files are taken out of the sandbox
-        # into a host folder that lives as long as the turn.
+        # As the real sessions do: a call's outbox files are taken out of the sandbox into a
+        # host folder that outlives the turn while a result names one of its files.
         with self._lock:
             self._runs += 1
             runs = self._runs
-        if not files:
+            if files and self._outbox is None:
+                self._outbox = TemporaryOutbox("fake-outbox")
+            outbox = self._outbox
+        if not files or outbox is None:
             return ()
-        folder = self._layout().root / ".host-outbox" / str(runs)
+        folder = outbox.path / str(runs)
+        folder.mkdir()
         left: list[OutboxFile] = []
         for name, content in sorted(files.items()):
-            folder.mkdir(parents=True, exist_ok=True)
             (folder / name).write_bytes(content)
-            left.append(OutboxFile(name=name, size=len(content), path=folder / name))
+            file = OutboxFile(name=name, size=len(content), path=folder / name)
+            left.append(outbox.keep_for(file))
         return tuple(left)
 
     def close(self) -> None:
-        """End the fake turn: remove its files. Never raises."""
+        """End the fake turn: remove its files, and its outbox folder once no result names a file
+        in it. Never raises."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
         if self._files is not None:
             self._files.close()
+        if self._outbox is not None:
+            self._outbox.close()
         self.sandbox._closed()
 
     def alive(self) -> bool:
