@@ -25,8 +25,10 @@ BACKENDS = ["bubblewrap", "nsjail"]
 #: util-linux ``unshare``, which started nsjail (nsjail itself where the host has none).
 BINARY_PROCESSES = {"bubblewrap": 2, "nsjail": 1}
 #: Standard modules the server must not hold: each idle turn would carry them (see _lean).
-#: And math: a shared library to load at every turn start for one rounding (``_lean``).
+#: And math: a shared library to load at every turn start for one rounding (``_lean``);
+#: ``__future__``: the compiled modules' future statements are flags, not imports.
 HEAVY_MODULES = {
+    "__future__",
     "collections",
     "contextlib",
     "enum",
