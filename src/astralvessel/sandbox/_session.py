@@ -881,6 +881,13 @@ class ServerSession(SandboxSession):
         exit_info = item.exit or {}
         code = exit_info.get("exit_code")
         output = bytes(item.output).decode("utf-8", "replace")
+        unlisted = exit_info.get("unlisted")
+        if unlisted and isinstance(unlisted, str):
+            # A call that removed its outbox folder, swapped it for a link or made it
+            # unreadable gets no file back, and is told why: an empty outbox says it left none.
+            output += ("\n" if output and not output.endswith("\n") else "") + (
+                f"[outbox: cannot be listed, no file returned: {unlisted[:300]}]\n"
+            )
         if item.skipped:
             # The model is told, in its own result, what it left that did not come back.
             reasons = "; ".join(f"{n} {why}" for why, n in sorted(item.skipped.items()))

@@ -572,7 +572,8 @@ class Server:
         try:
             files = [{"name": name, "size": size} for name, _, size in collected.files]
             skipped = sorted(collected.skipped.items())
-            self.send(exit_frame(call, exit_code, files=files, skipped=skipped))
+            unlisted = collected.unlisted
+            self.send(exit_frame(call, exit_code, files=files, skipped=skipped, unlisted=unlisted))
         except BaseException:
             collected.close()
             raise

@@ -15,7 +15,11 @@ so every step is bounded and none recurses:
 - the folder is removed one directory at a time, holding one descriptor, so
   any depth of nesting and any number of entries are removed without recursion.
 
-What is not returned is counted by reason, for a note the model sees.
+What is not returned is counted by reason, for a note the model sees. A
+folder the call removed, swapped for a link or made unreadable to the server
+returns nothing, and the note says why (``Collected.unlisted``): the folder
+exists from the call's start, so an outbox that is gone is the call's doing,
+never an outbox that looks empty.
 """
 
 from __future__ import annotations
@@ -55,6 +59,11 @@ class Collected:
         #: ``(name, fd, size)`` in name order.
         self.files: list[tuple[str, int, int]] = []
         self.skipped: dict[str, int] = {}
+        #: Why the folder could not be listed (its path and the OS's words), if it could not.
+        self.unlisted = ""
+
+    def cannot_list(self, path: str, error: OSError) -> None:
+        self.unlisted = f"'{path}': {error.strerror or error}"
 
     def skip(self, reason: str, count: int = 1) -> None:
         self.skipped[reason] = self.skipped.get(reason, 0) + count
@@ -86,17 +95,24 @@ def prepare(root: str, call_id: int, uid: int | None, gid: int | None) -> str:
 
 
 def collect(root: str, call_id: int, uid: int | None, budget: int) -> Collected:
-    """Take the call's files (open), then remove its outbox folder. Never raises ``OSError``."""
+    """Take the call's files (open), then remove its outbox folder. Never raises ``OSError``;
+    a folder that cannot be listed (removed, a link, unreadable) is said in ``unlisted``."""
     collected = Collected()
     name = str(call_id)
     if _remove_empty(root, name):
         return collected
     try:
         dfd = _open_dir(root, name)
-    except OSError:
+    except OSError as exc:
+        collected.cannot_list(os.path.join(root, name), exc)
+        _remove_at(root, name)  # a link the call left in its place
         return collected
     try:
-        chosen = _choose(dfd, collected)
+        try:
+            chosen = _choose(dfd, collected)
+        except OSError as exc:
+            collected.cannot_list(os.path.join(root, name), exc)
+            chosen = []
         for entry in chosen:
             fd = _open_regular(dfd, entry, uid)
             if fd is None:
