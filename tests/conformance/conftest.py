@@ -99,10 +99,6 @@ DECLARED_UNKEPT: dict[str, dict[str, str]] = {
             f"{_NO_SERVER} to build the call's view: a call sees the container's mountinfo, with "
             "the engine's binds from /var/lib/docker/containers/ID"
         ),
-        "test_an_outbox_that_cannot_be_listed_says_so": (
-            f"{_NO_SERVER} to open the outbox folder without following a link: find lists a link "
-            "in its place as an empty outbox, with no line for the model"
-        ),
         "test_file_tools_see_the_sandbox_view": f"{_NO_SERVER}: the file tools are unavailable",
         "test_file_names_from_file_tools_are_escaped": (
             f"{_NO_SERVER}: the file tools are unavailable"

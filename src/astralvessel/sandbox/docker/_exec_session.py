@@ -136,7 +136,8 @@ def outbox_listing_argv(outbox: str, listed: int) -> list[str]:
     The kill comes first, so nothing of the call can swap a file for a link
     once listed (``kill -9 -1`` as the call user reaches every process of that
     uid but the shell itself). Only a folder that cannot be listed writes to
-    stderr (``find``'s complaint). ``find`` without ``-L`` follows no symbolic link
+    stderr (``find``'s complaint, or the shell's for a link in the folder's place,
+    which it removes). ``find`` without ``-L`` follows no symbolic link
     (its type is ``l``), and the link count shows a hard link, which would let
     a call return one workspace file many times over. At most ``listed``
     entries are described; the count says how many more there were. One exec
@@ -147,7 +148,11 @@ def outbox_listing_argv(outbox: str, listed: int) -> list[str]:
         "/bin/sh",
         "-c",
         # Only the count's find speaks on stderr: why the folder cannot be listed, if so.
-        f"kill -9 -1 2>/dev/null; n=$({entries} -printf . | wc -c); "
+        # A link in the folder's place is no folder: find would list nothing and say nothing.
+        "kill -9 -1 2>/dev/null; "
+        """if [ -L "$1" ]; then printf "'%s': Not a directory" "$1" >&2; rm -f "$1"; """
+        'printf "0\\0"; exit 0; fi; '
+        f"n=$({entries} -printf . | wc -c); "
         'if [ "$n" = 0 ]; then find "$1" -delete 2>/dev/null; fi; '
         'printf "%s\\0" "$n"; '
         f'{entries} -printf "%y%n/%s/%f\\0" 2>/dev/null | head -z -n "$2"',
