@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -126,11 +125,10 @@ def test_any_outbox_is_bounded(
     alive(fuzz_turn)
 
 
-def test_the_turn_wrote_a_bounded_number_of_files(
-    fuzz_turn: av.Turn, executor: av.Executor
-) -> None:
-    """After every example above, the host holds at most the turn's budget of outbox files."""
-    folder = executor.policy.outbox_dir
-    assert isinstance(folder, Path)
-    count = sum(1 for path in folder.rglob("*") if path.is_file())
+def test_the_turn_wrote_a_bounded_number_of_files(fuzz_turn: av.Turn) -> None:
+    """After every example above, the host holds at most the turn's budget of outbox files
+    (in the turn's temporary outbox folder, which lives until the turn's close)."""
+    outbox = _session(fuzz_turn)._temporary_outbox
+    assert outbox is not None, "the examples above returned no outbox file"
+    count = sum(1 for path in outbox.path.rglob("*") if path.is_file())
     assert count <= OUTBOX_FILES_PER_TURN
