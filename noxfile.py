@@ -65,10 +65,11 @@ def tests(session: nox.Session) -> None:
 
 #: What ``ci`` runs: each stream is one nox run of these sessions in turn, the streams at once.
 #: The tests wait on sandboxes far more than they compute (a serial run keeps this 2-core
-#: machine kind's load near 1), so two at once take little longer each than alone: stop 25's
-#: sessions took 7-10 min each and 3.11's 30 min, two checkouts at once. The streams are
-#: balanced on those figures; the ordinary user's copy of the tree is made first, before the
-#: other stream's tests write into the checkout.
+#: machine kind's load near 1), so two at once take little longer each than alone: in the
+#: first run of these streams the ordinary user's session and each other Python's took 6.5-7
+#: min and 3.11's 27.5, and the whole 30 min, against 58 min in a row the stop before. The
+#: ordinary user's copy of the tree is made first, before the other stream's tests write into
+#: the checkout.
 CI_STREAMS = (
     ("unprivileged", *(f"tests-{p}" for p in PYTHONS if p != FULL_MATRIX_PYTHON)),
     ("lint", f"tests-{FULL_MATRIX_PYTHON}", "typing", "docs"),
