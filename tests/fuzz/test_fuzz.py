@@ -128,7 +128,7 @@ def test_any_outbox_is_bounded(
 def test_the_turn_wrote_a_bounded_number_of_files(fuzz_turn: av.Turn) -> None:
     """After every example above, the host holds at most the turn's budget of outbox files
     (in the turn's temporary outbox folder, which lives until the turn's close)."""
-    outbox = _session(fuzz_turn)._temporary_outbox
+    outbox = _session(fuzz_turn)._turn_outbox.temporary
     assert outbox is not None, "the examples above returned no outbox file"
     count = sum(1 for path in outbox.path.rglob("*") if path.is_file())
     assert count <= OUTBOX_FILES_PER_TURN

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import tempfile
 import threading
 import time
 import weakref
@@ -29,7 +28,7 @@ from ..errors import BackendUnavailableError, TurnClosedError, UsageError
 from ..registry import Registry
 from ..results import OutboxFile, ToolResult, render_sandbox_died
 from ..sandbox._base import Sandbox
-from ..sandbox._temporary_outbox import TemporaryOutbox
+from ..sandbox._temporary_outbox import TurnOutbox
 from ._host import TurnHost
 from ._ship import pack_agent
 from ._warm import WarmTurns, pool_nodes, release
@@ -260,9 +259,7 @@ class RayTurn:
         self._actor: Any = None
         self._lock = threading.Lock()
         self._closed = False
-        self._outbox: Path | None = None
-        #: That folder when the executor names none: it outlives the turn while results name it.
-        self._temporary_outbox: TemporaryOutbox | None = None
+        self._turn_outbox = TurnOutbox(executor.outbox_dir, "ray-outbox")
         self._calls = 0
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -289,11 +286,9 @@ class RayTurn:
         with self._lock:
             self._closed = True
             actor, self._actor = self._actor, None
-            temporary, self._temporary_outbox = self._temporary_outbox, None
         if actor is not None:
             release([actor])
-        if temporary is not None:
-            temporary.close()
+        self._turn_outbox.close()
 
     async def aclose(self) -> None:
         """Async twin of ``close``; it finishes even when the caller is being cancelled."""
@@ -377,24 +372,17 @@ class RayTurn:
         if not contents:
             return result
         with self._lock:
-            if self._outbox is None:
-                chosen = self.executor.outbox_dir
-                if chosen is None:
-                    self._temporary_outbox = TemporaryOutbox("ray-outbox")
-                    self._outbox = self._temporary_outbox.path
-                else:
-                    chosen.mkdir(parents=True, exist_ok=True)
-                    self._outbox = Path(tempfile.mkdtemp(prefix="turn-", dir=chosen))
             self._calls += 1
-            folder = self._outbox / f"call-{self._calls}"
-            temporary = self._temporary_outbox
+            calls = self._calls
+        folder = self._turn_outbox.root() / f"call-{calls}"
         folder.mkdir()
         files = []
         for entry in result.files:
             path = folder / entry.name
             path.write_bytes(contents[entry.name])
-            file = OutboxFile(name=entry.name, size=entry.size, path=path)
-            files.append(file if temporary is None else temporary.keep_for(file))
+            files.append(
+                self._turn_outbox.adopt(OutboxFile(name=entry.name, size=entry.size, path=path))
+            )
         return attrs.evolve(result, files=tuple(files))
 
 

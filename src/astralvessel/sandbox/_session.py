@@ -24,7 +24,6 @@ import contextlib
 import functools
 import marshal
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from importlib import resources
@@ -62,7 +61,7 @@ from ._policy import (
     Policy,
     Promise,
 )
-from ._temporary_outbox import TemporaryOutbox
+from ._temporary_outbox import TurnOutbox
 from .server import _protocol
 
 __all__ = [
@@ -477,9 +476,9 @@ class ServerSession(SandboxSession):
         self._ready: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
         # Without a host folder (here or on the policy), outbox files go to a temporary folder
         # that outlives ``close`` while a result names a file in it.
-        self._host_outbox = outbox_dir if outbox_dir is not None else policy.outbox_dir
-        self._outbox_dir: Path | None = None
-        self._temporary_outbox: TemporaryOutbox | None = None
+        self._turn_outbox = TurnOutbox(
+            outbox_dir if outbox_dir is not None else policy.outbox_dir, f"{self.backend}-outbox"
+        )
         self._outbox_files = 0
         self._outbox_bytes = 0
         self._reader = threading.Thread(
@@ -854,9 +853,7 @@ class ServerSession(SandboxSession):
             item.current = None
         if keep:
             file = OutboxFile(name=name, size=size, path=_outbox_of(item) / name)
-            if self._temporary_outbox is not None:
-                self._temporary_outbox.keep_for(file)
-            item.files.append(file)
+            item.files.append(self._turn_outbox.adopt(file))
 
     def _on_file_chunk(self, call_id: int, item: _Pending, body: bytes) -> None:
         if not item.expected:
@@ -935,7 +932,7 @@ class ServerSession(SandboxSession):
             call_id = self._next_id
             self._next_id += 1
             if item.kind == "run":
-                item.outbox = self._outbox_root() / f"call-{call_id}"
+                item.outbox = self._turn_outbox.root() / f"call-{call_id}"
             self._pending[call_id] = item
         try:
             # Checked before sending: a frame the server must refuse would end the session.
@@ -949,17 +946,6 @@ class ServerSession(SandboxSession):
             self._finish(call_id)
             raise
         return call_id
-
-    def _outbox_root(self) -> Path:
-        """This turn's folder of outbox files: one per turn under the host's folder, if any."""
-        if self._outbox_dir is None:
-            if self._host_outbox is not None:
-                self._host_outbox.mkdir(parents=True, exist_ok=True)
-                self._outbox_dir = Path(tempfile.mkdtemp(prefix="turn-", dir=self._host_outbox))
-            else:
-                temporary = self._temporary_outbox = TemporaryOutbox(f"{self.backend}-outbox")
-                self._outbox_dir = temporary.path
-        return self._outbox_dir
 
     def _submit_run(self, request: RunRequest) -> tuple[int, _Pending]:
         item = _Pending("run", output_chars=request.output_chars)
@@ -1146,8 +1132,7 @@ class ServerSession(SandboxSession):
         if self._reader.ident is not None:
             self._reader.join(timeout=5.0)
         self._fail_all(f"the {self.backend} sandbox session was closed")
-        if self._temporary_outbox is not None:
-            self._temporary_outbox.close()
+        self._turn_outbox.close()
 
     def __enter__(self) -> ServerSession:
         return self

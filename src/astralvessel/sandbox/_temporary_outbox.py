@@ -14,6 +14,7 @@ host killed outright runs neither; its folders are named for its process
 from __future__ import annotations
 
 import shutil
+import tempfile
 import threading
 import weakref
 from pathlib import Path
@@ -21,7 +22,7 @@ from pathlib import Path
 from .._leftovers import make_folder
 from ._api import OutboxFile
 
-__all__ = ["TemporaryOutbox"]
+__all__ = ["TemporaryOutbox", "TurnOutbox"]
 
 
 class TemporaryOutbox:
@@ -64,3 +65,44 @@ class TemporaryOutbox:
             unused = self._closed and self._named == 0
         if unused:
             self._remove()
+
+
+class TurnOutbox:
+    """One turn's host folder of outbox files, made at the first call that needs it: a folder
+    of its own under the host's ``outbox_dir`` (kept for the host), else a ``TemporaryOutbox``
+    named ``kind``. Every session (the server's, docker-exec's, Ray's, the testing fake's)
+    keeps its files through one.
+    """
+
+    def __init__(self, host: Path | None, kind: str) -> None:
+        self._host = host
+        self._kind = kind
+        self._lock = threading.Lock()
+        self._root: Path | None = None
+        #: The temporary folder, once made (None under a host folder, or before the first use).
+        self.temporary: TemporaryOutbox | None = None
+
+    def root(self) -> Path:
+        """The turn's folder, made now if this is its first use.
+
+        Raises ``OSError`` as ``tempfile.mkdtemp`` does when it cannot be made.
+        """
+        with self._lock:
+            if self._root is None:
+                if self._host is None:
+                    self.temporary = TemporaryOutbox(self._kind)
+                    self._root = self.temporary.path
+                else:
+                    self._host.mkdir(parents=True, exist_ok=True)
+                    self._root = Path(tempfile.mkdtemp(prefix="turn-", dir=self._host))
+            return self._root
+
+    def adopt(self, file: OutboxFile) -> OutboxFile:
+        """``file``, which now keeps a temporary folder alive as long as it lives."""
+        temporary = self.temporary
+        return file if temporary is None else temporary.keep_for(file)
+
+    def close(self) -> None:
+        """The turn ended: a temporary folder goes now, or with the last file naming it."""
+        if self.temporary is not None:
+            self.temporary.close()

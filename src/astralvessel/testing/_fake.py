@@ -37,7 +37,7 @@ from ..sandbox._api import (
 )
 from ..sandbox._base import Sandbox, SandboxSession, ServerLink
 from ..sandbox._policy import Policy, Promise
-from ..sandbox._temporary_outbox import TemporaryOutbox
+from ..sandbox._temporary_outbox import TurnOutbox
 from ..spec import ToolSpec
 from ._fakeexec import ExecScript, FakeExec, answer_detach, answer_exec, check_exec_script
 from ._fakefs import FakeFiles, check_file_paths, check_visible
@@ -243,8 +243,8 @@ class FakeSession(SandboxSession):
         self._closed = False
         self._runs = 0
         self._lock = threading.Lock()
-        # Made at the first call that leaves a file, as the real sessions make theirs.
-        self._outbox: TemporaryOutbox | None = None
+        # Its folder is made at the first call that leaves a file, as the real sessions' are.
+        self._turn_outbox = TurnOutbox(policy.outbox_dir, "fake-outbox")
 
     def run(self, request: RunRequest) -> RunOutcome:
         """Identify the call, record it, and answer it as the script says."""
@@ -372,18 +372,15 @@ class FakeSession(SandboxSession):
         with self._lock:
             self._runs += 1
             runs = self._runs
-            if files and self._outbox is None:
-                self._outbox = TemporaryOutbox("fake-outbox")
-            outbox = self._outbox
-        if not files or outbox is None:
+        if not files:
             return ()
-        folder = outbox.path / str(runs)
+        folder = self._turn_outbox.root() / str(runs)
         folder.mkdir()
         left: list[OutboxFile] = []
         for name, content in sorted(files.items()):
             (folder / name).write_bytes(content)
             file = OutboxFile(name=name, size=len(content), path=folder / name)
-            left.append(outbox.keep_for(file))
+            left.append(self._turn_outbox.adopt(file))
         return tuple(left)
 
     def close(self) -> None:
@@ -395,8 +392,7 @@ class FakeSession(SandboxSession):
             self._closed = True
         if self._files is not None:
             self._files.close()
-        if self._outbox is not None:
-            self._outbox.close()
+        self._turn_outbox.close()
         self.sandbox._closed()
 
     def alive(self) -> bool:

@@ -44,7 +44,7 @@ from .._api import (
     SandboxSession,
 )
 from .._policy import Policy, Promise
-from .._temporary_outbox import TemporaryOutbox
+from .._temporary_outbox import TurnOutbox
 from ..server._outbox import FILES_PER_CALL, NOT_PLAIN, NOT_UTF8, TOO_BIG, TOO_MANY
 from ._attach import TIMED_OUT, AttachChannel
 from ._exec_stream import ExecStream
@@ -266,9 +266,7 @@ class ExecSession(SandboxSession):
         self._call_lock = threading.Lock()
         self._closed = False
         #: This turn's host folder of outbox files, made at the first file.
-        self._outbox_root: Path | None = None
-        #: That folder when the host named none: it outlives the turn while results name it.
-        self._temporary_outbox: TemporaryOutbox | None = None
+        self._turn_outbox = TurnOutbox(policy.outbox_dir, "docker-exec-outbox")
         self._outbox = str(policy.environment["VESSEL_OUTBOX"])
         self._calls = 0
 
@@ -545,15 +543,7 @@ class ExecSession(SandboxSession):
 
     def _call_folder(self) -> Path:
         """A new host folder for one call's files (under the host's outbox folder, if named)."""
-        if self._outbox_root is None:
-            host = self.policy.outbox_dir
-            if host is None:
-                self._temporary_outbox = TemporaryOutbox("docker-exec-outbox")
-                self._outbox_root = self._temporary_outbox.path
-            else:
-                host.mkdir(parents=True, exist_ok=True)
-                self._outbox_root = Path(tempfile.mkdtemp(prefix="turn-", dir=host))
-        return Path(tempfile.mkdtemp(prefix="call-", dir=self._outbox_root))
+        return Path(tempfile.mkdtemp(prefix="call-", dir=self._turn_outbox.root()))
 
     def _copy_out(self, source: str, size: int, path: Path) -> OutboxFile | None:
         """Stream one file to ``path`` (``dd`` with ``nofollow``), at most ``size`` bytes."""
@@ -576,7 +566,7 @@ class ExecSession(SandboxSession):
             path.unlink(missing_ok=True)
             return None
         file = OutboxFile(name=path.name, size=size, path=path)
-        return file if self._temporary_outbox is None else self._temporary_outbox.keep_for(file)
+        return self._turn_outbox.adopt(file)
 
     def fs(self, request: FsRequest) -> FsReply:
         """File primitives need the server, which this mode has not.
@@ -608,8 +598,7 @@ class ExecSession(SandboxSession):
         (or, in a temporary one, once no result names them)."""
         self._closed = True
         self.channel.close()
-        if self._temporary_outbox is not None:
-            self._temporary_outbox.close()
+        self._turn_outbox.close()
         if self._etc_dir is not None:
             # A container still bound to them keeps reading them: the binds hold the files.
             shutil.rmtree(self._etc_dir, ignore_errors=True)
