@@ -50,6 +50,7 @@ from ._api import (
 )
 from ._cgroup import turn_memory_bytes
 from ._memory_notes import memory_notes, with_notes
+from ._outbox_notes import skipped_note, unlisted_note
 from ._policy import (
     EGRESS_DIR,
     EGRESS_PORT,
@@ -882,14 +883,13 @@ class ServerSession(SandboxSession):
         if unlisted and isinstance(unlisted, str):
             # A call that removed its outbox folder, swapped it for a link or made it
             # unreadable gets no file back, and is told why: an empty outbox says it left none.
-            output += ("\n" if output and not output.endswith("\n") else "") + (
-                f"[outbox: cannot be listed, no file returned: {unlisted[:300]}]\n"
+            output += ("\n" if output and not output.endswith("\n") else "") + unlisted_note(
+                unlisted
             )
         if item.skipped:
             # The model is told, in its own result, what it left that did not come back.
-            reasons = "; ".join(f"{n} {why}" for why, n in sorted(item.skipped.items()))
-            output += ("\n" if output and not output.endswith("\n") else "") + (
-                f"[outbox: {sum(item.skipped.values())} entries not returned: {reasons}]\n"
+            output += ("\n" if output and not output.endswith("\n") else "") + skipped_note(
+                item.skipped
             )
         output = with_notes(output, memory_notes(exit_info, bound))
         return RunOutcome(

@@ -43,6 +43,7 @@ from .._api import (
     RunRequest,
     SandboxSession,
 )
+from .._outbox_notes import skipped_note, unlisted_note
 from .._policy import Policy, Promise
 from .._temporary_outbox import TurnOutbox
 from ..server._outbox import FILES_PER_CALL, NOT_PLAIN, NOT_UTF8, TOO_BIG, TOO_MANY
@@ -61,7 +62,6 @@ __all__ = [
     "outbox_listing_argv",
     "parse_listing",
     "plan_outbox",
-    "skipped_note",
 ]
 
 EXEC_NOTE = (
@@ -216,18 +216,11 @@ def plan_outbox(
 _COMPLAINT_MAX = 300
 
 
-def skipped_note(skipped: Mapping[str, int]) -> str:
-    """What the model reads after its output when outbox entries did not come back."""
-    reasons = "; ".join(f"{n} {why}" for why, n in sorted(skipped.items()))
-    return f"[outbox: {sum(skipped.values())} entries not returned: {reasons}]\n"
-
-
-def unlisted_note(code: int | None, complaint: bytes) -> str:
-    """What the model reads after its output when its outbox could not be listed: ``find``'s
-    own words (the call's path, and why), or the listing's exit code."""
+def listing_failure(code: int | None, complaint: bytes) -> str:
+    """Why the outbox could not be listed: ``find``'s own words (the call's path, and why), or
+    the listing's exit code."""
     said = " ".join(complaint.decode("utf-8", "replace").split())
-    why = said or f"the listing exited with {code}"
-    return f"[outbox: cannot be listed, no file returned: {why}]\n"
+    return said or f"the listing exited with {code}"
 
 
 class ExecSession(SandboxSession):
@@ -518,7 +511,7 @@ class ExecSession(SandboxSession):
             if code != 0 or complaint:
                 # A call that made its outbox unreadable (or removed it) gets no file back,
                 # and is told so: an empty outbox would say it left none.
-                return (), unlisted_note(code, complaint)
+                return (), unlisted_note(listing_failure(code, complaint))
             total, entries = parse_listing(listing)
             take, skipped = plan_outbox(
                 total,
