@@ -208,8 +208,11 @@ async def serve_stdio(
                 anyio.create_task_group() as group,
             ):
                 send, readable = anyio.create_memory_object_stream[_SessionMessage | Exception](0)
-                group.start_soon(_answer_unreadable, read_stream, send, write_stream)
-                await server.run(readable, write_stream, server.create_initialization_options())
+                # Closed here, not left to the collector: an unclosed stream warns when it is
+                # collected, in whatever code runs then (a later test, as an error there).
+                async with readable:
+                    group.start_soon(_answer_unreadable, read_stream, send, write_stream)
+                    await server.run(readable, write_stream, server.create_initialization_options())
         except BaseException as exc:
             if not _client_gone(exc):
                 raise
