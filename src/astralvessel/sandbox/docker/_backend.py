@@ -54,13 +54,20 @@ __all__ = ["DEFAULT_BASE_IMAGE", "Docker", "DockerExec"]
 
 
 @functools.cache
-def _docker_profile(deny_list: str, arch: str) -> str:
+def _docker_profile(deny_list: _seccomp.DenyList | str, arch: str) -> str:
     """Docker's JSON profile of a shipped deny list, as text, rendered once per process.
 
     Every turn's is the same, and rendering it took 3 ms (the profile) and 1-5
     (its 40 kB of JSON) of each turn's start before its container was created.
     """
     return profile_text(_seccomp.to_docker_profile(deny_list, arch))
+
+
+#: The engine's profile for a server's container: the ``server`` list's unconditional rules.
+#: Its 162 conditional entries cost runc's libseccomp about 25 ms of each container's
+#: create, start and removal; the server installs the whole list itself, as the BPF
+#: program bubblewrap gets, before it reads its code (``server_command(first_filter=)``).
+_ENGINE_SERVER_LIST = _seccomp.SERVER.unconditional(name="server_by_name")
 
 
 class Docker(Sandbox):
@@ -334,9 +341,15 @@ class Docker(Sandbox):
             policy,
             image=image_id,
             command=server_argv(
-                server_command(self.python, build), policy, direct=listener is not None
+                server_command(
+                    self.python,
+                    build,
+                    first_filter=_seccomp.compiled(_seccomp.SERVER, arch) if arch else None,
+                ),
+                policy,
+                direct=listener is not None,
             ),
-            seccomp_profile=_docker_profile("server", arch)
+            seccomp_profile=_docker_profile(_ENGINE_SERVER_LIST, arch)
             if arch
             else {"defaultAction": "SCMP_ACT_ALLOW"},
             labels=self._labels(policy, "server"),
