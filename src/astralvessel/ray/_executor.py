@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 import threading
 import time
 import weakref
@@ -29,6 +30,7 @@ from ..registry import Registry
 from ..results import OutboxFile, ToolResult, render_sandbox_died
 from ..sandbox._base import Sandbox
 from ..sandbox._temporary_outbox import TurnOutbox
+from ._auth import token_auth_hint
 from ._host import TurnHost
 from ._ship import pack_agent
 from ._warm import WarmTurns, pool_nodes, release
@@ -55,10 +57,16 @@ def _join(ray: Any, address: str | None) -> None:
     """Join the cluster at ``address`` (None: ``RAY_ADDRESS``'s, or a new local one).
 
     Raises ``BackendUnavailableError`` when Ray cannot start here because its own
-    sockets' paths are too long, and Ray's own errors otherwise.
+    sockets' paths are too long, or cannot join a cluster that likely asks for a
+    token this process does not send (``_auth``), and Ray's own errors otherwise.
     """
     try:
         ray.init(address=address, logging_level="WARNING", log_to_driver=False)
+    except ConnectionError as exc:
+        hint = token_auth_hint(os.environ, Path.home())
+        if hint is None:
+            raise
+        raise BackendUnavailableError(f"{exc}; {hint}") from exc
     except OSError as exc:
         # Ray's session folder (and its sockets) go under $RAY_TMPDIR, else $TMPDIR, and Ray
         # binds them by path: a long TMPDIR (a CI runner's, a job scheduler's) stops it cold.
