@@ -251,15 +251,20 @@ def test_outbox_follows_no_links(exec_turn):
     assert f"[outbox: 6 entries not returned: 6 {NOT_PLAIN}]" in outcome.output
 
 
-def test_an_outbox_that_cannot_be_listed_says_so(exec_turn):
-    """A call that makes its outbox unreadable gets no file back and reads why, not an
-    outbox that looks empty; the next call's outbox is its own as ever."""
-    outcome = _run(exec_turn, "echo kept > $VESSEL_OUTBOX/kept.txt && chmod 0 $VESSEL_OUTBOX")
-    assert outcome.files == ()
-    assert "[outbox: cannot be listed, no file returned: find: " in outcome.output
-    assert "Permission denied]" in outcome.output
-    after = _run(exec_turn, "echo again > $VESSEL_OUTBOX/again.txt")
-    assert [f.name for f in after.files] == ["again.txt"]
+def test_an_unreadable_outbox_is_read_and_a_hard_link_keeps_its_files_mode(exec_turn):
+    """A call that makes its outbox folder and a file mode 000 gets the file back (the
+    listing gives the owner back its modes once the call is over); a workspace file it
+    hard-linked there is left out and keeps its own mode 000; the folder is removed."""
+    outcome = _run(
+        exec_turn,
+        "cd $VESSEL_OUTBOX && echo $VESSEL_OUTBOX > $HOME/where && echo shut > shut.txt "
+        "&& chmod 0 shut.txt && echo w > $HOME/w && chmod 0 $HOME/w && ln $HOME/w hard "
+        "&& chmod 0 $VESSEL_OUTBOX",
+    )
+    assert [f.name for f in outcome.files] == ["shut.txt"], outcome.output
+    assert f"[outbox: 1 entries not returned: 1 {NOT_PLAIN}]" in outcome.output
+    after = _run(exec_turn, 'stat -c %a $HOME/w; [ -e "$(cat $HOME/where)" ] || echo gone')
+    assert after.output == "0\ngone\n", after.output
 
 
 def test_an_outbox_that_cannot_be_made_says_why(exec_turn):

@@ -135,7 +135,8 @@ def outbox_listing_argv(outbox: str, listed: int) -> list[str]:
 
     The kill comes first, so nothing of the call can swap a file for a link
     once listed (``kill -9 -1`` as the call user reaches every process of that
-    uid but the shell itself). Only a folder that cannot be listed writes to
+    uid but the shell itself), then the folder and its plain files are made
+    readable to their owner, the call user. Only a folder that cannot be listed writes to
     stderr (``find``'s complaint, or the shell's for a link in the folder's place,
     which it removes). ``find`` without ``-L`` follows no symbolic link
     (its type is ``l``), and the link count shows a hard link, which would let
@@ -152,6 +153,11 @@ def outbox_listing_argv(outbox: str, listed: int) -> list[str]:
         "kill -9 -1 2>/dev/null; "
         """if [ -L "$1" ]; then printf "'%s': Not a directory" "$1" >&2; rm -f "$1"; """
         'printf "0\\0"; exit 0; fi; '
+        # The folder and its files are the call's own: one it made mode 000 is opened again
+        # (nothing of the call is left to race it), so its files come back, as from a server
+        # that reads them as root in its namespace. A hard link keeps a workspace file's mode.
+        'chmod u+rwx "$1" 2>/dev/null; '
+        f"{entries} -type f -links 1 -exec chmod u+r {{}} + 2>/dev/null; "
         f"n=$({entries} -printf . | wc -c); "
         'if [ "$n" = 0 ]; then find "$1" -delete 2>/dev/null; fi; '
         'printf "%s\\0" "$n"; '
