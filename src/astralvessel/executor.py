@@ -12,7 +12,6 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
-from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -22,11 +21,25 @@ from . import _exec
 from ._aio import shielded, to_thread
 from ._arguments import Refusal, check_arguments, parse_arguments, unknown_tool
 from ._exec import Listing
+from ._executor_args import (
+    MountsArg,
+    check_fetcher,
+    check_limits,
+    check_mounts,
+    check_outbox_dir,
+    check_output_chars,
+    check_registry,
+    check_scopes,
+    check_searcher,
+    check_services,
+    check_texts,
+    check_timeout,
+)
 from ._network import WarmNetwork, start_proxy
 from ._plans import Call, Plan, TurnContext
 from ._runners import plan_call
 from ._warm import WarmPool, check_warm
-from .errors import SandboxError, TurnClosedError
+from .errors import SandboxError, TurnClosedError, UsageError
 from .results import ToolResult, render_refusal, render_sandbox_died
 from .sandbox._api import (
     DetachedProcess,
@@ -37,7 +50,7 @@ from .sandbox._api import (
     FsRequest,
 )
 from .sandbox._base import Sandbox, SandboxSession
-from .sandbox._policy import WORKSPACE_DIR, Limits, Mount, Policy, Promise
+from .sandbox._policy import WORKSPACE_DIR, Limits, Policy, Promise
 from .sandbox._uids import UidRange
 from .spec import ALL_SCOPES, Scope
 
@@ -48,7 +61,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Executor", "Turn"]
 
-MountsArg = Mapping[str, "str | Path"] | Iterable[Mount]
 _T = TypeVar("_T")
 
 
@@ -87,6 +99,9 @@ class Executor:
     turns lease their own host uid from, one live turn per uid across every
     process on the host; without it, ``$ASTRALVESSEL_UID_RANGE``, else
     2013265920-2013331455 (see the threat model, "Identity and budget").
+    A value of the wrong type or out of range for any argument (a bare string
+    for a list, ``limits`` as a dict, ``timeout_seconds`` of 0, NaN or text)
+    raises ``UsageError`` naming the argument, before any sandbox starts.
     """
 
     def __init__(
@@ -112,34 +127,45 @@ class Executor:
         network_allow: Iterable[str] | None = None,
         uid_range: UidRange | str | None = None,
     ) -> None:
+        registry = check_registry(registry)
         agent = registry.agent
         self.registry = registry
         self.sandbox = _resolve_backend(sandbox)
         self.scopes: frozenset[Scope] = (
-            frozenset(Scope.parse(str(s)) for s in scopes)
+            check_scopes(scopes)
             if scopes is not None
             else (agent.scopes if agent is not None and agent.scopes is not None else ALL_SCOPES)
         )
-        self.timeout_seconds = timeout_seconds or (agent.tool_timeout_seconds if agent else 30.0)
-        self.output_chars = output_chars or (agent.tool_output_chars if agent else 30_000)
+        self.timeout_seconds = check_timeout(timeout_seconds) or (
+            agent.tool_timeout_seconds if agent else 30.0
+        )
+        self.output_chars = check_output_chars(output_chars) or (
+            agent.tool_output_chars if agent else 30_000
+        )
         self.policy = Policy(
             agent_dir=agent.path if agent is not None else None,
             dockerfile=agent.dockerfile if agent is not None else None,
             workdir=agent.workdir if agent is not None else WORKSPACE_DIR,
-            mounts=_mounts(mounts),
-            limits=limits or (agent.limits if agent is not None else Limits()),
-            outbox_dir=_outbox_dir(outbox_dir),
+            mounts=check_mounts(mounts),
+            limits=check_limits(limits) or (agent.limits if agent is not None else Limits()),
+            outbox_dir=check_outbox_dir(outbox_dir),
             network_allow=network_allow
             if network_allow is not None
             else (agent.network_allow if agent is not None else ()),
-            writable_root=_opted(writable_root, agent.writable_root if agent else False),
-            root_identity=_opted(root_identity, agent.root_identity if agent else False),
-            tool_servers=_opted(tool_servers, agent.tool_servers if agent else False),
+            writable_root=_opted(
+                "writable_root", writable_root, agent is not None and agent.writable_root
+            ),
+            root_identity=_opted(
+                "root_identity", root_identity, agent is not None and agent.root_identity
+            ),
+            tool_servers=_opted(
+                "tool_servers", tool_servers, agent is not None and agent.tool_servers
+            ),
             uid_range=uid_range,
-        ).relax(*relax)
-        self.fetcher: Fetcher = _fetcher(fetcher)
-        self.searcher: Searcher | None = _searcher(searcher)
-        self.services: dict[str, Callable[..., Any]] = dict(services or {})
+        ).relax(*check_texts("relax", relax))
+        self.fetcher: Fetcher = _fetcher(check_fetcher(fetcher))
+        self.searcher: Searcher | None = _searcher(check_searcher(searcher))
+        self.services: dict[str, Callable[..., Any]] = check_services(services)
         #: The web Transport service tools post through (the stdlib one when None).
         self.service_transport: Transport | AsyncTransport | None = service_transport
         self._warm: WarmPool | None = None
@@ -664,14 +690,6 @@ def _nothing() -> None:
     return None
 
 
-def _mounts(mounts: MountsArg | None) -> tuple[Mount, ...]:
-    if mounts is None:
-        return ()
-    if isinstance(mounts, Mapping):
-        return tuple(Mount.from_text(target, str(source)) for target, source in mounts.items())
-    return tuple(mounts)
-
-
 def _fetcher(fetcher: Fetcher | None) -> Fetcher:
     if fetcher is not None:
         return fetcher
@@ -702,9 +720,14 @@ def _default_transport() -> Transport:
     return _shared_transport
 
 
-def _opted(asked: bool | None, agent_default: bool) -> bool:
-    """The host's explicit choice, else the agent's."""
-    return agent_default if asked is None else asked
+def _opted(name: str, asked: object, agent_default: bool) -> bool:
+    """The host's explicit choice of the eval relaxation ``name``, else the agent's;
+    ``UsageError`` if the choice is not a bool."""
+    if asked is None:
+        return agent_default
+    if not isinstance(asked, bool):
+        raise UsageError(f"{name} is True, False or None (the agent's setting), not {asked!r}")
+    return asked
 
 
 def _resolve_backend(sandbox: Sandbox | str | None) -> Sandbox:
@@ -713,9 +736,3 @@ def _resolve_backend(sandbox: Sandbox | str | None) -> Sandbox:
     from .sandbox._discovery import best_available, get_backend
 
     return best_available() if sandbox is None else get_backend(sandbox)
-
-
-def _outbox_dir(chosen: str | os.PathLike[str] | None) -> Path | None:
-    """The host's folder for outbox files; None: each turn's own temporary one, removed once the
-    turn is closed and no result names its files (``sandbox._temporary_outbox``)."""
-    return None if chosen is None else Path(chosen)

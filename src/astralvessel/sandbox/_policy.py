@@ -239,7 +239,16 @@ def _patterns(value: Iterable[HostPattern | str]) -> tuple[HostPattern, ...]:
 
 
 def _promise_set(promises: Iterable[Promise | str]) -> frozenset[Promise]:
-    return frozenset(Promise(p) for p in promises)
+    return frozenset(_promise(p) for p in promises)
+
+
+def _promise(named: Promise | str) -> Promise:
+    """The promise ``named``, or ``UsageError`` listing the known ones."""
+    try:
+        return Promise(named)
+    except ValueError:
+        known = ", ".join(p.value for p in Promise)
+        raise UsageError(f"unknown promise {named!r}; known promises: {known}") from None
 
 
 def _uid_range(value: UidRange | str | None) -> UidRange | None:

@@ -1,0 +1,75 @@
+"""A wrong value for any of Executor's arguments raises one UsageError naming it, at once.
+
+Before these checks many were taken as they came and failed far from their cause,
+or never: ``timeout_seconds="5"`` as a TypeError in the session, ``output_chars="5"``
+as a sandbox that "died", ``limits={...}`` inside attrs, ``mounts="/data=..."`` as
+one mount per character, ``timeout_seconds=-1`` as every call timing out at once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from astralvessel import Agent, Executor, Registry, UsageError
+from astralvessel.testing import FakeSandbox
+
+EXAMPLE = Path(__file__).parents[2] / "examples" / "field-guide"
+
+WRONG = {
+    "registry": [None, "examples/field-guide"],
+    "mounts": ["/data=somewhere", ["/data"], {"/data": None}, {5: "."}, 7],
+    "scopes": ["tools:read", [5]],
+    "limits": [{"disk_mb": 64}],
+    "relax": ["no-network", ["no-such-promise"]],
+    "timeout_seconds": ["5", -1, 0.0, float("nan"), float("inf"), True],
+    "output_chars": ["5", -5, 1.5, False],
+    "outbox_dir": [5, ""],
+    "services": [["lookup"], {"lookup": "not callable"}],
+    "fetcher": [5],
+    "searcher": ["duckduckgo"],
+    "writable_root": ["yes", 1],
+    "root_identity": ["no"],
+    "tool_servers": [0],
+}
+
+
+@pytest.mark.parametrize(
+    ("argument", "value"),
+    [(argument, value) for argument, values in WRONG.items() for value in values],
+    ids=repr,
+)
+def test_a_wrong_argument_raises_usage_error_naming_it(argument: str, value: object) -> None:
+    registry = Registry.for_agent(Agent.load(EXAMPLE))
+    given: dict[str, object] = {"registry": registry, "sandbox": FakeSandbox(), argument: value}
+    with pytest.raises(UsageError) as raised:
+        Executor(**given)  # type: ignore[arg-type]
+    # The message names what was wrong: the argument, or the one value of it that was.
+    named = (argument.removesuffix("s"), "promise", "scope", "sandbox path", "host path")
+    assert any(word in str(raised.value).lower() for word in named), str(raised.value)
+
+
+def test_the_right_types_are_still_taken() -> None:
+    """Each argument's accepted forms: a Path host folder, Scope members, promise names."""
+    from astralvessel import Scope
+    from astralvessel.sandbox import Limits, Mount, Promise
+
+    registry = Registry.for_agent(Agent.load(EXAMPLE))
+    executor = Executor(
+        registry,
+        sandbox=FakeSandbox(),
+        mounts={"/data": EXAMPLE.parent / "sample-data"},
+        scopes=[Scope.READ, "tools:files"],
+        limits=Limits(disk_mb=32),
+        relax=[Promise.SECCOMP, "no-ipc"],
+        timeout_seconds=5,
+        output_chars=100,
+        outbox_dir=Path("outbox"),
+        services={"lookup": len},
+        writable_root=False,
+    )
+    assert executor.timeout_seconds == 5.0
+    assert executor.scopes == {Scope.READ, Scope.FILES}
+    assert executor.policy.relaxed == {Promise.SECCOMP, Promise.NO_IPC}
+    assert Executor(registry, sandbox=FakeSandbox(), mounts=[Mount.parse(f"/d={EXAMPLE}")])
