@@ -57,13 +57,13 @@ def _join(ray: Any, address: str | None) -> None:
     """Join the cluster at ``address`` (None: ``RAY_ADDRESS``'s, or a new local one).
 
     Raises ``BackendUnavailableError`` when Ray cannot start here because its own
-    sockets' paths are too long, or cannot join a cluster that likely asks for a
-    token this process does not send (``_auth``), and Ray's own errors otherwise.
+    sockets' paths are too long, or cannot join a cluster that refused this
+    process's token (``_auth``), and Ray's own errors otherwise.
     """
     try:
         ray.init(address=address, logging_level="WARNING", log_to_driver=False)
     except ConnectionError as exc:
-        hint = token_auth_hint(os.environ, Path.home())
+        hint = token_auth_hint(exc, os.environ, Path.home())
         if hint is None:
             raise
         raise BackendUnavailableError(f"{exc}; {hint}") from exc
