@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from .errors import UsageError
 from .sandbox._base import Sandbox, SandboxSession
+from .sandbox._owner import Owner
 from .sandbox._policy import Policy
 
 __all__ = ["WarmPool"]
@@ -66,6 +67,8 @@ class WarmPool:
         self._ready: collections.deque[SandboxSession] = collections.deque()
         self._cond = threading.Condition()
         self._closed = False
+        #: The process whose sandboxes these are: a forked child neither takes nor ends them.
+        self._owner = Owner()
         self._failure: Exception | None = None
         self._thread = threading.Thread(target=self._fill, name="astralvessel-warm", daemon=True)
         self._thread.start()
@@ -77,7 +80,10 @@ class WarmPool:
             return len(self._ready)
 
     def take(self) -> SandboxSession | None:
-        """A started, still running sandbox for one turn, or None when none is ready."""
+        """A started, still running sandbox for one turn, or None when none is ready
+        (always in a forked child: the waiting sandboxes are its parent's)."""
+        if self._owner.forked():
+            return None
         dead: list[SandboxSession] = []
         session: SandboxSession | None = None
         with self._cond:
@@ -111,7 +117,13 @@ class WarmPool:
             return not self._closed
 
     def close(self) -> None:
-        """Stop filling and kill every sandbox still waiting. Idempotent; never raises."""
+        """Stop filling and kill every sandbox still waiting. Idempotent; never raises.
+
+        In a forked child (the executor's finalizer runs at its exit) it only stops.
+        """
+        if self._owner.forked():
+            self._closed = True
+            return
         with self._cond:
             self._closed = True
             waiting = list(self._ready)

@@ -50,6 +50,7 @@ from .sandbox._api import (
     FsRequest,
 )
 from .sandbox._base import Sandbox, SandboxSession
+from .sandbox._owner import Owner
 from .sandbox._policy import WORKSPACE_DIR, Limits, Policy, Promise
 from .sandbox._uids import UidRange
 from .spec import ALL_SCOPES, Scope
@@ -294,6 +295,9 @@ class Turn:
         self._finalizers: list[weakref.finalize[[], Turn]] = []
         self._lock = threading.Lock()
         self._closed = False
+        #: The process that started the turn's sandbox (None before it starts): in a child
+        #: forked from it the turn is over, and its sandbox is left to the parent.
+        self._owner: Owner | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -315,7 +319,13 @@ class Turn:
         await self.aclose()
 
     def close(self) -> None:
-        """End the turn: kill everything in its sandbox and remove its workspace."""
+        """End the turn: kill everything in its sandbox and remove its workspace.
+
+        In a process forked from the one that started the sandbox it only ends the
+        turn there: the sandbox, its proxy and its outbox stay the parent's.
+        """
+        if self._forget_if_forked():
+            return
         with self._lock:
             self._closed = True
             session, self._session = self._session, None
@@ -339,14 +349,39 @@ class Turn:
     def session(self) -> SandboxSession:
         """The turn's running sandbox, started now if it has not been yet.
 
-        Raises ``TurnClosedError`` once the turn has ended.
+        Raises ``TurnClosedError`` once the turn has ended, and in a process forked
+        after its sandbox started (the sandbox is the parent's; see ``sandbox._owner``).
         """
+        self._refuse_if_forked()
         with self._lock:
             if self._closed:
                 raise TurnClosedError("this turn has ended; open a new one with executor.turn()")
             if self._session is None:
                 self._session, self._proxy = self._start_session()
+                self._owner = Owner()
             return self._session
+
+    def _forget_if_forked(self) -> bool:
+        """In a forked child, end the turn here without touching the parent's sandbox.
+
+        Checked before the lock: a thread of the parent may have held it at the fork,
+        and no thread of this process will release it.
+        """
+        owner = self._owner
+        if owner is None or not owner.forked():
+            return False
+        self._closed = True
+        self._session = self._proxy = None
+        for finalizer in self._finalizers:
+            finalizer.detach()
+        self._finalizers = []
+        return True
+
+    def _refuse_if_forked(self) -> None:
+        """``TurnClosedError`` in a child forked after the turn's sandbox started."""
+        owner = self._owner
+        if owner is not None and self._forget_if_forked():
+            raise TurnClosedError(owner.refusal("this turn"))
 
     def _start_session(self) -> tuple[SandboxSession, EgressProxy | None]:
         """Start the turn's sandbox (and its proxy, the first time); the caller holds the lock."""
@@ -367,6 +402,7 @@ class Turn:
         return session, proxy
 
     async def _asession(self) -> SandboxSession:
+        self._refuse_if_forked()
         with self._lock:
             if self._session is not None and not self._closed:
                 return self._session

@@ -15,6 +15,8 @@ from astralvessel.sandbox import Bubblewrap, SandboxSession
 from astralvessel.sandbox._channels import PipeChannel
 from astralvessel.sandbox._session import ServerSession
 
+from ..forking import in_forked_child
+
 # Bounds for waiting on the pool and on a process to end: never a timing assertion.
 SETTLE = 60.0
 
@@ -186,3 +188,21 @@ def test_a_backend_that_cannot_start_raises_not_loops() -> None:
             ex.wait_warm(SETTLE)
         with ex.turn() as turn, pytest.raises(BackendUnavailableError):
             turn.call("py", {})
+
+
+def test_a_forked_child_leaves_the_warm_sandboxes_to_its_parent(warm_one: Executor) -> None:
+    """The child starts its own sandbox, and closing the executor there kills none of the pool's."""
+    (ready,) = waiting(warm_one)
+
+    def child() -> str:
+        with warm_one.turn() as turn:
+            result = turn.call("look", {})
+            own = turn.session is not ready
+        warm_one.close()  # as the executor's finalizer would at the child's exit
+        return f"own sandbox: {own}, error: {result.is_error}"
+
+    assert in_forked_child(child) == "own sandbox: True, error: False"
+    assert ready.alive()
+    with warm_one.turn() as turn:
+        assert turn.session is ready
+        assert not turn.call("look", {}).is_error

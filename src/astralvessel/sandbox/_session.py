@@ -51,6 +51,7 @@ from ._api import (
 from ._cgroup import turn_memory_bytes
 from ._memory_notes import memory_notes, with_notes
 from ._outbox_notes import skipped_note, unlisted_note
+from ._owner import Owner
 from ._policy import (
     EGRESS_DIR,
     EGRESS_PORT,
@@ -492,6 +493,8 @@ class ServerSession(SandboxSession):
         self._next_id = 1
         self._dead: str | None = None
         self._closed = False
+        #: The process that started the sandbox: a forked child never uses or ends it.
+        self._owner = Owner()
         self._ready: concurrent.futures.Future[dict[str, Any]] = concurrent.futures.Future()
         # Without a host folder (here or on the policy), outbox files go to a temporary folder
         # that outlives ``close`` while a result names a file in it.
@@ -643,7 +646,10 @@ class ServerSession(SandboxSession):
         return unenforced_promises(dict(self.ready_info.get("problems") or {}))
 
     def alive(self) -> bool:
-        """False once the session is closed or its server has gone (the reader saw it end)."""
+        """False once the session is closed or its server has gone (the reader saw it end),
+        and in a forked child (``_owner``)."""
+        if self._owner.forked():  # before the lock: a thread of the parent may have held it
+            return False
         with self._lock:
             return not self._closed and self._dead is None
 
@@ -942,6 +948,8 @@ class ServerSession(SandboxSession):
     # -- requests ----------------------------------------------------------------
 
     def _submit(self, item: _Pending, header: dict[str, Any], body: bytes = b"") -> int:
+        if self._owner.forked():  # before the lock: a thread of the parent may have held it
+            raise SandboxError(self._owner.refusal(f"this {self.backend} sandbox"))
         with self._lock:
             if self._closed:
                 raise SandboxError(f"the {self.backend} sandbox session is closed")
@@ -1134,7 +1142,14 @@ class ServerSession(SandboxSession):
     # -- end ---------------------------------------------------------------------
 
     def close(self) -> None:
-        """Ask the server to stop, kill the sandbox, fail what is pending. Never raises."""
+        """Ask the server to stop, kill the sandbox, fail what is pending. Never raises.
+
+        In a forked child it only marks the session closed: the sandbox, its
+        pipes and its outbox are the parent's (``_owner``).
+        """
+        if self._owner.forked():  # before the lock: a thread of the parent may have held it
+            self._closed = True
+            return
         with self._lock:
             if self._closed:
                 return

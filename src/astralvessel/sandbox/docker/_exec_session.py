@@ -44,6 +44,7 @@ from .._api import (
     SandboxSession,
 )
 from .._outbox_notes import skipped_note, unlisted_note
+from .._owner import Owner
 from .._policy import Policy, Promise
 from .._temporary_outbox import TurnOutbox
 from ..server._outbox import FILES_PER_CALL, NOT_PLAIN, NOT_UTF8, TOO_BIG, TOO_MANY
@@ -264,6 +265,8 @@ class ExecSession(SandboxSession):
         self._api = api
         self._call_lock = threading.Lock()
         self._closed = False
+        #: The process that started the container: a forked child never uses or removes it.
+        self._owner = Owner()
         #: This turn's host folder of outbox files, made at the first file.
         self._turn_outbox = TurnOutbox(policy.outbox_dir, "docker-exec-outbox")
         self._outbox = str(policy.environment["VESSEL_OUTBOX"])
@@ -300,6 +303,9 @@ class ExecSession(SandboxSession):
 
     def _start(self, argv: list[str], **options: Any) -> ExecStream:
         """Start one exec in the turn's container (see ``ExecStream``); ``SandboxError`` if not."""
+        if self._owner.forked():
+            # The engine client's pooled connections are the parent's too.
+            raise SandboxError(self._owner.refusal(f"this {self.backend} container"))
         try:
             return ExecStream(
                 self._api,
@@ -594,8 +600,11 @@ class ExecSession(SandboxSession):
 
     def close(self) -> None:
         """Remove the container; the outbox copies go too unless the host named their folder
-        (or, in a temporary one, once no result names them)."""
+        (or, in a temporary one, once no result names them). In a forked child it only
+        marks the session closed: the container is the parent's (``sandbox._owner``)."""
         self._closed = True
+        if self._owner.forked():
+            return
         self.channel.close()
         self._turn_outbox.close()
         if self._etc_dir is not None:
