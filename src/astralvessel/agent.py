@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from collections.abc import Mapping
@@ -65,7 +66,10 @@ class Agent:
 
     @classmethod
     def load(cls, path: str | Path) -> Agent:
-        """Load and check an agent folder; raise one ``ConfigError`` listing every problem."""
+        """Load and check an agent folder; raise one ``ConfigError`` listing every problem,
+        ``UsageError`` when ``path`` is not a path."""
+        if not isinstance(path, (str, os.PathLike)) or isinstance(os.fspath(path), bytes):
+            raise UsageError(f"Agent.load takes the agent folder's path, not {path!r}")
         folder = Path(path).expanduser()
         if not folder.is_dir():
             raise ConfigError([f"{folder}: not a folder; an agent folder holds {VESSEL_FILE}"])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from ._dialects import DIALECTS, Dialect, render_schema
@@ -44,18 +44,31 @@ class Registry:
     """
 
     def __init__(self, tools: Iterable[ToolSpec] = (), *, agent: Agent | None = None) -> None:
-        self.agent = agent
+        """Raises ``UsageError`` when ``tools`` is not a list of ``ToolSpec`` or ``agent``
+        not an ``Agent``, and ``ToolRegistrationError`` as ``add`` does."""
+        self.agent = None if agent is None else _agent(agent)
         self._tools: dict[str, ToolSpec] = {}
+        if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, Iterable):
+            raise UsageError(f"tools is a list of ToolSpec, not {tools!r}")
         for spec in tools:
             self.add(spec)
 
     @classmethod
     def for_agent(cls, agent: Agent) -> Registry:
-        """The built-ins listed under ``[tools] builtin`` and the agent's declared tools."""
+        """The built-ins listed under ``[tools] builtin`` and the agent's declared tools.
+
+        Raises ``UsageError`` when ``agent`` is not an ``Agent`` (``Agent.load(folder)``).
+        """
+        agent = _agent(agent)
         return cls([*(builtin_spec(n) for n in agent.builtin), *agent.tools], agent=agent)
 
     def add(self, spec: ToolSpec) -> None:
-        """Add a tool; raise ``ToolRegistrationError`` if its name is taken or malformed."""
+        """Add a tool; raise ``ToolRegistrationError`` if its name is taken or malformed,
+        ``UsageError`` if it is not a ``ToolSpec``."""
+        if not isinstance(spec, ToolSpec):
+            raise UsageError(
+                f"a registry holds ToolSpec values (ToolSpec.command_tool(...)), not {spec!r}"
+            )
         problem = check_name(spec.name)
         if problem:
             raise ToolRegistrationError(problem)
@@ -182,3 +195,12 @@ def _scopes(scopes: Iterable[Scope | str] | None) -> frozenset[Scope]:
     if scopes is None:
         return ALL_SCOPES
     return frozenset(Scope.parse(str(s)) for s in scopes)
+
+
+def _agent(agent: object) -> Agent:
+    """``agent`` itself, or ``UsageError`` when it is not a loaded ``Agent``."""
+    from .agent import Agent
+
+    if not isinstance(agent, Agent):
+        raise UsageError(f"agent is an Agent, loaded with Agent.load(folder), not {agent!r}")
+    return agent

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -132,13 +133,38 @@ class ToolSpec:
         timeout_seconds: float | None = None,
         scope: Scope | str = Scope.READ,
     ) -> ToolSpec:
-        """Build and check a declared command tool in code (what a tool file describes)."""
+        """Build and check a declared command tool in code (what a tool file describes).
+
+        Raises ``UsageError`` for each value a tool file could not hold either: a
+        bad name, an empty description, ``command`` as one string (not a list of
+        them), ``parameters`` that are not a JSON Schema object, a
+        ``timeout_seconds`` that is not a number above 0, an unknown input or scope.
+        """
+        if parameters is not None and not isinstance(parameters, Mapping):
+            raise UsageError(f"parameters is a JSON Schema object (a dict), not {parameters!r}")
         params = dict(parameters) if parameters is not None else dict(_EMPTY_OBJECT)
         for problem in (check_name(name), _named("parameters", check_parameters(params))):
             if problem:
                 raise UsageError(problem)
-        if not command or not all(isinstance(a, str) for a in command):
-            raise UsageError("command must be a non-empty list of strings")
+        if not isinstance(description, str) or not description.strip():
+            raise UsageError(
+                f"description is the text the model reads to decide when to call "
+                f"{name}, not {description!r}"
+            )
+        given: object = command  # typed as a list, but a host may pass one string
+        if isinstance(given, str) or not command or not all(isinstance(a, str) for a in command):
+            raise UsageError(
+                f"command must be a non-empty list of strings such as ['ls', '-l'], not {command!r}"
+            )
+        if timeout_seconds is not None and (
+            isinstance(timeout_seconds, bool)
+            or not isinstance(timeout_seconds, (int, float))
+            or not math.isfinite(timeout_seconds)
+            or timeout_seconds <= 0
+        ):
+            raise UsageError(
+                f"timeout_seconds must be a number of seconds above 0, not {timeout_seconds!r}"
+            )
         if str(input) not in {m.value for m in InputMode}:
             raise UsageError(f'input: {str(input)!r} is not accepted; use "json-stdin" or "args"')
         return cls(

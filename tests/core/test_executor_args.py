@@ -8,11 +8,12 @@ one mount per character, ``timeout_seconds=-1`` as every call timing out at once
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from astralvessel import Agent, Executor, Registry, UsageError
+from astralvessel import Agent, Executor, Registry, ToolSpec, UsageError
 from astralvessel.testing import FakeSandbox
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "field-guide"
@@ -73,3 +74,28 @@ def test_the_right_types_are_still_taken() -> None:
     assert executor.scopes == {Scope.READ, Scope.FILES}
     assert executor.policy.relaxed == {Promise.SECCOMP, Promise.NO_IPC}
     assert Executor(registry, sandbox=FakeSandbox(), mounts=[Mount.parse(f"/d={EXAMPLE}")])
+
+
+@pytest.mark.parametrize(
+    ("build", "named"),
+    [
+        (lambda: Agent.load(5), "Agent.load"),  # type: ignore[arg-type]
+        (lambda: Registry.for_agent(str(EXAMPLE)), "agent"),  # type: ignore[arg-type]
+        (lambda: Registry(agent="field-guide"), "agent"),  # type: ignore[arg-type]
+        (lambda: Registry("abc"), "tools"),  # type: ignore[arg-type]
+        (lambda: Registry().add("echo"), "ToolSpec"),  # type: ignore[arg-type]
+        (lambda: ToolSpec.command_tool("t", "Lists.", "ls -l"), "command"),
+        (lambda: ToolSpec.command_tool("t", None, ["ls"]), "description"),  # type: ignore[arg-type]
+        (lambda: ToolSpec.command_tool("t", "Lists.", ["ls"], timeout_seconds="5"), "timeout"),  # type: ignore[arg-type]
+        (lambda: ToolSpec.command_tool("t", "Lists.", ["ls"], timeout_seconds=-1), "timeout"),
+        (lambda: ToolSpec.command_tool("t", "Lists.", ["ls"], parameters="x"), "parameters"),  # type: ignore[arg-type]
+    ],
+    ids=lambda value: value if isinstance(value, str) else "",
+)
+def test_what_builds_an_executors_registry_refuses_wrong_values(
+    build: Callable[[], object], named: str
+) -> None:
+    """Agent, Registry and ToolSpec raise one UsageError naming the value, not an
+    AttributeError from inside (or, for a command as one string, a tool of one letter each)."""
+    with pytest.raises(UsageError, match=named):
+        build()
