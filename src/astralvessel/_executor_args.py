@@ -13,7 +13,7 @@ import math
 import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path, PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from ._exec import MAX_TIMEOUT
 from .errors import UsageError
@@ -179,11 +179,19 @@ def check_fetcher(fetcher: object) -> Fetcher | None:
 
 
 def check_searcher(searcher: object) -> Searcher | SearchProvider | None:
-    """``searcher`` itself when it is a ``Searcher``, a ``SearchProvider`` or None."""
-    from .web import Searcher, SearchProvider
+    """``searcher`` itself when it is a ``Searcher``, a ``SearchProvider`` or None.
 
-    if searcher is None or isinstance(searcher, (Searcher, SearchProvider)):
+    A provider needs only its ``name`` and ``search`` here: one without ``asearch``
+    still serves sync calls, as it did before this check.
+    """
+    from .web import Searcher
+
+    if searcher is None or isinstance(searcher, Searcher):
         return searcher
+    if isinstance(getattr(searcher, "name", None), str) and callable(
+        getattr(searcher, "search", None)
+    ):
+        return cast("SearchProvider", searcher)
     raise UsageError(
         "searcher is a web.Searcher or a SearchProvider (a name, search and asearch), "
         f"not {_kind(searcher)}"

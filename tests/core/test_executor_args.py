@@ -99,3 +99,16 @@ def test_what_builds_an_executors_registry_refuses_wrong_values(
     AttributeError from inside (or, for a command as one string, a tool of one letter each)."""
     with pytest.raises(UsageError, match=named):
         build()
+
+
+def test_a_provider_with_only_a_name_and_search_is_still_a_searcher() -> None:
+    """A sync-only provider (no asearch) serves sync calls, as before the checks."""
+
+    class SyncOnly:
+        name = "sync-only"
+
+        def search(self, query: str, max_results: int) -> list[object]:
+            return []
+
+    registry = Registry.for_agent(Agent.load(EXAMPLE))
+    assert Executor(registry, sandbox=FakeSandbox(), searcher=SyncOnly()).searcher is not None  # type: ignore[arg-type]
