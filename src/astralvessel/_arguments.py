@@ -308,4 +308,8 @@ def _json_type(value: object) -> str:
         return "an array"
     if value is None:
         return "null"
-    return "a string"
+    if isinstance(value, str):
+        return "a string"
+    # A value the host passed as it came (a tuple, a set, a model object): name its type
+    # rather than call it a string.
+    return f"a {type(value).__name__}, which is not JSON"

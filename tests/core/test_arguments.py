@@ -49,6 +49,13 @@ def test_json_that_is_not_an_object(text: str, kind: str) -> None:
     assert f"must be a JSON object, not {kind}" in refusal("wc", text)
 
 
+@pytest.mark.parametrize("value", [(1, 2), object()], ids=["tuple", "object"])
+def test_python_values_that_are_not_json_are_named_by_type(value: object) -> None:
+    """A non-JSON Python value is refused naming its type (it was called a string)."""
+    with pytest.raises(Refusal, match=f"not a {type(value).__name__}, which is not JSON"):
+        parse_arguments("wc", value)
+
+
 def test_dict_and_text_both_accepted() -> None:
     """A dict passes through; raw JSON text is decoded; empty means no arguments."""
     assert parse_arguments("wc", {"path": "a"}) == {"path": "a"}
