@@ -11,13 +11,15 @@ from inspect_ai.model import ModelOutput, ModelUsage, get_model
 
 from astralvessel.integrations.inspect_ai import VesselSandboxConfig
 
+from .conftest import IGNORE_INSPECTS_UNCLOSED_SAMPLE_STREAM
+
 PAGE = (Path(__file__).parents[2] / "docs" / "eval-harnesses.md").read_text()
 BLOCKS = re.findall(r"```python\n(.*?)```", PAGE, re.DOTALL)
 MODEL = "mockllm/model"
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:The 'initial' parameter is deprecated"),
-    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+    IGNORE_INSPECTS_UNCLOSED_SAMPLE_STREAM,
 ]
 
 

@@ -21,16 +21,16 @@ from inspect_ai.util import SandboxEnvironmentSpec
 
 from astralvessel.integrations.inspect_ai import VesselSandboxConfig
 
-from .conftest import BACKENDS
+from .conftest import BACKENDS, IGNORE_INSPECTS_UNCLOSED_SAMPLE_STREAM
 
 MODEL = "mockllm/model"
 
 # Two of inspect's own warnings, which the suite's filter would raise as errors: its retry
-# helper passes tenacity a deprecated argument, and an eval leaves one of its anyio
-# memory streams for the collector to close.
+# helper passes tenacity a deprecated argument, and each sample of an eval leaves one of its
+# anyio memory streams for the collector (conftest says which).
 pytestmark = [
     pytest.mark.filterwarnings("ignore:The 'initial' parameter is deprecated"),
-    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+    IGNORE_INSPECTS_UNCLOSED_SAMPLE_STREAM,
 ]
 
 

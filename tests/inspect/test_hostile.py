@@ -21,12 +21,12 @@ from inspect_ai.util import SandboxEnvironmentSpec
 
 from astralvessel.integrations.inspect_ai import VesselSandboxConfig
 
-from .conftest import BACKENDS
+from .conftest import BACKENDS, IGNORE_INSPECTS_UNCLOSED_SAMPLE_STREAM
 from .test_eval import MODEL
 
 pytestmark = [
     pytest.mark.filterwarnings("ignore:The 'initial' parameter is deprecated"),
-    pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning"),
+    IGNORE_INSPECTS_UNCLOSED_SAMPLE_STREAM,
 ]
 
 
