@@ -24,17 +24,16 @@ from inspect_ai.util._sandbox.events import SandboxEnvironmentProxy
 
 from astralvessel.integrations.inspect_ai import VesselSandboxConfig, VesselSandboxEnvironment
 
-from .conftest import BACKENDS, IGNORE_INSPECTS_UNCLOSED_SAMPLE_STREAM
+from .conftest import BACKENDS
 
-# Two of inspect's own warnings, which the suite's filter would raise as errors (as in
-# test_eval): its retry helper passes tenacity a deprecated argument, and its sample
-# hook-event stream is left for the collector (conftest says which).
+# One of inspect's own warnings, which the suite's filter would raise as an error (as in
+# test_eval): its retry helper passes tenacity a deprecated argument. No eval runs here, so
+# no sample leaves inspect's hook-event stream for the collector.
 # One sandbox per backend for the module: inspect injects its tools (a large binary) into
 # each sandbox once, which is most of a test's time.
 pytestmark = [
     pytest.mark.asyncio(loop_scope="module"),
     pytest.mark.filterwarnings("ignore:The 'initial' parameter is deprecated"),
-    IGNORE_INSPECTS_UNCLOSED_SAMPLE_STREAM,
 ]
 
 
