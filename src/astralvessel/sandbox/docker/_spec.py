@@ -30,7 +30,6 @@ import attrs
 
 from .._cgroup import turn_memory_bytes, turn_pids
 from .._policy import AGENT_DIR, EGRESS_DIR, ROOT_DIRS, SYSTEM_DIRS, WORKSPACE_DIR, Policy
-from .._session import BOOTSTRAP
 from ._identity import identity_binds
 
 __all__ = [
@@ -289,11 +288,11 @@ def _astralvessel_view(binds, system_dirs, root, workdir, root_dirs=()):
 )
 
 
-#: What ``server_argv`` runs, by name, for the image's Python to compile with the server's
-#: modules (``compile_command(prelude=)``): the bootstrap's definitions, and the server's own
-#: ``-c`` code. A turn's process then loads their code instead of compiling their source,
-#: about 2.3 ms of every Docker turn's start (the rest of its ``-c`` is a few lines of calls).
-PRELUDE = {"bootstrap": CONNECT_BOOTSTRAP + USERNS_BOOTSTRAP, "server": BOOTSTRAP}
+#: What ``server_argv`` runs before the server's code, by name, for the image's Python to
+#: compile with the server's modules (``compile_command(prelude=)``): a turn's process then
+#: loads the definitions' code instead of compiling their source, about 2 ms of every
+#: Docker turn's start (the rest of its ``-c`` code is a few lines of calls).
+PRELUDE = {"bootstrap": CONNECT_BOOTSTRAP + USERNS_BOOTSTRAP}
 
 
 @attrs.frozen(kw_only=True)
@@ -453,8 +452,7 @@ def server_argv(
     ``direct``: before it, the server connects its stdin and stdout to the
     host's socket in ``CHANNEL_DIR`` (bound by ``container_spec(channel_dir=)``).
     ``prelude``: ``PRELUDE`` compiled by the image's Python (``ServerBuild.prelude``),
-    whose code then stands for the bootstrap's source, and for the server's ``-c`` code
-    when that is ``BOOTSTRAP``; empty, the sources are run.
+    whose code then stands for the bootstrap's source; empty, the source is run.
     """
     argv = list(command)
     try:
@@ -477,20 +475,17 @@ def server_argv(
     )
     # The prelude's code travels as hex: bytes.fromhex needs no import.
     definitions = (
-        "import marshal\n"
-        + f"_astralvessel_prelude = marshal.loads(bytes.fromhex({prelude.hex()!r}))\n"
-        + "exec(_astralvessel_prelude['bootstrap'])\n"
+        f"import marshal\nexec(marshal.loads(bytes.fromhex({prelude.hex()!r}))['bootstrap'])\n"
         if prelude
         else CONNECT_BOOTSTRAP + USERNS_BOOTSTRAP
     )
-    namespace = "{'__name__': '__main__', '__builtins__': __builtins__}"
-    server = (
-        "_astralvessel_server = _astralvessel_prelude['server']\ndel _astralvessel_prelude\n"
-        + f"exec(_astralvessel_server, {namespace})\n"
-        if prelude and code == BOOTSTRAP
-        else f"\nexec(compile({code!r}, '<astralvessel-server>', 'exec'), {namespace})\n"
+    argv[index + 1] = (
+        definitions
+        + connect
+        + call
+        + f"\nexec(compile({code!r}, '<astralvessel-server>', 'exec'), "
+        + "{'__name__': '__main__', '__builtins__': __builtins__})\n"
     )
-    argv[index + 1] = definitions + connect + call + server
     return argv
 
 
