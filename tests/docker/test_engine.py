@@ -397,11 +397,8 @@ def test_host_environment_does_not_leak(turn, monkeypatch):
         del os.environ["VESSEL_HOST_ONLY"]
 
 
-def test_the_image_compiles_the_server_once_and_turns_load_that_code(
-    backend, small_policy, docker_api
-):
-    """The image's own Python compiles the server's modules once; a turn's server loads that code,
-    and its process the bootstrap's, whose source it no longer carries."""
+def test_the_image_compiles_the_server_once_and_turns_load_that_code(backend, small_policy):
+    """The image's own Python compiles the server's modules once; a turn's server loads that code."""
     session = backend.start(small_policy)
     try:
         image_id = backend.engine.ensure_image(backend.base_image)
@@ -409,10 +406,6 @@ def test_the_image_compiles_the_server_once_and_turns_load_that_code(
         assert build is not None
         major, minor, micro = (int(part) for part in session.ready_info["python"].split(".")[:3])
         assert build.hexversion >> 8 == (major << 16 | minor << 8 | micro)
-        command = docker_api.inspect_container(session.channel.container_id)["Config"]["Cmd"]
-        code = command[command.index("-c") + 1]
-        assert build.prelude.hex() in code
-        assert "def _astralvessel_view" not in code
     finally:
         session.close()
     # The same build, with every module's source broken: the image's server still boots.

@@ -3,22 +3,18 @@
 from __future__ import annotations
 
 import json
-import marshal
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 from astralvessel.sandbox import Limits, Mount, Policy
 from astralvessel.sandbox._cgroup import turn_memory_bytes, turn_pids
-from astralvessel.sandbox._session import compile_command, parse_build
 from astralvessel.sandbox.docker._identity import identity_files
 from astralvessel.sandbox.docker._spec import (
     CALL_UID,
     IDLE_ARGV,
     LABEL_OWNER,
     LABEL_TURN,
-    PRELUDE,
     VIEW_ROOT,
     carry_bytes,
     container_spec,
@@ -204,32 +200,6 @@ def test_server_argv_runs_the_bootstrap_first():
     assert argv[4] == "42"
     code = argv[3]
     assert code.index("_astralvessel_view(") < code.index("print('server')")
-    compile(code, "<test>", "exec")
-
-
-def test_server_argv_runs_the_bootstrap_compiled_by_the_images_python():
-    """Given the prelude the image's Python compiled, the wrapper loads its code: the bootstrap's
-    source is not compiled again at every turn's start, and the same definitions run."""
-    build = parse_build(
-        subprocess.run(
-            compile_command(sys.executable, PRELUDE), capture_output=True, check=True
-        ).stdout
-    )
-    assert build is not None
-    argv = server_argv(
-        ["python3", "-I", "-c", "print('server')", "42"],
-        Policy(),
-        direct=True,
-        prelude=build.prelude,
-    )
-    code = argv[3]
-    assert "def _astralvessel_" not in code
-    assert code.index("_astralvessel_connect(") < code.index("_astralvessel_view(")
-    assert code.index("_astralvessel_view(") < code.index("print('server')")
-    defined: dict[str, object] = {}
-    exec(marshal.loads(build.prelude)["bootstrap"], defined)  # noqa: S102, S302 - our own code
-    assert callable(defined["_astralvessel_view"])
-    assert callable(defined["_astralvessel_connect"])
     compile(code, "<test>", "exec")
 
 

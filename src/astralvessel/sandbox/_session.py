@@ -216,44 +216,32 @@ class ServerBuild:
     hexversion: int = attrs.field(validator=attrs.validators.instance_of(int))
     cache_tag: str = attrs.field(validator=attrs.validators.instance_of(str))
     code: bytes = attrs.field(validator=attrs.validators.instance_of(bytes), repr=False)
-    #: A marshal of the prelude's code by name (``compile_command(prelude=)``), by the same
-    #: interpreter; empty when none was asked for.
-    prelude: bytes = attrs.field(
-        default=b"", validator=attrs.validators.instance_of(bytes), repr=False
-    )
 
 
 # Compiles the modules given as name, source, name, source... exactly as the host's
 # ``_compiled`` does, and prints the interpreter's tag and the code (marshal, base64). The
 # sources are checked to parse as Python 3.8, so the interpreter is refused before that.
-# A name marked with a leading "+" is a prelude's (``compile_command``): its code goes on
-# a line of its own, after the modules'.
 _COMPILE = f"""\
 import sys,marshal,binascii,__future__
 if sys.version_info<(3,8):sys.exit(3)
-a=sys.argv[1:];c=({{}},{{}});f=__future__.annotations.compiler_flag
+a=sys.argv[1:];c={{}};f=__future__.annotations.compiler_flag
 for i in range(0,len(a),2):
- n=a[i];x=n[:1]=='+';n=n[x:]
- c[x][n]=compile(a[i+1],{_PACKAGE!r}+'/'+n+'.py','exec',f,True,2)
-t=sys.implementation.cache_tag;e=lambda x:binascii.b2a_base64(marshal.dumps(x)).decode()
-sys.stdout.write('%d %s\\n'%(sys.hexversion,t)+e(c[0])+e(c[1]))
+ c[a[i]]=compile(a[i+1],{_PACKAGE!r}+'/'+a[i]+'.py','exec',f,True,2)
+t=sys.implementation.cache_tag
+sys.stdout.write('%d %s\\n'%(sys.hexversion,t)+binascii.b2a_base64(marshal.dumps(c)).decode())
 """
 
 
-def compile_command(python: str, prelude: Mapping[str, str] | None = None) -> list[str]:
+def compile_command(python: str) -> list[str]:
     """The argv that has ``python`` (in a sandbox) compile the server's modules.
 
     What it prints is read with ``parse_build``. It exits with status 3 on a
     Python older than 3.8, which cannot run the server. The sources travel as
-    arguments, each well under the kernel's 128 KiB a string. ``prelude``:
-    more sources by name, code a backend runs before the server's own
-    (``ServerBuild.prelude``), compiled the same way.
+    arguments, each well under the kernel's 128 KiB a string.
     """
     argv = [python, "-I", "-S", "-B", "-c", _COMPILE]
     for name, source in _sources():
         argv += [name, _without_future_import(source)]
-    for name, source in (prelude or {}).items():
-        argv += ["+" + name, source]
     return argv
 
 
@@ -263,17 +251,11 @@ def parse_build(output: bytes) -> ServerBuild | None:
     fields = head.decode("ascii", "replace").split()
     if len(fields) != 2 or not fields[0].isdigit():
         return None
-    modules, _, prelude = body.strip().partition(b"\n")
     try:
-        code = base64.b64decode(modules, validate=True)
-        prelude_code = base64.b64decode(prelude.strip(), validate=True)
+        code = base64.b64decode(body.strip(), validate=True)
     except ValueError:
         return None
-    if not code:
-        return None
-    return ServerBuild(
-        hexversion=int(fields[0]), cache_tag=fields[1], code=code, prelude=prelude_code
-    )
+    return ServerBuild(hexversion=int(fields[0]), cache_tag=fields[1], code=code) if code else None
 
 
 #: Every server module's future statement (the idle tests check the server imports no

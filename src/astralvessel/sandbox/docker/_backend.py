@@ -348,7 +348,6 @@ class Docker(Sandbox):
                 ),
                 policy,
                 direct=listener is not None,
-                prelude=b"" if build is None else build.prelude,
             ),
             seccomp_profile=_docker_profile(_ENGINE_SERVER_LIST, arch)
             if arch

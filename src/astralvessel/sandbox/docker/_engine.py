@@ -34,7 +34,6 @@ from ._spec import (
     CALL_UID,
     LABEL_OWNER,
     LABEL_TURN,
-    PRELUDE,
     ContainerSpec,
     context_digest,
     is_leftover,
@@ -307,7 +306,7 @@ class Engine:
         build: ServerBuild | None = None
         container = api.create_container(
             image_id,
-            command=compile_command(python, PRELUDE),
+            command=compile_command(python),
             user=f"{CALL_UID}:{CALL_UID}",
             labels={LABEL_TURN: "probe", LABEL_OWNER: owner()},
             host_config=api.create_host_config(

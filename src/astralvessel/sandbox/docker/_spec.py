@@ -44,7 +44,6 @@ __all__ = [
     "LABEL_TURN",
     "MEMORY_EVENTS_FD",
     "MEMORY_LIMIT_FD",
-    "PRELUDE",
     "READY",
     "USERNS_BOOTSTRAP",
     "VIEW_ROOT",
@@ -288,13 +287,6 @@ def _astralvessel_view(binds, system_dirs, root, workdir, root_dirs=()):
 )
 
 
-#: What ``server_argv`` runs before the server's code, by name, for the image's Python to
-#: compile with the server's modules (``compile_command(prelude=)``): a turn's process then
-#: loads the definitions' code instead of compiling their source, about 2 ms of every
-#: Docker turn's start (the rest of its ``-c`` code is a few lines of calls).
-PRELUDE = {"bootstrap": CONNECT_BOOTSTRAP + USERNS_BOOTSTRAP}
-
-
 @attrs.frozen(kw_only=True)
 class ContainerSpec:
     """One turn's container, as the engine's create-container settings."""
@@ -442,17 +434,13 @@ def view_binds(policy: Policy) -> list[str]:
     return sorted(unique, key=lambda p: (len(PurePosixPath(p).parts), p))
 
 
-def server_argv(
-    command: Sequence[str], policy: Policy, *, direct: bool = False, prelude: bytes = b""
-) -> list[str]:
+def server_argv(command: Sequence[str], policy: Policy, *, direct: bool = False) -> list[str]:
     """Wrap the server's ``python -c CODE`` command so the namespace bootstrap runs first.
 
     The bootstrap must run in the server's own process: capabilities gained by
     creating a user namespace would be lost across an ``exec`` by a non-root uid.
     ``direct``: before it, the server connects its stdin and stdout to the
     host's socket in ``CHANNEL_DIR`` (bound by ``container_spec(channel_dir=)``).
-    ``prelude``: ``PRELUDE`` compiled by the image's Python (``ServerBuild.prelude``),
-    whose code then stands for the bootstrap's source; empty, the source is run.
     """
     argv = list(command)
     try:
@@ -468,20 +456,15 @@ def server_argv(
         f"{VIEW_ROOT!r}, {str(policy.workdir)!r}, {root_dirs!r})\ndel _astralvessel_view\n"
     )
     connect = (
-        f"_astralvessel_connect({CHANNEL_DIR + '/' + CHANNEL_SOCKET!r})\n"
+        CONNECT_BOOTSTRAP
+        + f"_astralvessel_connect({CHANNEL_DIR + '/' + CHANNEL_SOCKET!r})\n"
         + "del _astralvessel_connect\n"
         if direct
         else ""
     )
-    # The prelude's code travels as hex: bytes.fromhex needs no import.
-    definitions = (
-        f"import marshal\nexec(marshal.loads(bytes.fromhex({prelude.hex()!r}))['bootstrap'])\n"
-        if prelude
-        else CONNECT_BOOTSTRAP + USERNS_BOOTSTRAP
-    )
     argv[index + 1] = (
-        definitions
-        + connect
+        connect
+        + USERNS_BOOTSTRAP
         + call
         + f"\nexec(compile({code!r}, '<astralvessel-server>', 'exec'), "
         + "{'__name__': '__main__', '__builtins__': __builtins__})\n"
