@@ -35,13 +35,13 @@ The bounds, each documented in ``docs/exec-and-files.md``:
 from __future__ import annotations
 
 import errno
-import math
 import os
 import posixpath
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 
 import attrs
 
+from ._seconds import MAX_TIMEOUT, check_seconds
 from .errors import (
     FileTooLargeError,
     SandboxFileError,
@@ -89,8 +89,6 @@ ENV_BYTES = 256 << 10
 OUTPUT_BYTES = 10 << 20
 #: Characters kept of a detached process's merged output (its log); the rest is dropped.
 LOG_BYTES = 64 << 10
-#: The longest timeout ``exec`` accepts, in seconds.
-MAX_TIMEOUT = 24 * 3600.0
 #: The most bytes ``read_file`` returns and ``write_file`` writes (inspect_ai's default).
 FILE_BYTES = 100 << 20
 #: The most bytes of the sandbox's /etc/passwd read to find a user.
@@ -215,13 +213,7 @@ def _cwd(cwd: object, workdir: str) -> str | None:
 
 
 def _timeout(timeout: object, default: float) -> float:
-    if timeout is None:
-        return default
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise UsageError(f"timeout must be a number of seconds, not {timeout!r}")
-    if not (math.isfinite(timeout) and 0 < timeout <= MAX_TIMEOUT):
-        raise UsageError(f"timeout must be above 0 and at most {MAX_TIMEOUT:g} s, not {timeout!r}")
-    return float(timeout)
+    return default if timeout is None else check_seconds("timeout", timeout)
 
 
 def exec_request(

@@ -9,13 +9,12 @@ say what it takes, as ``_exec`` does for ``Turn.exec``.
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, cast
 
-from ._exec import MAX_TIMEOUT
+from ._seconds import check_seconds
 from .errors import UsageError
 from .sandbox._policy import Limits, Mount
 from .spec import Scope
@@ -120,16 +119,8 @@ def check_limits(limits: object) -> Limits | None:
 
 
 def check_timeout(timeout: object) -> float | None:
-    """``timeout_seconds`` as a float, or None; ``UsageError`` unless above 0 and finite."""
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
-        raise UsageError(f"timeout_seconds is a number of seconds, not {_kind(timeout)}")
-    if not (math.isfinite(timeout) and 0 < timeout <= MAX_TIMEOUT):
-        raise UsageError(
-            f"timeout_seconds must be above 0 and at most {MAX_TIMEOUT:g}, not {timeout!r}"
-        )
-    return float(timeout)
+    """``timeout_seconds`` as a float, or None; ``UsageError`` as ``check_seconds`` raises."""
+    return None if timeout is None else check_seconds("timeout_seconds", timeout)
 
 
 def check_output_chars(chars: object) -> int | None:

@@ -196,17 +196,9 @@ def _holds_files(folder: str) -> bool:
     return any(path.is_file() for path in Path(folder).rglob("*"))
 
 
-def _read_text(path: str) -> str:
-    """The file's text, or "" where it cannot be read (no /proc)."""
-    try:
-        return Path(path).read_text()
-    except OSError:
-        return ""
-
-
 def _doctor(args: argparse.Namespace) -> int:
     from .sandbox._discovery import all_backends
-    from .sandbox._favordynmods import favordynmods_hint
+    from .sandbox._hostinfo import collect_host_facts, favordynmods_hint
     from .sandbox._policy import EVAL_RELAXATIONS
 
     reports = [backend.probe() for backend in all_backends()]
@@ -227,7 +219,7 @@ def _doctor(args: argparse.Namespace) -> int:
             print(f"  enforces   {promise.value}: {promise.summary}")
         for promise, why in sorted(report.unenforced.items(), key=lambda kv: kv[0].value):
             print(f"  NOT KEPT   {promise.value}: {why}")
-    hint = favordynmods_hint(_read_text("/proc/self/mountinfo"))
+    hint = favordynmods_hint(collect_host_facts())
     if hint is not None:
         print(f"hint: {hint}")
     print(

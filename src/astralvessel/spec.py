@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -14,6 +13,7 @@ import jsonschema
 
 from ._convert import converter, describe_errors
 from ._kinds import ALL_SCOPES, InputMode, Scope, ToolKind
+from ._seconds import check_seconds
 from .builtins import BUILTIN_NAMES
 from .errors import UsageError
 
@@ -138,7 +138,7 @@ class ToolSpec:
         Raises ``UsageError`` for each value a tool file could not hold either: a
         bad name, an empty description, ``command`` as one string (not a list of
         them), ``parameters`` that are not a JSON Schema object, a
-        ``timeout_seconds`` that is not a number above 0, an unknown input or scope.
+        ``timeout_seconds`` that ``check_seconds`` refuses, an unknown input or scope.
         """
         if parameters is not None and not isinstance(parameters, Mapping):
             raise UsageError(f"parameters is a JSON Schema object (a dict), not {parameters!r}")
@@ -156,15 +156,8 @@ class ToolSpec:
             raise UsageError(
                 f"command must be a non-empty list of strings such as ['ls', '-l'], not {command!r}"
             )
-        if timeout_seconds is not None and (
-            isinstance(timeout_seconds, bool)
-            or not isinstance(timeout_seconds, (int, float))
-            or not math.isfinite(timeout_seconds)
-            or timeout_seconds <= 0
-        ):
-            raise UsageError(
-                f"timeout_seconds must be a number of seconds above 0, not {timeout_seconds!r}"
-            )
+        if timeout_seconds is not None:
+            timeout_seconds = check_seconds("timeout_seconds", timeout_seconds)
         if str(input) not in {m.value for m in InputMode}:
             raise UsageError(f'input: {str(input)!r} is not accepted; use "json-stdin" or "args"')
         return cls(

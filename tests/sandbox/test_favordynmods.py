@@ -1,21 +1,40 @@
-"""doctor's favordynmods hint, decided from /proc/self/mountinfo's text alone."""
+"""doctor's favordynmods hint, decided from /proc/self/mounts' text through the host facts."""
 
 from __future__ import annotations
 
-from astralvessel.sandbox._favordynmods import favordynmods_hint
+from astralvessel.sandbox._hostinfo import (
+    HostFacts,
+    PythonRuntime,
+    cgroup_mounts,
+    favordynmods_hint,
+)
 
-ROOT = "29 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw"
-V1_MEMORY = "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory"
-V1_PIDS = "39 31 0:36 / /sys/fs/cgroup/pids rw,relatime - cgroup cgroup rw,pids"
-V2 = "41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw"
-V2_FAVORED = "41 31 0:38 / /sys/fs/cgroup rw,relatime - cgroup2 cgroup2 rw,favordynmods"
-V1_NAMED_FAVORED = "46 27 0:40 / /run/fdm rw,relatime - cgroup cgroup rw,favordynmods,name=fdm"
+ROOT = "/dev/sda1 / ext4 rw,relatime 0 0"
+V1_MEMORY = "cgroup /sys/fs/cgroup/memory cgroup rw,nosuid,nodev,noexec,relatime,memory 0 0"
+V1_PIDS = "cgroup /sys/fs/cgroup/pids cgroup rw,nosuid,nodev,noexec,relatime,pids 0 0"
+V2 = "cgroup2 /sys/fs/cgroup/unified cgroup2 rw,nosuid,nodev,noexec,relatime 0 0"
+V2_FAVORED = "cgroup2 /sys/fs/cgroup cgroup2 rw,relatime,favordynmods 0 0"
+V1_NAMED_FAVORED = "cgroup /run/fdm cgroup rw,relatime,favordynmods,name=fdm 0 0"
+
+
+def _hint(lines: list[str]) -> str | None:
+    v1, v2, favored = cgroup_mounts("\n".join(lines))
+    facts = HostFacts(
+        uid=0,
+        machine="x86_64",
+        userns=True,
+        python=PythonRuntime(executable="/usr/bin/python3", prefix="/usr"),
+        cgroup_v1=v1,
+        cgroup_v2=v2,
+        cgroup_favordynmods=favored,
+    )
+    return favordynmods_hint(facts)
 
 
 def test_cgroup_v1_without_the_option_gets_the_hint() -> None:
     """cgroup v1 mounted, no hierarchy (v1 or v2) with favordynmods: one hint naming the option."""
     for lines in ([ROOT, V1_MEMORY, V1_PIDS, V2], [V1_MEMORY]):
-        hint = favordynmods_hint("\n".join(lines))
+        hint = _hint(lines)
         assert hint is not None
         assert "favordynmods" in hint
         assert "/sys/fs/cgroup/memory" in hint
@@ -30,6 +49,6 @@ def test_no_hint_where_a_hierarchy_has_it_or_there_is_no_v1() -> None:
         [ROOT, V2],
         [ROOT],
         [],
-        ["garbage - cgroup", "1 2 3 4 /x - cgroup"],
+        ["garbage cgroup", "1 2 3"],
     ):
-        assert favordynmods_hint("\n".join(lines)) is None, lines
+        assert _hint(lines) is None, lines

@@ -31,7 +31,9 @@ __all__ = [
     "PythonRuntime",
     "SystemDir",
     "bwrap_features",
+    "cgroup_mounts",
     "collect_host_facts",
+    "favordynmods_hint",
     "find_binaries",
     "interpreter_mount",
     "parse_version",
@@ -97,6 +99,8 @@ class HostFacts:
     #: cgroup v1 controller name to its mount point, for ``memory`` and ``pids``.
     cgroup_v1: Mapping[str, str] = attrs.field(factory=dict)
     cgroup_v2: str | None = None
+    #: Whether some cgroup hierarchy is mounted with ``favordynmods`` (``favordynmods_hint``).
+    cgroup_favordynmods: bool = False
     #: The entries of ``_etc.HOST_ENTRIES`` that exist on this host.
     etc_entries: tuple[str, ...] = ()
     #: Where the synthetic /etc files are written and bound from.
@@ -316,21 +320,51 @@ def _system_dirs() -> tuple[SystemDir, ...]:
     return tuple(found)
 
 
-def _cgroups() -> tuple[dict[str, str], str | None]:
+#: The cgroup mount option that spares moves between groups an RCU grace period (6.0+).
+FAVORDYNMODS = "favordynmods"
+
+
+def cgroup_mounts(mounts: str) -> tuple[dict[str, str], str | None, bool]:
+    """From ``/proc/self/mounts``' text: the v1 ``memory`` and ``pids`` mount points, the
+    first v2 mount point, and whether any cgroup hierarchy has ``favordynmods``."""
     v1: dict[str, str] = {}
     v2: str | None = None
-    for line in (_read("/proc/self/mounts") or "").splitlines():
+    favored = False
+    for line in mounts.splitlines():
         fields = line.split()
         if len(fields) < 4:
             continue
         mountpoint, fstype, options = fields[1], fields[2], fields[3].split(",")
+        if fstype in ("cgroup", "cgroup2") and FAVORDYNMODS in options:
+            favored = True
         if fstype == "cgroup":
             for controller in ("memory", "pids"):
                 if controller in options:
                     v1[controller] = mountpoint
         elif fstype == "cgroup2" and v2 is None:
             v2 = mountpoint
-    return v1, v2
+    return v1, v2, favored
+
+
+def favordynmods_hint(facts: HostFacts) -> str | None:
+    """``doctor``'s hint for a host with cgroup v1 and no hierarchy with ``favordynmods``.
+
+    Moving a whole process between cgroups (a pid written to ``cgroup.procs``, as
+    runc does for each container) takes the kernel's one ``cgroup_threadgroup_rwsem``
+    for writing, which, unless some hierarchy has the option, can first wait for an
+    RCU grace period, longer as the load grows. Our own turn groups write ``tasks``
+    (``_cgroup``) and avoid it either way, so this is a hint, never a failure.
+    """
+    if not facts.cgroup_v1 or facts.cgroup_favordynmods:
+        return None
+    point = next(iter(facts.cgroup_v1.values()))
+    return (
+        f"cgroup v1 is mounted ({point}, ...) and no cgroup hierarchy with {FAVORDYNMODS}: each "
+        "process moved between groups (runc, for every Docker container) can wait for an RCU "
+        f"grace period under a kernel-wide lock. Mounting one with {FAVORDYNMODS} (Linux 6.0+; "
+        f"`mount -t cgroup -o none,name={FAVORDYNMODS},{FAVORDYNMODS} cgroup DIR` will do) "
+        "removes that wait for every writer, and makes forks and exits a little dearer"
+    )
 
 
 def collect_host_facts() -> HostFacts:
@@ -345,7 +379,7 @@ def collect_host_facts() -> HostFacts:
     if allowed and os.getuid() != 0:
         # The knobs allow it; only a real attempt shows a seccomp profile that does not.
         allowed, why = userns_verdict(*knobs, trial_errno=userns_trial(runtime.executable))
-    v1, v2 = _cgroups()
+    v1, v2, favored = cgroup_mounts(_read("/proc/self/mounts") or "")
     uid = os.getuid()
     return HostFacts(
         uid=uid,
@@ -356,6 +390,7 @@ def collect_host_facts() -> HostFacts:
         python=runtime,
         cgroup_v1=v1,
         cgroup_v2=v2,
+        cgroup_favordynmods=favored,
         etc_entries=tuple(path for path in HOST_ENTRIES if os.path.exists(path)),
         runtime_dir=runtime_dir(uid),
     )

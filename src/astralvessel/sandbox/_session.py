@@ -889,14 +889,10 @@ class ServerSession(SandboxSession):
         if unlisted and isinstance(unlisted, str):
             # A call that removed its outbox folder, swapped it for a link or made it
             # unreadable gets no file back, and is told why: an empty outbox says it left none.
-            output += ("\n" if output and not output.endswith("\n") else "") + unlisted_note(
-                unlisted
-            )
+            output = with_notes(output, unlisted_note(unlisted))
         if item.skipped:
             # The model is told, in its own result, what it left that did not come back.
-            output += ("\n" if output and not output.endswith("\n") else "") + skipped_note(
-                item.skipped
-            )
+            output = with_notes(output, skipped_note(item.skipped))
         output = with_notes(output, memory_notes(exit_info, bound))
         return RunOutcome(
             output=output,
