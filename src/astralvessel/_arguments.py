@@ -27,6 +27,7 @@ from typing import Any
 import jsonschema
 from jsonschema.exceptions import best_match
 
+from ._suggest import closest
 from .errors import ConfigError
 from .spec import InputMode, ToolKind, ToolSpec
 
@@ -109,13 +110,18 @@ def unknown_tool(name: object, available: Iterable[str]) -> str:
 
     A name of megabytes is cut: the model needs to see that it was wrong, not all of it.
     """
+    available = list(available)
     names = ", ".join(available) or "none"
     text = str(name)
     if len(text) > MAX_SHOWN_NAME_CHARS:
         shown = f"{text[:MAX_SHOWN_NAME_CHARS]!r} (cut; {len(text)} characters in all)"
+        near = []
     else:
         shown = repr(text)
-    return f"Error: there is no tool named {shown}. The tools you can call are: {names}."
+        near = closest(text, available)
+    # The closest names first: a model that misspelt a tool retries with the right one.
+    hint = f" Did you mean {' or '.join(near)}?" if near else ""
+    return f"Error: there is no tool named {shown}.{hint} The tools you can call are: {names}."
 
 
 def check_arguments(spec: ToolSpec, arguments: Mapping[str, Any]) -> None:

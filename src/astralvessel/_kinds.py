@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import enum
 
+from ._suggest import unknown_name
 from .errors import UsageError
 
 __all__ = ["ALL_SCOPES", "InputMode", "Scope", "ToolKind"]
@@ -31,8 +32,7 @@ class Scope(str, enum.Enum):
         try:
             return cls(text)
         except ValueError:
-            known = ", ".join(s.value for s in cls)
-            raise UsageError(f"unknown scope {text!r}; known scopes: {known}") from None
+            raise UsageError(unknown_name("scope", text, [s.value for s in cls])) from None
 
 
 #: Every scope, granted when neither the host nor vessel.toml narrows them.

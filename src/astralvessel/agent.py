@@ -12,8 +12,9 @@ from typing import Any
 import attrs
 
 from ._arguments import schema_problem
-from ._convert import converter, describe_errors
+from ._convert import Structured, structure_leniently
 from ._netallow import HostPattern, parse_allow_list
+from ._suggest import unknown_name
 from .errors import ConfigError, UsageError
 from .sandbox._policy import AGENT_DIR, SYSTEM_DIRS, WORKSPACE_DIR, Limits
 from .spec import BUILTIN_NAMES, Scope, ToolSpec
@@ -78,18 +79,15 @@ class Agent:
         data, problems = _read_toml(vessel_path, label=VESSEL_FILE)
         if data is None:
             raise ConfigError(problems)
-        try:
-            raw = converter.structure(data, _VesselFile)
-        except Exception as exc:
-            # Still check the tool files vessel.toml names: every problem in one pass.
-            problems = [f"{VESSEL_FILE}: {line}" for line in describe_errors(exc)]
-            services = data.get("services")
-            named = set(services) if isinstance(services, Mapping) else set()
-            _load_tools(folder, _declared_anyway(data), named, problems)
-            raise ConfigError(problems) from None
-
-        problems = [f"{VESSEL_FILE}: {p}" for p in _vessel_problems(raw)]
-        tools = _load_tools(folder, raw.tools.declared, set(raw.services), problems)
+        # Every type and value problem of every file in one pass: a refused value is left out
+        # and the checks of the rest still run (see structure_leniently).
+        structured = structure_leniently(data, _VesselFile)
+        raw = structured.value
+        problems = [f"{VESSEL_FILE}: {p}" for p in structured.problems]
+        problems += [f"{VESSEL_FILE}: {p}" for p in _vessel_problems(raw, structured)]
+        fine = structured.fine
+        declared = [r for i, r in enumerate(raw.tools.declared) if fine("tools", "declared", i)]
+        tools = _load_tools(folder, declared, set(raw.services), problems)
         dockerfile = None
         if raw.sandbox.dockerfile is not None:
             dockerfile, problem = _resolve_inside(folder, raw.sandbox.dockerfile)
@@ -128,15 +126,6 @@ class Agent:
     def package_path(self) -> PurePosixPath:
         """Where this agent folder appears inside the sandbox: what ``{package}`` becomes."""
         return AGENT_DIR
-
-
-def _declared_anyway(data: Mapping[str, Any]) -> list[str]:
-    """The tool files a vessel.toml names, read leniently from one that failed its checks."""
-    tools = data.get("tools")
-    declared = tools.get("declared") if isinstance(tools, Mapping) else None
-    if not isinstance(declared, list):
-        return []
-    return [rel for rel in declared if isinstance(rel, str)]
 
 
 def _load_tools(
@@ -257,34 +246,41 @@ class _VesselFile:
     network: _NetworkSection = attrs.Factory(_NetworkSection)
 
 
-def _vessel_problems(raw: _VesselFile) -> list[str]:
+def _vessel_problems(raw: _VesselFile, structured: Structured[_VesselFile]) -> list[str]:
+    """Every value rule of vessel.toml, on the keys whose type was right (``structured.fine``)."""
     problems: list[str] = []
-    for name in raw.tools.builtin:
+    builtin = [n for i, n in enumerate(raw.tools.builtin) if structured.fine("tools", "builtin", i)]
+    for name in builtin:
         if name not in BUILTIN_NAMES:
-            known = ", ".join(BUILTIN_NAMES)
-            problems.append(f"tools.builtin: unknown built-in {name!r}; built-ins are {known}")
-    if len(set(raw.tools.builtin)) != len(raw.tools.builtin):
+            problems.append(f"tools.builtin: {unknown_name('built-in', name, BUILTIN_NAMES)}")
+    if len(set(builtin)) != len(builtin):
         problems.append("tools.builtin: lists a built-in more than once")
-    workdir = PurePosixPath(raw.workdir)
-    if not workdir.is_absolute() or ".." in workdir.parts:
-        problems.append(f"workdir: {raw.workdir!r} must be an absolute sandbox path such as /data")
-    elif workdir == PurePosixPath("/") or any(
-        workdir == d or d in workdir.parents for d in SYSTEM_DIRS
-    ):
-        problems.append(f"workdir: {raw.workdir!r} is a system directory; use a path such as /data")
-    elif workdir == AGENT_DIR or AGENT_DIR in workdir.parents:
-        problems.append(f"workdir: {raw.workdir!r} is inside /agent; use a path such as /data")
+    if structured.fine("workdir") and (problem := _workdir_problem(raw.workdir)):
+        problems.append(f"workdir: {problem}")
     if not raw.tool_timeout_seconds > 0:
         problems.append("tool_timeout_seconds: must be a positive number of seconds")
     if raw.tool_output_chars < 1:
         problems.append("tool_output_chars: must be a positive number of characters")
-    for scope in raw.scopes or []:
-        if scope not in {s.value for s in Scope}:
-            known = ", ".join(s.value for s in Scope)
-            problems.append(f"scopes: unknown scope {scope!r}; known scopes: {known}")
+    for index, scope in enumerate(raw.scopes or []):
+        if structured.fine("scopes", index) and scope not in {s.value for s in Scope}:
+            problems.append(f"scopes: {unknown_name('scope', scope, [s.value for s in Scope])}")
     for name, service in raw.services.items():
-        if not re.match(r"^https?://", service.url):
+        if structured.fine("services", name, "url") and not re.match(r"^https?://", service.url):
             problems.append(
                 f"services.{name}.url: {service.url!r} must be an http:// or https:// URL"
             )
     return problems
+
+
+def _workdir_problem(text: str) -> str | None:
+    """Why ``text`` cannot be the agent's workdir, or None when it can."""
+    workdir = PurePosixPath(text)
+    if not workdir.is_absolute() or ".." in workdir.parts:
+        return f"{text!r} must be an absolute sandbox path such as /data"
+    if workdir == PurePosixPath("/") or any(
+        workdir == d or d in workdir.parents for d in SYSTEM_DIRS
+    ):
+        return f"{text!r} is a system directory; use a path such as /data"
+    if workdir == AGENT_DIR or AGENT_DIR in workdir.parents:
+        return f"{text!r} is inside /agent; use a path such as /data"
+    return None

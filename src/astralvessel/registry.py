@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from ._dialects import DIALECTS, Dialect, render_schema
 from ._pytools import python_tool
+from ._suggest import unknown_name
 from .builtins import BUILTINS
 from .errors import ToolRegistrationError, UsageError
 from .spec import ALL_SCOPES, BUILTIN_NAMES, Scope, ToolKind, ToolSpec, check_name
@@ -182,7 +183,7 @@ class Registry:
         fresh dicts the caller may change.
         """
         if dialect not in DIALECTS:
-            raise UsageError(f"unknown dialect {dialect!r}; use one of {', '.join(DIALECTS)}")
+            raise UsageError(unknown_name("dialect", str(dialect), DIALECTS))
         granted = _scopes(scopes)
         return [
             render_schema(spec, dialect, strict=strict)

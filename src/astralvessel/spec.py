@@ -11,9 +11,10 @@ from typing import Any, Protocol
 import attrs
 import jsonschema
 
-from ._convert import converter, describe_errors
+from ._convert import Structured, structure_leniently
 from ._kinds import ALL_SCOPES, InputMode, Scope, ToolKind
 from ._seconds import check_seconds
+from ._suggest import unknown_name
 from .builtins import BUILTIN_NAMES
 from .errors import UsageError
 
@@ -181,11 +182,11 @@ class ToolSpec:
         cls, data: Mapping[str, Any], *, source: Path
     ) -> tuple[ToolSpec | None, list[str]]:
         """Check a parsed tool file; return the spec (None if broken) and every problem found."""
-        try:
-            raw = converter.structure(dict(data), _ToolFile)
-        except Exception as exc:
-            return None, describe_errors(exc)
-        problems = [p for p in _tool_file_problems(raw) if p]
+        # Type and value problems together: a refused value is left out and the rules of the
+        # others still run, so a file with four mistakes reports four at once.
+        structured = structure_leniently(dict(data), _ToolFile)
+        raw = structured.value
+        problems = [*structured.problems, *(p for p in _tool_file_problems(structured) if p)]
         if problems:
             return None, problems
         return (
@@ -221,27 +222,30 @@ class _ToolFile:
     scope: str = "tools:read"
 
 
-def _tool_file_problems(raw: _ToolFile) -> list[str | None]:
-    problems: list[str | None] = [_named("name", check_name(raw.name))]
-    if raw.name in BUILTIN_NAMES:
-        problems.append(f"name: {raw.name!r} is a built-in tool's name; choose another")
-    if not raw.description.strip():
+def _tool_file_problems(structured: Structured[_ToolFile]) -> list[str | None]:
+    """Every value rule of a tool file, on the keys whose type was right (``structured.fine``)."""
+    raw, fine = structured.value, structured.fine
+    problems: list[str | None] = []
+    if fine("name"):
+        problems.append(_named("name", check_name(raw.name)))
+        if raw.name in BUILTIN_NAMES:
+            problems.append(f"name: {raw.name!r} is a built-in tool's name; choose another")
+    if fine("description") and not raw.description.strip():
         problems.append("description: must not be empty; the model reads it to decide when to call")
-    if (raw.command is None) == (raw.service is None):
+    if fine("command") and fine("service") and (raw.command is None) == (raw.service is None):
         problems.append("command/service: set exactly one of command or service")
-    if raw.command is not None and not raw.command:
+    if fine("command") and raw.command is not None and not raw.command:
         problems.append(
             'command: must list the program and its arguments, such as ["python3", ...]'
         )
-    if raw.parameters is not None:
+    if fine("parameters") and raw.parameters is not None:
         problems.append(_named("parameters", check_parameters(raw.parameters)))
-    if raw.input not in {m.value for m in InputMode}:
+    if fine("input") and raw.input not in {m.value for m in InputMode}:
         problems.append(f'input: {raw.input!r} is not accepted; use "json-stdin" or "args"')
     if raw.input == InputMode.ARGS.value and raw.service is not None:
         problems.append('input: "args" applies to command tools only')
     if raw.timeout_seconds is not None and not raw.timeout_seconds > 0:
         problems.append("timeout_seconds: must be a positive number of seconds")
-    if raw.scope not in {s.value for s in Scope}:
-        known = ", ".join(s.value for s in Scope)
-        problems.append(f"scope: unknown scope {raw.scope!r}; known scopes: {known}")
+    if fine("scope") and raw.scope not in {s.value for s in Scope}:
+        problems.append(f"scope: {unknown_name('scope', raw.scope, [s.value for s in Scope])}")
     return problems

@@ -390,3 +390,96 @@ def test_eval_relaxations_must_be_booleans(make_agent: MakeAgent) -> None:
     found = "\n".join(problems_of(folder))
     assert "sandbox.writable_root" in found
     assert "sandbox.root_identity" in found
+
+
+NINE_MISTAKES_VESSEL = """
+workdir = "data"
+tool_output_chars = "many"
+surprise = true
+[tools]
+builtin = ["read", "gerp"]
+declared = ["tools/a.toml", "tools/b.toml"]
+[limits]
+memory_mb = "big"
+"""
+NINE_MISTAKES_TOOLS = {
+    "tools/a.toml": (
+        'name = "Bad-Name"\ndescription = "d"\ncommand = ["x"]\ntimeout_seconds = "soon"\n'
+        '[parameters]\ntype = "array"\n'
+    ),
+    "tools/b.toml": 'name = "grep"\ndescription = "d"\ncommand = ["x"]\nscope = 5\n',
+}
+
+
+def test_nine_mistakes_are_nine_problems_in_one_pass(make_agent: MakeAgent) -> None:
+    """Type and value mistakes in vessel.toml and two tool files all arrive in one ConfigError."""
+    problems = problems_of(make_agent(NINE_MISTAKES_VESSEL, NINE_MISTAKES_TOOLS))
+    expected = [
+        "vessel.toml: surprise: unknown key",
+        "vessel.toml: tool_output_chars: expected an integer, got a string",
+        "vessel.toml: limits.memory_mb: expected an integer, got a string",
+        "vessel.toml: tools.builtin: unknown built-in 'gerp'; did you mean 'grep'?",
+        "vessel.toml: workdir: 'data' must be an absolute sandbox path",
+        "tools/a.toml: timeout_seconds: expected a number, got a string",
+        "tools/a.toml: name: 'Bad-Name' is not a valid tool name",
+        'tools/a.toml: parameters: must be a JSON Schema with type = "object"',
+        "tools/b.toml: scope: expected a string, got an integer",
+        "tools/b.toml: name: 'grep' is a built-in tool's name",
+    ]
+    for line in expected:
+        assert any(p.startswith(line) for p in problems), (line, problems)
+    assert len(problems) == len(expected)
+
+
+@pytest.mark.parametrize(
+    ("vessel", "tool", "expected"),
+    [
+        # A wrong type in one array element hides neither its neighbours nor the other keys.
+        (
+            '[tools]\nbuiltin = [1, "cat"]\ndeclared = ["tools/echo.toml"]\n',
+            None,
+            ["tools.builtin[0]: expected a string", "tools.builtin: unknown built-in 'cat'"],
+        ),
+        # A missing required table still lets the rest be checked.
+        (
+            'workdir = "/usr"\nscopes = ["x", 2]\n',
+            None,
+            [
+                "tools: required key is missing",
+                "workdir: '/usr' is a system directory",
+                "scopes[1]: expected a string",
+                "scopes: unknown scope 'x'",
+            ],
+        ),
+        # A declared path of the wrong type does not stop the other tool files being read.
+        (
+            '[tools]\ndeclared = [3, "tools/echo.toml"]\n[services.s]\nurl = 7\n',
+            'name = "Echo"\ndescription = "d"\nservice = "s"\n',
+            [
+                "tools.declared[0]: expected a string",
+                "services.s.url: expected a string",
+                "tools/echo.toml: name: 'Echo' is not a valid tool name",
+            ],
+        ),
+        # A tool file missing its name still has its other keys checked.
+        (
+            None,
+            'description = 5\ncommand = []\nscope = "tools:x"\n',
+            [
+                "name: required key is missing",
+                "description: expected a string",
+                "command: must list the program",
+                "scope: unknown scope 'tools:x'",
+            ],
+        ),
+    ],
+)
+def test_no_mistake_hides_another(
+    make_agent: MakeAgent, vessel: str | None, tool: str | None, expected: list[str]
+) -> None:
+    """Orderings that once hid a problem until another was fixed report all of them at once."""
+    folder = make_agent(vessel or MINIMAL, {"tools/echo.toml": tool or ECHO_TOOL})
+    found = "\n".join(problems_of(folder))
+    for line in expected:
+        assert line in found, (line, found)
+    assert len(found.splitlines()) == len(expected), found

@@ -150,6 +150,17 @@ def test_unknown_tool_lists_the_callable_ones(example: Executor) -> None:
     )
 
 
+def test_misspelt_tool_is_answered_with_the_closest_names(example: Executor) -> None:
+    """A call to a misspelt tool names the closest tools first, then every tool."""
+    with example.turn() as turn:
+        result = turn.call("speceis", "{}")
+    assert result.is_error
+    assert result.text == (
+        "Error: there is no tool named 'speceis'. Did you mean species? The tools you can "
+        "call are: read, grep, glob, list, species, word_count."
+    )
+
+
 def test_tool_outside_granted_scopes_is_refused(backend: Sandbox) -> None:
     """A tool outside the executor's scopes is refused as if absent, and absent from the list."""
     registry = Registry.for_agent(Agent.load(EXAMPLE))

@@ -78,6 +78,7 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
     ) from exc
 
 from .._exec import ARGV_BYTES
+from .._suggest import unknown_name
 from ..agent import Agent
 from ..errors import FileTooLargeError, SandboxError, TurnClosedError
 from ..executor import Executor
@@ -121,9 +122,7 @@ class VesselSandboxConfig(BaseModel):
     @classmethod
     def _known_backend(cls, value: str | None) -> str | None:
         if value is not None and value not in backend_names():
-            raise ValueError(
-                f"unknown backend {value!r}; choose one of {', '.join(backend_names())}"
-            )
+            raise ValueError(unknown_name("backend", value, backend_names()))
         return value
 
     @field_validator("relax")
@@ -132,7 +131,7 @@ class VesselSandboxConfig(BaseModel):
         known = [p.value for p in Promise]
         for name in value:
             if name not in known:
-                raise ValueError(f"unknown promise {name!r}; choose from {', '.join(known)}")
+                raise ValueError(unknown_name("promise", name, known))
         return value
 
     @classmethod

@@ -17,6 +17,7 @@ import importlib
 from collections.abc import Callable
 from importlib.metadata import EntryPoint, entry_points
 
+from .._suggest import unknown_name
 from ..errors import BackendUnavailableError
 from ._base import BackendReport, Sandbox, ServerLink
 from ._policy import Policy
@@ -101,11 +102,10 @@ def get_backend(name: str) -> Sandbox:
         return _instantiate(name, _load_builtin(name))
     point = _entry_points().get(name)
     if point is None:
-        known = ", ".join(backend_names())
         raise BackendUnavailableError(
-            f"unknown sandbox backend {name!r}; known here: {known}. A third-party backend "
-            f"is a package declaring an {ENTRY_POINT_GROUP!r} entry point: install it "
-            f"(for example `pip install astralvessel-{name}`) and ask for it by that name"
+            f"{unknown_name('backend', name, backend_names())}. A third-party backend is a "
+            f"package that declares an {ENTRY_POINT_GROUP!r} entry point of that name; once it "
+            "is installed, its name is on this list"
         )
     try:
         loaded = point.load()

@@ -16,6 +16,7 @@ from pathlib import Path, PurePosixPath
 import attrs
 
 from .._netallow import HostPattern, parse_allow_list
+from .._suggest import unknown_name
 from ..errors import UsageError
 from ._uids import UidRange
 
@@ -247,8 +248,7 @@ def _promise(named: Promise | str) -> Promise:
     try:
         return Promise(named)
     except ValueError:
-        known = ", ".join(p.value for p in Promise)
-        raise UsageError(f"unknown promise {named!r}; known promises: {known}") from None
+        raise UsageError(unknown_name("promise", str(named), [p.value for p in Promise])) from None
 
 
 def _uid_range(value: UidRange | str | None) -> UidRange | None:

@@ -23,6 +23,7 @@ from typing import Any, TypeAlias
 
 import attrs
 
+from .._suggest import unknown_name
 from ..errors import UnscriptedCallError, UsageError
 
 __all__ = ["DIALECTS", "ModelTurn", "ScriptedCall", "ScriptedModel", "ToolAnswer", "tool_call"]
@@ -259,7 +260,7 @@ class ScriptedModel:
 
     def __init__(self, dialect: str, script: Sequence[ModelTurn]) -> None:
         if dialect not in DIALECTS:
-            raise UsageError(f"unknown dialect {dialect!r}; use one of {', '.join(DIALECTS)}")
+            raise UsageError(unknown_name("dialect", str(dialect), DIALECTS))
         self.dialect = dialect
         self.script: list[ModelTurn] = list(script)
         #: Every request the loop sent, deep-copied as it was at the time.

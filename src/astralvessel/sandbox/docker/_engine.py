@@ -30,6 +30,7 @@ from .._session import ServerBuild, compile_command, parse_build
 from ._address import EngineAddresses
 from ._attach import AttachChannel, close_attached, raw_socket
 from ._gate import GatedApi, gate_for, resolve_concurrency, resolve_scope, status_of
+from ._no_engine import engine_socket, no_engine_message, socket_facts
 from ._spec import (
     CALL_UID,
     LABEL_OWNER,
@@ -187,10 +188,9 @@ class Engine:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ResourceWarning)
             gc.collect()
-        raise BackendUnavailableError(
-            f"docker cannot start: no Docker engine answers ({failure}); start dockerd "
-            "(or Podman's Docker-compatible socket) or set DOCKER_HOST"
-        )
+        socket = engine_socket(self.base_url)
+        facts = socket_facts(socket) if socket is not None else None
+        raise BackendUnavailableError(no_engine_message(failure, socket, facts))
 
     @contextlib.contextmanager
     def failures(self, step: str) -> Iterator[None]:
