@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
-__all__ = ["closest", "unknown_name"]
+__all__ = ["closest", "install_extra", "unknown_name"]
 
 
 def closest(name: str, known: Iterable[str]) -> list[str]:
@@ -22,3 +22,15 @@ def unknown_name(what: str, name: str, known: Iterable[str]) -> str:
     near = closest(name, names)
     hint = f"; did you mean {' or '.join(repr(n) for n in near)}?" if near else ";"
     return f"unknown {what} {name!r}{hint} {what}s are {', '.join(names) or 'none'}"
+
+
+def install_extra(extra: str) -> str:
+    """How to install one of the package's extras, in words that work before it is published.
+
+    ``pip install 'astralvessel[X]'`` names a distribution the package index does not hold
+    yet; from the source folder ``pip install '.[X]'`` installs the same extra.
+    """
+    return (
+        f"pip install '.[{extra}]' in astralvessel's source folder "
+        f"('astralvessel[{extra}]' where the package is published)"
+    )

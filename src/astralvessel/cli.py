@@ -17,7 +17,7 @@ import shutil
 import sys
 import tempfile
 from collections.abc import Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, NoReturn
 
 from ._cli_options import add_network_option, add_relax_option
@@ -149,6 +149,21 @@ def _tools(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def unmounted_workdir(workdir: PurePosixPath, targets: list[PurePosixPath]) -> str | None:
+    """Why the agent's tools would see an empty workdir, or None when a mount or the workspace
+    serves it: without this line the answer to a forgotten --mount is a silent empty list."""
+    from .sandbox._policy import WORKSPACE_DIR
+
+    if workdir == WORKSPACE_DIR or WORKSPACE_DIR in workdir.parents:
+        return None
+    if any(t == workdir or t in workdir.parents for t in targets):
+        return None
+    return (
+        f"the agent's workdir {workdir} has no mount, so its tools see an empty folder there; "
+        f"give one with --mount {workdir}=HOST_PATH"
+    )
+
+
 def _call(args: argparse.Namespace) -> int:
     from .agent import Agent
     from .executor import Executor
@@ -157,6 +172,9 @@ def _call(args: argparse.Namespace) -> int:
 
     agent = Agent.load(args.agent_dir)
     mounts = [Mount.parse(text) for text in args.mount]
+    warning = unmounted_workdir(agent.workdir, [m.target for m in mounts])
+    if warning is not None:
+        print(f"astralvessel: warning: {warning}", file=sys.stderr)
     arguments = sys.stdin.read() if args.arguments == "-" else args.arguments
     # The files a result names must exist after the CLI exits: they go to --outbox, or to
     # a temporary folder that is kept (and named on stderr) only if the call left files.

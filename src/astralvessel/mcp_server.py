@@ -31,6 +31,7 @@ from jsonschema.validators import validator_for as _validator_for
 
 from . import __version__
 from ._aio import to_thread as _to_thread
+from ._suggest import install_extra as _install_extra
 
 try:
     import mcp.server.lowlevel as mcp_lowlevel
@@ -39,8 +40,7 @@ try:
     from mcp.shared.message import SessionMessage as _SessionMessage
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "serving tools over MCP needs the mcp package (2.3 or newer): "
-        "pip install 'astralvessel[mcp]'"
+        "serving tools over MCP needs the mcp package (2.3 or newer): " + _install_extra("mcp")
     ) from exc
 
 if TYPE_CHECKING:

@@ -116,6 +116,18 @@ def test_call_eval_relaxations_reach_the_turn(cli: Cli, tmp_path: Path) -> None:
     assert strict_result["policy_id"] != relaxed_result["policy_id"]
 
 
+def test_call_warns_when_the_workdir_has_no_mount(cli: Cli) -> None:
+    """An agent whose workdir no --mount serves is warned about on stderr, not answered silently."""
+    done = cli("call", EXAMPLE, "list", "{}")
+    assert done.returncode == 0, done.stderr
+    assert (
+        "astralvessel: warning: the agent's workdir /data has no mount, so its tools see an "
+        "empty folder there; give one with --mount /data=HOST_PATH"
+    ) in done.stderr
+    served = cli("call", EXAMPLE, "list", "{}", "--mount", MOUNT)
+    assert "warning" not in served.stderr
+
+
 def test_call_error_result_exits_1(cli: Cli) -> None:
     """A result that is an error exits 1 and still prints its text."""
     done = cli("call", EXAMPLE, "species", '{"habitat": 3}', "--mount", MOUNT)

@@ -250,7 +250,7 @@ def test_unknown_backend_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[s
     """``astralvessel mcp --backend`` with an unknown backend exits 2 before serving."""
     (tmp_path / "vessel.toml").write_text("[tools]\nbuiltin = ['list']\n")
     assert main(["mcp", str(tmp_path), "--backend", "teleporter"]) == 2
-    assert "unknown sandbox backend 'teleporter'" in capsys.readouterr().err
+    assert "unknown backend 'teleporter'; backends are bubblewrap" in capsys.readouterr().err
 
 
 def test_relax_takes_promise_names(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -124,7 +124,7 @@ def test_a_backend_that_cannot_run_fails_the_tests_using_it(outcomes: dict[str, 
     """--vessel-backend names the backend; one that is not there fails its tests, never skips them."""
     outcome = outcomes["test_backend::test_named_backend"]
     assert outcome.startswith("failed")
-    assert "unknown sandbox backend 'nosuch'" in outcome
+    assert "unknown backend 'nosuch'" in outcome
 
 
 def test_a_marker_without_an_agent_fails_with_the_fix(outcomes: dict[str, str]) -> None:

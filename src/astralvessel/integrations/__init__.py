@@ -5,7 +5,7 @@
 toolset) each turn an ``Executor`` into that framework's tools. Each opens one
 turn per agent run, in step with the framework's own run lifecycle, and
 reports a tool's error through the framework's own mechanism. Each needs the
-extra of its name: ``pip install 'astralvessel[openai-agents]'``, and so on.
+extra of its name: ``pip install '.[openai-agents]'``, and so on.
 
 ``.inspect_ai`` goes the other way: an inspect_ai sandbox provider named
 ``"astralvessel"``, one turn per sample, on which inspect runs its own

@@ -47,7 +47,7 @@ What inspect asks for and what it gets here:
   saying so. ``text_editor()`` needs no server. ``web_browser()`` needs a
   browser the sandbox lacks.
 
-Needs the ``inspect`` extra: ``pip install 'astralvessel[inspect]'``.
+Needs the ``inspect`` extra: ``pip install '.[inspect]'``.
 """
 
 from __future__ import annotations
@@ -57,6 +57,8 @@ import errno
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, overload
+
+from .._suggest import install_extra as _install_extra
 
 try:
     from inspect_ai.util import (
@@ -73,12 +75,11 @@ try:
     from pydantic import BaseModel, ConfigDict, field_validator
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
-        "the inspect_ai sandbox provider needs the inspect_ai package: "
-        "pip install 'astralvessel[inspect]'"
+        "the inspect_ai sandbox provider needs the inspect_ai package: " + _install_extra("inspect")
     ) from exc
 
 from .._exec import ARGV_BYTES
-from .._suggest import unknown_name
+from .._suggest import unknown_name as _unknown_name
 from ..agent import Agent
 from ..errors import FileTooLargeError, SandboxError, TurnClosedError
 from ..executor import Executor
@@ -122,7 +123,7 @@ class VesselSandboxConfig(BaseModel):
     @classmethod
     def _known_backend(cls, value: str | None) -> str | None:
         if value is not None and value not in backend_names():
-            raise ValueError(unknown_name("backend", value, backend_names()))
+            raise ValueError(_unknown_name("backend", value, backend_names()))
         return value
 
     @field_validator("relax")
@@ -131,7 +132,7 @@ class VesselSandboxConfig(BaseModel):
         known = [p.value for p in Promise]
         for name in value:
             if name not in known:
-                raise ValueError(unknown_name("promise", name, known))
+                raise ValueError(_unknown_name("promise", name, known))
         return value
 
     @classmethod

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from .._suggest import install_extra as _install_extra
 from ..adapters._media import Attachment, MediaBudget, attachments, data_url, with_notes
 from ..errors import UsageError
 from ..executor import Turn
@@ -41,7 +42,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         "the OpenAI Agents SDK integration needs the openai-agents package: "
-        "pip install 'astralvessel[openai-agents]'"
+        + _install_extra("openai-agents")
     ) from exc
 
 if TYPE_CHECKING:

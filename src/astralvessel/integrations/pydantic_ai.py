@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from .._suggest import install_extra as _install_extra
 from ..adapters._media import MediaBudget, attachments, with_notes
 
 try:
@@ -34,7 +35,7 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise ImportError(
         "the pydantic-ai integration needs the pydantic-ai-slim package: "
-        "pip install 'astralvessel[pydantic-ai]'"
+        + _install_extra("pydantic-ai")
     ) from exc
 
 if TYPE_CHECKING:

