@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from ._cli_options import add_network_option, add_relax_option
+from ._cli_options import add_network_option, add_relax_option, network_hosts
 
 __all__ = ["register"]
 
@@ -58,6 +58,7 @@ def _serve(args: argparse.Namespace) -> int:
         scopes=args.scopes,
         relax=args.relax,
         network_allow=args.network_allow,
+        network_hosts=network_hosts(args.network_hosts),
         writable_root=args.writable_root,
         root_identity=args.root_identity,
         tool_servers=args.tool_servers,

@@ -6,7 +6,7 @@ import argparse
 
 from .sandbox._policy import Promise
 
-__all__ = ["add_network_option", "add_relax_option"]
+__all__ = ["add_network_option", "add_relax_option", "network_hosts"]
 
 
 def add_relax_option(parser: argparse.ArgumentParser) -> None:
@@ -81,3 +81,32 @@ def add_network_option(parser: argparse.ArgumentParser) -> None:
         dest="network_allow",
         help="no network for calls, whatever the agent's [network] allow says",
     )
+    parser.add_argument(
+        "--network-host",
+        action="append",
+        default=[],
+        dest="network_hosts",
+        type=_host_pin,
+        metavar="NAME=ADDRESS",
+        help=(
+            "pin a listed name to an address on the host or the local network, such as "
+            "wiki.internal=10.20.0.5 (repeatable; see Executor(network_hosts=))"
+        ),
+    )
+
+
+def _host_pin(text: str) -> tuple[str, str]:
+    name, sep, address = text.partition("=")
+    if not sep or not name or not address:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: write NAME=ADDRESS, such as wiki.internal=10.20.0.5"
+        )
+    return name, address
+
+
+def network_hosts(pins: list[tuple[str, str]]) -> dict[str, list[str]]:
+    """``--network-host`` pins as ``Executor(network_hosts=)`` takes them (a name may repeat)."""
+    hosts: dict[str, list[str]] = {}
+    for name, address in pins:
+        hosts.setdefault(name, []).append(address)
+    return hosts

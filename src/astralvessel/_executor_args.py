@@ -9,11 +9,13 @@ say what it takes, as ``_exec`` does for ``Turn.exec``.
 
 from __future__ import annotations
 
+import ipaddress
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any, cast
 
+from ._netallow import HostPattern
 from ._seconds import check_seconds
 from .errors import UsageError
 from .sandbox._policy import Limits, Mount
@@ -27,6 +29,7 @@ __all__ = [
     "check_fetcher",
     "check_limits",
     "check_mounts",
+    "check_network_hosts",
     "check_outbox_dir",
     "check_output_chars",
     "check_registry",
@@ -158,6 +161,44 @@ def check_services(services: object) -> dict[str, Callable[..., Any]]:
                 f"{_kind(function)}"
             )
     return dict(services)
+
+
+def check_network_hosts(hosts: object, allow: Sequence[HostPattern]) -> dict[str, tuple[str, ...]]:
+    """``network_hosts`` as canonical names to IP addresses; ``UsageError`` naming what is wrong.
+
+    Each name must be one the allow-list admits: pinning a name no call may reach would
+    silently do nothing, and the operator meant the turn to reach it.
+    """
+    if hosts is None:
+        return {}
+    if not isinstance(hosts, Mapping):
+        raise UsageError(
+            f"network_hosts maps host names to addresses, such as "
+            f"{{'wiki.internal': '10.20.0.5'}}, not {_kind(hosts)}"
+        )
+    checked: dict[str, tuple[str, ...]] = {}
+    for name, given in hosts.items():
+        if not isinstance(name, str) or not name.strip():
+            raise UsageError(f"network_hosts: {name!r} is not a host name")
+        canonical = name.strip().lower().rstrip(".")
+        if not any(pattern.matches_name(canonical) for pattern in allow):
+            raise UsageError(
+                f"network_hosts: {name!r} is not on the network allow-list "
+                f"({', '.join(map(str, allow)) or 'empty'}); list it, with its port, in "
+                "network_allow so calls may reach it"
+            )
+        addresses = (given,) if isinstance(given, str) else given
+        if not isinstance(addresses, Sequence) or not addresses:
+            raise UsageError(f"network_hosts: {name!r} maps to {given!r}, not an IP address")
+        for address in addresses:
+            try:
+                ipaddress.ip_address(address)
+            except (TypeError, ValueError):
+                raise UsageError(
+                    f"network_hosts: {name!r} maps to {address!r}, which is not an IP address"
+                ) from None
+        checked[canonical] = tuple(str(ipaddress.ip_address(a)) for a in addresses)
+    return checked
 
 
 def check_fetcher(fetcher: object) -> Fetcher | None:

@@ -96,13 +96,13 @@ class HostPattern:
         """The ports this pattern allows."""
         return DEFAULT_PORTS if self.port is None else (self.port,)
 
+    def matches_name(self, host: str) -> bool:
+        """Whether a canonical ``host`` is this pattern's name (on any of its ports)."""
+        return host.endswith("." + self.host) if self.below else host == self.host
+
     def matches(self, host: str, port: int) -> bool:
         """Whether a canonical (lowercase, no trailing dot) ``host`` on ``port`` is allowed."""
-        if port not in self.ports:
-            return False
-        if self.below:
-            return host.endswith("." + self.host)
-        return host == self.host
+        return port in self.ports and self.matches_name(host)
 
     def __str__(self) -> str:
         text = f"*.{self.host}" if self.below else self.host

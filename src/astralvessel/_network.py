@@ -9,15 +9,49 @@ proxy and the pages webfetch reads follow one egress policy.
 from __future__ import annotations
 
 import threading
+from collections.abc import Mapping, Sequence
 
 import attrs
 
+from ._netallow import HostPattern
 from .sandbox._base import Sandbox, SandboxSession
 from .sandbox._policy import Policy
-from .web import Fetcher
+from .web import AllowRule, EgressPolicy, Fetcher
+from .web._hosts import HostsResolver
 from .web._proxy import EgressProxy
 
-__all__ = ["WarmNetwork", "start_proxy"]
+__all__ = ["WarmNetwork", "admit_hosts", "start_proxy"]
+
+
+def admit_hosts(
+    fetcher: Fetcher, hosts: Mapping[str, Sequence[str]], allow: Sequence[HostPattern]
+) -> Fetcher:
+    """``fetcher`` with the operator's pinned names: each resolves to its addresses, and an
+    ``AllowRule`` admits exactly those addresses on the ports the allow-list gives the name.
+
+    This is the one way to let a turn reach a service on the host or the local network by
+    name (``Executor(network_hosts=...)``): the name must be listed, the address is the
+    operator's (no DNS answer can move it), and nothing else on that network is admitted.
+    """
+    if not hosts:
+        return fetcher
+    rules = [
+        AllowRule(
+            network=address,
+            ports=sorted(
+                {p for pattern in allow if pattern.matches_name(name) for p in pattern.ports}
+            ),
+        )
+        for name, addresses in hosts.items()
+        for address in addresses
+    ]
+    return Fetcher(
+        EgressPolicy(allow=(*fetcher.policy.allow, *rules)),
+        transport=fetcher.transport,
+        resolver=HostsResolver(hosts, fetcher.resolver),
+        limits=fetcher.limits,
+        user_agent=fetcher.user_agent,
+    )
 
 
 def start_proxy(policy: Policy, fetcher: Fetcher) -> EgressProxy | None:

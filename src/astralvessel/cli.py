@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, NoReturn
 
-from ._cli_options import add_network_option, add_relax_option
+from ._cli_options import add_network_option, add_relax_option, network_hosts
 from ._terminal import for_terminal
 from .errors import AstralVesselError, ConfigError
 
@@ -186,6 +186,7 @@ def _call(args: argparse.Namespace) -> int:
         scopes=args.scopes,
         relax=args.relax,
         network_allow=args.network_allow,
+        network_hosts=network_hosts(args.network_hosts),
         writable_root=args.writable_root,
         root_identity=args.root_identity,
         tool_servers=args.tool_servers,

@@ -26,6 +26,7 @@ from ._executor_args import (
     check_fetcher,
     check_limits,
     check_mounts,
+    check_network_hosts,
     check_outbox_dir,
     check_output_chars,
     check_registry,
@@ -35,7 +36,7 @@ from ._executor_args import (
     check_texts,
     check_timeout,
 )
-from ._network import WarmNetwork, start_proxy
+from ._network import WarmNetwork, admit_hosts, start_proxy
 from ._plans import Call, Plan, TurnContext
 from ._runners import plan_call
 from ._warm import WarmPool, check_warm
@@ -96,6 +97,10 @@ class Executor:
     replaces the agent's ``[network] allow``, as ``scopes`` and ``limits``
     replace theirs, and ``[]`` turns the network off. Without either list
     calls have no network at all.
+    ``network_hosts`` pins listed names to addresses on the host or the local
+    network (``{"wiki.internal": "10.20.0.5"}``): the name resolves to exactly
+    those addresses, which are admitted on the ports the allow-list gives the
+    name and on no other; a name the allow-list does not list is a ``UsageError``.
     ``uid_range`` (a ``UidRange`` or ``"FIRST-LAST"``) is where a root host's
     turns lease their own host uid from, one live turn per uid across every
     process on the host; without it, ``$ASTRALVESSEL_UID_RANGE``, else
@@ -126,6 +131,7 @@ class Executor:
         warm: int = 0,
         outbox_dir: str | os.PathLike[str] | None = None,
         network_allow: Iterable[str] | None = None,
+        network_hosts: Mapping[str, str | Sequence[str]] | None = None,
         uid_range: UidRange | str | None = None,
     ) -> None:
         registry = check_registry(registry)
@@ -164,7 +170,12 @@ class Executor:
             ),
             uid_range=uid_range,
         ).relax(*check_texts("relax", relax))
-        self.fetcher: Fetcher = _fetcher(check_fetcher(fetcher))
+        # The operator's pinned names reach the proxy (and webfetch) through the one fetcher.
+        self.fetcher: Fetcher = admit_hosts(
+            _fetcher(check_fetcher(fetcher)),
+            check_network_hosts(network_hosts, self.policy.network_allow),
+            self.policy.network_allow,
+        )
         self.searcher: Searcher | None = _searcher(check_searcher(searcher))
         self.services: dict[str, Callable[..., Any]] = check_services(services)
         #: The web Transport service tools post through (the stdlib one when None).

@@ -316,3 +316,17 @@ def test_doctor_names_each_limits_mechanism(cli: Cli) -> None:
     text = cli("doctor")
     assert text.returncode == 0, text.stderr
     assert "  limit inodes: the workspace tmpfs's nr_inodes=" in text.stdout
+
+
+def test_network_host_pins_reach_the_executor(cli: Cli, tmp_path: Path) -> None:
+    """--network-host NAME=ADDRESS reaches Executor(network_hosts=): an unlisted name is the
+    host's error (exit 2, naming it), a malformed pin is refused by the parser."""
+    agent = bash_agent(tmp_path)
+    done = cli(
+        "call", str(agent), "bash", '{"command": "true"}', "--network-host", "wiki.test=10.0.0.5"
+    )
+    assert done.returncode == 2
+    assert "network_hosts: 'wiki.test' is not on the network allow-list" in done.stderr
+    malformed = cli("call", str(agent), "bash", "{}", "--network-host", "wiki.test")
+    assert malformed.returncode == 2
+    assert "write NAME=ADDRESS" in malformed.stderr

@@ -112,3 +112,48 @@ def test_a_provider_with_only_a_name_and_search_is_still_a_searcher() -> None:
 
     registry = Registry.for_agent(Agent.load(EXAMPLE))
     assert Executor(registry, sandbox=FakeSandbox(), searcher=SyncOnly()).searcher is not None  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("hosts", "expected"),
+    [
+        ("wiki.test=10.0.0.5", "network_hosts maps host names to addresses"),
+        (
+            {"other.test": "10.0.0.5"},
+            "'other.test' is not on the network allow-list (wiki.test:8080)",
+        ),
+        ({"wiki.test": "wiki.lan"}, "'wiki.test' maps to 'wiki.lan', which is not an IP address"),
+        ({"wiki.test": []}, "'wiki.test' maps to [], not an IP address"),
+        ({"": "10.0.0.5"}, "'' is not a host name"),
+    ],
+)
+def test_network_hosts_are_checked_against_the_allow_list(hosts: object, expected: str) -> None:
+    """A pinned name must be listed and map to IP addresses; anything else names the mistake."""
+    with pytest.raises(UsageError, match="network_hosts") as info:
+        Executor(
+            Registry(),
+            sandbox=FakeSandbox(),
+            network_allow=["wiki.test:8080"],
+            network_hosts=hosts,  # type: ignore[arg-type]
+        )
+    assert expected in str(info.value)
+
+
+def test_network_hosts_pin_names_and_admit_their_addresses_on_their_ports() -> None:
+    """The executor's fetcher answers a pinned name with its address and admits it on the
+    listed ports only (every spelling of the name alike)."""
+    executor = Executor(
+        Registry(),
+        sandbox=FakeSandbox(),
+        network_allow=["Wiki.test:8080", "*.lan.test"],
+        network_hosts={"WIKI.test.": "10.0.0.5", "db.lan.test": ["10.0.0.6", "fd00::6"]},
+    )
+    resolver = executor.fetcher.resolver
+    assert resolver.resolve("wiki.test", 8080) == ("10.0.0.5",)
+    assert resolver.resolve("db.lan.test", 443) == ("10.0.0.6", "fd00::6")
+    rules = {(str(r.network), tuple(sorted(r.ports))) for r in executor.fetcher.policy.allow}
+    assert rules == {
+        ("10.0.0.5/32", (8080,)),
+        ("10.0.0.6/32", (80, 443)),
+        ("fd00::6/128", (80, 443)),
+    }
