@@ -1,0 +1,185 @@
+"""Kernel memory a call pins that no process's RSS shows: socket buffers and epoll watches
+(stdlib only, Python 3.8+).
+
+Socket buffers are the kernel's, and cgroup v1 charges TCP's to a counter of
+its own, unix sockets' to no group of an ordinary user: a call filling
+loopback connections or unix pairs held hundreds of MiB to GiBs unseen. The
+sandbox has a network namespace of its own, so every socket a call can make
+is in it, and one ``sock_diag`` dump per family (what ``ss -m`` reads) gives
+each socket's buffers by inode, those no process holds (in flight over a unix
+socket, orphaned TCP) included. The memory watch charges each socket to the
+call holding it (``socket:[inode]``) and the rest to the largest call.
+
+An epoll watch is an ``epitem`` and a wait-queue entry in the kernel's slab
+(about 192 + 64 bytes), counted per host uid (``fs.epoll.max_user_watches``):
+an ordinary user's turns share one count with the host process itself. A call
+that adds a million watches pinned 1.1 GiB and made every other epoll of the
+uid fail; the watch counts each epoll descriptor's watches (its ``fdinfo``
+lists one ``tfd:`` line per watch) at ``EPOLL_WATCH_BYTES``.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+__all__ = ["EPOLL_WATCH_BYTES", "epoll_bytes", "socket_buffers"]
+
+#: What the kernel's slab gives one epoll watch: an epitem (cache-aligned) and its entry.
+EPOLL_WATCH_BYTES = 256
+
+_NETLINK_SOCK_DIAG = 4
+_SOCK_DIAG_BY_FAMILY = 20
+_NLM_F_REQUEST, _NLM_F_DUMP = 0x1, 0x300
+_NLMSG_ERROR, _NLMSG_DONE = 2, 3
+_ALL_STATES = 0xFFFFFFFF
+_LISTEN = 10  # TCP_LISTEN, which unix sockets' states share
+# unix_diag: which attributes to show, and their numbers in the answer.
+_UDIAG_SHOW_PEER, _UDIAG_SHOW_RQLEN, _UDIAG_SHOW_MEMINFO = 0x4, 0x10, 0x20
+_UNIX_DIAG_PEER, _UNIX_DIAG_RQLEN, _UNIX_DIAG_MEMINFO = 2, 4, 5
+_INET_DIAG_SKMEMINFO = 7
+# SK_MEMINFO_*: received, sent but unread by the peer, queued to send, backlog.
+_RMEM_ALLOC, _WMEM_ALLOC, _FWD_ALLOC, _WMEM_QUEUED, _BACKLOG = 0, 2, 4, 5, 7
+_SOCK_STREAM = 1
+#: The IP protocols a call can open in its namespace that hold buffers (raw needs a capability).
+_INET = (
+    (socket.AF_INET, socket.IPPROTO_TCP),
+    (socket.AF_INET6, socket.IPPROTO_TCP),
+    (socket.AF_INET, socket.IPPROTO_UDP),
+    (socket.AF_INET6, socket.IPPROTO_UDP),
+)
+
+
+def _meminfo(values: bytes) -> int:
+    """Bytes a socket holds, from its ``SK_MEMINFO`` array."""
+    fields = struct.unpack_from(f"{len(values) // 4}I", values)
+    wanted = (_RMEM_ALLOC, _WMEM_ALLOC, _FWD_ALLOC, _WMEM_QUEUED, _BACKLOG)
+    return sum(fields[i] for i in wanted if i < len(fields))
+
+
+def _attributes(data: bytes, start: int, end: int) -> dict[int, bytes]:
+    found: dict[int, bytes] = {}
+    while start + 4 <= end:
+        length, kind = struct.unpack_from("HH", data, start)
+        if length < 4:
+            break
+        found[kind & 0x3FFF] = data[start + 4 : start + length]
+        start += (length + 3) & ~3
+    return found
+
+
+def _dump(request: bytes) -> list[tuple[bytes, int]]:
+    """Every answer of one sock_diag dump of this network namespace: (message, body offset)."""
+    header = struct.pack(
+        "IHHII", 16 + len(request), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST | _NLM_F_DUMP, 1, 0
+    )
+    answers: list[tuple[bytes, int]] = []
+    with socket.socket(
+        socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, _NETLINK_SOCK_DIAG
+    ) as link:
+        link.sendall(header + request)
+        while True:
+            data = link.recv(1 << 16)
+            offset = 0
+            while offset + 16 <= len(data):
+                length, kind = struct.unpack_from("IH", data, offset)
+                if length < 16:
+                    return answers
+                if kind == _NLMSG_DONE:
+                    return answers
+                if kind == _NLMSG_ERROR:
+                    raise OSError(f"sock_diag refused the dump: {data[offset : offset + 20]!r}")
+                answers.append((data[offset : offset + length], 16))
+                offset += (length + 3) & ~3
+            if not data:
+                return answers
+
+
+def _unix() -> dict[int, int]:
+    request = struct.pack(
+        "BBHIIIII",
+        socket.AF_UNIX,
+        0,
+        0,
+        _ALL_STATES,
+        0,
+        _UDIAG_SHOW_PEER | _UDIAG_SHOW_RQLEN | _UDIAG_SHOW_MEMINFO,
+        0,
+        0,
+    )
+    sockets: dict[int, tuple[int, int, int, int]] = {}
+    for message, body in _dump(request):
+        kind, state, inode = (
+            message[body + 1],
+            message[body + 2],
+            struct.unpack_from("I", message, body + 4)[0],
+        )
+        found = _attributes(message, body + 16, len(message))
+        peer = struct.unpack("I", found[_UNIX_DIAG_PEER])[0] if _UNIX_DIAG_PEER in found else 0
+        queued = 0
+        if _UNIX_DIAG_RQLEN in found and state != _LISTEN:
+            queued = struct.unpack_from("I", found[_UNIX_DIAG_RQLEN])[0]
+            if kind != _SOCK_STREAM:
+                queued *= _dgram_queue()  # the length of the first datagram only
+        held = _meminfo(found[_UNIX_DIAG_MEMINFO]) if _UNIX_DIAG_MEMINFO in found else 0
+        sockets[inode] = (held, peer, queued, 0)
+    # What a unix socket sent is charged to it until read; once it closed, the bytes show
+    # only in the receiver's queue.
+    return {
+        inode: held + (queued if peer not in sockets else 0)
+        for inode, (held, peer, queued, _) in sockets.items()
+    }
+
+
+def _dgram_queue() -> int:
+    """How many datagrams a unix socket may hold, plus one (``net.unix.max_dgram_qlen``)."""
+    try:
+        with open("/proc/sys/net/unix/max_dgram_qlen", "rb") as handle:
+            return int(handle.read()) + 1
+    except (OSError, ValueError):
+        return 11
+
+
+def _inet(family: int, protocol: int) -> dict[int, int]:
+    request = struct.pack(
+        "BBBBI", family, protocol, 1 << (_INET_DIAG_SKMEMINFO - 1), 0, _ALL_STATES
+    ) + bytes(48)
+    sockets: dict[int, int] = {}
+    for message, body in _dump(request):
+        inode = struct.unpack_from("I", message, body + 68)[0]
+        found = _attributes(message, body + 72, len(message))
+        if _INET_DIAG_SKMEMINFO in found:
+            sockets[inode] = sockets.get(inode, 0) + _meminfo(found[_INET_DIAG_SKMEMINFO])
+    return sockets
+
+
+def socket_buffers() -> dict[int, int] | None:
+    """Bytes each socket of this network namespace holds, by inode (0: sockets no
+    descriptor names, such as TCP's orphans); None if the kernel answers no dump."""
+    try:
+        found = _unix()
+        for family, protocol in _INET:
+            try:
+                for inode, held in _inet(family, protocol).items():
+                    found[inode] = found.get(inode, 0) + held
+            except OSError:
+                continue  # no such protocol here (IPv6 off, say)
+    except OSError:
+        return None
+    return found
+
+
+def epoll_bytes(path: str) -> int:
+    """Bytes the watches of the epoll descriptor at ``path`` (``/proc/N/fd/M``) pin."""
+    head, _, number = path.rpartition("/fd/")
+    try:
+        with open(f"{head}/fdinfo/{number}", "rb") as handle:
+            watches = 0
+            while True:
+                block = handle.read(1 << 20)
+                if not block:
+                    break
+                watches += block.count(b"\ntfd:")
+    except OSError:
+        return 0
+    return watches * EPOLL_WATCH_BYTES
