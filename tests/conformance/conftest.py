@@ -170,6 +170,10 @@ DECLARED_UNKEPT["docker-exec"].update(
             f"{_NO_SERVER} to count socket buffers: only the container's memory cgroup "
             "(memory_mb + disk_mb + 128 MiB) holds them, and its OOM kills are not reported"
         ),
+        "test_netlink_answers_count_against_the_turns_memory": (
+            f"{_NO_SERVER} to count socket buffers: only the container's memory cgroup may "
+            "hold them, and its OOM kills are not reported"
+        ),
         "test_epoll_watches_count_against_the_turns_memory": (
             f"{_NO_SERVER} to count epoll watches: only the container's memory cgroup "
             "(memory_mb + disk_mb + 128 MiB) holds them, and its OOM kills are not reported"

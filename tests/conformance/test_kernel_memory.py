@@ -90,6 +90,26 @@ time.sleep(hold)
 print("ended on its own")
 """
 
+#: Netlink route sockets that each ask for the loopback's link 3000 times and never read
+#: the answers: each queues them up to its receive buffer.
+_NETLINK_FLOOD = """
+import socket, struct, sys, time
+ceiling, hold = int(sys.argv[1]) << 20, float(sys.argv[2])
+ask = struct.pack("IHHII", 32, 18, 1, 1, 0) + struct.pack("BxHiII", 0, 0, 1, 0, 0)
+sockets, queued = [], 0
+while queued < ceiling:
+    route = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0)
+    route.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
+    sockets.append(route)
+    for _ in range(3000):
+        route.send(ask)
+    queued += route.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+    time.sleep(0.01)
+print("sockets", len(sockets), flush=True)
+time.sleep(hold)
+print("ended on its own")
+"""
+
 
 def _flooded(backend, policy, request, *argv: str) -> None:
     """Run a flood in a turn of ``LIMIT_MB``; it is stopped with the memory note, and the
@@ -116,6 +136,11 @@ def test_loopback_tcp_buffers_count_against_the_turns_memory(backend, policy, re
 def test_unix_pair_buffers_count_against_the_turns_memory(backend, policy, request):
     """Unix socket pairs filled and kept are stopped at the turn's limit."""
     _flooded(backend, policy, request, _UNIX_FLOOD, str(CEILING_MB))
+
+
+def test_netlink_answers_count_against_the_turns_memory(backend, policy, request):
+    """Route sockets holding answers never read are stopped at the turn's limit."""
+    _flooded(backend, policy, request, _NETLINK_FLOOD, str(CEILING_MB))
 
 
 def test_epoll_watches_count_against_the_turns_memory(backend, policy, request):

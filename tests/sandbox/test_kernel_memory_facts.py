@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import select
 import socket
+import struct
 
 import pytest
 
@@ -124,3 +125,14 @@ def test_epoll_watches_are_weighed_per_watch() -> None:
     finally:
         for fd in (*fds, read_end, write_end):
             os.close(fd)
+
+
+def test_sock_diag_sees_unread_netlink_answers() -> None:
+    """The dump finds the answers a route socket asked for and did not read."""
+    ask = struct.pack("IHHII", 32, 18, 1, 1, 0) + struct.pack("BxHiII", 0, 0, 1, 0, 0)
+    with socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0) as route:
+        for _ in range(20):
+            route.send(ask)
+        found = socket_buffers()
+        assert found is not None
+        assert found[os.fstat(route.fileno()).st_ino] > 20 * 500
