@@ -157,10 +157,10 @@ def test_a_pipe_counts_a_page_per_buffer_it_may_hold():
         assert _pipe_bytes(f"/proc/{me}/fd/{empty[0]}") == page * 2
         # Both ends of a pipe are one pipe: counted once per sample.
         seen: set[object] = set()
-        total = _descriptors(str(me), seen, {})
+        total = _descriptors(str(me), seen)
         # The three pipes above (slots + 2, 3 + 2, 2 pages); the process may hold others.
         assert total >= page * ((slots + 2) + (3 + 2) + 2)
-        assert _descriptors(str(me), seen, {}) == 0
+        assert _descriptors(str(me), seen) == 0
     finally:
         for pair in pipes:
             for fd in pair:
@@ -235,16 +235,16 @@ def test_a_not_dumpable_process_s_descriptors_are_copied_in():
     try:
         assert os.read(ready_r, 1) == b"r"
         slots = _status(str(child))[3]
-        copied = _copied_descriptors(str(child), slots, set(), {})
+        copied = _copied_descriptors(str(child), slots, set())
         if os.geteuid() == 0:
-            assert copied == _descriptors(str(child), set(), {})
+            assert copied == _descriptors(str(child), set())
             assert copied is not None
             assert copied >= (1 << 20) + 3 * 4096  # the memfd, and the pipe's page and cache
         else:
             # Its memory belongs to the host's user namespace (it never ran exec in one of
             # ours), where an ordinary user holds nothing: the kernel refuses, and the watch
             # counts the process as hiding.
-            assert _descriptors(str(child), set(), {}, slots) is None
+            assert _descriptors(str(child), set(), slots) is None
             assert copied is None
     finally:
         os.write(stop_w, b"s")

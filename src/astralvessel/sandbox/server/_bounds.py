@@ -166,10 +166,10 @@ def _pipe_bytes(path: str) -> int:
     return _PIPE_PAGE * (min(capacity // _PIPE_PAGE, held) + _PIPE_CACHED_PAGES)
 
 
-def _descriptor_bytes(path: str, seen: set[object], sockets: dict[int, int]) -> int:
+def _descriptor_bytes(path: str, seen: set[object], kernel: _kernelmem.Sample) -> int:
     """Bytes the descriptor at ``path`` (``/proc/N/fd/M``) holds if it is a memfd, a pipe
     or a socket that no earlier descriptor was charged for, or an epoll's watches; 0 for
-    anything else. ``sockets`` maps each uncharged socket's inode to its buffers' bytes."""
+    anything else. ``kernel.sockets`` maps each uncharged socket's inode to its bytes."""
     try:
         target = os.readlink(path)
     except OSError:
@@ -181,10 +181,11 @@ def _descriptor_bytes(path: str, seen: set[object], sockets: dict[int, int]) -> 
         return _pipe_bytes(path)
     if target.startswith("socket:["):
         # Charged once: popped, so what stays in the map is held by no call's descriptor.
-        return sockets.pop(int(target[8:-1]), 0) if target[8:-1].isdigit() else 0
+        inode = target[8:-1]
+        return kernel.sockets.pop(int(inode), 0) if inode.isdigit() else 0
     if target == "anon_inode:[eventpoll]":
         # Every epoll shares one anonymous inode, so one shared by a fork counts per holder.
-        return _kernelmem.epoll_bytes(path)
+        return _kernelmem.epoll_bytes(path, kernel)
     return _memfd_bytes(path, seen) if target.startswith("/memfd:") else 0
 
 
@@ -201,7 +202,7 @@ def _memfd_bytes(path: str, seen: set[object]) -> int:
 
 
 def _descriptors(
-    pid: str, seen: set[object], sockets: dict[int, int], slots: int = 0
+    pid: str, seen: set[object], slots: int = 0, kernel: _kernelmem.Sample | None = None
 ) -> int | None:
     """Bytes of the memfd files, pipes and sockets ``pid`` holds open that no earlier
     process was charged for, and of its epoll watches; None if the server can read them
@@ -216,21 +217,22 @@ def _descriptors(
     root the server is not, unless it is real root; its descriptors are then
     copied one by one (``_copied_descriptors``), ``slots`` of them at most.
     """
+    kernel = _kernelmem.Sample() if kernel is None else kernel
     total = 0
     base = f"/proc/{pid}/fd"
     try:
         fds = os.listdir(base)
     except PermissionError:
-        return _copied_descriptors(pid, slots, seen, sockets)
+        return _copied_descriptors(pid, slots, seen, kernel)
     except OSError:
         return 0  # gone
     for fd in fds:
-        total += _descriptor_bytes(f"{base}/{fd}", seen, sockets)
+        total += _descriptor_bytes(f"{base}/{fd}", seen, kernel)
     return total
 
 
 def _copied_descriptors(
-    pid: str, slots: int, seen: set[object], sockets: dict[int, int]
+    pid: str, slots: int, seen: set[object], kernel: _kernelmem.Sample | None = None
 ) -> int | None:
     """``_descriptors`` for a process whose ``/proc/PID/fd`` the server may not read: each
     of its first ``slots`` descriptors copied in with ``pidfd_getfd``, weighed, closed.
@@ -244,6 +246,7 @@ def _copied_descriptors(
     process started from an unreadable file the call did not make, whose memory
     then belongs to a namespace above the server's; or a kernel before 5.6).
     """
+    kernel = _kernelmem.Sample() if kernel is None else kernel
     try:
         pidfd = _sys.pidfd_open(int(pid))
     except OSError as exc:
@@ -258,7 +261,7 @@ def _copied_descriptors(
                     continue  # no descriptor there
                 return total if exc.errno == errno.ESRCH else None
             try:
-                total += _descriptor_bytes(f"/proc/self/fd/{fd}", seen, sockets)
+                total += _descriptor_bytes(f"/proc/self/fd/{fd}", seen, kernel)
             finally:
                 os.close(fd)
     finally:
@@ -272,6 +275,7 @@ def call_memory(
     *,
     precise: bool = False,
     weighed: dict[int, int] | None = None,
+    limit: int = 0,
 ) -> dict[int, int]:
     """Bytes each running call holds, by call id: every process of its PID namespace.
 
@@ -291,6 +295,7 @@ def call_memory(
     uid and its exec, and Docker's default seccomp profile refuses ``pidfd_getfd``.
     ``weighed`` keeps each process's descriptors' bytes: a second pass given the first's
     map reuses them (reading a million epoll watches' ``fdinfo`` takes seconds under load).
+    ``limit`` weighs epoll watches (``_kernelmem.Sample``) and bounds how many are read.
     """
     usage = dict.fromkeys(inits.values(), 0)
     parent: dict[int, int] = {}
@@ -315,7 +320,7 @@ def call_memory(
     seen: set[object] = set()
     weighed = {} if weighed is None else weighed
     reuse = _UNHELD in weighed
-    sockets = {} if reuse else _calls_sockets()
+    kernel = _kernelmem.Sample({} if reuse else _calls_sockets(), limit)
     for pid in parent:
         walk, steps = pid, 0
         while walk not in owner and walk in parent and steps < len(parent):
@@ -331,9 +336,9 @@ def call_memory(
             except (OSError, ValueError, IndexError):
                 held = 0
         if not reuse:
-            weighed[pid] = _descriptors(str(pid), seen, sockets, slots[pid]) or 0
+            weighed[pid] = _descriptors(str(pid), seen, slots[pid], kernel) or 0
         usage[call] += held + weighed.get(pid, 0)
-    weighed.setdefault(_UNHELD, sum(sockets.values()))
+    weighed.setdefault(_UNHELD, sum(kernel.sockets.values()))
     if usage:
         # Buffers of sockets no call's descriptor names (in flight inside a unix message,
         # TCP's orphans, the relay's side of a call's connection): the largest call's.
@@ -379,7 +384,7 @@ def victim(inits: dict[int, int], depth: int, limit: int) -> tuple[int, list[int
     """The call to stop, and ``[held, limit]`` in bytes, when the calls whose inits are
     ``inits`` (init's pid: call id) hold more than ``limit`` together; None if they do not."""
     weighed: dict[int, int] = {}
-    usage = call_memory(inits, depth, weighed=weighed)
+    usage = call_memory(inits, depth, weighed=weighed, limit=limit)
     if over_limit(usage, limit) is not None:
         # The RSS counts pages a fork shares once per process; decide on the PSS (the
         # descriptors as weighed a moment ago).
