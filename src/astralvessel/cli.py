@@ -217,7 +217,12 @@ def _holds_files(folder: str) -> bool:
 
 def _doctor(args: argparse.Namespace) -> int:
     from .sandbox._discovery import all_backends
-    from .sandbox._hostinfo import collect_host_facts, favordynmods_hint
+    from .sandbox._hostinfo import (
+        collect_host_facts,
+        favordynmods_hint,
+        shared_counters_hint,
+        tcp_buffers_hint,
+    )
     from .sandbox._policy import EVAL_RELAXATIONS
 
     reports = [backend.probe() for backend in all_backends()]
@@ -238,9 +243,10 @@ def _doctor(args: argparse.Namespace) -> int:
             print(f"  enforces   {promise.value}: {promise.summary}")
         for promise, why in sorted(report.unenforced.items(), key=lambda kv: kv[0].value):
             print(f"  NOT KEPT   {promise.value}: {why}")
-    hint = favordynmods_hint(collect_host_facts())
-    if hint is not None:
-        print(f"hint: {hint}")
+    facts = collect_host_facts()
+    for hint in (favordynmods_hint(facts), tcp_buffers_hint(facts), shared_counters_hint(facts)):
+        if hint is not None:
+            print(f"hint: {hint}")
     print(
         "opt-in eval relaxations (Executor(NAME=True), --writable-root, --root-identity, "
         "--tool-servers, [sandbox] NAME; they change policy_id; not on docker-exec or unconfined):"

@@ -300,7 +300,10 @@ def test_doctor_names_each_limits_mechanism(cli: Cli) -> None:
     cgroup_here = memory_mount(collect_host_facts()) is not None
     for name in ("bubblewrap", "nsjail", "docker", "docker-exec"):
         mechanisms = reports[name]["mechanisms"]
-        assert list(mechanisms) == ["memory", "disk", "inodes", "processes", "open files"]
+        assert list(mechanisms) == [
+            *("memory", "disk", "inodes", "processes", "open files", "kernel memory")
+        ]
+        assert "RLIMIT_SIGPENDING 1024 per call" in mechanisms["kernel memory"]
         assert "nr_inodes=" in mechanisms["inodes"]
         assert "size=" in mechanisms["disk"]
         assert "RLIMIT_AS per process" in mechanisms["memory"]
@@ -313,6 +316,10 @@ def test_doctor_names_each_limits_mechanism(cli: Cli) -> None:
     # The server runs docker's calls, so its watch bounds them; docker-exec has none.
     assert "memory watch" in reports["docker"]["mechanisms"]["memory"]
     assert "turn's own host uid" in reports["docker-exec"]["mechanisms"]["processes"]
+    # As root on this cgroup v1 host the turn's group bounds TCP buffers too; Docker's not.
+    kernel = {name: reports[name]["mechanisms"].get("kernel memory", "") for name in reports}
+    assert ("TCP buffers up to memory_mb" in kernel["bubblewrap"]) is cgroup_here
+    assert "memory watch" not in kernel["docker-exec"]
     text = cli("doctor")
     assert text.returncode == 0, text.stderr
     assert "  limit inodes: the workspace tmpfs's nr_inodes=" in text.stdout

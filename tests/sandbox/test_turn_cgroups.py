@@ -194,3 +194,16 @@ def test_groups_older_nsjail_turns_left_are_swept_when_dead() -> None:
         alive.wait()
         for group in [*live, busy]:
             TurnCgroup((str(group),)).remove()
+
+
+def test_a_turns_memory_group_bounds_its_tcp_buffers() -> None:
+    """Where cgroup v1 has memory.kmem.tcp, a turn's group holds TCP buffers to memory_mb
+    (v1 charges them to no group until a limit is set)."""
+    mounts = _mounts(("memory",))
+    assert collect_host_facts().cgroup_kmem_tcp, "this host's v1 memory controller has kmem.tcp"
+    group = turn_cgroup(mounts, Limits(memory_mb=48))
+    try:
+        limit = Path(group.paths[0], "memory.kmem.tcp.limit_in_bytes").read_text()
+    finally:
+        group.remove()
+    assert int(limit) == 48 << 20

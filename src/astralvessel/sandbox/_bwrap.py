@@ -172,7 +172,7 @@ class Bubblewrap(NamespaceBackend):
 
     def _limit_setup(self, facts: HostFacts) -> Setup:
         if memory_mount(facts) is not None:
-            return Setup(memory_cgroup="cgroup v1")
+            return Setup(memory_cgroup="cgroup v1", tcp_cgroup=facts.cgroup_kmem_tcp)
         why = "not root" if not facts.is_root else "cgroup v1's memory controller is not mounted"
         return Setup(no_cgroup=why)
 

@@ -4,7 +4,9 @@ Where we are root and cgroup v1's controllers are mounted, each turn gets
 ``<controller mount>/astralvessel/turn-<host pid>-<token>`` per controller,
 bounded from the policy's limits (``BOUNDS``): ``memory.limit_in_bytes`` of
 ``memory_mb + disk_mb + SERVER_MEMORY_MB`` (the workspace's tmpfs pages and the
-server are charged too), ``pids.max`` of ``processes + SERVER_PIDS``. The tool
+server are charged too), ``pids.max`` of ``processes + SERVER_PIDS``, and
+where the kernel has it ``memory.kmem.tcp.limit_in_bytes`` of ``memory_mb``
+(``KERNEL_BOUNDS``: v1 keeps TCP buffers in a counter of their own). The tool
 is started through ``/bin/sh`` writing ``0`` (itself) to each group's
 ``tasks`` and then ``exec``-ing it, so every process of the sandbox is born
 inside the groups; moving the tool after it started would race its first
@@ -44,6 +46,7 @@ from ._policy import Limits
 
 __all__ = [
     "BOUNDS",
+    "KERNEL_BOUNDS",
     "SERVER_MEMORY_MB",
     "SERVER_PIDS",
     "TurnCgroup",
@@ -55,6 +58,7 @@ __all__ = [
     "turn_cgroup",
     "turn_memory_bytes",
     "turn_pids",
+    "turn_tcp_bytes",
 ]
 
 #: The folder under each controller's mount that holds every turn's group.
@@ -89,6 +93,19 @@ def turn_pids(limits: Limits) -> int:
 BOUNDS: Mapping[str, tuple[str, Callable[[Limits], int]]] = {
     "memory": ("memory.limit_in_bytes", turn_memory_bytes),
     "pids": ("pids.max", turn_pids),
+}
+
+
+def turn_tcp_bytes(limits: Limits) -> int:
+    """The turn's bound on TCP socket buffers, which cgroup v1 charges apart from its memory."""
+    return limits.memory_mb << 20
+
+
+#: Bounds written where the kernel has the file: v1 charges TCP buffers to no group until
+#: one is set (a call of a turn of memory_mb=64 held 364 MiB of loopback buffers, 63 with
+#: it), and a kernel without kmem accounting has no such file.
+KERNEL_BOUNDS: Mapping[str, tuple[tuple[str, Callable[[Limits], int]], ...]] = {
+    "memory": (("memory.kmem.tcp.limit_in_bytes", turn_tcp_bytes),),
 }
 
 
@@ -265,6 +282,10 @@ def turn_cgroup(mounts: Mapping[str, str], limits: Limits) -> TurnCgroup:
             made.append(path)
             with open(os.path.join(path, limit_file), "w", encoding="ascii") as handle:
                 handle.write(str(bound(limits)))
+            for kernel_file, kernel_bound in KERNEL_BOUNDS.get(controller, ()):
+                if os.path.exists(os.path.join(path, kernel_file)):
+                    with open(os.path.join(path, kernel_file), "w", encoding="ascii") as handle:
+                        handle.write(str(kernel_bound(limits)))
     except BaseException:
         if made:
             TurnCgroup(tuple(made)).remove()

@@ -39,7 +39,9 @@ __all__ = [
     "parse_version",
     "python_runtime",
     "run_for_text",
+    "shared_counters_hint",
     "system_binaries",
+    "tcp_buffers_hint",
     "unenforced_promises",
     "userns_trial",
     "userns_verdict",
@@ -101,6 +103,10 @@ class HostFacts:
     cgroup_v2: str | None = None
     #: Whether some cgroup hierarchy is mounted with ``favordynmods`` (``favordynmods_hint``).
     cgroup_favordynmods: bool = False
+    #: Whether v1's memory controller has ``memory.kmem.tcp.limit_in_bytes`` (``_cgroup``).
+    cgroup_kmem_tcp: bool = False
+    #: ``fs.epoll.max_user_watches``: the watches one host uid may hold (0 if unreadable).
+    epoll_max_user_watches: int = 0
     #: The entries of ``_etc.HOST_ENTRIES`` that exist on this host.
     etc_entries: tuple[str, ...] = ()
     #: Where the synthetic /etc files are written and bound from.
@@ -367,6 +373,45 @@ def favordynmods_hint(facts: HostFacts) -> str | None:
     )
 
 
+#: The kernel's count of epoll watches per host uid.
+EPOLL_WATCHES = "/proc/sys/fs/epoll/max_user_watches"
+#: What one epoll watch pins (as ``server/_kernelmem.EPOLL_WATCH_BYTES`` charges it).
+_EPOLL_WATCH_BYTES = 256
+
+
+def shared_counters_hint(facts: HostFacts) -> str | None:
+    """``doctor``'s hint for an ordinary user: the kernel's per-uid counts every turn shares.
+
+    Each turn runs as the user's own uid, so the kernel's counts per host uid
+    (epoll watches, pipe pages, queued signals) are one for every turn and the
+    host process; the memory watch and the calls' limits bound each turn's share,
+    not their sum.
+    """
+    if facts.is_root:
+        return None
+    watches = facts.epoll_max_user_watches
+    total = f"{watches} watches, about {watches * _EPOLL_WATCH_BYTES >> 20} MiB" if watches else "?"
+    return (
+        "as an ordinary user every turn runs as your uid, and the kernel counts some things per "
+        f"uid for all of them and this process: epoll watches (fs.epoll.max_user_watches: "
+        f"{total}), pipe pages (fs.pipe-user-pages-soft), queued signals. The memory watch charges "
+        "a turn's watches, pipes and socket buffers to its memory_mb and each call may queue 1024 "
+        "signals, so one turn cannot take them all; turns whose memory_mb together pass the "
+        "watches' total still can (see the threat model's 'Kernel memory')"
+    )
+
+
+def tcp_buffers_hint(facts: HostFacts) -> str | None:
+    """``doctor``'s hint for root on cgroup v1 whose memory controller cannot bound TCP buffers."""
+    if not facts.is_root or "memory" not in facts.cgroup_v1 or facts.cgroup_kmem_tcp:
+        return None
+    return (
+        "cgroup v1's memory controller here has no memory.kmem.tcp.limit_in_bytes (a kernel "
+        "without kmem accounting, or booted with cgroup.memory=nokmem): a turn's TCP buffers "
+        "are charged to no group, and only the memory watch, which samples, bounds them"
+    )
+
+
 def collect_host_facts() -> HostFacts:
     """Read the facts about this host that the backends' probes judge."""
     knobs = (
@@ -391,6 +436,9 @@ def collect_host_facts() -> HostFacts:
         cgroup_v1=v1,
         cgroup_v2=v2,
         cgroup_favordynmods=favored,
+        cgroup_kmem_tcp="memory" in v1
+        and os.path.exists(os.path.join(v1["memory"], "memory.kmem.tcp.limit_in_bytes")),
+        epoll_max_user_watches=int(watches) if (watches := _read(EPOLL_WATCHES)) else 0,
         etc_entries=tuple(path for path in HOST_ENTRIES if os.path.exists(path)),
         runtime_dir=runtime_dir(uid),
     )

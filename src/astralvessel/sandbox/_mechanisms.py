@@ -29,6 +29,8 @@ class Setup:
     server: bool = True
     #: Why there is no memory cgroup, when there is none.
     no_cgroup: str = ""
+    #: Whether the turn's v1 memory group also bounds TCP buffers (``memory.kmem.tcp``).
+    tcp_cgroup: bool = False
 
 
 def _memory(setup: Setup) -> str:
@@ -45,6 +47,23 @@ def _memory(setup: Setup) -> str:
     if not setup.memory_cgroup and setup.no_cgroup:
         text += f" (no memory cgroup: {setup.no_cgroup})"
     return text
+
+
+def _kernel_memory(setup: Setup) -> str:
+    parts = []
+    if setup.server:
+        parts.append(
+            "socket buffers, epoll watches and pipes counted by the memory watch (memory_mb)"
+        )
+    if setup.memory_cgroup:
+        tcp = (
+            "TCP buffers up to memory_mb apart (memory.kmem.tcp)"
+            if setup.tcp_cgroup or setup.memory_cgroup == "cgroup v2"
+            else "not TCP buffers"
+        )
+        parts.append(f"the turn's {setup.memory_cgroup} memory group, {tcp}")
+    parts.append("RLIMIT_SIGPENDING 1024 per call")
+    return "; ".join(parts)
 
 
 def _processes(setup: Setup) -> str:
@@ -64,6 +83,7 @@ LIMITS = (
     ("inodes", lambda setup: "the workspace tmpfs's nr_inodes= (one per 2 KiB of disk_mb)"),
     ("processes", _processes),
     ("open files", lambda setup: "RLIMIT_NOFILE per process"),
+    ("kernel memory", _kernel_memory),
 )
 
 

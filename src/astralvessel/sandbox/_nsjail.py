@@ -180,7 +180,11 @@ class Nsjail(NamespaceBackend):
 
     def _limit_setup(self, facts: HostFacts) -> Setup:
         if cgroup_mounts(facts, CONTROLLERS) is not None:
-            return Setup(memory_cgroup="cgroup v1", pids_cgroup="cgroup v1")
+            return Setup(
+                memory_cgroup="cgroup v1",
+                pids_cgroup="cgroup v1",
+                tcp_cgroup=facts.cgroup_kmem_tcp,
+            )
         why = "cgroup v1's memory and pids are not both mounted"
         return Setup(no_cgroup="not root" if not facts.is_root else why)
 

@@ -114,6 +114,7 @@ AF_INET6 = 10
 AF_NETLINK = 16
 NETLINK_ROUTE = 0
 NETLINK_AUDIT = 9
+NETLINK_SOCK_DIAG = 4
 #: Socket families a confined call may create: IP for the sandbox's own loopback
 #: (test servers, local databases) and netlink's route protocol, which getifaddrs,
 #: ``if_nameindex`` and ``ip`` use to list the sandbox's interfaces. Every other
@@ -477,6 +478,20 @@ _NETLINK_ROUTE_ONLY = Rule(
     ),
     why="netlink protocols but route reach the host's audit, uevents and other subsystems",
 )
+#: ``_NETLINK_ROUTE_ONLY`` for the server, whose memory watch also reads sock_diag.
+_NETLINK_ROUTE_AND_DIAG = Rule(
+    syscall="socket",
+    when=AllOf(
+        conditions=(
+            ArgEquals(index=0, name="domain", value=AF_NETLINK),
+            ArgNotIn(index=2, name="protocol", values=(NETLINK_ROUTE, NETLINK_SOCK_DIAG)),
+        )
+    ),
+    why=(
+        "netlink protocols but route and sock_diag (the memory watch's count of the "
+        "sandbox's socket buffers) reach the host's audit, uevents and other subsystems"
+    ),
+)
 
 
 _IPC_WHY = "SysV/POSIX IPC would let a call talk to processes outside its own tree"
@@ -641,7 +656,7 @@ SERVER = DenyList(
             when=ArgNotIn(index=0, name="domain", values=SERVER_SOCKET_FAMILIES),
             why="the server uses unix socket pairs; other families as for calls",
         ),
-        _NETLINK_ROUTE_ONLY,
+        _NETLINK_ROUTE_AND_DIAG,
         _UNIX_PAIRS_ONLY,
     ),
 )

@@ -87,6 +87,7 @@ SERVER_MODULES = (
     "_init",
     "_probe",
     "_rootfs",
+    "_kernelmem",
     "_bounds",
     "_zygote",
     "_paths",

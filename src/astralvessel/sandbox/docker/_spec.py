@@ -30,6 +30,7 @@ import attrs
 
 from .._cgroup import turn_memory_bytes, turn_pids
 from .._policy import AGENT_DIR, EGRESS_DIR, ROOT_DIRS, SYSTEM_DIRS, WORKSPACE_DIR, Policy
+from ..server._launch import SIGNALS_PENDING
 from ._identity import identity_binds
 
 __all__ = [
@@ -389,6 +390,10 @@ def container_spec(
             {"Name": "nofile", "Soft": limits.open_files, "Hard": limits.open_files},
             {"Name": "fsize", "Soft": disk_bytes, "Hard": disk_bytes},
             {"Name": "core", "Soft": 0, "Hard": 0},
+            # As the server sets for each call (_launch.SIGNALS_PENDING): docker-exec's
+            # calls get only the container's.
+            {"Name": "sigpending", "Soft": SIGNALS_PENDING, "Hard": SIGNALS_PENDING},
+            {"Name": "msgqueue", "Soft": 0, "Hard": 0},
         ],
         "pids_limit": turn_pids(limits),
         "mem_limit": memory,

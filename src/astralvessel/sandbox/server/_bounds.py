@@ -13,7 +13,7 @@ from __future__ import annotations
 import errno
 import os
 
-from . import _sys
+from . import _kernelmem, _sys
 
 # mypy reads any ``if TYPE_CHECKING:`` block as taken; the server never imports typing.
 TYPE_CHECKING = False
@@ -166,9 +166,10 @@ def _pipe_bytes(path: str) -> int:
     return _PIPE_PAGE * (min(capacity // _PIPE_PAGE, held) + _PIPE_CACHED_PAGES)
 
 
-def _descriptor_bytes(path: str, seen: set[object]) -> int:
-    """Bytes the descriptor at ``path`` (``/proc/N/fd/M``) holds if it is a memfd or a
-    pipe that no earlier descriptor was charged for; 0 for anything else."""
+def _descriptor_bytes(path: str, seen: set[object], kernel: _kernelmem.Sample) -> int:
+    """Bytes the descriptor at ``path`` (``/proc/N/fd/M``) holds if it is a memfd, a pipe
+    or a socket that no earlier descriptor was charged for, or an epoll's watches; 0 for
+    anything else. ``kernel.sockets`` maps each uncharged socket's inode to its bytes."""
     try:
         target = os.readlink(path)
     except OSError:
@@ -178,6 +179,13 @@ def _descriptor_bytes(path: str, seen: set[object]) -> int:
             return 0
         seen.add(target)
         return _pipe_bytes(path)
+    if target.startswith("socket:["):
+        # Charged once: popped, so what stays in the map is held by no call's descriptor.
+        inode = target[8:-1]
+        return kernel.sockets.pop(int(inode), 0) if inode.isdigit() else 0
+    if target == "anon_inode:[eventpoll]":
+        # Every epoll shares one anonymous inode, so one shared by a fork counts per holder.
+        return _kernelmem.epoll_bytes(path, kernel)
     return _memfd_bytes(path, seen) if target.startswith("/memfd:") else 0
 
 
@@ -193,9 +201,12 @@ def _memfd_bytes(path: str, seen: set[object]) -> int:
     return st.st_blocks * _PAGE
 
 
-def _descriptors(pid: str, seen: set[object], slots: int = 0) -> int | None:
-    """Bytes of the memfd files and pipes ``pid`` holds open that no earlier process was
-    charged for; None if the server can read them neither way (below).
+def _descriptors(
+    pid: str, seen: set[object], slots: int = 0, kernel: _kernelmem.Sample | None = None
+) -> int | None:
+    """Bytes of the memfd files, pipes and sockets ``pid`` holds open that no earlier
+    process was charged for, and of its epoll watches; None if the server can read them
+    neither way (below).
 
     A memfd holds memory whether or not it is mapped, and unmapped pages show in
     no process's PSS; a pipe's buffers are kernel memory that no RSS counts (a
@@ -206,20 +217,23 @@ def _descriptors(pid: str, seen: set[object], slots: int = 0) -> int | None:
     root the server is not, unless it is real root; its descriptors are then
     copied one by one (``_copied_descriptors``), ``slots`` of them at most.
     """
+    kernel = _kernelmem.Sample() if kernel is None else kernel
     total = 0
     base = f"/proc/{pid}/fd"
     try:
         fds = os.listdir(base)
     except PermissionError:
-        return _copied_descriptors(pid, slots, seen)
+        return _copied_descriptors(pid, slots, seen, kernel)
     except OSError:
         return 0  # gone
     for fd in fds:
-        total += _descriptor_bytes(f"{base}/{fd}", seen)
+        total += _descriptor_bytes(f"{base}/{fd}", seen, kernel)
     return total
 
 
-def _copied_descriptors(pid: str, slots: int, seen: set[object]) -> int | None:
+def _copied_descriptors(
+    pid: str, slots: int, seen: set[object], kernel: _kernelmem.Sample | None = None
+) -> int | None:
     """``_descriptors`` for a process whose ``/proc/PID/fd`` the server may not read: each
     of its first ``slots`` descriptors copied in with ``pidfd_getfd``, weighed, closed.
 
@@ -232,6 +246,7 @@ def _copied_descriptors(pid: str, slots: int, seen: set[object]) -> int | None:
     process started from an unreadable file the call did not make, whose memory
     then belongs to a namespace above the server's; or a kernel before 5.6).
     """
+    kernel = _kernelmem.Sample() if kernel is None else kernel
     try:
         pidfd = _sys.pidfd_open(int(pid))
     except OSError as exc:
@@ -246,7 +261,7 @@ def _copied_descriptors(pid: str, slots: int, seen: set[object]) -> int | None:
                     continue  # no descriptor there
                 return total if exc.errno == errno.ESRCH else None
             try:
-                total += _descriptor_bytes(f"/proc/self/fd/{fd}", seen)
+                total += _descriptor_bytes(f"/proc/self/fd/{fd}", seen, kernel)
             finally:
                 os.close(fd)
     finally:
@@ -254,7 +269,14 @@ def _copied_descriptors(pid: str, slots: int, seen: set[object]) -> int | None:
     return total
 
 
-def call_memory(inits: dict[int, int], depth: int, *, precise: bool = False) -> dict[int, int]:
+def call_memory(
+    inits: dict[int, int],
+    depth: int,
+    *,
+    precise: bool = False,
+    weighed: dict[int, int] | None = None,
+    limit: int = 0,
+) -> dict[int, int]:
     """Bytes each running call holds, by call id: every process of its PID namespace.
 
     ``inits`` maps each call's init, by its pid in the zygote's namespace (the
@@ -264,11 +286,16 @@ def call_memory(inits: dict[int, int], depth: int, *, precise: bool = False) -> 
     so each is charged to the init its parents lead to. That takes only
     ``status``, which needs no ptrace access (init is not dumpable). Each
     process counts its RSS, or with ``precise`` its PSS where the kernel has it
-    (never more than the RSS), plus the memfd files and pipes it holds open. A process
+    (never more than the RSS), plus the memfd files, pipes and sockets it holds open and
+    its epoll watches (``_kernelmem``); buffers of sockets no call holds count to the
+    largest call. A process
     that exits while it is read is skipped. A process whose descriptors the server can
     read neither way (``_descriptors``) counts without them: stopping its call for that
     stopped honest calls, since a process is unreadable for a moment between a change of
     uid and its exec, and Docker's default seccomp profile refuses ``pidfd_getfd``.
+    ``weighed`` keeps each process's descriptors' bytes: a second pass given the first's
+    map reuses them (reading a million epoll watches' ``fdinfo`` takes seconds under load).
+    ``limit`` weighs epoll watches (``_kernelmem.Sample``) and bounds how many are read.
     """
     usage = dict.fromkeys(inits.values(), 0)
     parent: dict[int, int] = {}
@@ -291,6 +318,9 @@ def call_memory(inits: dict[int, int], depth: int, *, precise: bool = False) -> 
             # A call's init: pid 1 of its namespace; one level up, the zygote's P line.
             owner[int(name)] = inits[nspid[-2]]
     seen: set[object] = set()
+    weighed = {} if weighed is None else weighed
+    reuse = _UNHELD in weighed
+    kernel = _kernelmem.Sample({} if reuse else _calls_sockets(), limit)
     for pid in parent:
         walk, steps = pid, 0
         while walk not in owner and walk in parent and steps < len(parent):
@@ -305,8 +335,42 @@ def call_memory(inits: dict[int, int], depth: int, *, precise: bool = False) -> 
                 held = _status(str(pid))[2]
             except (OSError, ValueError, IndexError):
                 held = 0
-        usage[call] += held + (_descriptors(str(pid), seen, slots[pid]) or 0)
+        if not reuse:
+            weighed[pid] = _descriptors(str(pid), seen, slots[pid], kernel) or 0
+        usage[call] += held + weighed.get(pid, 0)
+    weighed.setdefault(_UNHELD, sum(kernel.sockets.values()))
+    if usage:
+        # Buffers of sockets no call's descriptor names (in flight inside a unix message,
+        # TCP's orphans, the relay's side of a call's connection): the largest call's.
+        usage[max(usage, key=lambda call: (usage[call], -call))] += weighed[_UNHELD]
     return usage
+
+
+#: ``weighed``'s key for the buffers of sockets no call holds: pid 0 is no process's.
+_UNHELD = 0
+
+
+def _calls_sockets() -> dict[int, int]:
+    """Each socket's buffers in the sandbox but the server's own, by inode."""
+    sockets = _kernelmem.socket_buffers() or {}
+    _forget_own_sockets(sockets)
+    return sockets
+
+
+def _forget_own_sockets(sockets: dict[int, int]) -> None:
+    """Take the server's own sockets (its channel to the host, its zygote's) out of
+    ``sockets``: what they hold is the host's requests, not a call's."""
+    try:
+        names = os.listdir("/proc/self/fd")
+    except OSError:
+        return
+    for name in names:
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue
+        if target.startswith("socket:[") and target[8:-1].isdigit():
+            sockets.pop(int(target[8:-1]), None)
 
 
 def over_limit(usage: dict[int, int], limit: int) -> int | None:
@@ -319,10 +383,12 @@ def over_limit(usage: dict[int, int], limit: int) -> int | None:
 def victim(inits: dict[int, int], depth: int, limit: int) -> tuple[int, list[int]] | None:
     """The call to stop, and ``[held, limit]`` in bytes, when the calls whose inits are
     ``inits`` (init's pid: call id) hold more than ``limit`` together; None if they do not."""
-    usage = call_memory(inits, depth)
+    weighed: dict[int, int] = {}
+    usage = call_memory(inits, depth, weighed=weighed, limit=limit)
     if over_limit(usage, limit) is not None:
-        # The RSS counts pages a fork shares once per process; decide on the PSS.
-        usage = call_memory(inits, depth, precise=True)
+        # The RSS counts pages a fork shares once per process; decide on the PSS (the
+        # descriptors as weighed a moment ago).
+        usage = call_memory(inits, depth, precise=True, weighed=weighed)
     chosen = over_limit(usage, limit)
     return None if chosen is None else (chosen, [sum(usage.values()), limit])
 

@@ -227,6 +227,13 @@ def _child_signals() -> None:
         signal.signal(sig, signal.SIG_DFL)
 
 
+#: Signals a call may have queued (and POSIX timers, each of which holds one queued
+#: ahead). The kernel counts them per uid at every user namespace level up to the host's,
+#: where an ordinary user's turns and the host process share one count (about 96 000 on
+#: a 24 GiB host): a call under the host's limit could take all of it.
+SIGNALS_PENDING = 1024
+
+
 def _apply_limits(limits: dict[str, int]) -> None:
     mib = 1 << 20
     wanted = [
@@ -235,6 +242,9 @@ def _apply_limits(limits: dict[str, int]) -> None:
         (resource.RLIMIT_AS, limits["memory_mb"] * mib),
         (resource.RLIMIT_NPROC, limits["processes"]),
         (resource.RLIMIT_CORE, 0),
+        (resource.RLIMIT_SIGPENDING, SIGNALS_PENDING),
+        # POSIX message queues are refused by the filter; none is the bound besides.
+        (resource.RLIMIT_MSGQUEUE, 0),
     ]
     for which, value in wanted:
         try:
