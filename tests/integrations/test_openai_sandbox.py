@@ -2,7 +2,7 @@
 
 Each test id names its backend. The first group is adapted from the SDK's own
 client tests (openai/openai-agents-python at 7f7a44f8d, MIT licence:
-tests/sandbox/test_unix_local.py); the SDK tests that do not apply, and why,
+tests/sandbox/test_unix_local.py and test_docker.py); the SDK tests that do not apply, and why,
 are listed in docs/integrations/openai-agents-sandbox.md. The rest check what
 the client promises: the manifest materialised, the policy's refusals raised
 as the SDK's own errors before anything runs, and a SandboxAgent run end to
@@ -24,8 +24,10 @@ from agents.sandbox.entries.mounts.patterns import RcloneMountPattern
 from agents.sandbox.errors import (
     ConfigurationError,
     ExecTimeoutError,
+    InvalidManifestPathError,
     MountConfigError,
     SnapshotNotRestorableError,
+    WorkspaceArchiveReadError,
     WorkspaceArchiveWriteError,
     WorkspaceReadNotFoundError,
 )
@@ -77,6 +79,20 @@ async def session(client: VesselSandboxClient) -> AsyncIterator[SandboxSession]:
         await client.delete(session)
 
 
+@pytest.fixture
+async def grant_session(client: VesselSandboxClient, shared: Path) -> AsyncIterator[SandboxSession]:
+    """A started session whose manifest grants the mounted /data, read-only."""
+    manifest = Manifest(
+        extra_path_grants=(SandboxPathGrant(path="/data", host_path=str(shared), read_only=True),)
+    )
+    session = await client.create(manifest=manifest, options=None)
+    try:
+        async with session:
+            yield session
+    finally:
+        await client.delete(session)
+
+
 # -- adapted from the SDK's tests/sandbox/test_unix_local.py --------------------------------
 
 
@@ -89,6 +105,88 @@ async def test_rejects_host_path_before_creating_workspace(
     )
     with pytest.raises(MountConfigError, match="does not mount"):
         await client.create(manifest=manifest, snapshot=None, options=None)
+
+
+# -- adapted from the SDK's tests/sandbox/test_docker.py: a host-backed fake container there,
+# -- a real turn here; the grant's /tmp is /data, the folder this policy mounts
+
+
+async def test_read_and_write_reject_paths_outside_workspace_root(session: SandboxSession) -> None:
+    """A path that climbs out of the root is refused by the SDK's check, read and write."""
+    with pytest.raises(InvalidManifestPathError, match="must not escape root"):
+        await session.read(Path("../secret.txt"))
+    with pytest.raises(InvalidManifestPathError, match="must not escape root"):
+        await session.write(Path("../secret.txt"), io.BytesIO(b"nope"))
+
+
+async def test_read_returns_file_bytes(session: SandboxSession) -> None:
+    """read returns the file's bytes exactly, NUL included."""
+    await session.exec("printf 'hello\\000world' > hello.bin")
+    assert (await session.read(Path("hello.bin"))).read() == b"hello\x00world"
+
+
+async def test_read_missing_path_raises_not_found_error(session: SandboxSession) -> None:
+    """A missing file raises the SDK's WorkspaceReadNotFoundError."""
+    with pytest.raises(WorkspaceReadNotFoundError):
+        await session.read(Path("missing.txt"))
+
+
+async def test_read_existing_unreadable_path_raises_archive_error(session: SandboxSession) -> None:
+    """A folder where a file was expected raises the SDK's WorkspaceArchiveReadError."""
+    await session.exec("mkdir directory")
+    with pytest.raises(WorkspaceArchiveReadError):
+        await session.read(Path("directory"))
+
+
+async def test_write_rejects_read_only_extra_path_grant(grant_session: SandboxSession) -> None:
+    """A write under a read-only grant is refused with the SDK's context."""
+    with pytest.raises(WorkspaceArchiveWriteError) as exc_info:
+        await grant_session.write(Path("/data/result.txt"), io.BytesIO(b"scratch output"))
+    assert str(exc_info.value) == "failed to write archive for path: /data/result.txt"
+    assert exc_info.value.context == {
+        "path": "/data/result.txt",
+        "reason": "read_only_extra_path_grant",
+        "grant_path": "/data",
+    }
+
+
+async def test_write_rejects_workspace_symlink_to_read_only_extra_path_grant(
+    grant_session: SandboxSession,
+) -> None:
+    """A write through a workspace link into a read-only grant is refused, resolved path named."""
+    await grant_session.exec("ln", "-s", "/data", "/workspace/tmp-link", shell=False)
+    with pytest.raises(WorkspaceArchiveWriteError) as exc_info:
+        await grant_session.write(Path("tmp-link/result.txt"), io.BytesIO(b"scratch output"))
+    assert str(exc_info.value) == "failed to write archive for path: /workspace/tmp-link/result.txt"
+    assert exc_info.value.context == {
+        "path": "/workspace/tmp-link/result.txt",
+        "reason": "read_only_extra_path_grant",
+        "grant_path": "/data",
+        "resolved_path": "/data/result.txt",
+    }
+
+
+async def test_rm_unlinks_safe_internal_leaf_symlink(session: SandboxSession) -> None:
+    """rm of a link inside the workspace removes the link, not its target."""
+    await session.exec("printf hello > target.txt && ln -s target.txt link.txt")
+    await session.rm(Path("link.txt"))
+    assert (await session.read(Path("target.txt"))).read() == b"hello"
+    assert (await session.exec("test -L link.txt")).exit_code == 1
+
+
+async def test_workspace_file_ops_reject_symlink_escape(session: SandboxSession) -> None:
+    """Every file operation through a link out of the workspace is refused."""
+    await session.exec("ln", "-s", "/etc", "/workspace/link", shell=False)
+    with pytest.raises(InvalidManifestPathError, match="must not escape root"):
+        await session.read(Path("link/hostname"))
+    with pytest.raises(InvalidManifestPathError, match="must not escape root"):
+        await session.write(Path("link/secret.txt"), io.BytesIO(b"overwrite"))
+    with pytest.raises(InvalidManifestPathError, match="must not escape root"):
+        await session.ls(Path("link"))
+    with pytest.raises(InvalidManifestPathError, match="must not escape root"):
+        await session.mkdir(Path("link/newdir"), parents=True)
+    with pytest.raises(InvalidManifestPathError, match="must not escape root"):
+        await session.rm(Path("link/hostname"))
 
 
 # -- the client's own promises ---------------------------------------------------------------
@@ -138,30 +236,16 @@ async def test_manifest_is_materialised(client: VesselSandboxClient, shared: Pat
         await client.delete(session)
 
 
-async def test_read_of_a_missing_file_is_the_sdks_not_found(session: SandboxSession) -> None:
-    """A missing file raises the SDK's WorkspaceReadNotFoundError."""
-    with pytest.raises(WorkspaceReadNotFoundError):
-        await session.read(Path("missing.txt"))
-
-
-async def test_write_the_policy_refuses_is_the_sdks_write_error(
-    client: VesselSandboxClient, shared: Path
-) -> None:
-    """A write into a read-only mount raises the SDK's write error, also through a link."""
-    manifest = Manifest(
-        extra_path_grants=(SandboxPathGrant(path="/data", host_path=str(shared), read_only=True),)
-    )
+async def test_a_grant_does_not_widen_the_policy(client: VesselSandboxClient) -> None:
+    """A path grant lets the SDK's checks through; the policy still refuses underneath."""
+    manifest = Manifest(extra_path_grants=(SandboxPathGrant(path="/etc"),))
     session = await client.create(manifest=manifest, options=None)
     try:
         async with session:
-            with pytest.raises(WorkspaceArchiveWriteError):  # the SDK's own check
-                await session.write(Path("/data/planted.txt"), io.BytesIO(b"x"))
-            # A link the SDK's lexical check lets through: the policy refuses underneath.
-            await session.exec("ln", "-s", "/data", "/workspace/linked", shell=False)
             with pytest.raises(WorkspaceArchiveWriteError) as refused:
-                await session.write(Path("linked/planted.txt"), io.BytesIO(b"x"))
+                await session.write(Path("/etc/planted"), io.BytesIO(b"x"))
             assert isinstance(refused.value.__cause__, PermissionError)
-            assert not (shared / "planted.txt").exists()
+            assert (await session.exec("test -e /etc/planted")).exit_code == 1
     finally:
         await client.delete(session)
 

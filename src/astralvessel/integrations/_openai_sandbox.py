@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import io
 import uuid
-from pathlib import Path, PurePosixPath
+from pathlib import Path, PurePath, PurePosixPath
 from typing import TYPE_CHECKING, Literal
 
 from agents.sandbox.entries import Mount as SdkMount
@@ -36,6 +36,7 @@ from agents.sandbox.errors import (
 from agents.sandbox.manifest import Manifest
 from agents.sandbox.session import SandboxSession, SandboxSessionState
 from agents.sandbox.session.base_sandbox_session import BaseSandboxSession
+from agents.sandbox.session.runtime_helpers import RuntimeHelperScript
 from agents.sandbox.session.sandbox_client import BaseSandboxClient, BaseSandboxClientOptions
 from agents.sandbox.snapshot import NoopSnapshot, SnapshotBase, SnapshotSpec, resolve_snapshot
 from agents.sandbox.types import ExecResult, User
@@ -131,6 +132,7 @@ class VesselSandboxSession(BaseSandboxSession):
         self.state = state
         self.turn = turn
         self._running = False
+        self._helpers: dict[str, RuntimeHelperScript] = {}
 
     async def _prepare_backend_workspace(self) -> None:
         # The turn's workspace exists from its start; the first exec starts the sandbox.
@@ -145,6 +147,22 @@ class VesselSandboxSession(BaseSandboxSession):
     async def _shutdown_backend(self) -> None:
         self._running = False
         await self.turn.aclose()
+
+    async def _ensure_runtime_helper_installed(self, helper: RuntimeHelperScript) -> PurePath:
+        # The SDK installs its helpers under /tmp, which the policy keeps read-only; each is
+        # a shell script, so it runs inline instead (see _inline), installed nowhere.
+        self._helpers[str(helper.install_path)] = helper
+        return helper.install_path
+
+    async def _validate_path_access(self, path: Path | str, *, for_write: bool = False) -> Path:
+        # Resolved in the sandbox, links included, as the SDK's Docker client does: ls, mkdir
+        # and rm through a link out of the root and its grants are refused like read and write.
+        return await self._validate_remote_path_access(path, for_write=for_write)
+
+    def _inline(self, argv: list[str]) -> list[str]:
+        """A helper's command as ``sh -c SCRIPT``, the SDK's other commands as they are."""
+        helper = self._helpers.get(argv[0]) if argv else None
+        return argv if helper is None else ["sh", "-c", helper.content, argv[0], *argv[1:]]
 
     async def exec(
         self,
@@ -165,7 +183,7 @@ class VesselSandboxSession(BaseSandboxSession):
 
     async def _run(self, argv: list[str], *, timeout: float | None, user: str | None) -> ExecResult:
         try:
-            result = await self.turn.aexec(argv, timeout=timeout, user=user)
+            result = await self.turn.aexec(self._inline(argv), timeout=timeout, user=user)
         except SandboxError as error:
             raise ExecTransportError(
                 command=argv, cause=error, message=f"the sandbox ended: {error}"
@@ -176,7 +194,7 @@ class VesselSandboxSession(BaseSandboxSession):
 
     async def read(self, path: Path, *, user: str | User | None = None) -> io.IOBase:
         """The file's bytes, read by the sandbox's file worker as the calls' user."""
-        target = self.normalize_path(path)
+        target = await self._validate_path_access(path)
         try:
             return io.BytesIO(await self.turn.aread_file(str(target)))
         except SandboxFileNotFoundError as error:
@@ -186,7 +204,7 @@ class VesselSandboxSession(BaseSandboxSession):
 
     async def write(self, path: Path, data: io.IOBase, *, user: str | User | None = None) -> None:
         """Replace the file with ``data``'s bytes, in a place the policy lets the calls write."""
-        target = self.normalize_path(path, for_write=True)
+        target = await self._validate_path_access(path, for_write=True)
         payload = data.read()
         if not isinstance(payload, bytes | bytearray):
             raise WorkspaceWriteTypeError(path=target, actual_type=type(payload).__name__)
