@@ -28,6 +28,7 @@ from .errors import SandboxIsADirectoryError as SandboxIsADirectoryError
 from .errors import SandboxNotADirectoryError as SandboxNotADirectoryError
 from .errors import SandboxPermissionError as SandboxPermissionError
 from .errors import SearchError as SearchError
+from .errors import SnapshotError as SnapshotError
 from .errors import ToolError as ToolError
 from .errors import ToolRegistrationError as ToolRegistrationError
 from .errors import TransportError as TransportError
@@ -134,6 +135,7 @@ __all__ = [
     "Scope",
     "SearchError",
     "Service",
+    "SnapshotError",
     "ToolError",
     "ToolKind",
     "ToolRegistrationError",
