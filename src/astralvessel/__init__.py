@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     __version__: str
 
     from ._exec import Listing as Listing
+    from ._snapshot._value import TurnSnapshot as TurnSnapshot
     from .agent import Agent as Agent
     from .agent import Service as Service
     from .executor import Executor as Executor
@@ -62,6 +63,7 @@ _HOMES: dict[str, str] = {
     "Service": ".agent",
     "Executor": ".executor",
     "Turn": ".executor",
+    "TurnSnapshot": "._snapshot._value",
     "Registry": ".registry",
     "OutboxFile": ".results",
     "ToolResult": ".results",
@@ -144,6 +146,7 @@ __all__ = [
     "TransportError",
     "Turn",
     "TurnClosedError",
+    "TurnSnapshot",
     "UsageError",
     "__version__",
 ]

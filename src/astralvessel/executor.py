@@ -32,14 +32,19 @@ from ._executor_args import (
     check_scopes,
     check_searcher,
     check_services,
+    check_snapshot,
+    check_snapshot_budget,
     check_texts,
     check_timeout,
 )
 from ._network import WarmNetwork, start_proxy
 from ._plans import Call, Plan, TurnContext
 from ._runners import plan_call
+from ._snapshot._capture import capture, restore
+from ._snapshot._store import MIB, Budget
+from ._snapshot._value import TurnSnapshot
 from ._warm import WarmPool, check_warm
-from .errors import SandboxError, TurnClosedError, UsageError
+from .errors import SandboxError, SnapshotError, TurnClosedError, UsageError
 from .results import ToolResult, render_refusal, render_sandbox_died
 from .sandbox._api import (
     DetachedProcess,
@@ -127,6 +132,7 @@ class Executor:
         outbox_dir: str | os.PathLike[str] | None = None,
         network_allow: Iterable[str] | None = None,
         uid_range: UidRange | str | None = None,
+        snapshot_budget_mb: int = 4096,
     ) -> None:
         registry = check_registry(registry)
         agent = registry.agent
@@ -169,6 +175,8 @@ class Executor:
         self.services: dict[str, Callable[..., Any]] = check_services(services)
         #: The web Transport service tools post through (the stdlib one when None).
         self.service_transport: Transport | AsyncTransport | None = service_transport
+        #: The bytes of snapshots this executor's turns took that are still alive (its budget).
+        self.snapshots = Budget(check_snapshot_budget(snapshot_budget_mb) * MIB)
         self._warm: WarmPool | None = None
         self._release: Callable[[], None] = _nothing
         #: Starts warm sandboxes with their turns' egress proxies (a network and warm= only).
@@ -184,9 +192,13 @@ class Executor:
             # Warm sandboxes of an executor nobody closed die when it is collected.
             self._release = weakref.finalize(self, self._warm.close)
 
-    def turn(self) -> Turn:
-        """Open one turn: a context manager (``with`` or ``async with``) owning one sandbox."""
-        return Turn(self)
+    def turn(self, snapshot: TurnSnapshot | None = None) -> Turn:
+        """Open one turn: a context manager (``with`` or ``async with``) owning one sandbox.
+
+        Given a ``snapshot``, the turn's workspace starts as the snapshot's files
+        (copied in when its sandbox starts); its writes never change the snapshot.
+        """
+        return Turn(self, snapshot=check_snapshot(snapshot))
 
     def wait_warm(self, timeout: float | None = None) -> bool:
         """Block until every warm sandbox is started; False if ``timeout`` passed first.
@@ -285,9 +297,11 @@ class Turn:
     lost, and the turn's next call starts a fresh sandbox.
     """
 
-    def __init__(self, executor: Executor) -> None:
+    def __init__(self, executor: Executor, *, snapshot: TurnSnapshot | None = None) -> None:
         self.executor = executor
         self._context = executor._turn_context()
+        #: The files every sandbox of this turn starts with (None: an empty workspace).
+        self.snapshot_source = snapshot
         self._session: SandboxSession | None = None
         #: The turn's egress proxy, started with its first sandbox when the policy allows a network.
         self._proxy: EgressProxy | None = None
@@ -386,6 +400,14 @@ class Turn:
     def _start_session(self) -> tuple[SandboxSession, EgressProxy | None]:
         """Start the turn's sandbox (and its proxy, the first time); the caller holds the lock."""
         session, proxy = self.executor._start_session(self._proxy)
+        if self.snapshot_source is not None:
+            try:
+                self._restore(session, self.snapshot_source)
+            except BaseException:
+                session.close()
+                if proxy is not None and proxy is not self._proxy:
+                    proxy.close()
+                raise
         # A turn dropped without close still ends its sandbox and stops its proxy's thread
         # when it is collected: each would otherwise live as long as the host. The callbacks
         # hold the session and proxy, never the turn. Not at exit: the sandbox dies with the
@@ -604,6 +626,85 @@ class Turn:
         """Async twin of ``list_dir``."""
         return await self._adrive(_exec.list_plan(path, timeout=self._file_timeout(), limit=limit))
 
+    # -- snapshots --------------------------------------------------------------------------
+
+    def snapshot(self) -> TurnSnapshot:
+        """The turn's files now, as an immutable value: open turns from it with
+        ``executor.turn(snapshot=...)``, or ``save`` it.
+
+        Files, not processes: the workspace (the per-call outbox aside), taken
+        between calls. Not captured: running or detached processes (they keep
+        running; a file one writes meanwhile may be caught half-written, or
+        refuse the snapshot if it changes while read), the egress proxy's
+        connections, the leased identity, the host's mounts. It counts against
+        the executor's ``snapshot_budget_mb`` while it is alive. Raises
+        ``SnapshotError`` for files a snapshot cannot keep (a fifo, a socket, a
+        device, more names or bytes than the bounds) and ``UsageError`` under
+        ``writable_root``, whose root's changes are not captured.
+        """
+        return self._drive(self._capture_plan())
+
+    async def asnapshot(self) -> TurnSnapshot:
+        """Async twin of ``snapshot``."""
+        return await self._adrive(self._capture_plan())
+
+    def fork(self, n: int) -> list[Turn]:
+        """``n`` new turns whose files start as this turn's now; this turn goes on.
+
+        One snapshot, then ``n`` turns opened from it, each with its own sandbox
+        (started on its first use), identity, limits and workspace: a fork's
+        writes reach neither its siblings nor this turn. Processes are not
+        carried. Raises what ``snapshot`` raises.
+        """
+        count = _fork_count(n)
+        snapshot = self.snapshot()
+        return [Turn(self.executor, snapshot=snapshot) for _ in range(count)]
+
+    async def afork(self, n: int) -> list[Turn]:
+        """Async twin of ``fork``."""
+        count = _fork_count(n)
+        snapshot = await self.asnapshot()
+        return [Turn(self.executor, snapshot=snapshot) for _ in range(count)]
+
+    def _capture_plan(self) -> Generator[FsRequest, FsReply, TurnSnapshot]:
+        policy = self._context.policy
+        if policy.writable_root:
+            raise UsageError(
+                "Turn.snapshot: a turn with writable_root changes its root too, which a "
+                "snapshot does not capture yet; snapshot a turn without it"
+            )
+        budget = self.executor.snapshots
+        return capture(
+            timeout=self._file_timeout(),
+            max_bytes=budget.limit_bytes,
+            max_files=policy.limits.workspace_inodes,
+            budget=budget,
+        )
+
+    def _restore(self, session: SandboxSession, snapshot: TurnSnapshot) -> None:
+        """Make the snapshot's files in a fresh sandbox's workspace (the caller holds the lock)."""
+        limits = self._context.policy.limits
+        if (
+            snapshot.total_bytes > limits.disk_mb * MIB
+            or snapshot.file_count >= limits.workspace_inodes
+        ):
+            raise SnapshotError(
+                f"the snapshot's {snapshot.file_count} names and {snapshot.total_bytes} bytes do "
+                f"not fit this turn's workspace ({limits.disk_mb} MiB, "
+                f"{limits.workspace_inodes} names: Limits.disk_mb)"
+            )
+        plan = restore(snapshot, timeout=self._file_timeout())
+        try:
+            request = next(plan)
+        except StopIteration:
+            return
+        while True:
+            reply = session.fs(request)
+            try:
+                request = plan.send(reply)
+            except StopIteration:
+                return
+
     def _exec_plan(  # noqa: PLR0917 - exec's own arguments, passed on as they came
         self, argv: object, input: object, cwd: object, env: object, timeout: object, user: object
     ) -> Generator[FsRequest, FsReply, ExecRequest | ExecResult]:
@@ -720,6 +821,12 @@ class Turn:
             backend=self._context.backend if sandboxed else None,
             policy_id=self._context.policy_id if sandboxed else None,
         )
+
+
+def _fork_count(n: object) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise UsageError(f"Turn.fork takes a whole number of turns above 0, not {n!r}")
+    return n
 
 
 def _nothing() -> None:
