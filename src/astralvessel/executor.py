@@ -105,6 +105,10 @@ class Executor:
     turns lease their own host uid from, one live turn per uid across every
     process on the host; without it, ``$ASTRALVESSEL_UID_RANGE``, else
     2013265920-2013331455 (see the threat model, "Identity and budget").
+    ``snapshot`` (a ``TurnSnapshot``) is the files every turn starts with,
+    warm ones included, unless ``turn(snapshot=...)`` names another.
+    ``snapshot_budget_mb`` bounds the snapshots this executor's turns take
+    that are still alive (4096 MiB); one past it raises ``SnapshotError``.
     A value of the wrong type or out of range for any argument (a bare string
     for a list, ``limits`` as a dict, ``timeout_seconds`` of 0, NaN or text)
     raises ``UsageError`` naming the argument, before any sandbox starts.
@@ -133,6 +137,7 @@ class Executor:
         network_allow: Iterable[str] | None = None,
         uid_range: UidRange | str | None = None,
         snapshot_budget_mb: int = 4096,
+        snapshot: TurnSnapshot | None = None,
     ) -> None:
         registry = check_registry(registry)
         agent = registry.agent
@@ -176,29 +181,50 @@ class Executor:
         #: The web Transport service tools post through (the stdlib one when None).
         self.service_transport: Transport | AsyncTransport | None = service_transport
         #: The bytes of snapshots this executor's turns took that are still alive (its budget).
-        self.snapshots = Budget(check_snapshot_budget(snapshot_budget_mb) * MIB)
+        self.snapshot_budget = Budget(check_snapshot_budget(snapshot_budget_mb) * MIB)
+        #: The files every turn opened without a snapshot of its own starts with (warm ones too).
+        self.snapshot: TurnSnapshot | None = check_snapshot(snapshot)
         self._warm: WarmPool | None = None
         self._release: Callable[[], None] = _nothing
         #: Starts warm sandboxes with their turns' egress proxies (a network and warm= only).
         self._network: WarmNetwork | None = None
-        if check_warm(warm) and self.policy.network_allow:
-            network = self._network = WarmNetwork(self.sandbox, self.policy, self.fetcher)
-            self._warm = WarmPool(
-                self.sandbox, self.policy, warm, start=network.start, discard=network.discard
-            )
-        elif check_warm(warm):
-            self._warm = WarmPool(self.sandbox, self.policy, warm)
+        if check_warm(warm):
+            self._warm = self._warm_pool(warm)
         if self._warm is not None:
             # Warm sandboxes of an executor nobody closed die when it is collected.
             self._release = weakref.finalize(self, self._warm.close)
 
+    def _warm_pool(self, size: int) -> WarmPool:
+        """The pool of ``size`` sandboxes started ahead, each with the executor's snapshot."""
+        start: Callable[[], SandboxSession] = lambda: self.sandbox.start(self.policy)  # noqa: E731
+        discard: Callable[[SandboxSession], None] = lambda session: session.close()  # noqa: E731
+        if self.policy.network_allow:
+            network = self._network = WarmNetwork(self.sandbox, self.policy, self.fetcher)
+            start, discard = network.start, network.discard
+        snapshot = self.snapshot
+        if snapshot is None:
+            return WarmPool(self.sandbox, self.policy, size, start=start, discard=discard)
+
+        def start_restored() -> SandboxSession:
+            session = start()
+            try:
+                self._restore(session, snapshot)
+            except BaseException:
+                discard(session)
+                raise
+            return session
+
+        return WarmPool(self.sandbox, self.policy, size, start=start_restored, discard=discard)
+
     def turn(self, snapshot: TurnSnapshot | None = None) -> Turn:
         """Open one turn: a context manager (``with`` or ``async with``) owning one sandbox.
 
-        Given a ``snapshot``, the turn's workspace starts as the snapshot's files
-        (copied in when its sandbox starts); its writes never change the snapshot.
+        Its workspace starts as ``snapshot``'s files, or the executor's own
+        ``snapshot``'s when it has one (copied in as its sandbox starts); its
+        writes never change the snapshot.
         """
-        return Turn(self, snapshot=check_snapshot(snapshot))
+        chosen = check_snapshot(snapshot)
+        return Turn(self, snapshot=self.snapshot if chosen is None else chosen)
 
     def wait_warm(self, timeout: float | None = None) -> bool:
         """Block until every warm sandbox is started; False if ``timeout`` passed first.
@@ -234,32 +260,66 @@ class Executor:
         await self.aclose()
 
     def _start_session(
-        self, proxy: EgressProxy | None = None
+        self, proxy: EgressProxy | None = None, snapshot: TurnSnapshot | None = None
     ) -> tuple[SandboxSession, EgressProxy | None]:
         """A running sandbox for one turn, and the turn's egress proxy when it has a network.
 
-        A warm sandbox if one is ready (with the proxy it was started with), else
-        one started now. ``proxy`` is the turn's own when an earlier sandbox of
-        the turn died: the turn keeps it, so its bounds stay the turn's.
+        A warm sandbox if one is ready (with the proxy it was started with, and
+        the executor's snapshot), else one started now, with ``snapshot``'s
+        files. ``proxy`` is the turn's own when an earlier sandbox of the turn
+        died: the turn keeps it, so its bounds stay the turn's.
         """
         pool = self._warm
         if proxy is None and pool is not None and pool.policy == self.policy:
-            session = pool.take()
+            session = pool.take() if snapshot == self.snapshot else None
             if session is not None:
                 network = self._network
                 return session, None if network is None else network.claim(session)
         started = proxy
         if started is None:
             started = start_proxy(self.policy, self.fetcher)
-        if started is None:
-            return self.sandbox.start(self.policy), None
         try:
-            policy = attrs.evolve(self.policy, egress_socket=started.socket_path)
-            return self.sandbox.start(policy), started
+            if started is None:
+                session = self.sandbox.start(self.policy)
+            else:
+                session = self.sandbox.start(
+                    attrs.evolve(self.policy, egress_socket=started.socket_path)
+                )
         except BaseException:
-            if started is not proxy:
+            if started is not None and started is not proxy:
                 started.close()
             raise
+        if snapshot is not None:
+            try:
+                self._restore(session, snapshot)
+            except BaseException:
+                session.close()
+                if started is not None and started is not proxy:
+                    started.close()
+                raise
+        return session, started
+
+    def _restore(self, session: SandboxSession, snapshot: TurnSnapshot) -> None:
+        """Make the snapshot's files in a fresh sandbox's workspace."""
+        limits = self.policy.limits
+        inodes = limits.workspace_inodes
+        if snapshot.total_bytes > limits.disk_mb * MIB or snapshot.file_count >= inodes:
+            raise SnapshotError(
+                f"the snapshot's {snapshot.file_count} names and {snapshot.total_bytes} bytes do "
+                f"not fit this turn's workspace ({limits.disk_mb} MiB, {inodes} names: "
+                "Limits.disk_mb)"
+            )
+        plan = restore(snapshot, timeout=max(self.timeout_seconds, 30.0))
+        try:
+            request = next(plan)
+        except StopIteration:
+            return
+        while True:
+            reply = session.fs(request)
+            try:
+                request = plan.send(reply)
+            except StopIteration:
+                return
 
     def allowed(self, name: str) -> bool:
         """Whether the model may call ``name``: registered and within the granted scopes."""
@@ -399,15 +459,7 @@ class Turn:
 
     def _start_session(self) -> tuple[SandboxSession, EgressProxy | None]:
         """Start the turn's sandbox (and its proxy, the first time); the caller holds the lock."""
-        session, proxy = self.executor._start_session(self._proxy)
-        if self.snapshot_source is not None:
-            try:
-                self._restore(session, self.snapshot_source)
-            except BaseException:
-                session.close()
-                if proxy is not None and proxy is not self._proxy:
-                    proxy.close()
-                raise
+        session, proxy = self.executor._start_session(self._proxy, self.snapshot_source)
         # A turn dropped without close still ends its sandbox and stops its proxy's thread
         # when it is collected: each would otherwise live as long as the host. The callbacks
         # hold the session and proxy, never the turn. Not at exit: the sandbox dies with the
@@ -673,37 +725,13 @@ class Turn:
                 "Turn.snapshot: a turn with writable_root changes its root too, which a "
                 "snapshot does not capture yet; snapshot a turn without it"
             )
-        budget = self.executor.snapshots
+        budget = self.executor.snapshot_budget
         return capture(
             timeout=self._file_timeout(),
             max_bytes=budget.limit_bytes,
             max_files=policy.limits.workspace_inodes,
             budget=budget,
         )
-
-    def _restore(self, session: SandboxSession, snapshot: TurnSnapshot) -> None:
-        """Make the snapshot's files in a fresh sandbox's workspace (the caller holds the lock)."""
-        limits = self._context.policy.limits
-        if (
-            snapshot.total_bytes > limits.disk_mb * MIB
-            or snapshot.file_count >= limits.workspace_inodes
-        ):
-            raise SnapshotError(
-                f"the snapshot's {snapshot.file_count} names and {snapshot.total_bytes} bytes do "
-                f"not fit this turn's workspace ({limits.disk_mb} MiB, "
-                f"{limits.workspace_inodes} names: Limits.disk_mb)"
-            )
-        plan = restore(snapshot, timeout=self._file_timeout())
-        try:
-            request = next(plan)
-        except StopIteration:
-            return
-        while True:
-            reply = session.fs(request)
-            try:
-                request = plan.send(reply)
-            except StopIteration:
-                return
 
     def _exec_plan(  # noqa: PLR0917 - exec's own arguments, passed on as they came
         self, argv: object, input: object, cwd: object, env: object, timeout: object, user: object

@@ -209,6 +209,8 @@ _SNAPSHOT_TESTS = (
     "test_a_sparse_file_counts_its_holes",
     "test_a_snapshot_past_the_turns_disk_is_refused",
     "test_wrong_arguments_are_the_hosts_mistake",
+    "test_warm_turns_start_with_the_executors_snapshot",
+    "test_a_saved_snapshot_opens_in_another_process",
 )
 DECLARED_UNKEPT["docker-exec"].update(
     dict.fromkeys(

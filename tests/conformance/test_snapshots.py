@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -129,7 +131,7 @@ def test_a_fifo_is_refused_by_name(executor: Executor):
         _run(turn, "mkdir /workspace/d && mkfifo /workspace/d/pipe")
         with pytest.raises(SnapshotError, match="'d/pipe' is a fifo"):
             turn.snapshot()
-        assert executor.snapshots.used_bytes == 0
+        assert executor.snapshot_budget.used_bytes == 0
         _run(turn, "rm /workspace/d/pipe")
         assert turn.snapshot().file_count == 1
 
@@ -185,13 +187,13 @@ def test_the_budget_refuses_a_snapshot_past_it(backend: Sandbox, agent_dir: Path
     with executor, executor.turn() as turn:
         _run(turn, "head -c 2097152 /dev/zero > /workspace/two")
         kept = turn.snapshot()
-        assert executor.snapshots.used_bytes == 2 << 20
+        assert executor.snapshot_budget.used_bytes == 2 << 20
         with pytest.raises(SnapshotError, match=r"budget of 3\.0 MiB"):
             turn.snapshot()
         path = kept.path
         del kept
         assert not path.exists()
-        assert executor.snapshots.used_bytes == 0
+        assert executor.snapshot_budget.used_bytes == 0
         assert turn.snapshot().total_bytes == 2 << 20
 
 
@@ -229,3 +231,48 @@ def test_wrong_arguments_are_the_hosts_mistake(executor: Executor, turn: Turn):
         with pytest.raises(UsageError, match="whole number of turns"):
             turn.fork(count)  # type: ignore[arg-type]
     assert isinstance(turn.snapshot(), TurnSnapshot)
+
+
+def test_warm_turns_start_with_the_executors_snapshot(
+    backend: Sandbox, agent_dir: Path, data_dir: Path, executor: Executor
+):
+    """``Executor(warm=N, snapshot=s)`` keeps sandboxes ready with s's files, one per turn."""
+    with executor.turn() as turn:
+        _run(turn, "echo ready > /workspace/f")
+        snapshot = turn.snapshot()
+    warm = _executor(backend, agent_dir, data_dir, warm=2, snapshot=snapshot)
+    with warm:
+        assert warm.wait_warm(120)
+        with warm.turn() as first, warm.turn() as second:
+            _run(first, "echo first >> /workspace/f")
+            assert _run(second, "cat /workspace/f") == "ready\n"
+            assert _run(first, "cat /workspace/f") == "ready\nfirst\n"
+
+
+def test_a_saved_snapshot_opens_in_another_process(executor: Executor, tmp_path: Path):
+    """A snapshot saved here is loaded, checked and opened as a turn by a separate Python."""
+    with executor.turn() as turn:
+        _run(turn, "mkdir -p /workspace/d && echo saved > /workspace/d/f && ln -s d/f /workspace/l")
+        snapshot = turn.snapshot()
+    saved = tmp_path / "turn.snapshot"
+    snapshot.save(saved)
+    saved.chmod(0o644)
+    script = (
+        "import sys\n"
+        "from astralvessel import Executor, Registry, TurnSnapshot\n"
+        "loaded = TurnSnapshot.load(sys.argv[1])\n"
+        "print(loaded.content_id)\n"
+        "with Executor(Registry(), sandbox=sys.argv[2]) as executor:\n"
+        "    with executor.turn(snapshot=loaded) as turn:\n"
+        "        print(turn.exec(['cat', '/workspace/l']).stdout.decode(), end='')\n"
+    )
+    name = executor.sandbox.name
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(saved), name],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{snapshot.content_id}\nsaved\n"
