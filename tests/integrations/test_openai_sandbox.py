@@ -26,13 +26,13 @@ from agents.sandbox.errors import (
     ExecTimeoutError,
     InvalidManifestPathError,
     MountConfigError,
-    SnapshotNotRestorableError,
+    SnapshotRestoreError,
     WorkspaceArchiveReadError,
     WorkspaceArchiveWriteError,
     WorkspaceReadNotFoundError,
 )
 from agents.sandbox.session import SandboxSession
-from agents.sandbox.snapshot import LocalSnapshotSpec, NoopSnapshotSpec
+from agents.sandbox.snapshot import LocalSnapshotSpec
 from agents.sandbox.types import User
 from agents.testing import ScriptedModel, assistant_message, function_call
 
@@ -318,16 +318,48 @@ async def test_what_the_policy_refuses_is_refused_before_anything_runs(
         await client.create(manifest=manifest, options=None)
 
 
-async def test_snapshots_are_refused_until_turn_snapshots(
+async def test_persist_and_resume_restore_the_workspace(
     client: VesselSandboxClient, tmp_path: Path
 ) -> None:
-    """A persisting snapshot is refused at create, and resume with it, naming the way out."""
-    with pytest.raises(SnapshotNotRestorableError) as refused:
-        await client.create(snapshot=LocalSnapshotSpec(base_path=tmp_path), options=None)
-    assert "NoopSnapshotSpec" in str(refused.value.context)
+    """A session's workspace, persisted as a turn snapshot at stop, comes back on resume."""
+    session = await client.create(snapshot=LocalSnapshotSpec(base_path=tmp_path), options=None)
+    async with session:
+        await session.write(Path("notes/kept.txt"), io.BytesIO(b"kept across sessions\n"))
+    payload = client.serialize_session_state(session.state)
+    assert payload["type"] == "astralvessel"
+    resumed = await client.resume(client.deserialize_session_state(payload))
+    try:
+        async with resumed:
+            kept = await resumed.read(Path("notes/kept.txt"))
+            assert kept.read() == b"kept across sessions\n"
+    finally:
+        await client.delete(resumed)
 
 
-async def test_a_sandbox_agent_writes_runs_and_reads(client: VesselSandboxClient) -> None:
+async def test_a_tampered_snapshot_is_refused_on_resume(
+    client: VesselSandboxClient, tmp_path: Path
+) -> None:
+    """A persisted workspace changed on disk fails to hydrate with the SDK's restore error."""
+    session = await client.create(snapshot=LocalSnapshotSpec(base_path=tmp_path), options=None)
+    async with session:
+        await session.write(Path("a.txt"), io.BytesIO(b"a" * 4096))
+    (saved,) = tmp_path.glob("*.tar")
+    data = bytearray(saved.read_bytes())
+    data[data.index(b"a" * 64)] = ord("b")
+    saved.write_bytes(bytes(data))
+    resumed = await client.resume(
+        client.deserialize_session_state(client.serialize_session_state(session.state))
+    )
+    try:
+        with pytest.raises(SnapshotRestoreError):
+            await resumed.start()
+    finally:
+        await client.delete(resumed)
+
+
+async def test_a_sandbox_agent_writes_runs_and_reads(
+    client: VesselSandboxClient, tmp_path: Path
+) -> None:
     """A SandboxAgent's shell calls run in the turn: write a file, run it, read its output."""
     model = ScriptedModel(
         [
@@ -338,7 +370,8 @@ async def test_a_sandbox_agent_writes_runs_and_reads(client: VesselSandboxClient
         ]
     )
     agent = SandboxAgent(name="coder", model=model, instructions="Answer with code.")
-    config = RunConfig(sandbox=SandboxRunConfig(client=client, snapshot=NoopSnapshotSpec()))
+    snapshot = LocalSnapshotSpec(base_path=tmp_path)
+    config = RunConfig(sandbox=SandboxRunConfig(client=client, snapshot=snapshot))
     result = await Runner.run(agent, "What is 6*7?", run_config=config)
     outputs = [str(item.output) for item in result.new_items if hasattr(item, "output")]
     assert "42" in outputs[-1]

@@ -8,16 +8,19 @@ workspace operation (``ls``, ``mkdir``, ``rm``, ``mv``, applying the manifest's
 files and folders) is the SDK's own, built on those three. What the policy
 refuses is refused with the SDK's errors, before the sandbox starts: a host
 path grant or a remote mount the executor does not mount, a workspace root
-other than its workdir, users to provision without the root identity,
-exposed ports. See docs/integrations/openai-agents-sandbox.md.
+other than its workdir, users to provision without the root identity.
+``persist_workspace``, ``hydrate_workspace`` and ``resume`` stand on turn
+snapshots (``Turn.asnapshot``, ``TurnSnapshot.save`` and ``load``,
+``Executor.turn(snapshot=)``). See docs/integrations/openai-agents-sandbox.md.
 """
 
 from __future__ import annotations
 
+import asyncio
 import io
 import uuid
 from pathlib import Path, PurePath, PurePosixPath
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, BinaryIO, Literal, cast
 
 from agents.sandbox.entries import Mount as SdkMount
 from agents.sandbox.errors import (
@@ -26,8 +29,8 @@ from agents.sandbox.errors import (
     ExecTimeoutError,
     ExecTransportError,
     MountConfigError,
-    SnapshotNotRestorableError,
     SnapshotPersistError,
+    SnapshotRestoreError,
     WorkspaceArchiveReadError,
     WorkspaceArchiveWriteError,
     WorkspaceReadNotFoundError,
@@ -38,10 +41,17 @@ from agents.sandbox.session import SandboxSession, SandboxSessionState
 from agents.sandbox.session.base_sandbox_session import BaseSandboxSession
 from agents.sandbox.session.runtime_helpers import RuntimeHelperScript
 from agents.sandbox.session.sandbox_client import BaseSandboxClient, BaseSandboxClientOptions
-from agents.sandbox.snapshot import NoopSnapshot, SnapshotBase, SnapshotSpec, resolve_snapshot
+from agents.sandbox.snapshot import SnapshotBase, SnapshotSpec, resolve_snapshot
 from agents.sandbox.types import ExecResult, User
 
-from ..errors import SandboxError, SandboxFileError, SandboxFileNotFoundError, UsageError
+from .. import TurnSnapshot
+from ..errors import (
+    SandboxError,
+    SandboxFileError,
+    SandboxFileNotFoundError,
+    SnapshotError,
+    UsageError,
+)
 
 if TYPE_CHECKING:
     from agents.sandbox.session import Instrumentation
@@ -52,12 +62,6 @@ __all__ = ["VesselSandboxClient", "VesselSandboxClientOptions", "VesselSandboxSe
 
 #: The SDK's name for this backend: the options' and the session state's ``type``.
 BACKEND_ID = "astralvessel"
-
-#: Why persist, hydrate and resume are refused until turn snapshots land.
-NO_SNAPSHOTS = (
-    "astralvessel's client does not persist or restore workspaces yet (they will stand on "
-    "turn snapshots); run with SandboxRunConfig(snapshot=NoopSnapshotSpec())"
-)
 
 
 class VesselSandboxClientOptions(BaseSandboxClientOptions):
@@ -220,20 +224,30 @@ class VesselSandboxSession(BaseSandboxSession):
         return self._running
 
     async def persist_workspace(self) -> io.IOBase:
-        """Refused until turn snapshots land (the SDK's own persist error)."""
-        raise SnapshotPersistError(
-            snapshot_id=str(self.state.snapshot.id),
-            path=Path(self.state.manifest.root),
-            context={"reason": NO_SNAPSHOTS},
-        )
+        """The workspace as a turn snapshot's saved form (a pax tar, its manifest first)."""
+        root = Path(self.state.manifest.root)
+        try:
+            snapshot = await self.turn.asnapshot()
+            saved = io.BytesIO()
+            await asyncio.to_thread(snapshot.save, saved)
+        except (SnapshotError, UsageError, SandboxError) as error:
+            raise SnapshotPersistError(
+                snapshot_id=str(self.state.snapshot.id), path=root, cause=error
+            ) from error
+        saved.seek(0)
+        return saved
 
     async def hydrate_workspace(self, data: io.IOBase) -> None:
-        """Refused until turn snapshots land (the SDK's own restore error)."""
-        raise SnapshotNotRestorableError(
-            snapshot_id=str(self.state.snapshot.id),
-            path=Path(self.state.manifest.root),
-            context={"reason": NO_SNAPSHOTS},
-        )
+        """Replace the turn by one opened from the saved snapshot ``data`` (checked whole first)."""
+        root = Path(self.state.manifest.root)
+        try:
+            snapshot = await asyncio.to_thread(TurnSnapshot.load, cast("BinaryIO", data))
+        except (SnapshotError, UsageError) as error:
+            raise SnapshotRestoreError(
+                snapshot_id=str(self.state.snapshot.id), path=root, cause=error
+            ) from error
+        old, self.turn = self.turn, self.turn.executor.turn(snapshot=snapshot)
+        await old.aclose()
 
 
 class VesselSandboxClient(BaseSandboxClient[VesselSandboxClientOptions | None]):
@@ -279,14 +293,6 @@ class VesselSandboxClient(BaseSandboxClient[VesselSandboxClientOptions | None]):
             snapshot=resolve_snapshot(snapshot, str(session_id)),
             backend=self.executor.sandbox.name,
         )
-        if not isinstance(state.snapshot, NoopSnapshot):
-            # The runner's default (a local snapshot, persisted as the run ends) would fail only
-            # as a logged warning after the run; refused here, before anything runs.
-            raise SnapshotNotRestorableError(
-                snapshot_id=str(state.snapshot.id),
-                path=Path(manifest.root),
-                context={"reason": NO_SNAPSHOTS},
-            )
         inner = VesselSandboxSession(state=state, turn=self.executor.turn())
         return self._wrap_session(inner, instrumentation=self._instrumentation)
 
@@ -299,12 +305,21 @@ class VesselSandboxClient(BaseSandboxClient[VesselSandboxClientOptions | None]):
         return session
 
     async def resume(self, state: SandboxSessionState) -> SandboxSession:
-        """Refused until turn snapshots land: a turn's sandbox does not outlive its process."""
-        raise SnapshotNotRestorableError(
-            snapshot_id=str(state.snapshot.id),
-            path=Path(state.manifest.root),
-            context={"reason": NO_SNAPSHOTS},
-        )
+        """A session on a new turn, its workspace restored from ``state``'s snapshot at start.
+
+        A turn's sandbox ends with its process, so there is nothing to reattach
+        to: the SDK's start hydrates the new turn from the persisted snapshot.
+        """
+        if not isinstance(state, VesselSandboxSessionState):
+            raise TypeError("VesselSandboxClient.resume expects a VesselSandboxSessionState")
+        state.assert_path_grants_rebound()
+        refusal = policy_refusals(state.manifest, self.executor)
+        if refusal is not None:
+            raise refusal
+        # Nothing of the old workspace is here: the snapshot, if any, is restored in full.
+        state.workspace_root_ready = False
+        inner = VesselSandboxSession(state=state, turn=self.executor.turn())
+        return self._wrap_session(inner, instrumentation=self._instrumentation)
 
     def deserialize_session_state(self, payload: dict[str, object]) -> SandboxSessionState:
         """The session state the SDK serialised (``serialize_session_state``)."""
