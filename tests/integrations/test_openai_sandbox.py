@@ -37,10 +37,12 @@ from agents.sandbox.types import User
 from agents.testing import ScriptedModel, assistant_message, function_call
 
 from astralvessel import Executor, Registry, UsageError
+from astralvessel.integrations._openai_sandbox import policy_refusal
 from astralvessel.integrations.openai_agents import (
     VesselSandboxClient,
     VesselSandboxClientOptions,
 )
+from astralvessel.sandbox import Mount, Policy
 
 #: The confined backends the client runs on; one that cannot run here fails, never skips.
 CLIENT_BACKENDS = ["bubblewrap", "nsjail", "docker"]
@@ -376,3 +378,20 @@ async def test_a_sandbox_agent_writes_runs_and_reads(
     outputs = [str(item.output) for item in result.new_items if hasattr(item, "output")]
     assert "42" in outputs[-1]
     assert result.final_output == "42"
+
+
+def test_a_grant_must_match_a_mount_exactly(shared: Path) -> None:
+    """A host path grant passes only as the policy mounts it: same folder, target and mode."""
+    policy = Policy(mounts=(Mount.from_pair("/data", shared),))
+
+    def refusal(path: str, host: Path, *, read_only: bool) -> Exception | None:
+        grant = SandboxPathGrant(path=path, host_path=str(host), read_only=read_only)
+        return policy_refusal(Manifest(extra_path_grants=(grant,)), policy)
+
+    assert refusal("/data", shared, read_only=True) is None
+    assert isinstance(refusal("/data", shared, read_only=False), MountConfigError)
+    assert isinstance(refusal("/elsewhere", shared, read_only=True), MountConfigError)
+    assert isinstance(refusal("/data", shared / "tree", read_only=True), MountConfigError)
+    assert (
+        policy_refusal(Manifest(extra_path_grants=(SandboxPathGrant(path="/x"),)), policy) is None
+    )

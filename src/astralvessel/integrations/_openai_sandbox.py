@@ -54,9 +54,12 @@ from ..errors import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from agents.sandbox.session import Instrumentation
 
     from ..executor import Executor, Turn
+    from ..sandbox import Policy
 
 __all__ = ["VesselSandboxClient", "VesselSandboxClientOptions", "VesselSandboxSessionState"]
 
@@ -77,25 +80,29 @@ class VesselSandboxSessionState(SandboxSessionState):
     backend: str = ""
 
 
-def policy_refusals(manifest: Manifest, executor: Executor) -> Exception | None:
-    """The SDK error for the first thing in ``manifest`` the executor's policy refuses, if any."""
-    policy = executor.policy
-    if PurePosixPath(manifest.root) != policy.workdir:
-        return ConfigurationError(
-            message=(
-                f"the manifest's root {manifest.root!r} is not the policy's workspace "
-                f"{str(policy.workdir)!r}; the workspace is the one writable place"
-            ),
-            error_code=ErrorCode.SANDBOX_CONFIG_INVALID,
-            op="materialize",
-            context={"root": manifest.root},
-        )
+def _other_root(manifest: Manifest, policy: Policy) -> Exception | None:
+    if PurePosixPath(manifest.root) == policy.workdir:
+        return None
+    return ConfigurationError(
+        message=(
+            f"the manifest's root {manifest.root!r} is not the policy's workspace "
+            f"{str(policy.workdir)!r}; the workspace is the one writable place"
+        ),
+        error_code=ErrorCode.SANDBOX_CONFIG_INVALID,
+        op="materialize",
+        context={"root": manifest.root},
+    )
+
+
+def _unmounted_host_path(manifest: Manifest, policy: Policy) -> Exception | None:
     mounted = {(m.source.resolve(), str(m.target), m.writable) for m in policy.mounts}
     for grant in manifest.extra_path_grants:
-        if grant.host_path is None:
-            continue
-        wanted = (Path(grant.host_path).resolve(), grant.path, not grant.read_only)
-        if wanted not in mounted:
+        wanted = (
+            grant.host_path and Path(grant.host_path).resolve(),
+            grant.path,
+            not grant.read_only,
+        )
+        if grant.host_path is not None and wanted not in mounted:
             return MountConfigError(
                 message=(
                     f"the policy does not mount {grant.host_path!r} at {grant.path!r}"
@@ -104,6 +111,10 @@ def policy_refusals(manifest: Manifest, executor: Executor) -> Exception | None:
                 ),
                 context={"path": grant.path},
             )
+    return None
+
+
+def _remote_mount(manifest: Manifest, policy: Policy) -> Exception | None:
     for path, entry in manifest.iter_entries():
         if isinstance(entry, SdkMount):
             return MountConfigError(
@@ -114,17 +125,35 @@ def policy_refusals(manifest: Manifest, executor: Executor) -> Exception | None:
                 ),
                 context={"path": str(path)},
             )
-    if (manifest.users or manifest.groups) and not policy.root_identity:
-        return ConfigurationError(
-            message=(
-                "the manifest provisions users or groups, which needs the root identity "
-                "relaxation (Executor(root_identity=True))"
-            ),
-            error_code=ErrorCode.SANDBOX_CONFIG_INVALID,
-            op="materialize",
-            context={"users": [user.name for user in manifest.users]},
-        )
     return None
+
+
+def _accounts_without_root(manifest: Manifest, policy: Policy) -> Exception | None:
+    if not (manifest.users or manifest.groups) or policy.root_identity:
+        return None
+    return ConfigurationError(
+        message=(
+            "the manifest provisions users or groups, which needs the root identity "
+            "relaxation (Executor(root_identity=True))"
+        ),
+        error_code=ErrorCode.SANDBOX_CONFIG_INVALID,
+        op="materialize",
+        context={"users": [user.name for user in manifest.users]},
+    )
+
+
+#: What a manifest may ask for that the policy refuses: one check each, in order.
+REFUSALS: tuple[Callable[[Manifest, Policy], Exception | None], ...] = (
+    _other_root,
+    _unmounted_host_path,
+    _remote_mount,
+    _accounts_without_root,
+)
+
+
+def policy_refusal(manifest: Manifest, policy: Policy) -> Exception | None:
+    """The SDK error for the first thing in ``manifest`` that ``policy`` refuses, if any."""
+    return next((error for check in REFUSALS if (error := check(manifest, policy))), None)
 
 
 class VesselSandboxSession(BaseSandboxSession):
@@ -282,7 +311,7 @@ class VesselSandboxClient(BaseSandboxClient[VesselSandboxClientOptions | None]):
         manifest = (
             manifest if manifest is not None else Manifest(root=str(self.executor.policy.workdir))
         )
-        refusal = policy_refusals(manifest, self.executor)
+        refusal = policy_refusal(manifest, self.executor.policy)
         if refusal is not None:
             raise refusal
         self._validate_manifest_for_create(manifest)
@@ -313,7 +342,7 @@ class VesselSandboxClient(BaseSandboxClient[VesselSandboxClientOptions | None]):
         if not isinstance(state, VesselSandboxSessionState):
             raise TypeError("VesselSandboxClient.resume expects a VesselSandboxSessionState")
         state.assert_path_grants_rebound()
-        refusal = policy_refusals(state.manifest, self.executor)
+        refusal = policy_refusal(state.manifest, self.executor.policy)
         if refusal is not None:
             raise refusal
         # Nothing of the old workspace is here: the snapshot, if any, is restored in full.
