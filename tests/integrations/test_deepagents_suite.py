@@ -118,6 +118,13 @@ class TestVesselSandboxStandard(SandboxIntegrationTests):
         assert result.exit_code == 126
         assert "NUL" in result.output
 
+    def test_a_command_past_its_timeout_is_killed(self, sandbox_backend: VesselSandbox) -> None:
+        """A command past its timeout is killed with its processes, and its result says so."""
+        result = sandbox_backend.execute("echo started; sleep 30", timeout=1)
+        assert result.exit_code == -9
+        assert result.output.startswith("started\n")
+        assert "[killed: the command ran past its timeout" in result.output
+
     def test_no_network_the_policy_does_not_list(self, sandbox_backend: VesselSandbox) -> None:
         """A command cannot open a connection the policy does not allow."""
         probe = "import socket; socket.create_connection(('1.1.1.1', 53), timeout=5)"
