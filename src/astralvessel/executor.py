@@ -33,14 +33,19 @@ from ._executor_args import (
     check_scopes,
     check_searcher,
     check_services,
+    check_snapshot,
+    check_snapshot_budget,
     check_texts,
     check_timeout,
 )
 from ._network import WarmNetwork, admit_hosts, start_proxy
 from ._plans import Call, Plan, TurnContext
 from ._runners import plan_call
+from ._snapshot._capture import capture, restore
+from ._snapshot._store import MIB, Budget
+from ._snapshot._value import TurnSnapshot
 from ._warm import WarmPool, check_warm
-from .errors import SandboxError, TurnClosedError, UsageError
+from .errors import SandboxError, SnapshotError, TurnClosedError, UsageError
 from .results import ToolResult, render_refusal, render_sandbox_died
 from .sandbox._api import (
     DetachedProcess,
@@ -105,6 +110,10 @@ class Executor:
     turns lease their own host uid from, one live turn per uid across every
     process on the host; without it, ``$ASTRALVESSEL_UID_RANGE``, else
     2013265920-2013331455 (see the threat model, "Identity and budget").
+    ``snapshot`` (a ``TurnSnapshot``) is the files every turn starts with,
+    warm ones included, unless ``turn(snapshot=...)`` names another.
+    ``snapshot_budget_mb`` bounds the snapshots this executor's turns take
+    that are still alive (4096 MiB); one past it raises ``SnapshotError``.
     A value of the wrong type or out of range for any argument (a bare string
     for a list, ``limits`` as a dict, ``timeout_seconds`` of 0, NaN or text)
     raises ``UsageError`` naming the argument, before any sandbox starts.
@@ -133,6 +142,8 @@ class Executor:
         network_allow: Iterable[str] | None = None,
         network_hosts: Mapping[str, str | Sequence[str]] | None = None,
         uid_range: UidRange | str | None = None,
+        snapshot_budget_mb: int = 4096,
+        snapshot: TurnSnapshot | None = None,
     ) -> None:
         registry = check_registry(registry)
         agent = registry.agent
@@ -180,24 +191,51 @@ class Executor:
         self.services: dict[str, Callable[..., Any]] = check_services(services)
         #: The web Transport service tools post through (the stdlib one when None).
         self.service_transport: Transport | AsyncTransport | None = service_transport
+        #: The bytes of snapshots this executor's turns took that are still alive (its budget).
+        self.snapshot_budget = Budget(check_snapshot_budget(snapshot_budget_mb) * MIB)
+        #: The files every turn opened without a snapshot of its own starts with (warm ones too).
+        self.snapshot: TurnSnapshot | None = check_snapshot(snapshot)
         self._warm: WarmPool | None = None
         self._release: Callable[[], None] = _nothing
         #: Starts warm sandboxes with their turns' egress proxies (a network and warm= only).
         self._network: WarmNetwork | None = None
-        if check_warm(warm) and self.policy.network_allow:
-            network = self._network = WarmNetwork(self.sandbox, self.policy, self.fetcher)
-            self._warm = WarmPool(
-                self.sandbox, self.policy, warm, start=network.start, discard=network.discard
-            )
-        elif check_warm(warm):
-            self._warm = WarmPool(self.sandbox, self.policy, warm)
+        if check_warm(warm):
+            self._warm = self._warm_pool(warm)
         if self._warm is not None:
             # Warm sandboxes of an executor nobody closed die when it is collected.
             self._release = weakref.finalize(self, self._warm.close)
 
-    def turn(self) -> Turn:
-        """Open one turn: a context manager (``with`` or ``async with``) owning one sandbox."""
-        return Turn(self)
+    def _warm_pool(self, size: int) -> WarmPool:
+        """The pool of ``size`` sandboxes started ahead, each with the executor's snapshot."""
+        start: Callable[[], SandboxSession] = lambda: self.sandbox.start(self.policy)  # noqa: E731
+        discard: Callable[[SandboxSession], None] = lambda session: session.close()  # noqa: E731
+        if self.policy.network_allow:
+            network = self._network = WarmNetwork(self.sandbox, self.policy, self.fetcher)
+            start, discard = network.start, network.discard
+        snapshot = self.snapshot
+        if snapshot is None:
+            return WarmPool(self.sandbox, self.policy, size, start=start, discard=discard)
+
+        def start_restored() -> SandboxSession:
+            session = start()
+            try:
+                self._restore(session, snapshot)
+            except BaseException:
+                discard(session)
+                raise
+            return session
+
+        return WarmPool(self.sandbox, self.policy, size, start=start_restored, discard=discard)
+
+    def turn(self, snapshot: TurnSnapshot | None = None) -> Turn:
+        """Open one turn: a context manager (``with`` or ``async with``) owning one sandbox.
+
+        Its workspace starts as ``snapshot``'s files, or the executor's own
+        ``snapshot``'s when it has one (copied in as its sandbox starts); its
+        writes never change the snapshot.
+        """
+        chosen = check_snapshot(snapshot)
+        return Turn(self, snapshot=self.snapshot if chosen is None else chosen)
 
     def wait_warm(self, timeout: float | None = None) -> bool:
         """Block until every warm sandbox is started; False if ``timeout`` passed first.
@@ -233,32 +271,66 @@ class Executor:
         await self.aclose()
 
     def _start_session(
-        self, proxy: EgressProxy | None = None
+        self, proxy: EgressProxy | None = None, snapshot: TurnSnapshot | None = None
     ) -> tuple[SandboxSession, EgressProxy | None]:
         """A running sandbox for one turn, and the turn's egress proxy when it has a network.
 
-        A warm sandbox if one is ready (with the proxy it was started with), else
-        one started now. ``proxy`` is the turn's own when an earlier sandbox of
-        the turn died: the turn keeps it, so its bounds stay the turn's.
+        A warm sandbox if one is ready (with the proxy it was started with, and
+        the executor's snapshot), else one started now, with ``snapshot``'s
+        files. ``proxy`` is the turn's own when an earlier sandbox of the turn
+        died: the turn keeps it, so its bounds stay the turn's.
         """
         pool = self._warm
         if proxy is None and pool is not None and pool.policy == self.policy:
-            session = pool.take()
+            session = pool.take() if snapshot == self.snapshot else None
             if session is not None:
                 network = self._network
                 return session, None if network is None else network.claim(session)
         started = proxy
         if started is None:
             started = start_proxy(self.policy, self.fetcher)
-        if started is None:
-            return self.sandbox.start(self.policy), None
         try:
-            policy = attrs.evolve(self.policy, egress_socket=started.socket_path)
-            return self.sandbox.start(policy), started
+            if started is None:
+                session = self.sandbox.start(self.policy)
+            else:
+                session = self.sandbox.start(
+                    attrs.evolve(self.policy, egress_socket=started.socket_path)
+                )
         except BaseException:
-            if started is not proxy:
+            if started is not None and started is not proxy:
                 started.close()
             raise
+        if snapshot is not None:
+            try:
+                self._restore(session, snapshot)
+            except BaseException:
+                session.close()
+                if started is not None and started is not proxy:
+                    started.close()
+                raise
+        return session, started
+
+    def _restore(self, session: SandboxSession, snapshot: TurnSnapshot) -> None:
+        """Make the snapshot's files in a fresh sandbox's workspace."""
+        limits = self.policy.limits
+        inodes = limits.workspace_inodes
+        if snapshot.total_bytes > limits.disk_mb * MIB or snapshot.file_count >= inodes:
+            raise SnapshotError(
+                f"the snapshot's {snapshot.file_count} names and {snapshot.total_bytes} bytes do "
+                f"not fit this turn's workspace ({limits.disk_mb} MiB, {inodes} names: "
+                "Limits.disk_mb)"
+            )
+        plan = restore(snapshot, timeout=max(self.timeout_seconds, 30.0))
+        try:
+            request = next(plan)
+        except StopIteration:
+            return
+        while True:
+            reply = session.fs(request)
+            try:
+                request = plan.send(reply)
+            except StopIteration:
+                return
 
     def allowed(self, name: str) -> bool:
         """Whether the model may call ``name``: registered and within the granted scopes."""
@@ -296,9 +368,11 @@ class Turn:
     lost, and the turn's next call starts a fresh sandbox.
     """
 
-    def __init__(self, executor: Executor) -> None:
+    def __init__(self, executor: Executor, *, snapshot: TurnSnapshot | None = None) -> None:
         self.executor = executor
         self._context = executor._turn_context()
+        #: The files every sandbox of this turn starts with (None: an empty workspace).
+        self.snapshot_source = snapshot
         self._session: SandboxSession | None = None
         #: The turn's egress proxy, started with its first sandbox when the policy allows a network.
         self._proxy: EgressProxy | None = None
@@ -396,7 +470,7 @@ class Turn:
 
     def _start_session(self) -> tuple[SandboxSession, EgressProxy | None]:
         """Start the turn's sandbox (and its proxy, the first time); the caller holds the lock."""
-        session, proxy = self.executor._start_session(self._proxy)
+        session, proxy = self.executor._start_session(self._proxy, self.snapshot_source)
         # A turn dropped without close still ends its sandbox and stops its proxy's thread
         # when it is collected: each would otherwise live as long as the host. The callbacks
         # hold the session and proxy, never the turn. Not at exit: the sandbox dies with the
@@ -615,6 +689,61 @@ class Turn:
         """Async twin of ``list_dir``."""
         return await self._adrive(_exec.list_plan(path, timeout=self._file_timeout(), limit=limit))
 
+    # -- snapshots --------------------------------------------------------------------------
+
+    def snapshot(self) -> TurnSnapshot:
+        """The turn's files now, as an immutable value: open turns from it with
+        ``executor.turn(snapshot=...)``, or ``save`` it.
+
+        Files, not processes: the workspace (the per-call outbox aside), taken
+        between calls. Not captured: running or detached processes (they keep
+        running; a file one writes meanwhile may be caught half-written, or
+        refuse the snapshot if it changes while read), the egress proxy's
+        connections, the leased identity, the host's mounts. It counts against
+        the executor's ``snapshot_budget_mb`` while it is alive. Raises
+        ``SnapshotError`` for files a snapshot cannot keep (a fifo, a socket, a
+        device, more names or bytes than the bounds) and ``UsageError`` under
+        ``writable_root``, whose root's changes are not captured.
+        """
+        return self._drive(self._capture_plan())
+
+    async def asnapshot(self) -> TurnSnapshot:
+        """Async twin of ``snapshot``."""
+        return await self._adrive(self._capture_plan())
+
+    def fork(self, n: int) -> list[Turn]:
+        """``n`` new turns whose files start as this turn's now; this turn goes on.
+
+        One snapshot, then ``n`` turns opened from it, each with its own sandbox
+        (started on its first use), identity, limits and workspace: a fork's
+        writes reach neither its siblings nor this turn. Processes are not
+        carried. Raises what ``snapshot`` raises.
+        """
+        count = _fork_count(n)
+        snapshot = self.snapshot()
+        return [Turn(self.executor, snapshot=snapshot) for _ in range(count)]
+
+    async def afork(self, n: int) -> list[Turn]:
+        """Async twin of ``fork``."""
+        count = _fork_count(n)
+        snapshot = await self.asnapshot()
+        return [Turn(self.executor, snapshot=snapshot) for _ in range(count)]
+
+    def _capture_plan(self) -> Generator[FsRequest, FsReply, TurnSnapshot]:
+        policy = self._context.policy
+        if policy.writable_root:
+            raise UsageError(
+                "Turn.snapshot: a turn with writable_root changes its root too, which a "
+                "snapshot does not capture yet; snapshot a turn without it"
+            )
+        budget = self.executor.snapshot_budget
+        return capture(
+            timeout=self._file_timeout(),
+            max_bytes=budget.limit_bytes,
+            max_files=policy.limits.workspace_inodes,
+            budget=budget,
+        )
+
     def _exec_plan(  # noqa: PLR0917 - exec's own arguments, passed on as they came
         self, argv: object, input: object, cwd: object, env: object, timeout: object, user: object
     ) -> Generator[FsRequest, FsReply, ExecRequest | ExecResult]:
@@ -731,6 +860,12 @@ class Turn:
             backend=self._context.backend if sandboxed else None,
             policy_id=self._context.policy_id if sandboxed else None,
         )
+
+
+def _fork_count(n: object) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise UsageError(f"Turn.fork takes a whole number of turns above 0, not {n!r}")
+    return n
 
 
 def _nothing() -> None:

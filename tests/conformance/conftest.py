@@ -218,6 +218,31 @@ DECLARED_UNKEPT["docker-exec"].update(
     )
 )
 
+#: test_snapshots.py's tests: capture and restore are the file worker's.
+_SNAPSHOT_TESTS = (
+    "test_a_turn_opened_from_a_snapshot_has_its_files",
+    "test_a_links_target_stays_in_the_sandbox",
+    "test_a_forks_writes_reach_neither_its_siblings_nor_its_parent",
+    "test_forks_racing_each_other_stay_apart",
+    "test_a_fifo_is_refused_by_name",
+    "test_set_id_bits_never_come_back",
+    "test_many_small_files_come_back",
+    "test_a_snapshot_is_a_value_named_by_its_files",
+    "test_the_budget_refuses_a_snapshot_past_it",
+    "test_a_sparse_file_counts_its_holes",
+    "test_a_snapshot_past_the_turns_disk_is_refused",
+    "test_wrong_arguments_are_the_hosts_mistake",
+    "test_warm_turns_start_with_the_executors_snapshot",
+    "test_a_saved_snapshot_opens_in_another_process",
+)
+DECLARED_UNKEPT["docker-exec"].update(
+    dict.fromkeys(
+        _SNAPSHOT_TESTS,
+        f"{_NO_SERVER} to list, read and restore the workspace: Turn.snapshot and a turn "
+        "opened from a snapshot raise BackendUnavailableError (use the docker backend)",
+    )
+)
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Mark each declared-unkept test of a backend as a strict expected failure, with its reason."""

@@ -109,3 +109,9 @@ def test_langchain_example(run_script: RunScript) -> None:
     lines = run_script(FRAMEWORKS / "langchain_run.py").splitlines()
     assert lines[0] == "call_1 [success]: ["
     assert lines[-1].startswith("call_2 [error]: Error: invalid arguments for grep")
+
+
+def test_agents_sdk_sandbox_example(run_script: RunScript) -> None:
+    """The SandboxAgent example writes a script, runs it and answers with what it printed."""
+    lines = run_script(FRAMEWORKS / "agents_sdk_sandbox.py").splitlines()
+    assert lines == ["45", "The sum is 45."]

@@ -9,5 +9,8 @@ extra of its name: ``pip install '.[openai-agents]'``, and so on.
 
 ``.inspect_ai`` goes the other way: an inspect_ai sandbox provider named
 ``"astralvessel"``, one turn per sample, on which inspect runs its own
-commands and tools (the ``inspect`` extra).
+commands and tools (the ``inspect`` extra). So do the frameworks' own sandbox
+interfaces: ``.openai_agents.VesselSandboxClient`` (the Agents SDK's sandbox
+client, a turn per sandbox session) and ``.deepagents.VesselSandbox`` (Deep
+Agents' sandbox backend on one turn; the ``deepagents`` extra).
 """

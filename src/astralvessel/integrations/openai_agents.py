@@ -21,7 +21,13 @@ when the run's result is released, so pass the turn when the host can. A
 failing call is returned to the model as its error text, the SDK's own way
 ("return a string error message, which will be sent back to the LLM"), so the
 run goes on. Outbox images and PDFs go along as the SDK's image and file
-outputs. Needs the ``openai-agents`` extra.
+outputs.
+
+The other way round, `VesselSandboxClient` is the SDK's own sandbox client
+(``agents.sandbox``): a ``SandboxAgent`` run with
+``SandboxRunConfig(client=VesselSandboxClient(executor))`` gets one turn per
+sandbox session, its manifest checked against the executor's policy. Needs
+the ``openai-agents`` extra.
 """
 
 from __future__ import annotations
@@ -45,13 +51,27 @@ except ImportError as exc:  # pragma: no cover - depends on the environment
         + _install_extra("openai-agents")
     ) from exc
 
+# The sandbox client needs the SDK too, so it loads once the SDK is known to be there.
+from ._openai_sandbox import (
+    VesselSandboxClient,
+    VesselSandboxClientOptions,
+    VesselSandboxSessionState,
+)
+
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from ..executor import Executor
     from ..results import ToolResult
 
-__all__ = ["OUTPUTS", "function_tools", "tool_output"]
+__all__ = [
+    "OUTPUTS",
+    "VesselSandboxClient",
+    "VesselSandboxClientOptions",
+    "VesselSandboxSessionState",
+    "function_tools",
+    "tool_output",
+]
 
 
 def function_tools(

@@ -247,10 +247,14 @@ class FsRequest:
     (``lines``, ``find``, ``entries``) over ``arguments``, as the built-in file
     tools show it to a model (its reply has ``text`` and ``is_error``). ``path``
     is a sandbox path, absolute or relative to the workdir (a view takes its
-    path from ``arguments``).
+    path from ``arguments``). ``pack`` lists the workspace or reads a batch of
+    its files, ``unpack`` restores records into it (a snapshot's, see
+    ``sandbox/server/_snapfiles``); each travels as a message of its own.
     """
 
-    op: str = attrs.field(validator=attrs.validators.in_(("read", "write", "list", "view")))
+    op: str = attrs.field(
+        validator=attrs.validators.in_(("read", "write", "list", "view", "pack", "unpack"))
+    )
     path: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
     timeout: float
     offset: int = attrs.field(default=0, validator=_nonneg)
@@ -262,6 +266,8 @@ class FsRequest:
     limit: int = attrs.field(default=0, validator=_nonneg)
     view: str = ""
     arguments: Mapping[str, object] = attrs.field(factory=dict, converter=dict)
+    #: ``pack`` and ``unpack``: their own fields (``phase``, ``max_files``, ``index_bytes``).
+    fields: Mapping[str, object] = attrs.field(factory=dict)
 
 
 @attrs.frozen(kw_only=True)

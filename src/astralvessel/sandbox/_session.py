@@ -96,6 +96,7 @@ SERVER_MODULES = (
     "_globview",
     "_listview",
     "_files",
+    "_snapfiles",
     "_fsops",
     "_outbox",
     "_worker",
@@ -172,6 +173,8 @@ OUTBOX_FILES_PER_TURN = 1000
 OUTBOX_BYTES_PER_TURN = 1 << 30
 #: The most outbox files one ``exit`` frame may announce (the server's own bound).
 _OUTBOX_FILES_PER_CALL = 100
+#: The file requests that travel as a message of their own (``_snapfiles`` in the server).
+_FS_MESSAGES = {"pack": "snapshot", "unpack": "restore"}
 
 
 @functools.cache
@@ -1015,7 +1018,7 @@ class ServerSession(SandboxSession):
     def _submit_fs(self, request: FsRequest) -> tuple[int, _Pending]:
         item = _Pending("fs")
         header = {
-            "type": "fs",
+            "type": _FS_MESSAGES.get(request.op, "fs"),
             "op": request.op,
             "path": request.path,
             "timeout": request.timeout,
@@ -1026,6 +1029,7 @@ class ServerSession(SandboxSession):
             "make_parents": request.make_parents,
             "view": request.view,
             "arguments": dict(request.arguments),
+            **request.fields,
         }
         return self._submit(item, header, request.data), item
 

@@ -295,9 +295,22 @@ def _view(header: dict[str, Any], body: bytes, ctx: _paths.FileContext, raw: Any
     return {"text": text, "is_error": is_error}, b""
 
 
+def _snapshot(header: dict[str, Any], body: bytes, ctx: _paths.FileContext, raw: Any) -> Reply:
+    from . import _snapfiles  # only a turn that snapshots or restores pays for hashlib and json
+
+    try:
+        if header.get("op") == "pack":
+            return _snapfiles.pack(header, body, raw)
+        return _snapfiles.unpack(header, body, raw)
+    except _snapfiles.Refused as refusal:
+        return _error(refusal.code, str(refusal)), b""
+
+
 _OPS: dict[str, Callable[[dict[str, Any], bytes, _paths.FileContext, Any], Reply]] = {
     "read": _read,
     "write": _write,
     "list": _list,
     "view": _view,
+    "pack": _snapshot,
+    "unpack": _snapshot,
 }

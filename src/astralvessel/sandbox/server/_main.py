@@ -48,6 +48,10 @@ _DRAIN_GROUP = 0.5
 _BACK_TO_BACK = 0.01
 # How long after an answer the next spare's forks wait, so the host gets the CPUs first.
 _REFILL_DELAY = 0.003
+#: The requests the file worker answers, by message type, and the op each one is (None: its
+#: own ``op`` field). A snapshot's listing and reads and a restore's writes are messages of
+#: their own, so the host's file primitives cannot be asked for them.
+_FILE_REQUESTS = {"fs": None, "snapshot": "pack", "restore": "unpack"}
 
 
 class Server:
@@ -171,8 +175,9 @@ class Server:
             self.fail(None, f"{kind!r} request without an integer 'id'")
         elif kind == "run":
             self._run(call_id, header, body)
-        elif kind == "fs":
-            why = self.files.submit(call_id, header, body)
+        elif kind in _FILE_REQUESTS:
+            op = _FILE_REQUESTS[kind]
+            why = self.files.submit(call_id, header if op is None else dict(header, op=op), body)
             if why is not None:
                 self.fail(call_id, why)
         elif kind == "cancel":

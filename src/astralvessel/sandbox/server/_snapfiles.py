@@ -1,0 +1,293 @@
+"""A turn's workspace out to the host and back in (stdlib only, Python 3.8+).
+
+``Turn.snapshot`` and a turn opened from a snapshot reach the file worker as
+two requests of their own, so both run as the calls' user, under the worker's
+filter, and never with the server's privileges:
+
+- ``snapshot`` lists the workspace (``phase: list``): every name under it, its
+  kind, permission bits, size, link target and, for a regular file, the sha256
+  of its bytes, in the manifest's own JSON shape; then it reads the regular
+  files' bytes in batches (``phase: read``). Nothing is followed: every folder
+  is opened by descriptor with ``O_NOFOLLOW`` from the one above it. The host
+  checks all of it (the sandbox's own files are the model's to shape).
+- ``restore`` makes folders, files, symlinks and hard links in a fresh
+  workspace from records the host checked, folders' own modes last.
+
+The server's own ``outbox`` folder, made for each call and emptied after it,
+is left out.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+# json and hashlib are imported where they are used: every module here runs at each
+# server start, and neither is on that path (see ``_session.BOOTSTRAP``).
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # subscripted builtins are not usable at run time on Python 3.8
+    from typing import Any
+
+    Reply = tuple[dict[str, Any], bytes]
+
+__all__ = ["pack", "unpack"]
+
+_CHUNK = 1 << 20
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
+_NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+# The kinds a snapshot refuses, named as the host's message names them.
+_SPECIAL = {
+    stat.S_IFCHR: "chardev",
+    stat.S_IFBLK: "blockdev",
+    stat.S_IFIFO: "fifo",
+    stat.S_IFSOCK: "socket",
+}
+
+
+class Refused(Exception):
+    """A request this module cannot answer: its errno and message go back to the host."""
+
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _text(name: bytes) -> str:
+    return name.decode("utf-8", "surrogateescape")
+
+
+def _name(text: str) -> bytes:
+    return text.encode("utf-8", "surrogateescape")
+
+
+def _skipped(workspace: str, raw: Any) -> bytes:
+    outbox = str(getattr(raw, "outbox", "") or "")
+    prefix = workspace.rstrip("/") + "/"
+    return outbox[len(prefix) :].encode() if outbox.startswith(prefix) else b""
+
+
+def pack(header: dict[str, Any], body: bytes, raw: Any) -> Reply:
+    """Answer one ``snapshot`` request: the listing, or a batch of files' bytes."""
+    import json
+
+    workspace = str(raw.workspace)
+    phase = header.get("phase")
+    if phase == "list":
+        limit = int(header.get("max_files", 0))
+        return _listing(workspace, _skipped(workspace, raw), limit)
+    if phase == "read":
+        return {}, _read_batch(workspace, json.loads(body.decode()))
+    raise Refused(errno.EINVAL, f"unknown snapshot phase {phase!r}")
+
+
+def _listing(workspace: str, skipped: bytes, limit: int) -> Reply:
+    import json
+
+    found: list[list[Any]] = []
+    root = os.open(workspace, _DIR_FLAGS)
+    try:
+        _walk(root, b"", skipped, found, limit)
+    finally:
+        os.close(root)
+    found.sort(key=lambda item: item[0])
+    first: dict[tuple[int, int], bytes] = {}
+    entries = []
+    for name, found_kind, st, found_target in found:
+        kind, target = found_kind, found_target
+        if kind == "file" and st.st_nlink > 1:
+            key = (st.st_dev, st.st_ino)
+            if key in first:
+                kind, target = "hardlink", first[key]
+            else:
+                first[key] = name
+        entries.append(
+            {
+                "name": _text(name),
+                "kind": kind,
+                "mode": stat.S_IMODE(st.st_mode),
+                "size": st.st_size if kind == "file" else 0,
+                "target": None if target is None else _text(target),
+            }
+        )
+    # Hashed once the names are sorted, so the first of a file's hard links keeps its bytes.
+    root = os.open(workspace, _DIR_FLAGS)
+    try:
+        for entry in entries:
+            entry["digest"] = None
+            if entry["kind"] == "file":
+                entry["digest"] = _digest(root, _name(entry["name"]), entry["size"])
+    finally:
+        os.close(root)
+    return {"count": len(entries)}, json.dumps(entries, ensure_ascii=True).encode()
+
+
+def _walk(fd: int, prefix: bytes, skipped: bytes, found: list[list[Any]], limit: int) -> None:
+    for text in os.listdir(fd):
+        name = os.fsencode(text)
+        path = prefix + name
+        if path == skipped:
+            continue
+        if limit and len(found) >= limit:
+            raise Refused(errno.EFBIG, f"the workspace holds more than {limit} names")
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+        kind = _SPECIAL.get(stat.S_IFMT(st.st_mode))
+        target = None
+        if stat.S_ISDIR(st.st_mode):
+            kind = "dir"
+        elif stat.S_ISREG(st.st_mode):
+            kind = "file"
+        elif stat.S_ISLNK(st.st_mode):
+            kind, target = "symlink", os.readlink(name, dir_fd=fd)
+        found.append([path, kind or "unknown", st, target])
+        if kind == "dir":
+            child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            try:
+                _walk(child, path + b"/", skipped, found, limit)
+            finally:
+                os.close(child)
+
+
+def _open_file(root: int, name: bytes) -> int:
+    """Open the regular file ``name`` under ``root``, following no link on the way."""
+    parts = name.split(b"/")
+    fd = root
+    try:
+        for part in parts[:-1]:
+            child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            if fd != root:
+                os.close(fd)
+            fd = child
+        opened = os.open(parts[-1], _FILE_FLAGS, dir_fd=fd)
+    except OSError as exc:
+        code = exc.errno or errno.EIO
+        raise Refused(code, f"{_text(name)}: {os.strerror(code)}") from None
+    finally:
+        if fd != root:
+            os.close(fd)
+    if not stat.S_ISREG(os.fstat(opened).st_mode):
+        os.close(opened)
+        raise Refused(errno.ESTALE, f"{_text(name)} was replaced while the snapshot was taken")
+    return opened
+
+
+def _digest(root: int, name: bytes, size: int) -> str:
+    import hashlib
+
+    fd = _open_file(root, name)
+    try:
+        digest = hashlib.sha256()
+        left = size
+        while left:
+            chunk = os.read(fd, min(_CHUNK, left))
+            if not chunk:
+                break
+            digest.update(chunk)
+            left -= len(chunk)
+        if left or os.read(fd, 1):
+            raise Refused(errno.ESTALE, f"{_text(name)} changed while the snapshot was taken")
+        return digest.hexdigest()
+    finally:
+        os.close(fd)
+
+
+def _read_batch(workspace: str, wanted: list[list[Any]]) -> bytes:
+    """The bytes of each ``[name, offset, length]`` in turn, each exactly ``length`` long."""
+    root = os.open(workspace, _DIR_FLAGS)
+    chunks = []
+    try:
+        for text, offset, length in wanted:
+            name = _name(text)
+            fd = _open_file(root, name)
+            try:
+                got = 0
+                while got < length:
+                    chunk = os.pread(fd, length - got, offset + got)
+                    if not chunk:
+                        raise Refused(errno.ESTALE, f"{text} shrank while the snapshot was taken")
+                    chunks.append(chunk)
+                    got += len(chunk)
+            finally:
+                os.close(fd)
+    finally:
+        os.close(root)
+    return b"".join(chunks)
+
+
+def unpack(header: dict[str, Any], body: bytes, raw: Any) -> Reply:
+    """Answer one ``restore`` request: make each record's name in the workspace.
+
+    A record is ``[kind, name, mode, target, offset, length, final]``: ``dir``
+    (made private, its ``mode`` set by a later ``mode`` record), ``file``
+    (``length`` bytes of the body written at ``offset``; ``final`` sets its
+    mode), ``symlink``, ``hardlink`` (``target`` names the earlier file), or
+    ``mode`` (a folder's own mode, sent once everything under it exists).
+    """
+    import json
+
+    index = int(header.get("index_bytes", 0))
+    records = json.loads(body[:index].decode())
+    data = memoryview(body)[index:]
+    root = os.open(str(raw.workspace), _DIR_FLAGS)
+    used = 0
+    text = ""
+    try:
+        for record in records:
+            text, length = record[1], record[5]
+            parent, slash, _ = _name(text).rpartition(b"/")
+            fd = _folder(root, parent) if slash else root
+            try:
+                _make(record, fd, root, data[used : used + length])
+            finally:
+                if fd != root:
+                    os.close(fd)
+            used += length
+    except OSError as exc:
+        code = exc.errno or errno.EIO
+        raise Refused(code, f"restoring {text}: {os.strerror(code)}") from None
+    finally:
+        os.close(root)
+    return {"count": len(records)}, b""
+
+
+def _folder(root: int, name: bytes) -> int:
+    fd = root
+    for part in name.split(b"/"):
+        child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+        if fd != root:
+            os.close(fd)
+        fd = child
+    return fd
+
+
+def _make(record: list[Any], fd: int, root: int, data: memoryview) -> None:
+    """Make one record's name: ``fd`` is its folder, ``root`` the workspace's."""
+    kind, text, mode, target, offset, _, final = record
+    name = _name(text)
+    leaf = name.rpartition(b"/")[2]
+    if kind == "dir":
+        try:
+            os.mkdir(leaf, 0o700, dir_fd=fd)
+        except FileExistsError:
+            if not stat.S_ISDIR(os.stat(leaf, dir_fd=fd, follow_symlinks=False).st_mode):
+                raise
+    elif kind == "mode":  # a folder this request's earlier records made: no link there
+        os.chmod(leaf, mode, dir_fd=fd)
+    elif kind == "file":
+        out = os.open(leaf, _NEW_FILE_FLAGS | (os.O_EXCL if offset == 0 else 0), 0o600, dir_fd=fd)
+        try:
+            written = 0
+            while written < len(data):
+                written += os.pwrite(out, data[written:], offset + written)
+            if final:
+                os.fchmod(out, mode)
+        finally:
+            os.close(out)
+    elif kind == "symlink":
+        os.symlink(_name(str(target)), leaf, dir_fd=fd)
+    elif kind == "hardlink":
+        os.link(_name(str(target)), name, src_dir_fd=root, dst_dir_fd=root, follow_symlinks=False)
+    else:
+        raise Refused(errno.EINVAL, f"unknown record kind {kind!r}")

@@ -1,0 +1,278 @@
+"""``Turn.snapshot``, ``Executor.turn(snapshot=)`` and ``Turn.fork``: a turn's files as a value.
+
+Each test runs on every backend through the suite's fixtures, as root and (the
+``unprivileged`` session) as an ordinary user. The files a call makes are the
+model's to shape, so several tests make hostile ones: each is kept faithfully or
+refused with a ``SnapshotError`` naming it, and nothing of it reaches the host.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from astralvessel import Agent, Executor, Registry, SnapshotError, Turn, TurnSnapshot, UsageError
+from astralvessel.sandbox import Limits, Mount, Sandbox
+
+from .conftest import TEST_LIMITS, WORKDIR
+
+#: Lists every name under the workspace (the server's outbox aside) with its kind, mode,
+#: size, link target and link count, then each regular file's checksum: what a restore
+#: must reproduce (owners are the turn's, and times are not kept).
+_LISTING = (
+    "cd /workspace && find . -path ./outbox -prune -o -mindepth 1 "
+    "-printf '%P|%y|%m|%s|%l|%n\\n' | LC_ALL=C sort | od -c "
+    "&& find . -path ./outbox -prune -o -type f -exec md5sum {} + | LC_ALL=C sort"
+)
+#: Folders, modes, a symlink in and one out, a hard link, an empty file, a name that is
+#: not UTF-8, a sparse file and a folder without write bits.
+_MAKE_TREE = (
+    "cd /workspace && mkdir -p a/b c && echo hi > a/b/f && ln a/b/f a/hard && "
+    "ln -s ../c a/in && ln -s /etc/passwd a/out && : > empty && "
+    "printf x > \"$(printf 'n\\377me')\" && chmod 750 a && chmod 600 a/b/f && "
+    "truncate -s 3M sparse && printf y >> sparse && chmod 555 c"
+)
+
+
+def _run(turn: Turn, script: str) -> str:
+    result = turn.exec(["sh", "-c", script])
+    assert result.returncode == 0, result.stderr
+    return result.stdout.decode("utf-8", "backslashreplace")
+
+
+@pytest.fixture
+def executor(backend: Sandbox, agent_dir: Path, data_dir: Path) -> Iterator[Executor]:
+    """An executor of the backend under test with the suite's limits."""
+    with _executor(backend, agent_dir, data_dir) as opened:
+        yield opened
+
+
+def _executor(backend: Sandbox, agent_dir: Path, data_dir: Path, **options: object) -> Executor:
+    return Executor(
+        Registry.for_agent(Agent.load(agent_dir)),
+        sandbox=backend,
+        mounts=(Mount.from_pair(WORKDIR, data_dir),),
+        timeout_seconds=30.0,
+        **{"limits": TEST_LIMITS, **options},  # type: ignore[arg-type]
+    )
+
+
+def test_a_turn_opened_from_a_snapshot_has_its_files(executor: Executor):
+    """Folders, modes, links in and out, hard links, odd names and sparse files come back as they were."""
+    with executor.turn() as turn:
+        _run(turn, _MAKE_TREE)
+        before = _run(turn, _LISTING)
+        snapshot = turn.snapshot()
+    with executor.turn(snapshot=snapshot) as restored:
+        assert _run(restored, _LISTING) == before
+        assert _run(restored, "id -u; stat -c %u /workspace/a/b/f | tr -d '\\n'; echo") == (
+            _run(restored, "id -u; id -u")
+        )
+    assert snapshot.file_count == 10
+    assert snapshot.total_bytes == 3 + 1 + 3 * 2**20 + 1
+
+
+def test_a_links_target_stays_in_the_sandbox(executor: Executor):
+    """A link pointing out of the workspace is kept as a link: the host never follows it."""
+    with executor.turn() as turn:
+        _run(turn, "ln -s /etc/shadow /workspace/out && ln -s ../../../../.. /workspace/up")
+        snapshot = turn.snapshot()
+    assert os.readlink(snapshot.path / "out") == "/etc/shadow"
+    assert os.readlink(snapshot.path / "up") == "../../../../.."
+    assert sorted(os.listdir(snapshot.path)) == ["out", "up"]
+
+
+def test_a_forks_writes_reach_neither_its_siblings_nor_its_parent(executor: Executor):
+    """Each fork writes its own files; its siblings and the parent still see the snapshot's."""
+    with executor.turn() as parent:
+        _run(parent, "echo base > /workspace/f")
+        forks = parent.fork(3)
+        _run(parent, "echo parent > /workspace/f")
+        try:
+            for index, fork in enumerate(forks):
+                assert _run(fork, "cat /workspace/f") == "base\n"
+                _run(fork, f"echo fork{index} > /workspace/f && touch /workspace/only{index}")
+            for index, fork in enumerate(forks):
+                seen = _run(fork, "cat /workspace/f; ls /workspace")
+                assert seen == f"fork{index}\nf\nonly{index}\noutbox\n"
+            assert _run(parent, "cat /workspace/f; ls /workspace") == "parent\nf\noutbox\n"
+        finally:
+            for fork in forks:
+                fork.close()
+
+
+def test_forks_racing_each_other_stay_apart(executor: Executor):
+    """Forks driven from threads at once each see the snapshot and only their own writes."""
+    with executor.turn() as parent:
+        _run(parent, "seq 1 1000 > /workspace/numbers")
+        forks = parent.fork(4)
+
+    def work(index: int) -> str:
+        with forks[index] as fork:
+            _run(fork, f"echo {index} >> /workspace/numbers && touch /workspace/mine{index}")
+            return _run(
+                fork, "tail -n 1 /workspace/numbers; wc -l < /workspace/numbers; ls /workspace"
+            )
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        seen = list(pool.map(work, range(4)))
+    assert seen == [f"{i}\n1001\nmine{i}\nnumbers\noutbox\n" for i in range(4)]
+
+
+def test_a_fifo_is_refused_by_name(executor: Executor):
+    """A fifo a call made refuses the snapshot, naming it (calls can make no device or socket)."""
+    with executor.turn() as turn:
+        _run(turn, "mkdir /workspace/d && mkfifo /workspace/d/pipe")
+        with pytest.raises(SnapshotError, match="'d/pipe' is a fifo"):
+            turn.snapshot()
+        assert executor.snapshot_budget.used_bytes == 0
+        _run(turn, "rm /workspace/d/pipe")
+        assert turn.snapshot().file_count == 1
+
+
+def test_set_id_bits_never_come_back(executor: Executor):
+    """A fork's files have the parent's modes without set-id bits (noted when any were set)."""
+    with executor.turn() as turn:
+        _run(
+            turn, "cd /workspace && cp /bin/true t && mkdir d && (chmod 6755 t; chmod 2775 d; true)"
+        )
+        modes = [
+            int(mode, 8) for mode in _run(turn, "stat -c %a /workspace/t /workspace/d").split()
+        ]
+        snapshot = turn.snapshot()
+    if any(mode & 0o6000 for mode in modes):  # the sandbox let the call set them
+        assert "set-id bits dropped" in " ".join(snapshot.notes)
+    with executor.turn(snapshot=snapshot) as fork:
+        restored = _run(fork, "stat -c %a /workspace/t /workspace/d").split()
+    assert [int(mode, 8) for mode in restored] == [mode & ~0o6000 for mode in modes]
+
+
+def test_many_small_files_come_back(executor: Executor):
+    """Three thousand files in a hundred folders are captured and restored, every one."""
+    with executor.turn() as turn:
+        _run(
+            turn,
+            "cd /workspace && for d in $(seq 100); do mkdir $d && "
+            "(cd $d && for f in $(seq 30); do echo $d.$f > $f; done); done",
+        )
+        snapshot = turn.snapshot()
+    assert snapshot.file_count == 3100
+    with executor.turn(snapshot=snapshot) as restored:
+        assert _run(restored, "cat /workspace/*/* | wc -l; cat /workspace/77/13") == "3000\n77.13\n"
+
+
+def test_a_snapshot_is_a_value_named_by_its_files(executor: Executor):
+    """Two snapshots of the same files are equal and hash alike; a changed byte makes another."""
+    with executor.turn() as turn:
+        _run(turn, "echo a > /workspace/f")
+        first, second = turn.snapshot(), turn.snapshot()
+        _run(turn, "echo b > /workspace/f")
+        third = turn.snapshot()
+    assert first == second
+    assert hash(first) == hash(second)
+    assert first.content_id.startswith("sha256:")
+    assert third != first
+    assert len({first, second, third}) == 2
+
+
+def test_the_budget_refuses_a_snapshot_past_it(backend: Sandbox, agent_dir: Path, data_dir: Path):
+    """Snapshots count against the executor's budget until they are dropped."""
+    executor = _executor(backend, agent_dir, data_dir, snapshot_budget_mb=3)
+    with executor, executor.turn() as turn:
+        _run(turn, "head -c 2097152 /dev/zero > /workspace/two")
+        kept = turn.snapshot()
+        assert executor.snapshot_budget.used_bytes == 2 << 20
+        with pytest.raises(SnapshotError, match=r"budget of 3\.0 MiB"):
+            turn.snapshot()
+        path = kept.path
+        del kept
+        assert not path.exists()
+        assert executor.snapshot_budget.used_bytes == 0
+        assert turn.snapshot().total_bytes == 2 << 20
+
+
+def test_a_sparse_file_counts_its_holes(backend: Sandbox, agent_dir: Path, data_dir: Path):
+    """A sparse file is its bytes, holes included: one past the budget refuses the snapshot."""
+    executor = _executor(backend, agent_dir, data_dir, snapshot_budget_mb=8)
+    with executor, executor.turn() as turn:
+        _run(turn, "truncate -s 12M /workspace/hole")
+        with pytest.raises(SnapshotError, match="sparse file counts its holes"):
+            turn.snapshot()
+
+
+def test_a_snapshot_past_the_turns_disk_is_refused(
+    backend: Sandbox, agent_dir: Path, data_dir: Path, executor: Executor
+):
+    """A turn whose disk limit cannot hold the snapshot refuses to open from it."""
+    with executor.turn() as turn:
+        _run(turn, "head -c 6291456 /dev/zero > /workspace/six")
+        snapshot = turn.snapshot()
+    small = Limits(disk_mb=4, memory_mb=256, processes=48, open_files=256)
+    tight = _executor(backend, agent_dir, data_dir, limits=small)
+    with (
+        tight,
+        tight.turn(snapshot=snapshot) as restored,
+        pytest.raises(SnapshotError, match="do not fit this turn's workspace"),
+    ):
+        restored.exec(["true"])
+
+
+def test_wrong_arguments_are_the_hosts_mistake(executor: Executor, turn: Turn):
+    """A snapshot that is not one, a fork count that is not one: UsageError naming them."""
+    with pytest.raises(UsageError, match="snapshot is a TurnSnapshot"):
+        executor.turn(snapshot="/tmp/saved.tar")  # type: ignore[arg-type]
+    for count in (0, -1, True, 2.0):
+        with pytest.raises(UsageError, match="whole number of turns"):
+            turn.fork(count)  # type: ignore[arg-type]
+    assert isinstance(turn.snapshot(), TurnSnapshot)
+
+
+def test_warm_turns_start_with_the_executors_snapshot(
+    backend: Sandbox, agent_dir: Path, data_dir: Path, executor: Executor
+):
+    """``Executor(warm=N, snapshot=s)`` keeps sandboxes ready with s's files, one per turn."""
+    with executor.turn() as turn:
+        _run(turn, "echo ready > /workspace/f")
+        snapshot = turn.snapshot()
+    warm = _executor(backend, agent_dir, data_dir, warm=2, snapshot=snapshot)
+    with warm:
+        assert warm.wait_warm(120)
+        with warm.turn() as first, warm.turn() as second:
+            _run(first, "echo first >> /workspace/f")
+            assert _run(second, "cat /workspace/f") == "ready\n"
+            assert _run(first, "cat /workspace/f") == "ready\nfirst\n"
+
+
+def test_a_saved_snapshot_opens_in_another_process(executor: Executor, tmp_path: Path):
+    """A snapshot saved here is loaded, checked and opened as a turn by a separate Python."""
+    with executor.turn() as turn:
+        _run(turn, "mkdir -p /workspace/d && echo saved > /workspace/d/f && ln -s d/f /workspace/l")
+        snapshot = turn.snapshot()
+    saved = tmp_path / "turn.snapshot"
+    snapshot.save(saved)
+    saved.chmod(0o644)
+    script = (
+        "import sys\n"
+        "from astralvessel import Executor, Registry, TurnSnapshot\n"
+        "loaded = TurnSnapshot.load(sys.argv[1])\n"
+        "print(loaded.content_id)\n"
+        "with Executor(Registry(), sandbox=sys.argv[2]) as executor:\n"
+        "    with executor.turn(snapshot=loaded) as turn:\n"
+        "        print(turn.exec(['cat', '/workspace/l']).stdout.decode(), end='')\n"
+    )
+    name = executor.sandbox.name
+    result = subprocess.run(
+        [sys.executable, "-c", script, str(saved), name],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{snapshot.content_id}\nsaved\n"
