@@ -17,6 +17,7 @@ import hashlib
 import io
 import mmap
 import os
+import re
 import shutil
 import stat
 import tempfile
@@ -68,6 +69,7 @@ _PAX_IGNORED = frozenset(
     {b"hdrcharset", b"mtime", b"atime", b"ctime", b"uid", b"gid", b"uname", b"gname"}
 )
 _USTAR_MAGIC = b"ustar\x0000"
+_OCTAL = re.compile(rb" *([0-7]{1,12})[ \0]*")
 
 
 def manifest_limit(max_files: int) -> int:
@@ -221,10 +223,10 @@ class _Member:
 
 
 def _octal(field: bytes, what: str, number: int) -> int:
-    text = field.split(b"\0", 1)[0].strip(b" ")
-    if not text or not all(48 <= byte <= 55 for byte in text):
+    match = _OCTAL.fullmatch(field)
+    if match is None:
         raise SnapshotError(f"member {number}: its {what} field is not an octal number")
-    return int(text, 8)
+    return int(match[1], 8)
 
 
 def _pax_records(body: bytes, number: int) -> dict[bytes, bytes]:
@@ -360,10 +362,12 @@ def _check_member(member: _Member, entry: Entry, view: memoryview) -> None:
     if not name.startswith(TREE):
         raise SnapshotError(f"member {number} {show(name)} is not under tree/")
     relative = name[len(TREE) :]
-    problem = check_name(relative)
-    if problem is not None:
-        raise SnapshotError(f"member {number} {show(name)}: {problem}")
     if relative != entry.name:
+        # The entry's name passed every check when the manifest was read; say what is
+        # wrong with the member's own name, when something is, before it differs.
+        problem = check_name(relative)
+        if problem is not None:
+            raise SnapshotError(f"member {number} {show(name)}: {problem}")
         raise SnapshotError(
             f"member {number} is {show(relative)} where the manifest lists {show(entry.name)}"
         )
@@ -504,13 +508,27 @@ def _prepare(dest: Path) -> bool:
     return True
 
 
-def _write_file(path: bytes, view: memoryview, mode: int) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+def _umask() -> int:
+    """This process's umask, read without changing it (the umask call sets it for every thread)."""
+    try:
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0o777  # unknown: every mode is then set explicitly
+
+
+def _write_file(path: bytes, view: memoryview, mode: int, umask: int) -> None:
+    # Created with its own mode (the new descriptor may write whatever the mode): one
+    # fchmod fewer per file unless the umask takes bits the entry keeps.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
     try:
         written = 0
         while written < len(view):
             written += os.write(fd, view[written:])
-        if mode != 0o600:
+        if mode & umask:
             os.fchmod(fd, mode)
     finally:
         os.close(fd)
@@ -519,25 +537,31 @@ def _write_file(path: bytes, view: memoryview, mode: int) -> None:
 def _write_tree(
     view: memoryview, manifest: Manifest, offsets: list[int], base: bytes, folders: list[bytes]
 ) -> None:
-    """Write every entry under ``base``, adding each folder made to ``folders`` as it goes."""
+    """Write every entry under ``base``, adding each folder made to ``folders`` as it goes.
+
+    Entries come in canonical order, so each folder is made before anything in
+    it and a hard link's file before the link. A folder its owner cannot write
+    into gets its mode last, deepest first, once its children are in.
+    """
+    umask = _umask()
     modes: list[tuple[bytes, int]] = []
     for entry, data in zip(manifest.entries, offsets, strict=True):
         path = base + b"/" + entry.name
         kind = entry.kind
         if kind is EntryKind.FILE:
-            _write_file(path, view[data : data + entry.size], entry.mode)
+            _write_file(path, view[data : data + entry.size], entry.mode, umask)
         elif kind is EntryKind.DIR:
-            # Writable until its children are in; its own mode comes last.
-            os.mkdir(path, 0o700)
+            exact = entry.mode & 0o300 == 0o300 and not entry.mode & umask
+            os.mkdir(path, entry.mode if exact else 0o700)
             folders.append(path)
-            modes.append((path, entry.mode))
+            if not exact:
+                modes.append((path, entry.mode))
         elif kind is EntryKind.SYMLINK:
             os.symlink(entry.target or b"", path)
         else:
             os.link(base + b"/" + (entry.target or b""), path, follow_symlinks=False)
     for path, mode in reversed(modes):
-        if mode != 0o700:
-            os.chmod(path, mode)
+        os.chmod(path, mode)
 
 
 def _undo(dest: Path, made_dest: bool, folders: list[bytes]) -> None:

@@ -141,7 +141,7 @@ class Entry:
         """The entry as its canonical JSON object."""
         return {
             "digest": self.digest,
-            "kind": self.kind.value,
+            "kind": _KIND_TEXT[self.kind],
             "mode": self.mode,
             "name": _text(self.name),
             "size": self.size,
@@ -175,6 +175,7 @@ class Entry:
 
 _ENTRY_KEYS = frozenset({"digest", "kind", "mode", "name", "size", "target"})
 _KINDS = {kind.value: kind for kind in EntryKind}
+_KIND_TEXT = {kind: kind.value for kind in EntryKind}
 _MANIFEST_KEYS = frozenset(
     {"content_id", "entries", "file_count", "format_version", "notes", "total_bytes"}
 )
@@ -263,12 +264,17 @@ class Manifest:
             attrs.validators.instance_of(str), attrs.validators.instance_of(tuple)
         ),
     )
+    # The entries' canonical JSON, made once: the content id hashes it, to_json holds it.
+    _entries_json: bytes = attrs.field(init=False, repr=False, eq=False, hash=False)
     _content_id: str = attrs.field(init=False, repr=False, eq=False, hash=False)
 
     def __attrs_post_init__(self) -> None:
         _check_manifest(self)
-        digest = hashlib.sha256(_dumps([entry.to_obj() for entry in self.entries]))
-        object.__setattr__(self, "_content_id", "sha256:" + digest.hexdigest())
+        entries_json = _dumps([entry.to_obj() for entry in self.entries])
+        object.__setattr__(self, "_entries_json", entries_json)
+        object.__setattr__(
+            self, "_content_id", "sha256:" + hashlib.sha256(entries_json).hexdigest()
+        )
 
     @classmethod
     def build(cls, entries: Iterable[Entry], notes: Iterable[str] = ()) -> Manifest:
@@ -288,15 +294,23 @@ class Manifest:
 
     def to_json(self) -> bytes:
         """The manifest's canonical JSON (sorted keys, no spaces, ASCII only)."""
-        return _dumps(
-            {
-                "content_id": self.content_id,
-                "entries": [entry.to_obj() for entry in self.entries],
-                "file_count": self.file_count,
-                "format_version": self.format_version,
-                "notes": list(self.notes),
-                "total_bytes": self.total_bytes,
-            }
+        # The keys in sorted order, as _dumps would write them, around the entries' JSON.
+        return b"".join(
+            (
+                b'{"content_id":',
+                _dumps(self.content_id),
+                b',"entries":',
+                self._entries_json,
+                b',"file_count":',
+                _dumps(self.file_count),
+                b',"format_version":',
+                _dumps(self.format_version),
+                b',"notes":',
+                _dumps(list(self.notes)),
+                b',"total_bytes":',
+                _dumps(self.total_bytes),
+                b"}",
+            )
         )
 
     @classmethod
