@@ -41,8 +41,9 @@ TREE = b"tree/"
 MANIFEST_BYTES_PER_ENTRY = 4096
 #: The most any manifest may take, whatever ``max_files`` says: a JSON parse is in memory.
 MAX_MANIFEST_BYTES = 256 << 20
-#: An extended header's records (a path and a link target, each at most 4096 bytes).
-MAX_PAX_BYTES = 64 << 10
+#: An extended header's records: a path and a link target (each ``tree/`` and at most 4096
+#: bytes, with their lengths and keys), a size and a charset fit in 18 blocks.
+MAX_PAX_BYTES = 18 * BLOCK
 #: What other writers may end an archive with after its two zero blocks: a 10 KiB record.
 MAX_END_PADDING = 20 * BLOCK
 
@@ -69,6 +70,7 @@ _PAX_IGNORED = frozenset(
     {b"hdrcharset", b"mtime", b"atime", b"ctime", b"uid", b"gid", b"uname", b"gname"}
 )
 _USTAR_MAGIC = b"ustar\x0000"
+_ZEROS = bytes(BLOCK)
 _OCTAL = re.compile(rb" *([0-7]{1,12})[ \0]*")
 
 
@@ -262,6 +264,17 @@ class _Reader:
         self.at = 0
         self.number = 0
 
+    def _skip(self, size: int) -> None:
+        """Step over ``size`` bytes of data and the zeros that pad them to a block."""
+        end = self.at + size
+        padded = end + (-size % BLOCK)
+        if padded > len(self.view):
+            raise SnapshotError(f"truncated: the archive ends inside member {self.number}'s data")
+        # Padding carries nothing, so a change there is a change to the archive: refused.
+        if self.view[end:padded] != _ZEROS[: padded - end]:
+            raise SnapshotError(f"member {self.number}: bytes in its padding (tampered)")
+        self.at = padded
+
     def _block(self) -> bytes:
         block = bytes(self.view[self.at : self.at + BLOCK])
         if len(block) < BLOCK:
@@ -290,11 +303,11 @@ class _Reader:
             block[157:257].split(b"\0", 1)[0],
         )
 
-    def next(self) -> _Member | None:  # noqa: PLR0912 - one refusal per malformed header
+    def next(self) -> _Member | None:
         """The next member, or None at the archive's end (two zero blocks)."""
         self.number += 1
         block = self._block()
-        if block == bytes(BLOCK):
+        if block == _ZEROS:
             self._end()
             return None
         name, mode, size, flag, link = self._header(block)
@@ -302,12 +315,10 @@ class _Reader:
             if size > MAX_PAX_BYTES:
                 raise SnapshotError(f"member {self.number}: an extended header of {size} bytes")
             body = bytes(self.view[self.at : self.at + size])
-            if len(body) < size:
-                raise SnapshotError(f"truncated: the archive ends inside member {self.number}")
-            self.at += size + (-size % BLOCK)
+            self._skip(size)
             records = _pax_records(body, self.number)
             block = self._block()
-            if block == bytes(BLOCK):
+            if block == _ZEROS:
                 raise SnapshotError(f"member {self.number}: an extended header before the end")
             name, mode, size, flag, link = self._header(block)
             if flag == b"x":
@@ -333,7 +344,7 @@ class _Reader:
                     f"truncated: member {self.number} {show(name)} claims {size} bytes "
                     f"and the archive holds {max(len(self.view) - data, 0)} after its header"
                 )
-            self.at += size + (-size % BLOCK)
+            self._skip(size)
         elif size:
             raise SnapshotError(f"member {self.number} {show(name)}: a size on a link or a folder")
         return _Member(self.number, name, flag, mode, size, link, data)
