@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import io
 import os
+import resource
+import signal
 import tarfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -443,3 +447,40 @@ def test_refusal_leaves_listing_unchanged(tree: Path, tmp_path: Path) -> None:
     before = listing(tmp_path)
     extract_archive(io.BytesIO(data), tmp_path / "dest", **ROOMY)
     assert listing(tmp_path) != before
+
+
+def test_dest_parent_missing(tree: Path, tmp_path: Path) -> None:
+    """A destination whose parent does not exist is the host's mistake, named."""
+    _, data = save(tree)
+    with pytest.raises(UsageError, match="parent folder does not exist"):
+        extract_archive(io.BytesIO(data), tmp_path / "no" / "dest", **ROOMY)
+
+
+@contextmanager
+def _file_size_limit(limit: int) -> Iterator[None]:
+    """Writes past ``limit`` bytes fail with EFBIG (not a signal) while this lasts."""
+    old_limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, old_limit[1]))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, old_limit)
+        signal.signal(signal.SIGXFSZ, old_handler)
+
+
+def test_write_failure_removes_what_was_written(tmp_path: Path) -> None:
+    """A file the disk refuses midway (EFBIG here) raises SnapshotError and removes dest whole."""
+    tree = tmp_path / "tree"
+    (tree / "ro").mkdir(parents=True)
+    (tree / "ro" / "a-small").write_bytes(b"x")
+    (tree / "z-big").write_bytes(b"y" * 100_000)
+    os.chmod(tree / "ro", 0o555)  # noqa: S103 - written last, undone first
+    try:
+        _, data = save(tree)
+    finally:
+        os.chmod(tree / "ro", 0o755)  # noqa: S103 - so tmp_path can be removed
+    dest = tmp_path / "dest"
+    with _file_size_limit(50_000), pytest.raises(SnapshotError, match="cannot be written"):
+        extract_archive(io.BytesIO(data), dest, **ROOMY)
+    assert not dest.exists()

@@ -508,15 +508,29 @@ def read_manifest(src: BinaryIO) -> Manifest:
     return Manifest.from_json(data)
 
 
-def _prepare(dest: Path) -> bool:
-    """Make ``dest`` or check it is an empty folder; say whether it was made."""
+def _prepare(dest: Path) -> tuple[int, bool]:
+    """Open ``dest``, made here or an empty folder already; its descriptor and whether it was made.
+
+    Everything is then written relative to this descriptor, so a name never
+    resolves through another path to the folder than the one checked here.
+    """
+    made = True
     try:
         os.mkdir(dest, 0o700)
     except FileExistsError:
-        if not dest.is_dir() or dest.is_symlink() or any(dest.iterdir()):
-            raise UsageError(f"dest {str(dest)!r} must be an empty folder or not exist") from None
-        return False
-    return True
+        made = False
+    except FileNotFoundError:
+        raise UsageError(f"dest {str(dest)!r}: its parent folder does not exist") from None
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd = os.open(dest, flags)
+    except OSError:
+        fd = -1
+    if fd < 0 or (not made and os.listdir(fd)):
+        if fd >= 0:
+            os.close(fd)
+        raise UsageError(f"dest {str(dest)!r} must be an empty folder or not exist")
+    return fd, made
 
 
 def _umask() -> int:
@@ -531,10 +545,11 @@ def _umask() -> int:
     return 0o777  # unknown: every mode is then set explicitly
 
 
-def _write_file(path: bytes, view: memoryview, mode: int, umask: int) -> None:
+def _write_file(base: int, name: bytes, view: memoryview, mode: int, umask: int) -> None:
     # Created with its own mode (the new descriptor may write whatever the mode): one
     # fchmod fewer per file unless the umask takes bits the entry keeps.
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    fd = os.open(name, flags, mode, dir_fd=base)
     try:
         written = 0
         while written < len(view):
@@ -546,9 +561,9 @@ def _write_file(path: bytes, view: memoryview, mode: int, umask: int) -> None:
 
 
 def _write_tree(
-    view: memoryview, manifest: Manifest, offsets: list[int], base: bytes, folders: list[bytes]
+    view: memoryview, manifest: Manifest, offsets: list[int], base: int, folders: list[bytes]
 ) -> None:
-    """Write every entry under ``base``, adding each folder made to ``folders`` as it goes.
+    """Write every entry under the folder ``base``, adding each folder made to ``folders``.
 
     Entries come in canonical order, so each folder is made before anything in
     it and a hard link's file before the link. A folder its owner cannot write
@@ -557,28 +572,29 @@ def _write_tree(
     umask = _umask()
     modes: list[tuple[bytes, int]] = []
     for entry, data in zip(manifest.entries, offsets, strict=True):
-        path = base + b"/" + entry.name
+        name = entry.name
         kind = entry.kind
         if kind is EntryKind.FILE:
-            _write_file(path, view[data : data + entry.size], entry.mode, umask)
+            _write_file(base, name, view[data : data + entry.size], entry.mode, umask)
         elif kind is EntryKind.DIR:
             exact = entry.mode & 0o300 == 0o300 and not entry.mode & umask
-            os.mkdir(path, entry.mode if exact else 0o700)
-            folders.append(path)
+            os.mkdir(name, entry.mode if exact else 0o700, dir_fd=base)
+            folders.append(name)
             if not exact:
-                modes.append((path, entry.mode))
+                modes.append((name, entry.mode))
         elif kind is EntryKind.SYMLINK:
-            os.symlink(entry.target or b"", path)
+            os.symlink(entry.target or b"", name, dir_fd=base)
         else:
-            os.link(base + b"/" + (entry.target or b""), path, follow_symlinks=False)
-    for path, mode in reversed(modes):
-        os.chmod(path, mode)
+            target = entry.target or b""
+            os.link(target, name, src_dir_fd=base, dst_dir_fd=base, follow_symlinks=False)
+    for name, mode in reversed(modes):
+        os.chmod(name, mode, dir_fd=base)
 
 
-def _undo(dest: Path, made_dest: bool, folders: list[bytes]) -> None:
+def _undo(dest: Path, made_dest: bool, base: int, folders: list[bytes]) -> None:
     # Folders may have lost their write bit already; give it back so they can be emptied.
     for folder in folders:
-        os.chmod(folder, 0o700)
+        os.chmod(folder, 0o700, dir_fd=base)
     if made_dest:
         shutil.rmtree(dest)
         return
@@ -594,20 +610,22 @@ def extract_archive(src: BinaryIO, dest: Path, *, max_bytes: int, max_files: int
 
     ``src`` is read from its position to its end; a stream that cannot be
     mapped is spooled to a temporary file, no further than the bounds allow.
-    ``dest`` must be an empty folder or not exist (``UsageError`` otherwise).
-    Raises ``SnapshotError`` naming the problem for an archive that is
-    truncated, tampered or hostile, or past ``max_bytes`` (regular files'
-    bytes) or ``max_files`` (entries); nothing is then written.
+    ``dest`` must be an empty folder or not exist, in a folder that does
+    (``UsageError`` otherwise). Raises ``SnapshotError`` naming the problem for
+    an archive that is truncated, tampered or hostile, or past ``max_bytes``
+    (regular files' bytes) or ``max_files`` (entries); nothing is then written.
     """
     with _buffer(src, archive_limit(max_bytes, max_files)) as view:
         manifest, offsets = _check_archive(view, max_bytes, max_files)
-        made_dest = _prepare(dest)
+        base, made_dest = _prepare(dest)
         folders: list[bytes] = []
         try:
-            _write_tree(view, manifest, offsets, os.fsencode(dest), folders)
+            _write_tree(view, manifest, offsets, base, folders)
         except BaseException as exc:
-            _undo(dest, made_dest, folders)
+            _undo(dest, made_dest, base, folders)
             if isinstance(exc, OSError):
                 raise SnapshotError(f"the snapshot cannot be written: {exc}") from exc
             raise
+        finally:
+            os.close(base)
     return manifest
