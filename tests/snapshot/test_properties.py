@@ -8,6 +8,8 @@ import os
 import tempfile
 from pathlib import Path
 
+import attrs
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -129,3 +131,13 @@ def test_no_byte_changes_the_tree_silently(offset: int, flip: int) -> None:
             return
         assert loaded.content_id == SMALL_MANIFEST.content_id
         assert scan_tree(out, **ROOMY).content_id == SMALL_MANIFEST.content_id
+
+
+def test_entry_types_checked_on_every_path() -> None:
+    """An entry of the wrong field types is refused, built directly or through evolve."""
+    good = Entry(name=b"a", kind=EntryKind.DIR, mode=0o755)
+    for changes in ({"name": "a"}, {"mode": True}, {"kind": "dir"}, {"target": "x"}):
+        with pytest.raises(TypeError, match="Entry takes"):
+            attrs.evolve(good, **changes)
+    with pytest.raises(SnapshotError, match=r"'\.\.' component"):
+        attrs.evolve(good, name=b"a/../b")

@@ -81,6 +81,18 @@ def show(name: bytes) -> str:
 
 
 def _check_entry(entry: Entry) -> None:
+    if not (
+        type(entry.name) is bytes
+        and type(entry.kind) is EntryKind
+        and type(entry.mode) is int
+        and type(entry.size) is int
+        and (entry.target is None or type(entry.target) is bytes)
+        and (entry.digest is None or type(entry.digest) is str)
+    ):
+        raise TypeError(
+            "Entry takes name: bytes, kind: EntryKind, mode: int, size: int, "
+            f"target: bytes | None, digest: str | None; got {entry!r}"
+        )
     problem = _entry_problem(entry)
     if problem is not None:
         raise SnapshotError(f"entry {show(entry.name)}: {problem}")
@@ -120,19 +132,17 @@ def _entry_problem(entry: Entry) -> str | None:  # noqa: PLR0911 - one verdict p
 class Entry:
     """One name in a snapshot: a regular file, a folder, a symlink or a hard link."""
 
-    name: bytes = attrs.field(validator=attrs.validators.instance_of(bytes))
-    kind: EntryKind = attrs.field(validator=attrs.validators.instance_of(EntryKind))
-    mode: int = attrs.field(validator=attrs.validators.instance_of(int))
+    # One check of every field after construction (``_check_entry``), not a validator per
+    # field: a restore builds one entry per file, and six validators cost more than the rest.
+    name: bytes
+    kind: EntryKind
+    mode: int
     #: A regular file's bytes (sparse files count their holes); 0 for every other kind.
-    size: int = attrs.field(default=0, validator=attrs.validators.instance_of(int))
+    size: int = 0
     #: A symlink's target as written, or the earlier file's name a hard link shares.
-    target: bytes | None = attrs.field(
-        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(bytes))
-    )
+    target: bytes | None = None
     #: The sha256 of a regular file's bytes, in lowercase hex.
-    digest: str | None = attrs.field(
-        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(str))
-    )
+    digest: str | None = None
 
     def __attrs_post_init__(self) -> None:
         _check_entry(self)
