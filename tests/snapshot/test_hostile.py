@@ -13,13 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from astralvessel._snapshot._archive import (
-    BLOCK,
-    archive_limit,
-    extract_archive,
-    member_header,
-    read_manifest,
-)
+from astralvessel._snapshot._archive import archive_limit, extract_archive, read_manifest
+from astralvessel._snapshot._tar import BLOCK, member_header
 from astralvessel.errors import SnapshotError, UsageError
 
 from .conftest import (
