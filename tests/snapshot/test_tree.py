@@ -153,6 +153,16 @@ def test_bounds_refuse_early(tmp_path: Path) -> None:
         scan_tree(tmp_path, max_bytes=100, max_files=1000)
 
 
+def test_hard_links_count_against_max_files(tmp_path: Path) -> None:
+    """Names of one file count one each against max_files, though they add no bytes."""
+    (tmp_path / "one").write_bytes(b"x")
+    for index in range(20):
+        os.link(tmp_path / "one", tmp_path / f"link{index}")
+    with pytest.raises(SnapshotError, match="more than max_files=10"):
+        scan_tree(tmp_path, max_bytes=1 << 20, max_files=10)
+    assert scan_tree(tmp_path, max_bytes=1 << 20, max_files=21).file_count == 21
+
+
 @pytest.mark.parametrize("kind", ["file", "symlink", "missing"])
 def test_root_must_be_a_folder(tmp_path: Path, kind: str) -> None:
     """A root that is a file, a symlink (even to a folder) or missing is refused."""
