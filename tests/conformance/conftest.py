@@ -150,6 +150,7 @@ _NETWORK_TESTS = (
     "test_proxy_in_a_long_temporary_folder_serves_and_dies_with_its_turn",
     "test_loopback_stays_refused_without_the_operators_rule",
     "test_ipv6_and_private_literals_are_refused_by_name_rule",
+    "test_names_resolving_to_reserved_ipv6_are_refused",
 )
 DECLARED_UNKEPT["docker-exec"].update(
     dict.fromkeys(

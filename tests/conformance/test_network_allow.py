@@ -35,6 +35,7 @@ from astralvessel.web import AllowRule, EgressPolicy
 from astralvessel.web._proxy import EgressProxy
 from astralvessel.web._proxyhead import ProxyLimits
 
+from ..web.reserved import SAMPLES as RESERVED_V6
 from .calls import py, py_json, run
 
 HOST = "pkgs.test"
@@ -154,7 +155,8 @@ def origin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Origin]:
 
 
 class MapResolver:
-    """Fixed DNS answers: pkgs.test and unlisted.test are the origin, private.test is private."""
+    """Fixed DNS answers: pkgs.test and unlisted.test are the origin, private.test is private,
+    rN.v6.test is the Nth reserved IPv6 spelling."""
 
     def resolve(self, host: str, port: int) -> Sequence[str]:
         """Answer from the table, or fail as an unknown name does."""
@@ -162,6 +164,7 @@ class MapResolver:
             HOST: ["127.0.0.1"],
             "unlisted.test": ["127.0.0.1"],
             "private.test": ["10.1.2.3"],
+            **{f"r{i}.v6.test": [spelling] for i, spelling in enumerate(RESERVED_V6)},
         }
         if host not in answers:
             raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
@@ -177,9 +180,9 @@ def _operator_rule(origin: Origin) -> EgressPolicy:
 
 @pytest.fixture
 def proxy(origin: Origin) -> Iterator[EgressProxy]:
-    """The turn's egress proxy: pkgs.test on the origin's ports, and private.test."""
+    """The turn's egress proxy: pkgs.test on the origin's ports, private.test and *.v6.test."""
     allow = [f"{HOST}:{origin.http_port}", f"{HOST}:{origin.https_port}"]
-    allow.append(f"private.test:{origin.http_port}")
+    allow += [f"private.test:{origin.http_port}", f"*.v6.test:{origin.https_port}"]
     with EgressProxy.start(
         allow,
         egress=_operator_rule(origin),
@@ -484,3 +487,23 @@ def test_ipv6_and_private_literals_are_refused_by_name_rule(net_session):
         """,
     )
     assert outcome.output.splitlines() == ["HTTP/1.1 403 Forbidden", "HTTP/1.1 403 Forbidden"]
+
+
+def test_names_resolving_to_reserved_ipv6_are_refused(net_session, origin):
+    """A listed name whose answer is a reserved IPv6 address, in each spelling (IPv4-translated,
+    -mapped and NAT64 loopback among them), gets 403 naming the address: no connection tried."""
+    names = [f"r{i}.v6.test:{origin.https_port}" for i in range(len(RESERVED_V6))]
+    outcome = py(
+        net_session,
+        f"""
+        import socket
+        for name in {names!r}:
+            s = socket.create_connection(("127.0.0.1", {EGRESS_PORT}), timeout=10)
+            s.sendall(b"CONNECT " + name.encode() + b" HTTP/1.1\\r\\n\\r\\n")
+            reply = b""
+            while chunk := s.recv(4096):
+                reply += chunk
+            print(reply.decode().split("\\r\\n")[0], "resolves to" in reply.decode())
+        """,
+    )
+    assert outcome.output.splitlines() == ["HTTP/1.1 403 Forbidden True"] * len(RESERVED_V6)

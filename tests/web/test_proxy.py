@@ -14,12 +14,14 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, given, settings
 
 from astralvessel.web import AllowRule, EgressPolicy
 from astralvessel.web._proxy import EgressProxy
 from astralvessel.web._proxyhead import ProxyLimits, ProxyRefusal, read_request
 
 from .conftest import MapResolver, Server
+from .reserved import reserved_spellings
 
 LIMITS = ProxyLimits(head_seconds=1.0, connections=6, concurrent=3, total_bytes=200_000)
 
@@ -105,6 +107,33 @@ def test_name_resolving_to_a_private_address_is_refused(proxy, http_server):
     reply = exchange(proxy, f"CONNECT inner.test:{http_server.port} HTTP/1.1\r\n\r\n".encode())
     assert reply.startswith(b"HTTP/1.1 403 ")
     assert b"192.168.1.1, which is a private address" in reply
+
+
+@pytest.fixture
+def v6_proxy(http_server: Server) -> Iterator[EgressProxy]:
+    """A proxy with the default bounds whose resolver the test sets (inner.test)."""
+    port = http_server.port
+    with EgressProxy.start([f"inner.test:{port}"], resolver=MapResolver({})) as egress:
+        yield egress
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(spelling=reserved_spellings())
+def test_reserved_ipv6_answers_are_refused_before_any_connection(v6_proxy, http_server, spelling):
+    """A listed name whose DNS answer is a reserved IPv6 address, in any spelling, gets 403
+    (not a connection attempt's 502), for plain requests and tunnels alike."""
+    proxy = v6_proxy
+    proxy.resolver.answers["inner.test"] = [spelling]
+    port = http_server.port
+    for request in (
+        f"CONNECT inner.test:{port} HTTP/1.1\r\n\r\n",
+        f"GET http://inner.test:{port}/ HTTP/1.1\r\n\r\n",
+    ):
+        reply = exchange(proxy, request.encode())
+        assert reply.startswith(b"HTTP/1.1 403 "), reply
+        assert b"inner.test resolves to" in reply
 
 
 def test_smuggling_framing_is_refused(proxy, http_server):

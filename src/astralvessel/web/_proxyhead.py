@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 import attrs
 
 from .._netallow import HostPattern, permits
-from ._egress import EgressPolicy, classify_address
+from ._egress import EgressPolicy
 
 __all__ = [
     "ProxyLimits",
@@ -81,12 +81,18 @@ class ProxyLimits:
 
 
 class ProxyRefusal(Exception):
-    """A request the proxy will not serve: the HTTP status and the reason the call reads."""
+    """A request the proxy will not serve: the HTTP status and the reason the call reads.
 
-    def __init__(self, status: int, reason: str) -> None:
+    ``host`` and ``port`` name the destination once the request named one the
+    proxy could read ("" and 0 before), for the call's result and the host's log.
+    """
+
+    def __init__(self, status: int, reason: str, *, host: str = "", port: int = 0) -> None:
         super().__init__(reason)
         self.status = status
         self.reason = reason
+        self.host = host
+        self.port = port
 
 
 @attrs.frozen(kw_only=True)
@@ -121,7 +127,7 @@ def _authority(text: str, *, default_port: int | None) -> tuple[str, int]:
     if "@" in text:
         raise ProxyRefusal(403, "user-info (a name or password before '@') is refused")
     if text.startswith("["):
-        raise ProxyRefusal(403, f"{text} is an IP address; {RULE}")
+        raise ProxyRefusal(403, f"{text} is an IP address; {RULE}", host=text[:100])
     host, sep, port_text = text.rpartition(":") if ":" in text else (text, "", "")
     if not sep:
         if default_port is None:
@@ -138,11 +144,11 @@ def _authority(text: str, *, default_port: int | None) -> tuple[str, int]:
     except ValueError:
         pass
     else:
-        raise ProxyRefusal(403, f"{host} is an IP address; {RULE}")
+        raise ProxyRefusal(403, f"{host} is an IP address; {RULE}", host=host, port=port)
     if len(host) > 253 or not _NAME.match(host):
         raise ProxyRefusal(400, f"{host[:100]!r} is not a host name")
     if host.rsplit(".", 1)[-1].isdigit():
-        raise ProxyRefusal(403, f"{host} spells an IP address; {RULE}")
+        raise ProxyRefusal(403, f"{host} spells an IP address; {RULE}", host=host, port=port)
     return host, port
 
 
@@ -151,7 +157,10 @@ def _check_allowed(allow: Sequence[HostPattern], host: str, port: int) -> None:
         return
     listed = ", ".join(str(p) for p in allow[:20]) + (", ..." if len(allow) > 20 else "")
     raise ProxyRefusal(
-        403, f"{host}:{port} is not on this turn's network allow-list ({listed}); {RULE}"
+        403,
+        f"{host}:{port} is not on this turn's network allow-list ({listed}); {RULE}",
+        host=host,
+        port=port,
     )
 
 
@@ -206,7 +215,12 @@ def read_request(head: bytes, allow: Sequence[HostPattern], limits: ProxyLimits)
     lengths = [v for n, v in fields if n.lower() == b"content-length"]
     chunked = any(n.lower() == b"transfer-encoding" for n, _ in fields)
     if len(lengths) > 1 or (lengths and chunked):
-        raise ProxyRefusal(400, "the request frames its body twice (Content-Length and more)")
+        raise ProxyRefusal(
+            400,
+            "the request frames its body twice (Content-Length and more)",
+            host=host,
+            port=port,
+        )
     host_header = host if port == 80 else f"{host}:{port}"
     out = [method + b" " + path.encode("ascii") + b" " + version]
     out.append(b"Host: " + host_header.encode("ascii"))
@@ -229,12 +243,15 @@ def approve_addresses(
         try:
             address = ipaddress.ip_address(answer)
         except ValueError:
-            raise ProxyRefusal(502, f"{host} resolved to {answer!r}, not an address") from None
-        if not any(rule.matches(address, port) for rule in egress.allow):
-            why = classify_address(address)
-            if why is not None:
-                raise ProxyRefusal(403, f"{host} resolves to {address}, which is {why}")
+            raise ProxyRefusal(
+                502, f"{host} resolved to {answer!r}, not an address", host=host, port=port
+            ) from None
+        why = egress.judge(address, port)
+        if why is not None:
+            raise ProxyRefusal(
+                403, f"{host} resolves to {address}, which is {why}", host=host, port=port
+            )
         addresses.append(str(address))
     if not addresses:
-        raise ProxyRefusal(502, f"{host} has no addresses")
+        raise ProxyRefusal(502, f"{host} has no addresses", host=host, port=port)
     return tuple(addresses)
