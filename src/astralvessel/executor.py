@@ -37,10 +37,11 @@ from ._executor_args import (
 )
 from ._network import WarmNetwork, start_proxy
 from ._plans import Call, Plan, TurnContext
+from ._refusals import Refusals
 from ._runners import plan_call
 from ._warm import WarmPool, check_warm
 from .errors import SandboxError, TurnClosedError, UsageError
-from .results import ToolResult, render_refusal, render_sandbox_died
+from .results import ToolResult, render_refusal, render_sandbox_died, with_refusal_notes
 from .sandbox._api import (
     DetachedProcess,
     DetachRequest,
@@ -475,7 +476,10 @@ class Turn:
         if isinstance(planned, ExecResult):
             return planned
         session = self.session
-        return self._guarded(session, lambda: session.exec(planned))
+        try:
+            return self._guarded(session, lambda: session.exec(planned))
+        finally:
+            self._drain_refusals()  # the host's command: logged, never noted on a later call
 
     async def aexec(
         self,
@@ -497,6 +501,8 @@ class Turn:
         except SandboxError as error:
             self._lost(session, error)
             raise
+        finally:
+            self._drain_refusals()
 
     def start(
         self,
@@ -711,8 +717,11 @@ class Turn:
     def _stamp(
         self, result: ToolResult, name: str, plan: Plan[Any] | None, started: float
     ) -> ToolResult:
-        """Every result names its tool and duration; one that ran in the sandbox, which one."""
+        """Every result names its tool and duration; one that ran in the sandbox, which one,
+        and the connections the turn's egress proxy refused while it ran."""
         sandboxed = plan is not None and plan.sandboxed
+        if sandboxed:
+            result = with_refusal_notes(result, self._drain_refusals())
         return attrs.evolve(
             result,
             tool=name,
@@ -720,6 +729,15 @@ class Turn:
             backend=self._context.backend if sandboxed else None,
             policy_id=self._context.policy_id if sandboxed else None,
         )
+
+    def _drain_refusals(self) -> Refusals:
+        """What the turn's proxy refused since the last call ended (nothing without a proxy).
+
+        The proxy serves the whole turn: under concurrent calls, a refusal goes to
+        whichever call ends first after it.
+        """
+        proxy = self._proxy
+        return Refusals() if proxy is None else proxy.drain()
 
 
 def _nothing() -> None:

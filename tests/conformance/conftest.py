@@ -151,6 +151,8 @@ _NETWORK_TESTS = (
     "test_loopback_stays_refused_without_the_operators_rule",
     "test_ipv6_and_private_literals_are_refused_by_name_rule",
     "test_names_resolving_to_reserved_ipv6_are_refused",
+    "test_refusals_reach_the_model",
+    "test_a_flood_of_refusals_is_bounded",
 )
 DECLARED_UNKEPT["docker-exec"].update(
     dict.fromkeys(

@@ -11,11 +11,13 @@ shows the same origin refused when the rule is absent.
 from __future__ import annotations
 
 import datetime
+import shlex
 import shutil
 import socket
 import ssl
 import subprocess
 import threading
+import tracemalloc
 import zipfile
 from collections.abc import Iterator, Sequence
 from functools import partial
@@ -29,19 +31,22 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from astralvessel.sandbox import Policy, Sandbox, SandboxSession
+from astralvessel import Agent, Executor, Registry, Turn
+from astralvessel.sandbox import Mount, Policy, Sandbox, SandboxSession
 from astralvessel.sandbox._policy import EGRESS_PORT
-from astralvessel.web import AllowRule, EgressPolicy
+from astralvessel.web import AllowRule, EgressPolicy, Fetcher
 from astralvessel.web._proxy import EgressProxy
 from astralvessel.web._proxyhead import ProxyLimits
 
 from ..web.reserved import SAMPLES as RESERVED_V6
 from .calls import py, py_json, run
+from .conftest import TEST_LIMITS, WORKDIR
 
 HOST = "pkgs.test"
 NOTE = "hello from the origin\n"
-#: The backends whose image has curl and git (the host's /usr); Docker's test image has neither.
-HOST_TOOLS = ["bubblewrap", "nsjail"]
+#: The backends whose image has curl, git and pip: the host's /usr, and Docker's test image
+#: (.ci/build-images.sh); docker-exec relays no network.
+HOST_TOOLS = ["bubblewrap", "nsjail", "docker"]
 
 
 class _Quiet(SimpleHTTPRequestHandler):
@@ -507,3 +512,107 @@ def test_names_resolving_to_reserved_ipv6_are_refused(net_session, origin):
         """,
     )
     assert outcome.output.splitlines() == ["HTTP/1.1 403 Forbidden True"] * len(RESERVED_V6)
+
+
+@pytest.fixture
+def net_turn(backend: Sandbox, agent_dir: Path, data_dir: Path, origin: Origin) -> Iterator[Turn]:
+    """A turn opened through the public API with a network: pkgs.test (both origin ports),
+    private.test (HTTPS port), gone.test (resolves to nothing) and pkgs.test:9 (no rule)."""
+    shutil.copy(origin.ca_pem, data_dir / "ca.pem")
+    (data_dir / "ca.pem").chmod(0o644)
+    allow = [f"{HOST}:{origin.http_port}", f"{HOST}:{origin.https_port}", f"{HOST}:9"]
+    allow += [f"private.test:{origin.https_port}", f"gone.test:{origin.https_port}"]
+    executor = Executor(
+        Registry.for_agent(Agent.load(agent_dir)),
+        sandbox=backend,
+        mounts=(Mount.from_pair(WORKDIR, data_dir),),
+        limits=TEST_LIMITS,
+        timeout_seconds=60.0,
+        network_allow=allow,
+        fetcher=Fetcher(_operator_rule(origin), resolver=MapResolver()),
+    )
+    with executor, executor.turn() as opened:
+        yield opened
+
+
+#: (client, command with {http}/{https} ports, destination it asks for, words of the reason)
+REFUSING_CLIENTS = {
+    "curl": (
+        "curl -sS --cacert /data/ca.pem https://unlisted.test:{https}/hello",
+        "unlisted.test:{https}",
+        "is not on this turn's network allow-list",
+    ),
+    "git": (
+        "git clone -q https://private.test:{https}/repo.git /workspace/repo",
+        "private.test:{https}",
+        "resolves to 10.1.2.3, which is a private address",
+    ),
+    "pip": (
+        "python3 -m pip install -q --disable-pip-version-check --no-cache-dir --retries 0 "
+        "--timeout 10 --cert /data/ca.pem --index-url https://gone.test:{https}/simple/ "
+        "--target /workspace/site tinypkg",
+        "gone.test:{https}",
+        "gone.test does not resolve",
+    ),
+    "urllib": (
+        "python3 -c 'import urllib.request as u; u.urlopen(\"http://pkgs.test:9/\", timeout=20)'",
+        "pkgs.test:9",
+        "resolves to 127.0.0.1, which is a loopback address",
+    ),
+}
+
+
+@pytest.mark.parametrize("client", list(REFUSING_CLIENTS))
+def test_refusals_reach_the_model(net_turn, origin, client):
+    """curl, git, pip and urllib hide the proxy's reply to a refused CONNECT or request; the
+    call's result still names each refused destination and the proxy's reason, after the
+    command's own output, and the next call's result does not repeat it."""
+    command, where, reason = (
+        part.format(http=origin.http_port, https=origin.https_port)
+        for part in REFUSING_CLIENTS[client]
+    )
+    result = net_turn.call("bash", {"command": command})
+    assert result.is_error
+    output, _, notes = result.text.partition("\n[network: ")
+    assert output  # the command's own words come first
+    assert f"the egress proxy refused {where}" in notes
+    assert reason in notes
+    again = net_turn.call("bash", {"command": "echo quiet"})
+    assert "[network:" not in again.text
+
+
+def test_a_flood_of_refusals_is_bounded(net_turn):
+    """A call that sends thousands of refused requests, each to another name, leaves the host a
+    bounded record (ten destinations and a count), and its result a bounded note."""
+    flood = 2000
+    script = (
+        "import socket\n"
+        f"for i in range({flood}):\n"
+        f"    s = socket.create_connection(('127.0.0.1', {EGRESS_PORT}), timeout=20)\n"
+        "    s.sendall(b'CONNECT h%d.flood.test:443 HTTP/1.1\\r\\n\\r\\n' % i)\n"
+        "    while s.recv(4096): pass\n"
+        "    s.close()\n"
+    )
+    tracemalloc.start()
+    try:
+        before = _held_by_the_proxy()
+        result = net_turn.call("bash", {"command": f"python3 -c {shlex.quote(script)}"})
+        held = _held_by_the_proxy() - before
+    finally:
+        tracemalloc.stop()
+    notes = [line for line in result.text.splitlines() if line.startswith("[network: ")]
+    assert len(notes) == 11, result.text
+    assert notes[-1] == (
+        f"[network: the egress proxy refused {flood - 10} more connections to other destinations]"
+    )
+    # Each refusal's reason is about 200 bytes: kept for every one, they would be 400 kB.
+    assert held < 64 * 1024, held
+
+
+def _held_by_the_proxy() -> int:
+    """Bytes allocated from the proxy's modules and still held."""
+    names = ("*/web/_proxy.py", "*/web/_proxyhead.py", "*/_refusals.py")
+    snapshot = tracemalloc.take_snapshot().filter_traces(
+        [tracemalloc.Filter(True, name) for name in names]
+    )
+    return sum(stat.size for stat in snapshot.statistics("filename"))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import shutil
 import socket
@@ -31,6 +32,7 @@ import attrs
 
 from .._leftovers import make_folder
 from .._netallow import HostPattern, parse_allow_list
+from .._refusals import Refusals, record
 from .._unixsock import bind as bind_unix
 from ._egress import EgressPolicy, Resolver, SystemResolver
 from ._proxyhead import (
@@ -43,6 +45,9 @@ from ._proxyhead import (
 )
 
 __all__ = ["EgressProxy", "ProxyCounters"]
+
+#: Each refused connection (host, port, reason), for the host's own log.
+_log = logging.getLogger("astralvessel.network")
 
 _CHUNK = 65536
 SOCKET_NAME = "proxy.sock"
@@ -60,7 +65,6 @@ class ProxyCounters:
     refused: int = 0
     bytes: int = 0
     active: int = 0
-    reasons: list[str] = attrs.Factory(list)
 
 
 class EgressProxy:
@@ -79,6 +83,10 @@ class EgressProxy:
         self.resolver = resolver if resolver is not None else SystemResolver()
         self.limits = limits if limits is not None else ProxyLimits()
         self.counters = ProxyCounters()
+        # The refusals since the last drain: bounded (``_refusals``), written by the loop's
+        # thread, drained by the turn's calls from theirs.
+        self._refusals = Refusals()
+        self._refusals_lock = threading.Lock()
         # Private to this host user; the socket itself is opened to the sandbox's
         # server (it may run as another uid, as in Docker), the folder only traversable.
         # Named compactly for this process (the socket's path is bounded), so a killed
@@ -119,6 +127,29 @@ class EgressProxy:
         if self._thread.ident is not None:
             self._thread.join(timeout=10.0)
         shutil.rmtree(self.folder, ignore_errors=True)
+        self.drain()
+
+    def drain(self) -> Refusals:
+        """The connections refused since the last drain (bounded), and forget them."""
+        with self._refusals_lock:
+            refusals, self._refusals = self._refusals, Refusals()
+        return refusals
+
+    def _refused(self, refusal: ProxyRefusal, request: ProxyRequest | None) -> None:
+        """Count, keep (bounded) and log one refused connection."""
+        host, port = refusal.host, refusal.port
+        if not host and request is not None:
+            host, port = request.host, request.port
+        self.counters.refused += 1
+        with self._refusals_lock:
+            self._refusals = record(self._refusals, host, port, refusal.reason)
+        _log.info(
+            "egress proxy refused %s:%d (%d): %s",
+            host or "an unreadable request",
+            port,
+            refusal.status,
+            refusal.reason,
+        )
 
     def __enter__(self) -> EgressProxy:
         return self
@@ -177,6 +208,7 @@ class EgressProxy:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         counters = self.counters
         counters.active += 1
+        request: ProxyRequest | None = None
         try:
             # The head first, even when over budget: a refusal sent before the request is
             # read would reach the relay as a reset, and the call would lose the reason.
@@ -188,8 +220,8 @@ class EgressProxy:
             upstream = await self._connect(request)
             await self._relay(request, reader, writer, upstream)
         except ProxyRefusal as refusal:
-            counters.refused += 1
-            counters.reasons.append(refusal.reason)
+            # Recorded before the reply: once the call has read it, the turn can drain it.
+            self._refused(refusal, request)
             with contextlib.suppress(OSError):
                 writer.write(refusal_bytes(refusal.status, refusal.reason))
                 await writer.drain()
@@ -235,7 +267,12 @@ class EgressProxy:
                 timeout=self.limits.connect_seconds,
             )
         except (OSError, asyncio.TimeoutError) as exc:
-            raise ProxyRefusal(502, f"{request.host} does not resolve ({exc})") from None
+            raise ProxyRefusal(
+                502,
+                f"{request.host} does not resolve ({exc})",
+                host=request.host,
+                port=request.port,
+            ) from None
         # Pinned: the connection goes to an address approved here, never to a second lookup.
         addresses = approve_addresses(self.egress, request.host, request.port, answers)
         failures: list[str] = []
@@ -248,7 +285,10 @@ class EgressProxy:
             except (OSError, asyncio.TimeoutError) as exc:
                 failures.append(f"{address}: {exc or 'timed out'}")
         raise ProxyRefusal(
-            502, f"cannot connect to {request.host}:{request.port} ({'; '.join(failures)})"
+            502,
+            f"cannot connect to {request.host}:{request.port} ({'; '.join(failures)})",
+            host=request.host,
+            port=request.port,
         )
 
     async def _relay(
