@@ -153,6 +153,8 @@ _NETWORK_TESTS = (
     "test_names_resolving_to_reserved_ipv6_are_refused",
     "test_refusals_reach_the_model",
     "test_a_flood_of_refusals_is_bounded",
+    "test_no_request_reaches_the_origin_with_the_calls_host",
+    "test_connect_to_port_80_is_refused",
 )
 DECLARED_UNKEPT["docker-exec"].update(
     dict.fromkeys(

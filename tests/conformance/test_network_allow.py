@@ -10,6 +10,7 @@ shows the same origin refused when the rule is absent.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import shlex
 import shutil
@@ -186,7 +187,7 @@ def _operator_rule(origin: Origin) -> EgressPolicy:
 @pytest.fixture
 def proxy(origin: Origin) -> Iterator[EgressProxy]:
     """The turn's egress proxy: pkgs.test on the origin's ports, private.test and *.v6.test."""
-    allow = [f"{HOST}:{origin.http_port}", f"{HOST}:{origin.https_port}"]
+    allow = [f"{HOST}:{origin.http_port}", f"{HOST}:{origin.https_port}", f"{HOST}:80"]
     allow += [f"private.test:{origin.http_port}", f"*.v6.test:{origin.https_port}"]
     with EgressProxy.start(
         allow,
@@ -616,3 +617,131 @@ def _held_by_the_proxy() -> int:
         [tracemalloc.Filter(True, name) for name in names]
     )
     return sum(stat.size for stat in snapshot.statistics("filename"))
+
+
+@attrs.frozen
+class Recorder:
+    """An origin on loopback that keeps every byte each connection brought, and answers 200."""
+
+    port: int
+    seen: list[bytes]
+
+
+def _record(listener: socket.socket, seen: list[bytes]) -> None:
+    """Serve connections until the listener closes, each on a thread of its own."""
+
+    def serve(conn: socket.socket) -> None:
+        data = b""
+        # Everything the connection brings before it goes quiet for a second: a pipelined
+        # or smuggled request the proxy passed on arrives right behind the first.
+        conn.settimeout(1.0)
+        with contextlib.suppress(OSError):
+            while chunk := conn.recv(65536):
+                data += chunk
+        seen.append(data)
+        with contextlib.suppress(OSError):
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n")
+        conn.close()
+
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+
+@pytest.fixture(scope="module")
+def recorder() -> Iterator[Recorder]:
+    """The recording origin, for the whole module; each test reads what it saw after it."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    seen: list[bytes] = []
+    thread = threading.Thread(target=_record, args=(listener, seen), daemon=True)
+    thread.start()
+    try:
+        yield Recorder(port=listener.getsockname()[1], seen=seen)
+    finally:
+        listener.close()
+
+
+#: Requests a call sends to make the origin serve another virtual host (evil.test) on the
+#: listed name's address, and the status line the call must read first.
+SMUGGLED = {
+    "pipelined": (
+        b"GET http://pkgs.test:{port}/a HTTP/1.1\r\nHost: x\r\n\r\n"
+        b"GET /b HTTP/1.1\r\nHost: evil.test\r\n\r\n",
+        "HTTP/1.1 200 OK",
+    ),
+    "after-a-length": (
+        b"POST http://pkgs.test:{port}/a HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello"
+        b"GET /b HTTP/1.1\r\nHost: evil.test\r\n\r\n",
+        "HTTP/1.1 200 OK",
+    ),
+    "after-chunks": (
+        b"POST http://pkgs.test:{port}/a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5\r\nhello\r\n0\r\n\r\nGET /b HTTP/1.1\r\nHost: evil.test\r\n\r\n",
+        "HTTP/1.1 200 OK",
+    ),
+    "plain-tunnel": (
+        b"CONNECT pkgs.test:{port} HTTP/1.1\r\n\r\nGET /b HTTP/1.1\r\nHost: evil.test\r\n\r\n",
+        "HTTP/1.1 200 Connection established",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(SMUGGLED))
+def test_no_request_reaches_the_origin_with_the_calls_host(backend, policy, recorder, case):
+    """A second request pipelined, smuggled after a body (length or chunked) or sent in a
+    plaintext tunnel never reaches the origin: it sees one request, with the URL's Host."""
+    raw, status = SMUGGLED[case]
+    raw = raw.replace(b"{port}", str(recorder.port).encode())
+    with EgressProxy.start(
+        [f"{HOST}:{recorder.port}"],
+        egress=EgressPolicy(allow=[AllowRule(network="127.0.0.1/32", ports=[recorder.port])]),
+        resolver=MapResolver(),
+    ) as proxy:
+        networked = attrs.evolve(policy, network_allow=proxy.allow, egress_socket=proxy.socket_path)
+        session = backend.start(networked)
+        try:
+            recorder.seen.clear()
+            outcome = py(
+                session,
+                f"""
+                import socket
+                s = socket.create_connection(("127.0.0.1", {EGRESS_PORT}), timeout=20)
+                s.sendall({raw!r})
+                reply = b""
+                while chunk := s.recv(65536):
+                    reply += chunk
+                print(reply.decode(errors="replace"))
+                """,
+            )
+        finally:
+            session.close()
+    assert outcome.output.startswith(status), outcome.output
+    seen = b"".join(recorder.seen)
+    assert b"evil.test" not in seen
+    assert seen.count(b" HTTP/1.1\r\n") == (0 if case == "plain-tunnel" else 1)
+    if case == "plain-tunnel":
+        assert "carried no TLS" in outcome.output
+    else:
+        assert f"Host: {HOST}:{recorder.port}\r\n".encode() in seen
+
+
+def test_connect_to_port_80_is_refused(net_session):
+    """CONNECT to a listed name's port 80 is refused (a tunnel would carry plain HTTP with
+    the call's own Host); plain HTTP goes as an absolute URL."""
+    outcome = py(
+        net_session,
+        f"""
+        import socket
+        s = socket.create_connection(("127.0.0.1", {EGRESS_PORT}), timeout=10)
+        s.sendall(b"CONNECT pkgs.test:80 HTTP/1.1\\r\\n\\r\\n")
+        reply = b""
+        while chunk := s.recv(4096):
+            reply += chunk
+        print(reply.decode())
+        """,
+    )
+    assert outcome.output.startswith("HTTP/1.1 403 Forbidden"), outcome.output
+    assert "CONNECT to port 80 is refused" in outcome.output

@@ -24,7 +24,7 @@ import shutil
 import socket
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +36,16 @@ from .._refusals import Refusals, record
 from .._unixsock import bind as bind_unix
 from ._egress import EgressPolicy, Resolver, SystemResolver
 from ._proxyhead import (
+    CHUNKED,
+    TUNNEL_PEEK,
     ProxyLimits,
     ProxyRefusal,
     ProxyRequest,
     approve_addresses,
+    chunk_size,
     read_request,
     refusal_bytes,
+    tunnel_refusal,
 )
 
 __all__ = ["EgressProxy", "ProxyCounters"]
@@ -303,11 +307,16 @@ class EgressProxy:
             if request.tunnel:
                 writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
                 await writer.drain()
+                first = await self._within(reader.readexactly(TUNNEL_PEEK))
+                refusal = tunnel_refusal(first, request.host, request.port)
+                if refusal is not None:
+                    raise refusal
+                await self._forward(up_writer, first)
+                sending = self._pump(reader, up_writer)
             else:
-                self._charge(len(request.head))
-                up_writer.write(request.head)
-                await up_writer.drain()
-            outbound = asyncio.ensure_future(self._pump(reader, up_writer))
+                await self._forward(up_writer, request.head)
+                sending = self._send_body(request, reader, up_writer)
+            outbound = asyncio.ensure_future(sending)
             try:
                 # The origin's side decides the end: once it is done, so is the exchange.
                 await self._pump(up_reader, writer)
@@ -330,6 +339,71 @@ class EgressProxy:
                 return
             sink.write(data)
             await sink.drain()
+
+    async def _send_body(
+        self, request: ProxyRequest, source: asyncio.StreamReader, sink: asyncio.StreamWriter
+    ) -> None:
+        """Pass on exactly the request's body, then nothing more from the call.
+
+        What follows the body on the connection (a pipelined request, or one
+        smuggled after a chunked body) never reaches the origin: the proxy
+        stops reading, and the origin's answer to this one request ends the
+        exchange. A body framed wrong closes the origin's side.
+        """
+        try:
+            if request.body == CHUNKED:
+                await self._send_chunks(source, sink)
+            else:
+                await self._copy(source, sink, request.body)
+        except ProxyRefusal as refusal:
+            self._refused(refusal, request)
+            sink.close()
+        except asyncio.LimitOverrunError:
+            self._refused(ProxyRefusal(400, "a chunk's size line is too long"), request)
+            sink.close()
+
+    async def _send_chunks(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        while True:
+            line = await self._within(source.readuntil(b"\r\n"))
+            size = chunk_size(line)
+            await self._forward(sink, line)
+            if size == 0:
+                break
+            await self._copy(source, sink, size)
+            end = await self._within(source.readexactly(2))
+            if end != b"\r\n":
+                # The origin would read the chunk's end elsewhere than the proxy did.
+                raise ProxyRefusal(400, "a chunk of the request body does not end with CRLF")
+            await self._forward(sink, end)
+        fields = self.limits.head_fields
+        for _ in range(fields + 1):  # the trailer's fields, then the blank line
+            line = await self._within(source.readuntil(b"\r\n"))
+            await self._forward(sink, line)
+            if line == b"\r\n":
+                return
+        raise ProxyRefusal(431, f"the request body's trailer has more than {fields} fields")
+
+    async def _copy(
+        self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, size: int
+    ) -> None:
+        """Pass on ``size`` bytes of the call's (fewer if it stops sending)."""
+        while size > 0:
+            data = await self._within(source.read(min(size, _CHUNK)))
+            if not data:
+                return
+            size -= len(data)
+            await self._forward(sink, data)
+
+    async def _forward(self, sink: asyncio.StreamWriter, data: bytes) -> None:
+        """Write ``data`` on, counted against the turn; ``OSError`` once the budget is spent."""
+        if not self._charge(len(data)):
+            raise ConnectionAbortedError("the turn's byte budget is spent")
+        sink.write(data)
+        await sink.drain()
+
+    async def _within(self, step: Awaitable[bytes]) -> bytes:
+        """One read from the call, bounded by the idle time."""
+        return await asyncio.wait_for(step, timeout=self.limits.idle_seconds)
 
     def _charge(self, size: int) -> bool:
         """Count ``size`` bytes against the turn; False once the turn's budget is spent."""
