@@ -17,7 +17,7 @@ from .sandbox._policy import Policy
 from .web import Fetcher
 from .web._proxy import EgressProxy
 
-__all__ = ["WarmNetwork", "start_proxy"]
+__all__ = ["WarmNetwork", "start_proxy", "start_sandbox"]
 
 
 def start_proxy(policy: Policy, fetcher: Fetcher) -> EgressProxy | None:
@@ -25,6 +25,17 @@ def start_proxy(policy: Policy, fetcher: Fetcher) -> EgressProxy | None:
     if not policy.network_allow:
         return None
     return EgressProxy.start(policy.network_allow, egress=fetcher.policy, resolver=fetcher.resolver)
+
+
+def start_sandbox(sandbox: Sandbox, policy: Policy, proxy: EgressProxy) -> SandboxSession:
+    """Start a sandbox reaching calls to ``proxy``, which then admits its uid and no other."""
+    session = sandbox.start(attrs.evolve(policy, egress_socket=proxy.socket_path))
+    try:
+        proxy.admit(session.peer_uid)
+    except BaseException:
+        session.close()
+        raise
+    return session
 
 
 class WarmNetwork:
@@ -49,7 +60,7 @@ class WarmNetwork:
             self.policy.network_allow, egress=self.fetcher.policy, resolver=self.fetcher.resolver
         )
         try:
-            session = self.sandbox.start(attrs.evolve(self.policy, egress_socket=proxy.socket_path))
+            session = start_sandbox(self.sandbox, self.policy, proxy)
         except BaseException:
             proxy.close()
             raise

@@ -35,7 +35,7 @@ from ._executor_args import (
     check_texts,
     check_timeout,
 )
-from ._network import WarmNetwork, start_proxy
+from ._network import WarmNetwork, start_proxy, start_sandbox
 from ._plans import Call, Plan, TurnContext
 from ._refusals import Refusals
 from ._runners import plan_call
@@ -243,8 +243,7 @@ class Executor:
         if started is None:
             return self.sandbox.start(self.policy), None
         try:
-            policy = attrs.evolve(self.policy, egress_socket=started.socket_path)
-            return self.sandbox.start(policy), started
+            return start_sandbox(self.sandbox, self.policy, started), started
         except BaseException:
             if started is not proxy:
                 started.close()

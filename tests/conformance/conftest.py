@@ -155,6 +155,7 @@ _NETWORK_TESTS = (
     "test_a_flood_of_refusals_is_bounded",
     "test_no_request_reaches_the_origin_with_the_calls_host",
     "test_connect_to_port_80_is_refused",
+    "test_another_local_user_cannot_use_the_turns_proxy",
 )
 DECLARED_UNKEPT["docker-exec"].update(
     dict.fromkeys(

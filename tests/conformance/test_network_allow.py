@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
+import os
 import shlex
 import shutil
 import socket
 import ssl
+import stat
 import subprocess
 import threading
 import tracemalloc
@@ -33,6 +36,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from astralvessel import Agent, Executor, Registry, Turn
+from astralvessel._network import start_sandbox
 from astralvessel.sandbox import Mount, Policy, Sandbox, SandboxSession
 from astralvessel.sandbox._policy import EGRESS_PORT
 from astralvessel.web import AllowRule, EgressPolicy, Fetcher
@@ -205,8 +209,7 @@ def net_session(
     """A turn whose policy allows the proxy's list; the test CA is readable at /data/ca.pem."""
     shutil.copy(origin.ca_pem, data_dir / "ca.pem")
     (data_dir / "ca.pem").chmod(0o644)
-    networked = attrs.evolve(policy, network_allow=proxy.allow, egress_socket=proxy.socket_path)
-    turn = backend.start(networked)
+    turn = start_sandbox(backend, attrs.evolve(policy, network_allow=proxy.allow), proxy)
     try:
         yield turn
     finally:
@@ -455,8 +458,7 @@ def test_proxy_in_a_long_temporary_folder_serves_and_dies_with_its_turn(
     proxy = EgressProxy.start(
         [f"{HOST}:{origin.http_port}"], egress=_operator_rule(origin), resolver=MapResolver()
     )
-    networked = attrs.evolve(policy, network_allow=proxy.allow, egress_socket=proxy.socket_path)
-    session = backend.start(networked)
+    session = start_sandbox(backend, attrs.evolve(policy, network_allow=proxy.allow), proxy)
     try:
         assert _fetch(session, f"http://{HOST}:{origin.http_port}/hello")["status"] == 200
     finally:
@@ -470,8 +472,8 @@ def test_proxy_in_a_long_temporary_folder_serves_and_dies_with_its_turn(
 def test_loopback_stays_refused_without_the_operators_rule(backend, policy, origin):
     """Without the operator's AllowRule, the same listed name (on loopback) is refused: 403."""
     with EgressProxy.start([f"{HOST}:{origin.http_port}"], resolver=MapResolver()) as proxy:
-        networked = attrs.evolve(policy, network_allow=proxy.allow, egress_socket=proxy.socket_path)
-        session = backend.start(networked)
+        networked = attrs.evolve(policy, network_allow=proxy.allow)
+        session = start_sandbox(backend, networked, proxy)
         try:
             result = _fetch(session, f"http://{HOST}:{origin.http_port}/hello")
         finally:
@@ -700,8 +702,8 @@ def test_no_request_reaches_the_origin_with_the_calls_host(backend, policy, reco
         egress=EgressPolicy(allow=[AllowRule(network="127.0.0.1/32", ports=[recorder.port])]),
         resolver=MapResolver(),
     ) as proxy:
-        networked = attrs.evolve(policy, network_allow=proxy.allow, egress_socket=proxy.socket_path)
-        session = backend.start(networked)
+        networked = attrs.evolve(policy, network_allow=proxy.allow)
+        session = start_sandbox(backend, networked, proxy)
         try:
             recorder.seen.clear()
             outcome = py(
@@ -745,3 +747,60 @@ def test_connect_to_port_80_is_refused(net_session):
     )
     assert outcome.output.startswith("HTTP/1.1 403 Forbidden"), outcome.output
     assert "CONNECT to port 80 is refused" in outcome.output
+
+
+#: The other local user of the attack: the CI's ordinary user (``.ci/setup.sh``).
+OTHER_USER = "vesselci"
+_KNOCK = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(20)
+try:
+    s.connect(sys.argv[1])
+except OSError as error:
+    print("refused", error.errno)
+    raise SystemExit
+reply = b""
+try:
+    s.sendall(sys.argv[2].encode())
+    while chunk := s.recv(65536):
+        reply += chunk
+except OSError as error:
+    print("reset", error.errno)
+print("reply", repr(reply))
+"""
+
+
+def _knock(user: str, socket_path: Path, request: str) -> str:
+    """What ``user`` gets from sending ``request`` to the proxy's socket, from the host."""
+    found = subprocess.run(
+        ["runuser", "-u", user, "--", "/usr/bin/python3", "-c", _KNOCK, str(socket_path), request],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return found.stdout.strip()
+
+
+def test_another_local_user_cannot_use_the_turns_proxy(net_session, proxy, origin):
+    """Another local user who finds the turn's proxy socket (its path is in /proc/net/unix)
+    gets nothing through it: the socket is the sandbox's uid's alone (0600), and a connection
+    from any other uid is closed unanswered even where the file's mode would let it in.
+
+    When the host is an ordinary user, the sandbox is that user, so the socket is theirs
+    alone; no second ordinary user can run here then, and the mode is what is checked."""
+    info = os.stat(proxy.socket_path)
+    assert stat.S_IMODE(info.st_mode) == 0o600
+    assert info.st_uid == net_session.peer_uid
+    if os.geteuid() != 0:
+        assert info.st_uid == os.geteuid()
+        return
+    request = f"GET http://{HOST}:{origin.http_port}/hello HTTP/1.1\r\n\r\n"
+    assert _knock(OTHER_USER, proxy.socket_path, request) == f"refused {errno.EACCES}"
+    # Past the file's mode, the peer check still holds.
+    os.chmod(proxy.socket_path, 0o666)  # noqa: S103 - the attack's own opening
+    # Closed unanswered: an empty reply, or a reset or broken pipe on the way.
+    assert _knock(OTHER_USER, proxy.socket_path, request).endswith("reply b''")
+    # The turn's own calls still get through.
+    assert _fetch(net_session, f"http://{HOST}:{origin.http_port}/hello")["status"] == 200

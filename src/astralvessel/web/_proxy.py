@@ -22,6 +22,7 @@ import logging
 import os
 import shutil
 import socket
+import struct
 import sys
 import threading
 from collections.abc import Awaitable, Iterable
@@ -54,6 +55,8 @@ __all__ = ["EgressProxy", "ProxyCounters"]
 _log = logging.getLogger("astralvessel.network")
 
 _CHUNK = 65536
+#: ``SO_PEERCRED``'s answer: pid, uid, gid.
+_PEERCRED = struct.Struct("3i")
 SOCKET_NAME = "proxy.sock"
 #: Python 3.13 removes a unix listener's file at close, by the name it was bound at: here
 #: maybe ``/proc/self/fd/N/...``, which names nothing once the bind is done. ``close``
@@ -98,6 +101,10 @@ class EgressProxy:
         self.folder = Path(make_folder("egress", compact=True))
         self.folder.chmod(0o711)
         self.socket_path = self.folder / SOCKET_NAME
+        #: Who may connect besides this process's own uid: the turn's sandbox (``admit``);
+        #: None (anyone) where the backend cannot say which uid that is.
+        self._host_uid = os.geteuid()
+        self._peer: int | None = self._host_uid
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
@@ -132,6 +139,40 @@ class EgressProxy:
             self._thread.join(timeout=10.0)
         shutil.rmtree(self.folder, ignore_errors=True)
         self.drain()
+
+    def admit(self, uid: int | None) -> None:
+        """Let the sandbox's processes, host uid ``uid``, connect; no other user (but root).
+
+        Called once the turn's sandbox has started (``SandboxSession.peer_uid``),
+        and again with the next sandbox's when one dies. The socket becomes that
+        uid's alone (mode 0600, which the kernel checks at connect), and each
+        connection's peer is checked too (``SO_PEERCRED``). ``None`` (an engine
+        that maps container uids itself) admits any local user, as before.
+        """
+        self._peer = uid
+        mode = 0o600
+        if uid is None:
+            mode = 0o666  # the threat model says what remains
+        elif uid != self._host_uid:
+            try:
+                os.chown(self.socket_path, uid, -1)
+            except PermissionError:
+                # A host that is not root (Docker's leased uid): the peer check alone holds.
+                mode = 0o666
+        os.chmod(self.socket_path, mode)
+
+    def _admitted(self, conn: socket.socket) -> bool:
+        """Whether the peer of ``conn`` is this host's user or the turn's sandbox."""
+        peer = self._peer
+        if peer is None:
+            return True
+        _, uid, _ = _PEERCRED.unpack(
+            conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+        )
+        if uid in (self._host_uid, peer):
+            return True
+        _log.warning("egress proxy turned away a connection from uid %d, not the turn's", uid)
+        return False
 
     def drain(self) -> Refusals:
         """The connections refused since the last drain (bounded), and forget them."""
@@ -184,6 +225,9 @@ class EgressProxy:
         tasks: set[asyncio.Task[None]] = set()
 
         def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            if not self._admitted(writer.get_extra_info("socket")):
+                writer.close()
+                return
             task = asyncio.ensure_future(self._serve(reader, writer))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
@@ -198,8 +242,8 @@ class EgressProxy:
         except BaseException:
             listener.close()
             raise
-        # The server may run as another uid (Docker's 65534); the folder is 0711 and unlisted.
-        os.chmod(self.socket_path, 0o666)  # noqa: S103 - see above
+        # This user's alone until ``admit`` names the sandbox's uid; the folder is 0711.
+        os.chmod(self.socket_path, 0o600)
         self._ready.set()
         try:
             await self._stop.wait()
