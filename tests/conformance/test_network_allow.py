@@ -458,11 +458,14 @@ def test_proxy_in_a_long_temporary_folder_serves_and_dies_with_its_turn(
     proxy = EgressProxy.start(
         [f"{HOST}:{origin.http_port}"], egress=_operator_rule(origin), resolver=MapResolver()
     )
-    session = start_sandbox(backend, attrs.evolve(policy, network_allow=proxy.allow), proxy)
     try:
-        assert _fetch(session, f"http://{HOST}:{origin.http_port}/hello")["status"] == 200
+        # A backend that refuses to start (docker-exec) must not leave the proxy running.
+        session = start_sandbox(backend, attrs.evolve(policy, network_allow=proxy.allow), proxy)
+        try:
+            assert _fetch(session, f"http://{HOST}:{origin.http_port}/hello")["status"] == 200
+        finally:
+            session.close()
     finally:
-        session.close()
         proxy.close()
     assert proxy.folder.parent == long_tmp
     assert not proxy.folder.exists()
