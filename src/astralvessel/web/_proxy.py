@@ -94,8 +94,8 @@ class EgressProxy:
         # thread, drained by the turn's calls from theirs.
         self._refusals = Refusals()
         self._refusals_lock = threading.Lock()
-        # Private to this host user; the socket itself is opened to the sandbox's
-        # server (it may run as another uid, as in Docker), the folder only traversable.
+        # Private to this host user, the folder only traversable; the socket inside is
+        # given to the sandbox's uid once it is known (``admit``), and to no one else.
         # Named compactly for this process (the socket's path is bounded), so a killed
         # host's folder is removed by the next host's first proxy (``_leftovers``).
         self.folder = Path(make_folder("egress", compact=True))
