@@ -369,3 +369,19 @@ def test_a_tunnel_carries_only_tls():
     refusal = tunnel_refusal(b"GET /", "site.test", 443)
     assert refusal is not None
     assert "carried no TLS" in refusal.reason
+
+
+def test_refusals_are_drained_per_call_and_dropped_at_close(http_server):
+    """The proxy hands its refusals over once (a call's), and keeps none past close."""
+    port = http_server.port
+    proxy = EgressProxy.start([f"site.test:{port}"], resolver=MapResolver({}))
+    try:
+        exchange(proxy, b"CONNECT other.test:443 HTTP/1.1\r\n\r\n")
+        exchange(proxy, b"CONNECT other.test:443 HTTP/1.1\r\n\r\n")
+        first = proxy.drain()
+        assert [(d.host, d.port, d.count) for d in first.destinations] == [("other.test", 443, 2)]
+        assert proxy.drain().total == 0
+        exchange(proxy, b"NOT HTTP\r\n\r\n")
+    finally:
+        proxy.close()
+    assert proxy.drain().total == 0
