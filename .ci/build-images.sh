@@ -14,7 +14,7 @@ set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 suite=bookworm
-packages="python3,ripgrep"
+packages="python3,ripgrep,curl,git,python3-pip"
 base_image="astralvessel-test/base:$suite"
 nopython_image="astralvessel-test/nopython:$suite"
 # Bump when the recipe below changes, so caches built by an older recipe are not reused.

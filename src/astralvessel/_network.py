@@ -20,7 +20,7 @@ from .web import AllowRule, EgressPolicy, Fetcher
 from .web._hosts import HostsResolver
 from .web._proxy import EgressProxy
 
-__all__ = ["WarmNetwork", "admit_hosts", "start_proxy"]
+__all__ = ["WarmNetwork", "admit_hosts", "start_proxy", "start_sandbox"]
 
 
 def admit_hosts(
@@ -61,6 +61,17 @@ def start_proxy(policy: Policy, fetcher: Fetcher) -> EgressProxy | None:
     return EgressProxy.start(policy.network_allow, egress=fetcher.policy, resolver=fetcher.resolver)
 
 
+def start_sandbox(sandbox: Sandbox, policy: Policy, proxy: EgressProxy) -> SandboxSession:
+    """Start a sandbox reaching calls to ``proxy``, which then admits its uid and no other."""
+    session = sandbox.start(attrs.evolve(policy, egress_socket=proxy.socket_path))
+    try:
+        proxy.admit(session.peer_uid)
+    except BaseException:
+        session.close()
+        raise
+    return session
+
+
 class WarmNetwork:
     """Starts a warm sandbox together with the egress proxy of the turn that will take it.
 
@@ -83,7 +94,7 @@ class WarmNetwork:
             self.policy.network_allow, egress=self.fetcher.policy, resolver=self.fetcher.resolver
         )
         try:
-            session = self.sandbox.start(attrs.evolve(self.policy, egress_socket=proxy.socket_path))
+            session = start_sandbox(self.sandbox, self.policy, proxy)
         except BaseException:
             proxy.close()
             raise

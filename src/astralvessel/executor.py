@@ -38,15 +38,16 @@ from ._executor_args import (
     check_texts,
     check_timeout,
 )
-from ._network import WarmNetwork, admit_hosts, start_proxy
+from ._network import WarmNetwork, admit_hosts, start_proxy, start_sandbox
 from ._plans import Call, Plan, TurnContext
+from ._refusals import Refusals
 from ._runners import plan_call
 from ._snapshot._capture import capture, restore
 from ._snapshot._store import MIB, Budget
 from ._snapshot._value import TurnSnapshot
 from ._warm import WarmPool, check_warm
 from .errors import SandboxError, SnapshotError, TurnClosedError, UsageError
-from .results import ToolResult, render_refusal, render_sandbox_died
+from .results import ToolResult, render_refusal, render_sandbox_died, with_refusal_notes
 from .sandbox._api import (
     DetachedProcess,
     DetachRequest,
@@ -293,9 +294,7 @@ class Executor:
             if started is None:
                 session = self.sandbox.start(self.policy)
             else:
-                session = self.sandbox.start(
-                    attrs.evolve(self.policy, egress_socket=started.socket_path)
-                )
+                session = start_sandbox(self.sandbox, self.policy, started)
         except BaseException:
             if started is not None and started is not proxy:
                 started.close()
@@ -560,7 +559,10 @@ class Turn:
         if isinstance(planned, ExecResult):
             return planned
         session = self.session
-        return self._guarded(session, lambda: session.exec(planned))
+        try:
+            return self._guarded(session, lambda: session.exec(planned))
+        finally:
+            self._drain_refusals()  # the host's command: logged, never noted on a later call
 
     async def aexec(
         self,
@@ -582,6 +584,8 @@ class Turn:
         except SandboxError as error:
             self._lost(session, error)
             raise
+        finally:
+            self._drain_refusals()
 
     def start(
         self,
@@ -851,8 +855,11 @@ class Turn:
     def _stamp(
         self, result: ToolResult, name: str, plan: Plan[Any] | None, started: float
     ) -> ToolResult:
-        """Every result names its tool and duration; one that ran in the sandbox, which one."""
+        """Every result names its tool and duration; one that ran in the sandbox, which one,
+        and the connections the turn's egress proxy refused while it ran."""
         sandboxed = plan is not None and plan.sandboxed
+        if sandboxed:
+            result = with_refusal_notes(result, self._drain_refusals())
         return attrs.evolve(
             result,
             tool=name,
@@ -860,6 +867,15 @@ class Turn:
             backend=self._context.backend if sandboxed else None,
             policy_id=self._context.policy_id if sandboxed else None,
         )
+
+    def _drain_refusals(self) -> Refusals:
+        """What the turn's proxy refused since the last call ended (nothing without a proxy).
+
+        The proxy serves the whole turn: under concurrent calls, a refusal goes to
+        whichever call ends first after it.
+        """
+        proxy = self._proxy
+        return Refusals() if proxy is None else proxy.drain()
 
 
 def _fork_count(n: object) -> int:

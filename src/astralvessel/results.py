@@ -16,6 +16,7 @@ from collections.abc import Mapping
 import attrs
 import cattrs
 
+from ._refusals import Refusals
 from .sandbox._base import FileOutcome, OutboxFile, RunOutcome
 
 __all__ = [
@@ -24,6 +25,7 @@ __all__ = [
     "ToolResult",
     "cap_text",
     "grep_text",
+    "refusal_notes",
     "render_command",
     "render_file",
     "render_grep",
@@ -38,6 +40,7 @@ __all__ = [
     "render_web",
     "timeout_note",
     "truncation_note",
+    "with_refusal_notes",
 ]
 
 
@@ -111,6 +114,32 @@ def _joined(text: str, notes: list[str]) -> str:
     if not text:
         return "\n".join(notes)
     return "\n".join([text.removesuffix("\n"), *notes])
+
+
+def refusal_notes(refusals: Refusals) -> list[str]:
+    """One note per destination the egress proxy refused during a call, and one for the rest.
+
+    Bounded whatever the call tried: ``Refusals`` names at most ten destinations.
+    """
+    notes = []
+    for refused in refusals.destinations:
+        where = f"{refused.host}:{refused.port}" if refused.host else "a request it could not read"
+        times = f" ({refused.count} connections)" if refused.count > 1 else ""
+        notes.append(f"[network: the egress proxy refused {where}{times}: {refused.reason}]")
+    if refusals.others:
+        notes.append(
+            f"[network: the egress proxy refused {refusals.others} more connections "
+            "to other destinations]"
+        )
+    return notes
+
+
+def with_refusal_notes(result: ToolResult, refusals: Refusals) -> ToolResult:
+    """``result`` with the notes of the connections the proxy refused during its call."""
+    notes = refusal_notes(refusals)
+    if not notes:
+        return result
+    return attrs.evolve(result, text=_joined(result.text, notes))
 
 
 def render_output(

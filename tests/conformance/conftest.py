@@ -150,6 +150,12 @@ _NETWORK_TESTS = (
     "test_proxy_in_a_long_temporary_folder_serves_and_dies_with_its_turn",
     "test_loopback_stays_refused_without_the_operators_rule",
     "test_ipv6_and_private_literals_are_refused_by_name_rule",
+    "test_names_resolving_to_reserved_ipv6_are_refused",
+    "test_refusals_reach_the_model",
+    "test_a_flood_of_refusals_is_bounded",
+    "test_no_request_reaches_the_origin_with_the_calls_host",
+    "test_connect_to_port_80_is_refused",
+    "test_another_local_user_cannot_use_the_turns_proxy",
     # test_host_service.py: a service on the host, by name.
     "test_a_pinned_host_service_is_reached_by_name",
     "test_the_pinned_address_is_admitted_on_the_names_ports_only",

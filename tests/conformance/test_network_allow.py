@@ -10,12 +10,18 @@ shows the same origin refused when the rule is absent.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import errno
+import os
+import shlex
 import shutil
 import socket
 import ssl
+import stat
 import subprocess
 import threading
+import tracemalloc
 import zipfile
 from collections.abc import Iterator, Sequence
 from functools import partial
@@ -29,18 +35,23 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from astralvessel.sandbox import Policy, Sandbox, SandboxSession
+from astralvessel import Agent, Executor, Registry, Turn
+from astralvessel._network import start_sandbox
+from astralvessel.sandbox import Mount, Policy, Sandbox, SandboxSession
 from astralvessel.sandbox._policy import EGRESS_PORT
-from astralvessel.web import AllowRule, EgressPolicy
+from astralvessel.web import AllowRule, EgressPolicy, Fetcher
 from astralvessel.web._proxy import EgressProxy
 from astralvessel.web._proxyhead import ProxyLimits
 
+from ..web.reserved import SAMPLES as RESERVED_V6
 from .calls import py, py_json, run
+from .conftest import TEST_LIMITS, WORKDIR
 
 HOST = "pkgs.test"
 NOTE = "hello from the origin\n"
-#: The backends whose image has curl and git (the host's /usr); Docker's test image has neither.
-HOST_TOOLS = ["bubblewrap", "nsjail"]
+#: The backends whose image has curl, git and pip: the host's /usr, and Docker's test image
+#: (.ci/build-images.sh); docker-exec relays no network.
+HOST_TOOLS = ["bubblewrap", "nsjail", "docker"]
 
 
 class _Quiet(SimpleHTTPRequestHandler):
@@ -154,7 +165,8 @@ def origin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Origin]:
 
 
 class MapResolver:
-    """Fixed DNS answers: pkgs.test and unlisted.test are the origin, private.test is private."""
+    """Fixed DNS answers: pkgs.test and unlisted.test are the origin, private.test is private,
+    rN.v6.test is the Nth reserved IPv6 spelling."""
 
     def resolve(self, host: str, port: int) -> Sequence[str]:
         """Answer from the table, or fail as an unknown name does."""
@@ -162,6 +174,7 @@ class MapResolver:
             HOST: ["127.0.0.1"],
             "unlisted.test": ["127.0.0.1"],
             "private.test": ["10.1.2.3"],
+            **{f"r{i}.v6.test": [spelling] for i, spelling in enumerate(RESERVED_V6)},
         }
         if host not in answers:
             raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
@@ -177,9 +190,9 @@ def _operator_rule(origin: Origin) -> EgressPolicy:
 
 @pytest.fixture
 def proxy(origin: Origin) -> Iterator[EgressProxy]:
-    """The turn's egress proxy: pkgs.test on the origin's ports, and private.test."""
-    allow = [f"{HOST}:{origin.http_port}", f"{HOST}:{origin.https_port}"]
-    allow.append(f"private.test:{origin.http_port}")
+    """The turn's egress proxy: pkgs.test on the origin's ports, private.test and *.v6.test."""
+    allow = [f"{HOST}:{origin.http_port}", f"{HOST}:{origin.https_port}", f"{HOST}:80"]
+    allow += [f"private.test:{origin.http_port}", f"*.v6.test:{origin.https_port}"]
     with EgressProxy.start(
         allow,
         egress=_operator_rule(origin),
@@ -196,8 +209,7 @@ def net_session(
     """A turn whose policy allows the proxy's list; the test CA is readable at /data/ca.pem."""
     shutil.copy(origin.ca_pem, data_dir / "ca.pem")
     (data_dir / "ca.pem").chmod(0o644)
-    networked = attrs.evolve(policy, network_allow=proxy.allow, egress_socket=proxy.socket_path)
-    turn = backend.start(networked)
+    turn = start_sandbox(backend, attrs.evolve(policy, network_allow=proxy.allow), proxy)
     try:
         yield turn
     finally:
@@ -446,12 +458,14 @@ def test_proxy_in_a_long_temporary_folder_serves_and_dies_with_its_turn(
     proxy = EgressProxy.start(
         [f"{HOST}:{origin.http_port}"], egress=_operator_rule(origin), resolver=MapResolver()
     )
-    networked = attrs.evolve(policy, network_allow=proxy.allow, egress_socket=proxy.socket_path)
-    session = backend.start(networked)
     try:
-        assert _fetch(session, f"http://{HOST}:{origin.http_port}/hello")["status"] == 200
+        # A backend that refuses to start (docker-exec) must not leave the proxy running.
+        session = start_sandbox(backend, attrs.evolve(policy, network_allow=proxy.allow), proxy)
+        try:
+            assert _fetch(session, f"http://{HOST}:{origin.http_port}/hello")["status"] == 200
+        finally:
+            session.close()
     finally:
-        session.close()
         proxy.close()
     assert proxy.folder.parent == long_tmp
     assert not proxy.folder.exists()
@@ -461,8 +475,8 @@ def test_proxy_in_a_long_temporary_folder_serves_and_dies_with_its_turn(
 def test_loopback_stays_refused_without_the_operators_rule(backend, policy, origin):
     """Without the operator's AllowRule, the same listed name (on loopback) is refused: 403."""
     with EgressProxy.start([f"{HOST}:{origin.http_port}"], resolver=MapResolver()) as proxy:
-        networked = attrs.evolve(policy, network_allow=proxy.allow, egress_socket=proxy.socket_path)
-        session = backend.start(networked)
+        networked = attrs.evolve(policy, network_allow=proxy.allow)
+        session = start_sandbox(backend, networked, proxy)
         try:
             result = _fetch(session, f"http://{HOST}:{origin.http_port}/hello")
         finally:
@@ -484,3 +498,312 @@ def test_ipv6_and_private_literals_are_refused_by_name_rule(net_session):
         """,
     )
     assert outcome.output.splitlines() == ["HTTP/1.1 403 Forbidden", "HTTP/1.1 403 Forbidden"]
+
+
+def test_names_resolving_to_reserved_ipv6_are_refused(net_session, origin):
+    """A listed name whose answer is a reserved IPv6 address, in each spelling (IPv4-translated,
+    -mapped and NAT64 loopback among them), gets 403 naming the address: no connection tried."""
+    names = [f"r{i}.v6.test:{origin.https_port}" for i in range(len(RESERVED_V6))]
+    outcome = py(
+        net_session,
+        f"""
+        import socket
+        for name in {names!r}:
+            s = socket.create_connection(("127.0.0.1", {EGRESS_PORT}), timeout=10)
+            s.sendall(b"CONNECT " + name.encode() + b" HTTP/1.1\\r\\n\\r\\n")
+            reply = b""
+            while chunk := s.recv(4096):
+                reply += chunk
+            print(reply.decode().split("\\r\\n")[0], "resolves to" in reply.decode())
+        """,
+    )
+    assert outcome.output.splitlines() == ["HTTP/1.1 403 Forbidden True"] * len(RESERVED_V6)
+
+
+@pytest.fixture
+def net_turn(backend: Sandbox, agent_dir: Path, data_dir: Path, origin: Origin) -> Iterator[Turn]:
+    """A turn opened through the public API with a network: pkgs.test (both origin ports),
+    private.test (HTTPS port), gone.test (resolves to nothing) and pkgs.test:9 (no rule)."""
+    shutil.copy(origin.ca_pem, data_dir / "ca.pem")
+    (data_dir / "ca.pem").chmod(0o644)
+    allow = [f"{HOST}:{origin.http_port}", f"{HOST}:{origin.https_port}", f"{HOST}:9"]
+    allow += [f"private.test:{origin.https_port}", f"gone.test:{origin.https_port}"]
+    executor = Executor(
+        Registry.for_agent(Agent.load(agent_dir)),
+        sandbox=backend,
+        mounts=(Mount.from_pair(WORKDIR, data_dir),),
+        limits=TEST_LIMITS,
+        timeout_seconds=60.0,
+        network_allow=allow,
+        fetcher=Fetcher(_operator_rule(origin), resolver=MapResolver()),
+    )
+    with executor, executor.turn() as opened:
+        yield opened
+
+
+#: (client, command with {http}/{https} ports, destination it asks for, words of the reason)
+REFUSING_CLIENTS = {
+    "curl": (
+        "curl -sS --cacert /data/ca.pem https://unlisted.test:{https}/hello",
+        "unlisted.test:{https}",
+        "is not on this turn's network allow-list",
+    ),
+    "git": (
+        "git clone -q https://private.test:{https}/repo.git /workspace/repo",
+        "private.test:{https}",
+        "resolves to 10.1.2.3, which is a private address",
+    ),
+    "pip": (
+        "python3 -m pip install -q --disable-pip-version-check --no-cache-dir --retries 0 "
+        "--timeout 10 --cert /data/ca.pem --index-url https://gone.test:{https}/simple/ "
+        "--target /workspace/site tinypkg",
+        "gone.test:{https}",
+        "gone.test does not resolve",
+    ),
+    "urllib": (
+        "python3 -c 'import urllib.request as u; u.urlopen(\"http://pkgs.test:9/\", timeout=20)'",
+        "pkgs.test:9",
+        "resolves to 127.0.0.1, which is a loopback address",
+    ),
+}
+
+
+@pytest.mark.parametrize("client", list(REFUSING_CLIENTS))
+def test_refusals_reach_the_model(net_turn, origin, client):
+    """curl, git, pip and urllib hide the proxy's reply to a refused CONNECT or request; the
+    call's result still names each refused destination and the proxy's reason, after the
+    command's own output, and the next call's result does not repeat it."""
+    command, where, reason = (
+        part.format(http=origin.http_port, https=origin.https_port)
+        for part in REFUSING_CLIENTS[client]
+    )
+    result = net_turn.call("bash", {"command": command})
+    assert result.is_error
+    output, _, notes = result.text.partition("\n[network: ")
+    assert output  # the command's own words come first
+    assert f"the egress proxy refused {where}" in notes
+    assert reason in notes
+    again = net_turn.call("bash", {"command": "echo quiet"})
+    assert "[network:" not in again.text
+
+
+def test_a_flood_of_refusals_is_bounded(net_turn):
+    """A call that sends hundreds of refused requests, each to another name, leaves the host a
+    bounded record (ten destinations and a count), and its result a bounded note."""
+    flood = 600
+    script = (
+        "import socket\n"
+        f"for i in range({flood}):\n"
+        f"    s = socket.create_connection(('127.0.0.1', {EGRESS_PORT}), timeout=20)\n"
+        "    s.sendall(b'CONNECT h%d.flood.test:443 HTTP/1.1\\r\\n\\r\\n' % i)\n"
+        "    while s.recv(4096): pass\n"
+        "    s.close()\n"
+    )
+    tracemalloc.start()
+    try:
+        before = _held_by_the_proxy()
+        result = net_turn.call("bash", {"command": f"python3 -c {shlex.quote(script)}"})
+        held = _held_by_the_proxy() - before
+    finally:
+        tracemalloc.stop()
+    notes = [line for line in result.text.splitlines() if line.startswith("[network: ")]
+    assert len(notes) == 11, result.text
+    assert notes[-1] == (
+        f"[network: the egress proxy refused {flood - 10} more connections to other destinations]"
+    )
+    # Kept for every refusal, the reasons would hold about 170 kB (283 bytes each, measured).
+    assert held < 64 * 1024, held
+
+
+def _held_by_the_proxy() -> int:
+    """Bytes allocated from the proxy's modules and still held."""
+    names = ("*/web/_proxy.py", "*/web/_proxyhead.py", "*/_refusals.py")
+    snapshot = tracemalloc.take_snapshot().filter_traces(
+        [tracemalloc.Filter(True, name) for name in names]
+    )
+    return sum(stat.size for stat in snapshot.statistics("filename"))
+
+
+@attrs.frozen
+class Recorder:
+    """An origin on loopback that keeps every byte each connection brought, and answers 200."""
+
+    port: int
+    seen: list[bytes]
+
+
+def _record(listener: socket.socket, seen: list[bytes]) -> None:
+    """Serve connections until the listener closes, each on a thread of its own."""
+
+    def serve(conn: socket.socket) -> None:
+        data = b""
+        # Everything the connection brings before it goes quiet for a second: a pipelined
+        # or smuggled request the proxy passed on arrives right behind the first.
+        conn.settimeout(1.0)
+        with contextlib.suppress(OSError):
+            while chunk := conn.recv(65536):
+                data += chunk
+        seen.append(data)
+        with contextlib.suppress(OSError):
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\nConnection: close\r\n\r\nok\n")
+        conn.close()
+
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        threading.Thread(target=serve, args=(conn,), daemon=True).start()
+
+
+@pytest.fixture(scope="module")
+def recorder() -> Iterator[Recorder]:
+    """The recording origin, for the whole module; each test reads what it saw after it."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    seen: list[bytes] = []
+    thread = threading.Thread(target=_record, args=(listener, seen), daemon=True)
+    thread.start()
+    try:
+        yield Recorder(port=listener.getsockname()[1], seen=seen)
+    finally:
+        listener.close()
+
+
+#: Requests a call sends to make the origin serve another virtual host (evil.test) on the
+#: listed name's address, and the status line the call must read first.
+SMUGGLED = {
+    "pipelined": (
+        b"GET http://pkgs.test:{port}/a HTTP/1.1\r\nHost: x\r\n\r\n"
+        b"GET /b HTTP/1.1\r\nHost: evil.test\r\n\r\n",
+        "HTTP/1.1 200 OK",
+    ),
+    "after-a-length": (
+        b"POST http://pkgs.test:{port}/a HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello"
+        b"GET /b HTTP/1.1\r\nHost: evil.test\r\n\r\n",
+        "HTTP/1.1 200 OK",
+    ),
+    "after-chunks": (
+        b"POST http://pkgs.test:{port}/a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b"5\r\nhello\r\n0\r\n\r\nGET /b HTTP/1.1\r\nHost: evil.test\r\n\r\n",
+        "HTTP/1.1 200 OK",
+    ),
+    "plain-tunnel": (
+        b"CONNECT pkgs.test:{port} HTTP/1.1\r\n\r\nGET /b HTTP/1.1\r\nHost: evil.test\r\n\r\n",
+        "HTTP/1.1 200 Connection established",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(SMUGGLED))
+def test_no_request_reaches_the_origin_with_the_calls_host(backend, policy, recorder, case):
+    """A second request pipelined, smuggled after a body (length or chunked) or sent in a
+    plaintext tunnel never reaches the origin: it sees one request, with the URL's Host."""
+    raw, status = SMUGGLED[case]
+    raw = raw.replace(b"{port}", str(recorder.port).encode())
+    with EgressProxy.start(
+        [f"{HOST}:{recorder.port}"],
+        egress=EgressPolicy(allow=[AllowRule(network="127.0.0.1/32", ports=[recorder.port])]),
+        resolver=MapResolver(),
+    ) as proxy:
+        networked = attrs.evolve(policy, network_allow=proxy.allow)
+        session = start_sandbox(backend, networked, proxy)
+        try:
+            recorder.seen.clear()
+            outcome = py(
+                session,
+                f"""
+                import socket
+                s = socket.create_connection(("127.0.0.1", {EGRESS_PORT}), timeout=20)
+                s.sendall({raw!r})
+                reply = b""
+                while chunk := s.recv(65536):
+                    reply += chunk
+                print(reply.decode(errors="replace"))
+                """,
+            )
+        finally:
+            session.close()
+    assert outcome.output.startswith(status), outcome.output
+    seen = b"".join(recorder.seen)
+    assert b"evil.test" not in seen
+    assert seen.count(b" HTTP/1.1\r\n") == (0 if case == "plain-tunnel" else 1)
+    if case == "plain-tunnel":
+        assert "carried no TLS" in outcome.output
+    else:
+        assert f"Host: {HOST}:{recorder.port}\r\n".encode() in seen
+
+
+def test_connect_to_port_80_is_refused(net_session):
+    """CONNECT to a listed name's port 80 is refused (a tunnel would carry plain HTTP with
+    the call's own Host); plain HTTP goes as an absolute URL."""
+    outcome = py(
+        net_session,
+        f"""
+        import socket
+        s = socket.create_connection(("127.0.0.1", {EGRESS_PORT}), timeout=10)
+        s.sendall(b"CONNECT pkgs.test:80 HTTP/1.1\\r\\n\\r\\n")
+        reply = b""
+        while chunk := s.recv(4096):
+            reply += chunk
+        print(reply.decode())
+        """,
+    )
+    assert outcome.output.startswith("HTTP/1.1 403 Forbidden"), outcome.output
+    assert "CONNECT to port 80 is refused" in outcome.output
+
+
+#: The other local user of the attack: the CI's ordinary user (``.ci/setup.sh``).
+OTHER_USER = "vesselci"
+_KNOCK = """
+import socket, sys
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.settimeout(20)
+try:
+    s.connect(sys.argv[1])
+except OSError as error:
+    print("refused", error.errno)
+    raise SystemExit
+reply = b""
+try:
+    s.sendall(sys.argv[2].encode())
+    while chunk := s.recv(65536):
+        reply += chunk
+except OSError as error:
+    print("reset", error.errno)
+print("reply", repr(reply))
+"""
+
+
+def _knock(user: str, socket_path: Path, request: str) -> str:
+    """What ``user`` gets from sending ``request`` to the proxy's socket, from the host."""
+    found = subprocess.run(
+        ["runuser", "-u", user, "--", "/usr/bin/python3", "-c", _KNOCK, str(socket_path), request],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    return found.stdout.strip()
+
+
+def test_another_local_user_cannot_use_the_turns_proxy(net_session, proxy, origin):
+    """Another local user who finds the turn's proxy socket (its path is in /proc/net/unix)
+    gets nothing through it: the socket is the sandbox's uid's alone (0600), and a connection
+    from any other uid is closed unanswered even where the file's mode would let it in.
+
+    When the host is an ordinary user, the sandbox is that user, so the socket is theirs
+    alone; no second ordinary user can run here then, and the mode is what is checked."""
+    info = os.stat(proxy.socket_path)
+    assert stat.S_IMODE(info.st_mode) == 0o600
+    assert info.st_uid == net_session.peer_uid
+    if os.geteuid() != 0:
+        assert info.st_uid == os.geteuid()
+        return
+    request = f"GET http://{HOST}:{origin.http_port}/hello HTTP/1.1\r\n\r\n"
+    assert _knock(OTHER_USER, proxy.socket_path, request) == f"refused {errno.EACCES}"
+    # Past the file's mode, the peer check still holds.
+    os.chmod(proxy.socket_path, 0o666)  # noqa: S103 - the attack's own opening
+    # Closed unanswered: an empty reply, or a reset or broken pipe on the way.
+    assert _knock(OTHER_USER, proxy.socket_path, request).endswith("reply b''")
+    # The turn's own calls still get through.
+    assert _fetch(net_session, f"http://{HOST}:{origin.http_port}/hello")["status"] == 200

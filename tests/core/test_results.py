@@ -7,8 +7,10 @@ import enum
 import attrs
 import pytest
 
+from astralvessel._refusals import DESTINATIONS, REASON_CHARS, Refusals, record
 from astralvessel.results import (
     ToolResult,
+    refusal_notes,
     render_file,
     render_grep,
     render_host_value,
@@ -16,6 +18,7 @@ from astralvessel.results import (
     render_service_reply,
     render_timeout,
     render_tool_error,
+    with_refusal_notes,
 )
 from astralvessel.sandbox import FileOutcome, RunOutcome
 
@@ -161,3 +164,47 @@ def test_service_replies(
     )
     assert (result.text, result.is_error) == (expected, is_error)
     assert result.metadata == {"http_status": str(status)}
+
+
+def _refused(*destinations: tuple[str, int, str]) -> Refusals:
+    """A record of one refused connection per ``(host, port, reason)``, in order."""
+    refusals = Refusals()
+    for host, port, reason in destinations:
+        refusals = record(refusals, host, port, reason)
+    return refusals
+
+
+@pytest.mark.parametrize(
+    ("refusals", "text"),
+    [
+        (Refusals(), "out\n"),
+        (
+            _refused(("a.test", 443, "a.test:443 is not on this turn's network allow-list")),
+            "out\n[network: the egress proxy refused a.test:443: "
+            "a.test:443 is not on this turn's network allow-list]",
+        ),
+        (
+            _refused(("a.test", 80, "why"), ("a.test", 80, "other"), ("", 0, "not HTTP")),
+            "out\n[network: the egress proxy refused a.test:80 (2 connections): why]\n"
+            "[network: the egress proxy refused a request it could not read: not HTTP]",
+        ),
+    ],
+)
+def test_refusal_notes_follow_the_output(refusals: Refusals, text: str) -> None:
+    """Each refused destination is one note after the command's output, with its count."""
+    result = with_refusal_notes(ToolResult(text="out\n"), refusals)
+    assert result.text == text
+
+
+def test_a_flood_of_refusals_is_recorded_and_noted_within_bounds() -> None:
+    """Ten thousand refusals to distinct names keep ten destinations, cut reasons and a count."""
+    refusals = _refused(*((f"h{i}.test", 443, "x" * 1000) for i in range(10_000)))
+    assert len(refusals.destinations) == DESTINATIONS
+    assert refusals.others == 10_000 - DESTINATIONS
+    assert refusals.total == 10_000
+    assert all(len(d.reason) == REASON_CHARS for d in refusals.destinations)
+    notes = refusal_notes(refusals)
+    assert len(notes) == DESTINATIONS + 1
+    assert notes[-1] == (
+        "[network: the egress proxy refused 9990 more connections to other destinations]"
+    )

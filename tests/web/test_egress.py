@@ -6,11 +6,14 @@ import ipaddress
 from collections.abc import Sequence
 
 import pytest
+from hypothesis import given, settings
 
 from astralvessel.errors import EgressError
 from astralvessel.web import AllowRule, EgressPolicy, Fetcher, StdlibTransport, classify_address
+from astralvessel.web._proxyhead import ProxyRefusal, approve_addresses
 
 from .conftest import HOST, LOOPBACK, MapResolver, Server, SpyTransport
+from .reserved import SAMPLES, reserved_spellings
 
 RULE = "; webfetch reaches only public addresses on ports 80 and 443."
 UNUSUAL = "spells an IP address in an unusual form"
@@ -204,6 +207,13 @@ def test_approve_raises_egress_error() -> None:
         ("192.0.0.8", False),
         ("192.88.99.1", False),
         ("100::1", False),
+        ("::ffff:0:7f00:1", False),
+        ("::ffff:0:808:808", False),
+        ("2002:808:808::1", True),
+        ("2001:4860::1", True),
+        ("2001:1::1", False),
+        ("5f00::1", False),
+        ("4000::1", False),
     ],
 )
 def test_classify_address(address: str, public: bool) -> None:
@@ -229,3 +239,32 @@ def test_non_ascii_path_is_percent_encoded() -> None:
     """A path with non-ASCII characters is sent percent-encoded as UTF-8."""
     target = EgressPolicy().check_url(" https://de.example/wiki/Fischotter_ü?q=Äsche ")
     assert target.request_target == "/wiki/Fischotter_%C3%BC?q=%C3%84sche"
+
+
+@settings(max_examples=300, deadline=None)
+@given(spelling=reserved_spellings())
+def test_reserved_ipv6_is_refused_by_webfetch_and_the_proxy(spelling: str) -> None:
+    """Every reserved IPv6 address, however spelled, is refused by the one rule both use:
+    as a DNS answer to webfetch, as a literal in webfetch's URL, and as the proxy's answer."""
+    policy = EgressPolicy()
+    spy = SpyTransport()
+    fetched = Fetcher(policy, spy, resolver=MapResolver({HOST: [spelling]})).fetch(
+        f"https://{HOST}/"
+    )
+    literal = Fetcher(policy, spy, resolver=MapResolver({})).fetch(f"http://[{spelling}]/")
+    assert fetched.is_error
+    assert literal.is_error
+    assert fetched.text.startswith("refused: ")
+    assert literal.text.startswith("refused: ")
+    assert spy.requests == []
+    with pytest.raises(ProxyRefusal) as refusal:
+        approve_addresses(policy, HOST, 443, [spelling])
+    assert refusal.value.status == 403
+
+
+@pytest.mark.parametrize("spelling", SAMPLES)
+def test_each_reserved_kind_is_named(spelling: str) -> None:
+    """Each kind of reserved IPv6 address is refused with what it is, not only 'reserved'."""
+    why = classify_address(ipaddress.ip_address(spelling))
+    assert why is not None
+    assert why != "a reserved address"

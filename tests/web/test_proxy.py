@@ -14,12 +14,22 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from hypothesis import HealthCheck, given, settings
 
+from astralvessel._netallow import parse_allow_list
 from astralvessel.web import AllowRule, EgressPolicy
 from astralvessel.web._proxy import EgressProxy
-from astralvessel.web._proxyhead import ProxyLimits, ProxyRefusal, read_request
+from astralvessel.web._proxyhead import (
+    CHUNKED,
+    ProxyLimits,
+    ProxyRefusal,
+    chunk_size,
+    read_request,
+    tunnel_refusal,
+)
 
 from .conftest import MapResolver, Server
+from .reserved import reserved_spellings
 
 LIMITS = ProxyLimits(head_seconds=1.0, connections=6, concurrent=3, total_bytes=200_000)
 
@@ -105,6 +115,33 @@ def test_name_resolving_to_a_private_address_is_refused(proxy, http_server):
     reply = exchange(proxy, f"CONNECT inner.test:{http_server.port} HTTP/1.1\r\n\r\n".encode())
     assert reply.startswith(b"HTTP/1.1 403 ")
     assert b"192.168.1.1, which is a private address" in reply
+
+
+@pytest.fixture
+def v6_proxy(http_server: Server) -> Iterator[EgressProxy]:
+    """A proxy with the default bounds whose resolver the test sets (inner.test)."""
+    port = http_server.port
+    with EgressProxy.start([f"inner.test:{port}"], resolver=MapResolver({})) as egress:
+        yield egress
+
+
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(spelling=reserved_spellings())
+def test_reserved_ipv6_answers_are_refused_before_any_connection(v6_proxy, http_server, spelling):
+    """A listed name whose DNS answer is a reserved IPv6 address, in any spelling, gets 403
+    (not a connection attempt's 502), for plain requests and tunnels alike."""
+    proxy = v6_proxy
+    proxy.resolver.answers["inner.test"] = [spelling]
+    port = http_server.port
+    for request in (
+        f"CONNECT inner.test:{port} HTTP/1.1\r\n\r\n",
+        f"GET http://inner.test:{port}/ HTTP/1.1\r\n\r\n",
+    ):
+        reply = exchange(proxy, request.encode())
+        assert reply.startswith(b"HTTP/1.1 403 "), reply
+        assert b"inner.test resolves to" in reply
 
 
 def test_smuggling_framing_is_refused(proxy, http_server):
@@ -274,3 +311,77 @@ def test_close_during_a_hung_name_lookup_stops_the_thread():
         release.set()
         client.close()
         proxy.close()
+
+
+@pytest.mark.parametrize(
+    ("head", "reason"),
+    [
+        (b"CONNECT site.test:80 HTTP/1.1\r\n\r\n", "CONNECT to port 80 is refused"),
+        (b"POST http://site.test/ HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", "'chunked'"),
+        (
+            b"POST http://site.test/ HTTP/1.1\r\nTransfer-Encoding: chunked\r\n"
+            b"Transfer-Encoding: chunked\r\n\r\n",
+            "frames its body twice",
+        ),
+        (b"POST http://site.test/ HTTP/1.1\r\nContent-Length: +5\r\n\r\n", "not a number"),
+        (b"POST http://site.test/ HTTP/1.1\r\nContent-Length: 1e3\r\n\r\n", "not a number"),
+    ],
+)
+def test_framing_the_origin_could_read_otherwise_is_refused(head, reason):
+    """A tunnel to port 80 and a body framing the proxy and the origin could read apart
+    (a coding other than chunked, two framings, a length that is not digits) are refused."""
+    with pytest.raises(ProxyRefusal, match=reason):
+        read_request(head, parse_allow_list(["site.test"]), LIMITS)
+
+
+def test_a_plain_request_says_how_long_its_body_is():
+    """The proxy passes on exactly the body the head frames: none, a length, or chunks."""
+    allow = parse_allow_list(["site.test"])
+    framed = {
+        b"": 0,
+        b"Content-Length: 12\r\n": 12,
+        b"transfer-encoding: Chunked\r\n": CHUNKED,
+    }
+    for fields, body in framed.items():
+        head = b"POST http://site.test/ HTTP/1.1\r\n" + fields + b"\r\n"
+        assert read_request(head, allow, LIMITS).body == body
+
+
+@pytest.mark.parametrize(
+    ("line", "size"),
+    [(b"0\r\n", 0), (b"1a\r\n", 26), (b"FF;name=value\r\n", 255)],
+)
+def test_chunk_sizes(line, size):
+    """A chunk's size line is hex, with an optional extension."""
+    assert chunk_size(line) == size
+
+
+@pytest.mark.parametrize("line", [b"\r\n", b"-1\r\n", b"0x10\r\n", b"1 \r\n", b"1\n", b"f" * 16])
+def test_chunk_lines_that_could_be_read_apart_are_refused(line):
+    """A size line that is not plain hex and CRLF is refused, never guessed at."""
+    with pytest.raises(ProxyRefusal, match="SIZE CRLF"):
+        chunk_size(line)
+
+
+def test_a_tunnel_carries_only_tls():
+    """A tunnel whose first bytes are a TLS handshake passes; plain HTTP is refused."""
+    assert tunnel_refusal(b"\x16\x03\x01\x02\x00", "site.test", 443) is None
+    refusal = tunnel_refusal(b"GET /", "site.test", 443)
+    assert refusal is not None
+    assert "carried no TLS" in refusal.reason
+
+
+def test_refusals_are_drained_per_call_and_dropped_at_close(http_server):
+    """The proxy hands its refusals over once (a call's), and keeps none past close."""
+    port = http_server.port
+    proxy = EgressProxy.start([f"site.test:{port}"], resolver=MapResolver({}))
+    try:
+        exchange(proxy, b"CONNECT other.test:443 HTTP/1.1\r\n\r\n")
+        exchange(proxy, b"CONNECT other.test:443 HTTP/1.1\r\n\r\n")
+        first = proxy.drain()
+        assert [(d.host, d.port, d.count) for d in first.destinations] == [("other.test", 443, 2)]
+        assert proxy.drain().total == 0
+        exchange(proxy, b"NOT HTTP\r\n\r\n")
+    finally:
+        proxy.close()
+    assert proxy.drain().total == 0

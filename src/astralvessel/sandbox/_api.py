@@ -333,6 +333,10 @@ class SandboxSession(abc.ABC):
 
     policy: Policy
     backend: str
+    #: The host uid of the sandbox's processes as a unix socket's peer sees it (SO_PEERCRED):
+    #: the turn's egress proxy admits no other. None where the backend cannot know it (an
+    #: engine that maps container uids itself).
+    peer_uid: int | None = None
 
     @abc.abstractmethod
     def run(self, request: RunRequest) -> RunOutcome:

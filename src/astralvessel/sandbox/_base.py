@@ -119,6 +119,8 @@ class ServerOptions:
         converter=_str_tuple,
         validator=attrs.validators.deep_iterable(attrs.validators.instance_of(str)),
     )
+    #: The host uid the sandbox's processes have (``SandboxSession.peer_uid``); None: unknown.
+    peer_uid: int | None = attrs.field(default=None, converter=_optional_uid)
     #: The server's modules compiled by the sandbox's Python (``compile_command``), when
     #: it is not the host's: a Docker image's interpreter then loads code, not source.
     build: ServerBuild | None = attrs.field(
@@ -200,6 +202,7 @@ class Sandbox(abc.ABC):
             memory_events=options.memory_events,
             memory_limits=options.memory_limits,
         )
+        session.peer_uid = options.peer_uid
         if link.settle is not None:
             try:
                 link.settle()

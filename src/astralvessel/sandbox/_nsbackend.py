@@ -307,6 +307,8 @@ class NamespaceBackend(Sandbox):
                 confine=True,
                 drop_uid=None if lease is None else lease.uid,
                 drop_gid=None if lease is None else lease.gid,
+                # Without a lease the sandbox's user namespace maps the host user itself.
+                peer_uid=os.geteuid() if lease is None else lease.uid,
                 seccomp=compiled(
                     calls_list(policy.root_identity, policy.tool_servers), facts.machine
                 )

@@ -64,13 +64,17 @@ _V6_RANGES: tuple[tuple[str, str], ...] = (
     ("::/128", "an unspecified address"),
     ("::1/128", "a loopback address"),
     ("::/96", "an IPv4-compatible address (deprecated)"),
+    ("::ffff:0:0:0/96", "an IPv4-translated address"),
     ("64:ff9b:1::/48", "a local-use NAT64 address"),
     ("100::/64", "a discard-only address"),
     ("2001::/32", "a Teredo tunnel address"),
+    ("2001:2::/48", "a benchmarking address"),
     ("2001:db8::/32", "a documentation address"),
     ("3fff::/20", "a documentation address"),
     ("2001:10::/28", "an ORCHID address"),
     ("2001:20::/28", "an ORCHIDv2 address"),
+    ("2001::/23", "an IETF protocol assignment address"),
+    ("5f00::/16", "a segment routing (SRv6) address"),
     ("fc00::/7", "a private (unique local) address"),
     ("fe80::/10", "a link-local address"),
     ("fec0::/10", "a site-local address (deprecated)"),
@@ -80,6 +84,9 @@ _V4_TABLE = tuple((ipaddress.IPv4Network(net), why) for net, why in _V4_RANGES)
 _V6_TABLE = tuple((ipaddress.IPv6Network(net), why) for net, why in _V6_RANGES)
 _NAT64 = ipaddress.IPv6Network("64:ff9b::/96")
 _SIX_TO_FOUR = ipaddress.IPv6Network("2002::/16")
+# The only IPv6 space IANA gives out for global unicast; everything else is reserved, whatever
+# ``ipaddress``'s ``is_global`` says on the running Python (its tables differ between patches).
+_GLOBAL_UNICAST = ipaddress.IPv6Network("2000::/3")
 
 # Host names that resolve to this machine by definition (RFC 6761), refused before any lookup.
 _LOCAL_NAMES = ("localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback")
@@ -111,8 +118,8 @@ def classify_address(address: IPAddress) -> str | None:  # noqa: PLR0911 - one v
         for net6, why in _V6_TABLE:
             if address in net6:
                 return why
-        if not address.is_global:
-            return "a reserved address"
+        if address not in _GLOBAL_UNICAST:
+            return "a reserved address (outside global unicast, 2000::/3)"
         return None
     for net4, why in _V4_TABLE:
         if address in net4:
@@ -309,7 +316,7 @@ class EgressPolicy:
             if self._allowed(address, target.port):
                 addresses.append(str(address))
                 continue
-            why = classify_address(address)
+            why = self.judge(address, target.port)
             if why is not None:
                 shown = (
                     str(address)
@@ -326,6 +333,14 @@ class EgressPolicy:
 
     def _allowed(self, address: IPAddress, port: int) -> bool:
         return any(rule.matches(address, port) for rule in self.allow)
+
+    def judge(self, address: IPAddress, port: int) -> str | None:
+        """Why ``address:port`` is refused (what kind of address it is), or None when allowed.
+
+        The one address rule of webfetch and the egress proxy: an operator's
+        ``AllowRule`` admits, otherwise only a public address passes.
+        """
+        return None if self._allowed(address, port) else classify_address(address)
 
     def _canonical_host(self, raw: str) -> tuple[str, IPAddress | None]:
         if not raw:

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import shutil
 import socket
+import struct
 import sys
 import threading
-from collections.abc import Iterable
+from collections.abc import Awaitable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -31,20 +33,30 @@ import attrs
 
 from .._leftovers import make_folder
 from .._netallow import HostPattern, parse_allow_list
+from .._refusals import Refusals, record
 from .._unixsock import bind as bind_unix
 from ._egress import EgressPolicy, Resolver, SystemResolver
 from ._proxyhead import (
+    CHUNKED,
+    TUNNEL_PEEK,
     ProxyLimits,
     ProxyRefusal,
     ProxyRequest,
     approve_addresses,
+    chunk_size,
     read_request,
     refusal_bytes,
+    tunnel_refusal,
 )
 
 __all__ = ["EgressProxy", "ProxyCounters"]
 
+#: Each refused connection (host, port, reason), for the host's own log.
+_log = logging.getLogger("astralvessel.network")
+
 _CHUNK = 65536
+#: ``SO_PEERCRED``'s answer: pid, uid, gid.
+_PEERCRED = struct.Struct("3i")
 SOCKET_NAME = "proxy.sock"
 #: Python 3.13 removes a unix listener's file at close, by the name it was bound at: here
 #: maybe ``/proc/self/fd/N/...``, which names nothing once the bind is done. ``close``
@@ -60,7 +72,6 @@ class ProxyCounters:
     refused: int = 0
     bytes: int = 0
     active: int = 0
-    reasons: list[str] = attrs.Factory(list)
 
 
 class EgressProxy:
@@ -79,13 +90,21 @@ class EgressProxy:
         self.resolver = resolver if resolver is not None else SystemResolver()
         self.limits = limits if limits is not None else ProxyLimits()
         self.counters = ProxyCounters()
-        # Private to this host user; the socket itself is opened to the sandbox's
-        # server (it may run as another uid, as in Docker), the folder only traversable.
+        # The refusals since the last drain: bounded (``_refusals``), written by the loop's
+        # thread, drained by the turn's calls from theirs.
+        self._refusals = Refusals()
+        self._refusals_lock = threading.Lock()
+        # Private to this host user, the folder only traversable; the socket inside is
+        # given to the sandbox's uid once it is known (``admit``), and to no one else.
         # Named compactly for this process (the socket's path is bounded), so a killed
         # host's folder is removed by the next host's first proxy (``_leftovers``).
         self.folder = Path(make_folder("egress", compact=True))
         self.folder.chmod(0o711)
         self.socket_path = self.folder / SOCKET_NAME
+        #: Who may connect besides this process's own uid: the turn's sandbox (``admit``);
+        #: None (anyone) where the backend cannot say which uid that is.
+        self._host_uid = os.geteuid()
+        self._peer: int | None = self._host_uid
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._ready = threading.Event()
@@ -119,6 +138,63 @@ class EgressProxy:
         if self._thread.ident is not None:
             self._thread.join(timeout=10.0)
         shutil.rmtree(self.folder, ignore_errors=True)
+        self.drain()
+
+    def admit(self, uid: int | None) -> None:
+        """Let the sandbox's processes, host uid ``uid``, connect; no other user (but root).
+
+        Called once the turn's sandbox has started (``SandboxSession.peer_uid``),
+        and again with the next sandbox's when one dies. The socket becomes that
+        uid's alone (mode 0600, which the kernel checks at connect), and each
+        connection's peer is checked too (``SO_PEERCRED``). ``None`` (an engine
+        that maps container uids itself) admits any local user, as before.
+        """
+        self._peer = uid
+        mode = 0o600
+        if uid is None:
+            mode = 0o666  # the threat model says what remains
+        elif uid != self._host_uid:
+            try:
+                os.chown(self.socket_path, uid, -1)
+            except PermissionError:
+                # A host that is not root (Docker's leased uid): the peer check alone holds.
+                mode = 0o666
+        os.chmod(self.socket_path, mode)
+
+    def _admitted(self, conn: socket.socket) -> bool:
+        """Whether the peer of ``conn`` is this host's user or the turn's sandbox."""
+        peer = self._peer
+        if peer is None:
+            return True
+        _, uid, _ = _PEERCRED.unpack(
+            conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size)
+        )
+        if uid in (self._host_uid, peer):
+            return True
+        _log.warning("egress proxy turned away a connection from uid %d, not the turn's", uid)
+        return False
+
+    def drain(self) -> Refusals:
+        """The connections refused since the last drain (bounded), and forget them."""
+        with self._refusals_lock:
+            refusals, self._refusals = self._refusals, Refusals()
+        return refusals
+
+    def _refused(self, refusal: ProxyRefusal, request: ProxyRequest | None) -> None:
+        """Count, keep (bounded) and log one refused connection."""
+        host, port = refusal.host, refusal.port
+        if not host and request is not None:
+            host, port = request.host, request.port
+        self.counters.refused += 1
+        with self._refusals_lock:
+            self._refusals = record(self._refusals, host, port, refusal.reason)
+        _log.info(
+            "egress proxy refused %s:%d (%d): %s",
+            host or "an unreadable request",
+            port,
+            refusal.status,
+            refusal.reason,
+        )
 
     def __enter__(self) -> EgressProxy:
         return self
@@ -149,6 +225,9 @@ class EgressProxy:
         tasks: set[asyncio.Task[None]] = set()
 
         def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            if not self._admitted(writer.get_extra_info("socket")):
+                writer.close()
+                return
             task = asyncio.ensure_future(self._serve(reader, writer))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
@@ -163,8 +242,8 @@ class EgressProxy:
         except BaseException:
             listener.close()
             raise
-        # The server may run as another uid (Docker's 65534); the folder is 0711 and unlisted.
-        os.chmod(self.socket_path, 0o666)  # noqa: S103 - see above
+        # This user's alone until ``admit`` names the sandbox's uid; the folder is 0711.
+        os.chmod(self.socket_path, 0o600)
         self._ready.set()
         try:
             await self._stop.wait()
@@ -177,6 +256,7 @@ class EgressProxy:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         counters = self.counters
         counters.active += 1
+        request: ProxyRequest | None = None
         try:
             # The head first, even when over budget: a refusal sent before the request is
             # read would reach the relay as a reset, and the call would lose the reason.
@@ -188,8 +268,8 @@ class EgressProxy:
             upstream = await self._connect(request)
             await self._relay(request, reader, writer, upstream)
         except ProxyRefusal as refusal:
-            counters.refused += 1
-            counters.reasons.append(refusal.reason)
+            # Recorded before the reply: once the call has read it, the turn can drain it.
+            self._refused(refusal, request)
             with contextlib.suppress(OSError):
                 writer.write(refusal_bytes(refusal.status, refusal.reason))
                 await writer.drain()
@@ -235,7 +315,12 @@ class EgressProxy:
                 timeout=self.limits.connect_seconds,
             )
         except (OSError, asyncio.TimeoutError) as exc:
-            raise ProxyRefusal(502, f"{request.host} does not resolve ({exc})") from None
+            raise ProxyRefusal(
+                502,
+                f"{request.host} does not resolve ({exc})",
+                host=request.host,
+                port=request.port,
+            ) from None
         # Pinned: the connection goes to an address approved here, never to a second lookup.
         addresses = approve_addresses(self.egress, request.host, request.port, answers)
         failures: list[str] = []
@@ -248,7 +333,10 @@ class EgressProxy:
             except (OSError, asyncio.TimeoutError) as exc:
                 failures.append(f"{address}: {exc or 'timed out'}")
         raise ProxyRefusal(
-            502, f"cannot connect to {request.host}:{request.port} ({'; '.join(failures)})"
+            502,
+            f"cannot connect to {request.host}:{request.port} ({'; '.join(failures)})",
+            host=request.host,
+            port=request.port,
         )
 
     async def _relay(
@@ -263,11 +351,16 @@ class EgressProxy:
             if request.tunnel:
                 writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
                 await writer.drain()
+                first = await self._within(reader.readexactly(TUNNEL_PEEK))
+                refusal = tunnel_refusal(first, request.host, request.port)
+                if refusal is not None:
+                    raise refusal
+                await self._forward(up_writer, first)
+                sending = self._pump(reader, up_writer)
             else:
-                self._charge(len(request.head))
-                up_writer.write(request.head)
-                await up_writer.drain()
-            outbound = asyncio.ensure_future(self._pump(reader, up_writer))
+                await self._forward(up_writer, request.head)
+                sending = self._send_body(request, reader, up_writer)
+            outbound = asyncio.ensure_future(sending)
             try:
                 # The origin's side decides the end: once it is done, so is the exchange.
                 await self._pump(up_reader, writer)
@@ -290,6 +383,71 @@ class EgressProxy:
                 return
             sink.write(data)
             await sink.drain()
+
+    async def _send_body(
+        self, request: ProxyRequest, source: asyncio.StreamReader, sink: asyncio.StreamWriter
+    ) -> None:
+        """Pass on exactly the request's body, then nothing more from the call.
+
+        What follows the body on the connection (a pipelined request, or one
+        smuggled after a chunked body) never reaches the origin: the proxy
+        stops reading, and the origin's answer to this one request ends the
+        exchange. A body framed wrong closes the origin's side.
+        """
+        try:
+            if request.body == CHUNKED:
+                await self._send_chunks(source, sink)
+            else:
+                await self._copy(source, sink, request.body)
+        except ProxyRefusal as refusal:
+            self._refused(refusal, request)
+            sink.close()
+        except asyncio.LimitOverrunError:
+            self._refused(ProxyRefusal(400, "a chunk's size line is too long"), request)
+            sink.close()
+
+    async def _send_chunks(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
+        while True:
+            line = await self._within(source.readuntil(b"\r\n"))
+            size = chunk_size(line)
+            await self._forward(sink, line)
+            if size == 0:
+                break
+            await self._copy(source, sink, size)
+            end = await self._within(source.readexactly(2))
+            if end != b"\r\n":
+                # The origin would read the chunk's end elsewhere than the proxy did.
+                raise ProxyRefusal(400, "a chunk of the request body does not end with CRLF")
+            await self._forward(sink, end)
+        fields = self.limits.head_fields
+        for _ in range(fields + 1):  # the trailer's fields, then the blank line
+            line = await self._within(source.readuntil(b"\r\n"))
+            await self._forward(sink, line)
+            if line == b"\r\n":
+                return
+        raise ProxyRefusal(431, f"the request body's trailer has more than {fields} fields")
+
+    async def _copy(
+        self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, size: int
+    ) -> None:
+        """Pass on ``size`` bytes of the call's (fewer if it stops sending)."""
+        while size > 0:
+            data = await self._within(source.read(min(size, _CHUNK)))
+            if not data:
+                return
+            size -= len(data)
+            await self._forward(sink, data)
+
+    async def _forward(self, sink: asyncio.StreamWriter, data: bytes) -> None:
+        """Write ``data`` on, counted against the turn; ``OSError`` once the budget is spent."""
+        if not self._charge(len(data)):
+            raise ConnectionAbortedError("the turn's byte budget is spent")
+        sink.write(data)
+        await sink.drain()
+
+    async def _within(self, step: Awaitable[bytes]) -> bytes:
+        """One read from the call, bounded by the idle time."""
+        return await asyncio.wait_for(step, timeout=self.limits.idle_seconds)
 
     def _charge(self, size: int) -> bool:
         """Count ``size`` bytes against the turn; False once the turn's budget is spent."""

@@ -17,15 +17,19 @@ from collections.abc import Iterable, Sequence
 import attrs
 
 from .._netallow import HostPattern, permits
-from ._egress import EgressPolicy, classify_address
+from ._egress import EgressPolicy
 
 __all__ = [
+    "CHUNKED",
+    "TUNNEL_PEEK",
     "ProxyLimits",
     "ProxyRefusal",
     "ProxyRequest",
     "approve_addresses",
+    "chunk_size",
     "read_request",
     "refusal_bytes",
+    "tunnel_refusal",
 ]
 
 _TOKEN = re.compile(rb"^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}$")
@@ -35,6 +39,12 @@ _BAD_VALUE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _PORT = re.compile(r"^[0-9]{1,5}$")
 _NAME = re.compile(r"^(?!-)[a-z0-9_-]{1,63}(?<!-)(\.(?!-)[a-z0-9_-]{1,63}(?<!-))*$")
 _TARGET_CHARS = re.compile(rb"^[\x21-\x7e]+$")
+_LENGTH = re.compile(rb"^[0-9]{1,18}$")
+_CHUNK_LINE = re.compile(rb"^([0-9A-Fa-f]{1,15})(;[^\r\n]*)?\r\n$")
+#: A TLS record carrying a handshake (RFC 8446 5.1): type 22, then a 3.x version.
+_TLS_HANDSHAKE = (0x16, 0x03)
+#: The bytes of a tunnel the proxy reads before it passes any on: a TLS record's header.
+TUNNEL_PEEK = 5
 # Hop-by-hop headers (RFC 9110 7.6.1) and the proxy's own: never passed to the origin.
 _HOP_BY_HOP = frozenset(
     {
@@ -81,12 +91,18 @@ class ProxyLimits:
 
 
 class ProxyRefusal(Exception):
-    """A request the proxy will not serve: the HTTP status and the reason the call reads."""
+    """A request the proxy will not serve: the HTTP status and the reason the call reads.
 
-    def __init__(self, status: int, reason: str) -> None:
+    ``host`` and ``port`` name the destination once the request named one the
+    proxy could read ("" and 0 before), for the call's result and the host's log.
+    """
+
+    def __init__(self, status: int, reason: str, *, host: str = "", port: int = 0) -> None:
         super().__init__(reason)
         self.status = status
         self.reason = reason
+        self.host = host
+        self.port = port
 
 
 @attrs.frozen(kw_only=True)
@@ -95,13 +111,22 @@ class ProxyRequest:
 
     For a tunnel (CONNECT) ``head`` is empty and the proxy answers 200 itself;
     for a plain request it is the head rewritten for the origin (origin-form
-    target, the URL's own Host, ``Connection: close``, no proxy headers).
+    target, the URL's own Host, ``Connection: close``, no proxy headers), and
+    ``body`` says how much of what follows is that request's: the proxy passes
+    on exactly that, and nothing after it (a pipelined or smuggled request
+    would reach the origin with a Host the call chose).
     """
 
     host: str
     port: int
     tunnel: bool
     head: bytes = b""
+    #: The body that follows a plain request's head: its length, or chunked (-1).
+    body: int = 0
+
+
+#: ``ProxyRequest.body`` of a chunked body.
+CHUNKED = -1
 
 
 def refusal_bytes(status: int, reason: str) -> bytes:
@@ -121,7 +146,7 @@ def _authority(text: str, *, default_port: int | None) -> tuple[str, int]:
     if "@" in text:
         raise ProxyRefusal(403, "user-info (a name or password before '@') is refused")
     if text.startswith("["):
-        raise ProxyRefusal(403, f"{text} is an IP address; {RULE}")
+        raise ProxyRefusal(403, f"{text} is an IP address; {RULE}", host=text[:100])
     host, sep, port_text = text.rpartition(":") if ":" in text else (text, "", "")
     if not sep:
         if default_port is None:
@@ -138,11 +163,11 @@ def _authority(text: str, *, default_port: int | None) -> tuple[str, int]:
     except ValueError:
         pass
     else:
-        raise ProxyRefusal(403, f"{host} is an IP address; {RULE}")
+        raise ProxyRefusal(403, f"{host} is an IP address; {RULE}", host=host, port=port)
     if len(host) > 253 or not _NAME.match(host):
         raise ProxyRefusal(400, f"{host[:100]!r} is not a host name")
     if host.rsplit(".", 1)[-1].isdigit():
-        raise ProxyRefusal(403, f"{host} spells an IP address; {RULE}")
+        raise ProxyRefusal(403, f"{host} spells an IP address; {RULE}", host=host, port=port)
     return host, port
 
 
@@ -151,7 +176,10 @@ def _check_allowed(allow: Sequence[HostPattern], host: str, port: int) -> None:
         return
     listed = ", ".join(str(p) for p in allow[:20]) + (", ..." if len(allow) > 20 else "")
     raise ProxyRefusal(
-        403, f"{host}:{port} is not on this turn's network allow-list ({listed}); {RULE}"
+        403,
+        f"{host}:{port} is not on this turn's network allow-list ({listed}); {RULE}",
+        host=host,
+        port=port,
     )
 
 
@@ -188,6 +216,15 @@ def read_request(head: bytes, allow: Sequence[HostPattern], limits: ProxyLimits)
     if method == b"CONNECT":
         host, port = _authority(text, default_port=None)
         _check_allowed(allow, host, port)
+        if port == 80:
+            # A tunnel carries plain HTTP with whatever Host the call writes in it.
+            raise ProxyRefusal(
+                403,
+                f"CONNECT to port 80 is refused: send plain http as an absolute "
+                f"http://{host}/ URL (HTTP_PROXY does so), whose Host the proxy sets",
+                host=host,
+                port=port,
+            )
         return ProxyRequest(host=host, port=port, tunnel=True)
     if text.lower().startswith("https://"):
         raise ProxyRefusal(400, "send https through a CONNECT tunnel (HTTPS_PROXY does so)")
@@ -203,16 +240,64 @@ def read_request(head: bytes, allow: Sequence[HostPattern], limits: ProxyLimits)
         path = "/" + path
     host, port = _authority(authority, default_port=80)
     _check_allowed(allow, host, port)
-    lengths = [v for n, v in fields if n.lower() == b"content-length"]
-    chunked = any(n.lower() == b"transfer-encoding" for n, _ in fields)
-    if len(lengths) > 1 or (lengths and chunked):
-        raise ProxyRefusal(400, "the request frames its body twice (Content-Length and more)")
+    body = _body(fields, host, port)
     host_header = host if port == 80 else f"{host}:{port}"
     out = [method + b" " + path.encode("ascii") + b" " + version]
     out.append(b"Host: " + host_header.encode("ascii"))
     out += [n + b": " + v for n, v in fields if n.lower() not in _HOP_BY_HOP]
     out.append(b"Connection: close")
-    return ProxyRequest(host=host, port=port, tunnel=False, head=b"\r\n".join(out) + b"\r\n\r\n")
+    head = b"\r\n".join(out) + b"\r\n\r\n"
+    return ProxyRequest(host=host, port=port, tunnel=False, head=head, body=body)
+
+
+def _body(fields: list[tuple[bytes, bytes]], host: str, port: int) -> int:
+    """How the request's body is framed: its length, or ``CHUNKED``; refuse anything else."""
+    lengths = [v for n, v in fields if n.lower() == b"content-length"]
+    codings = [v for n, v in fields if n.lower() == b"transfer-encoding"]
+    if len(lengths) + len(codings) > 1:
+        raise ProxyRefusal(
+            400,
+            "the request frames its body twice (Content-Length and more)",
+            host=host,
+            port=port,
+        )
+    if codings:
+        if codings[0].lower() != b"chunked":
+            raise ProxyRefusal(
+                400,
+                "the only transfer coding the proxy passes on is 'chunked'",
+                host=host,
+                port=port,
+            )
+        return CHUNKED
+    if lengths and not _LENGTH.match(lengths[0]):
+        raise ProxyRefusal(400, "the Content-Length is not a number", host=host, port=port)
+    return int(lengths[0]) if lengths else 0
+
+
+def chunk_size(line: bytes) -> int:
+    """The size a chunk's line (``SIZE[;ext] CRLF``) gives; raise ``ProxyRefusal`` (400)."""
+    match = _CHUNK_LINE.match(line)
+    if match is None:
+        raise ProxyRefusal(400, "a chunk of the request body is not framed as 'SIZE CRLF' (hex)")
+    return int(match.group(1), 16)
+
+
+def tunnel_refusal(first: bytes, host: str, port: int) -> ProxyRefusal | None:
+    """Why a tunnel whose first bytes are ``first`` is closed (None: TLS, passed on).
+
+    A tunnel carries only TLS: plain HTTP in it would reach any virtual host
+    on the listed name's address, with the Host the call wrote.
+    """
+    if tuple(first[:2]) == _TLS_HANDSHAKE:
+        return None
+    return ProxyRefusal(
+        400,
+        f"the tunnel to {host}:{port} carried no TLS; a tunnel carries only TLS, and plain "
+        f"http goes as an absolute http:// URL, whose Host the proxy sets",
+        host=host,
+        port=port,
+    )
 
 
 def approve_addresses(
@@ -229,12 +314,15 @@ def approve_addresses(
         try:
             address = ipaddress.ip_address(answer)
         except ValueError:
-            raise ProxyRefusal(502, f"{host} resolved to {answer!r}, not an address") from None
-        if not any(rule.matches(address, port) for rule in egress.allow):
-            why = classify_address(address)
-            if why is not None:
-                raise ProxyRefusal(403, f"{host} resolves to {address}, which is {why}")
+            raise ProxyRefusal(
+                502, f"{host} resolved to {answer!r}, not an address", host=host, port=port
+            ) from None
+        why = egress.judge(address, port)
+        if why is not None:
+            raise ProxyRefusal(
+                403, f"{host} resolves to {address}, which is {why}", host=host, port=port
+            )
         addresses.append(str(address))
     if not addresses:
-        raise ProxyRefusal(502, f"{host} has no addresses")
+        raise ProxyRefusal(502, f"{host} has no addresses", host=host, port=port)
     return tuple(addresses)

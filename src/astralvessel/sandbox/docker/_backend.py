@@ -308,6 +308,8 @@ class Docker(Sandbox):
             settle=channel.settle if isinstance(channel, DirectChannel) else None,
             options=ServerOptions(
                 confine=True,
+                # Where the engine maps container uids (no lease), the host cannot know it.
+                peer_uid=None if lease is None else lease.uid,
                 # The container already runs as the turn's uid; in its user namespace only that
                 # uid exists, so there is nothing to drop to: a call loses its capabilities.
                 seccomp=(
