@@ -231,24 +231,26 @@ def unpack(header: dict[str, Any], body: bytes, raw: Any) -> Reply:
     records = json.loads(body[:index].decode())
     data = memoryview(body)[index:]
     root = os.open(str(raw.workspace), _DIR_FLAGS)
+    # Records come in the manifest's order, so a folder's files follow one another: each
+    # folder is opened once per request, not once per name in it.
+    folders: dict[bytes, int] = {b"": root}
     used = 0
     text = ""
     try:
         for record in records:
             text, length = record[1], record[5]
-            parent, slash, _ = _name(text).rpartition(b"/")
-            fd = _folder(root, parent) if slash else root
-            try:
-                _make(record, fd, root, data[used : used + length])
-            finally:
-                if fd != root:
-                    os.close(fd)
+            parent = _name(text).rpartition(b"/")[0]
+            fd = folders.get(parent)
+            if fd is None:
+                fd = folders[parent] = _folder(root, parent)
+            _make(record, fd, root, data[used : used + length])
             used += length
     except OSError as exc:
         code = exc.errno or errno.EIO
         raise Refused(code, f"restoring {text}: {os.strerror(code)}") from None
     finally:
-        os.close(root)
+        for fd in folders.values():
+            os.close(fd)
     return {"count": len(records)}, b""
 
 
