@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
+import pickle
 from collections.abc import Generator
 from typing import Any
 
@@ -160,3 +161,12 @@ def test_restore_records_follow_the_manifest():
     assert request.data[index:] == b"bytes"
     with pytest.raises(StopIteration):
         plan.send(FsReply(fields={"count": len(records)}))
+
+
+def test_a_snapshot_pickles_as_its_saved_form():
+    """Pickled (as Ray's object store does), a snapshot arrives as an equal one, checked anew."""
+    snapshot = _drive(_capture(), [_file("f", b"travels")], b"travels")
+    arrived = pickle.loads(pickle.dumps(snapshot))  # noqa: S301 - our own bytes
+    assert arrived == snapshot
+    assert arrived.path != snapshot.path
+    assert (arrived.path / "f").read_bytes() == b"travels"
