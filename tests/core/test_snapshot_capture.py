@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import hashlib
 import json
+import os
 import pickle
 from collections.abc import Generator
 from typing import Any
@@ -170,3 +171,15 @@ def test_a_snapshot_pickles_as_its_saved_form():
     assert arrived == snapshot
     assert arrived.path != snapshot.path
     assert (arrived.path / "f").read_bytes() == b"travels"
+
+
+def test_a_forked_child_leaves_the_parents_trees():
+    """A child process forked from the host exits without removing its parent's snapshot trees."""
+    snapshot = _drive(_capture(), [_file("f", b"kept")], b"kept")
+    pid = os.fork()
+    if pid == 0:  # the child drops its copy of the snapshot and exits as a host would
+        del snapshot
+        gc.collect()
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert (snapshot.path / "f").read_bytes() == b"kept"
