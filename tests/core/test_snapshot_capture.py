@@ -183,3 +183,20 @@ def test_a_forked_child_leaves_the_parents_trees():
         os._exit(0)
     os.waitpid(pid, 0)
     assert (snapshot.path / "f").read_bytes() == b"kept"
+
+
+@pytest.mark.parametrize(
+    ("listing", "problem"),
+    [
+        (b"[" * 100_000, "not JSON"),
+        (b"{}", "not a list"),
+        (json.dumps([1]).encode(), "not an object"),
+        (json.dumps([_file(str(i), b"") for i in range(101)]).encode(), "more than 100 names"),
+    ],
+)
+def test_a_listing_that_is_not_one_is_refused(listing: bytes, problem: str):
+    """Bytes that are no listing, or one past the bound, refuse the snapshot with its reason."""
+    plan = _capture()
+    next(plan)
+    with pytest.raises(SnapshotError, match=problem):
+        plan.send(FsReply(data=listing))

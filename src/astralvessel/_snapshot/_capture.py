@@ -77,7 +77,15 @@ def capture(
     failed = _refusal(reply, "the workspace cannot be listed")
     if failed is not None:
         raise failed
-    manifest = manifest_of(json.loads(reply.data))
+    try:
+        listing = json.loads(reply.data)
+    except (ValueError, RecursionError):
+        raise SnapshotError("the sandbox's listing of the workspace is not JSON") from None
+    if isinstance(listing, list) and len(listing) > max_files:
+        raise SnapshotError(
+            f"the workspace holds more than {max_files} names; a snapshot keeps {max_files}"
+        )
+    manifest = manifest_of(listing)
     if manifest.total_bytes > max_bytes:
         raise SnapshotError(
             f"the workspace's files hold {manifest.total_bytes} bytes (a sparse file counts "
