@@ -183,6 +183,19 @@ def unprivileged(session: nox.Session) -> None:
             "pytest>=8",
             "pytest-asyncio>=0.23",
             "pytest-timeout>=2.3",
+            # The snapshot tests' generated names and trees.
+            "hypothesis>=6.100",
+            external=True,
+        )
+        # A snapshot's saved form as the user who loads it: modes, unreadable files, no root.
+        session.run(
+            *prefix,
+            f"{venv}/bin/python",
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "tests/snapshot",
             external=True,
         )
         session.run(

@@ -91,3 +91,22 @@ def test_write_archive_refuses_a_tree_changed_since_scan(tree: Path) -> None:
     (tree / "src" / "main.py").write_bytes(b"print('HI')\n" * 100)
     with pytest.raises(SnapshotError, match="changed since its manifest"):
         write_archive(tree, manifest, io.BytesIO())
+
+
+def test_empty_tree_round_trips(tmp_path: Path) -> None:
+    """An empty folder saves to a manifest and an end, and loads to an empty folder."""
+    (tmp_path / "empty").mkdir()
+    manifest, data = save(tmp_path / "empty")
+    assert (manifest.file_count, manifest.total_bytes, manifest.entries) == (0, 0, ())
+    assert extract_archive(io.BytesIO(data), tmp_path / "out", **ROOMY) == manifest
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_stream_position_is_where_the_archive_starts(tree: Path, tmp_path: Path) -> None:
+    """An archive after other bytes in a file loads from the file's current position."""
+    manifest, data = save(tree)
+    path = tmp_path / "framed"
+    path.write_bytes(b"HEADER" + data)
+    with path.open("rb") as src:
+        src.read(6)
+        assert extract_archive(src, tmp_path / "out", **ROOMY) == manifest

@@ -74,6 +74,8 @@ def host_errors(turn: av.Turn) -> None:
     except av.UsageError as usage:
         value: ValueError = usage
         _ = value
+    refused: ValueError = av.SnapshotError("a snapshot refused")
+    _ = refused
 
 
 def warm_turns(registry: av.Registry, backend: Sandbox) -> bool:

@@ -2,5 +2,7 @@
 
 ``_manifest`` holds the values (``Entry``, ``Manifest``) and every rule a name,
 a link or a size must keep; ``_tree`` scans a host folder into a manifest;
-``_archive`` writes the saved form (a POSIX pax tar) and reads it back, checked.
+``_tar`` writes and strictly reads the tar format's headers; ``_archive`` writes
+the saved form and reads it back, every member checked against the manifest
+before a file is written.
 """

@@ -81,6 +81,18 @@ def show(name: bytes) -> str:
 
 
 def _check_entry(entry: Entry) -> None:
+    if not (
+        type(entry.name) is bytes
+        and type(entry.kind) is EntryKind
+        and type(entry.mode) is int
+        and type(entry.size) is int
+        and (entry.target is None or type(entry.target) is bytes)
+        and (entry.digest is None or type(entry.digest) is str)
+    ):
+        raise TypeError(
+            "Entry takes name: bytes, kind: EntryKind, mode: int, size: int, "
+            f"target: bytes | None, digest: str | None; got {entry!r}"
+        )
     problem = _entry_problem(entry)
     if problem is not None:
         raise SnapshotError(f"entry {show(entry.name)}: {problem}")
@@ -120,19 +132,17 @@ def _entry_problem(entry: Entry) -> str | None:  # noqa: PLR0911 - one verdict p
 class Entry:
     """One name in a snapshot: a regular file, a folder, a symlink or a hard link."""
 
-    name: bytes = attrs.field(validator=attrs.validators.instance_of(bytes))
-    kind: EntryKind = attrs.field(validator=attrs.validators.instance_of(EntryKind))
-    mode: int = attrs.field(validator=attrs.validators.instance_of(int))
+    # One check of every field after construction (``_check_entry``), not a validator per
+    # field: a restore builds one entry per file, and six validators cost more than the rest.
+    name: bytes
+    kind: EntryKind
+    mode: int
     #: A regular file's bytes (sparse files count their holes); 0 for every other kind.
-    size: int = attrs.field(default=0, validator=attrs.validators.instance_of(int))
+    size: int = 0
     #: A symlink's target as written, or the earlier file's name a hard link shares.
-    target: bytes | None = attrs.field(
-        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(bytes))
-    )
+    target: bytes | None = None
     #: The sha256 of a regular file's bytes, in lowercase hex.
-    digest: str | None = attrs.field(
-        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(str))
-    )
+    digest: str | None = None
 
     def __attrs_post_init__(self) -> None:
         _check_entry(self)
@@ -141,7 +151,7 @@ class Entry:
         """The entry as its canonical JSON object."""
         return {
             "digest": self.digest,
-            "kind": self.kind.value,
+            "kind": _KIND_TEXT[self.kind],
             "mode": self.mode,
             "name": _text(self.name),
             "size": self.size,
@@ -175,6 +185,7 @@ class Entry:
 
 _ENTRY_KEYS = frozenset({"digest", "kind", "mode", "name", "size", "target"})
 _KINDS = {kind.value: kind for kind in EntryKind}
+_KIND_TEXT = {kind: kind.value for kind in EntryKind}
 _MANIFEST_KEYS = frozenset(
     {"content_id", "entries", "file_count", "format_version", "notes", "total_bytes"}
 )
@@ -263,12 +274,17 @@ class Manifest:
             attrs.validators.instance_of(str), attrs.validators.instance_of(tuple)
         ),
     )
+    # The entries' canonical JSON, made once: the content id hashes it, to_json holds it.
+    _entries_json: bytes = attrs.field(init=False, repr=False, eq=False, hash=False)
     _content_id: str = attrs.field(init=False, repr=False, eq=False, hash=False)
 
     def __attrs_post_init__(self) -> None:
         _check_manifest(self)
-        digest = hashlib.sha256(_dumps([entry.to_obj() for entry in self.entries]))
-        object.__setattr__(self, "_content_id", "sha256:" + digest.hexdigest())
+        entries_json = _dumps([entry.to_obj() for entry in self.entries])
+        object.__setattr__(self, "_entries_json", entries_json)
+        object.__setattr__(
+            self, "_content_id", "sha256:" + hashlib.sha256(entries_json).hexdigest()
+        )
 
     @classmethod
     def build(cls, entries: Iterable[Entry], notes: Iterable[str] = ()) -> Manifest:
@@ -288,15 +304,23 @@ class Manifest:
 
     def to_json(self) -> bytes:
         """The manifest's canonical JSON (sorted keys, no spaces, ASCII only)."""
-        return _dumps(
-            {
-                "content_id": self.content_id,
-                "entries": [entry.to_obj() for entry in self.entries],
-                "file_count": self.file_count,
-                "format_version": self.format_version,
-                "notes": list(self.notes),
-                "total_bytes": self.total_bytes,
-            }
+        # The keys in sorted order, as _dumps would write them, around the entries' JSON.
+        return b"".join(
+            (
+                b'{"content_id":',
+                _dumps(self.content_id),
+                b',"entries":',
+                self._entries_json,
+                b',"file_count":',
+                _dumps(self.file_count),
+                b',"format_version":',
+                _dumps(self.format_version),
+                b',"notes":',
+                _dumps(list(self.notes)),
+                b',"total_bytes":',
+                _dumps(self.total_bytes),
+                b"}",
+            )
         )
 
     @classmethod

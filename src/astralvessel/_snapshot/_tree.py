@@ -70,6 +70,7 @@ class _Scan:
         self.max_bytes = max_bytes
         self.max_files = max_files
         self.entries: list[Entry] = []
+        self.seen = 0
         self.total = 0
         self.setid: list[bytes] = []
         # (device, inode) of each regular file with other links, to its first name.
@@ -78,8 +79,6 @@ class _Scan:
 
     def add(self, entry: Entry) -> None:
         self.entries.append(entry)
-        if len(self.entries) > self.max_files:
-            raise SnapshotError(f"the tree has more than max_files={self.max_files} entries")
 
     def walk(self, folder: bytes) -> None:
         path = self.root + b"/" + folder if folder else self.root
@@ -98,6 +97,10 @@ class _Scan:
             self.visit(name, info)
 
     def visit(self, name: bytes, info: os.stat_result) -> None:
+        # Counted as met, hard links too (their entries are made after the walk).
+        self.seen += 1
+        if self.seen > self.max_files:
+            raise SnapshotError(f"the tree has more than max_files={self.max_files} entries")
         fmt = stat.S_IFMT(info.st_mode)
         if fmt in _REFUSED:
             raise SnapshotError(f"{show(name)} is {_REFUSED[fmt]}, which a snapshot does not keep")
