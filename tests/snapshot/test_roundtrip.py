@@ -110,3 +110,16 @@ def test_stream_position_is_where_the_archive_starts(tree: Path, tmp_path: Path)
     with path.open("rb") as src:
         src.read(6)
         assert extract_archive(src, tmp_path / "out", **ROOMY) == manifest
+
+
+def test_gnu_tar_unpacks_the_same_tree(tree: Path, tmp_path: Path) -> None:
+    """GNU tar unpacks the saved form's tree/ to a tree with the same content id."""
+    base = os.fsencode(tree)
+    with open(base + b"/caf\xe9", "wb") as odd:
+        odd.write(b"latin-1 name")
+    (tree / ("long-" * 40)).write_bytes(b"a long name")
+    manifest, data = save(tree)
+    out = tmp_path / "unpacked"
+    out.mkdir()
+    subprocess.run(["tar", "-xpf", "-", "-C", str(out)], input=data, check=True)
+    assert scan_tree(out / "tree", **ROOMY).content_id == manifest.content_id
