@@ -216,6 +216,7 @@ def _holds_files(folder: str) -> bool:
 
 
 def _doctor(args: argparse.Namespace) -> int:
+    from ._snapshot._mechanism import snapshot_mechanism
     from .sandbox._discovery import all_backends
     from .sandbox._hostinfo import (
         collect_host_facts,
@@ -239,6 +240,7 @@ def _doctor(args: argparse.Namespace) -> int:
             print(f"  {key}: {value}")
         for limit, mechanism in report.mechanisms.items():
             print(f"  limit {limit}: {mechanism}")
+        print(f"  snapshots: {snapshot_mechanism(report.name)}")
         for promise in sorted(report.enforced, key=lambda p: p.value):
             print(f"  enforces   {promise.value}: {promise.summary}")
         for promise, why in sorted(report.unenforced.items(), key=lambda kv: kv[0].value):
@@ -257,6 +259,8 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _report_json(report: BackendReport) -> dict[str, object]:
+    from ._snapshot._mechanism import snapshot_mechanism
+
     return {
         "name": report.name,
         "available": report.available,
@@ -266,6 +270,7 @@ def _report_json(report: BackendReport) -> dict[str, object]:
         "unenforced": {p.value: why for p, why in report.unenforced.items()},
         "details": dict(report.details),
         "mechanisms": dict(report.mechanisms),
+        "snapshots": snapshot_mechanism(report.name),
     }
 
 

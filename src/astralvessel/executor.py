@@ -709,11 +709,21 @@ class Turn:
         device, more names or bytes than the bounds) and ``UsageError`` under
         ``writable_root``, whose root's changes are not captured.
         """
-        return self._drive(self._capture_plan())
+        unchanged = self._unchanged_source()
+        return unchanged if unchanged is not None else self._drive(self._capture_plan())
 
     async def asnapshot(self) -> TurnSnapshot:
         """Async twin of ``snapshot``."""
-        return await self._adrive(self._capture_plan())
+        unchanged = self._unchanged_source()
+        return unchanged if unchanged is not None else await self._adrive(self._capture_plan())
+
+    def _unchanged_source(self) -> TurnSnapshot | None:
+        """The snapshot the turn opened from while no sandbox of it runs: its files are still
+        that snapshot's (a sandbox that died is replaced by one restored from it)."""
+        with self._lock:
+            if self._session is None and not self._closed:
+                return self.snapshot_source
+        return None
 
     def fork(self, n: int) -> list[Turn]:
         """``n`` new turns whose files start as this turn's now; this turn goes on.

@@ -240,6 +240,7 @@ _SNAPSHOT_TESTS = (
     "test_wrong_arguments_are_the_hosts_mistake",
     "test_warm_turns_start_with_the_executors_snapshot",
     "test_a_saved_snapshot_opens_in_another_process",
+    "test_a_fork_of_an_unstarted_fork_is_the_same_snapshot",
 )
 DECLARED_UNKEPT["docker-exec"].update(
     dict.fromkeys(

@@ -276,3 +276,17 @@ def test_a_saved_snapshot_opens_in_another_process(executor: Executor, tmp_path:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"{snapshot.content_id}\nsaved\n"
+
+
+def test_a_fork_of_an_unstarted_fork_is_the_same_snapshot(executor: Executor):
+    """A turn whose sandbox has not started yet snapshots as the snapshot it opened from."""
+    with executor.turn() as parent:
+        _run(parent, "echo one > /workspace/f")
+        (child,) = parent.fork(1)
+    with child:
+        assert child.snapshot() is child.snapshot_source
+        (grandchild,) = child.fork(1)
+        _run(child, "echo two >> /workspace/f")
+        assert child.snapshot() != child.snapshot_source
+    with grandchild:
+        assert _run(grandchild, "cat /workspace/f") == "one\n"

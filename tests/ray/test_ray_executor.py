@@ -16,7 +16,14 @@ from typing import Any
 import pytest
 import trio
 
-from astralvessel import Agent, BackendUnavailableError, Registry, ToolResult, UsageError
+from astralvessel import (
+    Agent,
+    BackendUnavailableError,
+    Executor,
+    Registry,
+    ToolResult,
+    UsageError,
+)
 from astralvessel.ray import RayExecutor
 from astralvessel.ray._host import TurnHost
 from astralvessel.sandbox import Bubblewrap
@@ -442,3 +449,21 @@ def test_warm_needs_a_node_that_can_hold_the_turns(
             actor_options={"resources": {"node_nowhere": 1}},
             warm=1,
         )
+
+
+def test_a_turn_opens_from_a_snapshot_on_a_node(
+    registry: Registry, cluster: dict[str, object]
+) -> None:
+    """A snapshot taken here reaches a node through the object store and is that turn's files."""
+    with Executor(registry, sandbox="bubblewrap") as local, local.turn() as turn:
+        turn.write_file("/workspace/notes.txt", "from the host\n")
+        snapshot = turn.snapshot()
+    executor = pinned(registry, cluster, "node_b")
+    with executor.turn(snapshot=snapshot) as first, executor.turn(snapshot=snapshot) as second:
+        seen = first.call("read", {"path": "/workspace/notes.txt"})
+        again = second.call("read", {"path": "/workspace/notes.txt"})
+    assert not seen.is_error, seen.text
+    assert "from the host" in seen.text
+    assert "from the host" in again.text
+    with pytest.raises(UsageError, match="snapshot is a TurnSnapshot"):
+        executor.turn(snapshot=b"saved")  # type: ignore[arg-type]

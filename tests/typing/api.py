@@ -142,3 +142,21 @@ def frameworks(executor: av.Executor) -> None:
         tools: list[StructuredTool] = structured_tools(turn, budget=budget)
         message: dict[str, object] = run_tool_calls(turn, {"content": []}, budget=budget)
     _ = (strict, agents_tools, toolset, tools, message)
+
+
+def snapshots(registry: av.Registry, saved: Path) -> list[av.Turn]:
+    with av.Executor(registry, snapshot_budget_mb=512) as executor, executor.turn() as turn:
+        snapshot: av.TurnSnapshot = turn.snapshot()
+        snapshot.save(saved)
+        loaded = av.TurnSnapshot.load(saved, max_bytes=1 << 30, max_files=10_000)
+        ids: tuple[str, int, int] = (loaded.content_id, loaded.total_bytes, loaded.file_count)
+        del ids
+        with av.Executor(registry, warm=2, snapshot=loaded) as warm, warm.turn() as ready:
+            ready.call("bash", {"command": "ls"})
+        return [executor.turn(snapshot=snapshot), *turn.fork(8)]
+
+
+async def snapshots_async(turn: av.Turn) -> list[av.Turn]:
+    snapshot = await turn.asnapshot()
+    assert snapshot == turn.snapshot()
+    return await turn.afork(2)

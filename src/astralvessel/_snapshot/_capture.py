@@ -27,18 +27,10 @@ from typing import Any, BinaryIO
 from ..errors import SnapshotError
 from ..sandbox._api import FsReply, FsRequest
 from ..sandbox.server._fsops import CHUNK_BYTES
-from ._archive import (
-    _TYPEFLAGS,
-    BLOCK,
-    MANIFEST_MEMBER,
-    _member_link,
-    _member_name,
-    _pad,
-    extract_archive,
-    member_header,
-)
+from ._archive import MANIFEST_MEMBER, _member_link, _member_name, extract_archive
 from ._manifest import SETID_BITS, Entry, EntryKind, Manifest, show
 from ._store import Budget, Tree, new_folder
+from ._tar import BLOCK, TYPEFLAGS, member_header, pad
 from ._value import TurnSnapshot
 
 __all__ = ["capture", "restore"]
@@ -77,7 +69,15 @@ def capture(
     failed = _refusal(reply, "the workspace cannot be listed")
     if failed is not None:
         raise failed
-    manifest = manifest_of(json.loads(reply.data))
+    try:
+        listing = json.loads(reply.data)
+    except (ValueError, RecursionError):
+        raise SnapshotError("the sandbox's listing of the workspace is not JSON") from None
+    if isinstance(listing, list) and len(listing) > max_files:
+        raise SnapshotError(
+            f"the workspace holds more than {max_files} names; a snapshot keeps {max_files}"
+        )
+    manifest = manifest_of(listing)
     if manifest.total_bytes > max_bytes:
         raise SnapshotError(
             f"the workspace's files hold {manifest.total_bytes} bytes (a sparse file counts "
@@ -150,7 +150,7 @@ def _pieces(manifest: Manifest) -> Iterator[list[tuple[Entry, int, int]]]:
 def _write_saved_form(manifest: Manifest, out: BinaryIO, timeout: float) -> Plan:
     """Write the saved form of the workspace the manifest lists, its bytes read from the worker."""
     data = manifest.to_json()
-    out.write(member_header(MANIFEST_MEMBER, b"0", 0o644, len(data)) + data + _pad(len(data)))
+    out.write(member_header(MANIFEST_MEMBER, b"0", 0o644, len(data)) + data + pad(len(data)))
     entries = iter(manifest.entries)
 
     def headers_through(last: Entry | None) -> None:
@@ -158,7 +158,7 @@ def _write_saved_form(manifest: Manifest, out: BinaryIO, timeout: float) -> Plan
             out.write(
                 member_header(
                     _member_name(entry),
-                    _TYPEFLAGS[entry.kind],
+                    TYPEFLAGS[entry.kind],
                     entry.mode,
                     entry.size,
                     _member_link(entry),
@@ -184,7 +184,7 @@ def _write_saved_form(manifest: Manifest, out: BinaryIO, timeout: float) -> Plan
             out.write(reply.data[at : at + length])
             at += length
             if offset + length == entry.size:
-                out.write(_pad(entry.size))
+                out.write(pad(entry.size))
     headers_through(None)
     out.write(b"\0" * (2 * BLOCK))
 

@@ -9,6 +9,7 @@ until then; a snapshot loaded from a file counts against none.
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 import threading
@@ -79,14 +80,18 @@ class Tree:
 
     def __init__(self, path: Path, nbytes: int, budget: Budget | None) -> None:
         self.path = path
-        self._finalizer = weakref.finalize(self, _remove, path, nbytes, budget)
+        self._finalizer = weakref.finalize(self, _remove, path, nbytes, budget, os.getpid())
 
     def remove(self) -> None:
         """Remove the folder now (and give its bytes back)."""
         self._finalizer()
 
 
-def _remove(path: Path, nbytes: int, budget: Budget | None) -> None:
+def _remove(path: Path, nbytes: int, budget: Budget | None, owner: int) -> None:
+    # A child forked from the host holds copies of its snapshots, not the trees: its exit
+    # (which runs finalizers) must leave them to the process that made them.
+    if os.getpid() != owner:
+        return
     shutil.rmtree(path.parent, ignore_errors=True)
     if budget is not None:
         budget.give_back(nbytes)

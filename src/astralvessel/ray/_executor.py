@@ -24,6 +24,8 @@ from typing import Any
 import attrs
 
 from .._aio import shielded, to_thread, wait_future
+from .._executor_args import check_snapshot
+from .._snapshot._value import TurnSnapshot
 from .._suggest import install_extra
 from .._warm import check_warm
 from ..errors import BackendUnavailableError, TurnClosedError, UsageError
@@ -162,6 +164,9 @@ class RayExecutor:
         )
         self._warm: WarmTurns | None = None
         self._release: Callable[[], object] = _nothing
+        #: The last snapshot put in the object store (its content id and reference).
+        self._snapshot_ref: tuple[str, Any] | None = None
+        self._snapshot_lock = threading.Lock()
         if warm:
             nodes = pool_nodes(ray.nodes(), self._actor_options)
             if not nodes:
@@ -174,9 +179,15 @@ class RayExecutor:
             # Waiting turns of an executor nobody closed end when it is collected.
             self._release = weakref.finalize(self, self._warm.close)
 
-    def turn(self) -> RayTurn:
-        """Open one turn: a context manager (``with`` or ``async with``) on one node."""
-        return RayTurn(self)
+    def turn(self, snapshot: TurnSnapshot | None = None) -> RayTurn:
+        """Open one turn: a context manager (``with`` or ``async with``) on one node.
+
+        Given a ``snapshot``, the turn's workspace starts as its files on
+        whichever node the turn lands: the snapshot travels through Ray's object
+        store as its saved form and is checked there as any loaded file. Such a
+        turn starts its own actor (warm turns start empty).
+        """
+        return RayTurn(self, snapshot=check_snapshot(snapshot))
 
     def wait_warm(self, timeout: float | None = None) -> bool:
         """Block until every warm turn has its sandbox started; False if ``timeout`` passed first.
@@ -218,11 +229,21 @@ class RayExecutor:
         timeout = (spec.timeout_seconds if spec is not None else None) or self.timeout_seconds
         return timeout + CALL_GRACE
 
-    def _place(self) -> Any:
+    def _place(self, snapshot: TurnSnapshot | None = None) -> Any:
         """A turn's actor: one started ahead if one is ready, else one placed now."""
+        if snapshot is not None:
+            return self._launcher.start(snapshot=self._stored(snapshot))
         pool = self._warm
         actor = None if pool is None else pool.take()
         return actor if actor is not None else self._launcher.start()
+
+    def _stored(self, snapshot: TurnSnapshot) -> Any:
+        """The snapshot's object-store reference, put once for the turns opened from it."""
+        with self._snapshot_lock:
+            kept = self._snapshot_ref
+            if kept is None or kept[0] != snapshot.content_id:
+                kept = self._snapshot_ref = (snapshot.content_id, _ray().put(snapshot))
+            return kept[1]
 
     def __repr__(self) -> str:
         return f"RayExecutor({self.registry!r}, sandbox={self._options['sandbox']!r})"
@@ -237,10 +258,11 @@ class _Launcher:
     options: Mapping[str, Any]
     agent_ref: Any
 
-    def start(self, **placement: Any) -> Any:
-        """A turn's actor, placed by the executor's actor options (and ``placement`` over them)."""
+    def start(self, *, snapshot: Any = None, **placement: Any) -> Any:
+        """A turn's actor, placed by the executor's actor options (and ``placement`` over them);
+        ``snapshot`` is the object-store reference of the files its turn starts with."""
         actor = _actor_class().options(**{**self.actor_options, **placement})
-        return actor.remote(self.registry_ref, self.options, self.agent_ref)
+        return actor.remote(self.registry_ref, self.options, self.agent_ref, snapshot)
 
     def start_on(self, node: str) -> Any:
         """A turn's actor on ``node`` and nowhere else (a warm turn of that node's pool)."""
@@ -263,8 +285,10 @@ class _Sent:
 class RayTurn:
     """One turn on one Ray node: ``call`` and ``acall`` as ``Turn``'s; results name the node."""
 
-    def __init__(self, executor: RayExecutor) -> None:
+    def __init__(self, executor: RayExecutor, *, snapshot: TurnSnapshot | None = None) -> None:
         self.executor = executor
+        #: The files the turn starts with on its node (None: an empty workspace).
+        self.snapshot_source = snapshot
         self._actor: Any = None
         self._lock = threading.Lock()
         self._closed = False
@@ -316,7 +340,7 @@ class RayTurn:
             if self._closed:
                 raise TurnClosedError("this turn has ended; open a new one with executor.turn()")
             if self._actor is None:
-                self._actor = self.executor._place()
+                self._actor = self.executor._place(self.snapshot_source)
             return self._actor
 
     # -- calls ----------------------------------------------------------------------------

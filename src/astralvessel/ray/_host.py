@@ -18,6 +18,7 @@ from typing import Any
 import attrs
 
 from .._leftovers import make_folder
+from .._snapshot._value import TurnSnapshot
 from ..executor import Executor, Turn
 from ..registry import Registry
 from ..results import ToolResult
@@ -35,7 +36,13 @@ class TurnHost:
     run there, a bad mount) must instead raise as themselves.
     """
 
-    def __init__(self, registry: Registry, options: Mapping[str, Any], agent: bytes | None) -> None:
+    def __init__(
+        self,
+        registry: Registry,
+        options: Mapping[str, Any],
+        agent: bytes | None,
+        snapshot: TurnSnapshot | None = None,
+    ) -> None:
         import ray
 
         self.node: str = ray.get_runtime_context().get_node_id()
@@ -57,7 +64,8 @@ class TurnHost:
                 # A backend is built here, on its node: an instance holds this node's state.
                 options = {**options, "sandbox": build()}
             self._executor = Executor(registry, **options, outbox_dir=self._outbox)
-            self._turn = self._executor.turn()
+            self._snapshot = snapshot
+            self._turn = self._executor.turn(snapshot=snapshot)
         except Exception as exc:
             self._failure = exc
 
@@ -93,7 +101,7 @@ class TurnHost:
             waited, self._waited = self._waited, None
             if waited is not None and not waited.alive():
                 self._turn.close()
-                self._turn = self._executor.turn()
+                self._turn = self._executor.turn(snapshot=self._snapshot)
             return self._turn
 
     def call(self, name: str, arguments: object) -> tuple[ToolResult, dict[str, bytes]]:

@@ -231,24 +231,26 @@ def unpack(header: dict[str, Any], body: bytes, raw: Any) -> Reply:
     records = json.loads(body[:index].decode())
     data = memoryview(body)[index:]
     root = os.open(str(raw.workspace), _DIR_FLAGS)
+    # Records come in the manifest's order, so a folder's files follow one another: each
+    # folder is opened once per request, not once per name in it.
+    folders: dict[bytes, int] = {b"": root}
     used = 0
     text = ""
     try:
         for record in records:
             text, length = record[1], record[5]
-            parent, slash, _ = _name(text).rpartition(b"/")
-            fd = _folder(root, parent) if slash else root
-            try:
-                _make(record, fd, root, data[used : used + length])
-            finally:
-                if fd != root:
-                    os.close(fd)
+            parent = _name(text).rpartition(b"/")[0]
+            fd = folders.get(parent)
+            if fd is None:
+                fd = folders[parent] = _folder(root, parent)
+            _make(record, fd, root, data[used : used + length])
             used += length
     except OSError as exc:
         code = exc.errno or errno.EIO
         raise Refused(code, f"restoring {text}: {os.strerror(code)}") from None
     finally:
-        os.close(root)
+        for fd in folders.values():
+            os.close(fd)
     return {"count": len(records)}, b""
 
 
@@ -264,30 +266,58 @@ def _folder(root: int, name: bytes) -> int:
 
 def _make(record: list[Any], fd: int, root: int, data: memoryview) -> None:
     """Make one record's name: ``fd`` is its folder, ``root`` the workspace's."""
-    kind, text, mode, target, offset, _, final = record
-    name = _name(text)
-    leaf = name.rpartition(b"/")[2]
-    if kind == "dir":
-        try:
-            os.mkdir(leaf, 0o700, dir_fd=fd)
-        except FileExistsError:
-            if not stat.S_ISDIR(os.stat(leaf, dir_fd=fd, follow_symlinks=False).st_mode):
-                raise
-    elif kind == "mode":  # a folder this request's earlier records made: no link there
-        os.chmod(leaf, mode, dir_fd=fd)
-    elif kind == "file":
-        out = os.open(leaf, _NEW_FILE_FLAGS | (os.O_EXCL if offset == 0 else 0), 0o600, dir_fd=fd)
-        try:
-            written = 0
-            while written < len(data):
-                written += os.pwrite(out, data[written:], offset + written)
-            if final:
-                os.fchmod(out, mode)
-        finally:
-            os.close(out)
-    elif kind == "symlink":
-        os.symlink(_name(str(target)), leaf, dir_fd=fd)
-    elif kind == "hardlink":
-        os.link(_name(str(target)), name, src_dir_fd=root, dst_dir_fd=root, follow_symlinks=False)
-    else:
-        raise Refused(errno.EINVAL, f"unknown record kind {kind!r}")
+    maker = _MAKERS.get(record[0])
+    if maker is None:
+        raise Refused(errno.EINVAL, f"unknown record kind {record[0]!r}")
+    maker(record, fd, root, data)
+
+
+def _leaf(record: list[Any]) -> bytes:
+    return _name(record[1]).rpartition(b"/")[2]
+
+
+def _make_dir(record: list[Any], fd: int, root: int, data: memoryview) -> None:
+    # Private until everything under it exists; its own mode comes in a ``mode`` record.
+    leaf = _leaf(record)
+    try:
+        os.mkdir(leaf, 0o700, dir_fd=fd)
+    except FileExistsError:  # the server's own folders (outbox) are there already
+        if not stat.S_ISDIR(os.stat(leaf, dir_fd=fd, follow_symlinks=False).st_mode):
+            raise
+
+
+def _set_mode(record: list[Any], fd: int, root: int, data: memoryview) -> None:
+    os.chmod(_leaf(record), record[2], dir_fd=fd)  # a folder a ``dir`` record made: no link
+
+
+def _write_piece(record: list[Any], fd: int, root: int, data: memoryview) -> None:
+    offset, final = record[4], record[6]
+    flags = _NEW_FILE_FLAGS | (os.O_EXCL if offset == 0 else 0)
+    out = os.open(_leaf(record), flags, 0o600, dir_fd=fd)
+    try:
+        written = 0
+        while written < len(data):
+            written += os.pwrite(out, data[written:], offset + written)
+        if final:
+            os.fchmod(out, record[2])
+    finally:
+        os.close(out)
+
+
+def _make_symlink(record: list[Any], fd: int, root: int, data: memoryview) -> None:
+    os.symlink(_name(str(record[3])), _leaf(record), dir_fd=fd)
+
+
+def _make_hardlink(record: list[Any], fd: int, root: int, data: memoryview) -> None:
+    target, name = _name(str(record[3])), _name(record[1])
+    os.link(target, name, src_dir_fd=root, dst_dir_fd=root, follow_symlinks=False)
+
+
+#: How each kind of record is made, each as ``(record, folder fd, workspace fd, bytes)``.
+_MAKERS = {
+    "dir": _make_dir,
+    "mode": _set_mode,
+    "file": _write_piece,
+    "symlink": _make_symlink,
+    "hardlink": _make_hardlink,
+}

@@ -1,0 +1,254 @@
+"""Benchmark: snapshots, restores and forks of a turn, each figure against a baseline of this run.
+
+The figures of issue 30, per backend, each printed next to its target:
+
+- ``snapshot``: ``Turn.snapshot()`` of a workspace of ``--mib`` MiB in
+  ``--files`` files (100 folders), against ``cp -a`` and ``tar -c`` of the same
+  tree made on the host. No target: the issue asks for the ratio.
+- ``restore``: the extra time a turn opened from that snapshot takes to serve
+  its first call, over a turn opened empty, against ``tar -x`` of the same
+  files on the host; target <= 0.5x ``tar -x``.
+- ``fork(N)``: the wall time of ``Turn.fork(N)`` (one snapshot and N turns,
+  whose sandboxes start on first use) and the host disk it adds (the store's
+  tree); targets <= 1 s for N=100 and <= 10 MiB of extra disk before the
+  forks write. Then the time until each of the first ``--started`` forks has
+  served a call, since a fork's own workspace is a full copy under the copy
+  mechanism (N restored sandboxes hold N copies in their tmpfs).
+- ``fork's first call``: one fork's first call against a warm turn's first
+  call (``Executor(warm=1)``, the same files restored ahead); target <= 2x.
+- On Docker: a snapshot plus a fork's first call, against ``docker commit`` of
+  a container holding the same tree plus ``docker run --rm`` of the image.
+
+Run: ``python bench/bench_snapshots.py [--mib 100] [--files 10000] [backend ...]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from astralvessel import Executor, Registry
+from astralvessel._snapshot._store import MIB
+from astralvessel.sandbox import Limits
+
+IMAGE = os.environ.get("ASTRALVESSEL_DOCKER_IMAGE", "astralvessel-test/base:bookworm")
+#: Makes ``files`` files of ``size`` bytes each in 100 folders under the current folder.
+MAKE = """
+import os, sys
+files, size = int(sys.argv[1]), int(sys.argv[2])
+block = os.urandom(size)
+for index in range(files):
+    folder = str(index % 100)
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, str(index)), "wb") as out:
+        out.write(block[index % 97:] + block[: index % 97])
+"""
+
+
+def timed(action: Callable[[], object]) -> float:
+    """Seconds ``action`` took."""
+    began = time.perf_counter()
+    action()
+    return time.perf_counter() - began
+
+
+def median_of(action: Callable[[], object], runs: int) -> float:
+    """The median seconds of ``runs`` runs of ``action``."""
+    return statistics.median(timed(action) for _ in range(runs))
+
+
+def row(  # noqa: PLR0917 - the table's columns, in order
+    figure: str, value: str, baseline: str, ratio: str, target: str, ok: bool | None
+) -> None:
+    """One line of the table, with the verdict against its target when it has one."""
+    verdict = "" if ok is None else ("  met" if ok else "  MISSED")
+    print(f"  {figure:<28} {value:>10}  {baseline:<28} {ratio:>8}  {target}{verdict}")
+
+
+def du_bytes(path: str) -> int:
+    """The disk a folder's files take (blocks, not sizes), as ``du`` counts it."""
+    done = subprocess.run(["du", "-sB1", path], capture_output=True, text=True, check=True)
+    return int(done.stdout.split()[0])
+
+
+def host_baselines(files: int, size: int, runs: int) -> dict[str, float]:
+    """``cp -a``, ``tar -c`` and ``tar -x`` of the same tree on the host, in seconds."""
+    base = Path(tempfile.mkdtemp(prefix="bench-snap-"))
+    try:
+        tree = base / "tree"
+        tree.mkdir()
+        subprocess.run(["python3", "-c", MAKE, str(files), str(size)], cwd=tree, check=True)
+        archive = base / "tree.tar"
+        counter = iter(range(10_000))
+
+        def copy() -> None:
+            subprocess.run(["cp", "-a", str(tree), str(base / f"cp{next(counter)}")], check=True)
+
+        def pack() -> None:
+            subprocess.run(["tar", "-cf", str(archive), "-C", str(tree), "."], check=True)
+
+        def unpack() -> None:
+            dest = base / f"x{next(counter)}"
+            dest.mkdir()
+            subprocess.run(["tar", "-xf", str(archive), "-C", str(dest)], check=True)
+
+        return {
+            "cp -a": median_of(copy, runs),
+            "tar -c": median_of(pack, runs),
+            "tar -x": median_of(unpack, runs),
+        }
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def make_executor(backend: str, disk_mb: int, **options: object) -> Executor:
+    """An executor with room for the bench's workspace."""
+    limits = Limits(disk_mb=disk_mb, memory_mb=512, processes=64, open_files=256)
+    return Executor(Registry(), sandbox=backend, limits=limits, **options)  # type: ignore[arg-type]
+
+
+def bench(  # noqa: PLR0917 - the command line's options, in order
+    backend: str, mib: int, files: int, forks: list[int], started: int, runs: int
+) -> None:
+    """Every figure of one backend."""
+    size = mib * MIB // files
+    disk_mb = mib * 2 + 64
+    print(f"{backend}: a workspace of {files} files, {files * size / MIB:.0f} MiB")
+    host = host_baselines(files, size, runs)
+    executor = make_executor(backend, disk_mb)
+    with executor, executor.turn() as turn:
+        made = turn.exec(["python3", "-c", MAKE, str(files), str(size)], timeout=600)
+        assert made.returncode == 0, made.stderr
+        snapshots = []
+        took = median_of(lambda: snapshots.append(turn.snapshot()), runs)
+        snapshot = snapshots[-1]
+        del snapshots[:-1]
+        for name in ("cp -a", "tar -c"):
+            row(
+                "snapshot",
+                f"{took:.2f} s",
+                f"{name} {host[name]:.2f} s",
+                f"{took / host[name]:.2f}x",
+                "",
+                None,
+            )
+
+        def first_call(snap: object) -> float:
+            opened = executor.turn(snapshot=snap)  # type: ignore[arg-type]
+            with opened:
+                return timed(lambda: opened.exec(["true"]))
+
+        empty = statistics.median(first_call(None) for _ in range(runs))
+        full = statistics.median(first_call(snapshot) for _ in range(runs))
+        restore = max(full - empty, 0.0)
+        ratio = restore / host["tar -x"]
+        row(
+            "restore",
+            f"{restore:.2f} s",
+            f"tar -x {host['tar -x']:.2f} s",
+            f"{ratio:.2f}x",
+            "<= 0.5x",
+            ratio <= 0.5,
+        )
+
+        for count in forks:
+            fork_rows(turn, snapshot, count, started)
+
+    warm = make_executor(backend, disk_mb, warm=1, snapshot=snapshot)
+    with warm:
+        warm.wait_warm(600)
+        with warm.turn() as ready:
+            warm_first = timed(lambda: ready.exec(["true"]))
+    fork_first = statistics.median(first_call(snapshot) for _ in range(runs))
+    ratio = fork_first / warm_first
+    row(
+        "fork's first call",
+        f"{fork_first:.2f} s",
+        f"warm turn's {warm_first:.3f} s",
+        f"{ratio:.1f}x",
+        "<= 2x",
+        ratio <= 2,
+    )
+    if backend == "docker":
+        docker_baseline(files, size, took + fork_first)
+
+
+def fork_rows(turn: object, snapshot: object, count: int, started: int) -> None:
+    """``fork(count)``: its wall time, the host disk it adds, and its first forks' first calls."""
+    store = str(snapshot.path.parent.parent)  # type: ignore[attr-defined]
+    before = du_bytes(store)
+    began = time.perf_counter()
+    kids = turn.fork(count)  # type: ignore[attr-defined]
+    wall = time.perf_counter() - began
+    extra = (du_bytes(store) - before) / MIB
+    target = count == 100
+    limit = "<= 1 s" if target else ""
+    row(f"fork({count})", f"{wall:.2f} s", "", "", limit, wall <= 1.0 if target else None)
+    row(f"fork({count}) extra disk", f"{extra:.1f} MiB", "", "", "<= 10 MiB", extra <= 10)
+    first = kids[: min(started, count)]
+    served = timed(lambda: [kid.exec(["true"]) for kid in first])
+    row(f"first {len(first)} forks served", f"{served:.2f} s", "", "", "", None)
+    for kid in kids:
+        kid.close()
+
+
+def docker_baseline(files: int, size: int, ours: float) -> None:
+    """``docker commit`` of a container holding the tree, then ``docker run --rm`` of it."""
+    name = f"bench-snap-{os.getpid()}"
+    script = f"mkdir /w && cd /w && python3 -c '{MAKE}' {files} {size} && sleep 600"
+    subprocess.run(
+        ["docker", "run", "-d", "--name", name, IMAGE, "sh", "-c", script],
+        check=True,
+        capture_output=True,
+    )
+    try:
+        while subprocess.run(
+            ["docker", "exec", name, "test", "-d", "/w/99"], check=False
+        ).returncode:
+            time.sleep(0.5)
+        time.sleep(2)
+        image = f"{name}:snap"
+        theirs = timed(
+            lambda: subprocess.run(
+                ["docker", "commit", name, image], check=True, capture_output=True
+            )
+        )
+        theirs += timed(
+            lambda: subprocess.run(["docker", "run", "--rm", image, "true"], check=True)
+        )
+        row(
+            "snapshot + fork's call",
+            f"{ours:.2f} s",
+            f"commit + run {theirs:.2f} s",
+            f"{ours / theirs:.2f}x",
+            "",
+            None,
+        )
+        subprocess.run(["docker", "rmi", "-f", image], check=False, capture_output=True)
+    finally:
+        subprocess.run(["docker", "rm", "-f", name], check=False, capture_output=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("backends", nargs="*", default=["bubblewrap", "nsjail", "docker"])
+    parser.add_argument("--mib", type=int, default=100, help="the workspace's size")
+    parser.add_argument("--files", type=int, default=10_000, help="the workspace's files")
+    parser.add_argument("--forks", type=int, nargs="*", default=[16, 100])
+    parser.add_argument("--started", type=int, default=4, help="forks whose first call is timed")
+    parser.add_argument("--runs", type=int, default=3, help="samples per median")
+    args = parser.parse_args()
+    print(f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; medians of {args.runs} runs\n")
+    for name in args.backends:
+        bench(name, args.mib, args.files, args.forks, args.started, args.runs)
+
+
+if __name__ == "__main__":
+    main()
