@@ -77,7 +77,8 @@ LABEL_POLICY = "org.astralvessel.policy"
 #: refuse a fresh ``/proc`` in a call's PID namespace, so none is kept there; nothing in
 #: the container ever runs as root, so the masks would protect nothing in ``/proc``.
 MASKED_PATHS = ("/sys/firmware", "/sys/devices/virtual/powercap")
-#: What an exec call must not see: Docker's default masks, then /sys and /dev/mqueue whole.
+#: What an exec call must not see: Docker's default masks, what names the host, then /sys and
+#: /dev/mqueue whole.
 EXEC_MASKED_PATHS = (
     "/proc/asound",
     "/proc/acpi",
@@ -88,6 +89,9 @@ EXEC_MASKED_PATHS = (
     "/proc/timer_stats",
     "/proc/sched_debug",
     "/proc/scsi",
+    # What names the host (the server's calls read synthetic ones: server/_init.py).
+    "/proc/sys/kernel/random/boot_id",
+    "/proc/cmdline",
     "/dev/mqueue",
     "/sys",
 )
