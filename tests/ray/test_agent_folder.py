@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import os
 import tarfile
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -37,26 +38,35 @@ SQUATS = ["a link to the squatter's folder", "writable by everyone"] + (
 )
 
 
+@pytest.fixture
+def tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A temporary folder of the test's own, which the node's code takes as its TMPDIR."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    return tmp_path
+
+
 @pytest.mark.parametrize("how", SQUATS)
 def test_a_squatted_agents_folder_is_never_used(tmp_path: Path, how: str) -> None:
     """A folder at the node's well-known name that is a link, another user's or writable by
     others is passed over for a private one of this user's, and nothing lands in it."""
     shared = tmp_path / f"astralvessel-agents-{os.geteuid()}"
     _squat(shared, how, tmp_path / "squatter")
-    chosen = agents_folder(str(tmp_path))
+    chosen = agents_folder()
     assert chosen != shared
     info = os.lstat(chosen)
     assert (info.st_uid, info.st_mode & 0o777) == (os.geteuid(), 0o700)
-    assert agents_folder(str(tmp_path)) == chosen  # one private folder per process
+    assert agents_folder() == chosen  # one private folder per process
+    assert chosen.parent == tmp_path
+    assert chosen.name.startswith(f"astralvessel-ray-agents-{os.getpid()}-")
     assert list(Path(shared).iterdir()) == []
 
 
 def test_the_agents_folder_is_shared_by_a_nodes_turns(tmp_path: Path) -> None:
     """Unsquatted, the well-known folder is made this user's (0755, for the sandbox's user)."""
-    chosen = agents_folder(str(tmp_path))
+    chosen = agents_folder()
     assert chosen == tmp_path / f"astralvessel-agents-{os.geteuid()}"
     assert os.lstat(chosen).st_mode & 0o777 == 0o755
-    assert agents_folder(str(tmp_path)) == chosen
+    assert agents_folder() == chosen
 
 
 def test_a_packed_agent_unpacks_on_this_python(tmp_path: Path) -> None:

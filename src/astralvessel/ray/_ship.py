@@ -25,6 +25,7 @@ from pathlib import Path, PurePosixPath
 
 import attrs
 
+from .._leftovers import make_folder
 from ..errors import UsageError
 from ..registry import Registry
 
@@ -83,7 +84,7 @@ def unpack_agent(data: bytes, root: Path | None = None) -> Path:
     return target
 
 
-def agents_folder(temporary: str | None = None) -> Path:
+def agents_folder() -> Path:
     """This node's folder of unpacked agent folders, this user's alone.
 
     One per user in the temporary folder (``astralvessel-agents-UID``), so the
@@ -91,9 +92,11 @@ def agents_folder(temporary: str | None = None) -> Path:
     could make it first and then swap their own folder in as a turn's
     ``/agent``: a folder that is a link, another user's, or writable by others
     is not used, and this process unpacks into a private folder of its own
-    instead (``mkdtemp``, mode 0700: one copy per process, not per node).
+    instead (mode 0700, named for the process so a dead worker's is removed:
+    one copy per worker process, not per node).
     """
-    shared = Path(temporary or tempfile.gettempdir()) / f"astralvessel-agents-{os.geteuid()}"
+    parent = tempfile.gettempdir()
+    shared = Path(parent) / f"astralvessel-agents-{os.geteuid()}"
     with contextlib.suppress(FileExistsError):
         shared.mkdir(mode=0o755)
     try:
@@ -102,7 +105,7 @@ def agents_folder(temporary: str | None = None) -> Path:
         info = None
     if info is not None and owned_alone(info):
         return shared
-    return _private_folder(temporary)
+    return _private_folder(parent)
 
 
 def owned_alone(info: os.stat_result) -> bool:
@@ -112,8 +115,9 @@ def owned_alone(info: os.stat_result) -> bool:
 
 
 @functools.cache
-def _private_folder(temporary: str | None) -> Path:
-    return Path(tempfile.mkdtemp(prefix="astralvessel-agents-", dir=temporary))
+def _private_folder(parent: str) -> Path:
+    """This process's own folder of agent copies in the temporary folder ``parent``."""
+    return Path(make_folder("ray-agents"))
 
 
 def _extract(archive: tarfile.TarFile, folder: Path) -> None:
