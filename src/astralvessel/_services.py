@@ -20,11 +20,11 @@ from urllib.parse import urlsplit
 
 import attrs
 
-from ._aio import time_limit, to_thread
 from ._plans import Call, Plan, TurnContext
 from .errors import ConfigError
 from .results import ToolResult, render_service_reply, render_timeout, render_unreachable
-from .web import AsyncTransport, HttpRequest, SystemResolver, Transport
+from .web import AsyncTransport, HttpRequest, SystemResolver, Transport, _flow
+from .web._exchange import AsyncExchangeIO, Close, ExchangeIO, Read, Resolve, Send
 
 if TYPE_CHECKING:
     from .sandbox._base import SandboxSession
@@ -137,7 +137,8 @@ _resolver = SystemResolver()
 
 @attrs.frozen(kw_only=True)
 class ServicePost:
-    """One POST: resolve, send, read the body into ``body``. Only the waiting differs."""
+    """One POST: resolve, send, read the body into ``body``, as one flow (``web._flow``) that
+    ``run`` and ``arun`` drive; only the waiting differs."""
 
     target: _Target
     payload: bytes
@@ -168,41 +169,31 @@ class ServicePost:
         )
 
     def run(self, session: SandboxSession | None) -> _Body:
-        transport, target, body = self.transport, self.target, self.body
+        transport = self.transport
         if not isinstance(transport, Transport):
             raise TypeError(f"{type(transport).__name__} has no send(); use acall() with it")
-        deadline = time.monotonic() + self.timeout
-        addresses = _resolver.resolve(target.host, target.port)
-        response = transport.send(self._request(addresses, deadline))
-        try:
-            body.start(response.status, response.reason)
-            for chunk in response.chunks:
-                if not body.feed(chunk):
-                    break
-            else:
-                body.feed(b"", final=True)
-        finally:
-            response.close()
-        return body
+        return _flow.run(self._flow(), ExchangeIO(transport, _resolver).perform)
 
     async def arun(self, session: SandboxSession | None) -> _Body:
-        transport, target, body = self.transport, self.target, self.body
-        if not isinstance(transport, AsyncTransport):
-            # Every blocking step is bounded by the deadline: a cancelled post ends alone.
-            return await to_thread(self.run, session, abandon=True)
+        # A sync-only transport's steps run in worker threads, each bounded by the deadline.
+        return await _flow.arun(self._flow(), AsyncExchangeIO(self.transport, _resolver).perform)
+
+    def _flow(self) -> _flow.Flow[_Body]:
+        """The one post, as steps both drivers perform: the lookup is bounded by the deadline
+        in both (a lookup cannot be stopped: a late one finishes alone, its answer dropped)."""
+        target, body = self.target, self.body
         deadline = time.monotonic() + self.timeout
-        with time_limit(self.timeout):
-            addresses = await to_thread(_resolver.resolve, target.host, target.port, abandon=True)
-        response = await transport.asend(self._request(addresses, deadline))
+        addresses = yield from Resolve(target.host, target.port, deadline)
+        response = yield from Send(self._request(addresses, deadline))
         try:
             body.start(response.status, response.reason)
-            async for chunk in response.chunks:
+            while (chunk := (yield from Read())) is not None:
                 if not body.feed(chunk):
                     break
             else:
                 body.feed(b"", final=True)
         finally:
-            await response.aclose()
+            yield from Close()
         return body
 
     def finish(self, outcome: _Body) -> ToolResult:

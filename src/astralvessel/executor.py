@@ -11,7 +11,7 @@ import os
 import threading
 import time
 import weakref
-from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Generator, Iterable, Mapping, Sequence
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -580,10 +580,7 @@ class Turn:
             return planned
         session = await self._asession()
         try:
-            return await session.aexec(planned)
-        except SandboxError as error:
-            self._lost(session, error)
-            raise
+            return await self._aguarded(session, lambda: session.aexec(planned))
         finally:
             self._drain_refusals()
 
@@ -623,11 +620,7 @@ class Turn:
         """Async twin of ``start``."""
         request = self._detach_request(argv, input, cwd, env, timeout)
         session = await self._asession()
-        try:
-            return await session.adetach(request)
-        except SandboxError:
-            self._discard(session)
-            raise
+        return await self._aguarded(session, lambda: session.adetach(request))
 
     def _detach_request(
         self, argv: object, input: object, cwd: object, env: object, timeout: object
@@ -786,6 +779,14 @@ class Turn:
             self._lost(session, error)
             raise
 
+    async def _aguarded(self, session: SandboxSession, step: Callable[[], Awaitable[_T]]) -> _T:
+        """Async twin of ``_guarded``: every async step of the host API goes through it."""
+        try:
+            return await step()
+        except SandboxError as error:
+            self._lost(session, error)
+            raise
+
     def _lost(self, session: SandboxSession, error: SandboxError) -> None:
         """Discard the sandbox a step lost; raise ``TurnClosedError`` if the turn was closed.
 
@@ -824,11 +825,7 @@ class Turn:
             return done.value  # type: ignore[no-any-return]
         session = await self._asession()
         while True:
-            try:
-                reply = await session.afs(request)
-            except SandboxError as error:
-                self._lost(session, error)
-                raise
+            reply = await self._aguarded(session, lambda r=request: session.afs(r))  # type: ignore[misc]
             try:
                 request = plan.send(reply)
             except StopIteration as done:

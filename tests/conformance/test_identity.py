@@ -43,6 +43,60 @@ def test_hostname_is_the_sandbox_everywhere(session):
     )
 
 
+#: Files that name the host (or this boot of it), where the kernel or a system offers them.
+HOST_IDENTIFIERS = (
+    "/proc/sys/kernel/random/boot_id",
+    "/proc/cmdline",
+    "/proc/sys/kernel/hostname",
+    "/etc/hostname",
+    "/etc/machine-id",
+    "/var/lib/dbus/machine-id",
+    "/sys/class/dmi/id/product_uuid",
+    "/sys/class/dmi/id/product_serial",
+    "/sys/class/dmi/id/board_serial",
+    "/sys/devices/virtual/dmi/id/product_uuid",
+)
+
+
+def _host_values() -> set[str]:
+    """What this host's identifying files hold (those it has and lets this process read)."""
+    found = {socket.gethostname()}
+    for path in HOST_IDENTIFIERS:
+        try:
+            text = Path(path).read_text().strip()
+        except OSError:
+            continue
+        if text and text != "sandbox":
+            found.add(text)
+    return found
+
+
+def test_no_file_names_the_host_or_its_boot(backend, policy):
+    """No identifying file of /proc, /sys or /etc reads as the host's (its boot id, kernel
+    command line, machine ids, DMI serials, hostname), and two turns read the same."""
+    code = f"""
+        import json
+        def read(path):
+            try:
+                return open(path).read().strip()
+            except OSError as exc:
+                return exc.errno
+        print(json.dumps({{path: read(path) for path in {list(HOST_IDENTIFIERS)!r}}}))
+        """
+    seen = []
+    for _ in range(2):
+        turn = backend.start(policy)
+        try:
+            seen.append(py_json(turn, code))
+        finally:
+            turn.close()
+    assert seen[0] == seen[1]
+    host = _host_values()
+    assert "/proc/sys/kernel/random/boot_id" in seen[0]
+    leaked = {path: value for path, value in seen[0].items() if value in host}
+    assert not leaked, leaked
+
+
 def test_no_host_user_is_listed(session):
     """The host's own users (and their homes) are not in the call's passwd."""
     result = py_json(

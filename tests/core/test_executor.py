@@ -330,8 +330,9 @@ def _descendants(root: int) -> list[int]:
     return found
 
 
-def kill_server(session: object) -> None:
-    """SIGKILL the turn's sandbox server, found on the host as our descendant by its inner pid.
+def kill_server(session: object, sig: int = signal.SIGKILL) -> None:
+    """SIGKILL (or ``sig``) the turn's sandbox server, found on the host as our descendant by
+    its inner pid.
 
     A call's own processes may bear the same inner pid in their nested namespace; the
     server is the match in the fewest namespaces.
@@ -347,7 +348,7 @@ def kill_server(session: object) -> None:
         if len(nspid) > 1 and nspid[-1] == inner:
             matches.append((len(nspid), pid))
     assert matches, "the sandbox server was not found"
-    os.kill(min(matches)[1], signal.SIGKILL)
+    os.kill(min(matches)[1], sig)
 
 
 def test_dead_sandbox_costs_one_call_not_the_turn(backend: Sandbox) -> None:

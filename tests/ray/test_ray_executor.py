@@ -6,6 +6,7 @@ import asyncio
 import concurrent.futures
 import gc
 import os
+import shutil
 import signal
 import tempfile
 import time
@@ -467,3 +468,30 @@ def test_a_turn_opens_from_a_snapshot_on_a_node(
     assert "from the host" in again.text
     with pytest.raises(UsageError, match="snapshot is a TurnSnapshot"):
         executor.turn(snapshot=b"saved")  # type: ignore[arg-type]
+
+
+def test_an_agents_folder_squatted_by_another_user_is_never_used(
+    registry: Registry, cluster: dict[str, object], ray_module: object
+) -> None:
+    """Another local user who made the node's folder of agent copies first (theirs, 0755, or
+    one anyone may write) gets nothing of the turn's: the node unpacks into a private folder of its own, and the
+    turn runs the host's agent."""
+    on_node = ray_module.remote(resources={"node_b": 1})(tempfile.gettempdir)  # type: ignore[attr-defined]
+    temporary = Path(ray_module.get(on_node.remote()))  # type: ignore[attr-defined]
+    shared = temporary / f"astralvessel-agents-{os.geteuid()}"
+    # The turns of this module made it already (this user's): the squatter comes first here.
+    shutil.rmtree(shared, ignore_errors=True)
+    shared.mkdir(mode=0o755)
+    if os.geteuid() == 0:
+        os.chown(shared, 65534, 65534)  # another user's
+    else:
+        shared.chmod(0o777)  # an ordinary user cannot make another's: one anyone may write
+    try:
+        with pinned(registry, cluster, "node_b").turn() as turn:
+            result = turn.call("hello", {"name": "river"})
+            listed = turn.call("read", {"path": "/agent/hello.py"})
+        assert result.text.strip() == "hello river", result.text
+        assert "json.load" in listed.text
+        assert list(shared.iterdir()) == []
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)

@@ -78,7 +78,8 @@ LABEL_POLICY = "org.astralvessel.policy"
 #: refuse a fresh ``/proc`` in a call's PID namespace, so none is kept there; nothing in
 #: the container ever runs as root, so the masks would protect nothing in ``/proc``.
 MASKED_PATHS = ("/sys/firmware", "/sys/devices/virtual/powercap")
-#: What an exec call must not see: Docker's default masks, then /sys and /dev/mqueue whole.
+#: What an exec call must not see: Docker's default masks, what names the host, then /sys and
+#: /dev/mqueue whole.
 EXEC_MASKED_PATHS = (
     "/proc/asound",
     "/proc/acpi",
@@ -89,6 +90,9 @@ EXEC_MASKED_PATHS = (
     "/proc/timer_stats",
     "/proc/sched_debug",
     "/proc/scsi",
+    # What names the host (the server's calls read synthetic ones: server/_init.py).
+    "/proc/sys/kernel/random/boot_id",
+    "/proc/cmdline",
     "/dev/mqueue",
     "/sys",
 )
@@ -593,13 +597,18 @@ def exec_argv(
     enter = f"{_READY_PRINTF}; " + (
         'cd -- "$1" || { trap - EXIT; exit 126; }; shift; ' if cwd is not None else ""
     )
+    # The outbox folder first made again if an earlier call left a link or a file at its name:
+    # mkdir -p would follow the link (as the call's own user, but every later call would
+    # write its outbox files wherever it points, or fail).
     script = enter + (
-        'umask 007 && mkdir -p -- "$1" && shift && '
+        'umask 007 && { [ -d "$1" ] && [ ! -L "$1" ] || rm -f -- "$1"; } && '
+        'mkdir -p -- "$2" && shift 2 && '
         f"ulimit -v {limits.memory_mb * 1024} && ulimit -p {limits.processes} && "
         'exec env -i "$@"' + ("" if split else " 2>&1")
     )
     entered = [cwd] if cwd is not None else []
-    words = [*entered, environment["VESSEL_OUTBOX"], *assignments, *argv]
+    words = [*entered, str(policy.environment["VESSEL_OUTBOX"]), environment["VESSEL_OUTBOX"]]
+    words += [*assignments, *argv]
     return carry_bytes(script, words, first=_SETUP_TRAP)
 
 

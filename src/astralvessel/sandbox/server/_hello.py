@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-from . import _fsqueue, _launch, _probe, _protocol, _relay, _rootfs, _userns, _worker
+from . import _fsqueue, _launch, _outbox, _probe, _protocol, _relay, _rootfs, _userns, _worker
 from ._calls import map_path
 from ._lean import suppress
 
@@ -193,7 +193,8 @@ def relaxations(config: dict[str, Any], plan: _launch.LaunchPlan, workspace: str
 def prepare_workspace(workspace: str, outbox: str, uid: int | None, gid: int | None) -> None:
     """Make the outbox and hand workspace and outbox to the call's user (best effort)."""
     try:
-        os.makedirs(outbox, exist_ok=True)
+        # Never through a link: a workspace that came with files may hold one at the name.
+        os.close(_outbox.open_root(outbox, uid, gid))
     except OSError as exc:
         print(f"astralvessel server: cannot create the outbox {outbox}: {exc}", file=sys.stderr)
     if uid is None or os.geteuid() != 0:

@@ -308,6 +308,42 @@ def _private_terminals() -> None:
     check(libc().umount2(scratch.encode(), MNT_DETACH), "umount2 /proc")
 
 
+#: The boot id every call reads. The host's (``/proc/sys/kernel/random/boot_id``) is the
+#: same for every process until the host reboots, so it would tell hosts, and a host's
+#: turns, apart, as the synthetic machine id of ``/etc`` is meant to stop.
+BOOT_ID = "3c0f4a52-8d1e-4b7a-9e26-5f1d0c7b8a94\n"
+#: Files of a call's /proc that name the host, and what the call reads there instead
+#: (the kernel's command line holds the root disk's UUID, console and boot options).
+SYNTHETIC_PROC = (
+    ("/proc/sys/kernel/random/boot_id", BOOT_ID),
+    ("/proc/cmdline", "\n"),
+)
+
+
+def _fresh_proc() -> None:
+    """Mount the call's own /proc (init only), with each ``SYNTHETIC_PROC`` file bound over
+    the host's.
+
+    The files are written on a scratch tmpfs over the fresh /proc's ``fs``
+    folder, bound, and the scratch unmounted (each bind keeps its file), so the
+    call's mountinfo shows only the binds.
+    """
+    flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+    mount("proc", "/proc", "proc", flags)
+    scratch = "/proc/fs"
+    mount("tmpfs", scratch, "tmpfs", flags, "size=8k,nr_inodes=8,mode=0700")
+    for number, (target, content) in enumerate(SYNTHETIC_PROC):
+        made = f"{scratch}/{number}"
+        fd = os.open(made, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444)
+        try:
+            os.write(fd, content.encode())
+        finally:
+            os.close(fd)
+        mount(made, target, None, MS_BIND)
+        mount(None, target, None, MS_BIND | MS_REMOUNT | MS_RDONLY | flags)
+    check(libc().umount2(scratch.encode(), MNT_DETACH), "umount2 " + scratch)
+
+
 def _run_init(
     plan: LaunchPlan, env: dict[str, str], fds: dict[str, int], alive: int, mapper: int
 ) -> None:
@@ -334,7 +370,7 @@ def _run_init(
         mount(None, "/", None, MS_REC | MS_PRIVATE)
         if plan.terminals:
             _private_terminals()
-        mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        _fresh_proc()
         _first_to_die()  # through the call's own /proc: nsjail mounts the sandbox's read-only
         # A write past RLIMIT_FSIZE then fails with EFBIG, as on a full disk, instead of
         # killing; an ignored signal stays ignored across exec.

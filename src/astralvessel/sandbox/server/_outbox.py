@@ -24,6 +24,7 @@ never an outbox that looks empty.
 
 from __future__ import annotations
 
+import errno
 import heapq
 import os
 import stat
@@ -37,7 +38,15 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
-__all__ = ["FILES_PER_CALL", "Collected", "collect", "prepare", "remove_tree", "send_files"]
+__all__ = [
+    "FILES_PER_CALL",
+    "Collected",
+    "collect",
+    "open_root",
+    "prepare",
+    "remove_tree",
+    "send_files",
+]
 
 #: The most files one call's outbox returns; the rest are counted, not returned.
 FILES_PER_CALL = 100
@@ -76,22 +85,74 @@ class Collected:
 
 
 def prepare(root: str, call_id: int, uid: int | None, gid: int | None) -> str:
-    """Make the call's empty outbox folder, owned by the call's user; return its path."""
+    """Make the call's empty outbox folder, owned by the call's user; return its path.
+
+    Every step holds a descriptor opened without following a link: an earlier
+    call may have swapped ``root`` for a link, and the server (root on a root
+    host) must not make, nor hand to the call's user, a folder where the link
+    points (inside a root-owned folder of a writable mount, say).
+    """
     name = str(call_id)
-    path = os.path.join(root, name)
+    rfd = open_root(root, uid, gid)
     try:
-        os.mkdir(path, 0o755)
+        try:
+            os.mkdir(name, 0o755, dir_fd=rfd)
+        except FileExistsError:
+            remove_tree(rfd, name)
+            os.mkdir(name, 0o755, dir_fd=rfd)
+        fd = os.open(name, _DIR_FLAGS, dir_fd=rfd)
+    finally:
+        os.close(rfd)
+    try:
+        _hand_over(fd, uid, gid)
+    finally:
+        os.close(fd)
+    return os.path.join(root, name)
+
+
+#: A folder opened to work inside it, never through a link at its last name.
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+
+
+def open_root(root: str, uid: int | None, gid: int | None) -> int:
+    """Open the outbox folder ``root``, first making it again (the call's user's) if a call
+    removed it or left a link or a file in its place."""
+    try:
+        return os.open(root, _DIR_FLAGS)
     except FileNotFoundError:
-        # The first call's, or a call removed the outbox folder: make it again.
-        with suppress(OSError):
-            os.makedirs(root, exist_ok=True)
-        os.mkdir(path, 0o755)
-    except FileExistsError:
-        _remove_at(root, name)
-        os.mkdir(path, 0o755)
+        pass
+    except OSError as exc:
+        # ELOOP (a link) or ENOTDIR (a file): the call's doing. Its parent (the workspace) is
+        # a mount point or a host folder, so only the last name can have been swapped.
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        parent, name = os.path.split(root)
+        pfd = os.open(parent, _DIR_FLAGS)
+        try:
+            remove_tree(pfd, name)
+        finally:
+            os.close(pfd)
+    parent, name = os.path.split(root)
+    pfd = os.open(parent, _DIR_FLAGS)
+    try:
+        with suppress(FileExistsError):  # made meanwhile by a call of the turn
+            os.mkdir(name, 0o755, dir_fd=pfd)
+        fd = os.open(name, _DIR_FLAGS, dir_fd=pfd)
+    finally:
+        os.close(pfd)
+    try:
+        _hand_over(fd, uid, gid)
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _hand_over(fd: int, uid: int | None, gid: int | None) -> None:
+    """Give the open folder ``fd`` to the call's user: by descriptor, so what was made is
+    what is handed over even if a call renamed something into its place meanwhile."""
     if uid is not None and os.geteuid() == 0:
-        os.chown(path, uid, -1 if gid is None else gid, follow_symlinks=False)
-    return path
+        os.fchown(fd, uid, -1 if gid is None else gid)
 
 
 def collect(root: str, call_id: int, uid: int | None, budget: int) -> Collected:
