@@ -19,6 +19,7 @@ from ._egress import classify_address as classify_address
 from ._fetch import Fetcher as Fetcher
 from ._fetch import FetchLimits as FetchLimits
 from ._fetch import WebResult as WebResult
+from ._html import LinkStyle as LinkStyle
 from ._html import html_to_text as html_to_text
 from ._httpx import HttpxTransport as HttpxTransport
 from ._local import LocalIndexProvider as LocalIndexProvider
@@ -49,6 +50,7 @@ __all__ = [
     "HttpRequest",
     "HttpResponse",
     "HttpxTransport",
+    "LinkStyle",
     "LocalIndexProvider",
     "ProxyTransport",
     "Resolver",

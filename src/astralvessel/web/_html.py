@@ -20,9 +20,10 @@ from urllib.parse import urljoin
 
 from ._readable import TRACKED, Block, choose, close_block
 
-__all__ = ["LinkStyle", "html_to_text"]
+__all__ = ["LINK_STYLES", "LinkStyle", "html_to_text"]
 
 LinkStyle = Literal["references", "inline", "text"]
+LINK_STYLES: tuple[LinkStyle, ...] = ("references", "inline", "text")
 
 # Elements whose contents never reach the reader.
 _DROPPED = frozenset(

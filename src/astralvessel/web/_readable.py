@@ -73,7 +73,12 @@ _UNLIKELY = re.compile(
     r"|taboola|share|sharing|recommend",
     re.IGNORECASE,
 )
-_NEVER_FURNITURE = frozenset({"html", "body", "main", "article"})
+_HEADINGS = frozenset({"h1", "h2", "h3", "h4", "h5", "h6"})
+# Elements that class names never make furniture ("section-header" on an <h2>).
+_NEVER_FURNITURE = frozenset({"html", "body", "main", "article"}) | _HEADINGS
+# Siblings of the main content that carry content other than paragraphs: kept beside it
+# when mostly not links (a documentation page's lists of items, a table of figures).
+_LISTINGS = frozenset({"ul", "ol", "dl", "table", "pre", "blockquote"})
 # Class names that say "part of the article" or "a wrapper of the whole page", which an
 # unlikely name beside them ("wrapper-boxed header-style-2", "Page-ad-margins") does not undo.
 _LIKELY = re.compile(
@@ -239,7 +244,9 @@ def _roots(blocks: list[Block], top: int, furniture: list[bool]) -> list[int]:
             continue
         bonus = top_block.score * 0.2 if block.hint and block.hint == top_block.hint else 0.0
         prose = block.tag == "p" and block.text > 80 and _density(block) < 0.25
-        if block.score + bonus >= threshold or prose:
+        listing = block.tag in _LISTINGS and block.text - block.link >= 80
+        listing = listing and _density(block) < 0.33
+        if block.score + bonus >= threshold or prose or listing or block.tag in _HEADINGS:
             roots.append(index)
     return roots
 
@@ -265,8 +272,11 @@ def choose(blocks: list[Block]) -> list[tuple[int, int]] | None:
     spans: list[tuple[int, int]] = []
     cuts: list[tuple[int, int]] = []
     kept_mass = 0.0
+    kept_prose = page_prose = 0
     for index, block in enumerate(blocks):
         parent = block.parent
+        if not furniture[index]:
+            page_prose += block.own
         if index in roots:
             state[index] = 1
             spans.append((block.start, block.end))
@@ -278,6 +288,8 @@ def choose(blocks: list[Block]) -> list[tuple[int, int]] | None:
                 kept_mass -= block.mass
             else:
                 state[index] = 1
+        if state[index] == 1:
+            kept_prose += block.own
     kept = _subtract(spans, cuts)
     kept_chars = sum(blocks[index].text - blocks[index].link for index in roots)
     page_mass = max(block.mass for block in blocks)
