@@ -466,6 +466,9 @@ class _Converter:
         spans = choose(self.blocks) if main_content else None
         if spans is None:
             spans = [(0, len(self.out))]
+        else:
+            # The article's own heading is in its text; the <title> repeats it with the site's name.
+            self.title = []
         body, references = _assemble(self.out, spans, links)
         body = body.strip("\n")
         # Trailing spaces carry no meaning for a reader; three or more newlines collapse to two.

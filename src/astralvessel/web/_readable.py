@@ -70,11 +70,13 @@ _UNLIKELY = re.compile(
     r"-ad-|ad-break|agegate|banner|breadcrumb|combx|comment|community|cover-wrap|disqus|extra"
     r"|footer|gdpr|header|legends|menu|related|remark|replies|rss|shoutbox|sidebar|skyscraper"
     r"|social|sponsor|supplemental|pagination|pager|popup|yom-remote|newsletter|outbrain"
-    r"|taboola|share|sharing|recommend",
+    r"|taboola|share|sharing|recommend|rail\b|rail-|-rail|trending|most-?popular|more-?stories",
     re.IGNORECASE,
 )
 _HEADINGS = frozenset({"h1", "h2", "h3", "h4", "h5", "h6"})
 # Elements that class names never make furniture ("section-header" on an <h2>).
+# Inside the main content: pictures and their captions, credits and galleries.
+_MEDIA = re.compile(r"caption|credit|gallery|slideshow|carousel|lightbox", re.IGNORECASE)
 _NEVER_FURNITURE = frozenset({"html", "body", "main", "article"}) | _HEADINGS
 # Siblings of the main content that carry content other than paragraphs: kept beside it
 # when mostly not links (a documentation page's lists of items, a table of figures).
@@ -98,10 +100,11 @@ _NEGATIVE = re.compile(
 )
 # Below this many characters of kept text the guess is too thin to trust.
 _MIN_KEPT_CHARS = 250
-# The kept text must hold this share of the page's prose (non-link text outside furniture),
-# or the page has content the guess did not find (a forum thread, a listing): keep the page.
-_MIN_PROSE_SHARE = 0.2
-_CLIMB = 1.3
+# The kept text must hold this share of the page's paragraph points, or the page has
+# content the guess did not find (a forum thread, a listing): keep the page.
+_MIN_PARAGRAPH_SHARE = 0.2
+# An ancestor with this many times the paragraph points of the best block is the article.
+_CLIMB = 1.6
 
 
 class Block:
@@ -187,7 +190,7 @@ def _density(block: Block) -> float:
 
 def _cut(block: Block, furniture: bool) -> bool:
     """Whether a block inside the main content is boilerplate to leave out."""
-    if furniture:
+    if furniture or block.tag == "figure" or _MEDIA.search(block.hint):
         return True
     if block.tag in ("ul", "ol", "div", "section", "table", "dl", "header"):
         density = _density(block)
@@ -251,32 +254,37 @@ def _roots(blocks: list[Block], top: int, furniture: list[bool]) -> list[int]:
     return roots
 
 
+def _climb(blocks: list[Block], top: int, furniture: list[bool]) -> int:
+    """An ancestor of ``top`` that holds clearly more of the page's paragraphs (an article
+    split into several boxes, each too small to win alone), reached through wrappers that
+    add none; ``top`` itself when there is none."""
+    node = top
+    while True:
+        parent = blocks[node].parent
+        if parent < 0 or furniture[parent] or _density(blocks[parent]) > 0.5:
+            return top
+        mass = blocks[parent].mass
+        if mass >= _CLIMB * blocks[top].mass:
+            top = parent
+        elif mass > blocks[top].mass:
+            return top
+        node = parent
+
+
 def choose(blocks: list[Block]) -> list[tuple[int, int]] | None:
     """The output spans that hold the main content, in order, or None to keep the whole page."""
     furniture = _furnish(blocks)
     top = _top(blocks, furniture)
     if top < 0:
         return None
-    # Climb while the container holds clearly more of the page's paragraphs: articles split
-    # into several sibling boxes, each too small to win alone.
-    while True:
-        parent = blocks[top].parent
-        if parent < 0 or furniture[parent]:
-            break
-        if blocks[parent].mass < _CLIMB * blocks[top].mass or _density(blocks[parent]) > 0.5:
-            break
-        top = parent
-    roots = set(_roots(blocks, top, furniture))
+    roots = set(_roots(blocks, _climb(blocks, top, furniture), furniture))
     # 1 kept, 0 not reached, -1 cut; parents come before their children in ``blocks``.
     state = [0] * len(blocks)
     spans: list[tuple[int, int]] = []
     cuts: list[tuple[int, int]] = []
     kept_mass = 0.0
-    kept_prose = page_prose = 0
     for index, block in enumerate(blocks):
         parent = block.parent
-        if not furniture[index]:
-            page_prose += block.own
         if index in roots:
             state[index] = 1
             spans.append((block.start, block.end))
@@ -288,12 +296,10 @@ def choose(blocks: list[Block]) -> list[tuple[int, int]] | None:
                 kept_mass -= block.mass
             else:
                 state[index] = 1
-        if state[index] == 1:
-            kept_prose += block.own
     kept = _subtract(spans, cuts)
     kept_chars = sum(blocks[index].text - blocks[index].link for index in roots)
     page_mass = max(block.mass for block in blocks)
-    if kept_chars < _MIN_KEPT_CHARS or kept_mass < _MIN_PROSE_SHARE * page_mass:
+    if kept_chars < _MIN_KEPT_CHARS or kept_mass < _MIN_PARAGRAPH_SHARE * page_mass:
         return None
     return kept
 
