@@ -128,14 +128,18 @@ _RAW_END: dict[str, re.Pattern[str]] = {
 
 
 class _LinkEnd(str):
-    """The end of a link in the output, carrying its target; it reads as inline Markdown."""
+    """The end of a link in the output, carrying its target as written in the page.
 
-    __slots__ = ("url",)
-    url: str
+    The target is made absolute only when the link is written out: most links of a page
+    are in the menus and boxes that main-content extraction leaves out.
+    """
 
-    def __new__(cls, url: str) -> _LinkEnd:
-        piece = super().__new__(cls, f"]({url})")
-        piece.url = url
+    __slots__ = ("href",)
+    href: str
+
+    def __new__(cls, href: str) -> _LinkEnd:
+        piece = super().__new__(cls, "")
+        piece.href = href
         return piece
 
 
@@ -364,7 +368,7 @@ class _Converter:
     def _open_link(self, tag: str, href: str | None) -> None:
         if href and not href.lower().lstrip().startswith(("javascript:", "data:", "#")):
             self.emit(_LINK_OPEN)
-            self.links.append((len(self.out) - 1, urljoin(self.base_url, href.strip())))
+            self.links.append((len(self.out) - 1, href.strip()))
         else:
             self.links.append((-1, ""))
 
@@ -469,7 +473,7 @@ class _Converter:
         else:
             # The article's own heading is in its text; the <title> repeats it with the site's name.
             self.title = []
-        body, references = _assemble(self.out, spans, links)
+        body, references = _assemble(self.out, spans, links, self.base_url)
         body = body.strip("\n")
         # Trailing spaces carry no meaning for a reader; three or more newlines collapse to two.
         body = re.sub(r"[ \t]+\n", "\n", body)
@@ -594,14 +598,12 @@ def _attributes(text: str) -> list[tuple[str, str | None]]:
 
 
 def _assemble(
-    pieces: list[str], spans: list[tuple[int, int]], links: LinkStyle
+    pieces: list[str], spans: list[tuple[int, int]], links: LinkStyle, base_url: str
 ) -> tuple[str, list[tuple[int, str]]]:
     """Join the output pieces in ``spans``, writing each link as ``links`` says.
 
     Returns the text and the numbered targets for the references style.
     """
-    if links == "inline":
-        return "".join(piece for start, end in spans for piece in pieces[start:end]), []
     numbers: dict[str, int] = {}
     out: list[str] = []
     for start, end in spans:
@@ -611,8 +613,11 @@ def _assemble(
             elif links == "text":
                 continue
             elif isinstance(piece, _LinkEnd):
-                number = numbers.setdefault(piece.url, len(numbers) + 1)
-                out.append(f"][{number}]")
+                url = urljoin(base_url, piece.href)
+                if links == "inline":
+                    out.append(f"]({url})")
+                else:
+                    out.append(f"][{numbers.setdefault(url, len(numbers) + 1)}]")
             else:
                 out.append("[")
     return "".join(out), [(number, url) for url, number in numbers.items()]

@@ -113,7 +113,6 @@ class Block:
     __slots__ = (
         "commas",
         "end",
-        "furniture",
         "hint",
         "link",
         "mass",
@@ -137,8 +136,6 @@ class Block:
         self.commas = 0
         self.score = 0.0  # points from paragraphs
         self.mass = 0.0  # paragraph points of every paragraph inside
-        # Navigation or boilerplate by its tag or class names, unless it holds most of the page.
-        self.furniture = tag in _FURNITURE or (tag not in _NEVER_FURNITURE and _unlikely(hint))
 
     def paragraph_points(self) -> float:
         """What this block gives its containers as a paragraph (0 when it is not one)."""
@@ -209,9 +206,13 @@ def _furnish(blocks: list[Block]) -> list[bool]:
     inside = [False] * len(blocks)
     for index, block in enumerate(blocks):
         parent = block.parent
-        inside[index] = (parent >= 0 and inside[parent]) or (
-            block.furniture and block.text * 2 < page_text
-        )
+        if parent >= 0 and inside[parent]:
+            inside[index] = True
+        elif block.text and block.text * 2 < page_text:  # an empty block's class is moot
+            tag = block.tag
+            inside[index] = tag in _FURNITURE or (
+                tag not in _NEVER_FURNITURE and _unlikely(block.hint)
+            )
     return inside
 
 
