@@ -75,6 +75,7 @@ _UNLIKELY = re.compile(
 )
 _HEADINGS = frozenset({"h1", "h2", "h3", "h4", "h5", "h6"})
 # Elements that class names never make furniture ("section-header" on an <h2>).
+_COMMENTS = re.compile(r"comment|disqus|replies|respond", re.IGNORECASE)
 # Inside the main content: pictures and their captions, credits and galleries.
 _MEDIA = re.compile(r"caption|credit|gallery|slideshow|carousel|lightbox", re.IGNORECASE)
 _NEVER_FURNITURE = frozenset({"html", "body", "main", "article"}) | _HEADINGS
@@ -208,11 +209,14 @@ def _furnish(blocks: list[Block]) -> list[bool]:
         parent = block.parent
         if parent >= 0 and inside[parent]:
             inside[index] = True
-        elif block.text and block.text * 2 < page_text:  # an empty block's class is moot
+        elif block.text:  # an empty block's class is moot
             tag = block.tag
-            inside[index] = tag in _FURNITURE or (
-                tag not in _NEVER_FURNITURE and _unlikely(block.hint)
-            )
+            if tag in _NEVER_FURNITURE:
+                continue
+            if block.text * 2 < page_text:
+                inside[index] = tag in _FURNITURE or _unlikely(block.hint)
+            else:  # only comments outweigh the article and stay furniture
+                inside[index] = bool(_COMMENTS.search(block.hint)) and _unlikely(block.hint)
     return inside
 
 
@@ -283,24 +287,25 @@ def choose(blocks: list[Block]) -> list[tuple[int, int]] | None:
     state = [0] * len(blocks)
     spans: list[tuple[int, int]] = []
     cuts: list[tuple[int, int]] = []
-    kept_mass = 0.0
+    kept_points = page_points = 0.0
     for index, block in enumerate(blocks):
         parent = block.parent
         if index in roots:
             state[index] = 1
             spans.append((block.start, block.end))
-            kept_mass += block.mass
         elif parent >= 0 and state[parent] == 1:
             if _cut(block, furniture[index]):
                 state[index] = -1
                 cuts.append((block.start, block.end))
-                kept_mass -= block.mass
             else:
                 state[index] = 1
+        if not furniture[index]:
+            points = block.paragraph_points()
+            page_points += points
+            kept_points += points if state[index] == 1 else 0.0
     kept = _subtract(spans, cuts)
     kept_chars = sum(blocks[index].text - blocks[index].link for index in roots)
-    page_mass = max(block.mass for block in blocks)
-    if kept_chars < _MIN_KEPT_CHARS or kept_mass < _MIN_PARAGRAPH_SHARE * page_mass:
+    if kept_chars < _MIN_KEPT_CHARS or kept_points < _MIN_PARAGRAPH_SHARE * page_points:
         return None
     return kept
 
