@@ -19,9 +19,9 @@ from ._egress import classify_address as classify_address
 from ._fetch import Fetcher as Fetcher
 from ._fetch import FetchLimits as FetchLimits
 from ._fetch import WebResult as WebResult
-from ._html import LinkStyle as LinkStyle
 from ._html import html_to_text as html_to_text
 from ._httpx import HttpxTransport as HttpxTransport
+from ._links import LinkStyle as LinkStyle
 from ._local import LocalIndexProvider as LocalIndexProvider
 from ._search import BraveProvider as BraveProvider
 from ._search import Searcher as Searcher

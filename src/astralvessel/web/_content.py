@@ -12,7 +12,8 @@ import zlib
 
 import attrs
 
-from ._html import LinkStyle, html_to_text
+from ._html import html_to_text
+from ._links import LinkStyle
 
 __all__ = [
     "ACCEPT",

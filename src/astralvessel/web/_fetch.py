@@ -22,7 +22,7 @@ from ._content import ACCEPT, ACCEPT_ENCODING, BodyCollector, ContentRefused, fe
 from ._egress import Approval, EgressPolicy, Resolver, SystemResolver, Target
 from ._exchange import AsyncExchangeIO, Close, ExchangeIO, Head, Resolve, Send, read_body
 from ._flow import Flow, arun, run
-from ._html import LINK_STYLES, LinkStyle
+from ._links import LINK_STYLES, LinkStyle
 from ._stdlib import StdlibTransport
 from ._transport import AsyncTransport, HttpRequest, Transport
 

@@ -15,15 +15,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from html import unescape
-from typing import Literal
-from urllib.parse import urljoin
 
+from ._links import LINK_OPEN, LinkEnd, LinkStyle, assemble
 from ._readable import TRACKED, Block, choose, close_block
 
-__all__ = ["LINK_STYLES", "LinkStyle", "html_to_text"]
-
-LinkStyle = Literal["references", "inline", "text"]
-LINK_STYLES: tuple[LinkStyle, ...] = ("references", "inline", "text")
+__all__ = ["html_to_text"]
 
 # Elements whose contents never reach the reader.
 _DROPPED = frozenset(
@@ -125,31 +121,6 @@ _RAW_TEXT = frozenset(
 _RAW_END: dict[str, re.Pattern[str]] = {
     name: re.compile(rf"</{name}[\s/>]", re.IGNORECASE) for name in _RAW_TEXT
 }
-
-
-class _LinkEnd(str):
-    """The end of a link in the output, carrying its target as written in the page.
-
-    The target is made absolute only when the link is written out: most links of a page
-    are in the menus and boxes that main-content extraction leaves out.
-    """
-
-    __slots__ = ("href",)
-    href: str
-
-    def __new__(cls, href: str) -> _LinkEnd:
-        piece = super().__new__(cls, "")
-        piece.href = href
-        return piece
-
-
-class _LinkStart(str):
-    """The start of a link in the output: a type of its own, so page text never passes for it."""
-
-    __slots__ = ()
-
-
-_LINK_OPEN = _LinkStart("[")
 
 
 class _Converter:
@@ -367,7 +338,7 @@ class _Converter:
 
     def _open_link(self, tag: str, href: str | None) -> None:
         if href and not href.lower().lstrip().startswith(("javascript:", "data:", "#")):
-            self.emit(_LINK_OPEN)
+            self.emit(LINK_OPEN)
             self.links.append((len(self.out) - 1, href.strip()))
         else:
             self.links.append((-1, ""))
@@ -428,7 +399,7 @@ class _Converter:
         if start < 0:
             return
         if "".join(self.out[start + 1 :]).strip():
-            self.out.append(_LinkEnd(url))
+            self.out.append(LinkEnd(url))
             self.at_line_start = False
         else:
             # Blanked, not deleted, so the spans of tracked elements keep their places.
@@ -473,7 +444,7 @@ class _Converter:
         else:
             # The article's own heading is in its text; the <title> repeats it with the site's name.
             self.title = []
-        body, references = _assemble(self.out, spans, links, self.base_url)
+        body, references = assemble(self.out, spans, links, self.base_url)
         body = body.strip("\n")
         # Trailing spaces carry no meaning for a reader; three or more newlines collapse to two.
         body = re.sub(r"[ \t]+\n", "\n", body)
@@ -595,32 +566,6 @@ def _attributes(text: str) -> list[tuple[str, str | None]]:
             value = unescape(value)
         found.append((name.lower(), value))
     return found
-
-
-def _assemble(
-    pieces: list[str], spans: list[tuple[int, int]], links: LinkStyle, base_url: str
-) -> tuple[str, list[tuple[int, str]]]:
-    """Join the output pieces in ``spans``, writing each link as ``links`` says.
-
-    Returns the text and the numbered targets for the references style.
-    """
-    numbers: dict[str, int] = {}
-    out: list[str] = []
-    for start, end in spans:
-        for piece in pieces[start:end]:
-            if type(piece) is str:
-                out.append(piece)
-            elif links == "text":
-                continue
-            elif isinstance(piece, _LinkEnd):
-                url = urljoin(base_url, piece.href)
-                if links == "inline":
-                    out.append(f"]({url})")
-                else:
-                    out.append(f"][{numbers.setdefault(url, len(numbers) + 1)}]")
-            else:
-                out.append("[")
-    return "".join(out), [(number, url) for url, number in numbers.items()]
 
 
 def html_to_text(
