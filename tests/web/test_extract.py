@@ -125,7 +125,13 @@ _HTML = st.lists(
     ),
     max_size=60,
 ).map("".join)
-_BUDGET = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+_BUDGET = settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 
 @_BUDGET
