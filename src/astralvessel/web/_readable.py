@@ -66,6 +66,7 @@ _TAG_SCORE = {
 }
 # Elements that are page furniture wherever they stand.
 _FURNITURE = frozenset({"nav", "aside", "footer"})
+# Class names of page furniture: Readability's "unlikely candidates" and a few more.
 _UNLIKELY = re.compile(
     r"-ad-|ad-break|agegate|banner|breadcrumb|combx|comment|community|cover-wrap|disqus|extra"
     r"|footer|gdpr|header|legends|menu|related|remark|replies|rss|shoutbox|sidebar|skyscraper"
@@ -75,10 +76,11 @@ _UNLIKELY = re.compile(
 )
 _HEADINGS = frozenset({"h1", "h2", "h3", "h4", "h5", "h6"})
 # Elements that class names never make furniture ("section-header" on an <h2>).
+_NEVER_FURNITURE = frozenset({"html", "body", "main", "article"}) | _HEADINGS
+# Comment sections stay furniture even where they outweigh the article.
 _COMMENTS = re.compile(r"comment|disqus|replies|respond", re.IGNORECASE)
 # Inside the main content: pictures and their captions, credits and galleries.
 _MEDIA = re.compile(r"caption|credit|gallery|slideshow|carousel|lightbox", re.IGNORECASE)
-_NEVER_FURNITURE = frozenset({"html", "body", "main", "article"}) | _HEADINGS
 # Siblings of the main content that carry content other than paragraphs: kept beside it
 # when mostly not links (a documentation page's lists of items, a table of figures).
 _LISTINGS = frozenset({"ul", "ol", "dl", "table", "pre", "blockquote"})
@@ -89,6 +91,7 @@ _LIKELY = re.compile(
     r"|wrap|container|layout|boxed|margins|site|page",
     re.IGNORECASE,
 )
+# Readability's class-name weights: +25 for a positive name, -25 for a negative one.
 _POSITIVE = re.compile(
     r"article|body|content|entry|hentry|h-entry|main|page|pagination|post|text|blog|story|prose",
     re.IGNORECASE,
