@@ -281,6 +281,9 @@ def docs(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """Run every benchmark; each prints ratios against a baseline measured in the same run."""
-    session.install(".[all,ray]", "html2text>=2024.2.26")
+    # bench_extract.py measures webfetch's main content against these extractors.
+    session.install(
+        ".[all,ray]", "html2text>=2024.2.26", "trafilatura>=2.0", "readability-lxml>=0.8.4"
+    )
     for script in sorted(__import__("pathlib").Path("bench").glob("bench_*.py")):
         session.run("python", str(script), *session.posargs)

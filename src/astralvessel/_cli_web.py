@@ -50,6 +50,18 @@ def register(subparsers: Any) -> None:
     fetch.add_argument("--cafile", help="trust the certificates in this PEM file")
     fetch.add_argument("--proxy", help="send through this HTTP proxy (http://host:port)")
     fetch.add_argument("--timeout", type=float, default=30.0, help="seconds for the whole fetch")
+    fetch.add_argument(
+        "--full-page",
+        action="store_true",
+        help="the whole page, not its main content (the call's full_page)",
+    )
+    fetch.add_argument(
+        "--links",
+        choices=["references", "inline", "text"],
+        default="references",
+        help="how links are written: [text][N] with a list at the end (default), "
+        "[text](URL), or their text alone",
+    )
     fetch.set_defaults(handler=run_fetch)
 
     search = subparsers.add_parser(
@@ -117,8 +129,8 @@ def run_fetch(args: argparse.Namespace) -> int:
     except (ValueError, _HostError) as error:
         sys.stderr.write(f"astralvessel fetch: {error}\n")
         return EXIT_HOST_ERROR
-    fetcher = Fetcher(EgressPolicy(allow=rules), transport, limits=limits)
-    return _show(fetcher.fetch(args.url), args.json)
+    fetcher = Fetcher(EgressPolicy(allow=rules), transport, limits=limits, links=args.links)
+    return _show(fetcher.fetch(args.url, full_page=args.full_page), args.json)
 
 
 def _provider(args: argparse.Namespace) -> SearchProvider:

@@ -57,11 +57,12 @@ class WebRun:
 
 
 def plan_webfetch(context: TurnContext, call: Call) -> Plan[Any]:
-    """Fetch ``url`` through the executor's fetcher."""
+    """Fetch ``url`` through the executor's fetcher, whole when the call sets ``full_page``."""
     fetcher, url = context.fetcher, str(call.arguments["url"])
+    full_page = call.arguments.get("full_page") is True
     return WebRun(
-        step=lambda: fetcher.fetch(url),
-        astep=lambda: fetcher.afetch(url),
+        step=lambda: fetcher.fetch(url, full_page=full_page),
+        astep=lambda: fetcher.afetch(url, full_page=full_page),
         output_chars=context.output_chars,
     )
 

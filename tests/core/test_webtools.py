@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from astralvessel import Executor, Registry
+from astralvessel.errors import UsageError
 from astralvessel.results import render_web
 from astralvessel.web import AllowRule, EgressPolicy, Fetcher, LocalIndexProvider
 
@@ -25,10 +26,27 @@ HOSTILE = (
 ) * 3
 
 
+ARTICLE = (
+    "<html><head><title>Otter news</title></head><body>"
+    "<nav class='menu'><a href='/'>Home</a> <a href='/sport'>Sport</a> <a href='/shop'>Shop</a></nav>"
+    "<article><h1>Otters return to the river</h1>"
+    + "".join(
+        f"<p>Paragraph {n}: the otters came back to the river this spring, and the wardens, "
+        "who had waited years for it, counted cubs along both banks, near the old mill.</p>"
+        for n in range(1, 6)
+    )
+    + "<p>Read the <a href='/report'>full report</a>.</p></article>"
+    "<footer class='footer'><a href='/terms'>Terms of use</a> and cookie settings</footer>"
+    "</body></html>"
+)
+
+
 class _Page(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
         if self.path == "/hostile":
             body, kind = HOSTILE.encode(), "text/plain; charset=utf-8"
+        elif self.path == "/article":
+            body, kind = ARTICLE.encode(), "text/html; charset=utf-8"
         else:
             body = b"<html><body><h1>Otters</h1><p>They eat fish.</p><script>evil()</script>"
             body += b"</body></html>"
@@ -72,6 +90,64 @@ def test_webfetch_reaches_an_allowed_server_and_fences_the_page(server: str) -> 
     assert "They eat fish." in result.text
     assert "evil()" not in result.text
     assert result.text.endswith("</web_content>")
+
+
+def _allowed() -> Fetcher:
+    return Fetcher(EgressPolicy(allow=(AllowRule.parse("127.0.0.1/32"),)))
+
+
+def test_webfetch_returns_the_article_with_numbered_links(server: str) -> None:
+    """By default an article page comes back as its article, link targets listed at the end."""
+    url = server.replace("/otters", "/article")
+    with web_executor(fetcher=_allowed()).turn() as turn:
+        result = turn.call("webfetch", {"url": url})
+    assert not result.is_error, result.text
+    assert "Paragraph 5: the otters came back" in result.text
+    assert "Sport" not in result.text
+    assert "Terms of use" not in result.text
+    assert "Read the [full report][1]." in result.text
+    assert f"[1]: {url.replace('/article', '/report')}\n</web_content>" in result.text
+
+
+def test_webfetch_full_page_returns_the_whole_page(server: str) -> None:
+    """A call with full_page gets the menus and footer too, links as the host set them."""
+    url = server.replace("/otters", "/article")
+    with web_executor(fetcher=_allowed()).turn() as turn:
+        result = turn.call("webfetch", {"url": url, "full_page": True})
+    assert not result.is_error, result.text
+    assert "Sport" in result.text
+    assert "Terms of use" in result.text
+    assert "Paragraph 5: the otters came back" in result.text
+
+
+def test_host_setting_returns_every_page_whole_with_inline_links(server: str) -> None:
+    """Fetcher(main_content=False, links="inline") gives the page as webfetch gave it before."""
+    url = server.replace("/otters", "/article")
+    fetcher = Fetcher(
+        EgressPolicy(allow=(AllowRule.parse("127.0.0.1/32"),)), main_content=False, links="inline"
+    )
+    with web_executor(fetcher=fetcher).turn() as turn:
+        result = turn.call("webfetch", {"url": url})
+    assert "Terms of use" in result.text
+    assert f"[full report]({url.replace('/article', '/report')})" in result.text
+
+
+def test_full_page_that_is_not_a_boolean_is_refused(server: str) -> None:
+    """full_page must be true or false; anything else is the model's mistake, answered as one."""
+    with web_executor(fetcher=_allowed()).turn() as turn:
+        result = turn.call("webfetch", {"url": server, "full_page": "yes"})
+    assert result.is_error
+    assert "full_page" in result.text
+
+
+@pytest.mark.parametrize(
+    ("setting", "words"),
+    [({"links": "footnotes"}, "links is one of"), ({"main_content": "yes"}, "main_content is")],
+)
+def test_wrong_fetcher_setting_raises_usage_error(setting: dict[str, object], words: str) -> None:
+    """A Fetcher setting outside its choices is the host's mistake and raises naming it."""
+    with pytest.raises(UsageError, match=words):
+        Fetcher(**setting)  # type: ignore[arg-type]
 
 
 def test_webfetch_refuses_loopback_by_default(server: str) -> None:

@@ -63,6 +63,16 @@ def web_and_services(registry: av.Registry, folder: Path) -> av.Executor:
     return executor
 
 
+def page_text(html: str) -> str:
+    from astralvessel.web import Fetcher, LinkStyle, WebResult, html_to_text
+
+    style: LinkStyle = "references"
+    whole: WebResult = Fetcher(main_content=False, links=style).fetch("https://a.example/")
+    article: WebResult = Fetcher().fetch("https://a.example/", full_page=True)
+    _ = (whole, article)
+    return html_to_text(html, "https://a.example/", main_content=True, links="text")
+
+
 def host_errors(turn: av.Turn) -> None:
     try:
         turn.call("anything")

@@ -33,6 +33,17 @@ def test_fetch_prints_the_wrapped_page(
     assert "Otters live in" in out
 
 
+def test_fetch_links_inline(http_server: Server, capsys: pytest.CaptureFixture[str]) -> None:
+    """fetch --links inline writes each link with its target, as webfetch did before."""
+    url = f"http://127.0.0.1:{http_server.port}"
+    code = run(["fetch", f"{url}/page", "--allow", "127.0.0.1/32", "--links", "inline"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert f"[rivers]({url}/rivers)" in out
+    code = run(["fetch", f"{url}/page", "--allow", "127.0.0.1/32", "--full-page"])
+    assert "[rivers][1]" in capsys.readouterr().out
+
+
 def test_fetch_json(https_server: Server, tls: TLS, capsys: pytest.CaptureFixture[str]) -> None:
     """fetch --json prints one JSON object with the result's fields."""
     code = run(

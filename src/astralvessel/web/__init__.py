@@ -21,6 +21,7 @@ from ._fetch import FetchLimits as FetchLimits
 from ._fetch import WebResult as WebResult
 from ._html import html_to_text as html_to_text
 from ._httpx import HttpxTransport as HttpxTransport
+from ._links import LinkStyle as LinkStyle
 from ._local import LocalIndexProvider as LocalIndexProvider
 from ._search import BraveProvider as BraveProvider
 from ._search import Searcher as Searcher
@@ -49,6 +50,7 @@ __all__ = [
     "HttpRequest",
     "HttpResponse",
     "HttpxTransport",
+    "LinkStyle",
     "LocalIndexProvider",
     "ProxyTransport",
     "Resolver",

@@ -13,6 +13,7 @@ import zlib
 import attrs
 
 from ._html import html_to_text
+from ._links import LinkStyle
 
 __all__ = [
     "ACCEPT",
@@ -209,8 +210,18 @@ def _looks_binary(body: bytes) -> bool:
     return controls * 10 > len(sample)
 
 
-def render(body: bytes, content_type: str | None, url: str) -> str:
-    """Turn a body into readable text, or raise `ContentRefused` naming the type."""
+def render(
+    body: bytes,
+    content_type: str | None,
+    url: str,
+    *,
+    main_content: bool = False,
+    links: LinkStyle = "inline",
+) -> str:
+    """Turn a body into readable text, or raise `ContentRefused` naming the type.
+
+    ``main_content`` and ``links`` are `html_to_text`'s, for HTML.
+    """
     media, charset = parse_content_type(content_type)
     if not media:
         head = body[:512].lstrip().lower()
@@ -225,7 +236,7 @@ def render(body: bytes, content_type: str | None, url: str) -> str:
         raise ContentRefused(f"the page says it is {media} but its content is binary")
     text = _decode(body, charset, media)
     if media in _HTML_TYPES:
-        return html_to_text(text, url)
+        return html_to_text(text, url, main_content=main_content, links=links)
     return text.replace("\r\n", "\n")
 
 

@@ -22,6 +22,7 @@ from ._content import ACCEPT, ACCEPT_ENCODING, BodyCollector, ContentRefused, fe
 from ._egress import Approval, EgressPolicy, Resolver, SystemResolver, Target
 from ._exchange import AsyncExchangeIO, Close, ExchangeIO, Head, Resolve, Send, read_body
 from ._flow import Flow, arun, run
+from ._links import LINK_STYLES, LinkStyle
 from ._stdlib import StdlibTransport
 from ._transport import AsyncTransport, HttpRequest, Transport
 
@@ -83,9 +84,15 @@ class Fetcher:
 
     ``transport`` performs the HTTP exchanges (the stdlib one by default);
     ``resolver`` answers DNS (``getaddrinfo`` by default), once per hop.
+    An HTML page becomes its main content (its article) when it has one the
+    extractor is sure of, and the whole page otherwise; ``main_content=False``
+    returns every page whole, as a call's ``full_page`` does for one page.
+    ``links`` says how links are written: ``"references"`` (the text, then
+    ``[N]``, with the numbered targets listed at the end), ``"inline"``
+    (Markdown ``[text](target)``) or ``"text"`` (the text alone).
     Refusals and failures come back as a `WebResult` with ``is_error`` set;
-    only a misconfigured host (a transport without ``send`` for ``fetch``)
-    raises.
+    only a misconfigured host (a transport without ``send`` for ``fetch``, a
+    wrong setting) raises.
     """
 
     def __init__(
@@ -96,7 +103,16 @@ class Fetcher:
         resolver: Resolver | None = None,
         limits: FetchLimits | None = None,
         user_agent: str | None = None,
+        main_content: bool = True,
+        links: LinkStyle = "references",
     ) -> None:
+        if not isinstance(main_content, bool):
+            raise UsageError(f"main_content is True or False, not {main_content!r}")
+        if links not in LINK_STYLES:
+            choices = ", ".join(repr(style) for style in LINK_STYLES)
+            raise UsageError(f"links is one of {choices}, not {links!r}")
+        self.main_content = main_content
+        self.links: LinkStyle = links
         self.policy = policy if policy is not None else EgressPolicy()
         self.transport = transport if transport is not None else StdlibTransport()
         self.resolver = resolver if resolver is not None else SystemResolver()
@@ -165,9 +181,12 @@ class Fetcher:
         reason: str,
         headers: Sequence[tuple[str, str]],
         body: BodyCollector,
+        *,
+        full_page: bool,
     ) -> WebResult:
         content_type = next((v for k, v in headers if k.lower() == "content-type"), None)
-        text = render(body.body(), content_type, url)
+        main_content = self.main_content and not full_page
+        text = render(body.body(), content_type, url, main_content=main_content, links=self.links)
         wrapped = fence(url, text if text.strip() else "[the page has no readable text]")
         if body.truncated:
             wrapped += (
@@ -205,17 +224,22 @@ class Fetcher:
 
     # -- the one fetch flow, and its two drivers ---------------------------------------------
 
-    def fetch(self, url: str) -> WebResult:
-        """Fetch ``url`` and return its text wrapped as untrusted, or an error result."""
+    def fetch(self, url: str, *, full_page: bool = False) -> WebResult:
+        """Fetch ``url`` and return its text wrapped as untrusted, or an error result.
+
+        ``full_page`` returns an HTML page whole, not its main content.
+        """
         if not isinstance(self.transport, Transport):
             raise TypeError(f"{type(self.transport).__name__} has no send(); use afetch() with it")
-        return run(self._flow(url), ExchangeIO(self.transport, self.resolver).perform)
+        flow = self._flow(url, full_page)
+        return run(flow, ExchangeIO(self.transport, self.resolver).perform)
 
-    async def afetch(self, url: str) -> WebResult:
+    async def afetch(self, url: str, *, full_page: bool = False) -> WebResult:
         """The async twin of `fetch`: the same flow, its steps awaited."""
-        return await arun(self._flow(url), AsyncExchangeIO(self.transport, self.resolver).perform)
+        flow = self._flow(url, full_page)
+        return await arun(flow, AsyncExchangeIO(self.transport, self.resolver).perform)
 
-    def _flow(self, url: str) -> Flow[WebResult]:
+    def _flow(self, url: str, full_page: bool) -> Flow[WebResult]:
         deadline = time.monotonic() + self.limits.timeout_seconds
         current, origin = url, None
         try:
@@ -230,7 +254,12 @@ class Fetcher:
                         collector = self._collector(response.headers)
                         yield from read_body(collector, deadline)
                         return self._result(
-                            current, response.status, response.reason, response.headers, collector
+                            current,
+                            response.status,
+                            response.reason,
+                            response.headers,
+                            collector,
+                            full_page=full_page,
                         )
                 finally:
                     yield from Close()

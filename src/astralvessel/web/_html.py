@@ -15,7 +15,9 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from html import unescape
-from urllib.parse import urljoin
+
+from ._links import LINK_OPEN, LinkEnd, LinkStyle, assemble
+from ._readable import TRACKED, Block, choose, close_block
 
 __all__ = ["html_to_text"]
 
@@ -139,6 +141,8 @@ class _Converter:
         self.header_rule_done: list[bool] = []
         self.title: list[str] = []
         self.in_title = False
+        self.blocks: list[Block] = []  # tracked elements, for the main-content choice
+        self.open_blocks: list[int] = []
 
     # -- output helpers ---------------------------------------------------------------------
 
@@ -193,9 +197,30 @@ class _Converter:
         if hidden:
             self.skip_at = len(self.stack)
             return
+        if tag in TRACKED:
+            self._track(tag, attrs)
         opener = _OPENERS.get(tag)
         if opener is not None:
             opener(self, tag, href)
+
+    def _track(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        hint = " ".join(value for name, value in attrs if value and name in ("class", "id"))
+        parent = self.open_blocks[-1] if self.open_blocks else -1
+        self.open_blocks.append(len(self.blocks))
+        self.blocks.append(Block(tag, hint, len(self.out), parent))
+
+    def _count(self, text: str) -> None:
+        """Count text towards the innermost tracked element, for the main-content choice."""
+        if not self.open_blocks:
+            return
+        block = self.blocks[self.open_blocks[-1]]
+        length = len(text)
+        block.text += length
+        if self.links:
+            block.link += length
+        else:
+            block.own += length
+            block.commas += text.count(",")
 
     def handle_endtag(self, tag: str) -> None:
         if tag == "title":
@@ -216,6 +241,7 @@ class _Converter:
             return
         if self.pre_depth:
             self.emit(data)
+            self._count(data)
             return
         if not data.strip():
             if data:
@@ -225,6 +251,7 @@ class _Converter:
             self.space_owed = True
         text = _SPACES.sub(" ", data.strip())
         self.emit(text)
+        self._count(text)
         if data[-1].isspace():
             self.space_owed = True
 
@@ -311,8 +338,8 @@ class _Converter:
 
     def _open_link(self, tag: str, href: str | None) -> None:
         if href and not href.lower().lstrip().startswith(("javascript:", "data:", "#")):
-            self.emit("[")
-            self.links.append((len(self.out) - 1, urljoin(self.base_url, href.strip())))
+            self.emit(LINK_OPEN)
+            self.links.append((len(self.out) - 1, href.strip()))
         else:
             self.links.append((-1, ""))
 
@@ -372,10 +399,11 @@ class _Converter:
         if start < 0:
             return
         if "".join(self.out[start + 1 :]).strip():
-            self.out.append(f"]({url})")
+            self.out.append(LinkEnd(url))
             self.at_line_start = False
         else:
-            del self.out[start]
+            # Blanked, not deleted, so the spans of tracked elements keep their places.
+            self.out[start] = ""
 
     def _end_strong(self) -> None:
         self.out.append("**")
@@ -404,12 +432,25 @@ class _Converter:
         closer = _CLOSERS.get(tag)
         if closer is not None:
             closer(self)
+        if tag in TRACKED and self.open_blocks and self.blocks[self.open_blocks[-1]].tag == tag:
+            close_block(self.blocks, self.open_blocks.pop(), len(self.out))
 
-    def result(self) -> str:
-        body = "".join(self.out).strip("\n")
+    def result(self, main_content: bool, links: LinkStyle) -> str:
+        while self.open_blocks:
+            close_block(self.blocks, self.open_blocks.pop(), len(self.out))
+        spans = choose(self.blocks) if main_content else None
+        if spans is None:
+            spans = [(0, len(self.out))]
+        else:
+            # The article's own heading is in its text; the <title> repeats it with the site's name.
+            self.title = []
+        body, references = assemble(self.out, spans, links, self.base_url)
+        body = body.strip("\n")
         # Trailing spaces carry no meaning for a reader; three or more newlines collapse to two.
         body = re.sub(r"[ \t]+\n", "\n", body)
         body = re.sub(r"\n{3,}", "\n\n", body)
+        if references:
+            body += "\n\n" + "\n".join(f"[{number}]: {url}" for number, url in references)
         title = _SPACES.sub(" ", "".join(self.title)).strip()
         if title:
             return f"# {title}\n\n{body}" if body else f"# {title}"
@@ -527,11 +568,19 @@ def _attributes(text: str) -> list[tuple[str, str | None]]:
     return found
 
 
-def html_to_text(html: str, base_url: str = "") -> str:
-    """Reduce an HTML document to readable text, with links made absolute against ``base_url``."""
+def html_to_text(
+    html: str, base_url: str = "", *, main_content: bool = False, links: LinkStyle = "inline"
+) -> str:
+    """Reduce an HTML document to readable text, with links made absolute against ``base_url``.
+
+    With ``main_content``, keep only the page's main content (its article) when it has
+    one it can be sure of, and the whole page otherwise. ``links`` writes each link
+    as Markdown with its target (``"inline"``), as ``[text][N]`` with the numbered
+    targets listed at the end (``"references"``), or as its text alone (``"text"``).
+    """
     converter = _Converter(base_url)
     converter.feed(html)
     if converter.stack:
         # Close whatever the page left open, so a <pre> fence or a link still ends.
         converter._close(converter.stack[0])
-    return converter.result()
+    return converter.result(main_content, links)
