@@ -1,7 +1,8 @@
 """The sync and async faces of every host API give the same results and raise the same errors.
 
 Each pair (``call``/``acall``, ``exec``/``aexec``, ``start``/``astart`` with a detached
-process's ``result``/``aresult``, the file primitives, ``close``/``aclose``) runs the same
+process's ``result``/``aresult``, the file primitives, ``snapshot``/``asnapshot``,
+``fork``/``afork``, ``close``/``aclose``) runs the same
 cases, good arguments and bad, on a turn that is open, closed, or whose sandbox died, on a
 real bubblewrap sandbox; only the face differs.
 """
@@ -18,7 +19,15 @@ from typing import Any
 
 import pytest
 
-from astralvessel import ExecResult, Executor, Registry, SandboxError, ToolResult, Turn
+from astralvessel import (
+    ExecResult,
+    Executor,
+    Registry,
+    SandboxError,
+    ToolResult,
+    Turn,
+    TurnSnapshot,
+)
 from astralvessel.sandbox import Mount, Sandbox
 
 from ..conformance.calls import host_processes_with
@@ -32,6 +41,25 @@ async def _astart(turn: Turn, *args: Any, **kwargs: Any) -> ExecResult:
     return await (await turn.astart(*args, **kwargs)).aresult(timeout=30)
 
 
+def _fork(turn: Turn, n: int) -> list[bytes]:
+    """What each of ``n`` forks reads of the file the cases wrote, each fork then closed."""
+    forks = turn.fork(n)
+    try:
+        return [fork.read_file("notes/a.txt") for fork in forks]
+    finally:
+        for fork in forks:
+            fork.close()
+
+
+async def _afork(turn: Turn, n: int) -> list[bytes]:
+    forks = await turn.afork(n)
+    try:
+        return [await fork.aread_file("notes/a.txt") for fork in forks]
+    finally:
+        for fork in forks:
+            await fork.aclose()
+
+
 #: Each host API's two faces, each called as ``face(turn, *args, **kwargs)``.
 FACES: dict[str, tuple[Sync, Async]] = {
     "call": (Turn.call, Turn.acall),
@@ -40,6 +68,8 @@ FACES: dict[str, tuple[Sync, Async]] = {
     "read_file": (Turn.read_file, Turn.aread_file),
     "write_file": (Turn.write_file, Turn.awrite_file),
     "list_dir": (Turn.list_dir, Turn.alist_dir),
+    "snapshot": (Turn.snapshot, Turn.asnapshot),
+    "fork": (_fork, _afork),
     "close": (Turn.close, Turn.aclose),
 }
 
@@ -71,6 +101,9 @@ CASES: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = [
     ("list_dir", ("/data",), {}),
     ("list_dir", ("missing",), {}),
     ("list_dir", (".",), {"limit": 0}),
+    ("snapshot", (), {}),
+    ("fork", (2,), {}),
+    ("fork", (0,), {}),
     ("close", (), {}),
 ]
 
@@ -95,6 +128,8 @@ def _seen(value: Any) -> Any:
         return ("ExecResult", value.returncode, value.stdout, value.stderr, value.timed_out)
     if isinstance(value, list):
         return (type(value).__name__, list(value), getattr(value, "truncated", None))
+    if isinstance(value, TurnSnapshot):
+        return ("TurnSnapshot", value.content_id, value.file_count, value.total_bytes)
     return value
 
 
