@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     __version__: str
 
     from ._exec import Listing as Listing
+    from ._outcome import Outcome as Outcome
     from .agent import Agent as Agent
     from .agent import Service as Service
     from .executor import Executor as Executor
@@ -57,6 +58,7 @@ if TYPE_CHECKING:
 #: before something asks for them (0.5 s of CPU, 1.5 s at a loaded host's wall clock).
 _HOMES: dict[str, str] = {
     "Listing": "._exec",
+    "Outcome": "._outcome",
     "Agent": ".agent",
     "Service": ".agent",
     "Executor": ".executor",
@@ -123,6 +125,7 @@ __all__ = [
     "InputMode",
     "Listing",
     "OutboxFile",
+    "Outcome",
     "PromiseNotEnforcedError",
     "Registry",
     "SandboxError",

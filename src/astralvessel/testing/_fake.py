@@ -22,7 +22,7 @@ from typing import Any, ClassVar, TypeAlias
 
 import attrs
 
-from ..errors import UnscriptedCallError, UsageError
+from ..errors import SandboxError, UnscriptedCallError, UsageError
 from ..sandbox._api import (
     BackendReport,
     DetachedProcess,
@@ -70,13 +70,23 @@ class FakeRun:
     ``output`` is its combined stdout and stderr; ``exit_code`` its status;
     ``timed_out`` says it ran past its timeout (the output is what it printed
     before, and the exit code is dropped, as for a killed call); ``files`` are
-    left in ``$VESSEL_OUTBOX`` (name to content).
+    left in ``$VESSEL_OUTBOX`` (name to content). ``stopped_by_limit`` says a
+    bound of the turn (memory) stopped it, so its outcome is ``limit``;
+    ``sandbox_died`` (a reason) makes the sandbox die under the call, so its
+    result is the dead-sandbox one (``sandbox_lost``) and the next call starts a
+    fresh fake turn.
     """
 
     output: str = attrs.field(default="", converter=_text)
     exit_code: int = attrs.field(default=0, validator=attrs.validators.instance_of(int))
     timed_out: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     files: Mapping[str, bytes] = attrs.field(factory=dict, converter=_outbox)
+    stopped_by_limit: bool = attrs.field(
+        default=False, validator=attrs.validators.instance_of(bool)
+    )
+    sandbox_died: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(str))
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -269,6 +279,8 @@ class FakeSession(SandboxSession):
                 f"(argv {list(request.argv)[:4]}...); give it one in tools=, bash= or default="
             )
         run = _run_of(answer, call)
+        if run.sandbox_died is not None:
+            raise SandboxError(run.sandbox_died)
         output, dropped = _cut(run.output, request.output_chars)
         return RunOutcome(
             output=output,
@@ -276,6 +288,7 @@ class FakeSession(SandboxSession):
             timed_out=run.timed_out,
             dropped_chars=dropped,
             files=self._leave(run.files),
+            stopped_by_limit=run.stopped_by_limit,
         )
 
     def _grep(self, call: FakeCall) -> FakeRun:
