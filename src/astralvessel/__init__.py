@@ -13,6 +13,7 @@ passes every call the model makes to an executor's turn::
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import TYPE_CHECKING
 
 from .errors import AstralVesselError as AstralVesselError
@@ -33,6 +34,9 @@ from .errors import ToolRegistrationError as ToolRegistrationError
 from .errors import TransportError as TransportError
 from .errors import TurnClosedError as TurnClosedError
 from .errors import UsageError as UsageError
+
+# Silent until the host configures logging: every logger of the library is under this one.
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 if TYPE_CHECKING:
     __version__: str

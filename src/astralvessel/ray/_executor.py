@@ -23,6 +23,7 @@ from typing import Any
 
 import attrs
 
+from .. import _log
 from .._aio import shielded, to_thread, wait_future
 from .._warm import check_warm
 from ..errors import BackendUnavailableError, TurnClosedError, UsageError
@@ -221,6 +222,7 @@ class RayExecutor:
         """A turn's actor: one started ahead if one is ready, else one placed now."""
         pool = self._warm
         actor = None if pool is None else pool.take()
+        _log.event(_log.RAY, "ray.placed", {"warm": actor is not None})
         return actor if actor is not None else self._launcher.start()
 
     def __repr__(self) -> str:
