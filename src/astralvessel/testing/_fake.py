@@ -15,6 +15,7 @@ own commands (``Turn.exec``) are answered from ``exec=`` and recorded as
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -43,6 +44,7 @@ from ._fakeexec import ExecScript, FakeExec, answer_detach, answer_exec, check_e
 from ._fakefs import FakeFiles, check_file_paths, check_visible
 from ._fakegrep import fake_grep
 from ._identify import identify
+from ._replay import Replay
 
 __all__ = ["Answer", "FakeCall", "FakeRun", "FakeSandbox"]
 
@@ -143,6 +145,9 @@ class FakeSandbox(Sandbox):
     ``registry`` tells declared tools apart by their commands; without it,
     the fake reads the agent folder the executor's policy names.
 
+    ``FakeSandbox.from_ledger(path)`` answers calls with a turn ledger's
+    recorded results instead (see ``docs/observing.md``).
+
     Pass it as ``Executor(registry, sandbox=FakeSandbox(...))``. ``calls``
     lists every call that reached it, in order, across turns; ``execs``
     every ``Turn.exec``.
@@ -174,6 +179,23 @@ class FakeSandbox(Sandbox):
         self.open_sessions = 0
         self._lock = threading.Lock()
         self._agent_specs: dict[str, tuple[ToolSpec, ...]] = {}
+        #: The ledger whose recorded answers this fake gives (``from_ledger``), if any.
+        self.replay: Replay | None = None
+
+    @classmethod
+    def from_ledger(
+        cls, path: str | os.PathLike[str], *, registry: Iterable[ToolSpec] | None = None
+    ) -> FakeSandbox:
+        """A fake answering each confined call and file tool with the ledger's record of it.
+
+        A call is matched by its tool and arguments (equal calls in the order
+        recorded); one the ledger does not hold raises ``UnscriptedCallError``
+        naming how it differs from the ledger's next call. Host-side tools (Python,
+        services, the web) never reach a sandbox: the executor runs them as usual.
+        """
+        fake = cls(registry=registry)
+        fake.replay = Replay.read(Path(path))
+        return fake
 
     def probe(self) -> BackendReport:
         """Always available; keeps no promise, because nothing runs."""
@@ -269,6 +291,9 @@ class FakeSession(SandboxSession):
             cwd=request.cwd,
         )
         self.sandbox._record(call)
+        replay = self.sandbox.replay
+        if replay is not None:
+            return replay.run(call.tool, call.arguments)
         answer = self.sandbox._answer(call, candidates)
         if answer is None:
             # Unscripted grep searches the fake's files; only then does the default answer.
@@ -352,6 +377,10 @@ class FakeSession(SandboxSession):
             self.sandbox._record(
                 FakeCall(tool=tool, arguments=dict(request.arguments), timeout=timeout)
             )
+            replay = self.sandbox.replay
+            if replay is not None:
+                viewed = replay.view(tool, request.arguments)
+                return FsReply(fields={"text": viewed.text, "is_error": viewed.is_error})
             text, is_error = self._layout().view(request.view, request.arguments, timeout)
             return FsReply(fields={"text": text, "is_error": is_error})
         header = {
