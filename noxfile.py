@@ -38,6 +38,9 @@ TEST_DEPS = [
     "hypothesis>=6.100",
     # A trio host awaits calls in the tests, as an asyncio host does.
     "trio>=0.25",
+    # The span tests read spans from the SDK's in-memory exporter (the otel extra is the API).
+    "opentelemetry-api>=1.20",
+    "opentelemetry-sdk>=1.20",
 ]
 
 

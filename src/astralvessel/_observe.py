@@ -16,7 +16,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -26,6 +26,9 @@ from ._ledger._records import SCHEMA_VERSION, digest
 from ._outcome import Outcome
 from .results import ToolResult
 from .sandbox._api import ExecResult, FileOutcome, RunOutcome
+
+if TYPE_CHECKING:
+    from .web._proxy import EgressProxy
 
 __all__ = ["CallNote", "ExecNote", "FileNote", "TurnWatch", "byte_size"]
 
@@ -297,8 +300,11 @@ class TurnWatch:
                     }
                 )
 
-    def sandbox_started(self, duration: float) -> None:
-        """The turn's sandbox started (or was taken from the warm pool), in ``duration`` s."""
+    def sandbox_started(self, duration: float, proxy: EgressProxy | None = None) -> None:
+        """The turn's sandbox started (or was taken from the warm pool), in ``duration`` s;
+        its egress proxy's connection spans become the turn span's children."""
+        if proxy is not None:
+            proxy.trace_parent = self._span
         fields = {"turn": self.turn_id, "backend": self.backend, "duration": duration}
         _log.event(_log.SANDBOX, "sandbox.started", fields)
         _otel.record(

@@ -380,7 +380,7 @@ class Turn:
                 started = time.monotonic()
                 self._session, self._proxy = self._start_session()
                 self._owner = Owner()
-                self._watch.sandbox_started(time.monotonic() - started)
+                self._watch.sandbox_started(time.monotonic() - started, self._proxy)
             return self._session
 
     def _forget_if_forked(self) -> bool:

@@ -29,6 +29,7 @@ from typing import Any
 
 import attrs
 
+from .. import _otel
 from .._leftovers import make_folder
 from .._netallow import HostPattern, parse_allow_list
 from .._unixsock import bind as bind_unix
@@ -91,6 +92,8 @@ class EgressProxy:
         self._ready = threading.Event()
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="astralvessel-egress", daemon=True)
+        #: The span each connection's span is a child of (the turn's; None: the current one).
+        self.trace_parent: Any = None
 
     @classmethod
     def start(
@@ -149,7 +152,7 @@ class EgressProxy:
         tasks: set[asyncio.Task[None]] = set()
 
         def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            task = asyncio.ensure_future(self._serve(reader, writer))
+            task = asyncio.ensure_future(self._traced(reader, writer))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
 
@@ -198,6 +201,18 @@ class EgressProxy:
         finally:
             counters.active -= 1
             writer.close()
+
+    async def _traced(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """``_serve`` in a span (a child of the turn's, when the extra is installed)."""
+        counters = self.counters
+        refused = counters.refused
+        span = _otel.start("astralvessel.proxy.connection", {}, self.trace_parent)
+        try:
+            await self._serve(reader, writer)
+        finally:
+            was_refused = counters.refused > refused
+            reason = counters.reasons[-1] if was_refused and counters.reasons else None
+            _otel.end(span, {"astralvessel.refused": was_refused, "astralvessel.reason": reason})
 
     def _over_budget(self) -> ProxyRefusal | None:
         limits, counters = self.limits, self.counters
