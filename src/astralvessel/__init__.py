@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     __version__: str
 
     from ._exec import Listing as Listing
+    from ._ledger import Ledger as Ledger
     from ._outcome import Outcome as Outcome
     from .agent import Agent as Agent
     from .agent import Service as Service
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
 #: before something asks for them (0.5 s of CPU, 1.5 s at a loaded host's wall clock).
 _HOMES: dict[str, str] = {
     "Listing": "._exec",
+    "Ledger": "._ledger",
     "Outcome": "._outcome",
     "Agent": ".agent",
     "Service": ".agent",
@@ -127,6 +129,7 @@ __all__ = [
     "Executor",
     "FileTooLargeError",
     "InputMode",
+    "Ledger",
     "Listing",
     "OutboxFile",
     "Outcome",
