@@ -89,7 +89,7 @@ def _file_entry(path: Path, name: str, size: int) -> dict[str, Any]:
 class TurnWatch:
     """One turn's observer: its id, its ledger sink, its span, and the events it has seen."""
 
-    def __init__(self, *, backend: str, policy_id: str, ledger: Ledger | None) -> None:
+    def __init__(self, *, backend: str, policy_id: str | None, ledger: Ledger | None) -> None:
         self.turn_id = uuid.uuid4().hex[:16]
         self.backend = backend
         self.policy_id = policy_id
@@ -199,6 +199,7 @@ class TurnWatch:
             "timed_out": result.timed_out,
             "dropped_chars": result.dropped_chars,
             "backend": result.backend,
+            "policy_id": result.policy_id,
             "duration": round(duration, 6),
             "files": [_file_entry(f.path, f.name, f.size) for f in result.files],
         }
