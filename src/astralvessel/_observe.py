@@ -14,6 +14,7 @@ import itertools
 import os
 import time
 import uuid
+import weakref
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -104,6 +105,8 @@ class TurnWatch:
         _log.event(_log.TURN, "turn.opened", self._turn_fields())
         if ledger is not None:
             self._sink = ledger.open(self.turn_id)
+            # A turn dropped without close still syncs and closes its file when collected.
+            weakref.finalize(self, self._sink.close).atexit = False
             self._record(
                 {
                     "event": "turn",

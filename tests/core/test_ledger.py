@@ -3,6 +3,7 @@ host killed mid-turn leaves a readable ledger."""
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import os
@@ -182,3 +183,16 @@ def test_ledger_show_prints_one_line_per_record(backend: Sandbox, tmp_path: Path
     assert lines[2].startswith('  #1 bash {"command": "echo \\\\x1b[31mred"} -> ok')
     assert "\x1b" not in ran.stdout
     assert lines[-1].startswith("closed: 1 calls in ")
+
+
+def test_a_turn_dropped_unclosed_still_closes_its_file(backend: Sandbox, tmp_path: Path) -> None:
+    """A turn collected without close leaves its records on disk and its file closed."""
+    executor = Executor(_bash(), sandbox=backend, ledger=tmp_path)
+    turn = executor.turn()
+    turn.call("nope", {})
+    opened = len(os.listdir("/proc/self/fd"))
+    del turn
+    gc.collect()
+    (path,) = tmp_path.iterdir()
+    assert [r["event"] for r in read_ledger(path)] == ["turn", "call"]
+    assert len(os.listdir("/proc/self/fd")) == opened - 1
