@@ -60,7 +60,10 @@ def byte_size(data: object) -> int | None:
     """How many bytes ``write_file`` is given (text as UTF-8); None for a wrong type, which
     its checks then refuse."""
     if isinstance(data, str):
-        return len(data.encode("utf-8", "surrogateescape"))
+        try:
+            return len(data.encode("utf-8"))
+        except UnicodeEncodeError:  # a lone surrogate: write_file's checks refuse it
+            return None
     return len(data) if isinstance(data, (bytes, bytearray, memoryview)) else None
 
 
