@@ -17,20 +17,37 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from astralvessel import Executor, Registry
 
 SRC = Path(__file__).parents[2] / "src"
+
+
+class _Gate(SimpleSpanProcessor):
+    """Exports only while a test of this module runs: the provider outlives it (OpenTelemetry
+    sets one per process), and later tests' spans must not pile up in memory."""
+
+    open = False
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if self.open:
+            super().on_end(span)
+
+
 _EXPORTER = InMemorySpanExporter()
+_GATE = _Gate(_EXPORTER)
 
 
 @pytest.fixture
 def spans() -> Iterator[InMemorySpanExporter]:
-    """The process's tracer provider (set once) exporting to memory, emptied per test."""
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
+    """The process's tracer provider (set once) exporting to memory for this test only."""
+    if not isinstance(trace.get_tracer_provider(), TracerProvider):
         provider = TracerProvider()
-        provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
+        provider.add_span_processor(_GATE)
         trace.set_tracer_provider(provider)
     _EXPORTER.clear()
-    yield _EXPORTER
-    _EXPORTER.clear()
+    _GATE.open = True
+    try:
+        yield _EXPORTER
+    finally:
+        _GATE.open = False
+        _EXPORTER.clear()
 
 
 def _bash() -> Registry:
