@@ -10,6 +10,7 @@ parent each other.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -28,6 +29,13 @@ _SCOPE = "astralvessel"
 _PLAIN = (str, bool, int, float)
 
 
+@functools.cache
+def _tracer() -> Any:
+    # Once per process: a tracer taken before the host sets its provider is a proxy that
+    # follows the provider set later, as OpenTelemetry's API promises.
+    return _trace.get_tracer(_SCOPE)
+
+
 def _attributes(values: Mapping[str, object]) -> dict[str, Any]:
     return {k: v if isinstance(v, _PLAIN) else str(v) for k, v in values.items() if v is not None}
 
@@ -37,7 +45,7 @@ def start(name: str, attributes: Mapping[str, object], parent: Any = None) -> An
     if _trace is None:
         return None
     context = None if parent is None else _trace.set_span_in_context(parent)
-    tracer = _trace.get_tracer(_SCOPE)
+    tracer = _tracer()
     return tracer.start_span(name, context=context, attributes=_attributes(attributes))
 
 
@@ -55,7 +63,7 @@ def record(name: str, attributes: Mapping[str, object], parent: Any, duration: f
         return
     now = time.time_ns()
     context = None if parent is None else _trace.set_span_in_context(parent)
-    tracer = _trace.get_tracer(_SCOPE)
+    tracer = _tracer()
     span = tracer.start_span(
         name,
         context=context,
