@@ -140,3 +140,18 @@ def frameworks(executor: av.Executor) -> None:
         tools: list[StructuredTool] = structured_tools(turn, budget=budget)
         message: dict[str, object] = run_tool_calls(turn, {"content": []}, budget=budget)
     _ = (strict, agents_tools, toolset, tools, message)
+
+
+def observed(registry: av.Registry, folder: Path) -> list[av.Outcome]:
+    def redact(record: dict[str, object]) -> dict[str, object] | None:
+        return record
+
+    ledger = av.Ledger(target=folder, redact=redact, max_chars=4096)
+    executor = av.Executor(registry, ledger=ledger)
+    with executor.turn() as turn:
+        turn_id: str = turn.turn_id
+        outcome: av.Outcome = turn.call("species", {"habitat": "rivers"}).outcome
+        ran: av.Outcome = turn.exec(["true"]).outcome
+    masked = outcome is av.Outcome.SANDBOX_LOST
+    _ = (turn_id, masked, av.Executor(registry, ledger=folder), av.Executor(registry, ledger=print))
+    return [outcome, ran]
