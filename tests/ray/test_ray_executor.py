@@ -454,12 +454,14 @@ def test_a_ray_turn_writes_its_ledger_on_the_host_and_logs_its_placement(
 ) -> None:
     """The host's ledger holds the node's results; the placement is logged on astralvessel.ray."""
     caplog.set_level(logging.INFO, logger="astralvessel.ray")
+    folder = tmp_path / "ledger"  # beside the agent folder the registry fixture made
+    folder.mkdir()
     executor = RayExecutor(
-        registry, sandbox="bubblewrap", address=str(cluster["address"]), ledger=tmp_path
+        registry, sandbox="bubblewrap", address=str(cluster["address"]), ledger=folder
     )
     with executor, executor.turn() as turn:
         result = turn.call("hello", {"name": "river"})
-    (path,) = tmp_path.iterdir()
+    (path,) = folder.iterdir()
     records = list(read_ledger(path))
     assert [r["event"] for r in records] == ["turn", "call", "close"]
     call = records[1]
