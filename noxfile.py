@@ -40,6 +40,9 @@ TEST_DEPS = [
     "trio>=0.25",
     # Deep Agents' own sandbox conformance suite, run against VesselSandbox (3.11 and later).
     "langchain-tests>=1.1.9; python_version >= '3.11'",
+    # The span tests read spans from the SDK's in-memory exporter (the otel extra is the API).
+    "opentelemetry-api>=1.20",
+    "opentelemetry-sdk>=1.20",
 ]
 
 

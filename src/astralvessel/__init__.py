@@ -13,6 +13,7 @@ passes every call the model makes to an executor's turn::
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import TYPE_CHECKING
 
 from .errors import AstralVesselError as AstralVesselError
@@ -35,10 +36,15 @@ from .errors import TransportError as TransportError
 from .errors import TurnClosedError as TurnClosedError
 from .errors import UsageError as UsageError
 
+# Silent until the host configures logging: every logger of the library is under this one.
+logging.getLogger(__name__).addHandler(logging.NullHandler())
+
 if TYPE_CHECKING:
     __version__: str
 
     from ._exec import Listing as Listing
+    from ._ledger import Ledger as Ledger
+    from ._outcome import Outcome as Outcome
     from ._snapshot._value import TurnSnapshot as TurnSnapshot
     from .agent import Agent as Agent
     from .agent import Service as Service
@@ -59,6 +65,8 @@ if TYPE_CHECKING:
 #: before something asks for them (0.5 s of CPU, 1.5 s at a loaded host's wall clock).
 _HOMES: dict[str, str] = {
     "Listing": "._exec",
+    "Ledger": "._ledger",
+    "Outcome": "._outcome",
     "Agent": ".agent",
     "Service": ".agent",
     "Executor": ".executor",
@@ -124,8 +132,10 @@ __all__ = [
     "Executor",
     "FileTooLargeError",
     "InputMode",
+    "Ledger",
     "Listing",
     "OutboxFile",
+    "Outcome",
     "PromiseNotEnforcedError",
     "Registry",
     "SandboxError",

@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from . import _log
 from .errors import UsageError
 from .sandbox._base import Sandbox, SandboxSession
 from .sandbox._owner import Owner
@@ -162,17 +163,22 @@ class WarmPool:
                 self._start_one()
 
     def _start_one(self) -> None:
+        started = time.monotonic()
         try:
             session = self._start()
         except Exception as exc:
             with self._cond:
                 self._failure = exc
                 self._cond.notify_all()
+            _log.event(_log.WARM, "warm.failed", {"error": type(exc).__name__}, _log.WARNING)
             return
         with self._cond:
             keep = not self._closed
             if keep:
                 self._ready.append(session)
                 self._cond.notify_all()
+            ready = len(self._ready)
+        fields = {"backend": session.backend, "ready": ready, "size": self.size}
+        _log.event(_log.WARM, "warm.refilled", {**fields, "duration": time.monotonic() - started})
         if not keep:
             self._discard(session)

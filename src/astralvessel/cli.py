@@ -1,4 +1,4 @@
-"""The ``astralvessel`` command line: check, tools, call, doctor, fetch, search, mcp.
+"""The ``astralvessel`` command line: check, tools, call, doctor, fetch, search, mcp, ledger.
 
 Exit codes are a contract: 0 success; 1 the tool call's result is an error;
 2 the host's error (bad agent folder, backend unavailable, bad flags), with one
@@ -21,6 +21,7 @@ from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, NoReturn
 
 from ._cli_options import add_network_option, add_relax_option, network_hosts
+from ._cli_progress import progress
 from ._terminal import for_terminal
 from .errors import AstralVesselError, ConfigError
 
@@ -30,6 +31,19 @@ if TYPE_CHECKING:
 __all__ = ["main"]
 
 EXIT_OK, EXIT_TOOL_ERROR, EXIT_HOST_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class _Version(argparse.Action):
+    """``--version``: the installed version, looked up only when asked (metadata costs 0.1 s)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object) -> None:
+        super().__init__(option_strings, dest, nargs=0, help="print the version and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: object, **kwargs: object) -> None:
+        from . import __version__
+
+        print(f"astralvessel {__version__}")
+        parser.exit(EXIT_OK)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -42,6 +56,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     """The CLI's argument parser (exposed for the docs and tests)."""
     parser = _Parser(prog="astralvessel", description="Run an LLM agent's tool calls in a sandbox.")
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     check = sub.add_parser("check", help="check an agent folder; exit 2 listing every problem")
@@ -83,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", action="store_true")
     doctor.set_defaults(handler=_doctor)
 
-    for module in ("._cli_web", "._cli_mcp"):
+    for module in ("._cli_web", "._cli_mcp", "._cli_ledger"):
         try:
             importlib.import_module(module, __package__).register(sub)
         except ModuleNotFoundError as exc:  # an optional part that is not built in
@@ -193,7 +208,7 @@ def _call(args: argparse.Namespace) -> int:
         outbox_dir=outbox,
     )
     try:
-        with executor.turn() as turn:
+        with executor.turn() as turn, progress(args.tool):
             result = turn.call(args.tool, arguments)
     finally:
         if args.outbox is None and not _holds_files(outbox):

@@ -38,7 +38,9 @@ from ._executor_args import (
     check_texts,
     check_timeout,
 )
+from ._ledger import Ledger
 from ._network import WarmNetwork, admit_hosts, start_proxy, start_sandbox
+from ._observe import TurnWatch, byte_size
 from ._plans import Call, Plan, TurnContext
 from ._refusals import Refusals
 from ._runners import plan_call
@@ -115,6 +117,9 @@ class Executor:
     warm ones included, unless ``turn(snapshot=...)`` names another.
     ``snapshot_budget_mb`` bounds the snapshots this executor's turns take
     that are still alive (4096 MiB); one past it raises ``SnapshotError``.
+    ``ledger`` (a folder, a file, a callable, or a ``Ledger`` with a redaction
+    hook) receives one JSON-lines record per event of each turn (see
+    ``docs/observing.md``).
     A value of the wrong type or out of range for any argument (a bare string
     for a list, ``limits`` as a dict, ``timeout_seconds`` of 0, NaN or text)
     raises ``UsageError`` naming the argument, before any sandbox starts.
@@ -145,6 +150,7 @@ class Executor:
         uid_range: UidRange | str | None = None,
         snapshot_budget_mb: int = 4096,
         snapshot: TurnSnapshot | None = None,
+        ledger: Ledger | str | os.PathLike[str] | Callable[[dict[str, Any]], object] | None = None,
     ) -> None:
         registry = check_registry(registry)
         agent = registry.agent
@@ -196,6 +202,8 @@ class Executor:
         self.snapshot_budget = Budget(check_snapshot_budget(snapshot_budget_mb) * MIB)
         #: The files every turn opened without a snapshot of its own starts with (warm ones too).
         self.snapshot: TurnSnapshot | None = check_snapshot(snapshot)
+        #: Where each turn's records go (None: no ledger).
+        self.ledger: Ledger | None = Ledger.of(ledger)
         self._warm: WarmPool | None = None
         self._release: Callable[[], None] = _nothing
         #: Starts warm sandboxes with their turns' egress proxies (a network and warm= only).
@@ -382,6 +390,17 @@ class Turn:
         #: The process that started the turn's sandbox (None before it starts): in a child
         #: forked from it the turn is over, and its sandbox is left to the parent.
         self._owner: Owner | None = None
+        #: What the turn tells the host: logs, its ledger, its spans.
+        self._watch = TurnWatch(
+            backend=self._context.backend,
+            policy_id=self._context.policy_id,
+            ledger=executor.ledger,
+        )
+
+    @property
+    def turn_id(self) -> str:
+        """This turn's id, as its log events and ledger records name it."""
+        return self._watch.turn_id
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -421,6 +440,7 @@ class Turn:
             session.close()
         if proxy is not None:
             proxy.close()
+        self._watch.closed()
 
     async def aclose(self) -> None:
         """Async twin of ``close``; it finishes even when the caller is being cancelled."""
@@ -441,8 +461,10 @@ class Turn:
             if self._closed:
                 raise TurnClosedError("this turn has ended; open a new one with executor.turn()")
             if self._session is None:
+                started = time.monotonic()
                 self._session, self._proxy = self._start_session()
                 self._owner = Owner()
+                self._watch.sandbox_started(time.monotonic() - started, self._proxy)
             return self._session
 
     def _forget_if_forked(self) -> bool:
@@ -492,40 +514,52 @@ class Turn:
                 return self._session
         return await to_thread(lambda: self.session)
 
-    def _discard(self, session: SandboxSession) -> None:
+    def _discard(self, session: SandboxSession, reason: str = "") -> None:
         """Forget a sandbox that died, so the next call starts a fresh one."""
         with self._lock:
-            if self._session is session:
+            current = self._session is session
+            if current:
                 self._session = None
+            closed = self._closed
         session.close()
+        if current and not closed:
+            self._watch.sandbox_lost(reason)
 
     # -- calls ----------------------------------------------------------------------------
 
     def call(self, name: str, arguments: object = None) -> ToolResult:
         """Run one tool call; ``arguments`` is a dict or the model's raw JSON text."""
-        started = time.monotonic()
-        plan = self._plan(name, arguments)
-        if isinstance(plan, ToolResult):
-            return self._stamp(plan, str(name), None, started)
-        session = self.session if plan.sandboxed else None
-        try:
-            outcome = plan.run(session)
-        except Exception as exc:
-            return self._stamp(self._rescue(plan, session, exc), name, plan, started)
-        return self._stamp(plan.finish(outcome), name, plan, started)
+        with self._watch.call(name, arguments) as note:
+            started = time.monotonic()
+            plan = self._plan(name, arguments)
+            if isinstance(plan, ToolResult):
+                note.result = self._stamp(plan, str(name), None, started)
+                return note.result
+            session = self.session if plan.sandboxed else None
+            try:
+                note.ran = outcome = plan.run(session)
+            except Exception as exc:
+                note.result = self._stamp(self._rescue(plan, session, exc), name, plan, started)
+                return note.result
+            note.result = self._stamp(plan.finish(outcome), name, plan, started)
+            return note.result
 
     async def acall(self, name: str, arguments: object = None) -> ToolResult:
         """Async twin of ``call``; calls of one turn may run concurrently."""
-        started = time.monotonic()
-        plan = self._plan(name, arguments)
-        if isinstance(plan, ToolResult):
-            return self._stamp(plan, str(name), None, started)
-        session = await self._asession() if plan.sandboxed else None
-        try:
-            outcome = await plan.arun(session)
-        except Exception as exc:
-            return self._stamp(self._rescue(plan, session, exc), name, plan, started)
-        return self._stamp(plan.finish(outcome), name, plan, started)
+        with self._watch.call(name, arguments) as note:
+            started = time.monotonic()
+            plan = self._plan(name, arguments)
+            if isinstance(plan, ToolResult):
+                note.result = self._stamp(plan, str(name), None, started)
+                return note.result
+            session = await self._asession() if plan.sandboxed else None
+            try:
+                note.ran = outcome = await plan.arun(session)
+            except Exception as exc:
+                note.result = self._stamp(self._rescue(plan, session, exc), name, plan, started)
+                return note.result
+            note.result = self._stamp(plan.finish(outcome), name, plan, started)
+            return note.result
 
     # -- the host's own commands and files --------------------------------------------------
 
@@ -555,14 +589,17 @@ class Turn:
         turn meanwhile raises ``TurnClosedError``. The bounds are in
         ``docs/exec-and-files.md``.
         """
-        planned = self._drive(self._exec_plan(argv, input, cwd, env, timeout, user))
-        if isinstance(planned, ExecResult):
-            return planned
-        session = self.session
-        try:
-            return self._guarded(session, lambda: session.exec(planned))
-        finally:
-            self._drain_refusals()  # the host's command: logged, never noted on a later call
+        with self._watch.exec(_argv_of(argv)) as note:
+            planned = self._drive(self._exec_plan(argv, input, cwd, env, timeout, user))
+            if isinstance(planned, ExecResult):
+                note.result = planned
+                return planned
+            session = self.session
+            try:
+                note.result = self._guarded(session, lambda: session.exec(planned))
+            finally:
+                self._drain_refusals()  # the host's command: logged, never noted on a later call
+            return note.result
 
     async def aexec(
         self,
@@ -575,14 +612,17 @@ class Turn:
         user: str | int | None = None,
     ) -> ExecResult:
         """Async twin of ``exec``; many may run at once, and cancelling one kills its command."""
-        planned = await self._adrive(self._exec_plan(argv, input, cwd, env, timeout, user))
-        if isinstance(planned, ExecResult):
-            return planned
-        session = await self._asession()
-        try:
-            return await self._aguarded(session, lambda: session.aexec(planned))
-        finally:
-            self._drain_refusals()
+        with self._watch.exec(_argv_of(argv)) as note:
+            planned = await self._adrive(self._exec_plan(argv, input, cwd, env, timeout, user))
+            if isinstance(planned, ExecResult):
+                note.result = planned
+                return planned
+            session = await self._asession()
+            try:
+                note.result = await self._aguarded(session, lambda: session.aexec(planned))
+            finally:
+                self._drain_refusals()
+            return note.result
 
     def start(
         self,
@@ -644,11 +684,17 @@ class Turn:
         unreadable), ``FileTooLargeError`` past 100 MiB, and ``SandboxFileError``
         for a FIFO, socket or device (``EINVAL``) or a name too long.
         """
-        return self._drive(_exec.read_plan(path, timeout=self._file_timeout()))
+        with self._watch.file("read", path) as note:
+            data = self._drive(_exec.read_plan(path, timeout=self._file_timeout()))
+            note.size = len(data)
+            return data
 
     async def aread_file(self, path: str) -> bytes:
         """Async twin of ``read_file``."""
-        return await self._adrive(_exec.read_plan(path, timeout=self._file_timeout()))
+        with self._watch.file("read", path) as note:
+            data = await self._adrive(_exec.read_plan(path, timeout=self._file_timeout()))
+            note.size = len(data)
+            return data
 
     def write_file(self, path: str, data: bytes | str) -> None:
         """Write ``data`` (str as UTF-8) to the file at sandbox ``path``, replacing it.
@@ -662,11 +708,15 @@ class Turn:
         (``ELOOP``), a FIFO or socket (``EINVAL``), a name too long or a full
         disk, and ``UsageError`` past 100 MiB.
         """
-        self._drive(_exec.write_plan(path, data, timeout=self._file_timeout()))
+        with self._watch.file("write", path) as note:
+            note.size = byte_size(data)
+            self._drive(_exec.write_plan(path, data, timeout=self._file_timeout()))
 
     async def awrite_file(self, path: str, data: bytes | str) -> None:
         """Async twin of ``write_file``."""
-        await self._adrive(_exec.write_plan(path, data, timeout=self._file_timeout()))
+        with self._watch.file("write", path) as note:
+            note.size = byte_size(data)
+            await self._adrive(_exec.write_plan(path, data, timeout=self._file_timeout()))
 
     def list_dir(self, path: str = ".", *, limit: int = _exec.LIST_MAX_ENTRIES) -> Listing:
         """The entries of the folder at sandbox ``path``: ``(name, kind)`` in name order.
@@ -680,11 +730,18 @@ class Turn:
         ``SandboxNotADirectoryError`` (a file), ``SandboxPermissionError``
         (outside the agent's data, or unlistable as the calls' user).
         """
-        return self._drive(_exec.list_plan(path, timeout=self._file_timeout(), limit=limit))
+        with self._watch.file("list", path) as note:
+            listing = self._drive(_exec.list_plan(path, timeout=self._file_timeout(), limit=limit))
+            note.size = len(listing)
+            return listing
 
     async def alist_dir(self, path: str = ".", *, limit: int = _exec.LIST_MAX_ENTRIES) -> Listing:
         """Async twin of ``list_dir``."""
-        return await self._adrive(_exec.list_plan(path, timeout=self._file_timeout(), limit=limit))
+        with self._watch.file("list", path) as note:
+            plan = _exec.list_plan(path, timeout=self._file_timeout(), limit=limit)
+            listing = await self._adrive(plan)
+            note.size = len(listing)
+            return listing
 
     # -- snapshots --------------------------------------------------------------------------
 
@@ -794,7 +851,7 @@ class Turn:
         host's own doing, not a failed sandbox: that step raises
         ``TurnClosedError``, as any later use of the turn does.
         """
-        self._discard(session)
+        self._discard(session, str(error))
         with self._lock:
             closed = self._closed
         if closed:
@@ -852,7 +909,7 @@ class Turn:
         if isinstance(exc, SandboxError) and session is not None:
             # The sandbox died (or broke protocol): this call cannot be retried in it,
             # and every later call would fail the same way.
-            self._discard(session)
+            self._discard(session, str(exc))
             return render_sandbox_died(str(exc))
         result = plan.rescue(exc)
         if result is None:
@@ -893,6 +950,11 @@ def _fork_count(n: object) -> int:
 
 def _nothing() -> None:
     return None
+
+
+def _argv_of(argv: object) -> Sequence[object]:
+    """``argv`` as the watch names it (the checks that refuse a bad one come after)."""
+    return argv if isinstance(argv, (list, tuple)) else ()
 
 
 def _fetcher(fetcher: Fetcher | None) -> Fetcher:

@@ -16,12 +16,14 @@ from collections.abc import Mapping
 import attrs
 import cattrs
 
+from ._outcome import Outcome, decide
 from ._refusals import Refusals
 from .sandbox._base import FileOutcome, OutboxFile, RunOutcome
 
 __all__ = [
     "NO_MATCHES",
     "OutboxFile",
+    "Outcome",
     "ToolResult",
     "cap_text",
     "grep_text",
@@ -66,11 +68,19 @@ class ToolResult:
     policy_id: str | None = None
     #: Backend notes for the host (never shown to the model), such as a fallback taken.
     metadata: Mapping[str, str] = attrs.field(factory=dict)
+    #: Whose failure it was (``Outcome``); the renderers below set it from what they know,
+    #: and a result built without one (a host tool's own) is ``failed`` or ``timed_out``
+    #: when it says it failed, else ``ok``.
+    outcome: Outcome = attrs.field(converter=Outcome)
+
+    @outcome.default
+    def _outcome_from_flags(self) -> Outcome:
+        return decide(timed_out=self.timed_out, failed=self.is_error)
 
     @classmethod
-    def error(cls, text: str, *, tool: str = "") -> ToolResult:
+    def error(cls, text: str, *, tool: str = "", outcome: Outcome = Outcome.REFUSED) -> ToolResult:
         """A refusal or failure the model should read and act on; nothing ran."""
-        return cls(text=text, is_error=True, tool=tool)
+        return cls(text=text, is_error=True, tool=tool, outcome=outcome)
 
     def to_json(self) -> dict[str, object]:
         """A JSON-ready dict: the CLI's ``--json`` output."""
@@ -86,6 +96,7 @@ class ToolResult:
             "backend": self.backend,
             "policy_id": self.policy_id,
             "metadata": dict(self.metadata),
+            "outcome": self.outcome.value,
         }
 
 
@@ -199,6 +210,11 @@ def render_command(
         files=outcome.files,
         duration=outcome.duration,
         metadata=dict(outcome.metadata),
+        outcome=decide(
+            timed_out=outcome.timed_out,
+            limit=outcome.stopped_by_limit or outcome.dropped_chars > 0,
+            failed=outcome.exit_code != 0,
+        ),
     )
 
 
@@ -239,13 +255,21 @@ def render_grep(outcome: RunOutcome, *, timeout: float) -> ToolResult:
         exit_code=outcome.exit_code,
         dropped_chars=outcome.dropped_chars,
         duration=outcome.duration,
+        outcome=decide(
+            limit=outcome.stopped_by_limit or outcome.dropped_chars > 0, failed=is_error
+        ),
     )
 
 
 def render_file(outcome: FileOutcome, *, cap: int) -> ToolResult:
     """What ``read``, ``glob`` or ``list`` answered, cut to the cap."""
     text, dropped = cap_text(outcome.text, cap)
-    return ToolResult(text=text, is_error=outcome.is_error, dropped_chars=dropped)
+    return ToolResult(
+        text=text,
+        is_error=outcome.is_error,
+        dropped_chars=dropped,
+        outcome=decide(limit=dropped > 0, failed=outcome.is_error),
+    )
 
 
 def render_sandbox_died(reason: str) -> ToolResult:
@@ -254,7 +278,8 @@ def render_sandbox_died(reason: str) -> ToolResult:
         f"Error: the sandbox died while running this call ({reason}). Everything the turn "
         "had written in its workspace ($HOME, $TMPDIR) is lost. This was not caused by your "
         "arguments as such; the next call starts in a fresh, empty sandbox, so redo any "
-        "setup the workspace needs before relying on it."
+        "setup the workspace needs before relying on it.",
+        outcome=decide(lost=True),
     )
 
 
@@ -301,7 +326,11 @@ def render_web(text: str, *, is_error: bool, cap: int, metadata: Mapping[str, st
     if parts is None:  # an error message with no page in it
         shown, dropped = cap_text(text, cap)
         return ToolResult(
-            text=shown, is_error=is_error, dropped_chars=dropped, metadata=dict(metadata)
+            text=shown,
+            is_error=is_error,
+            dropped_chars=dropped,
+            metadata=dict(metadata),
+            outcome=decide(limit=dropped > 0, failed=is_error),
         )
     head, page, tail = parts
     page = _defuse(page)
@@ -313,7 +342,11 @@ def render_web(text: str, *, is_error: bool, cap: int, metadata: Mapping[str, st
         tail = f"\n{_CLOSE_TAG}\n{truncation_note(dropped)}{tail[len(_CLOSE_TAG) + 1 :]}"
         page = kept
     return ToolResult(
-        text=head + page + tail, is_error=is_error, dropped_chars=dropped, metadata=dict(metadata)
+        text=head + page + tail,
+        is_error=is_error,
+        dropped_chars=dropped,
+        metadata=dict(metadata),
+        outcome=decide(limit=dropped > 0, failed=is_error),
     )
 
 
@@ -351,13 +384,19 @@ def render_host_value(value: object, *, tool: str, cap: int) -> ToolResult:
                 f"to the model ({exc}); return str, a JSON-ready value, or an attrs instance"
             ) from None
     shown, dropped = cap_text(text or NO_OUTPUT, cap)
-    return ToolResult(text=shown, dropped_chars=dropped)
+    return ToolResult(text=shown, dropped_chars=dropped, outcome=decide(limit=dropped > 0))
 
 
-def render_tool_error(message: str, *, cap: int) -> ToolResult:
-    """A ``ToolError`` a host tool raised: its message is the error text."""
+def render_tool_error(message: str, *, cap: int, raised: bool = True) -> ToolResult:
+    """A ``ToolError`` a host tool raised: its message is the error text (``host_error``);
+    ``raised=False`` for a failure the tool's service answered (``failed``)."""
     shown, dropped = cap_text(message, cap)
-    return ToolResult(text=shown, is_error=True, dropped_chars=dropped)
+    return ToolResult(
+        text=shown,
+        is_error=True,
+        dropped_chars=dropped,
+        outcome=decide(host_error=raised, failed=True),
+    )
 
 
 def render_timeout(output: str, *, timeout: float, dropped_chars: int = 0) -> ToolResult:
@@ -369,6 +408,7 @@ def render_timeout(output: str, *, timeout: float, dropped_chars: int = 0) -> To
         is_error=True,
         timed_out=True,
         dropped_chars=dropped_chars,
+        outcome=decide(timed_out=True),
     )
 
 
@@ -383,9 +423,14 @@ def render_service_reply(
     metadata = {"http_status": str(status)}
     if 200 <= status < 300:
         if not text and not dropped_chars:
-            return ToolResult(text=EMPTY_RESPONSE, metadata=metadata)
+            return ToolResult(text=EMPTY_RESPONSE, metadata=metadata, outcome=decide())
         notes = [truncation_note(dropped_chars)] if dropped_chars else []
-        return ToolResult(text=_joined(text, notes), dropped_chars=dropped_chars, metadata=metadata)
+        return ToolResult(
+            text=_joined(text, notes),
+            dropped_chars=dropped_chars,
+            metadata=metadata,
+            outcome=decide(limit=dropped_chars > 0),
+        )
     quoted = " ".join(text.split()) + (" ..." if dropped_chars else "")
     redirect = " (redirects are not followed)" if 300 <= status < 400 else ""
     message = (
@@ -393,7 +438,7 @@ def render_service_reply(
         + redirect
         + (f": {quoted.strip()}" if quoted.strip() else "")
     )
-    return attrs.evolve(render_tool_error(message, cap=cap), metadata=metadata)
+    return attrs.evolve(render_tool_error(message, cap=cap, raised=False), metadata=metadata)
 
 
 def render_unreachable(service: str, exc: BaseException) -> ToolResult:
@@ -401,10 +446,11 @@ def render_unreachable(service: str, exc: BaseException) -> ToolResult:
     detail = str(exc) or type(exc).__name__
     return ToolResult.error(
         f"Error: the {service} service could not be reached ({detail}). "
-        "This is not a problem with your arguments; you may try again later."
+        "This is not a problem with your arguments; you may try again later.",
+        outcome=decide(lost=True),
     )
 
 
 def render_refusal(message: str) -> ToolResult:
     """A call refused before anything ran (unknown tool, bad arguments)."""
-    return ToolResult.error(message)
+    return ToolResult.error(message, outcome=decide(refused=True))

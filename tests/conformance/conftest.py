@@ -87,6 +87,10 @@ DECLARED_UNKEPT: dict[str, dict[str, str]] = {
             f"{_NO_SERVER} to watch the turn's memory: the container's memory cgroup "
             "(memory_mb + disk_mb + 128 MiB) is the bound, and its OOM kills are not reported"
         ),
+        "test_memory_stop_is_limit": (
+            f"{_NO_SERVER} to watch the turn's memory: the container's memory cgroup "
+            "(memory_mb + disk_mb + 128 MiB) is the bound, and its OOM kills are not reported"
+        ),
         "test_pipe_buffers_count_against_the_turns_memory": (
             f"{_NO_SERVER} to watch the turn's memory: pipe buffers count only against the "
             "container's memory cgroup (memory_mb + disk_mb + 128 MiB)"

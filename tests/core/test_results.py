@@ -7,6 +7,7 @@ import enum
 import attrs
 import pytest
 
+from astralvessel._outcome import Outcome, decide
 from astralvessel._refusals import DESTINATIONS, REASON_CHARS, Refusals, record
 from astralvessel.results import (
     ToolResult,
@@ -208,3 +209,28 @@ def test_a_flood_of_refusals_is_recorded_and_noted_within_bounds() -> None:
     assert notes[-1] == (
         "[network: the egress proxy refused 9990 more connections to other destinations]"
     )
+
+
+@pytest.mark.parametrize(
+    ("facts", "outcome"),
+    [
+        ({}, Outcome.OK),
+        ({"failed": True}, Outcome.FAILED),
+        ({"limit": True, "failed": True}, Outcome.LIMIT),
+        ({"timed_out": True, "limit": True, "failed": True}, Outcome.TIMED_OUT),
+        ({"host_error": True, "failed": True}, Outcome.HOST_ERROR),
+        ({"refused": True, "failed": True}, Outcome.REFUSED),
+        ({"lost": True, "refused": True, "timed_out": True}, Outcome.SANDBOX_LOST),
+    ],
+)
+def test_outcome_is_the_first_fact_that_holds(facts: dict[str, bool], outcome: Outcome) -> None:
+    """``decide`` names the fact that explains the others: lost, refused, host, timeout, limit."""
+    assert decide(**facts) is outcome
+
+
+def test_a_result_built_by_hand_gets_its_outcome_from_its_flags() -> None:
+    """A host's own ToolResult is ``ok``, ``failed`` or ``timed_out`` from its flags."""
+    assert ToolResult(text="x").outcome is Outcome.OK
+    assert ToolResult(text="x", is_error=True).outcome is Outcome.FAILED
+    assert ToolResult(text="x", is_error=True, timed_out=True).outcome is Outcome.TIMED_OUT
+    assert ToolResult.error("no").outcome is Outcome.REFUSED

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import gc
+import logging
 import os
 import shutil
 import signal
@@ -25,6 +26,7 @@ from astralvessel import (
     ToolResult,
     UsageError,
 )
+from astralvessel._ledger import read_ledger
 from astralvessel.ray import RayExecutor
 from astralvessel.ray._host import TurnHost
 from astralvessel.sandbox import Bubblewrap
@@ -495,3 +497,28 @@ def test_an_agents_folder_squatted_by_another_user_is_never_used(
         assert list(shared.iterdir()) == []
     finally:
         shutil.rmtree(shared, ignore_errors=True)
+
+
+def test_a_ray_turn_writes_its_ledger_on_the_host_and_logs_its_placement(
+    registry: Registry,
+    cluster: dict[str, object],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The host's ledger holds the node's results; the placement is logged on astralvessel.ray."""
+    caplog.set_level(logging.INFO, logger="astralvessel.ray")
+    folder = tmp_path / "ledger"  # beside the agent folder the registry fixture made
+    folder.mkdir()
+    executor = RayExecutor(
+        registry, sandbox="bubblewrap", address=str(cluster["address"]), ledger=folder
+    )
+    with executor, executor.turn() as turn:
+        result = turn.call("hello", {"name": "river"})
+    (path,) = folder.iterdir()
+    records = list(read_ledger(path))
+    assert [r["event"] for r in records] == ["turn", "call", "close"]
+    call = records[1]
+    assert (call["tool"], call["text"], call["outcome"]) == ("hello", result.text, "ok")
+    assert (call["backend"], call["policy_id"]) == ("bubblewrap", result.policy_id)
+    placed = [r.astralvessel for r in caplog.records if r.name == "astralvessel.ray"]  # type: ignore[attr-defined]
+    assert placed == [{"event": "ray.placed", "warm": False}]

@@ -170,3 +170,18 @@ async def snapshots_async(turn: av.Turn) -> list[av.Turn]:
     snapshot = await turn.asnapshot()
     assert snapshot == turn.snapshot()
     return await turn.afork(2)
+
+
+def observed(registry: av.Registry, folder: Path) -> list[av.Outcome]:
+    def redact(record: dict[str, object]) -> dict[str, object] | None:
+        return record
+
+    ledger = av.Ledger(target=folder, redact=redact, max_chars=4096)
+    executor = av.Executor(registry, ledger=ledger)
+    with executor.turn() as turn:
+        turn_id: str = turn.turn_id
+        outcome: av.Outcome = turn.call("species", {"habitat": "rivers"}).outcome
+        ran: av.Outcome = turn.exec(["true"]).outcome
+    masked = outcome is av.Outcome.SANDBOX_LOST
+    _ = (turn_id, masked, av.Executor(registry, ledger=folder), av.Executor(registry, ledger=print))
+    return [outcome, ran]

@@ -23,8 +23,11 @@ from typing import Any
 
 import attrs
 
+from .. import _log
 from .._aio import shielded, to_thread, wait_future
 from .._executor_args import check_snapshot
+from .._ledger import Ledger
+from .._observe import TurnWatch
 from .._snapshot._value import TurnSnapshot
 from .._suggest import install_extra
 from .._warm import check_warm
@@ -129,6 +132,8 @@ class RayExecutor:
             )
         warm = check_warm(options.pop("warm", 0))
         outbox_dir = options.pop("outbox_dir", None)
+        #: Where each turn's records go, written on this host (``Executor(ledger=)``'s values).
+        self.ledger: Ledger | None = Ledger.of(options.pop("ledger", None))
         #: Where outbox files land on this host (kept); None: a folder per turn, removed once it
         #: is closed and no result names its files.
         self.outbox_dir: Path | None = None if outbox_dir is None else Path(outbox_dir)
@@ -235,6 +240,7 @@ class RayExecutor:
             return self._launcher.start(snapshot=self._stored(snapshot))
         pool = self._warm
         actor = None if pool is None else pool.take()
+        _log.event(_log.RAY, "ray.placed", {"warm": actor is not None})
         return actor if actor is not None else self._launcher.start()
 
     def _stored(self, snapshot: TurnSnapshot) -> Any:
@@ -294,6 +300,13 @@ class RayTurn:
         self._closed = False
         self._turn_outbox = TurnOutbox(executor.outbox_dir, "ray-outbox")
         self._calls = 0
+        backend = executor._options["sandbox"]
+        #: Its log events, ledger records and spans, on this host (the node stamps the policy).
+        self._watch = TurnWatch(
+            backend=f"ray:{backend if isinstance(backend, str) else 'default'}",
+            policy_id=None,
+            ledger=executor.ledger,
+        )
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -322,6 +335,7 @@ class RayTurn:
         if actor is not None:
             release([actor])
         self._turn_outbox.close()
+        self._watch.closed()
 
     async def aclose(self) -> None:
         """Async twin of ``close``; it finishes even when the caller is being cancelled."""
@@ -347,24 +361,30 @@ class RayTurn:
 
     def call(self, name: str, arguments: object = None) -> ToolResult:
         """Run one tool call on the turn's node; ``arguments`` is a dict or the model's JSON."""
-        started = time.monotonic()
-        sent = self._send(name, arguments)
-        try:
-            reply = _ray().get(sent.reply, timeout=sent.timeout)
-        except Exception as exc:
-            return self._failed(sent, name, exc, started)
-        return self._land(reply)
+        with self._watch.call(name, arguments) as note:
+            started = time.monotonic()
+            sent = self._send(name, arguments)
+            try:
+                reply = _ray().get(sent.reply, timeout=sent.timeout)
+            except Exception as exc:
+                note.result = self._failed(sent, name, exc, started)
+                return note.result
+            note.result = self._land(reply)
+            return note.result
 
     async def acall(self, name: str, arguments: object = None) -> ToolResult:
         """Async twin of ``call``; calls of one turn may run concurrently."""
-        started = time.monotonic()
-        sent = self._send(name, arguments)
-        try:
-            # A Ray reference is an asyncio awaitable only: its future serves any event loop.
-            reply = await wait_future(sent.reply.future(), sent.timeout)
-        except Exception as exc:
-            return self._failed(sent, name, exc, started)
-        return self._land(reply)
+        with self._watch.call(name, arguments) as note:
+            started = time.monotonic()
+            sent = self._send(name, arguments)
+            try:
+                # A Ray reference is an asyncio awaitable only: its future serves any event loop.
+                reply = await wait_future(sent.reply.future(), sent.timeout)
+            except Exception as exc:
+                note.result = self._failed(sent, name, exc, started)
+                return note.result
+            note.result = self._land(reply)
+            return note.result
 
     def _send(self, name: str, arguments: object) -> _Sent:
         actor = self._handle()

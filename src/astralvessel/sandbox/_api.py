@@ -23,6 +23,7 @@ from typing import Protocol
 import attrs
 
 from .._aio import wait_future
+from .._outcome import Outcome, decide
 from ..errors import BackendUnavailableError
 from ._policy import Policy, Promise
 
@@ -158,11 +159,24 @@ class ExecResult:
     timed_out: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     truncated: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     duration: float = attrs.field(default=0.0, converter=float, validator=attrs.validators.ge(0.0))
+    #: Whether a bound of the turn (its memory) stopped the command; its stderr says which.
+    stopped_by_limit: bool = attrs.field(
+        default=False, validator=attrs.validators.instance_of(bool)
+    )
 
     @property
     def success(self) -> bool:
         """Whether the command exited with code 0."""
         return self.returncode == 0 and not self.timed_out
+
+    @property
+    def outcome(self) -> Outcome:
+        """``ok``, ``failed``, ``timed_out`` or ``limit`` (a stop or a cut stream)."""
+        return decide(
+            timed_out=self.timed_out,
+            limit=self.stopped_by_limit or self.truncated,
+            failed=self.returncode != 0,
+        )
 
 
 def _copy_outcome(
@@ -303,6 +317,8 @@ class RunOutcome:
     duration: float = 0.0
     #: Backend notes for the host (never shown to the model), such as a fallback taken.
     metadata: Mapping[str, str] = attrs.field(factory=dict)
+    #: Whether a bound of the turn (its memory) stopped the call; its output says which.
+    stopped_by_limit: bool = False
 
 
 @attrs.frozen(kw_only=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, AnyStr
 
-__all__ = ["memory_notes", "with_notes"]
+__all__ = ["memory_notes", "memory_stopped", "with_notes"]
 
 
 def _count(value: object) -> int | None:
@@ -47,6 +47,11 @@ def memory_notes(exit_info: Mapping[str, Any], configured_bytes: int) -> str:
             "were stopped]\n"
         )
     return "".join(notes)
+
+
+def memory_stopped(exit_info: Mapping[str, Any]) -> bool:
+    """Whether the memory watch or the kernel's OOM killer stopped the call (a note is due)."""
+    return bool(memory_notes(exit_info, 1 << 20))
 
 
 def with_notes(text: AnyStr, notes: AnyStr) -> AnyStr:

@@ -15,6 +15,7 @@ own commands (``Turn.exec``) are answered from ``exec=`` and recorded as
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any, ClassVar, TypeAlias
 
 import attrs
 
-from ..errors import UnscriptedCallError, UsageError
+from ..errors import SandboxError, UnscriptedCallError, UsageError
 from ..sandbox._api import (
     BackendReport,
     DetachedProcess,
@@ -43,6 +44,7 @@ from ._fakeexec import ExecScript, FakeExec, answer_detach, answer_exec, check_e
 from ._fakefs import FakeFiles, check_file_paths, check_visible
 from ._fakegrep import fake_grep
 from ._identify import identify
+from ._replay import Replay
 
 __all__ = ["Answer", "FakeCall", "FakeRun", "FakeSandbox"]
 
@@ -70,13 +72,23 @@ class FakeRun:
     ``output`` is its combined stdout and stderr; ``exit_code`` its status;
     ``timed_out`` says it ran past its timeout (the output is what it printed
     before, and the exit code is dropped, as for a killed call); ``files`` are
-    left in ``$VESSEL_OUTBOX`` (name to content).
+    left in ``$VESSEL_OUTBOX`` (name to content). ``stopped_by_limit`` says a
+    bound of the turn (memory) stopped it, so its outcome is ``limit``;
+    ``sandbox_died`` (a reason) makes the sandbox die under the call, so its
+    result is the dead-sandbox one (``sandbox_lost``) and the next call starts a
+    fresh fake turn.
     """
 
     output: str = attrs.field(default="", converter=_text)
     exit_code: int = attrs.field(default=0, validator=attrs.validators.instance_of(int))
     timed_out: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     files: Mapping[str, bytes] = attrs.field(factory=dict, converter=_outbox)
+    stopped_by_limit: bool = attrs.field(
+        default=False, validator=attrs.validators.instance_of(bool)
+    )
+    sandbox_died: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(str))
+    )
 
 
 @attrs.frozen(kw_only=True)
@@ -133,6 +145,9 @@ class FakeSandbox(Sandbox):
     ``registry`` tells declared tools apart by their commands; without it,
     the fake reads the agent folder the executor's policy names.
 
+    ``FakeSandbox.from_ledger(path)`` answers calls with a turn ledger's
+    recorded results instead (see ``docs/observing.md``).
+
     Pass it as ``Executor(registry, sandbox=FakeSandbox(...))``. ``calls``
     lists every call that reached it, in order, across turns; ``execs``
     every ``Turn.exec``.
@@ -164,6 +179,23 @@ class FakeSandbox(Sandbox):
         self.open_sessions = 0
         self._lock = threading.Lock()
         self._agent_specs: dict[str, tuple[ToolSpec, ...]] = {}
+        #: The ledger whose recorded answers this fake gives (``from_ledger``), if any.
+        self.replay: Replay | None = None
+
+    @classmethod
+    def from_ledger(
+        cls, path: str | os.PathLike[str], *, registry: Iterable[ToolSpec] | None = None
+    ) -> FakeSandbox:
+        """A fake answering each confined call and file tool with the ledger's record of it.
+
+        A call is matched by its tool and arguments (equal calls in the order
+        recorded); one the ledger does not hold raises ``UnscriptedCallError``
+        naming how it differs from the ledger's next call. Host-side tools (Python,
+        services, the web) never reach a sandbox: the executor runs them as usual.
+        """
+        fake = cls(registry=registry)
+        fake.replay = Replay.read(Path(path))
+        return fake
 
     def probe(self) -> BackendReport:
         """Always available; keeps no promise, because nothing runs."""
@@ -259,6 +291,9 @@ class FakeSession(SandboxSession):
             cwd=request.cwd,
         )
         self.sandbox._record(call)
+        replay = self.sandbox.replay
+        if replay is not None:
+            return replay.run(call.tool, call.arguments)
         answer = self.sandbox._answer(call, candidates)
         if answer is None:
             # Unscripted grep searches the fake's files; only then does the default answer.
@@ -269,6 +304,8 @@ class FakeSession(SandboxSession):
                 f"(argv {list(request.argv)[:4]}...); give it one in tools=, bash= or default="
             )
         run = _run_of(answer, call)
+        if run.sandbox_died is not None:
+            raise SandboxError(run.sandbox_died)
         output, dropped = _cut(run.output, request.output_chars)
         return RunOutcome(
             output=output,
@@ -276,6 +313,7 @@ class FakeSession(SandboxSession):
             timed_out=run.timed_out,
             dropped_chars=dropped,
             files=self._leave(run.files),
+            stopped_by_limit=run.stopped_by_limit,
         )
 
     def _grep(self, call: FakeCall) -> FakeRun:
@@ -339,6 +377,10 @@ class FakeSession(SandboxSession):
             self.sandbox._record(
                 FakeCall(tool=tool, arguments=dict(request.arguments), timeout=timeout)
             )
+            replay = self.sandbox.replay
+            if replay is not None:
+                viewed = replay.view(tool, request.arguments)
+                return FsReply(fields={"text": viewed.text, "is_error": viewed.is_error})
             text, is_error = self._layout().view(request.view, request.arguments, timeout)
             return FsReply(fields={"text": text, "is_error": is_error})
         header = {

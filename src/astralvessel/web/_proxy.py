@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import os
 import shutil
@@ -31,6 +32,7 @@ from typing import Any
 
 import attrs
 
+from .. import _otel
 from .._leftovers import make_folder
 from .._netallow import HostPattern, parse_allow_list
 from .._refusals import Refusals, record
@@ -53,6 +55,9 @@ __all__ = ["EgressProxy", "ProxyCounters"]
 
 #: Each refused connection (host, port, reason), for the host's own log.
 _log = logging.getLogger("astralvessel.network")
+#: The reason the connection served in this task was refused, for its span (each connection
+#: is its own task, so concurrent ones never read each other's).
+_REFUSED: contextvars.ContextVar[str | None] = contextvars.ContextVar("refused", default=None)
 
 _CHUNK = 65536
 #: ``SO_PEERCRED``'s answer: pid, uid, gid.
@@ -110,6 +115,8 @@ class EgressProxy:
         self._ready = threading.Event()
         self._failure: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="astralvessel-egress", daemon=True)
+        #: The span each connection's span is a child of (the turn's; None: the current one).
+        self.trace_parent: Any = None
 
     @classmethod
     def start(
@@ -186,6 +193,7 @@ class EgressProxy:
         if not host and request is not None:
             host, port = request.host, request.port
         self.counters.refused += 1
+        _REFUSED.set(refusal.reason)
         with self._refusals_lock:
             self._refusals = record(self._refusals, host, port, refusal.reason)
         _log.info(
@@ -228,7 +236,7 @@ class EgressProxy:
             if not self._admitted(writer.get_extra_info("socket")):
                 writer.close()
                 return
-            task = asyncio.ensure_future(self._serve(reader, writer))
+            task = asyncio.ensure_future(self._traced(reader, writer))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
 
@@ -278,6 +286,18 @@ class EgressProxy:
         finally:
             counters.active -= 1
             writer.close()
+
+    async def _traced(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """``_serve`` in a span (a child of the turn's, when the extra is installed)."""
+        _REFUSED.set(None)
+        span = _otel.start("astralvessel.proxy.connection", {}, self.trace_parent)
+        try:
+            await self._serve(reader, writer)
+        finally:
+            reason = _REFUSED.get()
+            _otel.end(
+                span, {"astralvessel.refused": reason is not None, "astralvessel.reason": reason}
+            )
 
     def _over_budget(self) -> ProxyRefusal | None:
         limits, counters = self.limits, self.counters
