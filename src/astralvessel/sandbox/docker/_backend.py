@@ -218,6 +218,11 @@ class Docker(Sandbox):
             ),
             "mode": self.mode,
         }
+        if self.runs_server:
+            try:
+                details["egress proxy"] = proxy_admission(self.engine.maps_container_uids())
+            except Exception as exc:
+                details["egress proxy"] = f"unknown ({exc})"
         try:
             cgroup = f"cgroup v{api.info().get('CgroupVersion') or '?'}"
         except Exception:
@@ -487,3 +492,18 @@ class DockerExec(Docker):
             session.close()
             raise
         return session
+
+
+def proxy_admission(maps_container_uids: bool) -> str:
+    """Who may connect to a turn's egress proxy socket on this engine (doctor's line).
+
+    The proxy admits only the sandbox's host uid; an engine that maps container uids itself
+    (rootless Docker, ``userns-remap``) hides that uid from the host, so there the socket
+    stays open to every local user (see the threat model).
+    """
+    if maps_container_uids:
+        return (
+            "open to every local user: this engine maps container uids itself, so the host "
+            "cannot know the sandbox's uid to admit it alone"
+        )
+    return "the sandbox's host uid only (socket mode 0600, each peer's uid checked)"
