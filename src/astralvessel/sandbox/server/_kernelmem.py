@@ -22,7 +22,7 @@ that keeps a turn of ``memory_mb`` under ``1/EPOLL_SHARE`` of the uid's count.
 
 from __future__ import annotations
 
-import socket
+import _socket  # socket's C type: the socket module would import enum (see _lean)
 import struct
 
 __all__ = ["EPOLL_SHARE", "EPOLL_WATCH_BYTES", "Sample", "epoll_bytes", "socket_buffers"]
@@ -47,10 +47,10 @@ _SOCK_STREAM = 1
 #: The IP protocols a call can open in its namespace that hold buffers (raw needs a capability).
 #: Each with the line of ``/proc/net/sockstat*`` that counts its sockets in this namespace.
 _INET = (
-    (socket.AF_INET, socket.IPPROTO_TCP, "/proc/net/sockstat", b"TCP:"),
-    (socket.AF_INET6, socket.IPPROTO_TCP, "/proc/net/sockstat6", b"TCP6:"),
-    (socket.AF_INET, socket.IPPROTO_UDP, "/proc/net/sockstat", b"UDP:"),
-    (socket.AF_INET6, socket.IPPROTO_UDP, "/proc/net/sockstat6", b"UDP6:"),
+    (_socket.AF_INET, _socket.IPPROTO_TCP, "/proc/net/sockstat", b"TCP:"),
+    (_socket.AF_INET6, _socket.IPPROTO_TCP, "/proc/net/sockstat6", b"TCP6:"),
+    (_socket.AF_INET, _socket.IPPROTO_UDP, "/proc/net/sockstat", b"UDP:"),
+    (_socket.AF_INET6, _socket.IPPROTO_UDP, "/proc/net/sockstat6", b"UDP6:"),
 )
 _TCP_LISTEN_STATE = 1 << 10
 
@@ -79,9 +79,10 @@ def _dump(request: bytes) -> list[tuple[bytes, int]]:
         "IHHII", 16 + len(request), _SOCK_DIAG_BY_FAMILY, _NLM_F_REQUEST | _NLM_F_DUMP, 1, 0
     )
     answers: list[tuple[bytes, int]] = []
-    with socket.socket(
-        socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, _NETLINK_SOCK_DIAG
-    ) as link:
+    link = _socket.socket(
+        _socket.AF_NETLINK, _socket.SOCK_RAW | _socket.SOCK_CLOEXEC, _NETLINK_SOCK_DIAG
+    )
+    try:
         link.sendall(header + request)
         while True:
             data = link.recv(1 << 16)
@@ -98,12 +99,14 @@ def _dump(request: bytes) -> list[tuple[bytes, int]]:
                 offset += (length + 3) & ~3
             if not data:
                 return answers
+    finally:
+        link.close()
 
 
 def _unix() -> dict[int, int]:
     request = struct.pack(
         "BBHIIIII",
-        socket.AF_UNIX,
+        _socket.AF_UNIX,
         0,
         0,
         _ALL_STATES,
@@ -166,7 +169,7 @@ def _inet(family: int, protocol: int, path: str, label: bytes) -> dict[int, int]
     in_use = _in_use(path, label)
     if in_use == 0:
         return {}
-    if protocol == socket.IPPROTO_TCP and in_use <= len(
+    if protocol == _socket.IPPROTO_TCP and in_use <= len(
         _inet_dump(family, protocol, _TCP_LISTEN_STATE)
     ):
         return {}
@@ -190,7 +193,7 @@ def _netlink() -> dict[int, int]:
     # A route socket a call never reads holds every answer it asked for: 152 MiB in a
     # turn of 64 from 64 sockets (replies to RTM_GETLINK, up to each one's SO_RCVBUF).
     request = struct.pack(
-        "BBHIIII", socket.AF_NETLINK, _NDIAG_PROTO_ALL, 0, 0, _NDIAG_SHOW_MEMINFO, 0, 0
+        "BBHIIII", _socket.AF_NETLINK, _NDIAG_PROTO_ALL, 0, 0, _NDIAG_SHOW_MEMINFO, 0, 0
     )
     sockets: dict[int, int] = {}
     for message, body in _dump(request):
