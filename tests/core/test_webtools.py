@@ -28,7 +28,10 @@ HOSTILE = (
 
 ARTICLE = (
     "<html><head><title>Otter news</title></head><body>"
-    "<nav class='menu'><a href='/'>Home</a> <a href='/sport'>Sport</a> <a href='/shop'>Shop</a></nav>"
+    "<nav class='menu'><a href='/'>Home</a> <a href='/sport'>Sport</a> <a href='/shop'>Shop</a>"
+    # A menu the size of a news site's, so extraction saves enough to be worth it.
+    + "".join(f" <a href='/section/{n}'>Section {n} of the paper</a>" for n in range(12))
+    + "</nav>"
     "<article><h1>Otters return to the river</h1>"
     + "".join(
         f"<p>Paragraph {n}: the otters came back to the river this spring, and the wardens, "
