@@ -118,8 +118,34 @@ def test_references_number_each_target_once() -> None:
     """Links read as [text][N]; a target linked twice keeps one number; the list ends the text."""
     page = "<p><a href='/a'>one</a>, <a href='b'>two</a> and <a href='/a'>one again</a></p>"
     assert html_to_text(page, "https://ex.example/x/", links="references") == (
-        "[one][1], [two][2] and [one again][1]\n\n"
-        "[1]: https://ex.example/a\n[2]: https://ex.example/x/b"
+        "[one][1], [two][2] and [one again][1]\n\n[1]: /a\n[2]: /x/b"
+    )
+
+
+def test_references_to_another_site_stay_whole() -> None:
+    """A reference is shortened to its path only on the page's own scheme, host and port."""
+    page = (
+        "<p><a href='https://other.example/a'>a</a> <a href='http://ex.example/b'>b</a>"
+        " <a href='https://ex.example:8443/c'>c</a> <a href='https://ex.example//evil.example/d'>"
+        "d</a> <a href='//evil.example/e'>e</a> <a href='/f?g=1#h'>f</a></p>"
+    )
+    text = html_to_text(page, "https://ex.example/x/", links="references")
+    assert text.endswith(
+        "[1]: https://other.example/a\n[2]: http://ex.example/b\n[3]: https://ex.example:8443/c\n"
+        "[4]: https://ex.example//evil.example/d\n[5]: https://evil.example/e\n[6]: /f?g=1#h"
+    )
+
+
+def test_a_link_that_reads_as_its_target_gets_no_reference() -> None:
+    """A link whose text is its URL (its scheme aside) is its text: no [N], no entry."""
+    page = (
+        "<p>See <a href='https://ex.example/a/'>ex.example/a</a> or"
+        " <a href='mailto:otter@ex.example'>otter@ex.example</a> or <a href='/b'>b</a>"
+        " or <a href='https://www.ex.example/c'>ex.example/c</a>.</p>"
+    )
+    assert html_to_text(page, "https://ex.example/", links="references") == (
+        "See ex.example/a or otter@ex.example or [b][1] or [ex.example/c][2].\n\n"
+        "[1]: /b\n[2]: https://www.ex.example/c"
     )
 
 

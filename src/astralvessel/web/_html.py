@@ -118,6 +118,8 @@ _ATTRIBUTE = re.compile(r"""([^\s=/>"']+)(?:\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s>
 _RAW_TEXT = frozenset(
     {"script", "style", "textarea", "title", "xmp", "iframe", "noembed", "noframes", "noscript"}
 )
+# What a link's text may leave out of its target and still be the target: its scheme.
+_BARE = re.compile(r"^(?:[a-zA-Z][a-zA-Z0-9+.-]*:)?(?://)?")
 _RAW_END: dict[str, re.Pattern[str]] = {
     name: re.compile(rf"</{name}[\s/>]", re.IGNORECASE) for name in _RAW_TEXT
 }
@@ -398,7 +400,8 @@ class _Converter:
         start, url = self.links.pop()
         if start < 0:
             return
-        if "".join(self.out[start + 1 :]).strip():
+        text = "".join(self.out[start + 1 :]).strip()
+        if text and not _names_itself(text, url):
             self.out.append(LinkEnd(url))
             self.at_line_start = False
         else:
@@ -486,6 +489,14 @@ class _Converter:
                 if not text.startswith(("<!", "<?")):
                     self.handle_data(unescape(text) if "&" in text else text)
             # Comments, declarations and processing instructions carry no text.
+
+
+def _names_itself(text: str, href: str) -> bool:
+    """Whether a link's text is its target written out (``<a href=URL>URL</a>``): the
+    reader has the target already, so a reference would only repeat it."""
+    if "." not in text or len(text) > len(href) + 1:  # most link texts: cheap to rule out
+        return False
+    return _BARE.sub("", text).rstrip("/") == _BARE.sub("", href).rstrip("/")
 
 
 def _hidden_and_href(tag: str, attrs: list[tuple[str, str | None]]) -> tuple[bool, str | None]:
