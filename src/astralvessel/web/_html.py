@@ -473,7 +473,9 @@ class _Converter:
             if start_name is not None:
                 tag = start_name.lower()
                 raw_attributes = match.group(3)
-                attributes = _attributes(raw_attributes) if raw_attributes.strip() else []
+                # Inside a dropped subtree only the names count (to find its end).
+                keep = self.skip_at is None and raw_attributes.strip()
+                attributes = _attributes(raw_attributes) if keep else []
                 self.handle_starttag(tag, attributes)
                 if tag in _RAW_TEXT:
                     closing = _RAW_END[tag].search(html, position)
