@@ -118,6 +118,8 @@ _ATTRIBUTE = re.compile(r"""([^\s=/>"']+)(?:\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s>
 _RAW_TEXT = frozenset(
     {"script", "style", "textarea", "title", "xmp", "iframe", "noembed", "noframes", "noscript"}
 )
+# What a link's text may leave out of its target and still be the target: its scheme.
+_BARE = re.compile(r"^(?:[a-zA-Z][a-zA-Z0-9+.-]*:)?(?://)?")
 _RAW_END: dict[str, re.Pattern[str]] = {
     name: re.compile(rf"</{name}[\s/>]", re.IGNORECASE) for name in _RAW_TEXT
 }
@@ -398,7 +400,8 @@ class _Converter:
         start, url = self.links.pop()
         if start < 0:
             return
-        if "".join(self.out[start + 1 :]).strip():
+        text = "".join(self.out[start + 1 :]).strip()
+        if text and not _names_itself(text, url):
             self.out.append(LinkEnd(url))
             self.at_line_start = False
         else:
@@ -470,7 +473,9 @@ class _Converter:
             if start_name is not None:
                 tag = start_name.lower()
                 raw_attributes = match.group(3)
-                attributes = _attributes(raw_attributes) if raw_attributes.strip() else []
+                # Inside a dropped subtree only the names count (to find its end).
+                keep = self.skip_at is None and raw_attributes.strip()
+                attributes = _attributes(raw_attributes) if keep else []
                 self.handle_starttag(tag, attributes)
                 if tag in _RAW_TEXT:
                     closing = _RAW_END[tag].search(html, position)
@@ -486,6 +491,14 @@ class _Converter:
                 if not text.startswith(("<!", "<?")):
                     self.handle_data(unescape(text) if "&" in text else text)
             # Comments, declarations and processing instructions carry no text.
+
+
+def _names_itself(text: str, href: str) -> bool:
+    """Whether a link's text is its target written out (``<a href=URL>URL</a>``): the
+    reader has the target already, so a reference would only repeat it."""
+    if "." not in text or len(text) > len(href) + 1:  # most link texts: cheap to rule out
+        return False
+    return _BARE.sub("", text).rstrip("/") == _BARE.sub("", href).rstrip("/")
 
 
 def _hidden_and_href(tag: str, attrs: list[tuple[str, str | None]]) -> tuple[bool, str | None]:

@@ -3,13 +3,15 @@
 The converter writes a `LINK_OPEN` piece where a link starts and a `LinkEnd`
 carrying its target where it ends; `assemble` joins the pieces of the spans
 that are kept and writes each link as the host's `LinkStyle` says, so the
-numbering of references follows only the links the reader gets.
+numbering of references follows only the links the reader gets. A reference
+to the page's own site is written from its path (``/a/b``), which the reader
+resolves against the page's address (the fence's ``source``).
 """
 
 from __future__ import annotations
 
 from typing import Literal
-from urllib.parse import urljoin
+from urllib.parse import urljoin, urlsplit
 
 __all__ = ["LINK_OPEN", "LINK_STYLES", "LinkEnd", "LinkStart", "LinkStyle", "assemble"]
 
@@ -50,6 +52,7 @@ def assemble(
     Returns the text and the numbered targets for the references style.
     """
     numbers: dict[str, int] = {}
+    origin = _origin(base_url)
     out: list[str] = []
     for start, end in spans:
         for piece in pieces[start:end]:
@@ -62,7 +65,24 @@ def assemble(
                 if links == "inline":
                     out.append(f"]({url})")
                 else:
+                    url = _short(url, origin)
                     out.append(f"][{numbers.setdefault(url, len(numbers) + 1)}]")
             else:
                 out.append("[")
     return "".join(out), [(number, url) for url, number in numbers.items()]
+
+
+def _origin(base_url: str) -> str:
+    """The page's scheme and host with the path's first slash (``https://ex.example/``)."""
+    parts = urlsplit(base_url)
+    return f"{parts.scheme}://{parts.netloc}/" if parts.scheme and parts.netloc else ""
+
+
+def _short(url: str, origin: str) -> str:
+    """``url`` from its path when it is on the page's site: the site's name costs the reader
+    words in every reference and says nothing the page's address does not."""
+    if not origin or not url.startswith(origin):
+        return url
+    rest = url[len(origin) :]
+    # "https://site//other.example/x" would shorten to "//other.example/x", another site's URL.
+    return url if rest.startswith(("/", "\\")) else "/" + rest

@@ -7,8 +7,9 @@ the way Readability does (paragraphs give points to their containers, class
 names and link density adjust them), keeps the best container with its
 related siblings, cuts boilerplate out of them (navigation, share and
 "related" boxes, link lists), and answers ``None`` when the guess is thin or
-unsure, so that a page that is not an article (documentation, listings,
-search results, forum threads, tables) keeps all of its text.
+unsure, or saves too little to risk, so that a page that is not an article
+(documentation, listings, search results, forum threads, tables) keeps all of
+its text.
 """
 
 from __future__ import annotations
@@ -107,6 +108,11 @@ _MIN_KEPT_CHARS = 250
 # The kept text must hold this share of the page's paragraph points, or the page has
 # content the guess did not find (a forum thread, a listing): keep the page.
 _MIN_PARAGRAPH_SHARE = 0.2
+# An extraction that leaves out less than this share of the page's text, or fewer than
+# this many characters (about 50 words), saves the reader little and may drop content (a
+# documentation page's heading, a box of help): keep the page.
+_MAX_KEPT_SHARE = 0.9
+_MIN_SAVED_CHARS = 300
 # An ancestor with this many times the paragraph points of the best block is the article.
 _CLIMB = 1.6
 
@@ -291,15 +297,20 @@ def choose(blocks: list[Block]) -> list[tuple[int, int]] | None:
     spans: list[tuple[int, int]] = []
     cuts: list[tuple[int, int]] = []
     kept_points = page_points = 0.0
+    kept_text = page_text = 0
     for index, block in enumerate(blocks):
         parent = block.parent
+        if parent < 0:
+            page_text += block.text
         if index in roots:
             state[index] = 1
             spans.append((block.start, block.end))
+            kept_text += block.text
         elif parent >= 0 and state[parent] == 1:
             if _cut(block, furniture[index]):
                 state[index] = -1
                 cuts.append((block.start, block.end))
+                kept_text -= block.text
             else:
                 state[index] = 1
         if not furniture[index]:
@@ -309,6 +320,8 @@ def choose(blocks: list[Block]) -> list[tuple[int, int]] | None:
     kept = _subtract(spans, cuts)
     kept_chars = sum(blocks[index].text - blocks[index].link for index in roots)
     if kept_chars < _MIN_KEPT_CHARS or kept_points < _MIN_PARAGRAPH_SHARE * page_points:
+        return None
+    if kept_text > _MAX_KEPT_SHARE * page_text or page_text - kept_text < _MIN_SAVED_CHARS:
         return None
     return kept
 
