@@ -617,8 +617,10 @@ def _launch_like_the_server() -> list[object]:
     libc = ctypes.CDLL(None, use_errno=True)
     clone_newuser, ms_rec, ms_private = 0x10000000, 0x4000, 0x40000
     flags = clone_newuser | sc.CLONE_NEWPID | sc.CLONE_NEWNS
-    steps: list[object] = [libc.unshare(ctypes.c_int(flags)) or 0]
-    steps.append(libc.mount(None, b"/", None, ctypes.c_ulong(ms_rec | ms_private), None) or 0)
+    # Each step's errno when it fails (0 when it works), so a failure names its cause.
+    steps: list[object] = [ctypes.get_errno() if libc.unshare(ctypes.c_int(flags)) else 0]
+    ms = ctypes.c_ulong(ms_rec | ms_private)
+    steps.append(ctypes.get_errno() if libc.mount(None, b"/", None, ms, None) else 0)
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # pid 1 of the new namespace
