@@ -18,13 +18,15 @@ ALLOW = ["pypi.org"]
 @pytest.fixture
 def new_proxy_threads() -> Callable[[], list[threading.Thread]]:
     """The egress threads this test started (those alive before it are not its own)."""
-    before = {thread.ident for thread in threading.enumerate()}
+    # The Thread objects themselves: an ident is an address the next thread may reuse once an
+    # older thread (alive at this point, say an earlier test's) ends, which hid a new one.
+    before = set(threading.enumerate())
 
     def started() -> list[threading.Thread]:
         return [
             thread
             for thread in threading.enumerate()
-            if thread.name == "astralvessel-egress" and thread.ident not in before
+            if thread.name == "astralvessel-egress" and thread not in before
         ]
 
     return started
