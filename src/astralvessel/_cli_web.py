@@ -56,11 +56,16 @@ def register(subparsers: Any) -> None:
         help="the whole page, not its main content (the call's full_page)",
     )
     fetch.add_argument(
+        "--link-targets",
+        action="store_true",
+        help="give the links' targets (the call's link_targets)",
+    )
+    fetch.add_argument(
         "--links",
-        choices=["references", "inline", "text"],
-        default="references",
-        help="how links are written: [text][N] with a list at the end (default), "
-        "[text](URL), or their text alone",
+        choices=["text", "references", "inline"],
+        default="text",
+        help="how links are written: their text alone (default), [text][N] with the "
+        "targets listed at the end, or [text](URL)",
     )
     fetch.set_defaults(handler=run_fetch)
 
@@ -130,7 +135,8 @@ def run_fetch(args: argparse.Namespace) -> int:
         sys.stderr.write(f"astralvessel fetch: {error}\n")
         return EXIT_HOST_ERROR
     fetcher = Fetcher(EgressPolicy(allow=rules), transport, limits=limits, links=args.links)
-    return _show(fetcher.fetch(args.url, full_page=args.full_page), args.json)
+    result = fetcher.fetch(args.url, full_page=args.full_page, link_targets=args.link_targets)
+    return _show(result, args.json)
 
 
 def _provider(args: argparse.Namespace) -> SearchProvider:

@@ -57,12 +57,14 @@ class WebRun:
 
 
 def plan_webfetch(context: TurnContext, call: Call) -> Plan[Any]:
-    """Fetch ``url`` through the executor's fetcher, whole when the call sets ``full_page``."""
+    """Fetch ``url`` through the executor's fetcher, whole when the call sets ``full_page``,
+    with its links' targets when it sets ``link_targets``."""
     fetcher, url = context.fetcher, str(call.arguments["url"])
     full_page = call.arguments.get("full_page") is True
+    link_targets = call.arguments.get("link_targets") is True
     return WebRun(
-        step=lambda: fetcher.fetch(url, full_page=full_page),
-        astep=lambda: fetcher.afetch(url, full_page=full_page),
+        step=lambda: fetcher.fetch(url, full_page=full_page, link_targets=link_targets),
+        astep=lambda: fetcher.afetch(url, full_page=full_page, link_targets=link_targets),
         output_chars=context.output_chars,
     )
 

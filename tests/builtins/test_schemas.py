@@ -58,7 +58,7 @@ def test_each_schema_is_valid_and_closed(name: str) -> None:
         ("glob", ["pattern"], {"pattern", "path", "max_results"}),
         ("list", [], {"path"}),
         ("bash", ["command"], {"command"}),
-        ("webfetch", ["url"], {"url", "full_page"}),
+        ("webfetch", ["url"], {"url", "full_page", "link_targets"}),
         ("websearch", ["query"], {"query", "max_results"}),
     ],
 )

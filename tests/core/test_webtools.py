@@ -12,7 +12,7 @@ import pytest
 from astralvessel import Executor, Registry
 from astralvessel.errors import UsageError
 from astralvessel.results import render_web
-from astralvessel.web import AllowRule, EgressPolicy, Fetcher, LocalIndexProvider
+from astralvessel.web import AllowRule, EgressPolicy, Fetcher, LinkStyle, LocalIndexProvider
 
 SAMPLE = Path(__file__).parents[2] / "examples" / "sample-data"
 
@@ -99,8 +99,8 @@ def _allowed() -> Fetcher:
     return Fetcher(EgressPolicy(allow=(AllowRule.parse("127.0.0.1/32"),)))
 
 
-def test_webfetch_returns_the_article_with_numbered_links(server: str) -> None:
-    """By default an article page comes back as its article, link targets listed at the end."""
+def test_webfetch_returns_the_article_with_links_as_text(server: str) -> None:
+    """By default an article page comes back as its article, each link as its text alone."""
     url = server.replace("/otters", "/article")
     with web_executor(fetcher=_allowed()).turn() as turn:
         result = turn.call("webfetch", {"url": url})
@@ -108,8 +108,39 @@ def test_webfetch_returns_the_article_with_numbered_links(server: str) -> None:
     assert "Paragraph 5: the otters came back" in result.text
     assert "Sport" not in result.text
     assert "Terms of use" not in result.text
+    assert "Read the full report.\n</web_content>" in result.text
+
+
+def test_webfetch_link_targets_numbers_the_links(server: str) -> None:
+    """A call with link_targets gets the article's link targets listed at the end."""
+    url = server.replace("/otters", "/article")
+    with web_executor(fetcher=_allowed()).turn() as turn:
+        result = turn.call("webfetch", {"url": url, "link_targets": True})
+    assert not result.is_error, result.text
+    assert "Sport" not in result.text
     assert "Read the [full report][1]." in result.text
     assert "[1]: /report\n</web_content>" in result.text  # on the page's site: its path
+
+
+@pytest.mark.parametrize(
+    ("links", "link_targets", "written"),
+    [
+        ("references", False, "[full report][1]"),
+        ("inline", False, "[full report]({site}/report)"),
+        ("inline", True, "[full report]({site}/report)"),
+        ("text", True, "[full report][1]"),
+    ],
+)
+def test_host_link_style_and_the_call(
+    server: str, links: LinkStyle, link_targets: bool, written: str
+) -> None:
+    """A host style that writes targets holds with or without link_targets; the text style
+    gives way to references when the call asks for targets."""
+    url = server.replace("/otters", "/article")
+    fetcher = Fetcher(EgressPolicy(allow=(AllowRule.parse("127.0.0.1/32"),)), links=links)
+    with web_executor(fetcher=fetcher).turn() as turn:
+        result = turn.call("webfetch", {"url": url, "link_targets": link_targets})
+    assert written.format(site=url.removesuffix("/article")) in result.text
 
 
 def test_webfetch_full_page_returns_the_whole_page(server: str) -> None:
@@ -135,12 +166,14 @@ def test_host_setting_returns_every_page_whole_with_inline_links(server: str) ->
     assert f"[full report]({url.replace('/article', '/report')})" in result.text
 
 
-def test_full_page_that_is_not_a_boolean_is_refused(server: str) -> None:
-    """full_page must be true or false; anything else is the model's mistake, answered as one."""
+@pytest.mark.parametrize("option", ["full_page", "link_targets"])
+def test_option_that_is_not_a_boolean_is_refused(server: str, option: str) -> None:
+    """full_page and link_targets are true or false; anything else is the model's mistake,
+    answered as one."""
     with web_executor(fetcher=_allowed()).turn() as turn:
-        result = turn.call("webfetch", {"url": server, "full_page": "yes"})
+        result = turn.call("webfetch", {"url": server, option: "yes"})
     assert result.is_error
-    assert "full_page" in result.text
+    assert option in result.text
 
 
 @pytest.mark.parametrize(

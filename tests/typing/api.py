@@ -69,7 +69,8 @@ def page_text(html: str) -> str:
     style: LinkStyle = "references"
     whole: WebResult = Fetcher(main_content=False, links=style).fetch("https://a.example/")
     article: WebResult = Fetcher().fetch("https://a.example/", full_page=True)
-    _ = (whole, article)
+    targets: WebResult = Fetcher(links="text").fetch("https://a.example/", link_targets=True)
+    _ = (whole, article, targets)
     return html_to_text(html, "https://a.example/", main_content=True, links="text")
 
 

@@ -41,7 +41,16 @@ def test_fetch_links_inline(http_server: Server, capsys: pytest.CaptureFixture[s
     assert code == 0
     assert f"[rivers]({url}/rivers)" in out
     code = run(["fetch", f"{url}/page", "--allow", "127.0.0.1/32", "--full-page"])
-    assert "[rivers][1]" in capsys.readouterr().out
+    assert "Otters live in rivers." in capsys.readouterr().out
+
+
+def test_fetch_link_targets(http_server: Server, capsys: pytest.CaptureFixture[str]) -> None:
+    """fetch --link-targets numbers the targets, as a call's link_targets does."""
+    url = f"http://127.0.0.1:{http_server.port}"
+    code = run(["fetch", f"{url}/page", "--allow", "127.0.0.1/32", "--link-targets"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "Otters live in [rivers][1].\n\n[1]: /rivers\n</web_content>" in out
 
 
 def test_fetch_json(https_server: Server, tls: TLS, capsys: pytest.CaptureFixture[str]) -> None:

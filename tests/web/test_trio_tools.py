@@ -28,18 +28,19 @@ def _executor(
 def test_trio_awaits_webfetch(
     scheme: str, fetcher: Fetcher, http_server: Server, https_server: Server
 ) -> None:
-    """Under trio, ``acall("webfetch")`` fetches a page over plain HTTP and over TLS."""
+    """Under trio, ``acall("webfetch")`` fetches a page over plain HTTP and over TLS, with
+    its link targets when the call asks."""
     server = http_server if scheme == "http" else https_server
     url = f"{scheme}://{HOST}:{server.port}/page"
 
     async def main() -> av.ToolResult:
         async with _executor(fetcher).turn() as turn:
-            return await turn.acall("webfetch", {"url": url})
+            return await turn.acall("webfetch", {"url": url, "link_targets": True})
 
     result = trio.run(main)
     assert not result.is_error, result.text
     assert result.text.startswith(f'<web_content source="{url}">')
-    assert "# Otters\n\nOtters live in [rivers]" in result.text
+    assert "# Otters\n\nOtters live in [rivers][1]" in result.text
     assert "steal()" not in result.text
 
 
@@ -79,4 +80,4 @@ def test_trio_cancels_a_fetch_and_the_turn_goes_on(fetcher: Fetcher, http_server
     assert cancelled
     assert finished == []  # the fetch's own 10 s deadline did not end it
     assert not after.is_error, after.text
-    assert "# Otters\n\nOtters live in [rivers]" in after.text
+    assert "# Otters\n\nOtters live in rivers." in after.text

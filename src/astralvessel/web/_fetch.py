@@ -22,7 +22,7 @@ from ._content import ACCEPT, ACCEPT_ENCODING, BodyCollector, ContentRefused, fe
 from ._egress import Approval, EgressPolicy, Resolver, SystemResolver, Target
 from ._exchange import AsyncExchangeIO, Close, ExchangeIO, Head, Resolve, Send, read_body
 from ._flow import Flow, arun, run
-from ._links import LINK_STYLES, LinkStyle
+from ._links import LINK_STYLES, LinkStyle, with_targets
 from ._stdlib import StdlibTransport
 from ._transport import AsyncTransport, HttpRequest, Transport
 
@@ -87,9 +87,12 @@ class Fetcher:
     An HTML page becomes its main content (its article) when it has one the
     extractor is sure of, and the whole page otherwise; ``main_content=False``
     returns every page whole, as a call's ``full_page`` does for one page.
-    ``links`` says how links are written: ``"references"`` (the text, then
-    ``[N]``, with the numbered targets listed at the end), ``"inline"``
-    (Markdown ``[text](target)``) or ``"text"`` (the text alone).
+    ``links`` says how links are written: ``"text"`` (the text alone, the
+    default: targets cost the reader words on every page and are followed on
+    few), ``"references"`` (the text, then ``[N]``, with the numbered targets
+    listed at the end) or ``"inline"`` (Markdown ``[text](target)``). A call's
+    ``link_targets`` asks for the targets of one page: as references when the
+    host's style leaves them out.
     Refusals and failures come back as a `WebResult` with ``is_error`` set;
     only a misconfigured host (a transport without ``send`` for ``fetch``, a
     wrong setting) raises.
@@ -104,7 +107,7 @@ class Fetcher:
         limits: FetchLimits | None = None,
         user_agent: str | None = None,
         main_content: bool = True,
-        links: LinkStyle = "references",
+        links: LinkStyle = "text",
     ) -> None:
         if not isinstance(main_content, bool):
             raise UsageError(f"main_content is True or False, not {main_content!r}")
@@ -183,10 +186,12 @@ class Fetcher:
         body: BodyCollector,
         *,
         full_page: bool,
+        link_targets: bool,
     ) -> WebResult:
         content_type = next((v for k, v in headers if k.lower() == "content-type"), None)
         main_content = self.main_content and not full_page
-        text = render(body.body(), content_type, url, main_content=main_content, links=self.links)
+        links = with_targets(self.links) if link_targets else self.links
+        text = render(body.body(), content_type, url, main_content=main_content, links=links)
         wrapped = fence(url, text if text.strip() else "[the page has no readable text]")
         if body.truncated:
             wrapped += (
@@ -224,22 +229,25 @@ class Fetcher:
 
     # -- the one fetch flow, and its two drivers ---------------------------------------------
 
-    def fetch(self, url: str, *, full_page: bool = False) -> WebResult:
+    def fetch(self, url: str, *, full_page: bool = False, link_targets: bool = False) -> WebResult:
         """Fetch ``url`` and return its text wrapped as untrusted, or an error result.
 
-        ``full_page`` returns an HTML page whole, not its main content.
+        ``full_page`` returns an HTML page whole, not its main content;
+        ``link_targets`` writes its links' targets when the host's ``links`` leaves them out.
         """
         if not isinstance(self.transport, Transport):
             raise TypeError(f"{type(self.transport).__name__} has no send(); use afetch() with it")
-        flow = self._flow(url, full_page)
+        flow = self._flow(url, full_page, link_targets)
         return run(flow, ExchangeIO(self.transport, self.resolver).perform)
 
-    async def afetch(self, url: str, *, full_page: bool = False) -> WebResult:
+    async def afetch(
+        self, url: str, *, full_page: bool = False, link_targets: bool = False
+    ) -> WebResult:
         """The async twin of `fetch`: the same flow, its steps awaited."""
-        flow = self._flow(url, full_page)
+        flow = self._flow(url, full_page, link_targets)
         return await arun(flow, AsyncExchangeIO(self.transport, self.resolver).perform)
 
-    def _flow(self, url: str, full_page: bool) -> Flow[WebResult]:
+    def _flow(self, url: str, full_page: bool, link_targets: bool) -> Flow[WebResult]:
         deadline = time.monotonic() + self.limits.timeout_seconds
         current, origin = url, None
         try:
@@ -260,6 +268,7 @@ class Fetcher:
                             response.headers,
                             collector,
                             full_page=full_page,
+                            link_targets=link_targets,
                         )
                 finally:
                     yield from Close()

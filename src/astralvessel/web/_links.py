@@ -13,10 +13,24 @@ from __future__ import annotations
 from typing import Literal
 from urllib.parse import urljoin, urlsplit
 
-__all__ = ["LINK_OPEN", "LINK_STYLES", "LinkEnd", "LinkStart", "LinkStyle", "assemble"]
+__all__ = [
+    "LINK_OPEN",
+    "LINK_STYLES",
+    "LinkEnd",
+    "LinkStart",
+    "LinkStyle",
+    "assemble",
+    "with_targets",
+]
 
 LinkStyle = Literal["references", "inline", "text"]
 LINK_STYLES: tuple[LinkStyle, ...] = ("references", "inline", "text")
+
+
+def with_targets(style: LinkStyle) -> LinkStyle:
+    """The style a call asking for link targets gets: the host's, if it writes targets;
+    numbered references (the fewest words that still give every target) if not."""
+    return "references" if style == "text" else style
 
 
 class LinkEnd(str):
