@@ -14,6 +14,50 @@ import struct
 from collections.abc import Mapping
 from typing import Literal, TypeAlias
 
+# The numbers the sandbox server uses too are defined there (it is stdlib-only and
+# cannot import from here).
+from ..server._kernelmem import NETLINK_SOCK_DIAG
+from ..server._sys import CLONE_NEWNS, CLONE_NEWPID
+from ..server._userns import CLONE_NEWUSER
+
+__all__ = [
+    "AF_INET",
+    "AF_INET6",
+    "AF_NETLINK",
+    "AF_UNIX",
+    "ARCHES",
+    "AUDIT_ARCH",
+    "AUDIT_ARCH_I386",
+    "CALL_SOCKET_FAMILIES",
+    "CLONE_NEWCGROUP",
+    "CLONE_NEWIPC",
+    "CLONE_NEWNET",
+    "CLONE_NEWNS",
+    "CLONE_NEWPID",
+    "CLONE_NEWTIME",
+    "CLONE_NEWUSER",
+    "CLONE_NEWUTS",
+    "F_NOTIFY",
+    "F_SETLEASE",
+    "NAMESPACE_FLAGS",
+    "NETLINK_AUDIT",
+    "NETLINK_ROUTE",
+    "NETLINK_SOCK_DIAG",
+    "O_CREAT",
+    "O_TMPFILE_BIT",
+    "PERSONALITY_QUERY",
+    "PER_LINUX",
+    "SERVER_SOCKET_FAMILIES",
+    "S_ISGID",
+    "S_ISUID",
+    "TIOCLINUX",
+    "TIOCSTI",
+    "X32_SYSCALL_BIT",
+    "Arch",
+    "available_arch",
+    "syscall_number",
+]
+
 #: The architectures a filter can be compiled for (both little-endian, 64-bit).
 Arch: TypeAlias = Literal["x86_64", "aarch64"]
 ARCHES: tuple[Arch, ...] = ("x86_64", "aarch64")
@@ -33,7 +77,6 @@ AF_INET6 = 10
 AF_NETLINK = 16
 NETLINK_ROUTE = 0
 NETLINK_AUDIT = 9
-NETLINK_SOCK_DIAG = 4
 #: Socket families a confined call may create: IP for the sandbox's own loopback
 #: (test servers, local databases) and netlink's route protocol, which getifaddrs,
 #: ``if_nameindex`` and ``ip`` use to list the sandbox's interfaces. Every other
@@ -56,12 +99,9 @@ F_NOTIFY = 1026
 TIOCSTI = 0x5412
 TIOCLINUX = 0x541C
 CLONE_NEWTIME = 0x00000080
-CLONE_NEWNS = 0x00020000
 CLONE_NEWCGROUP = 0x02000000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
-CLONE_NEWUSER = 0x10000000
-CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 NAMESPACE_FLAGS = (
     CLONE_NEWNS

@@ -17,6 +17,7 @@ from typing import TypeAlias
 
 import attrs
 
+from ..server._seccomp import INSN_SIZE, MAX_INSNS
 from ._abi import _MASK32, _TABLES, AUDIT_ARCH, X32_SYSCALL_BIT, Arch, _check_arch
 from ._lists import HELPERS, _resolve
 from ._rules import ArgCondition, ArgEquals, ArgHasBits, Condition, DenyList, Rule, _parts
@@ -32,7 +33,7 @@ BPF_JMP_JEQ_K = 0x15
 BPF_JMP_JGE_K = 0x35
 BPF_JMP_JSET_K = 0x45
 BPF_RET_K = 0x06
-BPF_MAXINSNS = 4096
+BPF_MAXINSNS = MAX_INSNS  # one definition, the server's installer checks it too
 
 # struct seccomp_data { int nr; __u32 arch; __u64 instruction_pointer; __u64 args[6]; }
 _OFFSET_NR = 0
@@ -269,7 +270,7 @@ def compile_bpf(deny_list: DenyList | str, arch: str) -> bytes:
     asm.mark(kill)
     asm.ret(SECCOMP_RET_KILL_PROCESS)
     program = asm.assemble()
-    if len(program) // 8 > BPF_MAXINSNS:
+    if len(program) // INSN_SIZE > BPF_MAXINSNS:
         raise ValueError(
             f"seccomp program for {profile.name!r} exceeds {BPF_MAXINSNS} instructions"
         )
