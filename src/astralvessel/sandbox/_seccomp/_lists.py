@@ -53,6 +53,30 @@ def _group(names: str, why: str, err: int = errno.EPERM) -> tuple[Rule, ...]:
     return tuple(_always(name, why, err) for name in names.split())
 
 
+def _command(syscall: str, command: int, why: str) -> Rule:
+    """Refuse ``syscall`` (``ioctl``, ``fcntl``) for one command, its second argument."""
+    return Rule(syscall=syscall, when=ArgEquals(index=1, name="cmd", value=command), why=why)
+
+
+def _families_only(syscall: str, families: tuple[int, ...], why: str) -> Rule:
+    """Refuse ``syscall`` (``socket``, ``socketpair``) in any domain but ``families``."""
+    return Rule(syscall=syscall, when=ArgNotIn(index=0, name="domain", values=families), why=why)
+
+
+def _netlink_only(protocols: tuple[int, ...], why: str) -> Rule:
+    """Refuse a netlink socket of any protocol but ``protocols``."""
+    return Rule(
+        syscall="socket",
+        when=AllOf(
+            conditions=(
+                ArgEquals(index=0, name="domain", value=AF_NETLINK),
+                ArgNotIn(index=2, name="protocol", values=protocols),
+            )
+        ),
+        why=why,
+    )
+
+
 def _setid_mode(syscall: str, index: int) -> Rule:
     return Rule(
         syscall=syscall,
@@ -89,33 +113,19 @@ _SETID_RULES: tuple[Rule, ...] = (
         errno.ENOSYS,
     ),
 )
-_UNIX_PAIRS_ONLY = Rule(
-    syscall="socketpair",
-    when=ArgNotIn(index=0, name="domain", values=(AF_UNIX,)),
-    # An anonymous unix pair has no name and reaches nothing outside the call, and
-    # asyncio's self-pipe, curl's resolver thread and libuv's child stdio need one.
-    why="socket pairs are unix ones: nameless, connected only to each other",
+# An anonymous unix pair has no name and reaches nothing outside the call, and
+# asyncio's self-pipe, curl's resolver thread and libuv's child stdio need one.
+_UNIX_PAIRS_ONLY = _families_only(
+    "socketpair", (AF_UNIX,), "socket pairs are unix ones: nameless, connected only to each other"
 )
-_NETLINK_ROUTE_ONLY = Rule(
-    syscall="socket",
-    when=AllOf(
-        conditions=(
-            ArgEquals(index=0, name="domain", value=AF_NETLINK),
-            ArgNotIn(index=2, name="protocol", values=(NETLINK_ROUTE,)),
-        )
-    ),
-    why="netlink protocols but route reach the host's audit, uevents and other subsystems",
+_NETLINK_ROUTE_ONLY = _netlink_only(
+    (NETLINK_ROUTE,),
+    "netlink protocols but route reach the host's audit, uevents and other subsystems",
 )
 #: ``_NETLINK_ROUTE_ONLY`` for the server, whose memory watch also reads sock_diag.
-_NETLINK_ROUTE_AND_DIAG = Rule(
-    syscall="socket",
-    when=AllOf(
-        conditions=(
-            ArgEquals(index=0, name="domain", value=AF_NETLINK),
-            ArgNotIn(index=2, name="protocol", values=(NETLINK_ROUTE, NETLINK_SOCK_DIAG)),
-        )
-    ),
-    why=(
+_NETLINK_ROUTE_AND_DIAG = _netlink_only(
+    (NETLINK_ROUTE, NETLINK_SOCK_DIAG),
+    (
         "netlink protocols but route and sock_diag (the memory watch's count of the "
         "sandbox's socket buffers) reach the host's audit, uevents and other subsystems"
     ),
@@ -128,19 +138,19 @@ _MOUNT_WHY = "changes the filesystem view the sandbox was built with"
 _KEYS_WHY = "the kernel keyring is not namespaced and has a long history of bugs"
 _KERNEL_WHY = "changes the running kernel or system-wide state"
 
-_CALL_FAMILIES = Rule(
-    syscall="socket",
-    when=ArgNotIn(index=0, name="domain", values=CALL_SOCKET_FAMILIES),
-    why=(
+_CALL_FAMILIES = _families_only(
+    "socket",
+    CALL_SOCKET_FAMILIES,
+    (
         "only IP (the sandbox's own loopback) and netlink; unix sockets reach services "
         "by path or name, vsock reaches the hypervisor past the network namespace"
     ),
 )
 #: ``_CALL_FAMILIES`` under ``Policy.tool_servers``: unix sockets too.
-_TOOL_SERVER_FAMILIES = Rule(
-    syscall="socket",
-    when=ArgNotIn(index=0, name="domain", values=SERVER_SOCKET_FAMILIES),
-    why=(
+_TOOL_SERVER_FAMILIES = _families_only(
+    "socket",
+    SERVER_SOCKET_FAMILIES,
+    (
         "tool_servers: unix sockets within the turn, IP on its loopback and netlink; vsock "
         "reaches the hypervisor past the network namespace"
     ),
@@ -159,15 +169,11 @@ _CALLS_RULES: tuple[Rule, ...] = (
         "ENOSYS, as on a kernel without them, makes tools fall back to polling",
         errno.ENOSYS,
     ),
-    Rule(
-        syscall="fcntl",
-        when=ArgEquals(index=1, name="cmd", value=F_NOTIFY),
-        why="dnotify reports accesses in a directory, as inotify does",
-    ),
-    Rule(
-        syscall="fcntl",
-        when=ArgEquals(index=1, name="cmd", value=F_SETLEASE),
-        why="a lease on a file in a writable mount stalls the host's own opens of it",
+    _command("fcntl", F_NOTIFY, "dnotify reports accesses in a directory, as inotify does"),
+    _command(
+        "fcntl",
+        F_SETLEASE,
+        "a lease on a file in a writable mount stalls the host's own opens of it",
     ),
     *_group("shmget shmat shmctl shmdt msgget msgsnd msgrcv msgctl", _IPC_WHY),
     *_group("semget semop semtimedop semctl", _IPC_WHY),
@@ -197,16 +203,8 @@ _CALLS_RULES: tuple[Rule, ...] = (
     ),
     *_group("kexec_load kexec_file_load", "loads a new kernel"),
     *_group("init_module finit_module delete_module", "loads or unloads kernel modules"),
-    Rule(
-        syscall="ioctl",
-        when=ArgEquals(index=1, name="cmd", value=TIOCSTI),
-        why="TIOCSTI pushes keystrokes into a terminal the caller shares",
-    ),
-    Rule(
-        syscall="ioctl",
-        when=ArgEquals(index=1, name="cmd", value=TIOCLINUX),
-        why="TIOCLINUX can paste a console selection as input, like TIOCSTI",
-    ),
+    _command("ioctl", TIOCSTI, "TIOCSTI pushes keystrokes into a terminal the caller shares"),
+    _command("ioctl", TIOCLINUX, "TIOCLINUX can paste a console selection as input, like TIOCSTI"),
     _always("reboot", _KERNEL_WHY),
     *_group("swapon swapoff", _KERNEL_WHY),
     _always("acct", _KERNEL_WHY),
@@ -279,10 +277,10 @@ SERVER = DenyList(
     name="server",
     rules=(
         *_SERVER_BASE.rules,
-        Rule(
-            syscall="socket",
-            when=ArgNotIn(index=0, name="domain", values=SERVER_SOCKET_FAMILIES),
-            why="the server uses unix socket pairs; other families as for calls",
+        _families_only(
+            "socket",
+            SERVER_SOCKET_FAMILIES,
+            "the server uses unix socket pairs; other families as for calls",
         ),
         _NETLINK_ROUTE_AND_DIAG,
         _UNIX_PAIRS_ONLY,
@@ -329,10 +327,8 @@ FILE_WORKER = _helper_list(
 #: loopback listener is bound before the filter).
 RELAY = _helper_list(
     "relay",
-    Rule(
-        syscall="socket",
-        when=ArgNotIn(index=0, name="domain", values=(AF_UNIX,)),
-        why="the relay opens only unix sockets, to the host's egress proxy",
+    _families_only(
+        "socket", (AF_UNIX,), "the relay opens only unix sockets, to the host's egress proxy"
     ),
 )
 #: Each helper's list, by the name the hello gives its program (``helper_programs``).

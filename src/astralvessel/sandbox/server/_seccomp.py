@@ -16,7 +16,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-__all__ = ["INSN_SIZE", "MAX_INSNS", "install", "prepare"]
+__all__ = ["install", "prepare"]
 
 PR_SET_SECCOMP = 22
 PR_SET_NO_NEW_PRIVS = 38
