@@ -4,7 +4,7 @@ On the attach stream every frame passes through dockerd and containerd-shim, eac
 woken for it, both ways (a small echo takes about 76 µs there and 15 µs over a
 socket), and at each start the server's code crosses it too. With a local engine
 the host listens on a socket in a folder of its own, bound into the container at
-``CHANNEL_DIR``; the server connects to it first thing (``CONNECT_BOOTSTRAP``)
+``CHANNEL_DIR``; the server connects to it first thing (``_boot_connect``)
 and speaks the protocol over it. The attach stream stays, for the server's stderr
 and the container's removal. The socket is the lifeline as the stdin was: a host
 that dies closes its end, and the server reads the end of its input.

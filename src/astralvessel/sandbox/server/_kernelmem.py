@@ -25,12 +25,21 @@ from __future__ import annotations
 import _socket  # socket's C type: the socket module would import enum (see _lean)
 import struct
 
-__all__ = ["EPOLL_SHARE", "EPOLL_WATCH_BYTES", "Sample", "epoll_bytes", "socket_buffers"]
+__all__ = [
+    "EPOLL_SHARE",
+    "EPOLL_WATCH_BYTES",
+    "NETLINK_SOCK_DIAG",
+    "Sample",
+    "epoll_bytes",
+    "socket_buffers",
+]
 
 #: What the kernel's slab gives one epoll watch: an epitem (cache-aligned) and its entry.
 EPOLL_WATCH_BYTES = 256
 
-_NETLINK_SOCK_DIAG = 4
+#: The netlink protocol the memory watch reads the sandbox's socket buffers with (the
+#: server's seccomp list allows it: ``sandbox/_seccomp/_lists.py``).
+NETLINK_SOCK_DIAG = 4
 _SOCK_DIAG_BY_FAMILY = 20
 _NLM_F_REQUEST, _NLM_F_DUMP = 0x1, 0x300
 _NLMSG_ERROR, _NLMSG_DONE = 2, 3
@@ -80,7 +89,7 @@ def _dump(request: bytes) -> list[tuple[bytes, int]]:
     )
     answers: list[tuple[bytes, int]] = []
     link = _socket.socket(
-        _socket.AF_NETLINK, _socket.SOCK_RAW | _socket.SOCK_CLOEXEC, _NETLINK_SOCK_DIAG
+        _socket.AF_NETLINK, _socket.SOCK_RAW | _socket.SOCK_CLOEXEC, NETLINK_SOCK_DIAG
     )
     try:
         link.sendall(header + request)

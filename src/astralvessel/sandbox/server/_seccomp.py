@@ -21,9 +21,10 @@ __all__ = ["install", "prepare"]
 PR_SET_SECCOMP = 22
 PR_SET_NO_NEW_PRIVS = 38
 SECCOMP_MODE_FILTER = 2
-# sizeof(struct sock_filter), and the kernel's limit on one program.
-_INSN_SIZE = 8
-_MAX_INSNS = 4096
+#: sizeof(struct sock_filter), and the kernel's limit on one program (BPF_MAXINSNS): the
+#: host's compiler (``sandbox/_seccomp/_bpf.py``) builds programs to fit them.
+INSN_SIZE = 8
+MAX_INSNS = 4096
 
 
 class _SockFprog(ctypes.Structure):
@@ -60,14 +61,14 @@ def prepare(program: bytes) -> _SockFprog:
     if _prepared is not None and _prepared[0] == program:
         return _prepared[2]
     size = len(program)
-    if size == 0 or size % _INSN_SIZE or size // _INSN_SIZE > _MAX_INSNS:
+    if size == 0 or size % INSN_SIZE or size // INSN_SIZE > MAX_INSNS:
         raise ValueError(
-            f"a seccomp program is 1 to {_MAX_INSNS} instructions of {_INSN_SIZE} bytes, "
+            f"a seccomp program is 1 to {MAX_INSNS} instructions of {INSN_SIZE} bytes, "
             f"not {size} bytes; build it with compile_bpf"
         )
     _prctl()
     buffer = ctypes.create_string_buffer(program, size)
-    fprog = _SockFprog(size // _INSN_SIZE, ctypes.cast(buffer, ctypes.c_void_p))
+    fprog = _SockFprog(size // INSN_SIZE, ctypes.cast(buffer, ctypes.c_void_p))
     _prepared = (program, buffer, fprog)
     return fprog
 
