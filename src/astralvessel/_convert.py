@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
-from typing import Any, Generic, TypeVar, get_args, get_origin
+from typing import Any, Generic, TypeVar, cast, get_args, get_origin
 
 import attrs
 import cattrs
 from cattrs.cols import list_structure_factory
-from cattrs.errors import ClassValidationError, ForbiddenExtraKeysError, IterableValidationError
+from cattrs.errors import (
+    AttributeValidationNote,
+    ClassValidationError,
+    ForbiddenExtraKeysError,
+    IterableValidationError,
+)
 
 __all__ = ["Structured", "converter", "describe_errors", "structure_leniently"]
 
@@ -69,6 +74,47 @@ def _strict_list(type_: Any, conv: cattrs.Converter) -> Any:
 
 
 converter.register_structure_hook_factory(_is_list, _strict_list)
+
+
+def _has_validators(type_: Any) -> bool:
+    return attrs.has(type_) and any(f.validator is not None for f in attrs.fields(type_))
+
+
+def _field_checked(type_: Any, conv: cattrs.Converter) -> Any:
+    """Structure a class whose fields have validators, naming each wrong field by its path.
+
+    cattrs reports a validator's error as the whole class's, and attrs stops at the
+    first: each validated field is structured and checked on its own first, so every
+    wrong value of the table is reported at once, under its key. The validators are
+    called without an instance, so they check their own field alone.
+    """
+    cls = attrs.resolve_types(type_)
+    build = conv.gen_structure_attrs_fromdict(cls)
+    checked = [f for f in attrs.fields(cls) if f.validator is not None]
+
+    def hook(value: object, _: object) -> object:
+        if isinstance(value, Mapping):
+            refused: list[Exception] = []
+            for field in checked:
+                if field.name not in value:
+                    continue
+                try:
+                    field.validator(None, field, conv.structure(value[field.name], field.type))
+                except Exception as exc:
+                    note = f"Structuring class {cls.__qualname__} @ attribute {field.name}"
+                    exc.__notes__ = [  # type: ignore[attr-defined]
+                        *getattr(exc, "__notes__", []),
+                        AttributeValidationNote(note, field.name, field.type),
+                    ]
+                    refused.append(exc)
+            if refused:
+                raise ClassValidationError(f"While structuring {cls.__name__}", refused, cls)
+        return build(cast("Mapping[str, Any]", value), cls)
+
+    return hook
+
+
+converter.register_structure_hook_factory(_has_validators, _field_checked)
 
 
 #: One step of the path to a value: a key of a table or an index of an array.

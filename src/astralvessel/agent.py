@@ -30,6 +30,11 @@ VESSEL_FILE = "vessel.toml"
 #: The largest vessel.toml or tool file read: a config file is a few kilobytes, and a
 #: huge one would cost the TOML parser seconds and hundreds of megabytes to refuse.
 MAX_CONFIG_BYTES = 1 << 20
+#: A tool call's time limit and the characters of its output the model reads, when
+#: vessel.toml names none (``tool_timeout_seconds``, ``tool_output_chars``), and for an
+#: executor without an agent.
+TOOL_TIMEOUT_SECONDS = 30.0
+TOOL_OUTPUT_CHARS = 30_000
 
 
 @attrs.frozen(kw_only=True)
@@ -47,8 +52,8 @@ class Agent:
     path: Path
     name: str
     workdir: PurePosixPath = WORKSPACE_DIR
-    tool_timeout_seconds: float = 30.0
-    tool_output_chars: int = 30_000
+    tool_timeout_seconds: float = TOOL_TIMEOUT_SECONDS
+    tool_output_chars: int = TOOL_OUTPUT_CHARS
     #: The scopes vessel.toml says this agent may use; None when it does not say.
     scopes: frozenset[Scope] | None = None
     builtin: tuple[str, ...] = ()
@@ -98,12 +103,7 @@ class Agent:
             network_allow = parse_allow_list(raw.network.allow)
         except UsageError as exc:
             problems.append(f"{VESSEL_FILE}: network.allow: {exc}")
-        limits = None
-        try:
-            limits = Limits(**attrs.asdict(raw.limits))
-        except ValueError as exc:
-            problems.append(f"{VESSEL_FILE}: limits: {exc}")
-        if problems or limits is None:
+        if problems:
             raise ConfigError(problems)
         return cls(
             path=folder,
@@ -114,7 +114,7 @@ class Agent:
             scopes=None if raw.scopes is None else frozenset(Scope(s) for s in raw.scopes),
             builtin=tuple(raw.tools.builtin),
             tools=tuple(tools),
-            limits=limits,
+            limits=raw.limits,
             dockerfile=dockerfile,
             services={n: Service(name=n, url=s.url) for n, s in raw.services.items()},
             network_allow=network_allow,
@@ -207,14 +207,6 @@ class _ToolsSection:
 
 
 @attrs.define
-class _LimitsSection:
-    disk_mb: int = 512
-    memory_mb: int = 1024
-    processes: int = 256
-    open_files: int = 4096
-
-
-@attrs.define
 class _SandboxSection:
     dockerfile: str | None = None
     writable_root: bool = False
@@ -232,15 +224,26 @@ class _ServiceSection:
     url: str
 
 
+def _seconds(instance: object, attribute: object, value: float) -> None:
+    if not value > 0:
+        raise ValueError("must be a positive number of seconds")
+
+
+def _characters(instance: object, attribute: object, value: int) -> None:
+    if value < 1:
+        raise ValueError("must be a positive number of characters")
+
+
 @attrs.define
 class _VesselFile:
     tools: _ToolsSection
     name: str | None = None
     workdir: str = str(WORKSPACE_DIR)
-    tool_timeout_seconds: float = 30.0
-    tool_output_chars: int = 30_000
+    tool_timeout_seconds: float = attrs.field(default=TOOL_TIMEOUT_SECONDS, validator=_seconds)
+    tool_output_chars: int = attrs.field(default=TOOL_OUTPUT_CHARS, validator=_characters)
     scopes: list[str] | None = None
-    limits: _LimitsSection = attrs.Factory(_LimitsSection)
+    # Structured straight into the sandbox's own value: its validators are the file's rules.
+    limits: Limits = attrs.Factory(Limits)
     sandbox: _SandboxSection = attrs.Factory(_SandboxSection)
     services: dict[str, _ServiceSection] = attrs.Factory(dict)
     network: _NetworkSection = attrs.Factory(_NetworkSection)
@@ -257,10 +260,6 @@ def _vessel_problems(raw: _VesselFile, structured: Structured[_VesselFile]) -> l
         problems.append("tools.builtin: lists a built-in more than once")
     if structured.fine("workdir") and (problem := _workdir_problem(raw.workdir)):
         problems.append(f"workdir: {problem}")
-    if not raw.tool_timeout_seconds > 0:
-        problems.append("tool_timeout_seconds: must be a positive number of seconds")
-    if raw.tool_output_chars < 1:
-        problems.append("tool_output_chars: must be a positive number of characters")
     for index, scope in enumerate(raw.scopes or []):
         if structured.fine("scopes", index) and scope not in {s.value for s in Scope}:
             problems.append(f"scopes: {unknown_name('scope', scope, [s.value for s in Scope])}")

@@ -168,10 +168,13 @@ def test_vessel_shape_errors(make_agent: MakeAgent, vessel: str, expected: str) 
         ("scopes = ['tools:root']\n[tools]\n", "scopes: unknown scope 'tools:root'"),
         ("[tools]\nbuiltin = ['cat']\n", "tools.builtin: unknown built-in 'cat'"),
         ("[tools]\nbuiltin = ['read', 'read']\n", "tools.builtin: lists a built-in more than once"),
-        ("[tools]\n[limits]\nopen_files = 5000\n", "limits: limit open_files may not exceed 4096"),
+        (
+            "[tools]\n[limits]\nopen_files = 5000\n",
+            "limits.open_files: limit open_files may not exceed 4096",
+        ),
         (
             "[tools]\n[limits]\nmemory_mb = 0\n",
-            "limits: limit memory_mb must be a positive integer",
+            "limits.memory_mb: limit memory_mb must be a positive integer",
         ),
         (
             "[tools]\n[services.x]\nurl = 'ftp://x'\n",

@@ -25,19 +25,18 @@ import attrs
 
 from .. import _log
 from .._aio import shielded, to_thread, wait_future
-from .._executor_args import check_snapshot
 from .._ledger import Ledger
 from .._observe import TurnWatch
+from .._settings import check_mount_items, check_registry, check_snapshot, settings_from
 from .._snapshot._value import TurnSnapshot
 from .._suggest import install_extra
-from .._warm import check_warm
 from ..errors import BackendUnavailableError, TurnClosedError, UsageError
 from ..registry import Registry
 from ..results import OutboxFile, ToolResult, render_sandbox_died
 from ..sandbox._base import Sandbox
 from ..sandbox._temporary_outbox import TurnOutbox
 from ._auth import token_auth_hint
-from ._host import TurnHost
+from ._host import NodeSettings, TurnHost
 from ._ship import pack_agent
 from ._warm import WarmTurns, pool_nodes, release
 
@@ -113,6 +112,9 @@ class RayExecutor:
     its actor placed and its sandbox running, and each still serves exactly one
     turn; ``close()`` (or leaving ``with``) ends the ones still waiting, on
     every node. Every other keyword is an ``Executor`` option, applied on the node.
+    A wrong value for any argument (or a keyword ``Executor`` does not take)
+    raises ``UsageError`` naming it here, before any Ray call, as ``Executor`` does;
+    only what a node alone can know (a mount's host path there) is checked there.
     """
 
     def __init__(
@@ -125,31 +127,38 @@ class RayExecutor:
         actor_options: Mapping[str, Any] | None = None,
         **options: Any,
     ) -> None:
-        if isinstance(sandbox, Sandbox):
+        # Every argument is checked here, before any Ray call: on a node a wrong one would
+        # fail late (a turn's first call) or never.
+        registry = check_registry(registry, "RayExecutor")
+        _check_backend(sandbox)
+        settings = settings_from(options, "RayExecutor")
+        node_mounts = {} if mounts is None else check_mount_items(mounts)
+        if address is not None and not isinstance(address, str):
+            raise UsageError(f"address is a Ray cluster's address as text, not {address!r}")
+        if actor_options is not None and not isinstance(actor_options, Mapping):
             raise UsageError(
-                "RayExecutor builds the backend on each node: pass its name "
-                f"({sandbox.name!r}) or its class, not an instance"
+                f"actor_options maps Ray actor options to values, not {actor_options!r}"
             )
-        warm = check_warm(options.pop("warm", 0))
-        outbox_dir = options.pop("outbox_dir", None)
         #: Where each turn's records go, written on this host (``Executor(ledger=)``'s values).
-        self.ledger: Ledger | None = Ledger.of(options.pop("ledger", None))
+        self.ledger: Ledger | None = settings.ledger
         #: Where outbox files land on this host (kept); None: a folder per turn, removed once it
         #: is closed and no result names its files.
-        self.outbox_dir: Path | None = None if outbox_dir is None else Path(outbox_dir)
+        self.outbox_dir: Path | None = settings.outbox_dir
+        self.registry = registry
+        agent = registry.agent
+        self.timeout_seconds: float = settings.timeout_for(agent)
+        settings.hosts_for(settings.network_allow_for(agent))
+        #: The backend each node builds: its name, or a callable that builds it there.
+        self.sandbox = sandbox
         ray = _ray()
         if not ray.is_initialized():
             _join(ray, address)
-        self.registry = registry
-        agent = registry.agent
-        self.timeout_seconds: float = options.get("timeout_seconds") or (
-            agent.tool_timeout_seconds if agent is not None else 30.0
+        # The ledger, the outbox and the warm turns are this host's; a node gets the rest.
+        node = NodeSettings(
+            settings=attrs.evolve(settings, ledger=None, outbox_dir=None, warm=0),
+            sandbox=sandbox,
+            mounts=node_mounts,
         )
-        self._options: dict[str, Any] = {
-            **options,
-            "sandbox": sandbox,
-            "mounts": {k: str(v) for k, v in (mounts or {}).items()},
-        }
         self._actor_options: dict[str, Any] = {
             "scheduling_strategy": "SPREAD",
             # A turn's actor only waits on its sandbox, whose work Ray does not see. Without
@@ -164,7 +173,7 @@ class RayExecutor:
             actor_options=self._actor_options,
             # Put once in the object store: each turn's actor fetches them from there.
             registry_ref=ray.put(registry),
-            options=self._options,
+            node=node,
             agent_ref=None if agent is None else ray.put(pack_agent(agent.path)),
         )
         self._warm: WarmTurns | None = None
@@ -172,7 +181,7 @@ class RayExecutor:
         #: The last snapshot put in the object store (its content id and reference).
         self._snapshot_ref: tuple[str, Any] | None = None
         self._snapshot_lock = threading.Lock()
-        if warm:
+        if settings.warm:
             nodes = pool_nodes(ray.nodes(), self._actor_options)
             if not nodes:
                 raise UsageError(
@@ -180,7 +189,7 @@ class RayExecutor:
                     f"({self._actor_options.get('resources') or 'a CPU'}); start one first"
                 )
             # The pool holds the launcher, never the executor, so the executor can be collected.
-            self._warm = WarmTurns(self._launcher.start_on, nodes, warm)
+            self._warm = WarmTurns(self._launcher.start_on, nodes, settings.warm)
             # Waiting turns of an executor nobody closed end when it is collected.
             self._release = weakref.finalize(self, self._warm.close)
 
@@ -252,7 +261,7 @@ class RayExecutor:
             return kept[1]
 
     def __repr__(self) -> str:
-        return f"RayExecutor({self.registry!r}, sandbox={self._options['sandbox']!r})"
+        return f"RayExecutor({self.registry!r}, sandbox={self.sandbox!r})"
 
 
 @attrs.frozen
@@ -261,14 +270,14 @@ class _Launcher:
 
     actor_options: Mapping[str, Any]
     registry_ref: Any
-    options: Mapping[str, Any]
+    node: NodeSettings
     agent_ref: Any
 
     def start(self, *, snapshot: Any = None, **placement: Any) -> Any:
         """A turn's actor, placed by the executor's actor options (and ``placement`` over them);
         ``snapshot`` is the object-store reference of the files its turn starts with."""
         actor = _actor_class().options(**{**self.actor_options, **placement})
-        return actor.remote(self.registry_ref, self.options, self.agent_ref, snapshot)
+        return actor.remote(self.registry_ref, self.node, self.agent_ref, snapshot)
 
     def start_on(self, node: str) -> Any:
         """A turn's actor on ``node`` and nowhere else (a warm turn of that node's pool)."""
@@ -300,7 +309,7 @@ class RayTurn:
         self._closed = False
         self._turn_outbox = TurnOutbox(executor.outbox_dir, "ray-outbox")
         self._calls = 0
-        backend = executor._options["sandbox"]
+        backend = executor.sandbox
         #: Its log events, ledger records and spans, on this host (the node stamps the policy).
         self._watch = TurnWatch(
             backend=f"ray:{backend if isinstance(backend, str) else 'default'}",
@@ -437,6 +446,20 @@ class RayTurn:
                 self._turn_outbox.adopt(OutboxFile(name=entry.name, size=entry.size, path=path))
             )
         return attrs.evolve(result, files=tuple(files))
+
+
+def _check_backend(sandbox: object) -> None:
+    """``UsageError`` unless ``sandbox`` is a backend's name, a callable building one, or None."""
+    if isinstance(sandbox, Sandbox):
+        raise UsageError(
+            "RayExecutor builds the backend on each node: pass its name "
+            f"({sandbox.name!r}) or its class, not an instance"
+        )
+    if sandbox is not None and not isinstance(sandbox, str) and not callable(sandbox):
+        raise UsageError(
+            "RayExecutor's sandbox is a backend's name or a callable that builds one (its "
+            f"class), not {sandbox!r}"
+        )
 
 
 def _nothing() -> None:

@@ -11,21 +11,35 @@ from __future__ import annotations
 
 import shutil
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 import attrs
 
 from .._leftovers import make_folder
+from .._settings import ExecutorSettings
 from .._snapshot._value import TurnSnapshot
 from ..executor import Executor, Turn
 from ..registry import Registry
 from ..results import ToolResult
-from ..sandbox._base import SandboxSession
+from ..sandbox._base import Sandbox, SandboxSession
 from ._ship import unpack_agent, with_agent_at
 
-__all__ = ["TurnHost"]
+__all__ = ["NodeSettings", "TurnHost"]
+
+
+@attrs.frozen(kw_only=True)
+class NodeSettings:
+    """What a node builds its turn's executor from, all checked on the host first.
+
+    The backend and the mounts' host paths are the node's own: a backend is built
+    there (an instance holds its node's state) and each host path is resolved there.
+    """
+
+    settings: ExecutorSettings
+    sandbox: str | Callable[[], Sandbox] | None
+    #: ``{sandbox path: host path[:rw]}``, as text.
+    mounts: Mapping[str, str]
 
 
 class TurnHost:
@@ -39,7 +53,7 @@ class TurnHost:
     def __init__(
         self,
         registry: Registry,
-        options: Mapping[str, Any],
+        node: NodeSettings,
         agent: bytes | None,
         snapshot: TurnSnapshot | None = None,
     ) -> None:
@@ -59,11 +73,10 @@ class TurnHost:
         try:
             if agent is not None:
                 registry = with_agent_at(registry, unpack_agent(agent))
-            build = options.get("sandbox")
-            if callable(build):
-                # A backend is built here, on its node: an instance holds this node's state.
-                options = {**options, "sandbox": build()}
-            self._executor = Executor(registry, **options, outbox_dir=self._outbox)
+            build = node.sandbox
+            sandbox = build() if callable(build) else build
+            settings = attrs.evolve(node.settings, mounts=node.mounts, outbox_dir=self._outbox)
+            self._executor = Executor(registry, sandbox=sandbox, **settings.arguments())
             self._snapshot = snapshot
             self._turn = self._executor.turn(snapshot=snapshot)
         except Exception as exc:

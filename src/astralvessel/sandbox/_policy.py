@@ -148,6 +148,11 @@ def _existing(instance: Mount, attribute: object, source: Path) -> None:
 
 
 def _mountable(instance: Mount, attribute: object, target: PurePosixPath) -> None:
+    check_mount_target(target)
+
+
+def check_mount_target(target: PurePosixPath) -> None:
+    """``UsageError`` unless ``target`` is a sandbox path a mount may take (pure: no disk)."""
     if not target.is_absolute() or ".." in target.parts:
         raise UsageError(f"sandbox path {str(target)!r} must be absolute and free of '..'")
     if target == PurePosixPath("/") or any(target == d or d in target.parents for d in _RESERVED):
@@ -203,22 +208,37 @@ _RESERVED = (
 )
 
 
+#: The most open files a turn's processes may each hold (``Limits.open_files``).
+MAX_OPEN_FILES = 4096
+
+
+def _whole_above_zero(instance: object, attribute: attrs.Attribute[int], value: object) -> None:
+    # A validator of its field alone (``instance`` unused): the TOML converter runs it on the
+    # file's value before the class is built, so each wrong limit is named by its path.
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise UsageError(f"limit {attribute.name} must be a positive integer, not {value!r}")
+
+
+def _open_files_bound(instance: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if value > MAX_OPEN_FILES:
+        raise UsageError(f"limit {attribute.name} may not exceed {MAX_OPEN_FILES}")
+
+
 @attrs.frozen(kw_only=True)
 class Limits:
-    """Resource limits of one turn; every number is enforced on every backend."""
+    """Resource limits of one turn; every number is enforced on every backend.
 
-    disk_mb: int = 512
-    memory_mb: int = 1024
-    processes: int = 256
-    open_files: int = 4096
+    Each is a whole number above 0 (``open_files`` at most 4096), checked on every
+    way of building one (``Limits(...)``, ``attrs.evolve``, vessel.toml's ``[limits]``);
+    a wrong one raises ``UsageError`` (a ``ValueError``) naming it.
+    """
 
-    def __attrs_post_init__(self) -> None:
-        for field in attrs.fields(Limits):
-            value = getattr(self, field.name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"limit {field.name} must be a positive integer, not {value!r}")
-        if self.open_files > 4096:
-            raise ValueError("limit open_files may not exceed 4096")
+    disk_mb: int = attrs.field(default=512, validator=_whole_above_zero)
+    memory_mb: int = attrs.field(default=1024, validator=_whole_above_zero)
+    processes: int = attrs.field(default=256, validator=_whole_above_zero)
+    open_files: int = attrs.field(
+        default=MAX_OPEN_FILES, validator=[_whole_above_zero, _open_files_bound]
+    )
 
     @property
     def workspace_inodes(self) -> int:
@@ -239,7 +259,8 @@ def _patterns(value: Iterable[HostPattern | str]) -> tuple[HostPattern, ...]:
     return parse_allow_list(value)
 
 
-def _promise_set(promises: Iterable[Promise | str]) -> frozenset[Promise]:
+def promise_set(promises: Iterable[Promise | str]) -> frozenset[Promise]:
+    """The promises named; ``UsageError`` listing the known ones for a name that is not."""
     return frozenset(_promise(p) for p in promises)
 
 
@@ -267,7 +288,7 @@ class Policy:
     workdir: PurePosixPath = attrs.field(default=WORKSPACE_DIR, converter=PurePosixPath)
     mounts: tuple[Mount, ...] = attrs.field(default=(), converter=_mount_tuple)
     limits: Limits = attrs.field(factory=Limits)
-    relaxed: frozenset[Promise] = attrs.field(default=frozenset(), converter=_promise_set)
+    relaxed: frozenset[Promise] = attrs.field(default=frozenset(), converter=promise_set)
     #: The host folder where calls' outbox files are written and kept after the turn
     #: (``None``: a temporary folder of the turn, removed when it ends and no ``OutboxFile``
     #: naming its files is left). Not part of the confinement, so not part of ``identity``.
@@ -303,7 +324,7 @@ class Policy:
 
     def relax(self, *promises: Promise | str) -> Policy:
         """A copy that no longer requires ``promises``: the host's explicit, audited choice."""
-        return attrs.evolve(self, relaxed=self.relaxed | _promise_set(promises))
+        return attrs.evolve(self, relaxed=self.relaxed | promise_set(promises))
 
     @property
     def environment(self) -> Mapping[str, str]:
