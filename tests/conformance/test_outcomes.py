@@ -17,7 +17,8 @@ from astralvessel.sandbox import Mount, Sandbox, SandboxSession
 from .calls import PYTHON
 from .conftest import DECLARED_UNKEPT, TEST_LIMITS, WORKDIR
 
-#: How long the memory test's children hold what they took (the watch samples every 50 ms).
+#: How long the memory and process tests' children hold what they took (the watch samples
+#: every 50 ms).
 HOLD_S = 6
 #: Their hold where the backend declares the memory watch unkept: only the expected failure's cost.
 UNKEPT_HOLD_S = 0.5
@@ -112,6 +113,38 @@ def test_memory_stop_is_limit(
     assert run.outcome is Outcome.LIMIT
 
 
+def test_a_full_disk_is_limit(opened: Turn) -> None:
+    """A call and an exec that fill the workspace are ``limit``; a call that finds it full
+    and leaves it so did not fill it, and is judged by its own exit."""
+    # Two files of five eighths each: the second meets the full disk (ENOSPC), not the
+    # per-file bound (EFBIG at disk_mb, which a lone file reaches as the disk fills).
+    half = (TEST_LIMITS.disk_mb * 5 // 8) << 20
+    fill = " && ".join(f"head -c {half} /dev/zero > /workspace/{n}" for n in "ab")
+    call = opened.call("bash", {"command": fill})
+    after = opened.call("bash", {"command": "ls /workspace"})
+    opened.call("bash", {"command": "rm /workspace/a /workspace/b"})
+    run = opened.exec(["/bin/sh", "-c", fill])
+    assert "No space left on device" in call.text, call.text
+    assert (call.is_error, call.outcome) == (True, Outcome.LIMIT)
+    assert after.outcome is Outcome.OK
+    assert run.outcome is Outcome.LIMIT
+
+
+def test_processes_at_their_bound_are_limit(
+    backend: Sandbox, agent_dir: Path, data_dir: Path, request: pytest.FixtureRequest
+) -> None:
+    """A call and an exec whose forks the process bound refused (``EAGAIN``) are ``limit``."""
+    unkept = request.node.originalname in DECLARED_UNKEPT.get(backend.name, {})
+    code = _fork_until_refused(UNKEPT_HOLD_S if unkept else HOLD_S)
+    executor = _executor(backend, agent_dir, data_dir, timeout_seconds=40.0)
+    with executor, executor.turn() as turn:
+        call = turn.call("bash", {"command": f"{PYTHON} -c '{code}'"})
+        run = turn.exec([PYTHON, "-c", code])
+    assert "refused after" in call.text, call.text
+    assert (call.is_error, call.outcome) == (True, Outcome.LIMIT)
+    assert run.outcome is Outcome.LIMIT
+
+
 def test_sandbox_killed_from_outside_is_sandbox_lost(opened: Turn) -> None:
     """A call whose sandbox was killed from outside is ``sandbox_lost``; the next call is ``ok``."""
     assert opened.call("bash", {"command": "echo up"}).outcome is Outcome.OK
@@ -143,6 +176,29 @@ def _together(memory_mb: int, hold_s: float) -> str:
                 os._exit(0)
         os.wait()
         print("every child ended on its own")
+        """
+    )
+
+
+def _fork_until_refused(hold_s: float) -> str:
+    """Python code (no single quote) that forks children holding on for ``hold_s`` until the
+    kernel refuses a fork, then waits for them and exits 1."""
+    return textwrap.dedent(
+        f"""
+        import os, sys, time
+        children = 0
+        try:
+            while True:
+                if os.fork() == 0:
+                    time.sleep({hold_s})
+                    os._exit(0)
+                children += 1
+        except BlockingIOError as exc:
+            print("fork refused after", children, "children:", exc)
+        while children:
+            os.wait()
+            children -= 1
+        sys.exit(1)
         """
     )
 
