@@ -17,6 +17,7 @@ from typing import Any
 
 import attrs
 
+from .._ledger import Ledger
 from .._leftovers import make_folder
 from .._snapshot._value import TurnSnapshot
 from ..executor import Executor, Turn
@@ -42,7 +43,10 @@ class TurnHost:
         options: Mapping[str, Any],
         agent: bytes | None,
         snapshot: TurnSnapshot | None = None,
+        ran_chars: int | None = None,
     ) -> None:
+        """``ran_chars``: the host keeps a ledger, whose calls' records need this node's
+        sandbox answers (``ran``, for replay), cut as the host's ``max_chars`` cuts."""
         import ray
 
         self.node: str = ray.get_runtime_context().get_node_id()
@@ -56,6 +60,8 @@ class TurnHost:
         #: The sandbox ``start`` started ahead, until the turn's first call checks it still runs.
         self._waited: SandboxSession | None = None
         self._lock = threading.Lock()
+        #: The sandbox's answer to the call running in this thread, from the node's ledger.
+        self._ran = threading.local()
         try:
             if agent is not None:
                 registry = with_agent_at(registry, unpack_agent(agent))
@@ -63,6 +69,9 @@ class TurnHost:
             if callable(build):
                 # A backend is built here, on its node: an instance holds this node's state.
                 options = {**options, "sandbox": build()}
+            if ran_chars is not None:
+                # A call's record reaches the callable in the thread that made the call.
+                options = {**options, "ledger": Ledger(target=self._keep, max_chars=ran_chars)}
             self._executor = Executor(registry, **options, outbox_dir=self._outbox)
             self._snapshot = snapshot
             self._turn = self._executor.turn(snapshot=snapshot)
@@ -104,11 +113,22 @@ class TurnHost:
                 self._turn = self._executor.turn(snapshot=self._snapshot)
             return self._turn
 
-    def call(self, name: str, arguments: object) -> tuple[ToolResult, dict[str, bytes]]:
-        """Run one call in this node's turn; the result, and its outbox files' contents."""
+    def call(
+        self, name: str, arguments: object
+    ) -> tuple[ToolResult, dict[str, bytes], dict[str, Any] | None]:
+        """Run one call in this node's turn; the result, its outbox files' contents, and the
+        sandbox's own answer as the ledger records it (None: a host-side call, or no ledger)."""
+        self._ran.value = None
         result = self._fresh().call(name, arguments)
         files = {f.name: f.path.read_bytes() for f in result.files}
-        return attrs.evolve(result, metadata={**result.metadata, "node": self.node}), files
+        result = attrs.evolve(result, metadata={**result.metadata, "node": self.node})
+        ran: dict[str, Any] | None = self._ran.value
+        return result, files, ran
+
+    def _keep(self, record: dict[str, Any]) -> None:
+        """The node's ledger: only a call's sandbox answer is kept, for its reply."""
+        if record.get("event") == "call":
+            self._ran.value = record.get("ran")
 
     def close(self) -> None:
         """End the turn and release the executor's sandboxes on this node."""
