@@ -12,6 +12,7 @@ import attrs
 import pytest
 
 from astralvessel import Agent, Executor, Outcome, Registry, ToolError, Turn
+from astralvessel._exec import OUTPUT_BYTES
 from astralvessel.sandbox import Mount, Sandbox, SandboxSession
 
 from .calls import PYTHON
@@ -89,12 +90,16 @@ def test_timeout_is_timed_out(backend: Sandbox, agent_dir: Path, data_dir: Path)
 
 
 def test_output_cut_is_limit(backend: Sandbox, agent_dir: Path, data_dir: Path) -> None:
-    """Output cut at the turn's bound is ``limit``, even from a command that exited 0."""
+    """Output cut at the turn's bound is ``limit``, even from a command that exited 0; so is
+    an exec's stream past its bound."""
     executor = _executor(backend, agent_dir, data_dir, output_chars=100)
     with executor, executor.turn() as turn:
         result = turn.call("bash", {"command": "head -c 5000 /dev/zero | tr '\\0' x"})
+        run = turn.exec(["/bin/sh", "-c", f"head -c {OUTPUT_BYTES + 4096} /dev/zero"])
     assert result.dropped_chars > 0
     assert (result.is_error, result.outcome) == (False, Outcome.LIMIT)
+    assert (run.returncode, run.truncated, len(run.stdout)) == (0, True, OUTPUT_BYTES)
+    assert run.outcome is Outcome.LIMIT
 
 
 def test_memory_stop_is_limit(
