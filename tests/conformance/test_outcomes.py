@@ -129,10 +129,23 @@ def test_a_full_disk_is_limit(opened: Turn) -> None:
     after = opened.call("bash", {"command": "ls /workspace"})
     opened.call("bash", {"command": "rm /workspace/a /workspace/b"})
     run = opened.exec(["/bin/sh", "-c", fill])
+    opened.call("bash", {"command": "rm /workspace/a /workspace/b"})
+    # Empty files until the workspace has no inode left: its other bound.
+    inodes = opened.exec([PYTHON, "-c", _EMPTY_FILES])
     assert "No space left on device" in call.text, call.text
     assert (call.is_error, call.outcome) == (True, Outcome.LIMIT)
     assert after.outcome is Outcome.OK
     assert run.outcome is Outcome.LIMIT
+    assert b"No space left on device" in inodes.stderr, inodes.stderr
+    assert (inodes.returncode, inodes.outcome) == (1, Outcome.LIMIT)
+
+
+#: Python code that makes empty files in the workspace until one cannot be made.
+_EMPTY_FILES = """
+import itertools
+for n in itertools.count():
+    open(f"/workspace/e{n}", "w").close()
+"""
 
 
 def test_processes_at_their_bound_are_limit(

@@ -437,8 +437,11 @@ def disk_full(path: str) -> list[int] | None:
         st = os.statvfs(path)
     except OSError:
         return None
-    if st.f_blocks == 0 or (st.f_bfree > 0 and st.f_ffree > 0):
-        return None  # unbounded (size=0), or room left
+    # A bound of 0 is none (size=0, nr_inodes=0): such a count is never full.
+    blocks_left = st.f_blocks == 0 or st.f_bfree > 0
+    inodes_left = st.f_files == 0 or st.f_ffree > 0
+    if blocks_left and inodes_left:
+        return None
     return [(st.f_blocks - st.f_bfree) * st.f_frsize, st.f_blocks * st.f_frsize]
 
 
