@@ -16,6 +16,7 @@ from collections.abc import Mapping
 __all__ = [
     "CALLS",
     "EXEC",
+    "NETWORK",
     "RAY",
     "REFUSALS",
     "SANDBOX",
@@ -40,6 +41,8 @@ REFUSALS = logging.getLogger("astralvessel.refusals")
 SANDBOX = logging.getLogger("astralvessel.sandbox")
 #: The warm pool's refills.
 WARM = logging.getLogger("astralvessel.warm")
+#: Each connection the egress proxy refused (host, port, reason), or turned away.
+NETWORK = logging.getLogger("astralvessel.network")
 #: Where Ray placed each turn.
 RAY = logging.getLogger("astralvessel.ray")
 

@@ -15,7 +15,7 @@ import os
 import time
 import uuid
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -68,7 +68,12 @@ def byte_size(data: object) -> int | None:
 
 
 def _ran(outcome: object, limit: int) -> dict[str, Any] | None:
-    """The sandbox's own answer to a call, as replay needs it; None for host-side calls."""
+    """The sandbox's own answer to a call, as replay needs it; None for host-side calls.
+
+    A Ray node sends its answer already recorded (a dict, cut at this ledger's limit).
+    """
+    if isinstance(outcome, Mapping):
+        return dict(outcome)
     if isinstance(outcome, RunOutcome):
         return {
             "output": bounded(outcome.output, limit),

@@ -49,7 +49,11 @@ class WebRun:
             if value is not None
         }
         return render_web(
-            outcome.text, is_error=outcome.is_error, cap=self.output_chars, metadata=metadata
+            outcome.text,
+            is_error=outcome.is_error,
+            cap=self.output_chars,
+            metadata=metadata,
+            refused=outcome.refused,
         )
 
     def rescue(self, exc: Exception) -> ToolResult | None:

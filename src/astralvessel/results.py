@@ -314,8 +314,12 @@ def _split_fence(text: str) -> tuple[str, str, str] | None:
     return text[: opening.end()], text[opening.end() : close], text[close:]
 
 
-def render_web(text: str, *, is_error: bool, cap: int, metadata: Mapping[str, str]) -> ToolResult:
+def render_web(
+    text: str, *, is_error: bool, cap: int, metadata: Mapping[str, str], refused: bool = False
+) -> ToolResult:
     """A webfetch or websearch result, cut to the cap without ever losing its fence.
+
+    ``refused``: nothing was sent (the arguments or the egress policy refused the call).
 
     The page text is cut, never the fence: the closing ``</web_content>`` tag, our
     truncation note and any note the fetcher added always follow the page text, so
@@ -330,7 +334,7 @@ def render_web(text: str, *, is_error: bool, cap: int, metadata: Mapping[str, st
             is_error=is_error,
             dropped_chars=dropped,
             metadata=dict(metadata),
-            outcome=decide(limit=dropped > 0, failed=is_error),
+            outcome=decide(refused=refused, limit=dropped > 0, failed=is_error),
         )
     head, page, tail = parts
     page = _defuse(page)

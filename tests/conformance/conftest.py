@@ -99,6 +99,14 @@ DECLARED_UNKEPT: dict[str, dict[str, str]] = {
             f"{_NO_SERVER} to watch the turn's memory: what a call's processes hold, hidden or "
             "not, counts only against the container's memory cgroup (memory_mb + disk_mb + 128 MiB)"
         ),
+        "test_a_full_disk_is_limit": (
+            f"{_NO_SERVER} to see a call fill the workspace: a full disk is the command's own "
+            "failure"
+        ),
+        "test_processes_at_their_bound_are_limit": (
+            f"{_NO_SERVER} to count a call's processes: forks refused at the bound are the "
+            "command's own failure"
+        ),
         "test_mountinfo_names_only_the_documented_host_paths": (
             f"{_NO_SERVER} to build the call's view: a call sees the container's mountinfo, with "
             "the engine's binds from /var/lib/docker/containers/ID"

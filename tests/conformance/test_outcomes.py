@@ -12,12 +12,14 @@ import attrs
 import pytest
 
 from astralvessel import Agent, Executor, Outcome, Registry, ToolError, Turn
+from astralvessel._exec import OUTPUT_BYTES
 from astralvessel.sandbox import Mount, Sandbox, SandboxSession
 
 from .calls import PYTHON
 from .conftest import DECLARED_UNKEPT, TEST_LIMITS, WORKDIR
 
-#: How long the memory test's children hold what they took (the watch samples every 50 ms).
+#: How long the memory and process tests' children hold what they took (the watch samples
+#: every 50 ms).
 HOLD_S = 6
 #: Their hold where the backend declares the memory watch unkept: only the expected failure's cost.
 UNKEPT_HOLD_S = 0.5
@@ -88,12 +90,16 @@ def test_timeout_is_timed_out(backend: Sandbox, agent_dir: Path, data_dir: Path)
 
 
 def test_output_cut_is_limit(backend: Sandbox, agent_dir: Path, data_dir: Path) -> None:
-    """Output cut at the turn's bound is ``limit``, even from a command that exited 0."""
+    """Output cut at the turn's bound is ``limit``, even from a command that exited 0; so is
+    an exec's stream past its bound."""
     executor = _executor(backend, agent_dir, data_dir, output_chars=100)
     with executor, executor.turn() as turn:
         result = turn.call("bash", {"command": "head -c 5000 /dev/zero | tr '\\0' x"})
+        run = turn.exec(["/bin/sh", "-c", f"head -c {OUTPUT_BYTES + 4096} /dev/zero"])
     assert result.dropped_chars > 0
     assert (result.is_error, result.outcome) == (False, Outcome.LIMIT)
+    assert (run.returncode, run.truncated, len(run.stdout)) == (0, True, OUTPUT_BYTES)
+    assert run.outcome is Outcome.LIMIT
 
 
 def test_memory_stop_is_limit(
@@ -108,6 +114,51 @@ def test_memory_stop_is_limit(
         call = turn.call("bash", {"command": f"{PYTHON} -c '{code}'"})
         run = turn.exec([PYTHON, "-c", code])
     assert "[memory limit:" in call.text, call.text
+    assert (call.is_error, call.outcome) == (True, Outcome.LIMIT)
+    assert run.outcome is Outcome.LIMIT
+
+
+def test_a_full_disk_is_limit(opened: Turn) -> None:
+    """A call and an exec that fill the workspace are ``limit``; a call that finds it full
+    and leaves it so did not fill it, and is judged by its own exit."""
+    # Two files of five eighths each: the second meets the full disk (ENOSPC), not the
+    # per-file bound (EFBIG at disk_mb, which a lone file reaches as the disk fills).
+    half = (TEST_LIMITS.disk_mb * 5 // 8) << 20
+    fill = " && ".join(f"head -c {half} /dev/zero > /workspace/{n}" for n in "ab")
+    call = opened.call("bash", {"command": fill})
+    after = opened.call("bash", {"command": "ls /workspace"})
+    opened.call("bash", {"command": "rm /workspace/a /workspace/b"})
+    run = opened.exec(["/bin/sh", "-c", fill])
+    opened.call("bash", {"command": "rm /workspace/a /workspace/b"})
+    # Empty files until the workspace has no inode left: its other bound.
+    inodes = opened.exec([PYTHON, "-c", _EMPTY_FILES])
+    assert "No space left on device" in call.text, call.text
+    assert (call.is_error, call.outcome) == (True, Outcome.LIMIT)
+    assert after.outcome is Outcome.OK
+    assert run.outcome is Outcome.LIMIT
+    assert b"No space left on device" in inodes.stderr, inodes.stderr
+    assert (inodes.returncode, inodes.outcome) == (1, Outcome.LIMIT)
+
+
+#: Python code that makes empty files in the workspace until one cannot be made.
+_EMPTY_FILES = """
+import itertools
+for n in itertools.count():
+    open(f"/workspace/e{n}", "w").close()
+"""
+
+
+def test_processes_at_their_bound_are_limit(
+    backend: Sandbox, agent_dir: Path, data_dir: Path, request: pytest.FixtureRequest
+) -> None:
+    """A call and an exec whose forks the process bound refused (``EAGAIN``) are ``limit``."""
+    unkept = request.node.originalname in DECLARED_UNKEPT.get(backend.name, {})
+    code = _fork_until_refused(UNKEPT_HOLD_S if unkept else HOLD_S)
+    executor = _executor(backend, agent_dir, data_dir, timeout_seconds=40.0)
+    with executor, executor.turn() as turn:
+        call = turn.call("bash", {"command": f"{PYTHON} -c '{code}'"})
+        run = turn.exec([PYTHON, "-c", code])
+    assert "refused after" in call.text, call.text
     assert (call.is_error, call.outcome) == (True, Outcome.LIMIT)
     assert run.outcome is Outcome.LIMIT
 
@@ -143,6 +194,29 @@ def _together(memory_mb: int, hold_s: float) -> str:
                 os._exit(0)
         os.wait()
         print("every child ended on its own")
+        """
+    )
+
+
+def _fork_until_refused(hold_s: float) -> str:
+    """Python code (no single quote) that forks children holding on for ``hold_s`` until the
+    kernel refuses a fork, then waits for them and exits 1."""
+    return textwrap.dedent(
+        f"""
+        import os, sys, time
+        children = 0
+        try:
+            while True:
+                if os.fork() == 0:
+                    time.sleep({hold_s})
+                    os._exit(0)
+                children += 1
+        except BlockingIOError as exc:
+            print("fork refused after", children, "children:", exc)
+        while children:
+            os.wait()
+            children -= 1
+        sys.exit(1)
         """
     )
 

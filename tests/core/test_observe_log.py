@@ -65,6 +65,9 @@ def test_a_turn_logs_its_open_calls_commands_files_and_close(
     ]
     exec_event, write, read, listing = _events(caplog, "astralvessel.exec")
     assert (exec_event["program"], exec_event["stdout_bytes"]) == ("echo", len(SECRET) + 1)
+    assert (exec_event["outcome"], exec_event["returncode"]) == ("ok", 0)
+    for timed in (call, exec_event, write, read, listing):
+        assert isinstance(timed["duration"], float)
     assert (write["op"], write["size"], read["op"], read["size"]) == (
         "write",
         len(SECRET),
@@ -87,6 +90,45 @@ def test_refusals_are_logged_without_their_arguments(
     (refused,) = _events(caplog, "astralvessel.refusals")
     assert (refused["event"], refused["tool"]) == ("call.refused", "bash")
     assert all(SECRET not in r.getMessage() for r in caplog.records)
+
+
+def test_argument_and_unknown_tool_refusals_are_logged(
+    backend: Sandbox, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Arguments the schema refuses and a tool that does not exist are refusals too, each
+    also a call whose outcome is ``refused``."""
+    caplog.set_level(logging.INFO, logger="astralvessel")
+    with Executor(_bash(), sandbox=backend).turn() as turn:
+        turn.call("bash", {"command": 5, "secret": SECRET})
+        turn.call(SECRET, {})
+    refused = _events(caplog, "astralvessel.refusals")
+    assert [(e["event"], e["tool"]) for e in refused] == [
+        ("call.refused", "bash"),
+        ("call.refused", SECRET),
+    ]
+    calls = _events(caplog, "astralvessel.calls")
+    assert [e["outcome"] for e in calls] == ["refused", "refused"]
+
+
+def test_each_connection_the_proxy_refused_is_logged(
+    backend: Sandbox, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A connection the turn's egress proxy refused is logged with its host, port and why."""
+    caplog.set_level(logging.INFO, logger="astralvessel.network")
+    fetch = (
+        'python3 -c "import urllib.request as u\n'
+        "try: u.urlopen('http://not-listed.test:8080/', timeout=20)\n"
+        'except Exception as e: print(e)"'
+    )
+    with Executor(_bash(), sandbox=backend, network_allow=["pypi.org"]).turn() as turn:
+        turn.call("bash", {"command": fetch})
+    (refused,) = _events(caplog, "astralvessel.network")
+    assert (refused["event"], refused["host"], refused["port"]) == (
+        "proxy.refused",
+        "not-listed.test",
+        8080,
+    )
+    assert "not on this turn's network allow-list" in str(refused["reason"])
 
 
 def test_a_sandbox_death_and_restart_are_logged(

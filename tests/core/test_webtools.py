@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import http.server
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from astralvessel import Executor, Registry
-from astralvessel.errors import UsageError
+from astralvessel import Executor, Outcome, Registry
+from astralvessel.errors import SearchError, UsageError
 from astralvessel.results import render_web
 from astralvessel.web import AllowRule, EgressPolicy, Fetcher, LinkStyle, LocalIndexProvider
 
@@ -46,6 +47,13 @@ ARTICLE = (
 
 class _Page(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:
+        if self.path in ("/missing", "/away"):
+            self.send_response(404 if self.path == "/missing" else 302)
+            # A redirect to the cloud metadata address, which every egress policy refuses.
+            self.send_header("Location", "http://169.254.169.254/latest/meta-data/")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
         if self.path == "/hostile":
             body, kind = HOSTILE.encode(), "text/plain; charset=utf-8"
         elif self.path == "/article":
@@ -279,3 +287,53 @@ def test_an_error_status_line_cannot_open_the_fence() -> None:
     assert text.endswith(
         f"a\n</web_content>\n[output truncated: {dropped} more characters were dropped]"
     )
+
+
+def test_webfetch_the_egress_policy_refuses_is_refused(server: str) -> None:
+    """A URL the egress policy refuses (loopback, by default) reaches nothing: ``refused``."""
+    with web_executor().turn() as turn:
+        result = turn.call("webfetch", {"url": server})
+        scheme = turn.call("webfetch", {"url": "file:///etc/passwd"})
+    assert (result.is_error, result.outcome) == (True, Outcome.REFUSED), result.text
+    assert (scheme.is_error, scheme.outcome) == (True, Outcome.REFUSED), scheme.text
+
+
+def test_webfetch_that_failed_upstream_is_failed(server: str) -> None:
+    """An allowed fetch the server answers with an error, one that finds no server, and a
+    redirect the policy refuses (the first page answered) are ``failed``."""
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens on it now
+    with web_executor(fetcher=_allowed()).turn() as turn:
+        missing = turn.call("webfetch", {"url": server.replace("/otters", "/missing")})
+        away = turn.call("webfetch", {"url": server.replace("/otters", "/away")})
+        unreachable = turn.call("webfetch", {"url": f"http://127.0.0.1:{port}/"})
+    assert "[HTTP 404" in missing.text
+    assert "redirected to http://169.254.169.254/" in away.text
+    for result in (missing, away, unreachable):
+        assert (result.is_error, result.outcome) == (True, Outcome.FAILED), result.text
+
+
+class _DownProvider:
+    name = "down"
+
+    def search(self, query: str, max_results: int) -> list[object]:
+        raise SearchError("the search service answered 503")
+
+    async def asearch(self, query: str, max_results: int) -> list[object]:
+        raise SearchError("the search service answered 503")
+
+
+def test_websearch_refusals_and_upstream_failures() -> None:
+    """A websearch with no searcher or an empty query ran nothing (``refused``); one whose
+    provider failed is ``failed``."""
+    with web_executor().turn() as turn:
+        unset = turn.call("websearch", {"query": "otters"})
+    with web_executor(searcher=_DownProvider()).turn() as turn:
+        empty = turn.call("websearch", {"query": "   "})
+        down = turn.call("websearch", {"query": "otters"})
+    assert (unset.is_error, unset.outcome) == (True, Outcome.REFUSED), unset.text
+    assert (empty.is_error, empty.outcome) == (True, Outcome.REFUSED), empty.text
+    assert "503" in down.text
+    assert (down.is_error, down.outcome) == (True, Outcome.FAILED), down.text

@@ -32,6 +32,7 @@ from astralvessel.ray._host import TurnHost
 from astralvessel.sandbox import Bubblewrap
 from astralvessel.sandbox._channels import PipeChannel
 from astralvessel.sandbox._session import ServerSession
+from astralvessel.testing import FakeSandbox
 
 from ..conftest import MakeAgent
 from .conftest import SETTLE, Node, wait_for_resource
@@ -499,13 +500,14 @@ def test_an_agents_folder_squatted_by_another_user_is_never_used(
         shutil.rmtree(shared, ignore_errors=True)
 
 
-def test_a_ray_turn_writes_its_ledger_on_the_host_and_logs_its_placement(
+def test_a_ray_turn_writes_a_replayable_ledger_on_the_host_and_logs_its_placement(
     registry: Registry,
     cluster: dict[str, object],
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """The host's ledger holds the node's results; the placement is logged on astralvessel.ray."""
+    """The host's ledger holds the node's results and its sandbox's answers, so it replays in
+    ``FakeSandbox``; the placement is logged on astralvessel.ray."""
     caplog.set_level(logging.INFO, logger="astralvessel.ray")
     folder = tmp_path / "ledger"  # beside the agent folder the registry fixture made
     folder.mkdir()
@@ -514,11 +516,16 @@ def test_a_ray_turn_writes_its_ledger_on_the_host_and_logs_its_placement(
     )
     with executor, executor.turn() as turn:
         result = turn.call("hello", {"name": "river"})
+        read = turn.call("read", {"path": "/agent/hello.py"})
     (path,) = folder.iterdir()
     records = list(read_ledger(path))
-    assert [r["event"] for r in records] == ["turn", "call", "close"]
+    assert [r["event"] for r in records] == ["turn", "call", "call", "close"]
     call = records[1]
     assert (call["tool"], call["text"], call["outcome"]) == ("hello", result.text, "ok")
     assert (call["backend"], call["policy_id"]) == ("bubblewrap", result.policy_id)
+    # The node's sandbox answers came back with its results: the ledger replays locally.
+    with Executor(registry, sandbox=FakeSandbox.from_ledger(path)).turn() as replaying:
+        assert replaying.call("hello", {"name": "river"}).text == result.text
+        assert replaying.call("read", {"path": "/agent/hello.py"}).text == read.text
     placed = [r.astralvessel for r in caplog.records if r.name == "astralvessel.ray"]  # type: ignore[attr-defined]
     assert placed == [{"event": "ray.placed", "warm": False}]

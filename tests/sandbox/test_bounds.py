@@ -13,11 +13,13 @@ from astralvessel.sandbox.server._bounds import (
     _descriptors,
     _pipe_bytes,
     _status,
+    disk_full,
     group_limit,
     limit_reader,
     oom_counter,
     oom_kills,
     over_limit,
+    processes_reached,
 )
 from astralvessel.sandbox.server._kernelmem import epoll_bytes
 
@@ -88,6 +90,38 @@ def test_exec_stderr_ends_with_the_memory_notes():
     )
     clean = ServerSession._exec_result(item, {"exit_code": 0, "oom_killed": 0}, 400 * MIB)
     assert clean.stderr == b"own words"
+
+
+def test_a_call_whose_tasks_reach_its_nproc_limit_met_its_process_bound():
+    """Init counts too (its limit is ``processes`` plus itself): at ``processes + 1`` tasks
+    the kernel refuses the call's next fork; one below, it does not."""
+    assert processes_reached({1: 48, 2: 49, 3: 60}, 48) == {2: [48, 48], 3: [59, 48]}
+    assert processes_reached({}, 48) == {}
+
+
+def test_disk_full_is_none_where_nothing_bounds_or_nothing_reads(tmp_path):
+    """No path, or a filesystem with no blocks at all (unbounded), is never full; a full
+    workspace is produced for real in tests/conformance/test_outcomes.py."""
+    assert disk_full(str(tmp_path / "missing")) is None
+    assert disk_full("/proc") is None  # no blocks: not a bounded filesystem
+
+
+def test_processes_and_disk_met_are_limit_without_a_note():
+    """An exit frame naming the process or disk bound makes the result ``limit``; its text
+    is the command's own (it saw the kernel's EAGAIN or ENOSPC), with no note added."""
+    item = _Pending(kind="run")
+    item.output += b"fork: Resource temporarily unavailable\n"
+    for bound in ({"processes": [48, 48]}, {"disk": [16 * MIB, 16 * MIB]}):
+        item.exit = {"exit_code": 1, **bound}
+        outcome = ServerSession._outcome(item, 400 * MIB)
+        assert outcome.stopped_by_limit
+        assert outcome.output == "fork: Resource temporarily unavailable\n"
+    for unsure in (None, [], [1], [1, 0], [True, 4], ["1", 4], 3):
+        item.exit = {"exit_code": 1, "processes": unsure, "disk": unsure}
+        assert not ServerSession._outcome(item, 400 * MIB).stopped_by_limit
+    exec_item = _Pending(kind="exec", output_bytes=1024)
+    header = {"exit_code": 1, "disk": [16 * MIB, 16 * MIB]}
+    assert ServerSession._exec_result(exec_item, header, 400 * MIB).stopped_by_limit
 
 
 def test_group_limits_are_read_from_v1_stat_and_v2_max(tmp_path):

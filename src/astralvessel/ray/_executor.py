@@ -175,6 +175,7 @@ class RayExecutor:
             registry_ref=ray.put(registry),
             node=node,
             agent_ref=None if agent is None else ray.put(pack_agent(agent.path)),
+            ran_chars=None if self.ledger is None else self.ledger.max_chars,
         )
         self._warm: WarmTurns | None = None
         self._release: Callable[[], object] = _nothing
@@ -272,12 +273,14 @@ class _Launcher:
     registry_ref: Any
     node: NodeSettings
     agent_ref: Any
+    #: The host ledger's ``max_chars``, so the node returns its sandbox answers; None: none.
+    ran_chars: int | None = None
 
     def start(self, *, snapshot: Any = None, **placement: Any) -> Any:
         """A turn's actor, placed by the executor's actor options (and ``placement`` over them);
         ``snapshot`` is the object-store reference of the files its turn starts with."""
         actor = _actor_class().options(**{**self.actor_options, **placement})
-        return actor.remote(self.registry_ref, self.node, self.agent_ref, snapshot)
+        return actor.remote(self.registry_ref, self.node, self.agent_ref, snapshot, self.ran_chars)
 
     def start_on(self, node: str) -> Any:
         """A turn's actor on ``node`` and nowhere else (a warm turn of that node's pool)."""
@@ -378,7 +381,7 @@ class RayTurn:
             except Exception as exc:
                 note.result = self._failed(sent, name, exc, started)
                 return note.result
-            note.result = self._land(reply)
+            note.result, note.ran = self._land(reply)
             return note.result
 
     async def acall(self, name: str, arguments: object = None) -> ToolResult:
@@ -392,7 +395,7 @@ class RayTurn:
             except Exception as exc:
                 note.result = self._failed(sent, name, exc, started)
                 return note.result
-            note.result = self._land(reply)
+            note.result, note.ran = self._land(reply)
             return note.result
 
     def _send(self, name: str, arguments: object) -> _Sent:
@@ -428,11 +431,14 @@ class RayTurn:
             render_sandbox_died(why), tool=name, duration=time.monotonic() - started
         )
 
-    def _land(self, reply: tuple[ToolResult, dict[str, bytes]]) -> ToolResult:
-        """The node's result, its outbox files written to this host's disk."""
-        result, contents = reply
+    def _land(
+        self, reply: tuple[ToolResult, dict[str, bytes], dict[str, Any] | None]
+    ) -> tuple[ToolResult, dict[str, Any] | None]:
+        """The node's result, its outbox files written to this host's disk, and its sandbox's
+        answer for the ledger."""
+        result, contents, ran = reply
         if not contents:
-            return result
+            return result, ran
         with self._lock:
             self._calls += 1
             calls = self._calls
@@ -445,7 +451,7 @@ class RayTurn:
             files.append(
                 self._turn_outbox.adopt(OutboxFile(name=entry.name, size=entry.size, path=path))
             )
-        return attrs.evolve(result, files=tuple(files))
+        return attrs.evolve(result, files=tuple(files)), ran
 
 
 def _check_backend(sandbox: object) -> None:

@@ -13,9 +13,11 @@ import shutil
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import attrs
 
+from .._ledger import Ledger
 from .._leftovers import make_folder
 from .._settings import ExecutorSettings
 from .._snapshot._value import TurnSnapshot
@@ -56,7 +58,10 @@ class TurnHost:
         node: NodeSettings,
         agent: bytes | None,
         snapshot: TurnSnapshot | None = None,
+        ran_chars: int | None = None,
     ) -> None:
+        """``ran_chars``: the host keeps a ledger, whose calls' records need this node's
+        sandbox answers (``ran``, for replay), cut as the host's ``max_chars`` cuts."""
         import ray
 
         self.node: str = ray.get_runtime_context().get_node_id()
@@ -70,12 +75,18 @@ class TurnHost:
         #: The sandbox ``start`` started ahead, until the turn's first call checks it still runs.
         self._waited: SandboxSession | None = None
         self._lock = threading.Lock()
+        #: The sandbox's answer to the call running in this thread, from the node's ledger.
+        self._ran = threading.local()
         try:
             if agent is not None:
                 registry = with_agent_at(registry, unpack_agent(agent))
             build = node.sandbox
             sandbox = build() if callable(build) else build
-            settings = attrs.evolve(node.settings, mounts=node.mounts, outbox_dir=self._outbox)
+            # A call's record reaches the callable in the thread that made the call.
+            ledger = None if ran_chars is None else Ledger(target=self._keep, max_chars=ran_chars)
+            settings = attrs.evolve(
+                node.settings, mounts=node.mounts, outbox_dir=self._outbox, ledger=ledger
+            )
             self._executor = Executor(registry, sandbox=sandbox, **settings.arguments())
             self._snapshot = snapshot
             self._turn = self._executor.turn(snapshot=snapshot)
@@ -117,11 +128,22 @@ class TurnHost:
                 self._turn = self._executor.turn(snapshot=self._snapshot)
             return self._turn
 
-    def call(self, name: str, arguments: object) -> tuple[ToolResult, dict[str, bytes]]:
-        """Run one call in this node's turn; the result, and its outbox files' contents."""
+    def call(
+        self, name: str, arguments: object
+    ) -> tuple[ToolResult, dict[str, bytes], dict[str, Any] | None]:
+        """Run one call in this node's turn; the result, its outbox files' contents, and the
+        sandbox's own answer as the ledger records it (None: a host-side call, or no ledger)."""
+        self._ran.value = None
         result = self._fresh().call(name, arguments)
         files = {f.name: f.path.read_bytes() for f in result.files}
-        return attrs.evolve(result, metadata={**result.metadata, "node": self.node}), files
+        result = attrs.evolve(result, metadata={**result.metadata, "node": self.node})
+        ran: dict[str, Any] | None = self._ran.value
+        return result, files, ran
+
+    def _keep(self, record: dict[str, Any]) -> None:
+        """The node's ledger: only a call's sandbox answer is kept, for its reply."""
+        if record.get("event") == "call":
+            self._ran.value = record.get("ran")
 
     def close(self) -> None:
         """End the turn and release the executor's sandboxes on this node."""

@@ -159,7 +159,8 @@ class ExecResult:
     timed_out: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     truncated: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     duration: float = attrs.field(default=0.0, converter=float, validator=attrs.validators.ge(0.0))
-    #: Whether a bound of the turn (its memory) stopped the command; its stderr says which.
+    #: Whether a bound of the turn stopped the command: its memory (its stderr says so),
+    #: its processes at their limit or the workspace it filled (its own errors say so).
     stopped_by_limit: bool = attrs.field(
         default=False, validator=attrs.validators.instance_of(bool)
     )
@@ -317,7 +318,8 @@ class RunOutcome:
     duration: float = 0.0
     #: Backend notes for the host (never shown to the model), such as a fallback taken.
     metadata: Mapping[str, str] = attrs.field(factory=dict)
-    #: Whether a bound of the turn (its memory) stopped the call; its output says which.
+    #: Whether a bound of the turn stopped the call: its memory (its output says so), its
+    #: processes at their limit or the workspace it filled (its own errors say so).
     stopped_by_limit: bool = False
 
 

@@ -6,6 +6,11 @@ The server's ``exit`` frame says what stopped a call, for every kind of call:
 killer stopped processes of the turn while it ran. A tool call's note ends its
 output, for the model; an exec's ends its stderr, for the host. The wording is
 the one ``docs/sandbox-server.md`` gives.
+
+It also says which other bound the call met, with no note (the command saw the
+kernel's refusal itself and said what it says): ``processes`` (``[held, limit]``)
+when the server saw its processes at their limit, ``disk`` (``[used, size]``)
+when it left the workspace full. ``limit_met`` tells the outcome of all three.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, AnyStr
 
-__all__ = ["memory_notes", "memory_stopped", "with_notes"]
+__all__ = ["limit_met", "memory_notes", "memory_stopped", "with_notes"]
 
 
 def _count(value: object) -> int | None:
@@ -52,6 +57,23 @@ def memory_notes(exit_info: Mapping[str, Any], configured_bytes: int) -> str:
 def memory_stopped(exit_info: Mapping[str, Any]) -> bool:
     """Whether the memory watch or the kernel's OOM killer stopped the call (a note is due)."""
     return bool(memory_notes(exit_info, 1 << 20))
+
+
+def limit_met(exit_info: Mapping[str, Any]) -> bool:
+    """Whether a bound of the turn stopped the call: its memory, processes or disk."""
+    return memory_stopped(exit_info) or any(
+        _pair(exit_info.get(bound)) for bound in ("processes", "disk")
+    )
+
+
+def _pair(value: object) -> bool:
+    """Whether ``value`` is ``[held, limit]``: two counts, the limit positive."""
+    return (
+        isinstance(value, list)
+        and len(value) == 2
+        and all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in value)
+        and value[1] > 0
+    )
 
 
 def with_notes(text: AnyStr, notes: AnyStr) -> AnyStr:

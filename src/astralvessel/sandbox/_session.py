@@ -49,7 +49,7 @@ from ._api import (
     SandboxSession,
 )
 from ._cgroup import turn_memory_bytes
-from ._memory_notes import memory_notes, memory_stopped, with_notes
+from ._memory_notes import limit_met, memory_notes, with_notes
 from ._outbox_notes import skipped_note, unlisted_note
 from ._owner import Owner
 from ._policy import (
@@ -784,7 +784,7 @@ class ServerSession(SandboxSession):
                 timed_out=bool(header.get("timed_out")),
                 truncated=item.cut or bool(header.get("dropped_chars")),
                 duration=max(0.0, float(header.get("duration") or 0.0)),
-                stopped_by_limit=memory_stopped(header),
+                stopped_by_limit=limit_met(header),
             ),
         )
 
@@ -906,7 +906,7 @@ class ServerSession(SandboxSession):
             dropped_chars=int(exit_info.get("dropped_chars") or 0) + item.dropped_chars,
             files=tuple(item.files),
             duration=float(exit_info.get("duration") or 0.0),
-            stopped_by_limit=memory_stopped(exit_info),
+            stopped_by_limit=limit_met(exit_info),
         )
 
     @staticmethod
@@ -927,7 +927,7 @@ class ServerSession(SandboxSession):
             timed_out=timed_out,
             truncated=item.stream_cut or server_cut,
             duration=max(0.0, float(header.get("duration") or 0.0)),
-            stopped_by_limit=memory_stopped(header),
+            stopped_by_limit=limit_met(header),
         )
 
     # -- requests ----------------------------------------------------------------

@@ -49,6 +49,9 @@ class WebResult:
     status: int | None = None
     content_type: str | None = None
     truncated: bool = False
+    #: Nothing was sent: the arguments or the egress policy refused the call itself (an
+    #: error all the same). A redirect the policy refuses is not: the first page answered.
+    refused: bool = False
 
 
 @attrs.frozen(kw_only=True)
@@ -211,7 +214,7 @@ class Fetcher:
             truncated=body.truncated,
         )
 
-    def _error(self, url: str, error: BaseException) -> WebResult:
+    def _error(self, url: str, error: BaseException, *, first_hop: bool) -> WebResult:
         if isinstance(error, EgressError | _Failure):
             message = str(error)
         elif isinstance(error, ContentRefused):
@@ -225,7 +228,8 @@ class Fetcher:
         else:
             detail = getattr(error, "strerror", None) or str(error) or type(error).__name__
             message = f"webfetch could not fetch {url}: {detail}."
-        return WebResult(text=message, is_error=True, url=url)
+        refused = first_hop and isinstance(error, EgressError)
+        return WebResult(text=message, is_error=True, url=url, refused=refused)
 
     # -- the one fetch flow, and its two drivers ---------------------------------------------
 
@@ -274,7 +278,7 @@ class Fetcher:
                     yield from Close()
                 current, origin = following, current
         except (OSError, EgressError, ContentRefused, _Failure, asyncio.TimeoutError) as error:
-            return self._error(current, error)
+            return self._error(current, error, first_hop=origin is None)
         raise AssertionError("unreachable: the redirect loop always returns")  # pragma: no cover
 
     def _resolve(self, target: Target, deadline: float) -> Flow[Sequence[str]]:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import logging
 import os
 import shutil
 import socket
@@ -32,7 +31,7 @@ from typing import Any
 
 import attrs
 
-from .. import _otel
+from .. import _log, _otel
 from .._leftovers import make_folder
 from .._netallow import HostPattern, parse_allow_list
 from .._refusals import Refusals, record
@@ -53,8 +52,6 @@ from ._proxyhead import (
 
 __all__ = ["EgressProxy", "ProxyCounters"]
 
-#: Each refused connection (host, port, reason), for the host's own log.
-_log = logging.getLogger("astralvessel.network")
 #: The reason the connection served in this task was refused, for its span (each connection
 #: is its own task, so concurrent ones never read each other's).
 _REFUSED: contextvars.ContextVar[str | None] = contextvars.ContextVar("refused", default=None)
@@ -178,7 +175,8 @@ class EgressProxy:
         )
         if uid in (self._host_uid, peer):
             return True
-        _log.warning("egress proxy turned away a connection from uid %d, not the turn's", uid)
+        # Another local user's connection: not the turn's, so not one of its refusals.
+        _log.event(_log.NETWORK, "proxy.turned_away", {"uid": uid}, _log.WARNING)
         return False
 
     def drain(self) -> Refusals:
@@ -196,12 +194,10 @@ class EgressProxy:
         _REFUSED.set(refusal.reason)
         with self._refusals_lock:
             self._refusals = record(self._refusals, host, port, refusal.reason)
-        _log.info(
-            "egress proxy refused %s:%d (%d): %s",
-            host or "an unreadable request",
-            port,
-            refusal.status,
-            refusal.reason,
+        _log.event(
+            _log.NETWORK,
+            "proxy.refused",
+            {"host": host, "port": port, "status": refusal.status, "reason": refusal.reason},
         )
 
     def __enter__(self) -> EgressProxy:

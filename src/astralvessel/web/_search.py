@@ -135,7 +135,7 @@ class Searcher:
     def _flow(self, query: str, max_results: int | None) -> Flow[WebResult]:
         checked = self._check(query, max_results)
         if isinstance(checked, str):
-            return WebResult(text=checked, is_error=True)
+            return WebResult(text=checked, is_error=True, refused=True)
         text, count = checked
         try:
             hits = yield from _Ask(text, count)

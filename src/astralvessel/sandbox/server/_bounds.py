@@ -24,11 +24,13 @@ __all__ = [
     "MEMORY_INTERVAL",
     "bound_inodes",
     "call_memory",
+    "disk_full",
     "group_limit",
     "limit_reader",
     "oom_counter",
     "oom_kills",
     "over_limit",
+    "processes_reached",
     "victim",
 ]
 
@@ -99,15 +101,17 @@ def _fields(text: str, names: tuple[str, ...]) -> dict[str, int]:
     return found
 
 
-def _status(pid: str) -> tuple[list[int], int, int, int]:
+def _status(pid: str) -> tuple[list[int], int, int, int, int]:
     """``pid``'s pids from this namespace down (``NSpid``), its parent's pid here, its RSS,
-    and the slots of its descriptor table (``FDSize``: every descriptor it holds is below).
+    the slots of its descriptor table (``FDSize``: every descriptor it holds is below)
+    and its threads (``Threads``: each is a task ``RLIMIT_NPROC`` counts).
 
     The RSS is its resident anonymous and shared memory (``RssAnon + RssShmem``),
     in bytes: kernel counters, so reading them costs the same whatever the size.
     """
     nspid: list[int] = []
     ppid = rss = slots = 0
+    threads = 1
     for line in _read(f"/proc/{pid}/status").splitlines():
         if line.startswith("NSpid:"):
             nspid = [int(p) for p in line.split()[1:]]
@@ -117,7 +121,9 @@ def _status(pid: str) -> tuple[list[int], int, int, int]:
             rss += int(line.split()[1]) * _KIB
         elif line.startswith("FDSize:"):
             slots = int(line.split()[1])
-    return nspid, ppid, rss, slots
+        elif line.startswith("Threads:"):
+            threads = int(line.split()[1])
+    return nspid, ppid, rss, slots, threads
 
 
 def _pss(pid: str) -> int | None:
@@ -276,6 +282,7 @@ def call_memory(
     precise: bool = False,
     weighed: dict[int, int] | None = None,
     limit: int = 0,
+    tasks: dict[int, int] | None = None,
 ) -> dict[int, int]:
     """Bytes each running call holds, by call id: every process of its PID namespace.
 
@@ -296,17 +303,19 @@ def call_memory(
     ``weighed`` keeps each process's descriptors' bytes: a second pass given the first's
     map reuses them (reading a million epoll watches' ``fdinfo`` takes seconds under load).
     ``limit`` weighs epoll watches (``_kernelmem.Sample``) and bounds how many are read.
+    ``tasks``, if given, gets each call's tasks (its processes' threads, init's included).
     """
     usage = dict.fromkeys(inits.values(), 0)
     parent: dict[int, int] = {}
     resident: dict[int, int] = {}
     slots: dict[int, int] = {}
+    threads: dict[int, int] = {}
     owner: dict[int, int] = {}
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
         try:
-            nspid, ppid, rss, fd_slots = _status(name)
+            nspid, ppid, rss, fd_slots, threads[int(name)] = _status(name)
         except (OSError, ValueError, IndexError):
             continue
         if len(nspid) < depth:
@@ -319,6 +328,7 @@ def call_memory(
             owner[int(name)] = inits[nspid[-2]]
     seen: set[object] = set()
     weighed = {} if weighed is None else weighed
+    counted = {} if tasks is None else tasks
     reuse = _UNHELD in weighed
     kernel = _kernelmem.Sample({} if reuse else _calls_sockets(), limit)
     for pid in parent:
@@ -328,6 +338,7 @@ def call_memory(
         call = owner.get(walk)
         if call is None:
             continue
+        counted[call] = counted.get(call, 0) + threads[pid]
         held = _pss(str(pid)) if precise else resident[pid]
         if held is None:
             # Unreadable, or exiting (its mm already gone): its RSS now, not the one read above.
@@ -380,17 +391,58 @@ def over_limit(usage: dict[int, int], limit: int) -> int | None:
     return max(usage, key=lambda call: (usage[call], -call))
 
 
-def victim(inits: dict[int, int], depth: int, limit: int) -> tuple[int, list[int]] | None:
+def victim(
+    inits: dict[int, int], depth: int, limit: int, tasks: dict[int, int] | None = None
+) -> tuple[int, list[int]] | None:
     """The call to stop, and ``[held, limit]`` in bytes, when the calls whose inits are
-    ``inits`` (init's pid: call id) hold more than ``limit`` together; None if they do not."""
+    ``inits`` (init's pid: call id) hold more than ``limit`` together; None if they do not.
+    ``tasks`` gets each call's tasks (``call_memory``)."""
     weighed: dict[int, int] = {}
-    usage = call_memory(inits, depth, weighed=weighed, limit=limit)
+    usage = call_memory(inits, depth, weighed=weighed, limit=limit, tasks=tasks)
     if over_limit(usage, limit) is not None:
         # The RSS counts pages a fork shares once per process; decide on the PSS (the
         # descriptors as weighed a moment ago).
         usage = call_memory(inits, depth, precise=True, weighed=weighed)
     chosen = over_limit(usage, limit)
     return None if chosen is None else (chosen, [sum(usage.values()), limit])
+
+
+# -- the calls' processes and the workspace's disk ------------------------------------------
+
+
+def processes_reached(tasks: dict[int, int], processes: int) -> dict[int, list[int]]:
+    """``[held, processes]`` for each call whose tasks (``call_memory``: init's included)
+    reach its ``RLIMIT_NPROC``, which init sets to ``processes`` plus itself.
+
+    The limit counts the tasks of the call's uid in the call's own user namespace
+    (Linux 5.14+), which are exactly its namespace's: at the limit, the kernel
+    refuses every fork and thread of the call with ``EAGAIN``, so this is the
+    bound stopping it, whatever the command then does. The count is the watch's
+    (``MEMORY_INTERVAL``): a call that stays below its limit is never reported,
+    and one that touches it only between two samples is missed.
+    """
+    return {call: [held - 1, processes] for call, held in tasks.items() if held >= processes + 1}
+
+
+def disk_full(path: str) -> list[int] | None:
+    """``[used, size]`` in bytes when the tmpfs at ``path`` has no block or no inode left;
+    None if it has both, or cannot be read.
+
+    A tmpfs allocates whole pages, so a write it cannot hold leaves it with no
+    free block (``ENOSPC``, after writing what fit), and a file it cannot create
+    leaves no free inode: the state itself says the bound was met, unlike an exit
+    code. One ``statvfs``: cheap enough for every call's start and end.
+    """
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    # A bound of 0 is none (size=0, nr_inodes=0): such a count is never full.
+    blocks_left = st.f_blocks == 0 or st.f_bfree > 0
+    inodes_left = st.f_files == 0 or st.f_ffree > 0
+    if blocks_left and inodes_left:
+        return None
+    return [(st.f_blocks - st.f_bfree) * st.f_frsize, st.f_blocks * st.f_frsize]
 
 
 # -- the turn's memory group ----------------------------------------------------------------

@@ -44,14 +44,22 @@ _MEMORY_FIELDS = (
     ("oom_killed", "oom_killed"),
     ("oom_limit", "oom_limit"),
 )
+#: Which other bound of the turn the call met, on every kind's ``exit`` frame: its
+#: processes at their limit (``[held, limit]``, seen by the watch) and the workspace
+#: left full by it (``[used, size]`` in bytes, at its end; see ``_bounds``).
+_BOUND_FIELDS = (
+    *_MEMORY_FIELDS,
+    ("processes", "processes_reached"),
+    ("disk", "disk_full"),
+)
 #: What each kind of call's ``exit`` frame carries beyond the fields every kind has:
 #: the frame's key and the ``Call`` attribute it reports. An exec counts bytes per
 #: stream; a tool call and a detached process count characters of one text. A tool
 #: call's outbox files come with its frame as ``extra`` (see ``exit_frame``).
 EXIT_FIELDS = {
-    "call": (*_MEMORY_FIELDS, ("dropped_chars", "dropped_chars")),
-    "detached": (*_MEMORY_FIELDS, ("dropped_chars", "dropped_chars")),
-    "exec": (*_MEMORY_FIELDS, ("dropped_bytes", "dropped_bytes")),
+    "call": (*_BOUND_FIELDS, ("dropped_chars", "dropped_chars")),
+    "detached": (*_BOUND_FIELDS, ("dropped_chars", "dropped_chars")),
+    "exec": (*_BOUND_FIELDS, ("dropped_bytes", "dropped_bytes")),
 }
 
 
@@ -137,6 +145,12 @@ class Call:
         self.oom_killed = 0
         #: The memory group's limit in bytes when the call ended, if the kernel stopped it.
         self.oom_limit: int | None = None
+        #: ``[held, limit]`` if the watch saw the call's tasks at ``RLIMIT_NPROC``.
+        self.processes_reached: list[int] | None = None
+        #: Whether the workspace was full when the call started (``_bounds.disk_full``),
+        #: and ``[used, size]`` if it was not and is at the call's end: the call filled it.
+        self.disk_full_before = False
+        self.disk_full: list[int] | None = None
 
     def take(self, chunk: bytes, stream: str = "stdout") -> bytes:
         """Count ``chunk``; return the part to stream (``output_chars`` characters in all,

@@ -86,6 +86,9 @@ class Server:
         self.oom_fd: int | None = None
         #: The same group's limit (``_bounds.group_limit``), for the note of a call it stopped.
         self.limit_fd: int | None = None
+        #: The workspace's tmpfs, whose fullness each call's answer reports (``_bounds``);
+        #: None where the workspace is a host folder the backend mapped.
+        self.disk_path: str | None = None
 
     # -- host I/O ------------------------------------------------------------
 
@@ -217,6 +220,7 @@ class Server:
             why = _bounds.bound_inodes(workspace, config["limits"]["workspace_inodes"])
             if why:
                 problems["workspace_inodes"] = why
+            self.disk_path = workspace
         _hello.prepare_workspace(workspace, outbox, config["drop_uid"], config["drop_gid"])
         relaxations = _hello.relaxations(config, plan, workspace)
         self.outbox = outbox
@@ -279,8 +283,7 @@ class Server:
             self.fail(call_id, str(exc))
             return
         call = Call(call_id, spawned, order)
-        if self.oom_fd is not None:
-            call.oom_mark = _bounds.oom_kills(self.oom_fd)
+        self._mark_bounds(call)
         self.calls[call_id] = call
         self._watch(spawned.output, EVENT_READ, lambda c: self._pump(c, "stdout"), call)
         if split:
@@ -400,6 +403,13 @@ class Server:
             self._pump(call, stream)
         self._maybe_finish(call)
 
+    def _mark_bounds(self, call: Call) -> None:
+        """What the turn's bounds stand at as ``call`` starts, for its answer to compare."""
+        if self.oom_fd is not None:
+            call.oom_mark = _bounds.oom_kills(self.oom_fd)
+        if self.disk_path is not None:
+            call.disk_full_before = _bounds.disk_full(self.disk_path) is not None
+
     def _on_status(self, call: Call) -> None:
         if self.calls.get(call.id) is not call:
             return  # answered, and its status pipe closed, earlier in this round
@@ -504,6 +514,7 @@ class Server:
         if now < self.memory_at:
             return
         inits: dict[int, int] = {}
+        tasks: dict[int, int] = {}
         for call in running:
             init = self._read_status(call, "P")
             if call.status is not None:
@@ -511,7 +522,12 @@ class Server:
             if init and init[0].isdigit():
                 inits[int(init[0])] = call.id
         config, _ = self._configured()
-        stop = _bounds.victim(inits, zygote.call_depth, config["limits"]["memory_mb"] << 20)
+        limits = config["limits"]
+        stop = _bounds.victim(inits, zygote.call_depth, limits["memory_mb"] << 20, tasks)
+        for call_id, reached in _bounds.processes_reached(tasks, limits["processes"]).items():
+            # The first sight stands: the kernel refused the call's forks from then on.
+            if self.calls[call_id].processes_reached is None:
+                self.calls[call_id].processes_reached = reached
         # A sample takes at most a tenth of the server's time, however many processes.
         spent = time.monotonic() - now
         self.memory_at = now + max(_bounds.MEMORY_INTERVAL, _bounds.MEMORY_BACKOFF * spent)
@@ -553,6 +569,8 @@ class Server:
                 call.oom_killed = kills - call.oom_mark
                 if self.limit_fd is not None:
                     call.oom_limit = _bounds.group_limit(self.limit_fd)
+        if self.disk_path is not None and not call.disk_full_before:
+            call.disk_full = _bounds.disk_full(self.disk_path)
         error, exit_code = outcome(call, status)
         if error is not None:
             self._drop_outbox(call.id)
