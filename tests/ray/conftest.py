@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -38,7 +39,9 @@ def _free_port() -> int:
 class Node:
     """One ``ray start --block`` process and the resource that names its node."""
 
-    def __init__(self, resource: str, *, head: bool, address: str, temp_dir: str) -> None:
+    def __init__(
+        self, resource: str, *, head: bool, address: str, temp_dir: str, node_tmp: str
+    ) -> None:
         self.resource = resource
         argv = [
             RAY,
@@ -66,7 +69,10 @@ class Node:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
-            env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"},
+            # The node's own TMPDIR: its turns' folders are this cluster's alone, so a test
+            # that looks for what a node left is not misled by another Ray run on the host
+            # (CI runs two Pythons' suites at once, each with its own cluster).
+            env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "TMPDIR": node_tmp},
         )
 
     def kill(self) -> None:
@@ -107,7 +113,8 @@ def cluster(ray_module: object) -> Iterator[dict[str, object]]:
 def _cluster(ray_module: object) -> Iterator[dict[str, object]]:
     address = f"127.0.0.1:{_free_port()}"
     temp_dir = tempfile.mkdtemp(prefix="rayh-")  # a short prefix: Ray nests socket paths in it
-    nodes = [Node("node_head", head=True, address=address, temp_dir=temp_dir)]
+    node_tmp = tempfile.mkdtemp(prefix="rayt-")  # short too: sandboxes' sockets go in it
+    nodes = [Node("node_head", head=True, address=address, temp_dir=temp_dir, node_tmp=node_tmp)]
     try:
         deadline = time.monotonic() + SETTLE
         while True:
@@ -119,7 +126,9 @@ def _cluster(ray_module: object) -> Iterator[dict[str, object]]:
             assert nodes[0].process.poll() is None, "the Ray head node exited"
             assert time.monotonic() < deadline, done.stderr.decode()[-2000:]
             time.sleep(0.5)
-        nodes.append(Node("node_b", head=False, address=address, temp_dir=temp_dir))
+        nodes.append(
+            Node("node_b", head=False, address=address, temp_dir=temp_dir, node_tmp=node_tmp)
+        )
         # The driver joins as the nodes did, on 127.0.0.1: where the host's first address is
         # another (a VM's eth0), Ray looks for a node of that address and finds none.
         ray_module.init(  # type: ignore[attr-defined]
@@ -129,8 +138,9 @@ def _cluster(ray_module: object) -> Iterator[dict[str, object]]:
             _node_ip_address="127.0.0.1",
         )
         wait_for_resource(ray_module, "node_b")
-        yield {"address": address, "temp_dir": temp_dir, "nodes": nodes}
+        yield {"address": address, "temp_dir": temp_dir, "node_tmp": node_tmp, "nodes": nodes}
     finally:
         ray_module.shutdown()  # type: ignore[attr-defined]
         for node in reversed(nodes):
             node.kill()
+        shutil.rmtree(node_tmp, ignore_errors=True)

@@ -142,11 +142,13 @@ def test_outbox_files_come_back_to_the_host(registry: Registry, cluster: dict[st
 
 
 def test_outbox_dir_keeps_the_files_and_nodes_keep_nothing(
-    registry: Registry, cluster: dict[str, object], tmp_path: Path
+    registry: Registry, cluster: dict[str, object], tmp_path: Path, ray_module: object
 ) -> None:
     """With ``outbox_dir`` the host keeps a turn's files; its node keeps no folder of it."""
-    node_folders = Path(tempfile.gettempdir()).glob("astralvessel-ray-turn-*")
-    before = set(node_folders)
+    on_node = ray_module.remote(resources={"node_b": 1})(tempfile.gettempdir)  # type: ignore[attr-defined]
+    node_tmp = Path(ray_module.get(on_node.remote()))  # type: ignore[attr-defined]
+    assert node_tmp == Path(str(cluster["node_tmp"]))  # the cluster's own: no other run's
+    before = set(node_tmp.glob("astralvessel-ray-turn-*"))
     executor = RayExecutor(
         registry,
         sandbox="bubblewrap",
@@ -158,7 +160,7 @@ def test_outbox_dir_keeps_the_files_and_nodes_keep_nothing(
         (report,) = turn.call("report", {}).files
     assert Path(report.path).read_text() == "findings\n"
     assert Path(report.path).is_relative_to(tmp_path / "kept")
-    assert set(Path(tempfile.gettempdir()).glob("astralvessel-ray-turn-*")) <= before
+    assert set(node_tmp.glob("astralvessel-ray-turn-*")) <= before
 
 
 def test_model_mistakes_are_results_host_mistakes_raise(
