@@ -45,6 +45,7 @@ from ._plans import Call, Plan, TurnContext
 from ._refusals import Refusals
 from ._runners import plan_call
 from ._snapshot._capture import capture, restore
+from ._snapshot._mechanism import overlay_backend
 from ._snapshot._store import MIB, Budget
 from ._snapshot._value import TurnSnapshot
 from ._warm import WarmPool, check_warm
@@ -216,14 +217,16 @@ class Executor:
 
     def _warm_pool(self, size: int) -> WarmPool:
         """The pool of ``size`` sandboxes started ahead, each with the executor's snapshot."""
-        start: Callable[[], SandboxSession] = lambda: self.sandbox.start(self.policy)  # noqa: E731
+        snapshot = self.snapshot
+        policy = self._policy_for(snapshot)
+        start: Callable[[], SandboxSession] = lambda: self.sandbox.start(policy)  # noqa: E731
         discard: Callable[[SandboxSession], None] = lambda session: session.close()  # noqa: E731
         if self.policy.network_allow:
-            network = self._network = WarmNetwork(self.sandbox, self.policy, self.fetcher)
+            network = self._network = WarmNetwork(self.sandbox, policy, self.fetcher)
             start, discard = network.start, network.discard
-        snapshot = self.snapshot
         if snapshot is None:
             return WarmPool(self.sandbox, self.policy, size, start=start, discard=discard)
+        self._check_fits(snapshot)
 
         def start_restored() -> SandboxSession:
             session = start()
@@ -295,14 +298,17 @@ class Executor:
             if session is not None:
                 network = self._network
                 return session, None if network is None else network.claim(session)
+        if snapshot is not None:
+            self._check_fits(snapshot)
+        policy = self._policy_for(snapshot)
         started = proxy
         if started is None:
             started = start_proxy(self.policy, self.fetcher)
         try:
             if started is None:
-                session = self.sandbox.start(self.policy)
+                session = self.sandbox.start(policy)
             else:
-                session = start_sandbox(self.sandbox, self.policy, started)
+                session = start_sandbox(self.sandbox, policy, started)
         except BaseException:
             if started is not None and started is not proxy:
                 started.close()
@@ -317,8 +323,19 @@ class Executor:
                 raise
         return session, started
 
-    def _restore(self, session: SandboxSession, snapshot: TurnSnapshot) -> None:
-        """Make the snapshot's files in a fresh sandbox's workspace."""
+    def _policy_for(self, snapshot: TurnSnapshot | None) -> Policy:
+        """The policy a sandbox opened from ``snapshot`` starts with: the snapshot's tree
+        as its workspace's lower layer, where the backend opens snapshots copy-on-write."""
+        if snapshot is None or not overlay_backend(self.sandbox.name):
+            return self.policy
+        return attrs.evolve(self.policy, workspace_lower=snapshot.path)
+
+    def _check_fits(self, snapshot: TurnSnapshot) -> None:
+        """Refuse a snapshot the turn's workspace could not hold as a copy.
+
+        Under copy-on-write too: a turn that rewrites its files copies them up, and
+        the same snapshot opens alike wherever it is opened.
+        """
         limits = self.policy.limits
         inodes = limits.workspace_inodes
         if snapshot.total_bytes > limits.disk_mb * MIB or snapshot.file_count >= inodes:
@@ -327,6 +344,13 @@ class Executor:
                 f"not fit this turn's workspace ({limits.disk_mb} MiB, {inodes} names: "
                 "Limits.disk_mb)"
             )
+
+    def _restore(self, session: SandboxSession, snapshot: TurnSnapshot) -> None:
+        """Make the snapshot's files in a fresh sandbox's workspace, unless its server laid
+        the workspace's overlay on the snapshot's tree (then they are there already)."""
+        ready = getattr(session, "ready_info", None) or {}
+        if (ready.get("relaxations") or {}).get("workspace_lower") is True:
+            return
         plan = restore(snapshot, timeout=max(self.timeout_seconds, 30.0))
         try:
             request = next(plan)
