@@ -236,6 +236,8 @@ _SNAPSHOT_TESTS = (
     "test_forks_racing_each_other_stay_apart",
     "test_a_fork_changes_neither_the_snapshots_tree_nor_its_siblings",
     "test_a_forks_writes_count_against_its_disk_limit",
+    "test_a_snapshot_of_a_fork_is_the_forks_files",
+    "test_a_writable_root_turn_opens_from_a_snapshot_by_copy",
     "test_the_mechanism_is_the_backends",
     "test_a_fifo_is_refused_by_name",
     "test_set_id_bits_never_come_back",

@@ -169,6 +169,36 @@ def test_a_forks_writes_count_against_its_disk_limit(executor: Executor):
     assert (fork.snapshot_source.path / "six").stat().st_size == 6291456
 
 
+def test_a_snapshot_of_a_fork_is_the_forks_files(executor: Executor):
+    """A fork's own snapshot is what it shows: its writes, never a removed file or the
+    overlay's bookkeeping (a whiteout, a folder removed and made again)."""
+    with executor.turn() as parent:
+        _run(parent, "cd /workspace && mkdir -p a/b e && echo 1 > a/b/f && echo 2 > g && : > e/x")
+        (fork,) = parent.fork(1)
+    with fork:
+        _run(fork, "cd /workspace && rm g && rm -r e && mkdir e && : > e/y && echo 9 >> a/b/f")
+        names = sorted(entry.name for entry in fork.snapshot().manifest.entries)
+        assert names == [b"a", b"a/b", b"a/b/f", b"e", b"e/y"]
+        (grandchild,) = fork.fork(1)
+    with grandchild:
+        assert _run(grandchild, "cd /workspace && ls e && cat a/b/f") == "y\n1\n9\n"
+
+
+def test_a_writable_root_turn_opens_from_a_snapshot_by_copy(
+    backend: Sandbox, agent_dir: Path, data_dir: Path, executor: Executor
+):
+    """The writable root's layers live in the workspace's own tmpfs, so such a turn
+    copies the snapshot's files in, and both its workspace and its root are writable."""
+    with executor.turn() as turn:
+        _run(turn, "echo hi > /workspace/f")
+        snapshot = turn.snapshot()
+    roomy = Limits(disk_mb=64, memory_mb=256, processes=48, open_files=256)  # the root's folders
+    rooted = _executor(backend, agent_dir, data_dir, writable_root=True, limits=roomy)
+    with rooted, rooted.turn(snapshot=snapshot) as opened:
+        script = "cat /workspace/f && echo x >> /workspace/f && echo y > /usr/local/y && echo ok"
+        assert _run(opened, script) == "hi\nok\n"
+
+
 def test_the_mechanism_is_the_backends(executor: Executor):
     """bubblewrap and nsjail open a snapshot as an overlay on its tree (a copy elsewhere);
     either way the calls own the files they opened with and may replace them."""
