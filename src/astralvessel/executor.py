@@ -226,9 +226,9 @@ class Executor:
             start, discard = network.start, network.discard
         if snapshot is None:
             return WarmPool(self.sandbox, self.policy, size, start=start, discard=discard)
-        self._check_fits(snapshot)
 
         def start_restored() -> SandboxSession:
+            self._check_fits(snapshot)  # raised where the pool's starts raise, as a copy's was
             session = start()
             try:
                 self._restore(session, snapshot)
