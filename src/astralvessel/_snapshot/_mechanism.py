@@ -15,8 +15,9 @@ doctor's line reads:
 - **A copy** everywhere else, and wherever the sandbox's server could not
   mount the overlay (it says why; the turn goes on with a copy): the file
   worker makes the snapshot's files in the turn's workspace tmpfs, as the
-  calls' user. Docker's container gets no host path of ours to bind and its
-  server no ``CAP_SYS_ADMIN`` over the host's filesystems, so it copies.
+  calls' user. Docker copies: its server's overlays are made in the
+  container's user namespace, where the store's files map to no one, and an
+  idmapped layer needs ``CAP_SYS_ADMIN`` in the host's user namespace.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ COPY_ON_WRITE = (
 MECHANISMS = {
     "bubblewrap": COPY_ON_WRITE,
     "nsjail": COPY_ON_WRITE,
-    "docker": _COPY + "; no copy-on-write: the container cannot bind the host's store",
+    "docker": _COPY + "; no copy-on-write: the container's server cannot idmap the store",
     "docker-exec": "none (no sandbox server: Turn.snapshot raises BackendUnavailableError)",
     "unconfined": _COPY,
 }
