@@ -12,8 +12,9 @@ The figures of issue 30, per backend, each printed next to its target:
   whose sandboxes start on first use) and the host disk it adds (the store's
   tree); targets <= 1 s for N=100 and <= 10 MiB of extra disk before the
   forks write. Then the time until each of the first ``--started`` forks has
-  served a call, since a fork's own workspace is a full copy under the copy
-  mechanism (N restored sandboxes hold N copies in their tmpfs).
+  served a call: each starts its sandbox then, copy-on-write on bubblewrap and
+  nsjail (an overlay on the snapshot's tree: a mount, not a copy), a copy of
+  the whole workspace into its tmpfs on Docker.
 - ``fork's first call``: one fork's first call against a warm turn's first
   call (``Executor(warm=1)``, the same files restored ahead); target <= 2x.
 - On Docker: a snapshot plus a fork's first call, against ``docker commit`` of

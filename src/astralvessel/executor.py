@@ -13,6 +13,8 @@ import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import attrs
+
 from ._aio import shielded, to_thread
 from ._ledger import Ledger
 from ._network import WarmNetwork, admit_hosts, start_proxy, start_sandbox
@@ -25,13 +27,14 @@ from ._settings import (
     check_snapshot,
 )
 from ._snapshot._capture import restore
+from ._snapshot._mechanism import overlay_backend
 from ._snapshot._store import MIB, Budget
 from ._snapshot._value import TurnSnapshot
 from ._turn import Turn
 from ._warm import WarmPool
 from .errors import SnapshotError
 from .sandbox._base import Sandbox, SandboxSession
-from .sandbox._policy import Limits, Promise
+from .sandbox._policy import Limits, Policy, Promise
 from .sandbox._uids import UidRange
 from .spec import Scope
 
@@ -182,16 +185,18 @@ class Executor:
 
     def _warm_pool(self, size: int) -> WarmPool:
         """The pool of ``size`` sandboxes started ahead, each with the executor's snapshot."""
-        start: Callable[[], SandboxSession] = lambda: self.sandbox.start(self.policy)  # noqa: E731
+        snapshot = self.snapshot
+        policy = self._policy_for(snapshot)
+        start: Callable[[], SandboxSession] = lambda: self.sandbox.start(policy)  # noqa: E731
         discard: Callable[[SandboxSession], None] = lambda session: session.close()  # noqa: E731
         if self.policy.network_allow:
-            network = self._network = WarmNetwork(self.sandbox, self.policy, self.fetcher)
+            network = self._network = WarmNetwork(self.sandbox, policy, self.fetcher)
             start, discard = network.start, network.discard
-        snapshot = self.snapshot
         if snapshot is None:
             return WarmPool(self.sandbox, self.policy, size, start=start, discard=discard)
 
         def start_restored() -> SandboxSession:
+            self._check_fits(snapshot)  # raised where the pool's starts raise, as a copy's was
             session = start()
             try:
                 self._restore(session, snapshot)
@@ -261,14 +266,17 @@ class Executor:
             if session is not None:
                 network = self._network
                 return session, None if network is None else network.claim(session)
+        if snapshot is not None:
+            self._check_fits(snapshot)
+        policy = self._policy_for(snapshot)
         started = proxy
         if started is None:
             started = start_proxy(self.policy, self.fetcher)
         try:
             if started is None:
-                session = self.sandbox.start(self.policy)
+                session = self.sandbox.start(policy)
             else:
-                session = start_sandbox(self.sandbox, self.policy, started)
+                session = start_sandbox(self.sandbox, policy, started)
         except BaseException:
             if started is not None and started is not proxy:
                 started.close()
@@ -283,8 +291,19 @@ class Executor:
                 raise
         return session, started
 
-    def _restore(self, session: SandboxSession, snapshot: TurnSnapshot) -> None:
-        """Make the snapshot's files in a fresh sandbox's workspace."""
+    def _policy_for(self, snapshot: TurnSnapshot | None) -> Policy:
+        """The policy a sandbox opened from ``snapshot`` starts with: the snapshot's tree
+        as its workspace's lower layer, where the backend opens snapshots copy-on-write."""
+        if snapshot is None or not overlay_backend(self.sandbox.name):
+            return self.policy
+        return attrs.evolve(self.policy, workspace_lower=snapshot.path)
+
+    def _check_fits(self, snapshot: TurnSnapshot) -> None:
+        """Refuse a snapshot the turn's workspace could not hold as a copy.
+
+        Under copy-on-write too: a turn that rewrites its files copies them up, and
+        the same snapshot opens alike wherever it is opened.
+        """
         limits = self.policy.limits
         inodes = limits.workspace_inodes
         if snapshot.total_bytes > limits.disk_mb * MIB or snapshot.file_count >= inodes:
@@ -293,6 +312,13 @@ class Executor:
                 f"not fit this turn's workspace ({limits.disk_mb} MiB, {inodes} names: "
                 "Limits.disk_mb)"
             )
+
+    def _restore(self, session: SandboxSession, snapshot: TurnSnapshot) -> None:
+        """Make the snapshot's files in a fresh sandbox's workspace, unless its server laid
+        the workspace's overlay on the snapshot's tree (then they are there already)."""
+        ready = getattr(session, "ready_info", None) or {}
+        if (ready.get("relaxations") or {}).get("workspace_lower") is True:
+            return
         plan = restore(snapshot, timeout=max(self.timeout_seconds, 30.0))
         try:
             request = next(plan)

@@ -18,16 +18,20 @@ from pathlib import Path
 import pytest
 
 from astralvessel import Agent, Executor, Registry, SnapshotError, Turn, TurnSnapshot, UsageError
+from astralvessel._snapshot._mechanism import overlay_backend
+from astralvessel._snapshot._tree import scan_tree
 from astralvessel.sandbox import Limits, Mount, Sandbox
 
 from .conftest import TEST_LIMITS, WORKDIR
 
 #: Lists every name under the workspace (the server's outbox aside) with its kind, mode,
 #: size, link target and link count, then each regular file's checksum: what a restore
-#: must reproduce (owners are the turn's, and times are not kept).
+#: must reproduce (owners are the turn's, and times are not kept). A folder's size and
+#: link count are its filesystem's (a tmpfs, or an overlay's folders, which count one).
 _LISTING = (
     "cd /workspace && find . -path ./outbox -prune -o -mindepth 1 "
-    "-printf '%P|%y|%m|%s|%l|%n\\n' | LC_ALL=C sort | od -c "
+    "\\( -type d -printf '%P|%y|%m\\n' -o -printf '%P|%y|%m|%s|%l|%n\\n' \\) "
+    "| LC_ALL=C sort | od -c "
     "&& find . -path ./outbox -prune -o -type f -exec md5sum {} + | LC_ALL=C sort"
 )
 #: Folders, modes, a symlink in and one out, a hard link, an empty file, a name that is
@@ -105,6 +109,110 @@ def test_a_forks_writes_reach_neither_its_siblings_nor_its_parent(executor: Exec
         finally:
             for fork in forks:
                 fork.close()
+
+
+#: What a fork tries on the files it was opened with: write, chmod, unlink, rename, hard
+#: links, a set-id file, and the bound tree below the overlay itself.
+_TAMPER = (
+    "cd /workspace && echo changed >> kept && chmod 777 kept && rm gone && mv moved away && "
+    "ln kept kept.hard && ln deep/inner deep/inner.hard && echo x >> deep/inner && "
+    "cp kept setid && rmdir empty && mkdir empty2 && chmod 700 deep && rm -r tree && "
+    "{ chmod 6755 setid kept; chmod u+s deep/inner; "
+    "echo bad > /.vessel-lower/kept; mkdir /.vessel-lower/x; "
+    "umount /workspace; umount -l /workspace; true; } 2>/dev/null"
+)
+
+
+def test_a_fork_changes_neither_the_snapshots_tree_nor_its_siblings(executor: Executor):
+    """Whatever a fork does to the files it opened with, the snapshot's tree on the host
+    keeps its content id and a sibling still sees the snapshot's files."""
+    with executor.turn() as parent:
+        _run(
+            parent,
+            "cd /workspace && echo kept > kept && echo gone > gone && echo moved > moved && "
+            "mkdir -p deep empty tree/a && echo inner > deep/inner && echo t > tree/a/t",
+        )
+        before = _run(parent, _LISTING)
+        tamperer, sibling = parent.fork(2)
+    snapshot = tamperer.snapshot_source
+    assert snapshot is not None
+    bounds = {"max_bytes": 1 << 30, "max_files": 1000}
+    assert scan_tree(snapshot.path, **bounds).content_id == snapshot.content_id
+    with tamperer, sibling:
+        assert _run(sibling, _LISTING) == before  # the sibling's sandbox runs first
+        _run(tamperer, _TAMPER)
+        seen = _run(tamperer, "cd /workspace && ls && stat -c %a kept && cat kept")
+        assert seen == "away\ndeep\nempty2\nkept\nkept.hard\noutbox\nsetid\n777\nkept\nchanged\n"
+        assert _run(tamperer, "find /workspace -perm /6000") == ""
+        assert scan_tree(snapshot.path, **bounds).content_id == snapshot.content_id
+        assert _run(sibling, _LISTING) == before
+    with executor.turn(snapshot=snapshot) as again:
+        assert _run(again, _LISTING) == before
+
+
+def test_a_forks_writes_count_against_its_disk_limit(executor: Executor):
+    """A fork's own layer is its workspace's tmpfs: rewriting the snapshot's files and
+    writing past ``disk_mb`` fails as in any turn, and the snapshot is unchanged."""
+    with executor.turn() as parent:
+        _run(parent, "head -c 6291456 /dev/urandom > /workspace/six")
+        (fork,) = parent.fork(1)
+    with fork:
+        # Rewriting the file copies its six MiB up into the fork's layer: two more files
+        # of six pass the disk's sixteen.
+        script = "cd /workspace && echo x >> six && cat six > one && cat six > two"
+        full = fork.exec(["sh", "-c", script])
+        assert full.returncode != 0
+        assert b"No space left" in full.stderr
+        left = _run(fork, "cd /workspace && rm one two && stat -c %s six")
+        assert left == "6291458\n"
+    assert fork.snapshot_source is not None
+    assert (fork.snapshot_source.path / "six").stat().st_size == 6291456
+
+
+def test_a_snapshot_of_a_fork_is_the_forks_files(executor: Executor):
+    """A fork's own snapshot is what it shows: its writes, never a removed file or the
+    overlay's bookkeeping (a whiteout, a folder removed and made again)."""
+    with executor.turn() as parent:
+        _run(parent, "cd /workspace && mkdir -p a/b e && echo 1 > a/b/f && echo 2 > g && : > e/x")
+        (fork,) = parent.fork(1)
+    with fork:
+        _run(fork, "cd /workspace && rm g && rm -r e && mkdir e && : > e/y && echo 9 >> a/b/f")
+        names = sorted(entry.name for entry in fork.snapshot().manifest.entries)
+        assert names == [b"a", b"a/b", b"a/b/f", b"e", b"e/y"]
+        (grandchild,) = fork.fork(1)
+    with grandchild:
+        assert _run(grandchild, "cd /workspace && ls e && cat a/b/f") == "y\n1\n9\n"
+
+
+def test_a_writable_root_turn_opens_from_a_snapshot_by_copy(
+    backend: Sandbox, agent_dir: Path, data_dir: Path, executor: Executor
+):
+    """The writable root's layers live in the workspace's own tmpfs, so such a turn
+    copies the snapshot's files in, and both its workspace and its root are writable."""
+    with executor.turn() as turn:
+        _run(turn, "echo hi > /workspace/f")
+        snapshot = turn.snapshot()
+    roomy = Limits(disk_mb=64, memory_mb=256, processes=48, open_files=256)  # the root's folders
+    rooted = _executor(backend, agent_dir, data_dir, writable_root=True, limits=roomy)
+    with rooted, rooted.turn(snapshot=snapshot) as opened:
+        script = "cat /workspace/f && echo x >> /workspace/f && echo y > /usr/local/y && echo ok"
+        assert _run(opened, script) == "hi\nok\n"
+
+
+def test_the_mechanism_is_the_backends(executor: Executor):
+    """bubblewrap and nsjail open a snapshot as an overlay on its tree (a copy elsewhere);
+    either way the calls own the files they opened with and may replace them."""
+    with executor.turn() as parent:
+        _run(parent, "mkdir /workspace/d && echo base > /workspace/d/f")
+        (fork,) = parent.fork(1)
+    with fork:
+        mounted = _run(fork, "grep ' /workspace ' /proc/self/mountinfo | tail -n 1")
+        assert (" - overlay " in mounted) is overlay_backend(executor.sandbox.name), mounted
+        mine = "id -u; stat -c %u /workspace/d /workspace/d/f"
+        uid = _run(fork, "id -u").strip()
+        assert _run(fork, mine).split() == [uid, uid, uid]
+        _run(fork, "echo more >> /workspace/d/f && touch /workspace/d/new && rm /workspace/d/f")
+        assert _run(fork, "ls /workspace/d") == "new\n"
 
 
 def test_forks_racing_each_other_stay_apart(executor: Executor):

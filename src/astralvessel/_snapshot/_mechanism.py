@@ -1,34 +1,93 @@
 """Which mechanism opens a turn from a snapshot on each backend, and why (``doctor`` says it).
 
-A pure decision by backend name. Every backend with a sandbox server copies:
-the file worker makes the snapshot's files in the turn's own workspace tmpfs,
-as the calls' user. Copy-on-write (an overlay whose lower layer is the
-snapshot's tree on the host) is not used yet: the tree belongs to the host's
-uid, a turn's calls to their own leased identity, and an overlay's copy-up
-keeps the lower file's owner, so a call could not write the files it was
-restored with; an idmapped lower layer would fix that but needs
-``CAP_SYS_ADMIN`` over the host filesystem, which only a root host's server
-could hold.
+A pure table by backend name, and a probe of the host's kernel that the
+doctor's line reads:
+
+- **Copy-on-write** on bubblewrap and nsjail: the snapshot's tree in the
+  host's store is bound read-only into the sandbox and the server lays an
+  overlay on the workspace, the tree below, the turn's own layer (on its
+  workspace tmpfs, counted against ``disk_mb``) above
+  (``sandbox/server/_lowerfs``). As root the tree is root's and each turn's
+  calls have a leased uid: the lower layer is an idmapped clone of the bind
+  that shows the tree as theirs, since an overlay's copy-up keeps the lower
+  file's owner. It needs overlays in a user namespace (Linux 5.11) as an
+  ordinary user, and an overlay over an idmapped mount (5.19) as root.
+- **A copy** everywhere else, and wherever the sandbox's server could not
+  mount the overlay (it says why; the turn goes on with a copy): the file
+  worker makes the snapshot's files in the turn's workspace tmpfs, as the
+  calls' user. Docker copies: its server's overlays are made in the
+  container's user namespace, where the store's files map to no one, and an
+  idmapped layer needs ``CAP_SYS_ADMIN`` in the host's user namespace.
 """
 
 from __future__ import annotations
 
-__all__ = ["MECHANISMS", "snapshot_mechanism"]
+import os
+
+__all__ = [
+    "COPY_ON_WRITE",
+    "MECHANISMS",
+    "kernel_overlay_problem",
+    "overlay_backend",
+    "snapshot_mechanism",
+]
 
 _COPY = (
     "copy (the file worker writes the snapshot's files into the turn's workspace tmpfs, "
-    "counted against disk_mb; no copy-on-write: see docs/snapshots.md)"
+    "counted against disk_mb)"
 )
-#: Per backend, how a turn opens from a snapshot.
+COPY_ON_WRITE = (
+    "copy-on-write (an overlay: the snapshot's tree in the host's store, read-only and "
+    "shared, below; the turn's writes in its workspace tmpfs, counted against disk_mb, "
+    "above; idmapped to the turn's uid as root)"
+)
+#: Per backend, how a turn opens from a snapshot where the host allows it.
 MECHANISMS = {
-    "bubblewrap": _COPY,
-    "nsjail": _COPY,
-    "docker": _COPY,
+    "bubblewrap": COPY_ON_WRITE,
+    "nsjail": COPY_ON_WRITE,
+    "docker": _COPY + "; no copy-on-write: the container's server cannot idmap the store",
     "docker-exec": "none (no sandbox server: Turn.snapshot raises BackendUnavailableError)",
     "unconfined": _COPY,
 }
+#: The oldest kernel whose overlays serve: an ordinary user's (in a user namespace), and
+#: root's (over an idmapped lower layer).
+_KERNEL_FOR = {False: (5, 11), True: (5, 19)}
+
+
+def overlay_backend(backend: str) -> bool:
+    """Whether ``backend``'s turns open from a snapshot copy-on-write where the host allows."""
+    return MECHANISMS.get(backend) == COPY_ON_WRITE
+
+
+def kernel_overlay_problem(release: str, filesystems: str, *, root: bool) -> str | None:
+    """Why this kernel cannot serve the overlay (None: it can), from its release string
+    (``uname -r``) and ``/proc/filesystems``."""
+    if "\toverlay\n" not in filesystems + "\n":
+        return "the kernel has no overlay filesystem loaded"
+    try:
+        found = tuple(int(part) for part in release.split("-", maxsplit=1)[0].split(".")[:2])
+    except ValueError:
+        return f"the kernel's release {release!r} cannot be read"
+    wanted = _KERNEL_FOR[root]
+    if found < wanted:
+        what = "over an idmapped lower layer" if root else "in a user namespace"
+        return f"Linux {found[0]}.{found[1]} has no overlays {what} (5.{wanted[1]} has)"
+    return None
+
+
+def _host_problem() -> str | None:
+    try:
+        with open("/proc/filesystems", encoding="ascii", errors="replace") as handle:
+            filesystems = handle.read()
+    except OSError as exc:
+        return f"/proc/filesystems cannot be read: {exc}"
+    return kernel_overlay_problem(os.uname().release, filesystems, root=os.geteuid() == 0)
 
 
 def snapshot_mechanism(backend: str) -> str:
-    """How ``backend`` opens a turn from a snapshot, in one line."""
-    return MECHANISMS.get(backend, "unknown backend")
+    """How ``backend`` opens a turn from a snapshot on this host, in one line."""
+    found = MECHANISMS.get(backend, "unknown backend")
+    if found != COPY_ON_WRITE:
+        return found
+    why = _host_problem()
+    return found if why is None else f"{_COPY}; no copy-on-write here: {why}"

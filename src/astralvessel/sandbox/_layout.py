@@ -17,7 +17,14 @@ import attrs
 
 from ._etc import HOSTNAME, SYNTHETIC, etc_dir
 from ._hostinfo import HostFacts, interpreter_mount
-from ._policy import AGENT_DIR, EGRESS_DIR, ROOT_DIRS, WORKSPACE_DIR, Policy
+from ._policy import (
+    AGENT_DIR,
+    EGRESS_DIR,
+    ROOT_DIRS,
+    WORKSPACE_DIR,
+    WORKSPACE_LOWER_DIR,
+    Policy,
+)
 
 __all__ = [
     "DEVICES",
@@ -139,6 +146,9 @@ def sandbox_layout(policy: Policy, facts: HostFacts) -> tuple[Step, ...]:
         # Its parent made traversable first: the relay runs as the calls' uid.
         steps.append(Dir(path=str(EGRESS_DIR.parent)))
         steps.append(Bind(source=str(policy.egress_socket.parent), target=str(EGRESS_DIR)))
+    if policy.workspace_lower is not None:
+        # The snapshot's tree, read-only: the server lays the workspace's overlay on it.
+        steps.append(Bind(source=str(policy.workspace_lower), target=str(WORKSPACE_LOWER_DIR)))
     limits = policy.limits
     steps.append(
         Tmpfs(

@@ -29,6 +29,7 @@ __all__ = [
     "ROOT_DIRS",
     "SYSTEM_DIRS",
     "WORKSPACE_DIR",
+    "WORKSPACE_LOWER_DIR",
     "Limits",
     "Mount",
     "Policy",
@@ -49,6 +50,9 @@ MIN_INODES = 1024
 #: Calls cannot use it (the call filter refuses unix sockets); the server's relay does.
 EGRESS_DIR = PurePosixPath("/run/egress")
 EGRESS_SOCKET_NAME = "proxy.sock"
+#: Where a snapshot's tree on the host is bound read-only for the server to lay the
+#: workspace's overlay on (``Policy.workspace_lower``); covered once the overlay holds it.
+WORKSPACE_LOWER_DIR = PurePosixPath("/.vessel-lower")
 #: The loopback port of the server's relay to the egress proxy: what ``HTTP_PROXY`` names.
 EGRESS_PORT = 3128
 #: System directories, bound read-only: the host's (bubblewrap, nsjail) or the image's (Docker).
@@ -302,6 +306,13 @@ class Policy:
     #: The host path of this turn's egress proxy socket, shown at ``EGRESS_DIR`` (set per
     #: turn by the executor; a runtime detail, so not part of ``identity``).
     egress_socket: Path | None = attrs.field(
+        default=None, converter=attrs.converters.optional(Path)
+    )
+    #: A snapshot's tree in the host's store that the workspace starts as, copy-on-write:
+    #: the read-only lower layer of an overlay whose upper layer is the workspace's tmpfs
+    #: (set per turn by the executor where the backend can; a runtime detail, so not part
+    #: of ``identity``).
+    workspace_lower: Path | None = attrs.field(
         default=None, converter=attrs.converters.optional(Path)
     )
     #: Opt-in for eval harnesses (package installs, tools that write system paths): the root's

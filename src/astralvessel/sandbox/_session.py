@@ -60,6 +60,7 @@ from ._policy import (
     ROOT_DIRS,
     SYSTEM_DIRS,
     WORKSPACE_DIR,
+    WORKSPACE_LOWER_DIR,
     Policy,
     Promise,
 )
@@ -87,6 +88,7 @@ SERVER_MODULES = (
     "_init",
     "_probe",
     "_rootfs",
+    "_lowerfs",
     "_kernelmem",
     "_bounds",
     "_zygote",
@@ -560,6 +562,8 @@ class ServerSession(SandboxSession):
             else [],
             "root_identity": policy.root_identity,
             "tool_servers": policy.tool_servers,
+            # The snapshot's tree the workspace's overlay lies on (None: an empty workspace).
+            "workspace_lower": None if policy.workspace_lower is None else str(WORKSPACE_LOWER_DIR),
             "file_worker_idle": FILE_WORKER_IDLE,
             "memory_events": list(memory_events),
             "memory_limits": list(memory_limits),

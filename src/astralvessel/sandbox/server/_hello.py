@@ -12,7 +12,18 @@ from __future__ import annotations
 import os
 import sys
 
-from . import _fsqueue, _launch, _outbox, _probe, _protocol, _relay, _rootfs, _userns, _worker
+from . import (
+    _fsqueue,
+    _launch,
+    _lowerfs,
+    _outbox,
+    _probe,
+    _protocol,
+    _relay,
+    _rootfs,
+    _userns,
+    _worker,
+)
 from ._calls import map_path
 from ._lean import suppress
 
@@ -26,6 +37,7 @@ if TYPE_CHECKING:
 __all__ = [
     "helper_filter",
     "launch_plan",
+    "lower_workspace",
     "parse_hello",
     "prepare_workspace",
     "ready_frame",
@@ -81,6 +93,9 @@ def parse_hello(header: dict[str, Any]) -> dict[str, Any]:
     idle = header.get("file_worker_idle", _fsqueue.WORKER_IDLE)
     if isinstance(idle, bool) or not isinstance(idle, (int, float)) or not idle > 0:
         raise TypeError("'file_worker_idle' must be a positive number of seconds")
+    lower = header.get("workspace_lower")
+    if lower is not None and not isinstance(lower, str):
+        raise TypeError("'workspace_lower' must be a path or null")
     return {
         "file_worker_idle": float(idle),
         "egress": egress,
@@ -100,6 +115,7 @@ def parse_hello(header: dict[str, Any]) -> dict[str, Any]:
         "writable_root": [str(p) for p in header.get("writable_root") or []],
         "root_identity": header.get("root_identity") is True,
         "tool_servers": header.get("tool_servers") is True,
+        "workspace_lower": lower,
         "probed": probed,
         "memory_events": events,
         "memory_limits": memory_limits,
@@ -188,6 +204,29 @@ def relaxations(config: dict[str, Any], plan: _launch.LaunchPlan, workspace: str
     return {
         name: give(config, plan, workspace) for name, give in _RELAXATIONS.items() if config[name]
     }
+
+
+def lower_workspace(config: dict[str, Any], plan: _launch.LaunchPlan, workspace: str) -> Any:
+    """The workspace as an overlay on the snapshot's tree, when the host bound one: what
+    came of it (``{"workspace_lower": True}`` or why not), nothing when none was bound.
+
+    Before the outbox is made and before anything forks; where it cannot be, the host
+    copies the snapshot's files in instead.
+    """
+    lower = config["workspace_lower"]
+    if lower is None:
+        return {}
+    if not plan.confine or workspace != config["workspace"]:
+        why: Any = "the workspace is a host folder here, not the sandbox's own tmpfs"
+    elif config["writable_root"]:
+        why = "the writable root's layers need the workspace's own tmpfs"
+    else:
+        try:
+            _lowerfs.overlay_workspace(workspace, lower, config["drop_uid"], config["drop_gid"])
+            why = True
+        except OSError as exc:
+            why = f"cannot mount the workspace's overlay: {exc}"
+    return {"workspace_lower": why}
 
 
 def prepare_workspace(workspace: str, outbox: str, uid: int | None, gid: int | None) -> None:

@@ -221,8 +221,10 @@ class Server:
             if why:
                 problems["workspace_inodes"] = why
             self.disk_path = workspace
+        # The overlay first: the outbox and the writable root's layers are made in it.
+        lowered = _hello.lower_workspace(config, plan, workspace)
         _hello.prepare_workspace(workspace, outbox, config["drop_uid"], config["drop_gid"])
-        relaxations = _hello.relaxations(config, plan, workspace)
+        relaxations = {**lowered, **_hello.relaxations(config, plan, workspace)}
         self.outbox = outbox
         self.files.path_map = self.path_map
         # The file worker starts with the first file request (see _fsqueue).

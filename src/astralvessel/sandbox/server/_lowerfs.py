@@ -1,0 +1,206 @@
+"""A workspace opened from a snapshot, copy-on-write (stdlib only, Python 3.8+).
+
+The host binds the snapshot's tree from its store read-only into the sandbox
+(``workspace_lower`` of the hello); at hello, before it makes the outbox or
+forks anything, the server mounts an overlay on the workspace:
+
+- **Below**, the snapshot's tree, shared by every turn opened from it and
+  never written: the bind is read-only, the overlay writes only its upper
+  layer, and the bind's mount point is covered once the overlay holds it.
+- **Above**, the turn's own layer, in a folder of the workspace's tmpfs that
+  the overlay then covers: what a call writes, changes or removes (a copy-up,
+  a whiteout) counts against the turn's ``disk_mb`` and goes with the turn.
+- **Whose files.** An overlay's copy-up keeps the lower file's owner, so the
+  lower files must already be the calls' host identity. As an ordinary user
+  they are (the store and every turn are the user). As root the store's files
+  are root's and each turn has its leased uid: the server, which holds
+  ``CAP_SYS_ADMIN`` over the host's filesystems only as root, clones the bind
+  as an idmapped mount (Linux 5.12; an overlay over one, 5.19) that shows the
+  store's owner as the leased uid and gid, and uses the clone as the lower
+  layer. Nothing on the disk changes owner.
+
+The overlay is ``nosuid`` and ``nodev``. Where a step is refused (an older
+kernel, a server without the capability) the caller reports why and the host
+copies the files in instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import struct
+
+from . import _sys
+from ._lean import suppress
+
+__all__ = ["LAYERS", "overlay_workspace"]
+
+#: The folder of the workspace's tmpfs holding the upper layer (covered by the overlay).
+LAYERS = ".vessel-layers"
+# The new mount API's numbers are the same on every architecture (Linux 5.2 onwards).
+_SYS_OPEN_TREE = 428
+_SYS_MOVE_MOUNT = 429
+_SYS_MOUNT_SETATTR = 442
+_OPEN_TREE_CLONE = 1
+_AT_FDCWD = -100
+_AT_EMPTY_PATH = 0x1000
+_AT_RECURSIVE = 0x8000
+_MOUNT_ATTR_RDONLY = 0x1
+_MOUNT_ATTR_NOSUID = 0x2
+_MOUNT_ATTR_NODEV = 0x4
+_MOUNT_ATTR_IDMAP = 0x100000
+_MOVE_MOUNT_F_EMPTY_PATH = 0x4
+_CLONE_NEWUSER = 0x10000000
+
+
+def _syscall(number: int, what: str, *args: object) -> int:
+    result = int(_sys.libc().syscall(ctypes.c_long(number), *args))
+    if result < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+    return result
+
+
+def _write_maps(proc: str, pid: int, uid: tuple[int, int], gid: tuple[int, int]) -> int:
+    """Write ``pid``'s id maps (each ``(inside, outside)``) through ``proc``; its namespace."""
+    for name, (inside, outside) in (("uid_map", uid), ("gid_map", gid)):
+        fd = os.open(f"{proc}/{pid}/{name}", os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            os.write(fd, f"{inside} {outside} 1\n".encode())
+        finally:
+            os.close(fd)
+    return os.open(f"{proc}/{pid}/ns/user", os.O_RDONLY | os.O_CLOEXEC)
+
+
+def _userns_mapping(
+    outside_uid: int, outside_gid: int, inside_uid: int, inside_gid: int, scratch: str
+) -> int:
+    """A descriptor of a new user namespace mapping ``inside`` ids to ``outside`` ones.
+
+    A child made for it alone enters the namespace and waits while this process
+    writes the maps (as root, no ``setgroups`` denial is needed) and opens it.
+    nsjail's ``/proc`` is read-only: there the maps are written through a
+    ``/proc`` of the same processes mounted at ``scratch`` for the moment.
+    """
+    ready_r, ready_w = os.pipe()
+    done_r, done_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child only enters the namespace and waits
+        code = 0
+        try:
+            os.close(ready_r)
+            os.close(done_w)
+            code = 0 if _sys.libc().unshare(ctypes.c_int(_CLONE_NEWUSER)) == 0 else 1
+            os.write(ready_w, bytes([code]))
+            os.read(done_r, 1)
+        finally:
+            os._exit(code)
+    os.close(ready_w)
+    os.close(done_r)
+    try:
+        if os.read(ready_r, 1) != b"\0":
+            raise OSError(1, "cannot make a user namespace for the idmapped lower layer")
+        uid, gid = (inside_uid, outside_uid), (inside_gid, outside_gid)
+        try:
+            return _write_maps("/proc", pid, uid, gid)
+        except OSError as exc:
+            if exc.errno != errno.EROFS:
+                raise
+        os.mkdir(scratch, 0o700)
+        _sys.mount("proc", scratch, "proc", _sys.MS_NOSUID | _sys.MS_NODEV | _sys.MS_NOEXEC)
+        try:
+            return _write_maps(scratch, pid, uid, gid)
+        finally:
+            _sys.check(_sys.libc().umount2(scratch.encode(), _sys.MNT_DETACH), "umount proc")
+            os.rmdir(scratch)
+    finally:
+        os.close(ready_r)
+        os.close(done_w)
+        os.waitpid(pid, 0)
+
+
+def _idmapped_clone(lower: str, target: str, uid: int, gid: int, scratch: str) -> None:
+    """Attach at ``target`` a read-only clone of ``lower`` whose owner shows as uid/gid."""
+    st = os.stat(lower)
+    tree = _syscall(
+        _SYS_OPEN_TREE, "open_tree", ctypes.c_int(_AT_FDCWD), ctypes.c_char_p(lower.encode()),
+        ctypes.c_uint(_OPEN_TREE_CLONE | os.O_CLOEXEC),
+    )  # fmt: skip
+    try:
+        userns = _userns_mapping(uid, gid, st.st_uid, st.st_gid, scratch)
+        try:
+            flags = _MOUNT_ATTR_IDMAP | _MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV
+            attr = ctypes.create_string_buffer(struct.pack("=QQQQ", flags, 0, 0, userns), 32)
+            _syscall(
+                _SYS_MOUNT_SETATTR, "mount_setattr (an idmapped lower layer)", ctypes.c_int(tree),
+                ctypes.c_char_p(b""), ctypes.c_uint(_AT_EMPTY_PATH), attr, ctypes.c_size_t(32),
+            )  # fmt: skip
+        finally:
+            os.close(userns)
+        _syscall(
+            _SYS_MOVE_MOUNT, "move_mount", ctypes.c_int(tree), ctypes.c_char_p(b""),
+            ctypes.c_int(_AT_FDCWD), ctypes.c_char_p(target.encode()),
+            ctypes.c_uint(_MOVE_MOUNT_F_EMPTY_PATH),
+        )  # fmt: skip
+    finally:
+        os.close(tree)
+
+
+def _in_initial_userns() -> bool:
+    try:
+        with open("/proc/self/uid_map", "rb") as handle:
+            return handle.read().split() == [b"0", b"0", b"4294967295"]
+    except OSError:
+        return False
+
+
+def overlay_workspace(workspace: str, lower: str, uid: int | None, gid: int | None) -> None:
+    """Mount the overlay of ``lower`` (the snapshot's bound tree) on ``workspace``.
+
+    ``uid``/``gid``: the calls' host identity (None: the server's own, which
+    owns the store already). Raises ``OSError`` when a step is refused; the
+    workspace is then left as it was (its tmpfs, plus an empty layers folder).
+    """
+    layers = os.path.join(workspace, LAYERS)
+    os.mkdir(layers, 0o700)
+    try:
+        _lay(workspace, layers, lower, uid, gid)
+    except OSError:
+        _undo(layers)
+        raise
+    # The overlay holds its layers; the bind's own mount point is covered, so the tree is
+    # reached through the overlay alone.
+    cover = _sys.MS_RDONLY | _sys.MS_NOSUID | _sys.MS_NODEV | _sys.MS_NOEXEC
+    _sys.mount("none", lower, "tmpfs", cover, "size=4k,mode=0555")
+
+
+def _lay(workspace: str, layers: str, lower: str, uid: int | None, gid: int | None) -> None:
+    upper = os.path.join(layers, "upper")
+    work = os.path.join(layers, "work")
+    os.mkdir(upper, 0o755)
+    os.mkdir(work, 0o700)
+    source = lower
+    owner = os.stat(lower)
+    if uid is not None and (owner.st_uid, owner.st_gid) != (uid, uid if gid is None else gid):
+        # The store's files belong to the host's uid, the calls to their leased one.
+        group = uid if gid is None else gid
+        source = os.path.join(layers, "lower")
+        os.mkdir(source, 0o700)
+        _idmapped_clone(lower, source, uid, group, os.path.join(layers, "proc"))
+        os.chown(upper, uid, group)
+    # In a user namespace the overlay's own attributes (an opaque folder, a redirect)
+    # cannot be trusted.* ones: user.* on the tmpfs, hidden from calls by the overlay.
+    extra = "" if _in_initial_userns() else ",userxattr"
+    options = f"lowerdir={source},upperdir={upper},workdir={work}{extra}"
+    _sys.mount("overlay", workspace, "overlay", _sys.MS_NOSUID | _sys.MS_NODEV, options)
+
+
+def _undo(layers: str) -> None:
+    """Leave the workspace as it was: the lower clone detached, the layers folder gone."""
+    lower = os.path.join(layers, "lower")
+    if os.path.ismount(lower):
+        _sys.libc().umount2(lower.encode(), _sys.MNT_DETACH)
+    for name in ("lower", "upper", "work", "proc", ""):
+        with suppress(OSError):  # what was never made
+            os.rmdir(os.path.join(layers, name) if name else layers)

@@ -1,0 +1,50 @@
+"""Which mechanism opens a turn from a snapshot: the backend's table, and the kernel's check."""
+
+from __future__ import annotations
+
+import pytest
+
+from astralvessel._snapshot._mechanism import (
+    COPY_ON_WRITE,
+    MECHANISMS,
+    kernel_overlay_problem,
+    overlay_backend,
+)
+
+FILESYSTEMS = "nodev\ttmpfs\nnodev\toverlay\n\text4\n"
+
+
+def test_only_the_namespace_backends_lay_an_overlay() -> None:
+    """Docker's container cannot bind the host's store; docker-exec has no server."""
+    assert [name for name in MECHANISMS if overlay_backend(name)] == ["bubblewrap", "nsjail"]
+    assert not overlay_backend("unknown")
+    assert MECHANISMS["docker"].startswith("copy (")
+
+
+@pytest.mark.parametrize(
+    ("release", "filesystems", "root", "problem"),
+    [
+        ("6.18.44-fc-v1147", FILESYSTEMS, True, None),
+        ("6.18.44-fc-v1147", FILESYSTEMS, False, None),
+        ("5.19.0", FILESYSTEMS, True, None),
+        ("5.15.0-91-generic", FILESYSTEMS, True, "Linux 5.15 has no overlays over an idmapped"),
+        ("5.15.0-91-generic", FILESYSTEMS, False, None),
+        ("5.10.0-28-amd64", FILESYSTEMS, False, "Linux 5.10 has no overlays in a user namespace"),
+        ("6.1.0", "nodev\ttmpfs\n\text4", True, "no overlay filesystem"),
+        ("6.1.0", "nodev\toverlay", False, None),  # the last line without its newline
+        ("weird", FILESYSTEMS, True, "cannot be read"),
+    ],
+)
+def test_the_kernel_check(release: str, filesystems: str, root: bool, problem: str | None) -> None:
+    """Root needs an overlay over an idmapped lower layer (5.19), a user one in a user
+    namespace (5.11); either needs the overlay filesystem."""
+    found = kernel_overlay_problem(release, filesystems, root=root)
+    if problem is None:
+        assert found is None
+    else:
+        assert found is not None
+        assert problem in found
+
+
+def test_the_table_names_copy_on_write_once() -> None:
+    assert COPY_ON_WRITE.startswith("copy-on-write (an overlay")
