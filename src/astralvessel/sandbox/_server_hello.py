@@ -9,7 +9,7 @@ policy promised (``PromiseNotEnforcedError`` unless it relaxed that promise).
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from ..errors import BackendUnavailableError, PromiseNotEnforcedError, SandboxError
 from ._policy import (
@@ -23,6 +23,7 @@ from ._policy import (
     Policy,
     Promise,
 )
+from ._server_options import ServerOptions
 from .server import _protocol
 from .server._messages import Hello, Ready
 
@@ -73,30 +74,19 @@ _TURN_PLACES = frozenset(
 )
 
 
-def hello_message(
-    policy: Policy,
-    *,
-    confine: bool,
-    drop_uid: int | None,
-    drop_gid: int | None,
-    seccomp: bytes | None,
-    helper_seccomp: Mapping[str, bytes],
-    path_map: Mapping[str, str],
-    memory_events: Sequence[str],
-    memory_limits: Sequence[str],
-    file_worker_idle: float,
-) -> Hello:
-    """The hello for a turn under ``policy``, started with the backend's options
-    (``ServerOptions``); ``probed`` is left for ``known_probe`` to fill."""
+def hello_message(policy: Policy, options: ServerOptions, *, file_worker_idle: float) -> Hello:
+    """The hello for a turn under ``policy``, started as the backend's ``options`` say;
+    ``probed`` is left for ``known_probe`` to fill."""
     limits = policy.limits
+    seccomp = options.seccomp
     return Hello(
-        confine=confine,
-        drop_uid=drop_uid,
-        drop_gid=drop_gid,
+        confine=options.confine,
+        drop_uid=options.drop_uid,
+        drop_gid=options.drop_gid,
         seccomp=None if seccomp is None else base64.b64encode(seccomp).decode("ascii"),
         helper_seccomp={
             name: base64.b64encode(program).decode("ascii")
-            for name, program in helper_seccomp.items()
+            for name, program in options.helper_seccomp.items()
         },
         env=dict(policy.environment),
         workdir=str(policy.workdir),
@@ -111,7 +101,7 @@ def hello_message(
         },
         visible_roots=[str(root) for root in policy.visible_roots],
         writable_roots=[str(root) for root in policy.writable_roots],
-        path_map=dict(path_map),
+        path_map=dict(options.path_map),
         egress=(
             None
             if policy.egress_socket is None
@@ -123,8 +113,8 @@ def hello_message(
         root_identity=policy.root_identity,
         tool_servers=policy.tool_servers,
         file_worker_idle=file_worker_idle,
-        memory_events=list(memory_events),
-        memory_limits=list(memory_limits),
+        memory_events=list(options.memory_events),
+        memory_limits=list(options.memory_limits),
         probed=None,
     )
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, cast
@@ -63,6 +63,7 @@ from ._server_hello import (
     remember_probe,
     unenforced_promises,
 )
+from ._server_options import ServerOptions
 from ._temporary_outbox import TurnOutbox
 from .server import _protocol
 from .server._messages import Cancel, Hello, Shutdown
@@ -141,53 +142,37 @@ class ServerSession(SandboxSession):
         policy: Policy,
         *,
         backend: str,
-        confine: bool,
-        drop_uid: int | None,
-        drop_gid: int | None,
-        seccomp: bytes | None,
-        helper_seccomp: Mapping[str, bytes] | None = None,
-        path_map: Mapping[str, str] | None = None,
+        options: ServerOptions | None = None,
         outbox_dir: Path | None = None,
-        ready_timeout: float = 30.0,
-        probe_key: str | None = None,
-        build: ServerBuild | None = None,
-        memory_events: Sequence[str] = (),
-        memory_limits: Sequence[str] = (),
+        **fields: Any,
     ) -> ServerSession:
-        """Boot the server on ``channel`` (payload, then ``hello``) and wait for ``ready``.
+        """Boot the server on ``channel`` (payload, then ``hello``) as ``options`` say, and
+        wait for ``ready``. ``options`` may come as its fields instead (``confine=``...).
 
         Raises ``SandboxError`` if the server does not come up (with its stderr
         tail), and ``PromiseNotEnforcedError`` if it cannot confine calls as
         asked and ``policy.relaxed`` does not allow that. Closes the channel on
         any failure. ``outbox_dir`` keeps outbox files after ``close``; without
         it they go to a temporary folder removed at ``close``, or later, when the
-        last ``OutboxFile`` naming a file in it is collected. ``probe_key``
-        lets turns started alike share one confinement probe, and ``build`` is
-        the code the server's own Python compiled (both: ``ServerOptions``).
+        last ``OutboxFile`` naming a file in it is collected.
         """
+        if options is None:
+            options = ServerOptions(**fields)
+        elif fields:
+            raise TypeError("ServerSession.start takes options or their fields, not both")
         session = cls(channel, policy, backend=backend, outbox_dir=outbox_dir)
-        hello = hello_message(
-            policy,
-            confine=confine,
-            drop_uid=drop_uid,
-            drop_gid=drop_gid,
-            seccomp=seccomp,
-            helper_seccomp=helper_seccomp or {},
-            path_map=path_map or {},
-            memory_events=memory_events,
-            memory_limits=memory_limits,
-            file_worker_idle=FILE_WORKER_IDLE,
-        )
-        key, hello = known_probe(_PROBED, probe_key, hello)
+        session.peer_uid = options.peer_uid
+        hello = hello_message(policy, options, file_worker_idle=FILE_WORKER_IDLE)
+        key, hello = known_probe(_PROBED, options.probe_key, hello)
+        timeout = options.ready_timeout
         try:
             session._reader.start()
-            session._send(server_payload(build) + _protocol.encode(hello.to_json()))
+            session._send(server_payload(options.build) + _protocol.encode(hello.to_json()))
             try:
-                header = session._ready.result(timeout=ready_timeout)
+                header = session._ready.result(timeout=timeout)
             except concurrent.futures.TimeoutError:
                 raise SandboxError(
-                    f"the {backend} sandbox server did not become ready "
-                    f"within {ready_timeout:g} s; "
+                    f"the {backend} sandbox server did not become ready within {timeout:g} s; "
                     f"{channel.describe_exit()}"
                 ) from None
             session._boot(header, hello, key)
