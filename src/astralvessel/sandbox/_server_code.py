@@ -2,7 +2,7 @@
 the argv that starts the server or has a sandbox's Python compile it.
 
 Every built-in backend starts the same server inside its sandbox with
-``server_command(python)`` and writes ``server_payload()`` to its stdin first:
+``_session.server_command(python)`` and writes ``server_payload()`` to its stdin first:
 the server's modules travel as source (and compiled), so nothing has to be
 mounted and any Python 3.8+ in the sandbox will do. See ``docs/sandbox-server.md``.
 """
@@ -26,7 +26,6 @@ __all__ = [
     "ServerBuild",
     "compile_command",
     "parse_build",
-    "server_command",
     "server_payload",
 ]
 
@@ -230,16 +229,3 @@ def _compiled(sources: Mapping[str, str]) -> dict[str, CodeType]:
         )
         for name, text in sources.items()
     }
-
-
-def server_command(
-    python: str, build: ServerBuild | None = None, *, first_filter: bytes | None = None
-) -> list[str]:
-    """Return the argv that starts the server on ``python`` (a path inside the sandbox).
-
-    ``build``: the modules compiled by that Python, when it is not this one (the
-    same must then reach ``ServerOptions.build``). ``first_filter``: a seccomp
-    program the server installs, with ``no_new_privs``, before it reads its code.
-    """
-    argv = [python, "-I", "-S", "-B", "-c", BOOTSTRAP, str(len(server_payload(build)))]
-    return argv if first_filter is None else [*argv, first_filter.hex()]

@@ -52,7 +52,6 @@ from ._server_code import (  # noqa: F401
     _sources,
     compile_command,
     parse_build,
-    server_command,
     server_payload,
 )
 from ._server_hello import (
@@ -101,6 +100,20 @@ OUTBOX_FILES_PER_TURN = 1000
 OUTBOX_BYTES_PER_TURN = 1 << 30
 #: The most outbox files one ``exit`` frame may announce (the server's own bound).
 _OUTBOX_FILES_PER_CALL = 100
+
+
+def server_command(
+    python: str, build: ServerBuild | None = None, *, first_filter: bytes | None = None
+) -> list[str]:
+    """Return the argv that starts the server on ``python`` (a path inside the sandbox);
+    its length argument is of the payload ``ServerSession.start`` writes, so it lives here.
+
+    ``build``: the modules compiled by that Python, when it is not this one (the
+    same must then reach ``ServerOptions.build``). ``first_filter``: a seccomp
+    program the server installs, with ``no_new_privs``, before it reads its code.
+    """
+    argv = [python, "-I", "-S", "-B", "-c", BOOTSTRAP, str(len(server_payload(build)))]
+    return argv if first_filter is None else [*argv, first_filter.hex()]
 
 
 class ServerSession(SandboxSession):
