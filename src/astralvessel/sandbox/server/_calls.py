@@ -21,6 +21,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+    from ._messages import Run
+
 __all__ = [
     "Call",
     "RunOrder",
@@ -237,46 +239,39 @@ def refusal(order: RunOrder, chains: bool, detached: int) -> str | None:
     return None
 
 
-def parse_run(header: dict[str, Any], body: bytes, workdir: str) -> RunOrder:
-    """Check a run request: argv, cwd, timeout, output bounds, env and stdin; raise on a bad field.
-
-    The host sends argv in the body (``argv_bytes`` of NUL-separated UTF-8, then
-    stdin), so a command line as long as the kernel takes never meets the
-    header's bound; an ``argv`` list in the header is read as well.
-    """
-    argv: object = header.get("argv")
-    if "argv_bytes" in header:
-        size = header["argv_bytes"]
-        if not isinstance(size, int) or isinstance(size, bool) or not 0 <= size <= len(body):
+def parse_run(message: Run, body: bytes, workdir: str) -> RunOrder:
+    """The order a run request gives: argv (from the body's first ``argv_bytes``, or the
+    header's list), cwd, bounds, env and stdin; raise on what its fields' types allow but
+    a call cannot take."""
+    argv = message.argv
+    if message.argv_bytes is not None:
+        size = message.argv_bytes
+        if not 0 <= size <= len(body):
             raise ValueError("'argv_bytes' must count bytes of the body")
         argv = [part.decode("utf-8", "surrogateescape") for part in body[:size].split(b"\0")]
         body = body[size:]
-    if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+    if not argv:
         raise TypeError("'argv' must be a non-empty list of strings")
-    cwd = header.get("cwd") or workdir
-    if not isinstance(cwd, str):
-        raise TypeError("'cwd' must be a string")
+    cwd = message.cwd or workdir
     if any("\0" in a for a in argv) or "\0" in cwd:
         raise ValueError("'argv' and 'cwd' may not contain NUL characters")
-    try:
-        timeout = float(header.get("timeout", 30.0))
-        output_chars = int(header.get("output_chars", 30000))
-        output_bytes = int(header.get("output_bytes", 0))
-    except (TypeError, ValueError):
-        raise ValueError("'timeout' and the output bounds must be numbers") from None
-    env = header.get("env") or {}
-    if not isinstance(env, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) and k and "=" not in k and "\0" not in k + v
-        for k, v in env.items()
-    ):
+    env = message.env or {}
+    if not all(k and "=" not in k and "\0" not in k + v for k, v in env.items()):
         raise ValueError("'env' must map names (no '=', no NUL) to strings without NUL")
-    split = bool(header.get("split"))
-    detach = header.get("detach") is True
-    if detach and split:
+    if message.detach and message.split:
         raise ValueError("a detached process has one merged log, not split streams")
-    identity = _parse_identity(header.get("user"))
+    identity = _parse_identity(message.user)
     return RunOrder(
-        argv, cwd, timeout, output_chars, body, split, output_bytes, dict(env), detach, identity
+        argv,
+        cwd,
+        float(message.timeout),
+        message.output_chars,
+        body,
+        message.split,
+        message.output_bytes,
+        dict(env),
+        message.detach,
+        identity,
     )
 
 

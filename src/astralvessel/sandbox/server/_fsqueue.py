@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from ._lean import Selector
+    from ._messages import FileOp
 
 __all__ = ["FsQueue"]
 
@@ -72,28 +73,29 @@ class FsQueue:
             return self.idle_since + self.idle_limit
         return None
 
-    def submit(self, call_id: int, header: dict[str, Any], body: bytes) -> str | None:
-        """Queue a file primitive (read, write, list, or a built-in tool's view): ``op``, a
-        sandbox ``path`` and the op's own fields. Return why it is malformed, or None."""
-        path = header.get("path", "")
-        arguments = header.get("arguments") or {}
-        if not isinstance(path, str) or not isinstance(header.get("op"), str):
-            return "'op' and 'path' must be strings"
-        if not isinstance(arguments, dict):
-            return "'arguments' must be an object"
+    def submit(self, call_id: int, message: FileOp, body: bytes) -> None:
+        """Queue a file primitive (read, write, list, a built-in tool's view, a snapshot's
+        pack or unpack), each sandbox path mapped to where this side sees it."""
+        path = message.path
+        arguments = message.arguments or {}
         if self.path_map and path.startswith("/"):
             path = map_path(path, self.path_map)
         view_path = arguments.get("path")
         if self.path_map and isinstance(view_path, str) and view_path.startswith("/"):
             arguments = dict(arguments, path=map_path(view_path, self.path_map))
-        try:
-            timeout = float(header.get("timeout", 30.0))
-        except (TypeError, ValueError):
-            return "'timeout' must be a number"
-        request = dict(header, id=call_id, path=path, arguments=arguments, timeout=timeout)
+        # A snapshot's or a restore's op is its message's own: the host's file primitives
+        # cannot name it.
+        request = dict(
+            message.fields(),
+            type=message.TYPE,
+            id=call_id,
+            op=message.WORKER_OP or message.op,
+            path=path,
+            arguments=arguments,
+            timeout=float(message.timeout),
+        )
         self.queue.append((request, body))
         self.feed()
-        return None
 
     def feed(self) -> None:
         """Hand the next request to the worker if it is free (starting it on first need)."""

@@ -1,7 +1,8 @@
 """The turn's setup in the sandbox server, from the host's ``hello`` (stdlib only, Python 3.8+).
 
-The hello says once how every call of the turn runs: confined or not, as which
-ids, under which limits, filter and relaxations. Here it is checked, turned into
+The hello (``_messages.Hello``, checked as it is read) says once how every call
+of the turn runs: confined or not, as which ids, under which limits, filter and
+relaxations. Here it is turned into
 the launch plan (probed, and degraded where a step cannot work on this host),
 and the workspace and the relaxations the host opted into are made ready, all
 before anything forks. The loop (``_main``) answers ``ready`` with what came of it.
@@ -13,7 +14,7 @@ import os
 import sys
 
 from . import (
-    _fsqueue,
+    _bounds,
     _launch,
     _lowerfs,
     _outbox,
@@ -26,6 +27,7 @@ from . import (
 )
 from ._calls import map_path
 from ._lean import suppress
+from ._messages import Hello, Ready
 
 # Annotations only: importing typing costs every turn's start a few milliseconds, and
 # mypy reads any ``if TYPE_CHECKING:`` block as taken.
@@ -38,112 +40,37 @@ __all__ = [
     "helper_filter",
     "launch_plan",
     "lower_workspace",
-    "parse_hello",
     "prepare_workspace",
     "ready_frame",
     "relaxations",
     "start_relay",
     "worker_options",
+    "workspace_problems",
 ]
 
 
-def parse_hello(header: dict[str, Any]) -> dict[str, Any]:
-    """Check the hello's fields and return them with defaults; raise on a bad field."""
-    # Not base64, which imports re (and enum): every idle turn would hold them.
-    import binascii
-
-    def optional_int(name: str) -> int | None:
-        value = header.get(name)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-            raise TypeError(f"{name!r} must be an integer or null")
-        return value
-
-    env = header["env"]
-    if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
-        raise TypeError("'env' must map names to strings")
-    limits = dict(header["limits"])
-    for key in ("disk_mb", "memory_mb", "processes", "open_files", "workspace_inodes"):
-        if not isinstance(limits.get(key), int):
-            raise TypeError(f"limits.{key} must be an integer")
-    seccomp = header.get("seccomp")
-    egress = header.get("egress")
-    if egress is not None and not (
-        isinstance(egress, dict)
-        and isinstance(egress.get("socket"), str)
-        and isinstance(egress.get("port"), int)
-    ):
-        raise TypeError("'egress' must be null or name a socket and a port")
-    probed = header.get("probed")
-    if probed is not None and (
-        not isinstance(probed, dict)
-        or not all(isinstance(k, str) and isinstance(v, str) for k, v in probed.items())
-    ):
-        raise TypeError("'probed' must map probe steps to strings, or be null")
-    events = header.get("memory_events") or []
-    if not isinstance(events, list) or not all(isinstance(path, str) for path in events):
-        raise TypeError("'memory_events' must be a list of paths")
-    memory_limits = header.get("memory_limits") or []
-    if not isinstance(memory_limits, list) or not all(isinstance(p, str) for p in memory_limits):
-        raise TypeError("'memory_limits' must be a list of paths")
-    helpers = header.get("helper_seccomp") or {}
-    if not isinstance(helpers, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in helpers.items()
-    ):
-        raise TypeError("'helper_seccomp' must map helper names to base64 programs")
-    idle = header.get("file_worker_idle", _fsqueue.WORKER_IDLE)
-    if isinstance(idle, bool) or not isinstance(idle, (int, float)) or not idle > 0:
-        raise TypeError("'file_worker_idle' must be a positive number of seconds")
-    lower = header.get("workspace_lower")
-    if lower is not None and not isinstance(lower, str):
-        raise TypeError("'workspace_lower' must be a path or null")
-    return {
-        "file_worker_idle": float(idle),
-        "egress": egress,
-        "confine": bool(header["confine"]),
-        "drop_uid": optional_int("drop_uid"),
-        "drop_gid": optional_int("drop_gid"),
-        "seccomp": None if seccomp is None else binascii.a2b_base64(seccomp),
-        "helper_seccomp": {k: binascii.a2b_base64(v) for k, v in helpers.items()},
-        "env": dict(env),
-        "workdir": str(header["workdir"]),
-        "workspace": str(header["workspace"]),
-        "outbox": str(header["outbox"]),
-        "limits": limits,
-        "visible_roots": [str(r) for r in header.get("visible_roots", [])],
-        "writable_roots": [str(r) for r in header.get("writable_roots", [])],
-        "path_map": {str(k): str(v) for k, v in (header.get("path_map") or {}).items()},
-        "writable_root": [str(p) for p in header.get("writable_root") or []],
-        "root_identity": header.get("root_identity") is True,
-        "tool_servers": header.get("tool_servers") is True,
-        "workspace_lower": lower,
-        "probed": probed,
-        "memory_events": events,
-        "memory_limits": memory_limits,
-    }
-
-
-def launch_plan(config: dict[str, Any]) -> tuple[_launch.LaunchPlan, dict[str, str]]:
+def launch_plan(config: Hello) -> tuple[_launch.LaunchPlan, dict[str, str]]:
     """How the turn's calls launch, from its hello: the plan, degraded where the probe (or
     the host's answer from a turn started the same way) found a step cannot work, and what
     the probe found, by step."""
     installer = _seccomp_installer()
     plan = _launch.LaunchPlan(
-        confine=config["confine"],
-        pid_namespace=config["confine"],
-        drop_uid=config["drop_uid"],
-        drop_gid=config["drop_gid"],
-        limits=config["limits"] if config["confine"] else None,
-        seccomp=config["seccomp"],
+        confine=config.confine,
+        pid_namespace=config.confine,
+        drop_uid=config.drop_uid,
+        drop_gid=config.drop_gid,
+        limits=config.limits if config.confine else None,
+        seccomp=config.call_filter(),
         install_seccomp=installer,
-        inner_id=0 if config["root_identity"] else _userns.CALL_ID,
-        terminals=config["tool_servers"],
+        inner_id=0 if config.root_identity else _userns.CALL_ID,
+        terminals=config.tool_servers,
     )
     problems: dict[str, str] = {}
     if plan.confine:
         _warm(plan)
         # A host that started a turn the same way before sends what that turn's probe
         # found: the answer depends on the host, not on the turn.
-        probed = config["probed"]
+        probed = config.probed
         problems = _probe.probe(plan) if probed is None else dict(probed)
         # Degrade what cannot work; the host refuses to go on unless it relaxed that promise.
         if "pid_namespace" in problems:
@@ -167,24 +94,24 @@ def _own_userns(plan: _launch.LaunchPlan) -> bool:
     return _own_namespaces(plan) and plan.own_userns
 
 
-def _writable_root(config: dict[str, Any], plan: _launch.LaunchPlan, workspace: str) -> Any:
+def _writable_root(config: Hello, plan: _launch.LaunchPlan, workspace: str) -> Any:
     if not _own_namespaces(plan):
         return _NEEDS_NAMESPACES
     try:
         return _rootfs.make_root_writable(
-            config["writable_root"], workspace, config["drop_uid"], config["drop_gid"]
+            config.writable_root, workspace, config.drop_uid, config.drop_gid
         )
     except OSError as exc:
         return f"cannot make the root writable: {exc}"
 
 
-def _tool_servers(config: dict[str, Any], plan: _launch.LaunchPlan, workspace: str) -> Any:
+def _tool_servers(config: Hello, plan: _launch.LaunchPlan, workspace: str) -> Any:
     # The filter the host sent allows the sockets and sessions; init mounts the
     # terminals, in each call's own mount namespace.
     return True if _own_namespaces(plan) else _NEEDS_NAMESPACES
 
 
-def _root_identity(config: dict[str, Any], plan: _launch.LaunchPlan, workspace: str) -> Any:
+def _root_identity(config: Hello, plan: _launch.LaunchPlan, workspace: str) -> Any:
     if _own_userns(plan):
         return plan.inner_id
     return "needs each call in a user namespace of its own"
@@ -192,41 +119,54 @@ def _root_identity(config: dict[str, Any], plan: _launch.LaunchPlan, workspace: 
 
 #: Each relaxation a host may opt into (its hello field), and how it is given: what it
 #: became, or a text saying why not. In this order: the writable root's mounts come first.
-_RELAXATIONS: dict[str, Callable[[dict[str, Any], _launch.LaunchPlan, str], Any]] = {
+_RELAXATIONS: dict[str, Callable[[Hello, _launch.LaunchPlan, str], Any]] = {
     "writable_root": _writable_root,
     "tool_servers": _tool_servers,
     "root_identity": _root_identity,
 }
 
 
-def relaxations(config: dict[str, Any], plan: _launch.LaunchPlan, workspace: str) -> dict[str, Any]:
+def relaxations(config: Hello, plan: _launch.LaunchPlan, workspace: str) -> dict[str, Any]:
     """Give what the host opted into, before anything forks; say what each became or why not."""
     return {
-        name: give(config, plan, workspace) for name, give in _RELAXATIONS.items() if config[name]
+        name: give(config, plan, workspace)
+        for name, give in _RELAXATIONS.items()
+        if getattr(config, name)
     }
 
 
-def lower_workspace(config: dict[str, Any], plan: _launch.LaunchPlan, workspace: str) -> Any:
+def lower_workspace(config: Hello, plan: _launch.LaunchPlan, workspace: str) -> Any:
     """The workspace as an overlay on the snapshot's tree, when the host bound one: what
     came of it (``{"workspace_lower": True}`` or why not), nothing when none was bound.
 
     Before the outbox is made and before anything forks; where it cannot be, the host
     copies the snapshot's files in instead.
     """
-    lower = config["workspace_lower"]
+    lower = config.workspace_lower
     if lower is None:
         return {}
-    if not plan.confine or workspace != config["workspace"]:
+    if not plan.confine or workspace != config.workspace:
         why: Any = "the workspace is a host folder here, not the sandbox's own tmpfs"
-    elif config["writable_root"]:
+    elif config.writable_root:
         why = "the writable root's layers need the workspace's own tmpfs"
     else:
         try:
-            _lowerfs.overlay_workspace(workspace, lower, config["drop_uid"], config["drop_gid"])
+            _lowerfs.overlay_workspace(workspace, lower, config.drop_uid, config.drop_gid)
             why = True
         except OSError as exc:
             why = f"cannot mount the workspace's overlay: {exc}"
     return {"workspace_lower": why}
+
+
+def workspace_problems(config: Hello, plan: _launch.LaunchPlan, workspace: str) -> dict[str, str]:
+    """Bound the workspace's inodes if it is the sandbox's own tmpfs; say why not if that fails.
+
+    A workspace mapped elsewhere (``path_map``) is a host folder the backend chose.
+    """
+    if not plan.confine or workspace != config.workspace:
+        return {}
+    why = _bounds.bound_inodes(workspace, config.limits["workspace_inodes"])
+    return {"workspace_inodes": why} if why else {}
 
 
 def prepare_workspace(workspace: str, outbox: str, uid: int | None, gid: int | None) -> None:
@@ -246,21 +186,21 @@ def prepare_workspace(workspace: str, outbox: str, uid: int | None, gid: int | N
 
 
 def worker_options(
-    config: dict[str, Any], plan: _launch.LaunchPlan, workspace: str, outbox: str
+    config: Hello, plan: _launch.LaunchPlan, workspace: str, outbox: str
 ) -> dict[str, Any]:
     """``_worker.start_worker``'s keywords: the file worker runs as the calls' user and
     sees the sandbox's paths as they are mapped on this side."""
-    path_map = config["path_map"]
+    path_map = config.path_map
     return {
-        "drop_uid": config["drop_uid"],
-        "drop_gid": config["drop_gid"],
+        "drop_uid": config.drop_uid,
+        "drop_gid": config.drop_gid,
         "context": {
-            "workdir": map_path(config["workdir"], path_map),
-            "visible_roots": tuple(map_path(r, path_map) for r in config["visible_roots"]),
+            "workdir": map_path(config.workdir, path_map),
+            "visible_roots": tuple(map_path(r, path_map) for r in config.visible_roots),
             "path_map": dict(path_map),
             "workspace": workspace,
             "outbox": outbox,
-            "writable_roots": tuple(map_path(r, path_map) for r in config["writable_roots"]),
+            "writable_roots": tuple(map_path(r, path_map) for r in config.writable_roots),
         },
         "own_userns": _own_userns(plan),
         "confine": plan.confine,
@@ -269,32 +209,29 @@ def worker_options(
     }
 
 
-def helper_filter(config: dict[str, Any], plan: _launch.LaunchPlan, name: str) -> bytes | None:
+def helper_filter(config: Hello, plan: _launch.LaunchPlan, name: str) -> bytes | None:
     """The filter helper ``name`` stacks over the server's: the host's, where the turn's
     calls get theirs (None where they get none: the host relaxed it or this host has none)."""
     if plan.seccomp is None:
         return None
-    program: bytes | None = config["helper_seccomp"].get(name)
-    return program
+    return config.helper_filter(name)
 
 
-def start_relay(
-    config: dict[str, Any], plan: _launch.LaunchPlan
-) -> tuple[int | None, bool | str | None]:
+def start_relay(config: Hello, plan: _launch.LaunchPlan) -> tuple[int | None, bool | str | None]:
     """Start the egress relay if the turn allows a network: its pid, and True, None (no
     network) or why not.
 
     Forked first, while the server is a single thread with nothing of a call's open.
     """
-    egress = config["egress"]
+    egress = config.egress
     if egress is None:
         return None, None
     try:
         relay = _relay.start(
-            map_path(egress["socket"], config["path_map"]),
+            map_path(egress["socket"], config.path_map),
             egress["port"],
-            config["drop_uid"],
-            config["drop_gid"],
+            config.drop_uid,
+            config.drop_gid,
             own_userns=_own_userns(plan),
             confine=plan.confine,
             seccomp=helper_filter(config, plan, "relay"),
@@ -313,24 +250,23 @@ def ready_frame(
     probed: dict[str, str],
 ) -> dict[str, Any]:
     """The answer to the hello: what this server is and what came of each request."""
-    return {
-        "type": "ready",
-        "egress": egress,
-        "version": _protocol.VERSION,
-        "python": sys.version.split()[0],
-        "pid": os.getpid(),
-        "uid": os.getuid(),
-        "euid": os.geteuid(),
-        "gid": os.getgid(),
-        "confine": plan.confine,
-        "pid_namespace": plan.confine and plan.pid_namespace,
-        "seccomp": plan.seccomp is not None,
-        # Whether the file primitives (`fs` requests) are served; informative only.
-        "fs": _worker._load_handler() is not None,
-        "problems": problems,
-        "relaxations": relaxations,
-        "probed": probed,
-    }
+    ready = Ready(
+        egress=egress,
+        version=_protocol.VERSION,
+        python=sys.version.split()[0],
+        pid=os.getpid(),
+        uid=os.getuid(),
+        euid=os.geteuid(),
+        gid=os.getgid(),
+        confine=plan.confine,
+        pid_namespace=plan.confine and plan.pid_namespace,
+        seccomp=plan.seccomp is not None,
+        fs=_worker._load_handler() is not None,
+        problems=problems,
+        relaxations=relaxations,
+        probed=probed,
+    )
+    return ready.to_json()
 
 
 def _seccomp_installer() -> Callable[[bytes], None] | None:

@@ -16,11 +16,11 @@ built on demand.
 
 ``Server`` is one state machine over one loop: every handler reads and writes the
 same calls, so they stay here. What stands alone lives beside it: the wire format
-(``_protocol``), a call's values, its outcome and its exit frame (``_calls``), its
-pipes (``_pipes``), where its processes come from (``_spawner``, ``_zygote``,
-``_launch``), the turn's setup from the hello (``_hello``), the file worker's queue
-(``_fsqueue``, ``_worker``, ``_files``), the outbox (``_outbox``) and the memory
-watch's measures (``_bounds``).
+(``_protocol``) and its messages (``_messages``), a call's values, its outcome and
+its exit frame (``_calls``), its pipes (``_pipes``), where its processes come from
+(``_spawner``, ``_zygote``, ``_launch``), the turn's setup from the hello
+(``_hello``), the file worker's queue (``_fsqueue``, ``_worker``, ``_files``), the
+outbox (``_outbox``) and the memory watch's measures (``_bounds``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,18 @@ from __future__ import annotations
 import os
 import time
 
-from . import _bounds, _fsqueue, _hello, _launch, _outbox, _pipes, _protocol, _spawner, _sys
+from . import (
+    _bounds,
+    _fsqueue,
+    _hello,
+    _launch,
+    _messages,
+    _outbox,
+    _pipes,
+    _protocol,
+    _spawner,
+    _sys,
+)
 from ._calls import Call, RunOrder, exit_frame, map_path, outcome, parse_run, refusal, status_values
 from ._lean import EVENT_READ, EVENT_WRITE, Selector, signal, suppress
 
@@ -48,10 +59,6 @@ _DRAIN_GROUP = 0.5
 _BACK_TO_BACK = 0.01
 # How long after an answer the next spare's forks wait, so the host gets the CPUs first.
 _REFILL_DELAY = 0.003
-#: The requests the file worker answers, by message type, and the op each one is (None: its
-#: own ``op`` field). A snapshot's listing and reads and a restore's writes are messages of
-#: their own, so the host's file primitives cannot be asked for them.
-_FILE_REQUESTS = {"fs": None, "snapshot": "pack", "restore": "unpack"}
 
 
 class Server:
@@ -64,7 +71,7 @@ class Server:
         self.selector = Selector()
         self.calls: dict[int, Call] = {}
         self.running = True
-        self.config: dict[str, Any] | None = None
+        self.config: _messages.Hello | None = None
         self.plan: _launch.LaunchPlan | None = None
         self.path_map: dict[str, str] = {}
         self.env: dict[str, str] = {}
@@ -165,71 +172,68 @@ class Server:
             self._dispatch(*frame)
 
     def _dispatch(self, header: dict[str, Any], body: bytes) -> None:
+        """Read the frame as its type's message (``_messages.READERS``) and answer it with
+        this type's handler (``_REQUESTS``); refuse it if it may not come now."""
         kind = header["type"]
         raw_id = header.get("id")
         call_id = raw_id if isinstance(raw_id, int) and not isinstance(raw_id, bool) else None
-        if kind == "hello":
-            self._hello(header)
-        elif self.config is None:
+        if kind != "hello" and self.config is None:
             self.fail(None, f"expected 'hello' first, got {kind!r}")
         elif kind == "shutdown":
             self.running = False
-        elif call_id is None:
+        elif call_id is None and kind != "hello":
             self.fail(None, f"{kind!r} request without an integer 'id'")
-        elif kind == "run":
-            self._run(call_id, header, body)
-        elif kind in _FILE_REQUESTS:
-            op = _FILE_REQUESTS[kind]
-            why = self.files.submit(call_id, header if op is None else dict(header, op=op), body)
-            if why is not None:
-                self.fail(call_id, why)
-        elif kind == "cancel":
-            call = self.calls.get(call_id)
-            if call is not None and call.drain_deadline is None and self._still_running(call):
-                call.cancelled = True
-                self._kill(call)
-        else:
+        elif kind not in _REQUESTS:
             self.fail(call_id, f"unknown request type {kind!r}")
+        else:
+            try:
+                message = _messages.READERS[kind].from_json(header)
+            except (TypeError, ValueError) as exc:
+                self.fail(call_id, str(exc))
+                return
+            _REQUESTS[kind](self, call_id, message, body)
+
+    def _file_op(self, call_id: int, message: _messages.FileOp, body: bytes) -> None:
+        self.files.submit(call_id, message, body)
+
+    def _cancel(self, call_id: int, message: _messages.Cancel, body: bytes) -> None:
+        call = self.calls.get(call_id)
+        if call is not None and call.drain_deadline is None and self._still_running(call):
+            call.cancelled = True
+            self._kill(call)
 
     # -- hello -----------------------------------------------------------------
 
-    def _hello(self, header: dict[str, Any]) -> None:
+    def _hello(self, call_id: None, config: _messages.Hello, body: bytes) -> None:
         if self.config is not None:
             self.fail(None, "a second 'hello'")
             return
-        try:
-            config = _hello.parse_hello(header)
-        except (KeyError, TypeError, ValueError) as exc:
-            self.fail(None, f"invalid hello: {exc}")
-            return
         self.config = config
-        self.path_map = config["path_map"]
-        self.env = {k: map_path(v, self.path_map) for k, v in config["env"].items()}
+        self.path_map = config.path_map
+        self.env = {k: map_path(v, self.path_map) for k, v in config.env.items()}
         plan, problems = _hello.launch_plan(config)
         # What the probe alone found, for the host to hand later turns (not this turn's own
         # checks below, which each turn makes again).
         probe_found = dict(problems)
         self.plan = plan
-        self.oom_fd = _bounds.oom_counter(config["memory_events"])
-        self.limit_fd = _bounds.limit_reader(config["memory_limits"])
-        self.spawner = _spawner.Spawner(plan, self.env, config["root_identity"])
-        workspace = map_path(config["workspace"], self.path_map)
-        outbox = map_path(config["outbox"], self.path_map)
-        if plan.confine and workspace == config["workspace"]:
+        self.oom_fd = _bounds.oom_counter(config.memory_events)
+        self.limit_fd = _bounds.limit_reader(config.memory_limits)
+        self.spawner = _spawner.Spawner(plan, self.env, config.root_identity)
+        workspace = map_path(config.workspace, self.path_map)
+        outbox = map_path(config.outbox, self.path_map)
+        problems.update(_hello.workspace_problems(config, plan, workspace))
+        if plan.confine and workspace == config.workspace:
             # A mapped workspace is a host folder the backend chose, not the sandbox's tmpfs.
-            why = _bounds.bound_inodes(workspace, config["limits"]["workspace_inodes"])
-            if why:
-                problems["workspace_inodes"] = why
             self.disk_path = workspace
         # The overlay first: the outbox and the writable root's layers are made in it.
         lowered = _hello.lower_workspace(config, plan, workspace)
-        _hello.prepare_workspace(workspace, outbox, config["drop_uid"], config["drop_gid"])
+        _hello.prepare_workspace(workspace, outbox, config.drop_uid, config.drop_gid)
         relaxations = {**lowered, **_hello.relaxations(config, plan, workspace)}
         self.outbox = outbox
         self.files.path_map = self.path_map
         # The file worker starts with the first file request (see _fsqueue).
         self.files.options = _hello.worker_options(config, plan, workspace, outbox)
-        self.files.idle_limit = config["file_worker_idle"]
+        self.files.idle_limit = float(config.file_worker_idle)
         self.relay, egress = _hello.start_relay(config, plan)
         self.send(_hello.ready_frame(plan, egress, problems, relaxations, probe_found))
         # The first spare, like every next one, waits a moment: the host has the CPUs to
@@ -237,7 +241,7 @@ class Server:
         # zygote and no chain only to kill them. A call that comes first takes its own.
         self.refill_at = time.monotonic() + _REFILL_DELAY
 
-    def _configured(self) -> tuple[dict[str, Any], _launch.LaunchPlan]:
+    def _configured(self) -> tuple[_messages.Hello, _launch.LaunchPlan]:
         if self.config is None or self.plan is None:
             raise RuntimeError("the server is used before hello")
         return self.config, self.plan
@@ -255,10 +259,10 @@ class Server:
 
     # -- calls -----------------------------------------------------------------
 
-    def _run(self, call_id: int, header: dict[str, Any], body: bytes) -> None:
+    def _run(self, call_id: int, message: _messages.Run, body: bytes) -> None:
         config, plan = self._configured()
         try:
-            order = parse_run(header, body, config["workdir"])
+            order = parse_run(message, body, config.workdir)
         except (TypeError, ValueError) as exc:
             self.fail(call_id, str(exc))
             return
@@ -271,7 +275,7 @@ class Server:
         cwd = map_path(order.cwd, self.path_map)
         split = order.split
         try:
-            outbox = _outbox.prepare(self.outbox, call_id, config["drop_uid"], config["drop_gid"])
+            outbox = _outbox.prepare(self.outbox, call_id, config.drop_uid, config.drop_gid)
         except OSError as exc:
             self.fail(call_id, f"cannot make the call's outbox: {exc}")
             return
@@ -524,7 +528,7 @@ class Server:
             if init and init[0].isdigit():
                 inits[int(init[0])] = call.id
         config, _ = self._configured()
-        limits = config["limits"]
+        limits = config.limits
         stop = _bounds.victim(inits, zygote.call_depth, limits["memory_mb"] << 20, tasks)
         for call_id, reached in _bounds.processes_reached(tasks, limits["processes"]).items():
             # The first sight stands: the kernel refused the call's forks from then on.
@@ -591,8 +595,8 @@ class Server:
         collected = _outbox.collect(
             self.outbox,
             call.id,
-            config["drop_uid"],
-            config["limits"]["disk_mb"] << 20,
+            config.drop_uid,
+            config.limits["disk_mb"] << 20,
         )
         try:
             files = [{"name": name, "size": size} for name, _, size in collected.files]
@@ -654,3 +658,14 @@ def main() -> None:
     os.close(null_r)
     os.close(null_w)
     Server(rfd, wfd).serve()
+
+
+#: How the server answers each request, by message type (``shutdown`` ends the loop).
+_REQUESTS: dict[str, Callable[[Server, Any, Any, bytes], None]] = {
+    "hello": Server._hello,
+    "run": Server._run,
+    "fs": Server._file_op,
+    "snapshot": Server._file_op,
+    "restore": Server._file_op,
+    "cancel": Server._cancel,
+}
