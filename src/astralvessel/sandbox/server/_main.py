@@ -14,14 +14,14 @@ runs if the host calls back to back, so the forks stay off the call's critical
 path. A call that finds no spare (it died, or none could be built) has one
 built on demand.
 
-``Server`` is one state machine over one loop: every handler reads and writes the
-same calls, so they stay here (which is why this module, alone in the package, is
-past 650 lines: cutting the machine in two would share its state across modules). What stands alone lives beside it: the wire format
-(``_protocol``) and its messages (``_messages``), a call's values, its outcome and
-its exit frame (``_calls``), its pipes (``_pipes``), where its processes come from
-(``_spawner``, ``_zygote``, ``_launch``), the turn's setup from the hello
-(``_hello``), the file worker's queue (``_fsqueue``, ``_worker``, ``_files``), the
-outbox (``_outbox``) and the memory watch's measures (``_bounds``).
+``Server`` is one state machine over one loop: every handler reads and writes the same
+calls, so they stay here (which is why this module, alone in the package, is past 650
+lines: cutting the machine in two would share its state across modules). What stands
+alone lives beside it: the wire format (``_protocol``) and its messages (``_messages``),
+a call's values, its outcome and its exit frame (``_calls``), its pipes (``_pipes``),
+where its processes come from (``_spawner``, ``_zygote``, ``_launch``), the turn's setup
+from the hello (``_hello``), the file worker's queue (``_fsqueue``, ``_worker``,
+``_files``), the outbox (``_outbox``) and the memory watch's measures (``_bounds``).
 """
 
 from __future__ import annotations
