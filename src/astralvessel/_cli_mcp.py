@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import Any
 
-from ._cli_options import add_network_option, add_relax_option, network_hosts
+from ._cli_options import add_network_option, add_relax_option, executor_from
 
 __all__ = ["register"]
 
@@ -39,8 +39,6 @@ def _serve(args: argparse.Namespace) -> int:
     # Load and check everything before serving, so the host's mistakes exit 2 with one
     # clear line instead of becoming protocol errors mid-session.
     from .agent import Agent
-    from .executor import Executor
-    from .registry import Registry
     from .sandbox._policy import Mount
 
     try:
@@ -51,18 +49,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     agent = Agent.load(args.agent_dir)
     mounts = [Mount.parse(text) for text in args.mount]
-    executor = Executor(
-        Registry.for_agent(agent),
-        sandbox=args.backend,
-        mounts=mounts,
-        scopes=args.scopes,
-        relax=args.relax,
-        network_allow=args.network_allow,
-        network_hosts=network_hosts(args.network_hosts),
-        writable_root=args.writable_root,
-        root_identity=args.root_identity,
-        tool_servers=args.tool_servers,
-    )
+    executor = executor_from(args, agent, mounts)
     import asyncio  # here, not at the top: every CLI start registers this command
 
     asyncio.run(serve_stdio(executor, name=args.name, start_sandbox=True))

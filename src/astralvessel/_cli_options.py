@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from .sandbox._policy import Promise
 
-__all__ = ["add_network_option", "add_relax_option", "network_hosts"]
+if TYPE_CHECKING:
+    from .agent import Agent
+    from .executor import Executor
+    from .sandbox._policy import Mount
+
+__all__ = ["add_network_option", "add_relax_option", "executor_from", "network_hosts"]
 
 
 def add_relax_option(parser: argparse.ArgumentParser) -> None:
@@ -110,3 +117,30 @@ def network_hosts(pins: list[tuple[str, str]]) -> dict[str, list[str]]:
     for name, address in pins:
         hosts.setdefault(name, []).append(address)
     return hosts
+
+
+def executor_from(
+    args: argparse.Namespace,
+    agent: Agent,
+    mounts: Sequence[Mount],
+    *,
+    outbox_dir: str | None = None,
+) -> Executor:
+    """The ``Executor`` the ``call`` and ``mcp`` subcommands run ``agent``'s tools with."""
+    # Imported here, not at the top: every CLI start reads this module.
+    from .executor import Executor
+    from .registry import Registry
+
+    return Executor(
+        Registry.for_agent(agent),
+        sandbox=args.backend,
+        mounts=mounts,
+        scopes=args.scopes,
+        relax=args.relax,
+        network_allow=args.network_allow,
+        network_hosts=network_hosts(args.network_hosts),
+        writable_root=args.writable_root,
+        root_identity=args.root_identity,
+        tool_servers=args.tool_servers,
+        outbox_dir=outbox_dir,
+    )

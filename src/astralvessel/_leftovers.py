@@ -29,7 +29,14 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["is_leftover", "make_folder", "owned_prefix", "remove_leftovers", "start_time"]
+__all__ = [
+    "is_leftover",
+    "leftover_folders",
+    "make_folder",
+    "owned_prefix",
+    "remove_leftovers",
+    "start_time",
+]
 
 
 def start_time(pid: int) -> str | None:
@@ -100,21 +107,36 @@ def is_leftover(name: str, kind: str, start_time_of: Callable[[int], str | None]
     return start_time_of(pid) != started
 
 
-def remove_leftovers(kind: str, parent: str | None = None) -> int:
-    """Remove the folders of ``kind`` in ``parent`` whose owner is gone; return how many."""
-    parent = parent or tempfile.gettempdir()
-    removed = 0
-    with contextlib.suppress(OSError), os.scandir(parent) as entries:
+def leftover_folders(
+    kind: str,
+    parent: str | None = None,
+    start_time_of: Callable[[int], str | None] = start_time,
+) -> list[os.DirEntry[str]]:
+    """The folders of ``kind`` in ``parent`` whose owner is gone: real folders of this uid only.
+
+    ``parent`` defaults to the temporary folder; what cannot be read is passed over.
+    """
+    folders: list[os.DirEntry[str]] = []
+    with contextlib.suppress(OSError), os.scandir(parent or tempfile.gettempdir()) as entries:
         for entry in entries:
-            if not is_leftover(entry.name, kind, start_time):
+            if not is_leftover(entry.name, kind, start_time_of):
                 continue
             with contextlib.suppress(OSError):
                 if entry.is_dir(follow_symlinks=False) and (
                     entry.stat(follow_symlinks=False).st_uid == os.geteuid()
                 ):
-                    # rmtree checks the folder it opens is the one it looked at: never a link.
-                    shutil.rmtree(entry.path)
-                    removed += 1
+                    folders.append(entry)
+    return folders
+
+
+def remove_leftovers(kind: str, parent: str | None = None) -> int:
+    """Remove the folders of ``kind`` in ``parent`` whose owner is gone; return how many."""
+    removed = 0
+    for entry in leftover_folders(kind, parent):
+        with contextlib.suppress(OSError):
+            # rmtree checks the folder it opens is the one it looked at: never a link.
+            shutil.rmtree(entry.path)
+            removed += 1
     return removed
 
 

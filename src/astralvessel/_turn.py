@@ -12,14 +12,14 @@ import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
-from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
 from . import _exec
-from ._aio import shielded, to_thread
+from ._aio import to_thread
 from ._arguments import Refusal, check_arguments, parse_arguments, unknown_tool
+from ._closing import Closing, refuse_if_ended
 from ._exec import Listing
 from ._observe import TurnWatch, byte_size
 from ._plans import Call, Plan
@@ -49,7 +49,7 @@ __all__ = ["Turn"]
 _T = TypeVar("_T")
 
 
-class Turn:
+class Turn(Closing):
     """One turn: one sandbox, one workspace, any number of (concurrent) calls.
 
     The sandbox starts on the first call that needs it and ends with the turn. If
@@ -86,23 +86,6 @@ class Turn:
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def __enter__(self) -> Turn:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    async def __aenter__(self) -> Turn:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
     def close(self) -> None:
         """End the turn: kill everything in its sandbox and remove its workspace.
 
@@ -124,13 +107,6 @@ class Turn:
             proxy.close()
         self._watch.closed()
 
-    async def aclose(self) -> None:
-        """Async twin of ``close``; it finishes even when the caller is being cancelled."""
-        # Shielded: under trio, or an anyio scope on asyncio, cancellation is level-triggered,
-        # and the ``async with`` a cancel unwinds would otherwise leave the sandbox running.
-        with shielded():
-            await to_thread(self.close)
-
     @property
     def session(self) -> SandboxSession:
         """The turn's running sandbox, started now if it has not been yet.
@@ -140,8 +116,7 @@ class Turn:
         """
         self._refuse_if_forked()
         with self._lock:
-            if self._closed:
-                raise TurnClosedError("this turn has ended; open a new one with executor.turn()")
+            refuse_if_ended(self._closed)
             if self._session is None:
                 started = time.monotonic()
                 self._session, self._proxy = self._start_session()

@@ -119,6 +119,17 @@ def _schema(properties: dict[str, dict[str, Any]], required: Sequence[str] = ())
     return schema
 
 
+def _count(what: str, *, most: int, default: int) -> dict[str, Any]:
+    """A count parameter from 1 to ``most``, its description saying the bound."""
+    return {
+        "type": "integer",
+        "minimum": 1,
+        "maximum": most,
+        "default": default,
+        "description": f"{what}, at most {most}.",
+    }
+
+
 _PATH_NOTE = "Absolute, or relative to the workdir."
 
 _READ = Builtin(
@@ -139,13 +150,9 @@ _READ = Builtin(
                 "default": 1,
                 "description": "First line to return, counting from 1.",
             },
-            "limit": {
-                "type": "integer",
-                "minimum": 1,
-                "maximum": READ_MAX_LIMIT,
-                "default": READ_DEFAULT_LIMIT,
-                "description": f"How many lines to return, at most {READ_MAX_LIMIT}.",
-            },
+            "limit": _count(
+                "How many lines to return", most=READ_MAX_LIMIT, default=READ_DEFAULT_LIMIT
+            ),
         },
         required=["path"],
     ),
@@ -182,13 +189,9 @@ _GREP = Builtin(
                 "default": False,
                 "description": "Match letters regardless of case.",
             },
-            "max_results": {
-                "type": "integer",
-                "minimum": 1,
-                "maximum": GREP_MAX,
-                "default": GREP_DEFAULT_MAX,
-                "description": f"Most matching lines to return, at most {GREP_MAX}.",
-            },
+            "max_results": _count(
+                "Most matching lines to return", most=GREP_MAX, default=GREP_DEFAULT_MAX
+            ),
         },
         required=["pattern"],
     ),
@@ -216,13 +219,7 @@ _GLOB = Builtin(
                 "type": "string",
                 "description": f"Directory to search from; the workdir if omitted. {_PATH_NOTE}",
             },
-            "max_results": {
-                "type": "integer",
-                "minimum": 1,
-                "maximum": GLOB_MAX,
-                "default": GLOB_DEFAULT_MAX,
-                "description": f"Most paths to return, at most {GLOB_MAX}.",
-            },
+            "max_results": _count("Most paths to return", most=GLOB_MAX, default=GLOB_DEFAULT_MAX),
         },
         required=["pattern"],
     ),
@@ -315,13 +312,7 @@ _WEBSEARCH = Builtin(
     parameters=_schema(
         {
             "query": {"type": "string", "description": "What to search for."},
-            "max_results": {
-                "type": "integer",
-                "minimum": 1,
-                "maximum": 20,
-                "default": 8,
-                "description": "Most results to return, at most 20.",
-            },
+            "max_results": _count("Most results to return", most=20, default=8),
         },
         required=["query"],
     ),

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, NoReturn
 
-from ._cli_options import add_network_option, add_relax_option, network_hosts
+from ._cli_options import add_network_option, add_relax_option, executor_from
 from ._cli_progress import progress
 from ._terminal import for_terminal
 from .errors import AstralVesselError, ConfigError
@@ -181,8 +181,6 @@ def unmounted_workdir(workdir: PurePosixPath, targets: list[PurePosixPath]) -> s
 
 def _call(args: argparse.Namespace) -> int:
     from .agent import Agent
-    from .executor import Executor
-    from .registry import Registry
     from .sandbox._policy import Mount
 
     agent = Agent.load(args.agent_dir)
@@ -194,19 +192,7 @@ def _call(args: argparse.Namespace) -> int:
     # The files a result names must exist after the CLI exits: they go to --outbox, or to
     # a temporary folder that is kept (and named on stderr) only if the call left files.
     outbox = args.outbox or tempfile.mkdtemp(prefix="astralvessel-outbox-")
-    executor = Executor(
-        Registry.for_agent(agent),
-        sandbox=args.backend,
-        mounts=mounts,
-        scopes=args.scopes,
-        relax=args.relax,
-        network_allow=args.network_allow,
-        network_hosts=network_hosts(args.network_hosts),
-        writable_root=args.writable_root,
-        root_identity=args.root_identity,
-        tool_servers=args.tool_servers,
-        outbox_dir=outbox,
-    )
+    executor = executor_from(args, agent, mounts, outbox_dir=outbox)
     try:
         with executor.turn() as turn, progress(args.tool):
             result = turn.call(args.tool, arguments)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ._aio import shielded, to_thread
+from ._closing import Closing
 from ._ledger import Ledger
 from ._network import WarmNetwork, admit_hosts, start_proxy, start_sandbox
 from ._plans import TurnContext
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
 __all__ = ["Executor", "Turn"]
 
 
-class Executor:
+class Executor(Closing):
     """Binds a registry to a sandbox backend, mounts, granted scopes and limits.
 
     ``sandbox`` is a backend instance, a backend name (``"bubblewrap"``...), or
@@ -230,25 +230,6 @@ class Executor:
         """Kill the warm sandboxes still waiting for a turn; turns opened after it start cold."""
         self._warm = None
         self._release()
-
-    async def aclose(self) -> None:
-        """Async twin of ``close``; it finishes even when the caller is being cancelled."""
-        # Shielded: under trio, or an anyio scope on asyncio, cancellation is level-triggered,
-        # and the ``async with`` a cancel unwinds would otherwise leave the sandbox running.
-        with shielded():
-            await to_thread(self.close)
-
-    def __enter__(self) -> Executor:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    async def __aenter__(self) -> Executor:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
 
     def _start_session(
         self, proxy: EgressProxy | None = None, snapshot: TurnSnapshot | None = None

@@ -38,7 +38,7 @@ from ._tar import (
     member_header,
     pad,
 )
-from ._tree import CHUNK
+from ._tree import CHUNK, open_regular
 
 __all__ = ["archive_limit", "extract_archive", "read_manifest", "write_archive"]
 
@@ -84,13 +84,8 @@ def _member_link(entry: Entry) -> bytes:
 
 def _copy_file(root: bytes, entry: Entry, out: BinaryIO) -> None:
     path = root + b"/" + entry.name
+    fd = open_regular(path, entry.name, replaced="is no longer a regular file")
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY)
-    except OSError as exc:
-        raise SnapshotError(f"{show(entry.name)} cannot be read: {exc.strerror}") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise SnapshotError(f"{show(entry.name)} is no longer a regular file")
         digest = hashlib.sha256()
         left = entry.size
         while left:

@@ -19,7 +19,7 @@ from pathlib import Path
 from ..errors import SnapshotError
 from ._manifest import KEPT_MODE_BITS, SETID_BITS, Entry, EntryKind, Manifest, show
 
-__all__ = ["hash_file", "scan_tree"]
+__all__ = ["hash_file", "open_regular", "scan_tree"]
 
 #: Read files in chunks this big: few system calls, little memory.
 CHUNK = 1 << 20
@@ -49,14 +49,30 @@ def hash_file(fd: int, size: int, name: bytes) -> str:
     return digest.hexdigest()
 
 
-def _read_digest(path: bytes, name: bytes, size: int) -> str:
+def open_regular(path: bytes, name: bytes, *, replaced: str) -> int:
+    """A descriptor to read the regular file at ``path``, opened without following a link.
+
+    Raises ``SnapshotError`` naming ``name`` when it cannot be opened, or when what
+    was opened is not a regular file (``replaced`` says how the caller puts that).
+    """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY)
     except OSError as exc:
         raise SnapshotError(f"{show(name)} cannot be read: {exc.strerror}") from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise SnapshotError(f"{show(name)} was replaced while it was read")
+        regular = stat.S_ISREG(os.fstat(fd).st_mode)
+    except BaseException:
+        os.close(fd)
+        raise
+    if not regular:
+        os.close(fd)
+        raise SnapshotError(f"{show(name)} {replaced}")
+    return fd
+
+
+def _read_digest(path: bytes, name: bytes, size: int) -> str:
+    fd = open_regular(path, name, replaced="was replaced while it was read")
+    try:
         return hash_file(fd, size, name)
     finally:
         os.close(fd)

@@ -18,19 +18,19 @@ import time
 import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import attrs
 
 from .. import _log
-from .._aio import shielded, to_thread, wait_future
+from .._aio import wait_future
+from .._closing import Closing, refuse_if_ended
 from .._ledger import Ledger
 from .._observe import TurnWatch
 from .._settings import check_mount_items, check_registry, check_snapshot, settings_from
 from .._snapshot._value import TurnSnapshot
 from .._suggest import install_extra
-from ..errors import BackendUnavailableError, TurnClosedError, UsageError
+from ..errors import BackendUnavailableError, UsageError
 from ..registry import Registry
 from ..results import OutboxFile, ToolResult, render_sandbox_died
 from ..sandbox._base import Sandbox
@@ -92,7 +92,7 @@ def _actor_class() -> Any:
     return _ray().remote(TurnHost)
 
 
-class RayExecutor:
+class RayExecutor(Closing):
     """An ``Executor`` whose turns each run on one node of a Ray cluster.
 
     ``address`` is the cluster to join (``ray.init(address=...)``) when this
@@ -221,23 +221,6 @@ class RayExecutor:
         self._warm = None
         self._release()
 
-    async def aclose(self) -> None:
-        """Async twin of ``close``; it finishes even when the caller is being cancelled."""
-        with shielded():
-            await to_thread(self.close)
-
-    def __enter__(self) -> RayExecutor:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    async def __aenter__(self) -> RayExecutor:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.aclose()
-
     def _deadline(self, name: str) -> float:
         """How long the host waits for a call of ``name`` before calling its node lost."""
         spec = self.registry.get(name) if isinstance(name, str) else None
@@ -300,7 +283,7 @@ class _Sent:
     timeout: float
 
 
-class RayTurn:
+class RayTurn(Closing):
     """One turn on one Ray node: ``call`` and ``acall`` as ``Turn``'s; results name the node."""
 
     def __init__(self, executor: RayExecutor, *, snapshot: TurnSnapshot | None = None) -> None:
@@ -322,23 +305,6 @@ class RayTurn:
 
     # -- lifecycle ------------------------------------------------------------------------
 
-    def __enter__(self) -> RayTurn:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    async def __aenter__(self) -> RayTurn:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
     def close(self) -> None:
         """End the turn on its node (its sandbox and workspace) and release the actor."""
         with self._lock:
@@ -349,11 +315,6 @@ class RayTurn:
         self._turn_outbox.close()
         self._watch.closed()
 
-    async def aclose(self) -> None:
-        """Async twin of ``close``; it finishes even when the caller is being cancelled."""
-        with shielded():
-            await to_thread(self.close)
-
     @property
     def node(self) -> str:
         """The id of the Ray node holding this turn (placing its actor now if need be)."""
@@ -363,8 +324,7 @@ class RayTurn:
 
     def _handle(self) -> Any:
         with self._lock:
-            if self._closed:
-                raise TurnClosedError("this turn has ended; open a new one with executor.turn()")
+            refuse_if_ended(self._closed)
             if self._actor is None:
                 self._actor = self.executor._place(self.snapshot_source)
             return self._actor

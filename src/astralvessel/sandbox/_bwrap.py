@@ -31,7 +31,7 @@ from ._layout import (
     sandbox_layout,
 )
 from ._mechanisms import Setup
-from ._nsbackend import NamespaceBackend
+from ._nsbackend import Launch, NamespaceBackend
 from ._policy import Policy, Promise
 
 __all__ = ["Bubblewrap", "bwrap_argv"]
@@ -181,17 +181,7 @@ class Bubblewrap(NamespaceBackend):
         mount = memory_mount(facts)
         return None if mount is None else turn_cgroup({"memory": mount}, policy.limits)
 
-    def _argv(
-        self,
-        binary: BinaryInfo,
-        policy: Policy,
-        facts: HostFacts,
-        command: Sequence[str],
-        seccomp: int | str | None,
-        *,
-        config_fd: int | None = None,
-        server_fds: Sequence[int] = (),
-    ) -> list[str]:
+    def _argv(self, launch: Launch) -> list[str]:
         # bwrap leaves the descriptors it inherits open for the command: server_fds need nothing.
-        fd = seccomp if isinstance(seccomp, int) else None
-        return bwrap_argv(binary, policy, facts, command, seccomp_fd=fd)
+        fd = launch.seccomp if isinstance(launch.seccomp, int) else None
+        return bwrap_argv(launch.binary, launch.policy, launch.facts, launch.command, seccomp_fd=fd)

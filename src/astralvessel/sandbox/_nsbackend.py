@@ -15,6 +15,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import ClassVar
 
+import attrs
+
 from ..errors import BackendUnavailableError, PromiseNotEnforcedError
 from ._base import BackendReport, Sandbox, ServerLink, ServerOptions
 from ._cgroup import TurnCgroup
@@ -64,6 +66,22 @@ def choose_binary(candidates: Sequence[BinaryInfo], preferred: Sequence[bool]) -
     return candidates[0] if candidates else None
 
 
+@attrs.frozen
+class Launch:
+    """What a backend's command line is made of: the tool, the turn, the command, its filter."""
+
+    binary: BinaryInfo
+    policy: Policy
+    facts: HostFacts
+    command: Sequence[str]
+    #: A BPF file descriptor (bwrap) or kafel text (nsjail), or None without a filter.
+    seccomp: int | str | None
+    #: A descriptor holding what ``_config`` returned, if anything.
+    config_fd: int | None = None
+    #: Descriptors the server itself must get, at the same numbers.
+    server_fds: Sequence[int] = ()
+
+
 class NamespaceBackend(Sandbox):
     """A backend that runs the server in Linux namespaces built by one external binary."""
 
@@ -108,22 +126,8 @@ class NamespaceBackend(Sandbox):
         return None
 
     @abc.abstractmethod
-    def _argv(
-        self,
-        binary: BinaryInfo,
-        policy: Policy,
-        facts: HostFacts,
-        command: Sequence[str],
-        seccomp: int | str | None,
-        *,
-        config_fd: int | None = None,
-        server_fds: Sequence[int] = (),
-    ) -> list[str]:
-        """The command line; ``seccomp`` is a BPF file descriptor (bwrap) or kafel text (nsjail).
-
-        ``config_fd`` is a descriptor holding what ``_config`` returned, if anything;
-        ``server_fds`` are descriptors the server itself must get, at the same numbers.
-        """
+    def _argv(self, launch: Launch) -> list[str]:
+        """The command line that starts ``launch.command`` in this backend's sandbox."""
 
     def _config(self, policy: Policy, facts: HostFacts) -> bytes | None:
         """A configuration the tool reads from a descriptor (nsjail's mounts), or None."""
@@ -272,13 +276,15 @@ class NamespaceBackend(Sandbox):
             config = self._config(policy, facts)
             config_fd = None if config is None else _memfd(config, "astralvessel-config")
             argv = self._argv(
-                binary,
-                policy,
-                facts,
-                server_command(facts.python.executable, first_filter=first_filter),
-                server_filter,
-                config_fd=config_fd,
-                server_fds=tuple(fd for fd in (events_fd, limit_fd) if fd is not None),
+                Launch(
+                    binary,
+                    policy,
+                    facts,
+                    server_command(facts.python.executable, first_filter=first_filter),
+                    server_filter,
+                    config_fd=config_fd,
+                    server_fds=tuple(fd for fd in (events_fd, limit_fd) if fd is not None),
+                )
             )
             fds = tuple(fd for fd in (memfd, config_fd, events_fd, limit_fd) if fd is not None)
             # The cgroup goes and the lease goes back once the sandbox is reaped.

@@ -42,7 +42,7 @@ from ._layout import (
     sandbox_layout,
 )
 from ._mechanisms import Setup
-from ._nsbackend import NamespaceBackend
+from ._nsbackend import Launch, NamespaceBackend
 from ._pidns import find_unshare, unshare_argv
 from ._policy import Policy
 
@@ -201,27 +201,17 @@ class Nsjail(NamespaceBackend):
         mounts = cgroup_mounts(facts, CONTROLLERS)
         return None if mounts is None else turn_cgroup(mounts, policy.limits)
 
-    def _argv(
-        self,
-        binary: BinaryInfo,
-        policy: Policy,
-        facts: HostFacts,
-        command: Sequence[str],
-        seccomp: int | str | None,
-        *,
-        config_fd: int | None = None,
-        server_fds: Sequence[int] = (),
-    ) -> list[str]:
-        kafel = seccomp if isinstance(seccomp, str) else None
-        assert config_fd is not None  # noqa: S101 - start passes _config's descriptor
+    def _argv(self, launch: Launch) -> list[str]:
+        kafel = launch.seccomp if isinstance(launch.seccomp, str) else None
+        assert launch.config_fd is not None  # noqa: S101 - start passes _config's descriptor
         return nsjail_argv(
-            binary,
-            policy,
-            facts,
-            command,
+            launch.binary,
+            launch.policy,
+            launch.facts,
+            launch.command,
             seccomp_kafel=kafel,
-            config_fd=config_fd,
-            server_fds=server_fds,
+            config_fd=launch.config_fd,
+            server_fds=launch.server_fds,
             unshare=find_unshare(),
         )
 

@@ -334,14 +334,7 @@ class FakeSession(SandboxSession):
 
     def exec(self, request: ExecRequest) -> ExecResult:
         """Record the host's command and answer it from the sandbox's ``exec`` script."""
-        call = FakeExec(
-            argv=request.argv,
-            stdin=request.stdin,
-            cwd=request.cwd or str(self.policy.workdir),
-            env=dict(request.env),
-            timeout=request.timeout,
-        )
-        self.sandbox._record_exec(call)
+        call = self._host_exec(request)
         return answer_exec(self.sandbox.exec, call, request)
 
     async def aexec(self, request: ExecRequest) -> ExecResult:
@@ -350,16 +343,23 @@ class FakeSession(SandboxSession):
 
     def detach(self, request: DetachRequest) -> DetachedProcess:
         """Record a ``Turn.start`` and answer it from ``exec``: a process that has exited."""
+        call = self._host_exec(request, detached=True)
+        return answer_detach(self.sandbox.exec, call, request)
+
+    def _host_exec(
+        self, request: ExecRequest | DetachRequest, *, detached: bool = False
+    ) -> FakeExec:
+        """The host's command as the fake records it (``FakeSandbox.execs``), recorded."""
         call = FakeExec(
             argv=request.argv,
             stdin=request.stdin,
             cwd=request.cwd or str(self.policy.workdir),
             env=dict(request.env),
             timeout=request.timeout,
-            detached=True,
+            detached=detached,
         )
         self.sandbox._record_exec(call)
-        return answer_detach(self.sandbox.exec, call, request)
+        return call
 
     async def adetach(self, request: DetachRequest) -> DetachedProcess:
         """Async twin of ``detach``: nothing here waits."""

@@ -260,6 +260,19 @@ def _text(value: object) -> str:
     return value if isinstance(value, str) else ""
 
 
+def _hits_of(results: list[object], *, snippet: str) -> list[SearchHit]:
+    """The hits of an answer's results list: the items with a URL, ``snippet`` their text's key."""
+    return [
+        SearchHit(
+            title=_text(item.get("title")),
+            url=_text(item.get("url")),
+            snippet=_text(item.get(snippet)),
+        )
+        for item in results
+        if isinstance(item, dict) and _text(item.get("url"))
+    ]
+
+
 class SearxngProvider(_HttpProvider):
     """Searches a SearXNG instance through its JSON API (``format=json`` must be enabled)."""
 
@@ -288,15 +301,7 @@ class SearxngProvider(_HttpProvider):
         results = data.get("results") if isinstance(data, dict) else None
         if not isinstance(results, list):
             raise SearchError("the SearXNG instance's answer has no 'results' list")
-        return [
-            SearchHit(
-                title=_text(item.get("title")),
-                url=_text(item.get("url")),
-                snippet=_text(item.get("content")),
-            )
-            for item in results
-            if isinstance(item, dict) and _text(item.get("url"))
-        ]
+        return _hits_of(results, snippet="content")
 
 
 class BraveProvider(_HttpProvider):
@@ -330,12 +335,4 @@ class BraveProvider(_HttpProvider):
         results = web.get("results") if isinstance(web, dict) else None
         if not isinstance(results, list):
             raise SearchError("the Brave API's answer has no web results list")
-        return [
-            SearchHit(
-                title=_text(item.get("title")),
-                url=_text(item.get("url")),
-                snippet=_text(item.get("description")),
-            )
-            for item in results
-            if isinstance(item, dict) and _text(item.get("url"))
-        ]
+        return _hits_of(results, snippet="description")

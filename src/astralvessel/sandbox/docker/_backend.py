@@ -18,6 +18,7 @@ import functools
 import os
 import platform
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -61,6 +62,16 @@ def _docker_profile(deny_list: _seccomp.DenyList | str, arch: str) -> str:
     (its 40 kB of JSON) of each turn's start before its container was created.
     """
     return profile_text(_seccomp.to_docker_profile(deny_list, arch))
+
+
+def _engine_profile(
+    deny_list: _seccomp.DenyList | str, arch: str | None
+) -> Mapping[str, object] | str:
+    """The engine's seccomp profile for a container: the deny list's for ``arch``.
+
+    A turn without an architecture (``_prepare``: seccomp relaxed) gets none at all.
+    """
+    return _docker_profile(deny_list, arch) if arch else {"defaultAction": "SCMP_ACT_ALLOW"}
 
 
 #: The engine's profile for a server's container: the ``server`` list's unconditional rules.
@@ -356,9 +367,7 @@ class Docker(Sandbox):
                 policy,
                 direct=listener is not None,
             ),
-            seccomp_profile=_docker_profile(_ENGINE_SERVER_LIST, arch)
-            if arch
-            else {"defaultAction": "SCMP_ACT_ALLOW"},
+            seccomp_profile=_engine_profile(_ENGINE_SERVER_LIST, arch),
             labels=self._labels(policy, "server"),
             server=True,
             cpus=self.cpus,
@@ -465,9 +474,7 @@ class DockerExec(Docker):
             policy,
             image=image_id,
             command=IDLE_ARGV,
-            seccomp_profile=_docker_profile("calls", arch)
-            if arch
-            else {"defaultAction": "SCMP_ACT_ALLOW"},
+            seccomp_profile=_engine_profile("calls", arch),
             labels=self._labels(policy, "exec"),
             server=False,
             cpus=self.cpus,

@@ -28,7 +28,7 @@ import tempfile
 import threading
 import time
 
-from ..._leftovers import is_leftover, owned_prefix
+from ..._leftovers import leftover_folders, owned_prefix
 from ..._unixsock import bind as bind_unix
 from ...errors import SandboxError
 from ._attach import AttachChannel
@@ -57,20 +57,13 @@ def reap_leftovers(parent: str | None = None) -> int:
     the folder (empty but for the socket). Only real folders of this uid go,
     and only their socket with them: never a link, never anything else's.
     """
-    parent = parent or tempfile.gettempdir()
     removed = 0
-    with contextlib.suppress(OSError), os.scandir(parent) as entries:
-        for entry in entries:
-            if not is_leftover(entry.name, _KIND, process_start_time):
-                continue
-            with contextlib.suppress(OSError):
-                info = entry.stat(follow_symlinks=False)
-                if not entry.is_dir(follow_symlinks=False) or info.st_uid != os.geteuid():
-                    continue
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(os.path.join(entry.path, CHANNEL_SOCKET))
-                os.rmdir(entry.path)
-                removed += 1
+    for entry in leftover_folders(_KIND, parent, process_start_time):
+        with contextlib.suppress(OSError):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(entry.path, CHANNEL_SOCKET))
+            os.rmdir(entry.path)
+            removed += 1
     return removed
 
 

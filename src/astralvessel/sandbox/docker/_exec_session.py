@@ -25,7 +25,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -301,6 +301,36 @@ class ExecSession(SandboxSession):
             raise SandboxError(self._lost_why("the docker engine lost a command", exc)) from None
         return code, bytes(output), bytes(errors)
 
+    @contextlib.contextmanager
+    def _watching(self, stream: ExecStream, what: str) -> Iterator[None]:
+        """Read ``stream`` in the block, and close it after; ``what`` names the call or command.
+
+        Whatever the turn's close broke is the close's doing, not the engine's: a
+        broken stream, or an end that came from the container being removed under
+        it (a command's 137), raises that the turn was closed while ``what`` ran.
+        """
+        closed = f"the docker-exec turn was closed while the {what} ran"
+        try:
+            yield
+        except SandboxError:
+            if self._closed:
+                raise SandboxError(closed) from None
+            self._kill_calls()  # it may run yet, unwatched: end it before the turn's next call
+            raise
+        finally:
+            stream.close()
+        if self._closed:
+            raise SandboxError(closed)
+
+    def _exit_code(self, stream: ExecStream, what: str) -> Any:
+        """The exit code the engine holds for the ended ``stream``; ``what`` as ``_watching``'s."""
+        try:
+            return self._api.exec_inspect(stream.exec_id).get("ExitCode")
+        except Exception as exc:
+            raise SandboxError(
+                f"the docker engine lost the {what} ({exc}); {self.channel.describe_exit()}"
+            ) from None
+
     def _start(self, argv: list[str], **options: Any) -> ExecStream:
         """Start one exec in the turn's container (see ``ExecStream``); ``SandboxError`` if not."""
         if self._owner.forked():
@@ -368,7 +398,6 @@ class ExecSession(SandboxSession):
             return self._run_locked(request, cancelled)
 
     def _run_locked(self, request: RunRequest, cancelled: threading.Event | None) -> RunOutcome:
-        api = self._api
         started = time.monotonic()
         self._calls += 1
         # Each call its own outbox folder, as in server mode.
@@ -381,24 +410,9 @@ class ExecSession(SandboxSession):
         )
         if cancelled is not None and cancelled.is_set():
             self._kill_calls()  # cancelled while starting: the canceller's kill may have missed it
-        try:
+        with self._watching(stream, "call"):
             output, timed_out = self._stream(stream, request)
-        except SandboxError:
-            if self._closed:  # the close broke the stream: the close's doing, not the engine's
-                raise SandboxError("the docker-exec turn was closed while the call ran") from None
-            self._kill_calls()  # it may run yet, unwatched: end it before the turn's next call
-            raise
-        finally:
-            stream.close()
-        if self._closed:
-            # Closing removed the container under it: its end is the close's, not the call's.
-            raise SandboxError("the docker-exec turn was closed while the call ran")
-        try:
-            exit_code = None if timed_out else api.exec_inspect(stream.exec_id).get("ExitCode")
-        except Exception as exc:
-            raise SandboxError(
-                f"the docker engine lost the call ({exc}); {self.channel.describe_exit()}"
-            ) from None
+        exit_code = None if timed_out else self._exit_code(stream, "call")
         files, note = self._collect_outbox(outbox)
         text = output.text
         if note:
@@ -431,7 +445,6 @@ class ExecSession(SandboxSession):
             raise
 
     def _exec_locked(self, request: ExecRequest) -> ExecResult:
-        api = self._api
         started = time.monotonic()
         self._calls += 1
         stream = self._start(
@@ -450,7 +463,7 @@ class ExecSession(SandboxSession):
         streams = {1: bytearray(), 2: bytearray()}
         cut = timed_out = False
         self._feed(stream.sock, request.stdin)
-        try:
+        with self._watching(stream, "command"):
             for kind, payload in stream.read(request.timeout):
                 if kind == TIMED_OUT:
                     timed_out = True
@@ -460,25 +473,8 @@ class ExecSession(SandboxSession):
                     room = max(0, request.output_bytes - len(kept))
                     kept += payload[:room]
                     cut = cut or len(payload) > room
-        except SandboxError:
-            if self._closed:  # the close broke the stream: the close's doing, not the engine's
-                raise SandboxError(
-                    "the docker-exec turn was closed while the command ran"
-                ) from None
-            self._kill_calls()  # it may run yet, unwatched: end it before the turn's next call
-            raise
-        finally:
-            stream.close()
-        if self._closed:
-            # Closing removed the container under it: its 137 is the close's, not the command's.
-            raise SandboxError("the docker-exec turn was closed while the command ran")
         self._kill_calls()
-        try:
-            code = None if timed_out else api.exec_inspect(stream.exec_id).get("ExitCode")
-        except Exception as exc:
-            raise SandboxError(
-                f"the docker engine lost the command ({exc}); {self.channel.describe_exit()}"
-            ) from None
+        code = None if timed_out else self._exit_code(stream, "command")
         return ExecResult(
             returncode=code if isinstance(code, int) else -9,
             stdout=bytes(streams[1]),
