@@ -197,6 +197,7 @@ def test_a_node_lost_mid_turn_gives_an_error_result(
         head=False,
         address=str(cluster["address"]),
         temp_dir=str(cluster["temp_dir"]),
+        node_tmp=str(cluster["node_tmp"]),
     )
     try:
         wait_for_resource(ray_module, "node_doomed")
@@ -418,6 +419,7 @@ def test_a_node_lost_with_warm_turns_is_skipped(
         head=False,
         address=str(cluster["address"]),
         temp_dir=str(cluster["temp_dir"]),
+        node_tmp=str(cluster["node_tmp"]),
     )
     try:
         wait_for_resource(ray_module, "node_doomed")
