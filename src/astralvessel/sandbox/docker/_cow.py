@@ -20,15 +20,16 @@ that folder's overlay as its ``/workspace`` in place of its tmpfs:
   through the overlay.
 
 The frame is unmounted (lazily, with everything in it) and removed when the
-container is gone, and a host that died is swept by the next one's first turn
-opened from a snapshot (``remove_frames``). An ordinary user's host cannot
-mount, so its turns copy (``docs/snapshots.md`` says why Docker's ``local``
-volume driver does not serve either).
+container is gone, and a host that died is swept by the next host process's
+first turn opened from a snapshot (``remove_frames``). An ordinary user's host
+cannot mount, so its turns copy (``docs/snapshots.md`` says why Docker's
+``local`` volume driver does not serve either).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import subprocess
 import sys
@@ -71,6 +72,15 @@ def remove_frames(parent: str | None = None) -> int:
     return removed
 
 
+@functools.cache
+def _removed_once() -> None:
+    """At this process's first frame only: the frames of the dead do not come back.
+
+    (Two first frames at once may both sweep: a frame goes once, harmlessly.)
+    """
+    remove_frames()
+
+
 def _unmount_frame(frame: str) -> None:
     if os.path.ismount(frame):
         _sys.check(_sys.libc().umount2(frame.encode(), _sys.MNT_DETACH), "umount the frame")
@@ -84,7 +94,7 @@ class HostOverlay:
     """
 
     def __init__(self, lower: str, uid: int, gid: int, limits: Limits) -> None:
-        remove_frames()
+        _removed_once()
         self.frame = tempfile.mkdtemp(prefix=owned_prefix(_KIND))
         self.workspace = os.path.join(self.frame, "workspace")
         try:
