@@ -12,12 +12,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 from pathlib import Path
 
+import pytest
+
+from astralvessel._leftovers import owned_prefix
 from astralvessel.sandbox import Limits, Policy, RunRequest
 from astralvessel.sandbox.docker import Docker
-from astralvessel.sandbox.docker._cow import remove_frames
+from astralvessel.sandbox.docker._cow import HostOverlay, remove_frames
 from astralvessel.sandbox.docker._spec import container_spec
 
 from .conftest import SMALL_LIMITS
@@ -92,8 +96,15 @@ def test_a_writable_root_turn_is_given_the_files_by_copy(backend: Docker, tmp_pa
 
 def test_a_dead_hosts_frame_is_swept(tmp_path: Path):
     """A host killed with its overlay mounted leaves the frame; the next one unmounts it
-    (every layer with it) and removes the folder, and the tree is as it was."""
+    (every layer with it) and removes the folder, and the tree is as it was.
+
+    An ordinary user cannot mount: the overlay is refused and leaves no folder behind."""
     tree = _tree(tmp_path)
+    if os.geteuid() != 0:
+        with pytest.raises(PermissionError):
+            HostOverlay(str(tree), os.getuid(), os.getgid(), Limits(disk_mb=4))
+        assert not list(Path(tempfile.gettempdir()).glob(f"{owned_prefix('cow')}*"))
+        return
     code = textwrap.dedent(
         f"""
         import os
