@@ -23,7 +23,7 @@ The frame is unmounted (lazily, with everything in it) and removed when the
 container is gone, and a host that died is swept by the next host process's
 first turn opened from a snapshot (``remove_frames``). An ordinary user's host
 cannot mount, so its turns copy (``docs/snapshots.md`` says why Docker's
-``local`` volume driver does not serve either).
+``local`` volume driver does not serve either, as probed).
 """
 
 from __future__ import annotations
