@@ -32,11 +32,13 @@ from ._warm import check_warm
 from .agent import TOOL_OUTPUT_CHARS, TOOL_TIMEOUT_SECONDS, Agent
 from .errors import UsageError
 from .sandbox._policy import (
+    EVAL_RELAXATIONS,
     WORKSPACE_DIR,
     Limits,
     Mount,
     Policy,
     Promise,
+    Relaxations,
     check_mount_target,
     promise_set,
 )
@@ -350,11 +352,17 @@ class ExecutorSettings:
             limits=self.limits or (agent.limits if agent is not None else Limits()),
             outbox_dir=self.outbox_dir,
             network_allow=self.network_allow_for(agent),
-            writable_root=_chosen(self.writable_root, agent is not None and agent.writable_root),
-            root_identity=_chosen(self.root_identity, agent is not None and agent.root_identity),
-            tool_servers=_chosen(self.tool_servers, agent is not None and agent.tool_servers),
+            **attrs.asdict(self.relaxations_for(agent), recurse=False),
             uid_range=self.uid_range,
             relaxed=self.relax,
+        )
+
+    def relaxations_for(self, agent: Agent | None) -> Relaxations:
+        """The eval relaxations: each the host's choice, else the agent's ``[sandbox]`` key."""
+        chosen = {name: getattr(self, name) for name in EVAL_RELAXATIONS}
+        return attrs.evolve(
+            agent.relaxations if agent is not None else Relaxations(),
+            **{name: asked for name, asked in chosen.items() if asked is not None},
         )
 
     def network_allow_for(self, agent: Agent | None) -> tuple[HostPattern, ...]:
@@ -386,10 +394,6 @@ def settings_from(options: Mapping[str, Any], who: str) -> ExecutorSettings:
         if name not in names:
             raise UsageError(unknown_name(f"{who} argument", name, names))
     return ExecutorSettings(**options)
-
-
-def _chosen(asked: bool | None, agent_default: bool) -> bool:
-    return agent_default if asked is None else asked
 
 
 def _kind(value: object) -> str:

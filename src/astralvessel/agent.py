@@ -16,7 +16,7 @@ from ._convert import Structured, structure_leniently
 from ._netallow import HostPattern, parse_allow_list
 from ._suggest import unknown_name
 from .errors import ConfigError, UsageError
-from .sandbox._policy import AGENT_DIR, SYSTEM_DIRS, WORKSPACE_DIR, Limits
+from .sandbox._policy import AGENT_DIR, SYSTEM_DIRS, WORKSPACE_DIR, Limits, Relaxations
 from .spec import BUILTIN_NAMES, Scope, ToolSpec
 
 if sys.version_info >= (3, 11):
@@ -66,9 +66,22 @@ class Agent:
     #: ``[sandbox] writable_root``, ``root_identity`` and ``tool_servers``: the eval
     #: relaxations this agent asks for (see ``Policy``); the host's ``Executor`` arguments
     #: override them.
-    writable_root: bool = False
-    root_identity: bool = False
-    tool_servers: bool = False
+    relaxations: Relaxations = attrs.field(factory=Relaxations)
+
+    @property
+    def writable_root(self) -> bool:
+        """``[sandbox] writable_root`` (``relaxations.writable_root``)."""
+        return self.relaxations.writable_root
+
+    @property
+    def root_identity(self) -> bool:
+        """``[sandbox] root_identity`` (``relaxations.root_identity``)."""
+        return self.relaxations.root_identity
+
+    @property
+    def tool_servers(self) -> bool:
+        """``[sandbox] tool_servers`` (``relaxations.tool_servers``)."""
+        return self.relaxations.tool_servers
 
     @classmethod
     def load(cls, path: str | Path) -> Agent:
@@ -118,9 +131,7 @@ class Agent:
             dockerfile=dockerfile,
             services={n: Service(name=n, url=s.url) for n, s in raw.services.items()},
             network_allow=network_allow,
-            writable_root=raw.sandbox.writable_root,
-            root_identity=raw.sandbox.root_identity,
-            tool_servers=raw.sandbox.tool_servers,
+            relaxations=raw.sandbox.relaxations,
         )
 
     def package_path(self) -> PurePosixPath:
@@ -206,12 +217,12 @@ class _ToolsSection:
     declared: list[str] = attrs.Factory(list)
 
 
-@attrs.define
-class _SandboxSection:
+@attrs.frozen(kw_only=True)
+class _SandboxSection(Relaxations):
+    """``[sandbox]``: the policy's own ``Relaxations`` (their validators are the file's rules),
+    and the Dockerfile ``Agent.load`` resolves inside the folder."""
+
     dockerfile: str | None = None
-    writable_root: bool = False
-    root_identity: bool = False
-    tool_servers: bool = False
 
 
 @attrs.define

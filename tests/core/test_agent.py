@@ -6,8 +6,9 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from astralvessel import Agent, ConfigError, InputMode, Scope
-from astralvessel.sandbox import Limits
+from astralvessel import Agent, ConfigError, Executor, InputMode, Registry, Scope
+from astralvessel.sandbox import Limits, Policy, Relaxations
+from astralvessel.testing import FakeSandbox
 
 from ..conftest import MakeAgent
 from .conftest import ECHO_TOOL
@@ -393,6 +394,50 @@ def test_eval_relaxations_must_be_booleans(make_agent: MakeAgent) -> None:
     found = "\n".join(problems_of(folder))
     assert "sandbox.writable_root" in found
     assert "sandbox.root_identity" in found
+
+
+def test_sandbox_table_is_structured_into_the_policys_relaxations(make_agent: MakeAgent) -> None:
+    """[sandbox]'s relaxations are the policy's own Relaxations value, each still an Agent
+    attribute; the executor's policy takes them unless the host chooses otherwise."""
+    folder = make_agent(
+        MINIMAL + "[sandbox]\nwritable_root = true\ntool_servers = true\n",
+        {"tools/echo.toml": ECHO_TOOL},
+    )
+    agent = Agent.load(folder)
+    assert agent.relaxations == Relaxations(writable_root=True, tool_servers=True)
+    assert type(agent.relaxations) is Relaxations
+    assert (agent.writable_root, agent.root_identity, agent.tool_servers) == (True, False, True)
+    registry = Registry.for_agent(agent)
+    policy = Executor(registry, sandbox=FakeSandbox()).policy
+    assert policy.relaxations == agent.relaxations
+    host = Executor(registry, sandbox=FakeSandbox(), tool_servers=False, root_identity=True)
+    assert host.policy.relaxations == Relaxations(writable_root=True, root_identity=True)
+    # The policy's fields are the same value's: a Policy built in code passes the same checks.
+    assert Policy(writable_root=True).relaxations == Relaxations(writable_root=True)
+    with pytest.raises(TypeError, match="writable_root"):
+        Policy(writable_root="yes")  # type: ignore[arg-type]
+
+
+def test_every_sandbox_problem_has_its_path_in_one_pass(make_agent: MakeAgent) -> None:
+    """Each wrong [sandbox] key is its own line under its path, beside the other tables'."""
+    folder = make_agent(
+        MINIMAL
+        + '[sandbox]\nwritable_root = "yes"\nroot_identity = 1\ntool_server = true\n'
+        + "tool_servers = [true]\ndockerfile = 3\n[limits]\nmemory_mb = 0\n"
+        + '[network]\nallow = "example.com"\n',
+        {"tools/echo.toml": ECHO_TOOL},
+    )
+    assert sorted(problems_of(folder)) == sorted(
+        [
+            "vessel.toml: sandbox.tool_server: unknown key (check the spelling)",
+            "vessel.toml: sandbox.writable_root: expected a boolean, got a string",
+            "vessel.toml: sandbox.root_identity: expected a boolean, got an integer",
+            "vessel.toml: sandbox.tool_servers: expected a boolean, got an array",
+            "vessel.toml: sandbox.dockerfile: expected a string, got an integer",
+            "vessel.toml: limits.memory_mb: limit memory_mb must be a positive integer, not 0",
+            "vessel.toml: network.allow: expected an array, got a string",
+        ]
+    )
 
 
 NINE_MISTAKES_VESSEL = """

@@ -15,9 +15,12 @@ doctor's line reads:
 - **A copy** everywhere else, and wherever the sandbox's server could not
   mount the overlay (it says why; the turn goes on with a copy): the file
   worker makes the snapshot's files in the turn's workspace tmpfs, as the
-  calls' user. Docker copies: its server's overlays are made in the
-  container's user namespace, where the store's files map to no one, and an
-  idmapped layer needs ``CAP_SYS_ADMIN`` in the host's user namespace.
+  calls' user.
+- On **Docker** the container's server cannot lay it (its mounts are made in
+  the container's user namespace, where the store's files map to no one, and
+  an idmapped layer needs ``CAP_SYS_ADMIN`` in the host's): a root host lays
+  the same overlay itself and binds it in as the workspace
+  (``sandbox/docker/_cow``); an ordinary user's host copies.
 """
 
 from __future__ import annotations
@@ -45,10 +48,13 @@ COPY_ON_WRITE = (
 MECHANISMS = {
     "bubblewrap": COPY_ON_WRITE,
     "nsjail": COPY_ON_WRITE,
-    "docker": _COPY + "; no copy-on-write: the container's server cannot idmap the store",
+    "docker": COPY_ON_WRITE + "; mounted by the host and bound in as the workspace",
     "docker-exec": "none (no sandbox server: Turn.snapshot raises BackendUnavailableError)",
     "unconfined": _COPY,
 }
+#: The backends whose overlay the host mounts itself (``sandbox/docker/_cow``), which only
+#: root can: an ordinary user's turns copy.
+_MOUNTED_BY_THE_HOST = frozenset({"docker"})
 #: The oldest kernel whose overlays serve: an ordinary user's (in a user namespace), and
 #: root's (over an idmapped lower layer).
 _KERNEL_FOR = {False: (5, 11), True: (5, 19)}
@@ -56,7 +62,7 @@ _KERNEL_FOR = {False: (5, 11), True: (5, 19)}
 
 def overlay_backend(backend: str) -> bool:
     """Whether ``backend``'s turns open from a snapshot copy-on-write where the host allows."""
-    return MECHANISMS.get(backend) == COPY_ON_WRITE
+    return MECHANISMS.get(backend, "").startswith(COPY_ON_WRITE)
 
 
 def kernel_overlay_problem(release: str, filesystems: str, *, root: bool) -> str | None:
@@ -87,7 +93,9 @@ def _host_problem() -> str | None:
 def snapshot_mechanism(backend: str) -> str:
     """How ``backend`` opens a turn from a snapshot on this host, in one line."""
     found = MECHANISMS.get(backend, "unknown backend")
-    if found != COPY_ON_WRITE:
+    if not overlay_backend(backend):
         return found
     why = _host_problem()
+    if backend in _MOUNTED_BY_THE_HOST and os.geteuid() != 0:
+        why = "the host mounts this backend's overlay, and only root can"
     return found if why is None else f"{_COPY}; no copy-on-write here: {why}"

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from ._policy import Mount as Mount
     from ._policy import Policy as Policy
     from ._policy import Promise as Promise
+    from ._policy import Relaxations as Relaxations
     from ._session import server_command as server_command
     from ._uids import DEFAULT_UID_RANGE as DEFAULT_UID_RANGE
     from ._uids import UidRange as UidRange
@@ -81,6 +82,7 @@ _LAZY = {
     "Mount": "._policy",
     "Policy": "._policy",
     "Promise": "._policy",
+    "Relaxations": "._policy",
     "server_command": "._session",
     "DEFAULT_UID_RANGE": "._uids",
     "UidRange": "._uids",
@@ -115,6 +117,7 @@ __all__ = [
     "PipeChannel",
     "Policy",
     "Promise",
+    "Relaxations",
     "RunOutcome",
     "RunRequest",
     "Sandbox",

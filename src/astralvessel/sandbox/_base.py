@@ -61,6 +61,11 @@ class ServerLink:
     settle: Callable[[], None] | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.is_callable())
     )
+    #: Whether the backend laid the workspace's overlay on ``policy.workspace_lower`` itself
+    #: (Docker as root: the host mounts it). ``None``: the server is asked to, as the
+    #: namespace backends' are; ``True``: it is laid; ``False``: it could not be, and the
+    #: host copies the files in. Either way the server is not asked.
+    lower_laid: bool | None = None
 
 
 class Sandbox(abc.ABC):
@@ -106,7 +111,12 @@ class Sandbox(abc.ABC):
                 "allow-list would mean nothing there; use a confined backend"
             )
         link = self.open(policy)
-        session = ServerSession.start(link.channel, policy, backend=self.name, options=link.options)
+        booted = policy if link.lower_laid is None else attrs.evolve(policy, workspace_lower=None)
+        session = ServerSession.start(link.channel, booted, backend=self.name, options=link.options)
+        if link.lower_laid:
+            # Read as the server's own report would be (``Executor._restore``): nothing to copy.
+            relaxations = dict(session.ready_info.get("relaxations") or {}, workspace_lower=True)
+            session.ready_info = {**session.ready_info, "relaxations": relaxations}
         if link.settle is not None:
             try:
                 link.settle()

@@ -34,6 +34,7 @@ __all__ = [
     "Mount",
     "Policy",
     "Promise",
+    "Relaxations",
 ]
 
 #: Where the agent folder appears inside every sandbox (read-only).
@@ -122,23 +123,58 @@ _PROMISE_SUMMARIES = {
 }
 
 
-#: The opt-in eval relaxations (``Policy`` fields of the same name) and what each gives up;
-#: ``doctor`` prints them. See docs/eval-relaxations.md.
-EVAL_RELAXATIONS: Mapping[str, str] = {
-    "writable_root": (
+def _relaxation(gives_up: str) -> bool:
+    """An opt-in eval relaxation, off unless chosen; ``gives_up`` is what ``doctor`` prints."""
+    return attrs.field(
+        default=False,
+        validator=attrs.validators.instance_of(bool),
+        metadata={"gives_up": gives_up},
+    )
+
+
+@attrs.frozen(kw_only=True)
+class Relaxations:
+    """The opt-in eval relaxations: ``vessel.toml``'s ``[sandbox]`` table is structured straight
+    into this value, and ``Policy`` holds them as its own fields (a ``Policy`` is one), so
+    ``Policy(writable_root=True)``, ``attrs.evolve`` and ``[sandbox]`` all pass the same checks.
+    See docs/eval-relaxations.md.
+    """
+
+    #: Opt-in for eval harnesses (package installs, tools that write system paths): the root's
+    #: directories (/usr, /etc, /opt, /var, ...) are writable per-turn layers on the
+    #: workspace's disk, counted against ``limits.disk_mb``; the host's files never change.
+    writable_root: bool = _relaxation(
         "the read-only system dirs: /usr, /etc, /opt, /var, ... become per-turn layers that "
         "calls of the turn may change; the host's files never change, and every byte counts "
         "against the disk limit"
-    ),
-    "root_identity": (
+    )
+    #: Opt-in for tools that insist on root: calls are uid 0 and gid 0 of their own user
+    #: namespace, still with every capability set empty; on the host they stay the sandbox's
+    #: unprivileged identity.
+    root_identity: bool = _relaxation(
         "the uid number only: calls are uid 0 of their own user namespace, every capability "
         "set still empty; their files land as the unprivileged user"
-    ),
-    "tool_servers": (
+    )
+    #: Opt-in for long-lived tool servers (inspect's sandbox tools, language servers): calls
+    #: may create unix sockets and new sessions, and each call has pseudo-terminals from a
+    #: devpts instance of its own. The turn's filesystem and network namespace are its own,
+    #: so a socket reaches only what the turn's processes listen on.
+    tool_servers: bool = _relaxation(
         "no-unix-sockets and no-new-sessions, within the turn: calls may open unix sockets "
         "(reaching only what the turn's own processes listen on), start sessions, and open "
         "pseudo-terminals of a devpts instance private to each call"
-    ),
+    )
+
+    @property
+    def relaxations(self) -> Relaxations:
+        """The relaxations alone, as a plain value (of a ``Policy``, or of ``[sandbox]``)."""
+        return Relaxations(**{name: getattr(self, name) for name in EVAL_RELAXATIONS})
+
+
+#: The opt-in eval relaxations (``Relaxations``' fields, and ``Policy``'s) and what each
+#: gives up; ``doctor`` prints them. See docs/eval-relaxations.md.
+EVAL_RELAXATIONS: Mapping[str, str] = {
+    field.name: field.metadata["gives_up"] for field in attrs.fields(Relaxations)
 }
 
 
@@ -281,11 +317,12 @@ def _uid_range(value: UidRange | str | None) -> UidRange | None:
 
 
 @attrs.frozen(kw_only=True)
-class Policy:
+class Policy(Relaxations):
     """Everything a backend needs to build one turn's sandbox.
 
     ``relaxed`` names promises the host has explicitly given up; a backend that
-    cannot keep a promise not in ``relaxed`` refuses to start.
+    cannot keep a promise not in ``relaxed`` refuses to start. The eval relaxations
+    (``writable_root``, ``root_identity``, ``tool_servers``) are ``Relaxations``' fields.
     """
 
     agent_dir: Path | None = None
@@ -315,19 +352,6 @@ class Policy:
     workspace_lower: Path | None = attrs.field(
         default=None, converter=attrs.converters.optional(Path)
     )
-    #: Opt-in for eval harnesses (package installs, tools that write system paths): the root's
-    #: directories (/usr, /etc, /opt, /var, ...) are writable per-turn layers on the
-    #: workspace's disk, counted against ``limits.disk_mb``; the host's files never change.
-    writable_root: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
-    #: Opt-in for tools that insist on root: calls are uid 0 and gid 0 of their own user
-    #: namespace, still with every capability set empty; on the host they stay the sandbox's
-    #: unprivileged identity.
-    root_identity: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
-    #: Opt-in for long-lived tool servers (inspect's sandbox tools, language servers): calls
-    #: may create unix sockets and new sessions, and each call has pseudo-terminals from a
-    #: devpts instance of its own. The turn's filesystem and network namespace are its own,
-    #: so a socket reaches only what the turn's processes listen on.
-    tool_servers: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     #: The host uids a root host's turns lease from, one per turn (``None``: the
     #: ``ASTRALVESSEL_UID_RANGE`` variable's, else ``DEFAULT_UID_RANGE``). Who the calls
     #: are on the host, not what confines them, so not part of ``identity``.

@@ -5,6 +5,7 @@
 - ``_attach``: the engine's multiplexed streams and the attach ``Channel``;
 - ``_direct``: the direct ``Channel``, a unix socket of the turn's own;
 - ``_spec``: what a turn's container looks like, as pure functions of a ``Policy``;
+- ``_cow``: a workspace opened from a snapshot copy-on-write, the host's overlay (root);
 - ``_exec_session``: the ``docker-exec`` session, one ``docker exec`` per call.
 
 Importing this package never imports the Docker SDK; the first turn does.

@@ -18,7 +18,7 @@ import functools
 import os
 import platform
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -31,6 +31,7 @@ from .._reach import Identity, check_reach
 from .._session import ServerBuild, server_command
 from .._uids import UidLease, default_lock_dir, describe_range, lease_uid, resolve_range
 from ._attach import AttachChannel
+from ._cow import HostOverlay
 from ._direct import DirectChannel, Listener, NotConnectedError
 from ._engine import BASE_IMAGE_ENV, CreateRefusedError, Engine, owner
 from ._exec_session import EXEC_NOTE, ExecSession
@@ -306,6 +307,7 @@ class Docker(Sandbox):
                 "call, without process isolation or the file tools)"
             )
         build = self.engine.server_build(image_id, self.python)
+        overlay = self._host_overlay(policy, lease)
         listener = None
         if lease is not None and direct:
             # A host whose temporary folder cannot be written, or whose socket's path
@@ -314,8 +316,18 @@ class Docker(Sandbox):
                 listener = Listener(lease.uid)
         try:
             channel = self._start_server(
-                policy, lease, image_id=image_id, arch=arch, build=build, listener=listener
+                policy,
+                lease,
+                image_id=image_id,
+                arch=arch,
+                build=build,
+                listener=listener,
+                overlay=overlay,
             )
+        except BaseException:
+            if overlay is not None:
+                overlay.close()
+            raise
         finally:
             if listener is not None:
                 listener.close()
@@ -342,7 +354,24 @@ class Docker(Sandbox):
                 memory_events=(f"/proc/self/fd/{MEMORY_EVENTS_FD}",),
                 memory_limits=(f"/proc/self/fd/{MEMORY_LIMIT_FD}",),
             ),
+            lower_laid=None if policy.workspace_lower is None else overlay is not None,
         )
+
+    def _host_overlay(self, policy: Policy, lease: UidLease | None) -> HostOverlay | None:
+        """The turn's workspace laid by the host on the snapshot's tree (``_cow``), where it
+        can be: a root host, a local engine, a leased uid, no writable root. Else None, and the
+        files are copied (an ordinary user cannot mount; an engine that maps uids hides the
+        calls' host uid; the root's layers need the workspace's own tmpfs, not an overlay)."""
+        if policy.workspace_lower is None or lease is None or os.geteuid() != 0:
+            return None
+        if policy.writable_root:
+            return None
+        if not self.engine.is_local():
+            return None
+        try:
+            return HostOverlay(str(policy.workspace_lower), lease.uid, lease.gid, policy.limits)
+        except OSError:
+            return None  # a kernel without overlays over an idmapped layer (5.19): a copy
 
     def _start_server(
         self,
@@ -353,8 +382,11 @@ class Docker(Sandbox):
         arch: Any,
         build: ServerBuild | None,
         listener: Listener | None,
+        overlay: HostOverlay | None,
     ) -> AttachChannel | DirectChannel:
-        """Create and start the container; with ``listener``, wait for the server to connect."""
+        """Create and start the container; with ``listener``, wait for the server to connect.
+
+        ``overlay`` is bound as the workspace, and unmounted once the container is removed."""
         spec = container_spec(
             policy,
             image=image_id,
@@ -373,9 +405,10 @@ class Docker(Sandbox):
             cpus=self.cpus,
             uid=CALL_UID if lease is None else lease.uid,
             channel_dir=None if listener is None else listener.folder,
+            workspace=None if overlay is None else overlay.workspace,
         )
-        # The lease goes back once the container is removed.
-        on_close = None if lease is None else lease.release
+        # The workspace's overlay goes, and the lease goes back, once the container is removed.
+        on_close = _after_removal(overlay, lease)
         if listener is None:
             return self.engine.start_container(spec, on_close=on_close)
 
@@ -499,6 +532,24 @@ class DockerExec(Docker):
             session.close()
             raise
         return session
+
+
+def _after_removal(
+    overlay: HostOverlay | None, lease: UidLease | None
+) -> Callable[[], None] | None:
+    """What a turn's container leaves to do once it is removed: the overlay, then the lease."""
+    if overlay is None:
+        return None if lease is None else lease.release
+    if lease is None:
+        return overlay.close
+
+    def both() -> None:
+        try:
+            overlay.close()
+        finally:
+            lease.release()
+
+    return both
 
 
 def proxy_admission(maps_container_uids: bool) -> str:

@@ -151,6 +151,7 @@ def container_spec(
     uid: int = CALL_UID,
     channel_dir: str | None = None,
     identity_dir: str | None = None,
+    workspace: str | None = None,
 ) -> ContainerSpec:
     """The container of one turn for ``policy``, whose calls are host ``uid`` (and gid).
 
@@ -161,6 +162,8 @@ def container_spec(
     ``uid``. ``identity_dir`` (``docker-exec``) holds the turn's passwd and
     group files, bound over the image's (``_identity``). ``seccomp_profile``
     is Docker's JSON profile, or its text as ``profile_text`` renders it.
+    ``workspace``: the host's overlay of a snapshot (``_cow``), bound as the
+    workspace in place of the container's own tmpfs.
     """
     limits = policy.limits
     mib = 1024 * 1024
@@ -182,16 +185,20 @@ def container_spec(
     if identity_dir is not None and not server:
         # The server maps a call's ids to a user every passwd names; an exec has no server.
         binds += identity_binds(identity_dir)
-    tmpfs = {
+    if workspace is not None:
+        # The host made it as the tmpfs below would be (nosuid, nodev, disk_mb, the call
+        # user's), with the snapshot's tree as its overlay's lower layer; a bind keeps those.
+        binds.append(f"{workspace}:{WORKSPACE_DIR}:rw")
+    tmpfs: dict[str, str] = {}
+    if workspace is None:
         # The turn's only writable place: owned by the call user, at most the disk limit.
         # "exec" because Docker's tmpfs is noexec unless told: a harness builds and runs
         # programs here, as it can on bubblewrap and nsjail (noexec would stop only
         # "./prog", never "sh prog" or "python3 prog"; confinement does not rest on it).
-        str(WORKSPACE_DIR): (
+        tmpfs[str(WORKSPACE_DIR)] = (
             f"rw,exec,nosuid,nodev,size={disk_bytes},nr_inodes={limits.workspace_inodes},"
             f"mode=0755,uid={uid},gid={uid}"
-        ),
-    }
+        )
     if not _covered(policy.workdir, targets):
         # A workdir nobody mounted still exists, empty and read-only, so calls can start in it.
         tmpfs[str(policy.workdir)] = "ro,nosuid,nodev,size=4096,mode=0755"

@@ -1,0 +1,135 @@
+"""A Docker turn opened from a snapshot copy-on-write: the host (root) mounts the overlay.
+
+The container's server cannot lay the overlay the namespace backends' servers
+do: its mounts are made in the container's user namespace, where the store's
+files (root's) map to no one, and an idmapped lower layer needs
+``CAP_SYS_ADMIN`` in the host's user namespace. A root host has it, so it
+mounts the workspace itself, in a folder of its own, and the container binds
+that folder's overlay as its ``/workspace`` in place of its tmpfs:
+
+- a **frame**: a small private tmpfs, so nothing mounted in it propagates to
+  another mount namespace and one lazy unmount takes every layer with it;
+- in it the turn's **workspace tmpfs**, as the container's would be (at most
+  ``disk_mb``, the inode bound, ``nosuid,nodev``, owned by the turn's uid),
+  which holds the overlay's upper layer: every byte a call writes or copies up
+  counts against ``disk_mb``;
+- a **bind of the snapshot's tree**, which the server's own routine
+  (``server/_lowerfs.overlay_workspace``) clones idmapped (the store's owner
+  shown as the turn's uid) as the lower layer, overlays on the workspace, and
+  then covers: the store's tree is never written, and never reachable but
+  through the overlay.
+
+The frame is unmounted (lazily, with everything in it) and removed when the
+container is gone, and a host that died is swept by the next host process's
+first turn opened from a snapshot (``remove_frames``). An ordinary user's host
+cannot mount, so its turns copy (``docs/snapshots.md`` says why Docker's
+``local`` volume driver does not serve either, as probed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from ..._leftovers import leftover_folders, owned_prefix
+from .._policy import Limits
+from ..server import _lowerfs, _sys
+
+__all__ = ["HostOverlay", "remove_frames"]
+
+#: The kind of the frames' folders: ``astralvessel-cow-<pid>-<start time>-...``.
+_KIND = "cow"
+#: The frame's own tmpfs: two mount points, nothing else.
+_FRAME_OPTIONS = "size=16k,nr_inodes=16,mode=0755"
+_MIB = 1024 * 1024
+#: The server's own routine, run in a child of its own: it forks for the idmapped layer's
+#: user namespace, and this host process has threads (3.12 warns of a fork among them,
+#: and the suite makes that an error). The child reads only the stdlib and ``server/``.
+_LAY = (
+    "import sys; sys.path.insert(0, sys.argv[1]); from server._lowerfs import overlay_workspace; "
+    "overlay_workspace(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))"
+)
+#: The folder holding ``server/`` (the child imports it as a top-level package).
+_SERVER_PARENT = str(Path(_lowerfs.__file__).parent.parent)
+
+
+def remove_frames(parent: str | None = None) -> int:
+    """Unmount and remove the frames of dead host processes in ``parent``; return how many.
+
+    Only real folders of this uid (root's) go; a frame's mounts go with it, lazily (a
+    container still running on one keeps its own bind until the engine removes it).
+    """
+    removed = 0
+    for entry in leftover_folders(_KIND, parent):
+        with contextlib.suppress(OSError):
+            _unmount_frame(entry.path)
+            removed += 1
+    return removed
+
+
+@functools.cache
+def _removed_once() -> None:
+    """At this process's first frame only: the frames of the dead do not come back.
+
+    (Two first frames at once may both sweep: a frame goes once, harmlessly.)
+    """
+    remove_frames()
+
+
+def _unmount_frame(frame: str) -> None:
+    if os.path.ismount(frame):
+        _sys.check(_sys.libc().umount2(frame.encode(), _sys.MNT_DETACH), "umount the frame")
+    os.rmdir(frame)
+
+
+class HostOverlay:
+    """A turn's workspace laid on ``lower`` by the host: bind ``workspace`` as ``/workspace``.
+
+    Raises ``OSError`` when a step is refused; nothing is left mounted then.
+    """
+
+    def __init__(self, lower: str, uid: int, gid: int, limits: Limits) -> None:
+        _removed_once()
+        self.frame = tempfile.mkdtemp(prefix=owned_prefix(_KIND))
+        self.workspace = os.path.join(self.frame, "workspace")
+        try:
+            flags = _sys.MS_NOSUID | _sys.MS_NODEV | _sys.MS_NOEXEC
+            _sys.mount("tmpfs", self.frame, "tmpfs", flags, _FRAME_OPTIONS)
+            _sys.mount(None, self.frame, None, _sys.MS_PRIVATE | _sys.MS_REC)
+            tree = os.path.join(self.frame, "lower")
+            for folder in (self.workspace, tree):
+                os.mkdir(folder, 0o755)
+            _sys.mount(
+                "tmpfs",
+                self.workspace,
+                "tmpfs",
+                _sys.MS_NOSUID | _sys.MS_NODEV,
+                f"size={limits.disk_mb * _MIB},nr_inodes={limits.workspace_inodes},"
+                f"mode=0755,uid={uid},gid={gid}",
+            )
+            _sys.mount(lower, tree, None, _sys.MS_BIND)
+            _overlay(self.workspace, tree, uid, gid)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Unmount the frame with every layer in it, and remove its folder. Idempotent."""
+        with contextlib.suppress(FileNotFoundError):
+            _unmount_frame(self.frame)
+
+
+def _overlay(workspace: str, tree: str, uid: int, gid: int) -> None:
+    """``overlay_workspace`` in a single-threaded child; ``OSError`` with its last words."""
+    argv = [sys.executable, "-I", "-S", "-c", _LAY, _SERVER_PARENT, workspace, tree]
+    done = subprocess.run(
+        [*argv, str(uid), str(gid)], capture_output=True, text=True, check=False, timeout=60
+    )
+    if done.returncode != 0:
+        words = (done.stderr.strip().splitlines() or ["no words"])[-1]
+        raise OSError(f"the workspace's overlay cannot be laid: {words}")

@@ -1,0 +1,126 @@
+"""A Docker turn opened from a snapshot copy-on-write: the host's overlay, bound as the workspace.
+
+The conformance suite's snapshot tests (test_snapshots.py) run the attacks on
+it: the lower tree never changes, siblings stay apart, disk_mb bounds the
+upper layer. These check what is Docker's own: the container binds the
+host's overlay in place of its tmpfs, and the host's mounts go with the turn,
+or with the next host when the one that made them died.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from astralvessel._leftovers import owned_prefix
+from astralvessel.sandbox import Limits, Policy, RunRequest
+from astralvessel.sandbox.docker import Docker
+from astralvessel.sandbox.docker._cow import HostOverlay, remove_frames
+from astralvessel.sandbox.docker._spec import container_spec
+
+from .conftest import SMALL_LIMITS
+
+
+def _frames() -> list[str]:
+    """The host's mount points of frames, as this process's mount namespace shows them."""
+    points = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    return [point for point in points if Path(point).name.startswith("astralvessel-cow-")]
+
+
+def _tree(tmp_path: Path) -> Path:
+    """A snapshot's tree as the store holds it: the host's files, not the calls'."""
+    tree = tmp_path / "tree"
+    (tree / "d").mkdir(parents=True)
+    (tree / "d" / "f").write_text("base\n")
+    for path in (tmp_path, tree, tree / "d"):
+        path.chmod(0o755)
+    return tree
+
+
+def test_the_hosts_overlay_is_bound_in_place_of_the_workspace_tmpfs():
+    """With ``workspace``, /workspace is a bind of the host's folder, never a tmpfs too."""
+    spec = container_spec(
+        Policy(), image="img", command=["python3", "-c", "x"], seccomp_profile="{}",
+        labels={}, server=True, workspace="/host/frame/workspace",
+    )  # fmt: skip
+    assert "/host/frame/workspace:/workspace:rw" in spec.host_config["binds"]  # type: ignore[operator]
+    assert "/workspace" not in spec.host_config["tmpfs"]  # type: ignore[operator]
+
+
+def test_a_turn_on_a_snapshots_tree_runs_on_the_hosts_overlay(backend: Docker, tmp_path: Path):
+    """As root the workspace is the host's overlay: the calls own the tree's files, write
+    them without changing the tree, and the overlay's frame goes when the turn closes."""
+    assert os.geteuid() == 0, "the host mounts the overlay as root only"
+    tree = _tree(tmp_path)
+    before = set(_frames())
+    session = backend.start(Policy(limits=SMALL_LIMITS, workspace_lower=tree))
+    try:
+        assert session.ready_info["relaxations"]["workspace_lower"] is True  # type: ignore[attr-defined]
+        (frame,) = set(_frames()) - before
+        script = (
+            "grep ' /workspace ' /proc/self/mountinfo | cut -d' ' -f6,9; "
+            'test "$(stat -c %u /workspace/d/f)" = "$(id -u)" && echo mine; '
+            "echo more >> /workspace/d/f && cat /workspace/d/f && rm /workspace/d/f && ls /workspace/d"
+        )
+        outcome = session.run(RunRequest(argv=("sh", "-c", script), timeout=30, output_chars=4000))
+        options, kind = outcome.output.splitlines()[0].split()
+        assert kind == "overlay"
+        assert {"rw", "nosuid", "nodev"} <= set(options.split(","))
+        assert outcome.output.splitlines()[1:] == ["mine", "base", "more"]
+    finally:
+        session.close()
+    assert (tree / "d" / "f").read_text() == "base\n"
+    assert set(_frames()) == before
+    assert not Path(frame).exists()
+
+
+def test_a_writable_root_turn_is_given_the_files_by_copy(backend: Docker, tmp_path: Path):
+    """The root's layers live in the workspace's own tmpfs: no host overlay, no frame."""
+    before = set(_frames())
+    roomy = Limits(disk_mb=64, memory_mb=256, processes=48, open_files=256)
+    session = backend.start(
+        Policy(limits=roomy, workspace_lower=_tree(tmp_path), writable_root=True)
+    )
+    try:
+        assert "workspace_lower" not in (session.ready_info.get("relaxations") or {})  # type: ignore[attr-defined]
+        assert set(_frames()) == before
+    finally:
+        session.close()
+
+
+def test_a_dead_hosts_frame_is_swept(tmp_path: Path):
+    """A host killed with its overlay mounted leaves the frame; the next one unmounts it
+    (every layer with it) and removes the folder, and the tree is as it was.
+
+    An ordinary user cannot mount: the overlay is refused and leaves no folder behind."""
+    tree = _tree(tmp_path)
+    if os.geteuid() != 0:
+        with pytest.raises(PermissionError):
+            HostOverlay(str(tree), os.getuid(), os.getgid(), Limits(disk_mb=4))
+        assert not list(Path(tempfile.gettempdir()).glob(f"{owned_prefix('cow')}*"))
+        return
+    code = textwrap.dedent(
+        f"""
+        import os
+        from astralvessel.sandbox import Limits
+        from astralvessel.sandbox.docker._cow import HostOverlay
+        overlay = HostOverlay({str(tree)!r}, 4242420, 4242420, Limits(disk_mb=4))
+        print(overlay.frame, flush=True)
+        os._exit(0)  # as a killed host: nothing closed
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    frame = done.stdout.strip()
+    assert frame in _frames()
+    assert remove_frames() >= 1
+    assert frame not in _frames()
+    assert not Path(frame).exists()
+    assert (tree / "d" / "f").read_text() == "base\n"
