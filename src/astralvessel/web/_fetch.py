@@ -17,6 +17,13 @@ from urllib.parse import urljoin
 
 import attrs
 
+from .._weblimits import (
+    FETCH_MAX_BYTES,
+    FETCH_MAX_HEADER_BYTES,
+    FETCH_MAX_REDIRECTS,
+    FETCH_TIMEOUT_SECONDS,
+    format_size,
+)
 from ..errors import EgressError, UsageError
 from ._content import ACCEPT, ACCEPT_ENCODING, BodyCollector, ContentRefused, fence, render
 from ._egress import Approval, EgressPolicy, Resolver, SystemResolver, Target
@@ -58,10 +65,10 @@ class WebResult:
 class FetchLimits:
     """How far one fetch may go; the defaults are the spec's."""
 
-    max_bytes: int = 4 * 1024 * 1024
-    timeout_seconds: float = 30.0
-    max_redirects: int = 5
-    max_header_bytes: int = 65536
+    max_bytes: int = FETCH_MAX_BYTES
+    timeout_seconds: float = FETCH_TIMEOUT_SECONDS
+    max_redirects: int = FETCH_MAX_REDIRECTS
+    max_header_bytes: int = FETCH_MAX_HEADER_BYTES
 
     def __attrs_post_init__(self) -> None:
         if self.max_bytes <= 0 or self.timeout_seconds <= 0 or self.max_redirects < 0:
@@ -70,12 +77,6 @@ class FetchLimits:
 
 class _Failure(Exception):
     """A fetch failed in a way the model should hear about in these words."""
-
-
-def _size(limit: int) -> str:
-    if limit % (1024 * 1024) == 0:
-        return f"{limit // (1024 * 1024)} MB"
-    return f"{limit} bytes"
 
 
 def _seconds(value: float) -> str:
@@ -198,7 +199,7 @@ class Fetcher:
         wrapped = fence(url, text if text.strip() else "[the page has no readable text]")
         if body.truncated:
             wrapped += (
-                f"\n[webfetch stopped reading at {_size(self.limits.max_bytes)}; "
+                f"\n[webfetch stopped reading at {format_size(self.limits.max_bytes)}; "
                 "the rest of the page was not fetched]"
             )
         is_error = status >= 300

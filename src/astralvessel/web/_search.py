@@ -25,6 +25,7 @@ from urllib.parse import urlencode, urlsplit
 
 import attrs
 
+from .._weblimits import SEARCH_DEFAULT_RESULTS, SEARCH_MAX_RESULTS
 from ..errors import SearchError, UsageError
 from ._content import BodyCollector, ContentRefused, fence, parse_content_type
 from ._egress import SystemResolver
@@ -45,8 +46,8 @@ __all__ = [
     "SearxngProvider",
 ]
 
-DEFAULT_MAX_RESULTS = 8
-MAX_RESULTS = 20
+DEFAULT_MAX_RESULTS = SEARCH_DEFAULT_RESULTS
+MAX_RESULTS = SEARCH_MAX_RESULTS
 _RESPONSE_LIMIT = 2 * 1024 * 1024
 _TAGS = re.compile(r"<[^>]*>")
 _SPACES = re.compile(r"\s+")
