@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import attrs
 import cattrs
@@ -19,6 +20,9 @@ import cattrs
 from ._outcome import Outcome, decide
 from ._refusals import Refusals
 from .sandbox._base import FileOutcome, OutboxFile, RunOutcome
+
+if TYPE_CHECKING:
+    from .web._content import Fenced
 
 __all__ = [
     "NO_MATCHES",
@@ -285,7 +289,6 @@ def render_sandbox_died(reason: str) -> ToolResult:
 
 # -- web pages ------------------------------------------------------------------------------
 
-_CLOSE_TAG = "</web_content>"
 # Inside the fence, anything that could close or reopen it, and any line that looks
 # like one of our own notes, is defused: the model must be able to trust that the
 # closing tag and the notes after it are ours, however the page text was cut.
@@ -300,25 +303,18 @@ def _defuse(page: str) -> str:
     return _OUR_NOTE.sub(r"\1&#91;", _FENCE_TAG.sub(r"&lt;\1", page))
 
 
-# The opening tag begins a line: a server's reason phrase in a "[HTTP ...]" line
-# before it cannot hold a line break, so it cannot pass for the opening.
-_OPENING_LINE = re.compile(r"^<web_content[^\n]*\n", re.MULTILINE)
-
-
-def _split_fence(text: str) -> tuple[str, str, str] | None:
-    """Split fenced web text into head (through the opening tag's line), page and tail."""
-    opening = _OPENING_LINE.search(text)
-    close = text.rfind("\n" + _CLOSE_TAG)
-    if opening is None or close < opening.end() - 1:
-        return None
-    return text[: opening.end()], text[opening.end() : close], text[close:]
-
-
 def render_web(
-    text: str, *, is_error: bool, cap: int, metadata: Mapping[str, str], refused: bool = False
+    text: str | Fenced,
+    *,
+    is_error: bool,
+    cap: int,
+    metadata: Mapping[str, str],
+    refused: bool = False,
 ) -> ToolResult:
     """A webfetch or websearch result, cut to the cap without ever losing its fence.
 
+    ``text`` is the fetcher's or searcher's ``Fenced`` fields when it holds untrusted
+    text, else its words (an error, with no page in it), cut as any text.
     ``refused``: nothing was sent (the arguments or the egress policy refused the call).
 
     The page text is cut, never the fence: the closing ``</web_content>`` tag, our
@@ -326,8 +322,7 @@ def render_web(
     they may pass the cap by their own length. Inside the fence, a literal
     ``</web_content`` and lines that look like our notes are defused.
     """
-    parts = _split_fence(text)
-    if parts is None:  # an error message with no page in it
+    if isinstance(text, str):
         shown, dropped = cap_text(text, cap)
         return ToolResult(
             text=shown,
@@ -336,17 +331,16 @@ def render_web(
             metadata=dict(metadata),
             outcome=decide(refused=refused, limit=dropped > 0, failed=is_error),
         )
-    head, page, tail = parts
-    page = _defuse(page)
-    room = max(0, cap - len(head) - len(tail))
+    page = _defuse(text.inside)
+    room = max(0, cap - len(text.framed("")))
     dropped = max(0, len(page) - room)
     if dropped:
-        kept = page[:room].removesuffix("\n")
         # Our note goes after the closing tag: outside the fence, where only we write.
-        tail = f"\n{_CLOSE_TAG}\n{truncation_note(dropped)}{tail[len(_CLOSE_TAG) + 1 :]}"
-        page = kept
+        shown = text.framed(page[:room].removesuffix("\n"), first_notes=(truncation_note(dropped),))
+    else:
+        shown = text.framed(page)
     return ToolResult(
-        text=head + page + tail,
+        text=shown,
         is_error=is_error,
         dropped_chars=dropped,
         metadata=dict(metadata),

@@ -25,7 +25,7 @@ from .._weblimits import (
     format_size,
 )
 from ..errors import EgressError, UsageError
-from ._content import ACCEPT, ACCEPT_ENCODING, BodyCollector, ContentRefused, fence, render
+from ._content import ACCEPT, ACCEPT_ENCODING, BodyCollector, ContentRefused, Fenced, render
 from ._egress import Approval, EgressPolicy, Resolver, SystemResolver, Target
 from ._exchange import AsyncExchangeIO, Close, ExchangeIO, Head, Resolve, Send, read_body
 from ._flow import Flow, arun, run
@@ -51,6 +51,9 @@ class WebResult:
     """What a web tool returns: ``text`` exactly as the model sees it, and ``is_error``."""
 
     text: str
+    #: The fields ``text`` was framed from, when it holds untrusted text: the renderer
+    #: cuts the text inside the fence from these, never by reading ``text`` back.
+    fenced: Fenced | None = None
     is_error: bool = False
     url: str | None = None  # the final URL, after redirects
     status: int | None = None
@@ -196,18 +199,22 @@ class Fetcher:
         main_content = self.main_content and not full_page
         links = with_targets(self.links) if link_targets else self.links
         text = render(body.body(), content_type, url, main_content=main_content, links=links)
-        wrapped = fence(url, text if text.strip() else "[the page has no readable text]")
+        notes: tuple[str, ...] = ()
         if body.truncated:
-            wrapped += (
-                f"\n[webfetch stopped reading at {format_size(self.limits.max_bytes)}; "
-                "the rest of the page was not fetched]"
+            notes = (
+                f"[webfetch stopped reading at {format_size(self.limits.max_bytes)}; "
+                "the rest of the page was not fetched]",
             )
         is_error = status >= 300
+        head: tuple[str, ...] = ()
         if is_error:
             shown = f"{status} {reason}".strip()
-            wrapped = f"[HTTP {shown}: the server answered with an error]\n{wrapped}"
+            head = (f"[HTTP {shown}: the server answered with an error]",)
+        readable = text if text.strip() else "[the page has no readable text]"
+        fenced = Fenced.of(url, readable, head=head, notes=notes)
         return WebResult(
-            text=wrapped,
+            text=fenced.text,
+            fenced=fenced,
             is_error=is_error,
             url=url,
             status=status,
