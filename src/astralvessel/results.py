@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, AnyStr
 
 import attrs
 import cattrs
 
 from ._outcome import Outcome, decide
 from ._refusals import Refusals
+from .sandbox._api import ExecResult, MemoryStop
 from .sandbox._base import FileOutcome, OutboxFile, RunOutcome
 
 if TYPE_CHECKING:
@@ -30,7 +31,9 @@ __all__ = [
     "Outcome",
     "ToolResult",
     "cap_text",
+    "command_output",
     "grep_text",
+    "memory_notes",
     "refusal_notes",
     "render_command",
     "render_file",
@@ -44,8 +47,12 @@ __all__ = [
     "render_tool_error",
     "render_unreachable",
     "render_web",
+    "skipped_note",
     "timeout_note",
     "truncation_note",
+    "unlisted_note",
+    "with_memory_notes",
+    "with_notes",
     "with_refusal_notes",
 ]
 
@@ -191,6 +198,75 @@ def cap_text(text: str, cap: int) -> tuple[str, int]:
     return _joined(text[:cap], [truncation_note(dropped)]), dropped
 
 
+# -- what stopped a call, what did not come back --------------------------------------------
+
+#: The characters of the OS's words kept in the unlisted note.
+UNLISTED_MAX = 300
+
+
+def _memory_note(stop: MemoryStop) -> str:
+    if stop.by == "watch":
+        return (
+            f"[memory limit: the turn's calls held {stop.held >> 20} MiB, more than the "
+            f"{stop.limit >> 20} MiB limit; this call's processes were stopped]\n"
+        )
+    return (
+        f"[memory limit: the kernel stopped {stop.killed} of the turn's processes while this "
+        f"call ran; the turn held its whole {stop.limit >> 20} MiB (the calls' memory, the "
+        "workspace's files and kernel buffers such as pipes); this call's processes "
+        "were stopped]\n"
+    )
+
+
+def memory_notes(stops: Sequence[MemoryStop]) -> str:
+    """The notes, one line each, for what stopped a call for memory; ``""`` when nothing did.
+
+    The wording is the one ``docs/sandbox-server.md`` gives.
+    """
+    return "".join(_memory_note(stop) for stop in stops)
+
+
+def skipped_note(skipped: Mapping[str, int]) -> str:
+    """The line the model reads when outbox entries were left out, counted by reason."""
+    reasons = "; ".join(f"{n} {why}" for why, n in sorted(skipped.items()))
+    return f"[outbox: {sum(skipped.values())} entries not returned: {reasons}]\n"
+
+
+def unlisted_note(why: str) -> str:
+    """The line the model reads when its outbox folder could not be listed: no file came back,
+    and ``why`` (the path and the OS's words) says so, not an outbox that looks empty."""
+    return f"[outbox: cannot be listed, no file returned: {why[:UNLISTED_MAX]}]\n"
+
+
+def with_notes(text: AnyStr, notes: AnyStr) -> AnyStr:
+    """``text`` (an output, or an exec's stderr) followed by ``notes`` on lines of their own."""
+    newline = notes[-1:]  # every note ends its line: "\n" of the same type as ``text``
+    if not notes or not text or text.endswith(newline):
+        return text + notes
+    return text + newline + notes
+
+
+def command_output(outcome: RunOutcome) -> str:
+    """What a confined call printed, then what the model is told of its outbox and of what
+    stopped it for memory: the text every rule for a call's result starts from."""
+    output = outcome.output
+    if outcome.unlisted:
+        output = with_notes(output, unlisted_note(outcome.unlisted))
+    if outcome.skipped:
+        # The model is told, in its own result, what it left that did not come back.
+        output = with_notes(output, skipped_note(outcome.skipped))
+    return with_notes(output, memory_notes(outcome.memory))
+
+
+def with_memory_notes(result: ExecResult) -> ExecResult:
+    """A host's command's result (``Turn.exec``, a detached process's end) with the notes on
+    what stopped it for memory ending its stderr, for the host."""
+    notes = memory_notes(result.memory)
+    if not notes:
+        return result
+    return attrs.evolve(result, stderr=with_notes(result.stderr, notes.encode()))
+
+
 # -- calls that ran in the sandbox ----------------------------------------------------------
 
 
@@ -200,7 +276,7 @@ def render_command(
     """A confined call's outcome (a declared command, or ``bash`` with ``show_exit_code``)."""
     return ToolResult(
         text=render_output(
-            outcome.output,
+            command_output(outcome),
             exit_code=outcome.exit_code,
             timed_out=outcome.timed_out,
             dropped_chars=outcome.dropped_chars,
@@ -251,7 +327,7 @@ def render_grep(outcome: RunOutcome, *, timeout: float) -> ToolResult:
     """A ``grep`` call's outcome: its matches, "No matches found." or why it failed."""
     if outcome.timed_out:
         return render_command(outcome, timeout=timeout)
-    text, is_error = grep_text(outcome.output, outcome.exit_code)
+    text, is_error = grep_text(command_output(outcome), outcome.exit_code)
     notes = [truncation_note(outcome.dropped_chars)] if outcome.dropped_chars else []
     return ToolResult(
         text=_joined(text, notes),
