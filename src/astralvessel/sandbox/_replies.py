@@ -15,6 +15,7 @@ from ..errors import BackendUnavailableError, SandboxError, UsageError
 from ._api import ExecResult, FsReply, RunOutcome
 from ._memory_notes import limit_met, memory_stops
 from ._pending import Pending
+from .server._protocol import DETACH_NEEDS_NAMESPACES, DETACH_TURN_FULL, DETACHED_PER_TURN
 
 __all__ = ["ANSWERS", "detached_result", "exec_result", "run_outcome"]
 
@@ -84,14 +85,28 @@ def exec_result(item: Pending, header: Mapping[str, Any], bound: int) -> ExecRes
     )
 
 
+#: Why the server refused a detached process (its ``refused`` reason): the error, and its words.
+_DETACH_REFUSALS: Mapping[str, tuple[type[Exception], str]] = {
+    DETACH_TURN_FULL: (
+        UsageError,
+        f"the turn already holds {DETACHED_PER_TURN} detached processes "
+        "(each counts until everything it started has ended)",
+    ),
+    DETACH_NEEDS_NAMESPACES: (
+        BackendUnavailableError,
+        "a detached process needs a server that gives each call its own namespaces",
+    ),
+}
+
+
 def detached_result(item: Pending, header: Mapping[str, Any], bound: int) -> object:
     """A detached process's end: its result, or the error that refused to start it
     (``bound`` as ``run_outcome``'s)."""
     refused = header.get("refused")
     if isinstance(refused, str):
         # Only the turn's bound or a server without namespaces refuses one.
-        error_type = UsageError if "already holds" in refused else BackendUnavailableError
-        return error_type(refused[:2000])
+        error_type, words = _DETACH_REFUSALS.get(refused, (BackendUnavailableError, refused))
+        return error_type(words[:2000])
     code = header.get("exit_code")
     # Killed (by its timeout, ``kill``, the memory watch): SIGKILL's code.
     if not isinstance(code, int) or header.get("timed_out"):
