@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import TYPE_CHECKING, AnyStr
 
 import attrs
@@ -21,12 +22,21 @@ from ._outcome import Outcome, decide
 from ._refusals import Refusals
 from .sandbox._api import ExecResult, MemoryStop
 from .sandbox._base import FileOutcome, OutboxFile, RunOutcome
+from .sandbox._session import (
+    NOT_WRITTEN,
+    OUTBOX_BYTES_PER_TURN,
+    OUTBOX_FILES_PER_TURN,
+    PAST_TURN_BYTES,
+    PAST_TURN_FILES,
+)
+from .sandbox.server._outbox import FILES_PER_CALL, NOT_PLAIN, NOT_UTF8, TOO_BIG, TOO_MANY
 
 if TYPE_CHECKING:
     from .web._content import Fenced
 
 __all__ = [
     "NO_MATCHES",
+    "SKIPPED_WORDS",
     "OutboxFile",
     "Outcome",
     "ToolResult",
@@ -226,9 +236,30 @@ def memory_notes(stops: Sequence[MemoryStop]) -> str:
     return "".join(_memory_note(stop) for stop in stops)
 
 
-def skipped_note(skipped: Mapping[str, int]) -> str:
-    """The line the model reads when outbox entries were left out, counted by reason."""
-    reasons = "; ".join(f"{n} {why}" for why, n in sorted(skipped.items()))
+#: What the model reads for each reason an outbox entry was left out (``RunOutcome.skipped``).
+SKIPPED_WORDS: Mapping[str, str] = MappingProxyType(
+    {
+        NOT_PLAIN: "not a plain file of the call's own (a folder, a link or a special file)",
+        NOT_UTF8: "a name that is not UTF-8",
+        TOO_MANY: f"more than {FILES_PER_CALL} files",
+        TOO_BIG: "past the disk limit in total",
+        PAST_TURN_FILES: f"past the turn's {OUTBOX_FILES_PER_TURN} outbox files",
+        PAST_TURN_BYTES: f"past the turn's {OUTBOX_BYTES_PER_TURN >> 20} MiB of outbox files",
+    }
+)
+
+
+def _skipped_words(reason: str, unwritten: str) -> str:
+    if reason == NOT_WRITTEN:
+        return f"could not be written on the host ({unwritten})"
+    return SKIPPED_WORDS.get(reason, reason)  # none of ours: a peer's, cut by the session
+
+
+def skipped_note(skipped: Mapping[str, int], unwritten: str = "") -> str:
+    """The line the model reads when outbox entries were left out, counted by reason
+    (``unwritten``: why the host could not write one, the OS's words)."""
+    counts = sorted((_skipped_words(why, unwritten), n) for why, n in skipped.items())
+    reasons = "; ".join(f"{n} {words}" for words, n in counts)
     return f"[outbox: {sum(skipped.values())} entries not returned: {reasons}]\n"
 
 
@@ -254,7 +285,7 @@ def command_output(outcome: RunOutcome) -> str:
         output = with_notes(output, unlisted_note(outcome.unlisted))
     if outcome.skipped:
         # The model is told, in its own result, what it left that did not come back.
-        output = with_notes(output, skipped_note(outcome.skipped))
+        output = with_notes(output, skipped_note(outcome.skipped, outcome.unwritten))
     return with_notes(output, memory_notes(outcome.memory))
 
 

@@ -360,8 +360,12 @@ class RunOutcome:
     stopped_by_limit: bool = False
     #: What stopped the call for memory: the memory watch, then the kernel's OOM killer.
     memory: tuple[MemoryStop, ...] = ()
-    #: Outbox entries left out, counted by why (``not a regular file``...).
+    #: Outbox entries left out, counted by reason: the server's (``server/_outbox.py``:
+    #: ``not_plain``, ``not_utf8``, ``too_many``, ``too_big``) or the host's
+    #: (``_session.py``: ``turn_files``, ``turn_bytes``, ``not_written``).
     skipped: Mapping[str, int] = attrs.field(factory=dict)
+    #: Why the host could not write an outbox file (``not_written``): the OS's words.
+    unwritten: str = ""
     #: Why the outbox folder could not be listed (its path and the OS's words), so no
     #: file came back; empty when it was listed.
     unlisted: str = ""

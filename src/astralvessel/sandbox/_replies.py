@@ -61,6 +61,7 @@ def run_outcome(item: Pending, bound: int) -> RunOutcome:
         # unreadable gets no file back, and is told why: an empty outbox says it left none.
         unlisted=unlisted if isinstance(unlisted, str) else "",
         skipped=dict(item.skipped),
+        unwritten=item.unwritten,
     )
 
 
