@@ -25,7 +25,7 @@ from . import _log, _otel
 from ._ledger import Ledger, LedgerSink, bounded
 from ._ledger._records import SCHEMA_VERSION, digest
 from ._outcome import Outcome
-from .results import ToolResult
+from .results import ToolResult, command_output
 from .sandbox._api import ExecResult, FileOutcome, RunOutcome
 
 if TYPE_CHECKING:
@@ -76,7 +76,8 @@ def _ran(outcome: object, limit: int) -> dict[str, Any] | None:
         return dict(outcome)
     if isinstance(outcome, RunOutcome):
         return {
-            "output": bounded(outcome.output, limit),
+            # The output with its notes, as the model read it: replay words nothing again.
+            "output": bounded(command_output(outcome), limit),
             "exit_code": outcome.exit_code,
             "timed_out": outcome.timed_out,
             "dropped_chars": outcome.dropped_chars,

@@ -28,7 +28,13 @@ from ._runners import plan_call
 from ._snapshot._capture import capture
 from ._snapshot._value import TurnSnapshot
 from .errors import SandboxError, TurnClosedError, UsageError
-from .results import ToolResult, render_refusal, render_sandbox_died, with_refusal_notes
+from .results import (
+    ToolResult,
+    render_refusal,
+    render_sandbox_died,
+    with_memory_notes,
+    with_refusal_notes,
+)
 from .sandbox._api import (
     DetachedProcess,
     DetachRequest,
@@ -36,6 +42,7 @@ from .sandbox._api import (
     ExecResult,
     FsReply,
     FsRequest,
+    finishing,
 )
 from .sandbox._base import SandboxSession
 from .sandbox._owner import Owner
@@ -253,7 +260,9 @@ class Turn(Closing):
                 return planned
             session = self.session
             try:
-                note.result = self._guarded(session, lambda: session.exec(planned))
+                note.result = with_memory_notes(
+                    self._guarded(session, lambda: session.exec(planned))
+                )
             finally:
                 self._drain_refusals()  # the host's command: logged, never noted on a later call
             return note.result
@@ -276,7 +285,9 @@ class Turn(Closing):
                 return planned
             session = await self._asession()
             try:
-                note.result = await self._aguarded(session, lambda: session.aexec(planned))
+                note.result = with_memory_notes(
+                    await self._aguarded(session, lambda: session.aexec(planned))
+                )
             finally:
                 self._drain_refusals()
             return note.result
@@ -303,7 +314,7 @@ class Turn(Closing):
         """
         request = self._detach_request(argv, input, cwd, env, timeout)
         session = self.session
-        return self._guarded(session, lambda: session.detach(request))
+        return finishing(self._guarded(session, lambda: session.detach(request)), with_memory_notes)
 
     async def astart(
         self,
@@ -317,7 +328,8 @@ class Turn(Closing):
         """Async twin of ``start``."""
         request = self._detach_request(argv, input, cwd, env, timeout)
         session = await self._asession()
-        return await self._aguarded(session, lambda: session.adetach(request))
+        process = await self._aguarded(session, lambda: session.adetach(request))
+        return finishing(process, with_memory_notes)
 
     def _detach_request(
         self, argv: object, input: object, cwd: object, env: object, timeout: object

@@ -49,7 +49,7 @@ class WebRun:
             if value is not None
         }
         return render_web(
-            outcome.text,
+            outcome.fenced or outcome.text,
             is_error=outcome.is_error,
             cap=self.output_chars,
             metadata=metadata,

@@ -11,22 +11,39 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
+from typing import TYPE_CHECKING, AnyStr
 
 import attrs
 import cattrs
 
 from ._outcome import Outcome, decide
 from ._refusals import Refusals
+from .sandbox._api import ExecResult, MemoryStop
 from .sandbox._base import FileOutcome, OutboxFile, RunOutcome
+from .sandbox._session import (
+    NOT_WRITTEN,
+    OUTBOX_BYTES_PER_TURN,
+    OUTBOX_FILES_PER_TURN,
+    PAST_TURN_BYTES,
+    PAST_TURN_FILES,
+)
+from .sandbox.server._outbox import FILES_PER_CALL, NOT_PLAIN, NOT_UTF8, TOO_BIG, TOO_MANY
+
+if TYPE_CHECKING:
+    from .web._content import Fenced
 
 __all__ = [
     "NO_MATCHES",
+    "SKIPPED_WORDS",
     "OutboxFile",
     "Outcome",
     "ToolResult",
     "cap_text",
+    "command_output",
     "grep_text",
+    "memory_notes",
     "refusal_notes",
     "render_command",
     "render_file",
@@ -40,8 +57,12 @@ __all__ = [
     "render_tool_error",
     "render_unreachable",
     "render_web",
+    "skipped_note",
     "timeout_note",
     "truncation_note",
+    "unlisted_note",
+    "with_memory_notes",
+    "with_notes",
     "with_refusal_notes",
 ]
 
@@ -187,6 +208,96 @@ def cap_text(text: str, cap: int) -> tuple[str, int]:
     return _joined(text[:cap], [truncation_note(dropped)]), dropped
 
 
+# -- what stopped a call, what did not come back --------------------------------------------
+
+#: The characters of the OS's words kept in the unlisted note.
+UNLISTED_MAX = 300
+
+
+def _memory_note(stop: MemoryStop) -> str:
+    if stop.by == "watch":
+        return (
+            f"[memory limit: the turn's calls held {stop.held >> 20} MiB, more than the "
+            f"{stop.limit >> 20} MiB limit; this call's processes were stopped]\n"
+        )
+    return (
+        f"[memory limit: the kernel stopped {stop.killed} of the turn's processes while this "
+        f"call ran; the turn held its whole {stop.limit >> 20} MiB (the calls' memory, the "
+        "workspace's files and kernel buffers such as pipes); this call's processes "
+        "were stopped]\n"
+    )
+
+
+def memory_notes(stops: Sequence[MemoryStop]) -> str:
+    """The notes, one line each, for what stopped a call for memory; ``""`` when nothing did.
+
+    The wording is the one ``docs/sandbox-server.md`` gives.
+    """
+    return "".join(_memory_note(stop) for stop in stops)
+
+
+#: What the model reads for each reason an outbox entry was left out (``RunOutcome.skipped``).
+SKIPPED_WORDS: Mapping[str, str] = MappingProxyType(
+    {
+        NOT_PLAIN: "not a plain file of the call's own (a folder, a link or a special file)",
+        NOT_UTF8: "a name that is not UTF-8",
+        TOO_MANY: f"more than {FILES_PER_CALL} files",
+        TOO_BIG: "past the disk limit in total",
+        PAST_TURN_FILES: f"past the turn's {OUTBOX_FILES_PER_TURN} outbox files",
+        PAST_TURN_BYTES: f"past the turn's {OUTBOX_BYTES_PER_TURN >> 20} MiB of outbox files",
+    }
+)
+
+
+def _skipped_words(reason: str, unwritten: str) -> str:
+    if reason == NOT_WRITTEN:
+        return f"could not be written on the host ({unwritten})"
+    return SKIPPED_WORDS.get(reason, reason)  # none of ours: a peer's, cut by the session
+
+
+def skipped_note(skipped: Mapping[str, int], unwritten: str = "") -> str:
+    """The line the model reads when outbox entries were left out, counted by reason
+    (``unwritten``: why the host could not write one, the OS's words)."""
+    counts = sorted((_skipped_words(why, unwritten), n) for why, n in skipped.items())
+    reasons = "; ".join(f"{n} {words}" for words, n in counts)
+    return f"[outbox: {sum(skipped.values())} entries not returned: {reasons}]\n"
+
+
+def unlisted_note(why: str) -> str:
+    """The line the model reads when its outbox folder could not be listed: no file came back,
+    and ``why`` (the path and the OS's words) says so, not an outbox that looks empty."""
+    return f"[outbox: cannot be listed, no file returned: {why[:UNLISTED_MAX]}]\n"
+
+
+def with_notes(text: AnyStr, notes: AnyStr) -> AnyStr:
+    """``text`` (an output, or an exec's stderr) followed by ``notes`` on lines of their own."""
+    newline = notes[-1:]  # every note ends its line: "\n" of the same type as ``text``
+    if not notes or not text or text.endswith(newline):
+        return text + notes
+    return text + newline + notes
+
+
+def command_output(outcome: RunOutcome) -> str:
+    """What a confined call printed, then what the model is told of its outbox and of what
+    stopped it for memory: the text every rule for a call's result starts from."""
+    output = outcome.output
+    if outcome.unlisted:
+        output = with_notes(output, unlisted_note(outcome.unlisted))
+    if outcome.skipped:
+        # The model is told, in its own result, what it left that did not come back.
+        output = with_notes(output, skipped_note(outcome.skipped, outcome.unwritten))
+    return with_notes(output, memory_notes(outcome.memory))
+
+
+def with_memory_notes(result: ExecResult) -> ExecResult:
+    """A host's command's result (``Turn.exec``, a detached process's end) with the notes on
+    what stopped it for memory ending its stderr, for the host."""
+    notes = memory_notes(result.memory)
+    if not notes:
+        return result
+    return attrs.evolve(result, stderr=with_notes(result.stderr, notes.encode()))
+
+
 # -- calls that ran in the sandbox ----------------------------------------------------------
 
 
@@ -196,7 +307,7 @@ def render_command(
     """A confined call's outcome (a declared command, or ``bash`` with ``show_exit_code``)."""
     return ToolResult(
         text=render_output(
-            outcome.output,
+            command_output(outcome),
             exit_code=outcome.exit_code,
             timed_out=outcome.timed_out,
             dropped_chars=outcome.dropped_chars,
@@ -247,7 +358,7 @@ def render_grep(outcome: RunOutcome, *, timeout: float) -> ToolResult:
     """A ``grep`` call's outcome: its matches, "No matches found." or why it failed."""
     if outcome.timed_out:
         return render_command(outcome, timeout=timeout)
-    text, is_error = grep_text(outcome.output, outcome.exit_code)
+    text, is_error = grep_text(command_output(outcome), outcome.exit_code)
     notes = [truncation_note(outcome.dropped_chars)] if outcome.dropped_chars else []
     return ToolResult(
         text=_joined(text, notes),
@@ -285,7 +396,6 @@ def render_sandbox_died(reason: str) -> ToolResult:
 
 # -- web pages ------------------------------------------------------------------------------
 
-_CLOSE_TAG = "</web_content>"
 # Inside the fence, anything that could close or reopen it, and any line that looks
 # like one of our own notes, is defused: the model must be able to trust that the
 # closing tag and the notes after it are ours, however the page text was cut.
@@ -300,25 +410,18 @@ def _defuse(page: str) -> str:
     return _OUR_NOTE.sub(r"\1&#91;", _FENCE_TAG.sub(r"&lt;\1", page))
 
 
-# The opening tag begins a line: a server's reason phrase in a "[HTTP ...]" line
-# before it cannot hold a line break, so it cannot pass for the opening.
-_OPENING_LINE = re.compile(r"^<web_content[^\n]*\n", re.MULTILINE)
-
-
-def _split_fence(text: str) -> tuple[str, str, str] | None:
-    """Split fenced web text into head (through the opening tag's line), page and tail."""
-    opening = _OPENING_LINE.search(text)
-    close = text.rfind("\n" + _CLOSE_TAG)
-    if opening is None or close < opening.end() - 1:
-        return None
-    return text[: opening.end()], text[opening.end() : close], text[close:]
-
-
 def render_web(
-    text: str, *, is_error: bool, cap: int, metadata: Mapping[str, str], refused: bool = False
+    text: str | Fenced,
+    *,
+    is_error: bool,
+    cap: int,
+    metadata: Mapping[str, str],
+    refused: bool = False,
 ) -> ToolResult:
     """A webfetch or websearch result, cut to the cap without ever losing its fence.
 
+    ``text`` is the fetcher's or searcher's ``Fenced`` fields when it holds untrusted
+    text, else its words (an error, with no page in it), cut as any text.
     ``refused``: nothing was sent (the arguments or the egress policy refused the call).
 
     The page text is cut, never the fence: the closing ``</web_content>`` tag, our
@@ -326,8 +429,7 @@ def render_web(
     they may pass the cap by their own length. Inside the fence, a literal
     ``</web_content`` and lines that look like our notes are defused.
     """
-    parts = _split_fence(text)
-    if parts is None:  # an error message with no page in it
+    if isinstance(text, str):
         shown, dropped = cap_text(text, cap)
         return ToolResult(
             text=shown,
@@ -336,17 +438,16 @@ def render_web(
             metadata=dict(metadata),
             outcome=decide(refused=refused, limit=dropped > 0, failed=is_error),
         )
-    head, page, tail = parts
-    page = _defuse(page)
-    room = max(0, cap - len(head) - len(tail))
+    page = _defuse(text.inside)
+    room = max(0, cap - len(text.framed("")))
     dropped = max(0, len(page) - room)
     if dropped:
-        kept = page[:room].removesuffix("\n")
         # Our note goes after the closing tag: outside the fence, where only we write.
-        tail = f"\n{_CLOSE_TAG}\n{truncation_note(dropped)}{tail[len(_CLOSE_TAG) + 1 :]}"
-        page = kept
+        shown = text.framed(page[:room].removesuffix("\n"), first_notes=(truncation_note(dropped),))
+    else:
+        shown = text.framed(page)
     return ToolResult(
-        text=head + page + tail,
+        text=shown,
         is_error=is_error,
         dropped_chars=dropped,
         metadata=dict(metadata),

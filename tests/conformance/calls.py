@@ -8,7 +8,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from astralvessel._plans import view_outcome, view_request
+from astralvessel.results import command_output
 from astralvessel.sandbox import FileOutcome, RunOutcome, RunRequest, SandboxSession
 
 __all__ = [
@@ -36,10 +39,12 @@ def run(
     stdin: bytes = b"",
     output_chars: int = 100_000,
 ) -> RunOutcome:
-    """Run ``argv`` as one confined call of ``session``."""
-    return session.run(
+    """Run ``argv`` as one confined call of ``session``; its ``output`` as the model reads
+    it, with the notes ``results`` words from what the session reported (memory, outbox)."""
+    outcome = session.run(
         RunRequest(argv=argv, stdin=stdin, timeout=timeout, output_chars=output_chars)
     )
+    return attrs.evolve(outcome, output=command_output(outcome))
 
 
 def file_tool(

@@ -9,6 +9,7 @@ import textwrap
 import attrs
 import pytest
 
+from astralvessel.results import with_memory_notes
 from astralvessel.sandbox import ExecRequest, Sandbox
 
 from .calls import PYTHON, py, py_json, run, wait_until_gone
@@ -228,7 +229,9 @@ def test_an_exec_the_memory_limit_stops_says_so(backend, policy, request):
         assert not result.timed_out
         assert result.returncode == -9
         assert b"every child ended on its own" not in result.stdout
-        stderr = result.stderr.decode()
+        assert [stop.by for stop in result.memory] == ["watch"], result
+        # The stderr the turn returns: the session's, then the notes on these facts.
+        stderr = with_memory_notes(result).stderr.decode()
         assert stderr.startswith("[memory limit: the turn's calls held "), stderr
         assert f"more than the {limits.memory_mb} MiB limit" in stderr
         assert "this call's processes were stopped]\n" in stderr

@@ -9,9 +9,11 @@ import sys
 import textwrap
 import time
 
+import attrs
 import pytest
 
 from astralvessel.errors import SandboxError
+from astralvessel.results import SKIPPED_WORDS, command_output
 from astralvessel.sandbox import Policy, Promise, RunRequest, get_backend
 from astralvessel.sandbox._discovery import AUTOMATIC_ORDER
 from astralvessel.sandbox._uids import DEFAULT_UID_RANGE
@@ -35,7 +37,9 @@ POLICY = Policy(limits=SMALL_LIMITS)
 
 def _run(session, script: str, *, timeout: float = 30.0, output_chars: int = 20_000):
     request = RunRequest(argv=["/bin/sh", "-c", script], timeout=timeout, output_chars=output_chars)
-    return session.run(request)
+    outcome = session.run(request)
+    # The output as the model reads it: with the notes on what did not come back.
+    return attrs.evolve(outcome, output=command_output(outcome))
 
 
 @pytest.fixture
@@ -248,7 +252,7 @@ def test_outbox_follows_no_links(exec_turn):
         " && for i in 1 2 3 4 5; do ln $HOME/big hard$i; done && echo plain > plain.txt",
     )
     assert [f.name for f in outcome.files] == ["plain.txt"]
-    assert f"[outbox: 6 entries not returned: 6 {NOT_PLAIN}]" in outcome.output
+    assert f"[outbox: 6 entries not returned: 6 {SKIPPED_WORDS[NOT_PLAIN]}]" in outcome.output
 
 
 def test_an_unreadable_outbox_is_read_and_a_hard_link_keeps_its_files_mode(exec_turn):
@@ -262,7 +266,7 @@ def test_an_unreadable_outbox_is_read_and_a_hard_link_keeps_its_files_mode(exec_
         "&& chmod 0 $VESSEL_OUTBOX",
     )
     assert [f.name for f in outcome.files] == ["shut.txt"], outcome.output
-    assert f"[outbox: 1 entries not returned: 1 {NOT_PLAIN}]" in outcome.output
+    assert f"[outbox: 1 entries not returned: 1 {SKIPPED_WORDS[NOT_PLAIN]}]" in outcome.output
     after = _run(exec_turn, 'stat -c %a $HOME/w; [ -e "$(cat $HOME/where)" ] || echo gone')
     assert after.output == "0\ngone\n", after.output
 
@@ -279,7 +283,7 @@ def test_outbox_file_count_is_bounded(exec_turn):
     """A call that leaves thousands of files gets at most OUTBOX_MAX_FILES, and the host is told."""
     outcome = _run(exec_turn, "cd $VESSEL_OUTBOX && seq 1 3000 | xargs touch", timeout=60)
     assert len(outcome.files) == OUTBOX_MAX_FILES
-    assert f"2900 {TOO_MANY}" in outcome.output
+    assert f"2900 {SKIPPED_WORDS[TOO_MANY]}" in outcome.output
 
 
 def test_outbox_byte_budget_holds_against_sparse_files(exec_turn):
@@ -291,7 +295,7 @@ def test_outbox_byte_budget_holds_against_sparse_files(exec_turn):
     budget = SMALL_LIMITS.disk_mb * 1024 * 1024
     assert sum(f.size for f in outcome.files) <= budget
     assert len(outcome.files) == 1
-    assert f"4 {TOO_BIG}" in outcome.output
+    assert f"4 {SKIPPED_WORDS[TOO_BIG]}" in outcome.output
 
 
 def test_outbox_odd_names_and_leftovers_do_not_break_the_turn(exec_turn):
@@ -301,7 +305,7 @@ def test_outbox_odd_names_and_leftovers_do_not_break_the_turn(exec_turn):
         "cd $VESSEL_OUTBOX && touch \"$(printf 'bad\\377name')\" && mkdir -p a/b/c/d && echo ok",
     )
     assert outcome.output.startswith("ok\n[outbox: 2 entries not returned: ")
-    assert NOT_UTF8 in outcome.output
+    assert SKIPPED_WORDS[NOT_UTF8] in outcome.output
     assert outcome.files == ()
     # The first call's folder is gone; only the running call's own is there.
     after = _run(exec_turn, "ls -A /workspace/outbox; echo $VESSEL_OUTBOX")

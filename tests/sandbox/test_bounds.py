@@ -7,6 +7,8 @@ import ctypes
 import fcntl
 import os
 
+from astralvessel.results import command_output, with_memory_notes
+from astralvessel.sandbox._api import MemoryStop
 from astralvessel.sandbox._session import ServerSession, _Pending
 from astralvessel.sandbox.server._bounds import (
     _copied_descriptors,
@@ -41,7 +43,8 @@ def test_memory_stop_becomes_a_note_the_model_reads():
     item.exit = {"exit_code": None, "memory": [300 * MIB, 256 * MIB]}
     outcome = ServerSession._outcome(item, 400 * MIB)
     assert outcome.exit_code is None
-    assert outcome.output == (
+    assert outcome.memory == (MemoryStop(by="watch", held=300 * MIB, limit=256 * MIB),)
+    assert command_output(outcome) == (
         "partial\n[memory limit: the turn's calls held 300 MiB, more than the 256 MiB limit; "
         "this call's processes were stopped]\n"
     )
@@ -54,24 +57,27 @@ def test_kernel_stop_becomes_a_note_the_model_reads():
     item.exit = {"exit_code": -9, "oom_killed": 2}
     outcome = ServerSession._outcome(item, 400 * MIB)
     assert outcome.exit_code == -9
-    assert outcome.output == (
+    assert outcome.memory == (MemoryStop(by="kernel", killed=2, limit=400 * MIB),)
+    assert command_output(outcome) == (
         "partial\n[memory limit: the kernel stopped 2 of the turn's processes while this call "
         "ran; the turn held its whole 400 MiB (the calls' memory, the workspace's files and "
         "kernel buffers such as pipes); this call's processes were stopped]\n"
     )
     for unsure in (0, True, "2", None):
         item.exit = {"exit_code": 0, "oom_killed": unsure}
-        assert "[memory limit" not in ServerSession._outcome(item, 400 * MIB).output
+        assert ServerSession._outcome(item, 400 * MIB).memory == ()
 
 
 def test_kernel_stop_states_the_limit_the_kernel_applied():
     """The note states the group's limit the server read when the call ended, not the host's."""
     item = _Pending(kind="run")
     item.exit = {"exit_code": None, "oom_killed": 1, "oom_limit": 97 * MIB}
-    assert "the turn held its whole 97 MiB" in ServerSession._outcome(item, 400 * MIB).output
+    assert "the turn held its whole 97 MiB" in command_output(
+        ServerSession._outcome(item, 400 * MIB)
+    )
     for unread in (None, 0, True, "97"):
         item.exit = {"exit_code": None, "oom_killed": 1, "oom_limit": unread}
-        assert "its whole 400 MiB" in ServerSession._outcome(item, 400 * MIB).output
+        assert "its whole 400 MiB" in command_output(ServerSession._outcome(item, 400 * MIB))
 
 
 def test_exec_stderr_ends_with_the_memory_notes():
@@ -81,7 +87,8 @@ def test_exec_stderr_ends_with_the_memory_notes():
     header = {"exit_code": None, "memory": [300 * MIB, 256 * MIB], "oom_killed": 2}
     result = ServerSession._exec_result(item, header, 400 * MIB)
     assert result.returncode == -9
-    assert result.stderr == (
+    assert result.stderr == b"own words"
+    assert with_memory_notes(result).stderr == (
         b"own words\n[memory limit: the turn's calls held 300 MiB, more than the 256 MiB limit; "
         b"this call's processes were stopped]\n[memory limit: the kernel stopped 2 of the "
         b"turn's processes while this call ran; the turn held its whole 400 MiB (the calls' "

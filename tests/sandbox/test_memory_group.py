@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from astralvessel.results import command_output, with_memory_notes
 from astralvessel.sandbox import ExecRequest, Limits, Policy, RunRequest, SandboxSession
 from astralvessel.sandbox._cgroup import memory_mount, turn_cgroup
 from astralvessel.sandbox._channels import PipeChannel
@@ -53,7 +54,8 @@ def _memory_group(session: SandboxSession, backend: str) -> Path:
 
 def _run(session: SandboxSession, *argv: str) -> str:
     outcome = session.run(RunRequest(argv=argv, timeout=60.0, output_chars=100_000))
-    return f"{outcome.exit_code}|{outcome.output}"
+    # The output as the model reads it: with the notes on what stopped the call.
+    return f"{outcome.exit_code}|{command_output(outcome)}"
 
 
 def _lower_the_bound(session: SandboxSession, backend: str) -> int:
@@ -105,7 +107,8 @@ def test_an_exec_the_kernel_stops_for_memory_says_so(backend: str) -> None:
         stopped = session.exec(request)
         assert stopped.returncode == -9, stopped
         assert b"allocated all" not in stopped.stdout
-        stderr = stopped.stderr.decode()
+        # The stderr the turn returns: the session's, then the notes on what stopped it.
+        stderr = with_memory_notes(stopped).stderr.decode()
         assert "[memory limit: the kernel stopped" in stderr, stderr
         assert f"the turn held its whole {bound_mb} MiB (" in stderr, stderr
         assert session.alive()

@@ -18,7 +18,7 @@ import concurrent.futures
 import contextlib
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 import attrs
 
@@ -37,6 +37,7 @@ __all__ = [
     "FileOutcome",
     "FsReply",
     "FsRequest",
+    "MemoryStop",
     "OutboxFile",
     "RunOutcome",
     "RunRequest",
@@ -164,6 +165,9 @@ class ExecResult:
     stopped_by_limit: bool = attrs.field(
         default=False, validator=attrs.validators.instance_of(bool)
     )
+    #: What stopped the command for memory (the watch, then the kernel), as facts: the
+    #: turn that returns the result has ended ``stderr`` with their notes.
+    memory: tuple[MemoryStop, ...] = ()
 
     @property
     def success(self) -> bool:
@@ -181,14 +185,16 @@ class ExecResult:
 
 
 def _copy_outcome(
-    done: concurrent.futures.Future[ExecResult], copy: concurrent.futures.Future[ExecResult]
+    done: concurrent.futures.Future[ExecResult],
+    copy: concurrent.futures.Future[ExecResult],
+    finish: Callable[[ExecResult], ExecResult] = lambda result: result,
 ) -> None:
     error = done.exception()
     with contextlib.suppress(concurrent.futures.InvalidStateError):  # the wait was cancelled
         if error is not None:
             copy.set_exception(error)
         else:
-            copy.set_result(done.result())
+            copy.set_result(finish(done.result()))
 
 
 class DetachedProcess:
@@ -252,6 +258,16 @@ class DetachedProcess:
         self._kill()
 
 
+def finishing(
+    process: DetachedProcess, finish: Callable[[ExecResult], ExecResult]
+) -> DetachedProcess:
+    """``process``, its result passed through ``finish`` once it ends: how the turn adds
+    the words the session leaves to it (what stopped the process for memory)."""
+    finished: concurrent.futures.Future[ExecResult] = concurrent.futures.Future()
+    process._future.add_done_callback(lambda done: _copy_outcome(done, finished, finish))
+    return DetachedProcess(process.argv, finished, process._kill)
+
+
 @attrs.frozen(kw_only=True)
 class FsRequest:
     """One generic file primitive in the sandbox's view, as the calls' user.
@@ -306,8 +322,29 @@ class OutboxFile:
 
 
 @attrs.frozen(kw_only=True)
+class MemoryStop:
+    """What stopped a call for memory, in bytes: a fact the session reports and
+    ``results`` words (for the model, and for the host at the end of an exec's stderr).
+
+    ``by`` is ``watch`` when the memory watch stopped the call (the turn's calls
+    held ``held`` bytes, more than ``limit``) and ``kernel`` when the kernel's OOM
+    killer stopped ``killed`` of the turn's processes while it ran (the turn's
+    group held its whole ``limit``).
+    """
+
+    by: Literal["watch", "kernel"]
+    limit: int
+    held: int = 0
+    killed: int = 0
+
+
+@attrs.frozen(kw_only=True)
 class RunOutcome:
-    """What a confined call did: its output (bounded), exit status and outbox files."""
+    """What a confined call did: its output (bounded), exit status and outbox files.
+
+    ``output`` is what the command printed; what else the model is told of the call
+    comes as facts (``memory``, ``skipped``, ``unlisted``), which ``results`` words.
+    """
 
     output: str
     exit_code: int | None
@@ -318,9 +355,20 @@ class RunOutcome:
     duration: float = 0.0
     #: Backend notes for the host (never shown to the model), such as a fallback taken.
     metadata: Mapping[str, str] = attrs.field(factory=dict)
-    #: Whether a bound of the turn stopped the call: its memory (its output says so), its
+    #: Whether a bound of the turn stopped the call: its memory (``memory`` says how), its
     #: processes at their limit or the workspace it filled (its own errors say so).
     stopped_by_limit: bool = False
+    #: What stopped the call for memory: the memory watch, then the kernel's OOM killer.
+    memory: tuple[MemoryStop, ...] = ()
+    #: Outbox entries left out, counted by reason: the server's (``server/_outbox.py``:
+    #: ``not_plain``, ``not_utf8``, ``too_many``, ``too_big``) or the host's
+    #: (``_session.py``: ``turn_files``, ``turn_bytes``, ``not_written``).
+    skipped: Mapping[str, int] = attrs.field(factory=dict)
+    #: Why the host could not write an outbox file (``not_written``): the OS's words.
+    unwritten: str = ""
+    #: Why the outbox folder could not be listed (its path and the OS's words), so no
+    #: file came back; empty when it was listed.
+    unlisted: str = ""
 
 
 @attrs.frozen(kw_only=True)

@@ -48,6 +48,8 @@ class Pending:
         self.current_written = 0
         #: Outbox entries not returned, by reason (the server's and the turn's budget).
         self.skipped: dict[str, int] = {}
+        #: Why the host could not write a file it was sent (the OS's words), if it could not.
+        self.unwritten = ""
 
     def add_output(self, chunk: bytes) -> None:
         # The server already bounds what it streams; the host bounds it again, by characters

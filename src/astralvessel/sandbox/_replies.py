@@ -1,9 +1,9 @@
 """What the host makes of the server's answers: each request kind's result, and the
 frames that answer a request in one piece.
 
-Pure functions over a finished ``Pending`` and the frame that ended it; the
-words the model reads about memory and the outbox come from ``_memory_notes``
-and ``_outbox_notes``.
+Pure functions over a finished ``Pending`` and the frame that ended it. They
+return facts, no words: what stopped a call for memory (``_memory_notes``),
+which outbox entries did not come back and why; ``results`` words them.
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from typing import Any
 
 from ..errors import BackendUnavailableError, SandboxError, UsageError
 from ._api import ExecResult, FsReply, RunOutcome
-from ._memory_notes import limit_met, memory_notes, with_notes
-from ._outbox_notes import skipped_note, unlisted_note
+from ._memory_notes import limit_met, memory_stops
 from ._pending import Pending
+from .server._protocol import DETACH_NEEDS_NAMESPACES, DETACH_TURN_FULL, DETACHED_PER_TURN
 
 __all__ = ["ANSWERS", "detached_result", "exec_result", "run_outcome"]
 
@@ -47,30 +47,26 @@ def run_outcome(item: Pending, bound: int) -> RunOutcome:
     for a note on the kernel's OOM killer that came without the limit it applied."""
     exit_info = item.exit or {}
     code = exit_info.get("exit_code")
-    output = bytes(item.output).decode("utf-8", "replace")
     unlisted = exit_info.get("unlisted")
-    if unlisted and isinstance(unlisted, str):
-        # A call that removed its outbox folder, swapped it for a link or made it
-        # unreadable gets no file back, and is told why: an empty outbox says it left none.
-        output = with_notes(output, unlisted_note(unlisted))
-    if item.skipped:
-        # The model is told, in its own result, what it left that did not come back.
-        output = with_notes(output, skipped_note(item.skipped))
-    output = with_notes(output, memory_notes(exit_info, bound))
     return RunOutcome(
-        output=output,
+        output=bytes(item.output).decode("utf-8", "replace"),
         exit_code=code if isinstance(code, int) else None,
         timed_out=bool(exit_info.get("timed_out")),
         dropped_chars=int(exit_info.get("dropped_chars") or 0) + item.dropped_chars,
         files=tuple(item.files),
         duration=float(exit_info.get("duration") or 0.0),
         stopped_by_limit=limit_met(exit_info),
+        memory=memory_stops(exit_info, bound),
+        # A call that removed its outbox folder, swapped it for a link or made it
+        # unreadable gets no file back, and is told why: an empty outbox says it left none.
+        unlisted=unlisted if isinstance(unlisted, str) else "",
+        skipped=dict(item.skipped),
+        unwritten=item.unwritten,
     )
 
 
 def exec_result(item: Pending, header: Mapping[str, Any], bound: int) -> ExecResult:
-    """The exec's result; a note on what memory bound stopped it ends its stderr
-    (``bound`` as ``run_outcome``'s)."""
+    """The exec's result, with what stopped it for memory (``bound`` as ``run_outcome``'s)."""
     code = header.get("exit_code")
     timed_out = bool(header.get("timed_out"))
     dropped = header.get("dropped_bytes") or {}
@@ -81,12 +77,27 @@ def exec_result(item: Pending, header: Mapping[str, Any], bound: int) -> ExecRes
         # Killed with its tree past its timeout: SIGKILL's code, as a shell would report it.
         returncode=code if isinstance(code, int) and not timed_out else -9,
         stdout=bytes(item.streams["stdout"]),
-        stderr=with_notes(bytes(item.streams["stderr"]), memory_notes(header, bound).encode()),
+        stderr=bytes(item.streams["stderr"]),
         timed_out=timed_out,
         truncated=item.stream_cut or server_cut,
         duration=max(0.0, float(header.get("duration") or 0.0)),
         stopped_by_limit=limit_met(header),
+        memory=memory_stops(header, bound),
     )
+
+
+#: Why the server refused a detached process (its ``refused`` reason): the error, and its words.
+_DETACH_REFUSALS: Mapping[str, tuple[type[Exception], str]] = {
+    DETACH_TURN_FULL: (
+        UsageError,
+        f"the turn already holds {DETACHED_PER_TURN} detached processes "
+        "(each counts until everything it started has ended)",
+    ),
+    DETACH_NEEDS_NAMESPACES: (
+        BackendUnavailableError,
+        "a detached process needs a server that gives each call its own namespaces",
+    ),
+}
 
 
 def detached_result(item: Pending, header: Mapping[str, Any], bound: int) -> object:
@@ -95,8 +106,8 @@ def detached_result(item: Pending, header: Mapping[str, Any], bound: int) -> obj
     refused = header.get("refused")
     if isinstance(refused, str):
         # Only the turn's bound or a server without namespaces refuses one.
-        error_type = UsageError if "already holds" in refused else BackendUnavailableError
-        return error_type(refused[:2000])
+        error_type, words = _DETACH_REFUSALS.get(refused, (BackendUnavailableError, refused))
+        return error_type(words[:2000])
     code = header.get("exit_code")
     # Killed (by its timeout, ``kill``, the memory watch): SIGKILL's code.
     if not isinstance(code, int) or header.get("timed_out"):
@@ -104,10 +115,10 @@ def detached_result(item: Pending, header: Mapping[str, Any], bound: int) -> obj
     return ExecResult(
         returncode=code,
         stdout=bytes(item.output),
-        # Its log is stdout; what stopped it for memory is said apart, as an exec's.
-        stderr=memory_notes(header, bound).encode(),
         timed_out=bool(header.get("timed_out")),
         truncated=item.cut or bool(header.get("dropped_chars")),
         duration=max(0.0, float(header.get("duration") or 0.0)),
         stopped_by_limit=limit_met(header),
+        # Its log is stdout; what stopped it for memory is said apart, as an exec's.
+        memory=memory_stops(header, bound),
     )

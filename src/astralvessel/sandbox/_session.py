@@ -98,6 +98,11 @@ _ANSWER_GRACE = 60.0
 #: call (100 files, the disk limit), the host bounds the turn, whatever the server says.
 OUTBOX_FILES_PER_TURN = 1000
 OUTBOX_BYTES_PER_TURN = 1 << 30
+#: Why the host did not keep an outbox file the server sent (``RunOutcome.skipped``'s
+#: reasons beside the server's): past the turn's files or bytes, or the host's disk.
+PAST_TURN_FILES = "turn_files"
+PAST_TURN_BYTES = "turn_bytes"
+NOT_WRITTEN = "not_written"
 #: The most outbox files one ``exit`` frame may announce (the server's own bound).
 _OUTBOX_FILES_PER_CALL = 100
 
@@ -402,9 +407,9 @@ class ServerSession(SandboxSession):
         """Count one announced file against the turn's budget; False if it is not kept."""
         with self._lock:
             if self._outbox_files >= OUTBOX_FILES_PER_TURN:
-                reason = f"past the turn's {OUTBOX_FILES_PER_TURN} outbox files"
+                reason = PAST_TURN_FILES
             elif self._outbox_bytes + size > OUTBOX_BYTES_PER_TURN:
-                reason = f"past the turn's {OUTBOX_BYTES_PER_TURN >> 20} MiB of outbox files"
+                reason = PAST_TURN_BYTES
             else:
                 self._outbox_files += 1
                 self._outbox_bytes += size
@@ -440,8 +445,8 @@ class ServerSession(SandboxSession):
             item.current = None
             with contextlib.suppress(OSError):
                 (outbox_of(item) / name).unlink()
-        reason = f"could not be written on the host ({exc.strerror or exc})"
-        item.skipped[reason] = item.skipped.get(reason, 0) + 1
+        item.skipped[NOT_WRITTEN] = item.skipped.get(NOT_WRITTEN, 0) + 1
+        item.unwritten = str(exc.strerror or exc)
 
     def _file_done(self, item: Pending) -> None:
         name, size, keep = item.expected.popleft()

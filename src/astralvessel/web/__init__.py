@@ -8,6 +8,7 @@ exchange with the address the policy approved. Search goes through a
 
 from __future__ import annotations
 
+from ._content import Fenced as Fenced
 from ._content import fence as fence
 from ._egress import AllowRule as AllowRule
 from ._egress import Approval as Approval
@@ -45,6 +46,7 @@ __all__ = [
     "AsyncTransport",
     "BraveProvider",
     "EgressPolicy",
+    "Fenced",
     "FetchLimits",
     "Fetcher",
     "HttpRequest",

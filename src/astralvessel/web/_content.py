@@ -18,8 +18,10 @@ from ._links import LinkStyle
 __all__ = [
     "ACCEPT",
     "ACCEPT_ENCODING",
+    "CLOSE_TAG",
     "BodyCollector",
     "ContentRefused",
+    "Fenced",
     "fence",
     "neutralize",
     "parse_content_type",
@@ -253,9 +255,45 @@ def _attribute(value: str) -> str:
     return "".join(out)
 
 
+#: The tag that ends the fence; nothing inside it can write it (``neutralize``).
+CLOSE_TAG = "</web_content>"
+
+
+@attrs.frozen(kw_only=True)
+class Fenced:
+    """Untrusted text as its fields, before it is framed: the fence is built from them.
+
+    ``inside`` is what the fence holds (our warning, then the text neutralized);
+    ``head`` the lines before the opening tag and ``notes`` the lines after the
+    closing one, each ours. A renderer that must cut the result cuts ``inside``
+    alone and frames it again (``framed``): nothing ever reads the fence back
+    out of the text.
+    """
+
+    source: str
+    inside: str
+    head: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    @classmethod
+    def of(
+        cls, source: str, body: str, *, head: tuple[str, ...] = (), notes: tuple[str, ...] = ()
+    ) -> Fenced:
+        """``body`` (untrusted text from ``source``) fenced as the spec shows."""
+        inside = f"{WARNING}\n{neutralize(body).strip(chr(10))}"
+        return cls(source=source, inside=inside, head=head, notes=notes)
+
+    def framed(self, inside: str, *, first_notes: tuple[str, ...] = ()) -> str:
+        """``inside`` in this fence: the head, the fence, ``first_notes``, then the notes."""
+        lines = [*self.head, f'<web_content source="{_attribute(self.source)}">', inside]
+        return "\n".join([*lines, CLOSE_TAG, *first_notes, *self.notes])
+
+    @property
+    def text(self) -> str:
+        """The whole fenced text, as a model reads it uncut."""
+        return self.framed(self.inside)
+
+
 def fence(source: str, body: str) -> str:
     """Wrap untrusted text as the spec shows, so it cannot end the wrapper early."""
-    return (
-        f'<web_content source="{_attribute(source)}">\n{WARNING}\n'
-        f"{neutralize(body).strip(chr(10))}\n</web_content>"
-    )
+    return Fenced.of(source, body).text

@@ -17,8 +17,15 @@ from urllib.parse import urljoin
 
 import attrs
 
+from .._weblimits import (
+    FETCH_MAX_BYTES,
+    FETCH_MAX_HEADER_BYTES,
+    FETCH_MAX_REDIRECTS,
+    FETCH_TIMEOUT_SECONDS,
+    format_size,
+)
 from ..errors import EgressError, UsageError
-from ._content import ACCEPT, ACCEPT_ENCODING, BodyCollector, ContentRefused, fence, render
+from ._content import ACCEPT, ACCEPT_ENCODING, BodyCollector, ContentRefused, Fenced, render
 from ._egress import Approval, EgressPolicy, Resolver, SystemResolver, Target
 from ._exchange import AsyncExchangeIO, Close, ExchangeIO, Head, Resolve, Send, read_body
 from ._flow import Flow, arun, run
@@ -44,6 +51,9 @@ class WebResult:
     """What a web tool returns: ``text`` exactly as the model sees it, and ``is_error``."""
 
     text: str
+    #: The fields ``text`` was framed from, when it holds untrusted text: the renderer
+    #: cuts the text inside the fence from these, never by reading ``text`` back.
+    fenced: Fenced | None = None
     is_error: bool = False
     url: str | None = None  # the final URL, after redirects
     status: int | None = None
@@ -58,10 +68,10 @@ class WebResult:
 class FetchLimits:
     """How far one fetch may go; the defaults are the spec's."""
 
-    max_bytes: int = 4 * 1024 * 1024
-    timeout_seconds: float = 30.0
-    max_redirects: int = 5
-    max_header_bytes: int = 65536
+    max_bytes: int = FETCH_MAX_BYTES
+    timeout_seconds: float = FETCH_TIMEOUT_SECONDS
+    max_redirects: int = FETCH_MAX_REDIRECTS
+    max_header_bytes: int = FETCH_MAX_HEADER_BYTES
 
     def __attrs_post_init__(self) -> None:
         if self.max_bytes <= 0 or self.timeout_seconds <= 0 or self.max_redirects < 0:
@@ -70,12 +80,6 @@ class FetchLimits:
 
 class _Failure(Exception):
     """A fetch failed in a way the model should hear about in these words."""
-
-
-def _size(limit: int) -> str:
-    if limit % (1024 * 1024) == 0:
-        return f"{limit // (1024 * 1024)} MB"
-    return f"{limit} bytes"
 
 
 def _seconds(value: float) -> str:
@@ -195,18 +199,22 @@ class Fetcher:
         main_content = self.main_content and not full_page
         links = with_targets(self.links) if link_targets else self.links
         text = render(body.body(), content_type, url, main_content=main_content, links=links)
-        wrapped = fence(url, text if text.strip() else "[the page has no readable text]")
+        notes: tuple[str, ...] = ()
         if body.truncated:
-            wrapped += (
-                f"\n[webfetch stopped reading at {_size(self.limits.max_bytes)}; "
-                "the rest of the page was not fetched]"
+            notes = (
+                f"[webfetch stopped reading at {format_size(self.limits.max_bytes)}; "
+                "the rest of the page was not fetched]",
             )
         is_error = status >= 300
+        head: tuple[str, ...] = ()
         if is_error:
             shown = f"{status} {reason}".strip()
-            wrapped = f"[HTTP {shown}: the server answered with an error]\n{wrapped}"
+            head = (f"[HTTP {shown}: the server answered with an error]",)
+        readable = text if text.strip() else "[the page has no readable text]"
+        fenced = Fenced.of(url, readable, head=head, notes=notes)
         return WebResult(
-            text=wrapped,
+            text=fenced.text,
+            fenced=fenced,
             is_error=is_error,
             url=url,
             status=status,

@@ -25,8 +25,9 @@ from urllib.parse import urlencode, urlsplit
 
 import attrs
 
+from .._weblimits import SEARCH_DEFAULT_RESULTS, SEARCH_MAX_RESULTS
 from ..errors import SearchError, UsageError
-from ._content import BodyCollector, ContentRefused, fence, parse_content_type
+from ._content import BodyCollector, ContentRefused, Fenced, parse_content_type
 from ._egress import SystemResolver
 from ._exchange import AsyncExchangeIO, Close, ExchangeIO, Resolve, Send, read_body
 from ._fetch import WebResult
@@ -45,8 +46,8 @@ __all__ = [
     "SearxngProvider",
 ]
 
-DEFAULT_MAX_RESULTS = 8
-MAX_RESULTS = 20
+DEFAULT_MAX_RESULTS = SEARCH_DEFAULT_RESULTS
+MAX_RESULTS = SEARCH_MAX_RESULTS
 _RESPONSE_LIMIT = 2 * 1024 * 1024
 _TAGS = re.compile(r"<[^>]*>")
 _SPACES = re.compile(r"\s+")
@@ -114,7 +115,8 @@ class Searcher:
                 lines.append(f"   {snippet}")
             lines.append("")
         body = "\n".join(lines) if lines else "The search ran and found no results for this query."
-        return WebResult(text=fence(f"{self.provider.name} search: {query}", body), is_error=False)
+        fenced = Fenced.of(f"{self.provider.name} search: {query}", body)
+        return WebResult(text=fenced.text, fenced=fenced, is_error=False)
 
     def search(self, query: str, max_results: int | None = None) -> WebResult:
         """Search and return fenced results, or an error result that says the search failed."""

@@ -43,7 +43,6 @@ from .._api import (
     RunRequest,
     SandboxSession,
 )
-from .._outbox_notes import skipped_note, unlisted_note
 from .._owner import Owner
 from .._policy import Policy, Promise
 from .._temporary_outbox import TurnOutbox
@@ -413,19 +412,17 @@ class ExecSession(SandboxSession):
         with self._watching(stream, "call"):
             output, timed_out = self._stream(stream, request)
         exit_code = None if timed_out else self._exit_code(stream, "call")
-        files, note = self._collect_outbox(outbox)
-        text = output.text
-        if note:
-            # The model is told, in its own result, what it left that did not come back.
-            text += ("\n" if text and not text.endswith("\n") else "") + note
+        files, skipped, unlisted = self._collect_outbox(outbox)
         return RunOutcome(
-            output=text,
+            output=output.text,
             exit_code=exit_code,
             timed_out=timed_out,
             dropped_chars=output.dropped,
             files=files,
             duration=time.monotonic() - started,
             metadata=dict(EXEC_METADATA),
+            skipped=skipped,
+            unlisted=unlisted,
         )
 
     def exec(self, request: ExecRequest) -> ExecResult:
@@ -509,9 +506,10 @@ class ExecSession(SandboxSession):
             output.add(b"", final=True)
         return output, False
 
-    def _collect_outbox(self, outbox: str) -> tuple[tuple[OutboxFile, ...], str]:
+    def _collect_outbox(self, outbox: str) -> tuple[tuple[OutboxFile, ...], dict[str, int], str]:
         """End the call's processes, copy its outbox files out within the budgets, then remove
-        its folder; the files, and the line the model reads about what did not come back."""
+        its folder; the files, the entries left out by why, and why the folder could not be
+        listed (the model is told of both, in its own result)."""
         # The listing's exec ends the call's processes and removes an outbox left empty.
         total = -1
         try:
@@ -519,7 +517,7 @@ class ExecSession(SandboxSession):
             if code != 0 or complaint:
                 # A call that made its outbox unreadable (or removed it) gets no file back,
                 # and is told so: an empty outbox would say it left none.
-                return (), unlisted_note(listing_failure(code, complaint))
+                return (), {}, listing_failure(code, complaint)
             total, entries = parse_listing(listing)
             take, skipped = plan_outbox(
                 total,
@@ -536,7 +534,7 @@ class ExecSession(SandboxSession):
                     skipped[NOT_PLAIN] = skipped.get(NOT_PLAIN, 0) + 1
                 else:
                     files.append(file)
-            return tuple(files), skipped_note(skipped) if skipped else ""
+            return tuple(files), skipped, ""
         finally:
             if total != 0:
                 # Whatever was left (links, folders, files past a budget) goes with the folder.

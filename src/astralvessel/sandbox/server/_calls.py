@@ -224,18 +224,16 @@ def outcome(call: Call, status: int) -> tuple[str | None, int | None]:
 
 
 def refusal(order: RunOrder, chains: bool, detached: int) -> str | None:
-    """Why a request may not start, with ``detached`` detached processes in the turn, or
-    None. ``chains``: the server gives each call its own namespaces."""
+    """Why a request may not start (a ``DETACH_*`` reason of ``_protocol``), with
+    ``detached`` detached processes in the turn, or None. ``chains``: the server gives
+    each call its own namespaces."""
     if not order.detach:
         return None
     if not chains:
         # Without a namespace of its own, a daemon it forks escapes the kill at close.
-        return "a detached process needs a server that gives each call its own namespaces"
+        return _protocol.DETACH_NEEDS_NAMESPACES
     if detached >= _protocol.DETACHED_PER_TURN:
-        return (
-            f"the turn already holds {_protocol.DETACHED_PER_TURN} detached processes "
-            "(each counts until everything it started has ended)"
-        )
+        return _protocol.DETACH_TURN_FULL
     return None
 
 

@@ -55,10 +55,16 @@ REMOVE_BUDGET = 200_000
 #: Bytes per ``file`` frame.
 FILE_CHUNK = 1 << 20
 
-NOT_PLAIN = "not a plain file of the call's own (a folder, a link or a special file)"
-NOT_UTF8 = "a name that is not UTF-8"
-TOO_MANY = f"more than {FILES_PER_CALL} files"
-TOO_BIG = "past the disk limit in total"
+# Why an entry was not returned, as the ``exit`` frame's ``skipped`` names it: a reason,
+# not words (the host's ``results`` words the note the model reads).
+#: Not a plain file of the call's own: a folder, a link or a special file.
+NOT_PLAIN = "not_plain"
+#: A name that is not UTF-8.
+NOT_UTF8 = "not_utf8"
+#: Past ``FILES_PER_CALL`` files.
+TOO_MANY = "too_many"
+#: Past the disk limit in total.
+TOO_BIG = "too_big"
 
 
 class Collected:

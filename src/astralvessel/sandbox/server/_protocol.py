@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DETACHED_PER_TURN",
+    "DETACH_NEEDS_NAMESPACES",
+    "DETACH_TURN_FULL",
     "MAX_BODY",
     "MAX_HEADER",
     "PREFIX",
@@ -48,6 +50,11 @@ MAX_BODY = 1 << 26
 #: Detached processes (``Turn.start``) a turn may hold at once: each counts until its
 #: namespace is empty, whatever it forked, and the server refuses one more.
 DETACHED_PER_TURN = 8
+#: Why the server refused to start a detached process, as the ``exit`` frame's
+#: ``refused`` says it (a fact: the host words the error): the turn holds
+#: ``DETACHED_PER_TURN`` already, or the server gives calls no namespaces of their own.
+DETACH_TURN_FULL = "turn_full"
+DETACH_NEEDS_NAMESPACES = "needs_namespaces"
 
 
 def _not_json(value: object) -> object:
