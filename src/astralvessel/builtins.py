@@ -132,6 +132,17 @@ def _count(what: str, *, most: int, default: int) -> dict[str, Any]:
 
 _PATH_NOTE = "Absolute, or relative to the workdir."
 
+
+def _text(description: str) -> dict[str, Any]:
+    """A string parameter."""
+    return {"type": "string", "description": description}
+
+
+def _path(description: str) -> dict[str, Any]:
+    """A sandbox path parameter, its description saying how a relative one resolves."""
+    return _text(f"{description} {_PATH_NOTE}")
+
+
 _READ = Builtin(
     name="read",
     description=(
@@ -143,7 +154,7 @@ _READ = Builtin(
     ),
     parameters=_schema(
         {
-            "path": {"type": "string", "description": f"The file to read. {_PATH_NOTE}"},
+            "path": _path("The file to read."),
             "offset": {
                 "type": "integer",
                 "minimum": 1,
@@ -172,18 +183,9 @@ _GREP = Builtin(
     ),
     parameters=_schema(
         {
-            "pattern": {
-                "type": "string",
-                "description": "Regular expression, ripgrep syntax, such as 'def \\w+\\('.",
-            },
-            "path": {
-                "type": "string",
-                "description": f"File or directory to search; the workdir if omitted. {_PATH_NOTE}",
-            },
-            "glob": {
-                "type": "string",
-                "description": "Only search files whose name matches this glob, such as '*.md'.",
-            },
+            "pattern": _text("Regular expression, ripgrep syntax, such as 'def \\w+\\('."),
+            "path": _path("File or directory to search; the workdir if omitted."),
+            "glob": _text("Only search files whose name matches this glob, such as '*.md'."),
             "ignore_case": {
                 "type": "boolean",
                 "default": False,
@@ -211,14 +213,8 @@ _GLOB = Builtin(
     ),
     parameters=_schema(
         {
-            "pattern": {
-                "type": "string",
-                "description": "Relative glob without '..': *, ?, [abc], {a,b} and **.",
-            },
-            "path": {
-                "type": "string",
-                "description": f"Directory to search from; the workdir if omitted. {_PATH_NOTE}",
-            },
+            "pattern": _text("Relative glob without '..': *, ?, [abc], {a,b} and **."),
+            "path": _path("Directory to search from; the workdir if omitted."),
             "max_results": _count("Most paths to return", most=GLOB_MAX, default=GLOB_DEFAULT_MAX),
         },
         required=["pattern"],
@@ -236,10 +232,7 @@ _LIST = Builtin(
     ),
     parameters=_schema(
         {
-            "path": {
-                "type": "string",
-                "description": f"Directory to list; the workdir if omitted. {_PATH_NOTE}",
-            },
+            "path": _path("Directory to list; the workdir if omitted."),
         }
     ),
     scope=Scope.FILES,
@@ -255,7 +248,7 @@ _BASH = Builtin(
         "'[exit code N]'; a non-zero exit marks the result as an error. Long output is cut."
     ),
     parameters=_schema(
-        {"command": {"type": "string", "description": "The shell command line to run."}},
+        {"command": _text("The shell command line to run.")},
         required=["command"],
     ),
     scope=Scope.EXECUTE,
@@ -275,10 +268,7 @@ _WEBFETCH = Builtin(
     ),
     parameters=_schema(
         {
-            "url": {
-                "type": "string",
-                "description": "The page's http:// or https:// address.",
-            },
+            "url": _text("The page's http:// or https:// address."),
             "full_page": {
                 "type": "boolean",
                 "description": (
@@ -311,7 +301,7 @@ _WEBSEARCH = Builtin(
     ),
     parameters=_schema(
         {
-            "query": {"type": "string", "description": "What to search for."},
+            "query": _text("What to search for."),
             "max_results": _count("Most results to return", most=20, default=8),
         },
         required=["query"],
