@@ -15,7 +15,7 @@ import os
 import time
 import uuid
 import weakref
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -96,6 +96,11 @@ def _file_entry(path: Path, name: str, size: int) -> dict[str, Any]:
     return entry
 
 
+def _span_attributes(fields: Mapping[str, object], *, leave: Iterable[str]) -> dict[str, object]:
+    """A log event's fields as span attributes (``astralvessel.`` names), but those left out."""
+    return {f"astralvessel.{k}": v for k, v in fields.items() if k not in leave}
+
+
 class TurnWatch:
     """One turn's observer: its id, its ledger sink, its span, and the events it has seen."""
 
@@ -137,11 +142,7 @@ class TurnWatch:
         }
 
     def _turn_attributes(self) -> dict[str, Any]:
-        return {
-            "astralvessel.turn": self.turn_id,
-            "astralvessel.backend": self.backend,
-            "astralvessel.policy_id": self.policy_id,
-        }
+        return _span_attributes(self._turn_fields(), leave=("uid",))
 
     def _record(self, record: dict[str, Any]) -> None:
         sink = self._sink
@@ -221,35 +222,54 @@ class TurnWatch:
         self._record(record)
 
     @contextlib.contextmanager
-    def exec(self, argv: Sequence[object]) -> Iterator[ExecNote]:
-        """Watch one ``Turn.exec``; the block sets ``note.result``."""
-        note = ExecNote()
+    def _operation(
+        self,
+        event: str,
+        subject: tuple[str, object],
+        ended: Callable[[BaseException | None, float], dict[str, object]],
+    ) -> Iterator[None]:
+        """Watch one of the host's operations on the sandbox (an exec, a file operation).
+
+        Its span and log event are named ``event`` and carry ``subject``; ``ended`` gets
+        the error the block raised (or None) and the duration, writes the ledger record,
+        and returns the fields the log event and the span end with.
+        """
         started = time.monotonic()
-        program = os.path.basename(str(argv[0])) if argv else ""
-        span = _otel.start("astralvessel.exec", {"astralvessel.program": program}, self._span)
+        key, value = subject
+        span = _otel.start(f"astralvessel.{event}", {f"astralvessel.{key}": value}, self._span)
         error: BaseException | None = None
         try:
-            yield note
+            yield
         except BaseException as exc:
             error = exc
             raise
         finally:
             duration = time.monotonic() - started
-            result = note.result
-            fields: dict[str, object] = {"turn": self.turn_id, "program": program}
-            if result is not None:
-                fields.update(
-                    outcome=result.outcome.value,
-                    returncode=result.returncode,
-                    stdout_bytes=len(result.stdout),
-                    stderr_bytes=len(result.stderr),
-                )
-            else:
-                fields["error"] = type(error).__name__ if error is not None else "none"
+            fields = {"turn": self.turn_id, key: value, **ended(error, duration)}
             fields["duration"] = duration
-            _log.event(_log.EXEC, "exec", fields)
-            _otel.end(span, {f"astralvessel.{k}": v for k, v in fields.items() if k != "turn"})
+            _log.event(_log.EXEC, event, fields)
+            _otel.end(span, _span_attributes(fields, leave=("turn",)))
+
+    @contextlib.contextmanager
+    def exec(self, argv: Sequence[object]) -> Iterator[ExecNote]:
+        """Watch one ``Turn.exec``; the block sets ``note.result``."""
+        note = ExecNote()
+        program = os.path.basename(str(argv[0])) if argv else ""
+
+        def ended(error: BaseException | None, duration: float) -> dict[str, object]:
+            result = note.result
             self._exec_record(argv, result, error, duration)
+            if result is None:
+                return {"error": type(error).__name__ if error is not None else "none"}
+            return {
+                "outcome": result.outcome.value,
+                "returncode": result.returncode,
+                "stdout_bytes": len(result.stdout),
+                "stderr_bytes": len(result.stderr),
+            }
+
+        with self._operation("exec", ("program", program), ended):
+            yield note
 
     def _exec_record(
         self,
@@ -284,22 +304,8 @@ class TurnWatch:
     def file(self, op: str, path: object) -> Iterator[FileNote]:
         """Watch one file operation (``read``, ``write``, ``list``); the block sets the size."""
         note = FileNote()
-        started = time.monotonic()
-        span = _otel.start("astralvessel.file", {"astralvessel.op": op}, self._span)
-        error: BaseException | None = None
-        try:
-            yield note
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            duration = time.monotonic() - started
-            fields: dict[str, object] = {"turn": self.turn_id, "op": op, "size": note.size}
-            if error is not None:
-                fields["error"] = type(error).__name__
-            fields["duration"] = duration
-            _log.event(_log.EXEC, "file", fields)
-            _otel.end(span, {f"astralvessel.{k}": v for k, v in fields.items() if k != "turn"})
+
+        def ended(error: BaseException | None, duration: float) -> dict[str, object]:
             if self._sink is not None:
                 self._record(
                     {
@@ -312,6 +318,13 @@ class TurnWatch:
                         "duration": round(duration, 6),
                     }
                 )
+            fields: dict[str, object] = {"size": note.size}
+            if error is not None:
+                fields["error"] = type(error).__name__
+            return fields
+
+        with self._operation("file", ("op", op), ended):
+            yield note
 
     def sandbox_started(self, duration: float, proxy: EgressProxy | None = None) -> None:
         """The turn's sandbox started (or was taken from the warm pool), in ``duration`` s;

@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
-__all__ = ["closest", "install_extra", "unknown_name"]
+__all__ = ["closest", "install_extra", "missing_extra", "unknown_name"]
 
 
 def closest(name: str, known: Iterable[str]) -> list[str]:
@@ -34,3 +34,9 @@ def install_extra(extra: str) -> str:
         f"pip install '.[{extra}]' in astralvessel's source folder "
         f"('astralvessel[{extra}]' where the package is published)"
     )
+
+
+def missing_extra(what: str, package: str, extra: str) -> ImportError:
+    """The error for a part of the library whose extra is not installed: what needs which
+    package, and how to install the extra that brings it."""
+    return ImportError(f"{what} needs the {package} package: {install_extra(extra)}")

@@ -1,9 +1,13 @@
-"""Turn: one sandbox, one workspace, any number of calls; the host's commands and files in it.
+"""A turn's machinery: one sandbox, one workspace, any number of calls, the host's commands.
 
-A turn takes what it uses of its executor when it opens (a frozen ``TurnContext``)
-and asks the executor only to start its sandbox. It names ``Executor`` in its
-annotations only: at run time ``executor.py`` imports this module, never the other
-way. ``from astralvessel.executor import Turn`` keeps working.
+Each host API is one flow (a generator, driven by ``web/_flow.py``'s ``run`` and
+``arun``) yielding only the steps that wait: the session, a tool call's run, one
+request to the session. Both faces of a pair (``exec``, ``aexec``) drive the same
+flow, performing its steps in the calling thread or awaiting them (``_STEPS``):
+the closed check, the session's start, the discarding of a sandbox that died and
+the observe hooks are written once. ``BaseTurn`` is typed against ``TurnOwner``
+(what a turn uses of its executor); the public ``Turn`` (``executor.py``) is a
+``BaseTurn`` of an ``Executor``, so this module never names ``executor.py``.
 """
 
 from __future__ import annotations
@@ -12,9 +16,10 @@ import threading
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Generator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 import attrs
+from typing_extensions import Self
 
 from . import _exec
 from ._aio import to_thread
@@ -37,7 +42,6 @@ from .results import (
 )
 from .sandbox._api import (
     DetachedProcess,
-    DetachRequest,
     ExecRequest,
     ExecResult,
     FsReply,
@@ -46,25 +50,48 @@ from .sandbox._api import (
 )
 from .sandbox._base import SandboxSession
 from .sandbox._owner import Owner
+from .web._flow import APerform, Flow, Perform, Step, arun, run
 
 if TYPE_CHECKING:
-    from .executor import Executor
+    from ._ledger import Ledger
+    from ._plans import TurnContext
+    from ._snapshot._store import Budget
+    from .registry import Registry
+    from .sandbox._api import DetachRequest
     from .web._proxy import EgressProxy
 
-__all__ = ["Turn"]
+__all__ = ["BaseTurn", "TurnOwner"]
 
 _T = TypeVar("_T")
 
 
-class Turn(Closing):
-    """One turn: one sandbox, one workspace, any number of (concurrent) calls.
+class TurnOwner(Protocol):
+    """What a turn uses of the executor that opened it (``Executor`` is one)."""
 
-    The sandbox starts on the first call that needs it and ends with the turn. If
-    it dies, the call that saw it die gets an error result saying the workspace is
-    lost, and the turn's next call starts a fresh sandbox.
-    """
+    registry: Registry
+    timeout_seconds: float
+    ledger: Ledger | None
+    snapshot_budget: Budget
 
-    def __init__(self, executor: Executor, *, snapshot: TurnSnapshot | None = None) -> None:
+    def allowed(self, name: str) -> bool: ...
+
+    def tool_names(self) -> list[str]: ...
+
+    def _turn_context(self) -> TurnContext: ...
+
+    def _start_session(
+        self, proxy: EgressProxy | None, snapshot: TurnSnapshot | None
+    ) -> tuple[SandboxSession, EgressProxy | None]: ...
+
+
+_Owner = TypeVar("_Owner", bound=TurnOwner)
+
+
+class BaseTurn(Closing, Generic[_Owner]):
+    """A turn opened by an ``_Owner``: all of ``Turn`` but the type of its ``executor``."""
+
+    def __init__(self, executor: _Owner, *, snapshot: TurnSnapshot | None = None) -> None:
+        #: The executor that opened the turn.
         self.executor = executor
         self._context = executor._turn_context()
         #: The files every sandbox of this turn starts with (None: an empty workspace).
@@ -73,7 +100,7 @@ class Turn(Closing):
         #: The turn's egress proxy, started with its first sandbox when the policy allows a network.
         self._proxy: EgressProxy | None = None
         #: What ends its sandboxes and proxy if the turn is collected unclosed (_start_session).
-        self._finalizers: list[weakref.finalize[[], Turn]] = []
+        self._finalizers: list[weakref.finalize[[], BaseTurn[_Owner]]] = []
         self._lock = threading.Lock()
         self._closed = False
         #: The process that started the turn's sandbox (None before it starts): in a child
@@ -193,36 +220,27 @@ class Turn(Closing):
 
     def call(self, name: str, arguments: object = None) -> ToolResult:
         """Run one tool call; ``arguments`` is a dict or the model's raw JSON text."""
-        with self._watch.call(name, arguments) as note:
-            started = time.monotonic()
-            plan = self._plan(name, arguments)
-            if isinstance(plan, ToolResult):
-                note.result = self._stamp(plan, str(name), None, started)
-                return note.result
-            session = self.session if plan.sandboxed else None
-            try:
-                note.ran = outcome = plan.run(session)
-            except Exception as exc:
-                note.result = self._stamp(self._rescue(plan, session, exc), name, plan, started)
-                return note.result
-            note.result = self._stamp(plan.finish(outcome), name, plan, started)
-            return note.result
+        return run(self._call_flow(name, arguments), _PERFORM)
 
     async def acall(self, name: str, arguments: object = None) -> ToolResult:
         """Async twin of ``call``; calls of one turn may run concurrently."""
+        return await arun(self._call_flow(name, arguments), _APERFORM)
+
+    def _call_flow(self, name: str, arguments: object) -> Flow[ToolResult]:
         with self._watch.call(name, arguments) as note:
             started = time.monotonic()
             plan = self._plan(name, arguments)
             if isinstance(plan, ToolResult):
                 note.result = self._stamp(plan, str(name), None, started)
                 return note.result
-            session = await self._asession() if plan.sandboxed else None
+            session = (yield from _Session(self)) if plan.sandboxed else None
             try:
-                note.ran = outcome = await plan.arun(session)
+                note.ran = outcome = yield from _Run(plan, session)
             except Exception as exc:
-                note.result = self._stamp(self._rescue(plan, session, exc), name, plan, started)
-                return note.result
-            note.result = self._stamp(plan.finish(outcome), name, plan, started)
+                result = self._rescue(plan, session, exc)
+            else:
+                result = plan.finish(outcome)
+            note.result = self._stamp(result, name, plan, started)
             return note.result
 
     # -- the host's own commands and files --------------------------------------------------
@@ -253,19 +271,7 @@ class Turn(Closing):
         turn meanwhile raises ``TurnClosedError``. The bounds are in
         ``docs/exec-and-files.md``.
         """
-        with self._watch.exec(_argv_of(argv)) as note:
-            planned = self._drive(self._exec_plan(argv, input, cwd, env, timeout, user))
-            if isinstance(planned, ExecResult):
-                note.result = planned
-                return planned
-            session = self.session
-            try:
-                note.result = with_memory_notes(
-                    self._guarded(session, lambda: session.exec(planned))
-                )
-            finally:
-                self._drain_refusals()  # the host's command: logged, never noted on a later call
-            return note.result
+        return run(self._exec_flow(argv, input, cwd, env, timeout, user), _PERFORM)
 
     async def aexec(
         self,
@@ -278,18 +284,34 @@ class Turn(Closing):
         user: str | int | None = None,
     ) -> ExecResult:
         """Async twin of ``exec``; many may run at once, and cancelling one kills its command."""
+        return await arun(self._exec_flow(argv, input, cwd, env, timeout, user), _APERFORM)
+
+    def _exec_flow(  # noqa: PLR0917 - exec's own arguments, passed on as they came
+        self, argv: object, input: object, cwd: object, env: object, timeout: object, user: object
+    ) -> Flow[ExecResult]:
         with self._watch.exec(_argv_of(argv)) as note:
-            planned = await self._adrive(self._exec_plan(argv, input, cwd, env, timeout, user))
+            policy = self._context.policy
+            request = _exec.exec_request(
+                argv,
+                input=input,
+                cwd=cwd,
+                env=env,
+                timeout=timeout,
+                default_timeout=self.executor.timeout_seconds,
+                workdir=str(policy.workdir),
+            )
+            plan = _exec.exec_plan(
+                request, user, root_identity=policy.root_identity, timeout=self._file_timeout()
+            )
+            planned = yield from self._files(plan)
             if isinstance(planned, ExecResult):
                 note.result = planned
                 return planned
-            session = await self._asession()
+            session = yield from _Session(self)
             try:
-                note.result = with_memory_notes(
-                    await self._aguarded(session, lambda: session.aexec(planned))
-                )
+                note.result = with_memory_notes((yield from self._guarded(_Exec(session, planned))))
             finally:
-                self._drain_refusals()
+                self._drain_refusals()  # the host's command: logged, never noted on a later call
             return note.result
 
     def start(
@@ -312,9 +334,7 @@ class Turn(Closing):
         go to one log, of which the first 64 KiB are kept (``result().stdout``).
         See ``DetachedProcess`` and ``docs/exec-and-files.md``.
         """
-        request = self._detach_request(argv, input, cwd, env, timeout)
-        session = self.session
-        return finishing(self._guarded(session, lambda: session.detach(request)), with_memory_notes)
+        return run(self._start_flow(argv, input, cwd, env, timeout), _PERFORM)
 
     async def astart(
         self,
@@ -326,15 +346,12 @@ class Turn(Closing):
         timeout: float | None = None,
     ) -> DetachedProcess:
         """Async twin of ``start``."""
-        request = self._detach_request(argv, input, cwd, env, timeout)
-        session = await self._asession()
-        process = await self._aguarded(session, lambda: session.adetach(request))
-        return finishing(process, with_memory_notes)
+        return await arun(self._start_flow(argv, input, cwd, env, timeout), _APERFORM)
 
-    def _detach_request(
+    def _start_flow(
         self, argv: object, input: object, cwd: object, env: object, timeout: object
-    ) -> DetachRequest:
-        return _exec.detach_request(
+    ) -> Flow[DetachedProcess]:
+        request = _exec.detach_request(
             argv,
             input=input,
             cwd=cwd,
@@ -342,6 +359,9 @@ class Turn(Closing):
             timeout=timeout,
             workdir=str(self._context.policy.workdir),
         )
+        session = yield from _Session(self)
+        process = yield from self._guarded(_Detach(session, request))
+        return finishing(process, with_memory_notes)
 
     def read_file(self, path: str) -> bytes:
         """The bytes of the file at sandbox ``path`` (absolute, or relative to the workdir).
@@ -353,15 +373,15 @@ class Turn(Closing):
         unreadable), ``FileTooLargeError`` past 100 MiB, and ``SandboxFileError``
         for a FIFO, socket or device (``EINVAL``) or a name too long.
         """
-        with self._watch.file("read", path) as note:
-            data = self._drive(_exec.read_plan(path, timeout=self._file_timeout()))
-            note.size = len(data)
-            return data
+        return run(self._read_flow(path), _PERFORM)
 
     async def aread_file(self, path: str) -> bytes:
         """Async twin of ``read_file``."""
+        return await arun(self._read_flow(path), _APERFORM)
+
+    def _read_flow(self, path: str) -> Flow[bytes]:
         with self._watch.file("read", path) as note:
-            data = await self._adrive(_exec.read_plan(path, timeout=self._file_timeout()))
+            data = yield from self._files(_exec.read_plan(path, timeout=self._file_timeout()))
             note.size = len(data)
             return data
 
@@ -377,15 +397,16 @@ class Turn(Closing):
         (``ELOOP``), a FIFO or socket (``EINVAL``), a name too long or a full
         disk, and ``UsageError`` past 100 MiB.
         """
-        with self._watch.file("write", path) as note:
-            note.size = byte_size(data)
-            self._drive(_exec.write_plan(path, data, timeout=self._file_timeout()))
+        run(self._write_flow(path, data), _PERFORM)
 
     async def awrite_file(self, path: str, data: bytes | str) -> None:
         """Async twin of ``write_file``."""
+        await arun(self._write_flow(path, data), _APERFORM)
+
+    def _write_flow(self, path: str, data: bytes | str) -> Flow[None]:
         with self._watch.file("write", path) as note:
             note.size = byte_size(data)
-            await self._adrive(_exec.write_plan(path, data, timeout=self._file_timeout()))
+            yield from self._files(_exec.write_plan(path, data, timeout=self._file_timeout()))
 
     def list_dir(self, path: str = ".", *, limit: int = _exec.LIST_MAX_ENTRIES) -> Listing:
         """The entries of the folder at sandbox ``path``: ``(name, kind)`` in name order.
@@ -399,16 +420,16 @@ class Turn(Closing):
         ``SandboxNotADirectoryError`` (a file), ``SandboxPermissionError``
         (outside the agent's data, or unlistable as the calls' user).
         """
-        with self._watch.file("list", path) as note:
-            listing = self._drive(_exec.list_plan(path, timeout=self._file_timeout(), limit=limit))
-            note.size = len(listing)
-            return listing
+        return run(self._list_flow(path, limit), _PERFORM)
 
     async def alist_dir(self, path: str = ".", *, limit: int = _exec.LIST_MAX_ENTRIES) -> Listing:
         """Async twin of ``list_dir``."""
+        return await arun(self._list_flow(path, limit), _APERFORM)
+
+    def _list_flow(self, path: str, limit: int) -> Flow[Listing]:
         with self._watch.file("list", path) as note:
             plan = _exec.list_plan(path, timeout=self._file_timeout(), limit=limit)
-            listing = await self._adrive(plan)
+            listing = yield from self._files(plan)
             note.size = len(listing)
             return listing
 
@@ -428,13 +449,17 @@ class Turn(Closing):
         device, more names or bytes than the bounds) and ``UsageError`` under
         ``writable_root``, whose root's changes are not captured.
         """
-        unchanged = self._unchanged_source()
-        return unchanged if unchanged is not None else self._drive(self._capture_plan())
+        return run(self._snapshot_flow(), _PERFORM)
 
     async def asnapshot(self) -> TurnSnapshot:
         """Async twin of ``snapshot``."""
+        return await arun(self._snapshot_flow(), _APERFORM)
+
+    def _snapshot_flow(self) -> Flow[TurnSnapshot]:
         unchanged = self._unchanged_source()
-        return unchanged if unchanged is not None else await self._adrive(self._capture_plan())
+        if unchanged is not None:
+            return unchanged
+        return (yield from self._files(self._capture_plan()))
 
     def _unchanged_source(self) -> TurnSnapshot | None:
         """The snapshot the turn opened from while no sandbox of it runs: its files are still
@@ -444,7 +469,7 @@ class Turn(Closing):
                 return self.snapshot_source
         return None
 
-    def fork(self, n: int) -> list[Turn]:
+    def fork(self, n: int) -> list[Self]:
         """``n`` new turns whose files start as this turn's now; this turn goes on.
 
         One snapshot, then ``n`` turns opened from it, each with its own sandbox
@@ -452,15 +477,16 @@ class Turn(Closing):
         writes reach neither its siblings nor this turn. Processes are not
         carried. Raises what ``snapshot`` raises.
         """
-        count = _fork_count(n)
-        snapshot = self.snapshot()
-        return [Turn(self.executor, snapshot=snapshot) for _ in range(count)]
+        return run(self._fork_flow(n), _PERFORM)
 
-    async def afork(self, n: int) -> list[Turn]:
+    async def afork(self, n: int) -> list[Self]:
         """Async twin of ``fork``."""
+        return await arun(self._fork_flow(n), _APERFORM)
+
+    def _fork_flow(self, n: int) -> Flow[list[Self]]:
         count = _fork_count(n)
-        snapshot = await self.asnapshot()
-        return [Turn(self.executor, snapshot=snapshot) for _ in range(count)]
+        snapshot = yield from self._snapshot_flow()
+        return [type(self)(self.executor, snapshot=snapshot) for _ in range(count)]
 
     def _capture_plan(self) -> Generator[FsRequest, FsReply, TurnSnapshot]:
         policy = self._context.policy
@@ -477,40 +503,31 @@ class Turn(Closing):
             budget=budget,
         )
 
-    def _exec_plan(  # noqa: PLR0917 - exec's own arguments, passed on as they came
-        self, argv: object, input: object, cwd: object, env: object, timeout: object, user: object
-    ) -> Generator[FsRequest, FsReply, ExecRequest | ExecResult]:
-        policy = self._context.policy
-        request = _exec.exec_request(
-            argv,
-            input=input,
-            cwd=cwd,
-            env=env,
-            timeout=timeout,
-            default_timeout=self.executor.timeout_seconds,
-            workdir=str(policy.workdir),
-        )
-        return _exec.exec_plan(
-            request, user, root_identity=policy.root_identity, timeout=self._file_timeout()
-        )
+    # -- the steps every flow shares ----------------------------------------------------------
 
     def _file_timeout(self) -> float:
         return max(self.executor.timeout_seconds, 30.0)
 
-    def _guarded(self, session: SandboxSession, step: Callable[[], _T]) -> _T:
-        """Run one session step; a sandbox that died is discarded and its error raised."""
+    def _files(self, plan: Generator[FsRequest, FsReply, _T]) -> Flow[_T]:
+        """Run a file plan's requests on the turn's session, each one guarded."""
         try:
-            return step()
-        except SandboxError as error:
-            self._lost(session, error)
-            raise
+            request = next(plan)  # checks the host's arguments before a sandbox starts
+        except StopIteration as done:  # a plan that needs no step
+            return done.value  # type: ignore[no-any-return]
+        session = yield from _Session(self)
+        while True:
+            reply = yield from self._guarded(_Fs(session, request))
+            try:
+                request = plan.send(reply)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
 
-    async def _aguarded(self, session: SandboxSession, step: Callable[[], Awaitable[_T]]) -> _T:
-        """Async twin of ``_guarded``: every async step of the host API goes through it."""
+    def _guarded(self, step: _Ask[_T]) -> Flow[_T]:
+        """One request to the session; a sandbox that died is discarded and its error raised."""
         try:
-            return await step()
+            return (yield from step)
         except SandboxError as error:
-            self._lost(session, error)
+            self._lost(step.session, error)
             raise
 
     def _lost(self, session: SandboxSession, error: SandboxError) -> None:
@@ -528,34 +545,6 @@ class Turn(Closing):
                 "this turn was closed while the command or file operation ran; "
                 "open a new one with executor.turn()"
             ) from error
-
-    def _drive(self, plan: Generator[FsRequest, FsReply, _T]) -> _T:
-        """Run a file plan's steps on the session (the sync driver)."""
-        try:
-            request = next(plan)  # checks the host's arguments before a sandbox starts
-        except StopIteration as done:  # a plan that needs no step
-            return done.value  # type: ignore[no-any-return]
-        session = self.session
-        while True:
-            reply = self._guarded(session, lambda r=request: session.fs(r))  # type: ignore[misc]
-            try:
-                request = plan.send(reply)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
-
-    async def _adrive(self, plan: Generator[FsRequest, FsReply, _T]) -> _T:
-        """Run a file plan's steps on the session (the async driver)."""
-        try:
-            request = next(plan)
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
-        session = await self._asession()
-        while True:
-            reply = await self._aguarded(session, lambda r=request: session.afs(r))  # type: ignore[misc]
-            try:
-                request = plan.send(reply)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
 
     def _plan(self, name: str, arguments: object) -> Plan[Any] | ToolResult:
         """Check the call and choose its runner (pure but for the registry lookup)."""
@@ -620,3 +609,56 @@ def _fork_count(n: object) -> int:
 def _argv_of(argv: object) -> Sequence[object]:
     """``argv`` as the watch names it (the checks that refuse a bad one come after)."""
     return argv if isinstance(argv, (list, tuple)) else ()
+
+
+# -- the steps a flow yields, and how each face performs them ---------------------------------
+
+
+@attrs.frozen
+class _Session(Step[SandboxSession]):
+    """The turn's running sandbox, started now if it has not been (``BaseTurn.session``)."""
+
+    turn: BaseTurn[Any]
+
+
+@attrs.frozen
+class _Run(Step[Any]):
+    """A tool call's one blocking step: its plan run on the session (None: on the host)."""
+
+    plan: Plan[Any]
+    session: SandboxSession | None
+
+
+@attrs.frozen
+class _Ask(Step[_T]):
+    """One request to the turn's sandbox; a flow makes it through ``BaseTurn._guarded``."""
+
+    session: SandboxSession
+
+
+@attrs.frozen
+class _Exec(_Ask[ExecResult]):
+    request: ExecRequest
+
+
+@attrs.frozen
+class _Detach(_Ask[DetachedProcess]):
+    request: DetachRequest
+
+
+@attrs.frozen
+class _Fs(_Ask[FsReply]):
+    request: FsRequest
+
+
+#: Each step as the sync face performs it and as the async face awaits it: the only
+#: lines in which the twins differ.
+_STEPS: dict[type[Step[Any]], tuple[Callable[[Any], Any], Callable[[Any], Awaitable[Any]]]] = {
+    _Session: (lambda s: s.turn.session, lambda s: s.turn._asession()),
+    _Run: (lambda s: s.plan.run(s.session), lambda s: s.plan.arun(s.session)),
+    _Exec: (lambda s: s.session.exec(s.request), lambda s: s.session.aexec(s.request)),
+    _Detach: (lambda s: s.session.detach(s.request), lambda s: s.session.adetach(s.request)),
+    _Fs: (lambda s: s.session.fs(s.request), lambda s: s.session.afs(s.request)),
+}
+_PERFORM: Perform = {kind: sync for kind, (sync, _) in _STEPS.items()}
+_APERFORM: APerform = {kind: awaited for kind, (_, awaited) in _STEPS.items()}

@@ -146,6 +146,17 @@ def _count(what: str, *, most: int, default: int) -> dict[str, Any]:
 
 _PATH_NOTE = "Absolute, or relative to the workdir."
 
+
+def _text(description: str) -> dict[str, Any]:
+    """A string parameter."""
+    return {"type": "string", "description": description}
+
+
+def _path(description: str) -> dict[str, Any]:
+    """A sandbox path parameter, its description saying how a relative one resolves."""
+    return _text(f"{description} {_PATH_NOTE}")
+
+
 _READ = Builtin(
     name="read",
     description=(
@@ -157,7 +168,7 @@ _READ = Builtin(
     ),
     parameters=_schema(
         {
-            "path": {"type": "string", "description": f"The file to read. {_PATH_NOTE}"},
+            "path": _path("The file to read."),
             "offset": {
                 "type": "integer",
                 "minimum": 1,
@@ -186,18 +197,9 @@ _GREP = Builtin(
     ),
     parameters=_schema(
         {
-            "pattern": {
-                "type": "string",
-                "description": "Regular expression, ripgrep syntax, such as 'def \\w+\\('.",
-            },
-            "path": {
-                "type": "string",
-                "description": f"File or directory to search; the workdir if omitted. {_PATH_NOTE}",
-            },
-            "glob": {
-                "type": "string",
-                "description": "Only search files whose name matches this glob, such as '*.md'.",
-            },
+            "pattern": _text("Regular expression, ripgrep syntax, such as 'def \\w+\\('."),
+            "path": _path("File or directory to search; the workdir if omitted."),
+            "glob": _text("Only search files whose name matches this glob, such as '*.md'."),
             "ignore_case": {
                 "type": "boolean",
                 "default": False,
@@ -225,14 +227,8 @@ _GLOB = Builtin(
     ),
     parameters=_schema(
         {
-            "pattern": {
-                "type": "string",
-                "description": "Relative glob without '..': *, ?, [abc], {a,b} and **.",
-            },
-            "path": {
-                "type": "string",
-                "description": f"Directory to search from; the workdir if omitted. {_PATH_NOTE}",
-            },
+            "pattern": _text("Relative glob without '..': *, ?, [abc], {a,b} and **."),
+            "path": _path("Directory to search from; the workdir if omitted."),
             "max_results": _count("Most paths to return", most=GLOB_MAX, default=GLOB_DEFAULT_MAX),
         },
         required=["pattern"],
@@ -250,10 +246,7 @@ _LIST = Builtin(
     ),
     parameters=_schema(
         {
-            "path": {
-                "type": "string",
-                "description": f"Directory to list; the workdir if omitted. {_PATH_NOTE}",
-            },
+            "path": _path("Directory to list; the workdir if omitted."),
         }
     ),
     scope=Scope.FILES,
@@ -269,7 +262,7 @@ _BASH = Builtin(
         "'[exit code N]'; a non-zero exit marks the result as an error. Long output is cut."
     ),
     parameters=_schema(
-        {"command": {"type": "string", "description": "The shell command line to run."}},
+        {"command": _text("The shell command line to run.")},
         required=["command"],
     ),
     scope=Scope.EXECUTE,
@@ -290,10 +283,7 @@ _WEBFETCH = Builtin(
     ),
     parameters=_schema(
         {
-            "url": {
-                "type": "string",
-                "description": "The page's http:// or https:// address.",
-            },
+            "url": _text("The page's http:// or https:// address."),
             "full_page": {
                 "type": "boolean",
                 "description": (
@@ -326,7 +316,7 @@ _WEBSEARCH = Builtin(
     ),
     parameters=_schema(
         {
-            "query": {"type": "string", "description": "What to search for."},
+            "query": _text("What to search for."),
             "max_results": _count(
                 "Most results to return", most=SEARCH_MAX_RESULTS, default=SEARCH_DEFAULT_RESULTS
             ),

@@ -1,9 +1,11 @@
 """Executor and Turn: run a model's tool calls, one sandbox per turn.
 
 The executor owns policy (which tools, which scopes, which mounts and limits),
-built from its checked settings (``_settings``); a turn (``_turn``, exported here)
-owns one running sandbox and its workspace. Every model mistake becomes a
-``ToolResult`` with ``is_error``; only the host's mistakes raise.
+built from its checked settings (``_settings``); a turn owns one running sandbox
+and its workspace. ``Turn`` is ``_turn.BaseTurn`` (typed against what a turn uses
+of its executor) opened by an ``Executor``, so ``_turn`` never names this module.
+Every model mistake becomes a ``ToolResult`` with ``is_error``; only the host's
+mistakes raise.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from ._snapshot._capture import restore
 from ._snapshot._mechanism import overlay_backend
 from ._snapshot._store import MIB, Budget
 from ._snapshot._value import TurnSnapshot
-from ._turn import Turn
+from ._turn import BaseTurn
 from ._warm import WarmPool
 from .errors import SnapshotError
 from .sandbox._base import Sandbox, SandboxSession
@@ -338,6 +340,19 @@ class Executor(Closing):
 
     def __repr__(self) -> str:
         return f"Executor({self.registry!r}, sandbox={self.sandbox!r})"
+
+
+class Turn(BaseTurn[Executor]):
+    """One turn: one sandbox, one workspace, any number of (concurrent) calls.
+
+    The sandbox starts on the first call that needs it and ends with the turn. If
+    it dies, the call that saw it die gets an error result saying the workspace is
+    lost, and the turn's next call starts a fresh sandbox.
+    """
+
+    def __init__(self, executor: Executor, *, snapshot: TurnSnapshot | None = None) -> None:
+        # Written out so that the documented signature names the public type.
+        super().__init__(executor, snapshot=snapshot)
 
 
 def _nothing() -> None:

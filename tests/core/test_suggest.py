@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from astralvessel import BackendUnavailableError, Registry, Scope, UsageError
-from astralvessel._suggest import closest, unknown_name
+from astralvessel._suggest import closest, missing_extra, unknown_name
 from astralvessel.sandbox import Policy
 from astralvessel.sandbox._discovery import backend_names, get_backend
 from astralvessel.testing import ScriptedModel
@@ -52,3 +52,15 @@ def test_unknown_scope_and_promise_suggest_the_closest() -> None:
         UsageError, match=r"unknown promise 'no-netwrok'; did you mean 'no-network'"
     ):
         Policy().relax("no-netwrok")
+
+
+def test_a_missing_extra_names_the_package_and_the_words_that_install_it() -> None:
+    """Every integration's import error says what needs which package, and installs the extra
+    from the source folder (Deep Agents' used to name an unpublished distribution)."""
+    error = missing_extra("the Deep Agents integration", "deepagents", "deepagents")
+    assert isinstance(error, ImportError)
+    assert str(error) == (
+        "the Deep Agents integration needs the deepagents package: pip install '.[deepagents]' "
+        "in astralvessel's source folder ('astralvessel[deepagents]' where the package is "
+        "published)"
+    )

@@ -36,6 +36,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
+from .._suggest import missing_extra
+
 try:
     from deepagents.backends.protocol import (
         ExecuteResponse,
@@ -45,10 +47,7 @@ try:
     )
     from deepagents.backends.sandbox import BaseSandbox
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "the Deep Agents integration needs the deepagents package: "
-        "pip install 'astralvessel[deepagents]'"
-    ) from exc
+    raise missing_extra("the Deep Agents integration", "deepagents", "deepagents") from exc
 
 from ..errors import (
     SandboxError,

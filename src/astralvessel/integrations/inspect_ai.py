@@ -58,7 +58,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, overload
 
-from .._suggest import install_extra as _install_extra
+from .._suggest import missing_extra
 
 try:
     from inspect_ai.util import (
@@ -74,9 +74,7 @@ try:
     from inspect_ai.util._sandbox._cli import SANDBOX_CLI
     from pydantic import BaseModel, ConfigDict, field_validator
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "the inspect_ai sandbox provider needs the inspect_ai package: " + _install_extra("inspect")
-    ) from exc
+    raise missing_extra("the inspect_ai sandbox provider", "inspect_ai", "inspect") from exc
 
 from .._exec import ARGV_BYTES
 from .._suggest import unknown_name as _unknown_name

@@ -34,7 +34,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-from .._suggest import install_extra as _install_extra
+from .._suggest import missing_extra
 from ..adapters._media import Attachment, MediaBudget, attachments, with_notes
 from ..errors import UsageError
 
@@ -47,9 +47,7 @@ try:
     )
     from langchain_core.tools import StructuredTool, ToolException
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "the LangChain integration needs the langchain-core package: " + _install_extra("langchain")
-    ) from exc
+    raise missing_extra("the LangChain integration", "langchain-core", "langchain") from exc
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable

@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from .._suggest import install_extra as _install_extra
+from .._suggest import missing_extra
 from ..adapters._media import Attachment, MediaBudget, attachments, data_url, with_notes
 from ..errors import UsageError
 from ..executor import Turn
@@ -46,9 +46,8 @@ try:
     from agents import FunctionTool
     from agents.tool_context import ToolContext
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "the OpenAI Agents SDK integration needs the openai-agents package: "
-        + _install_extra("openai-agents")
+    raise missing_extra(
+        "the OpenAI Agents SDK integration", "openai-agents", "openai-agents"
     ) from exc
 
 # The sandbox client needs the SDK too, so it loads once the SDK is known to be there.

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .._suggest import install_extra as _install_extra
+from .._suggest import missing_extra
 from ..adapters._media import MediaBudget, attachments, with_notes
 
 try:
@@ -33,10 +33,7 @@ try:
     from pydantic_ai.toolsets import AbstractToolset, ToolsetTool
     from pydantic_core import SchemaValidator, ValidationError, core_schema
 except ImportError as exc:  # pragma: no cover - depends on the environment
-    raise ImportError(
-        "the pydantic-ai integration needs the pydantic-ai-slim package: "
-        + _install_extra("pydantic-ai")
-    ) from exc
+    raise missing_extra("the pydantic-ai integration", "pydantic-ai-slim", "pydantic-ai") from exc
 
 if TYPE_CHECKING:
     from pydantic_ai import RunContext

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 import attrs
+from typing_extensions import Self
 
 from .._aio import wait_future
 from .._outcome import Outcome, decide
@@ -463,6 +464,12 @@ class SandboxSession(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """End the turn: kill everything in the sandbox and remove its workspace. Never raises."""
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     def unenforced(self) -> Mapping[Promise, str]:
         """Promises this running turn does not keep, each with why (what ``doctor`` reports)."""

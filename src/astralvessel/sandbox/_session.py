@@ -18,7 +18,6 @@ import contextlib
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from types import TracebackType
 from typing import Any, cast
 
 from .._aio import cancelled_exception, wait_future
@@ -629,17 +628,6 @@ class ServerSession(SandboxSession):
             self._reader.join(timeout=5.0)
         self._fail_all(f"the {self.backend} sandbox session was closed")
         self._turn_outbox.close()
-
-    def __enter__(self) -> ServerSession:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 #: Each kind of request's reader of the frames that come while it runs: True if it took it.

@@ -19,23 +19,12 @@ import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, ClassVar, TypeAlias
+from typing import TYPE_CHECKING, Any, ClassVar, TypeAlias
 
 import attrs
 
 from ..errors import SandboxError, UnscriptedCallError, UsageError
-from ..sandbox._api import (
-    BackendReport,
-    DetachedProcess,
-    DetachRequest,
-    ExecRequest,
-    ExecResult,
-    FsReply,
-    FsRequest,
-    OutboxFile,
-    RunOutcome,
-    RunRequest,
-)
+from ..sandbox._api import BackendReport, ExecResult, FsReply, OutboxFile, RunOutcome
 from ..sandbox._base import Sandbox, SandboxSession, ServerLink
 from ..sandbox._policy import Policy, Promise
 from ..sandbox._temporary_outbox import TurnOutbox
@@ -45,6 +34,10 @@ from ._fakefs import FakeFiles, check_file_paths, check_visible
 from ._fakegrep import fake_grep
 from ._identify import identify
 from ._replay import Replay
+
+if TYPE_CHECKING:
+    # The session's requests and a detached process, which the fake only names.
+    from ..sandbox._api import DetachedProcess, DetachRequest, ExecRequest, FsRequest, RunRequest
 
 __all__ = ["Answer", "FakeCall", "FakeRun", "FakeSandbox"]
 

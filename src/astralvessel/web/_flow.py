@@ -65,78 +65,90 @@ class Emit(Step[None]):
     data: bytes
 
 
+class _Driving(Generic[R]):
+    """A flow between two steps: what goes in next, the last step's outcome or its error.
+
+    The four drivers differ only in how they perform a step (called or awaited) and in
+    whether they hand ``Emit`` steps on; the flow's side of the exchange is this, once.
+    Leaving its ``with`` closes the flow (a reader that stops early runs its cleanup now).
+    """
+
+    __slots__ = ("_failure", "_flow", "_outcome", "result")
+
+    def __init__(self, flow: Flow[R]) -> None:
+        self._flow = flow
+        self._outcome: Any = None
+        self._failure: BaseException | None = None
+        #: What the flow returned, once `steps` has ended.
+        self.result: R
+
+    def __enter__(self) -> _Driving[R]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._flow.close()
+
+    def steps(self) -> Iterator[Step[Any]]:
+        """The flow's steps; each is performed (or emitted) before the next is asked for."""
+        while True:
+            outcome, failure = self._outcome, self._failure
+            self._outcome = self._failure = None
+            try:
+                step = self._flow.send(outcome) if failure is None else self._flow.throw(failure)
+            except StopIteration as stop:
+                self.result = stop.value
+                return
+            yield step
+
+    def perform(self, function: Callable[[Any], Any], step: Step[Any]) -> None:
+        """Perform ``step`` in the calling thread: its outcome, or its error, goes in next."""
+        try:
+            self._outcome = function(step)
+        except BaseException as error:  # the flow decides, even on cancellation
+            self._failure = error
+
+    async def aperform(self, function: Callable[[Any], Awaitable[Any]], step: Step[Any]) -> None:
+        """Await ``step``'s performance: its outcome, or its error, goes in next."""
+        try:
+            self._outcome = await function(step)
+        except BaseException as error:  # the flow decides, even on cancellation
+            self._failure = error
+
+
 def run(flow: Flow[R], perform: Perform) -> R:
     """Drive ``flow`` to its result, performing each step in the calling thread."""
-    outcome: Any = None
-    failure: BaseException | None = None
-    while True:
-        try:
-            step = flow.send(outcome) if failure is None else flow.throw(failure)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        try:
-            outcome, failure = perform[type(step)](step), None
-        except BaseException as error:  # the flow decides, even on cancellation
-            outcome, failure = None, error
+    with _Driving(flow) as driving:
+        for step in driving.steps():
+            driving.perform(perform[type(step)], step)
+        return driving.result
 
 
 async def arun(flow: Flow[R], perform: APerform) -> R:
     """Drive ``flow`` to its result, awaiting each step; the same loop as `run`."""
-    outcome: Any = None
-    failure: BaseException | None = None
-    while True:
-        try:
-            step = flow.send(outcome) if failure is None else flow.throw(failure)
-        except StopIteration as stop:
-            return stop.value  # type: ignore[no-any-return]
-        try:
-            outcome, failure = await perform[type(step)](step), None
-        except BaseException as error:  # the flow decides, even on cancellation
-            outcome, failure = None, error
+    with _Driving(flow) as driving:
+        for step in driving.steps():
+            await driving.aperform(perform[type(step)], step)
+        return driving.result
 
 
 def iterate(flow: Flow[None], perform: Perform) -> Iterator[bytes]:
     """Drive a streaming flow, yielding what it emits; closing the iterator closes the flow."""
-    outcome: Any = None
-    failure: BaseException | None = None
-    try:
-        while True:
-            try:
-                step = flow.send(outcome) if failure is None else flow.throw(failure)
-            except StopIteration:
-                return
+    with _Driving(flow) as driving:
+        for step in driving.steps():
             if isinstance(step, Emit):
-                outcome, failure = None, None
-                yield step.data
-                continue
-            try:
-                outcome, failure = perform[type(step)](step), None
-            except BaseException as error:  # the flow decides
-                outcome, failure = None, error
-    finally:
-        flow.close()
+                yield step.data  # and None goes in
+            else:
+                driving.perform(perform[type(step)], step)
 
 
 async def aiterate(flow: Flow[None], perform: APerform) -> AsyncGenerator[bytes, None]:
     """Drive a streaming flow, yielding what it emits; the same loop as `iterate`."""
-    outcome: Any = None
-    failure: BaseException | None = None
-    try:
-        while True:
-            try:
-                step = flow.send(outcome) if failure is None else flow.throw(failure)
-            except StopIteration:
-                return
+    with _Driving(flow) as driving:
+        for step in driving.steps():
             if isinstance(step, Emit):
-                outcome, failure = None, None
-                yield step.data
-                continue
-            try:
-                outcome, failure = await perform[type(step)](step), None
-            except BaseException as error:  # the flow decides
-                outcome, failure = None, error
-    finally:
-        flow.close()
+                yield step.data  # and None goes in
+            else:
+                await driving.aperform(perform[type(step)], step)
 
 
 def aclosing_body(

@@ -31,18 +31,8 @@ import attrs
 
 from .._suggest import install_extra
 from ..errors import UsageError
-from ._flow import (
-    APerform,
-    Emit,
-    Flow,
-    Perform,
-    Step,
-    aclosing_body,
-    aiterate,
-    arun,
-    iterate,
-    run,
-)
+from . import _flow
+from ._flow import APerform, Emit, Flow, Perform, Step
 from ._transport import AsyncHttpResponse, HttpRequest, HttpResponse, TransportError
 
 if TYPE_CHECKING:
@@ -223,26 +213,26 @@ class HttpxTransport:
     def send(self, request: HttpRequest) -> HttpResponse:
         """Send one request with the sync client and stream the raw body."""
         io = _Sync(self._sync_client())
-        response = run(_exchange(self._build(request)), io.perform)
+        response = _flow.run(_exchange(self._build(request)), io.perform)
         return HttpResponse(
             status=response.status_code,
             reason=response.reason_phrase,
             headers=_headers(response),
-            chunks=iterate(_body(), io.perform),
+            chunks=_flow.iterate(_body(), io.perform),
             close=response.close,
         )
 
     async def asend(self, request: HttpRequest) -> AsyncHttpResponse:
         """Send one request with the async client and stream the raw body."""
         io = _Async(self._async_client_now())
-        response = await arun(_exchange(self._build(request)), io.perform)
-        chunks = aiterate(_body(), io.perform)
+        response = await _flow.arun(_exchange(self._build(request)), io.perform)
+        chunks = _flow.aiterate(_body(), io.perform)
         return AsyncHttpResponse(
             status=response.status_code,
             reason=response.reason_phrase,
             headers=_headers(response),
             chunks=chunks,
-            aclose=aclosing_body(chunks, response.aclose),
+            aclose=_flow.aclosing_body(chunks, response.aclose),
         )
 
 

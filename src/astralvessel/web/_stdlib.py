@@ -29,18 +29,8 @@ from anyio.streams.tls import TLSStream
 
 from .._aio import shielded, time_limit
 from ..errors import UsageError
-from ._flow import (
-    APerform,
-    Emit,
-    Flow,
-    Perform,
-    Step,
-    aclosing_body,
-    aiterate,
-    arun,
-    iterate,
-    run,
-)
+from . import _flow
+from ._flow import APerform, Emit, Flow, Perform, Step
 from ._http1 import ResponseReader, format_request
 from ._transport import AsyncHttpResponse, HttpRequest, HttpResponse, TransportError
 
@@ -130,7 +120,7 @@ class StdlibTransport:
         """Connect, send, and return once the response head is in."""
         connection = _Socket(request)
         try:
-            reader = run(self._exchange(request), connection.perform)
+            reader = _flow.run(self._exchange(request), connection.perform)
         except BaseException:
             connection.close()
             raise
@@ -140,7 +130,7 @@ class StdlibTransport:
             status=head.status,
             reason=head.reason,
             headers=head.headers,
-            chunks=iterate(_body(reader), connection.perform),
+            chunks=_flow.iterate(_body(reader), connection.perform),
             close=connection.close,
         )
 
@@ -148,19 +138,19 @@ class StdlibTransport:
         """Connect, send, and return once the response head is in."""
         connection = _Stream(request)
         try:
-            reader = await arun(self._exchange(request), connection.perform)
+            reader = await _flow.arun(self._exchange(request), connection.perform)
         except BaseException:
             await connection.aclose()
             raise
         head = reader.head
         assert head is not None  # noqa: S101 - _exchange returns only with a head
-        chunks = aiterate(_body(reader), connection.perform)
+        chunks = _flow.aiterate(_body(reader), connection.perform)
         return AsyncHttpResponse(
             status=head.status,
             reason=head.reason,
             headers=head.headers,
             chunks=chunks,
-            aclose=aclosing_body(chunks, connection.aclose),
+            aclose=_flow.aclosing_body(chunks, connection.aclose),
         )
 
     def _exchange(self, request: HttpRequest) -> Flow[ResponseReader]:

@@ -109,10 +109,7 @@ def prepare(root: str, call_id: int, uid: int | None, gid: int | None) -> str:
         fd = os.open(name, _DIR_FLAGS, dir_fd=rfd)
     finally:
         os.close(rfd)
-    try:
-        _hand_over(fd, uid, gid)
-    finally:
-        os.close(fd)
+    os.close(_handed_over(fd, uid, gid))
     return os.path.join(root, name)
 
 
@@ -146,19 +143,20 @@ def open_root(root: str, uid: int | None, gid: int | None) -> int:
         fd = os.open(name, _DIR_FLAGS, dir_fd=pfd)
     finally:
         os.close(pfd)
+    return _handed_over(fd, uid, gid)
+
+
+def _handed_over(fd: int, uid: int | None, gid: int | None) -> int:
+    """Give the open folder ``fd`` to the call's user, and return it (closed if that fails):
+    by descriptor, so what was made is what is handed over even if a call renamed something
+    into its place meanwhile."""
     try:
-        _hand_over(fd, uid, gid)
+        if uid is not None and os.geteuid() == 0:
+            os.fchown(fd, uid, -1 if gid is None else gid)
     except OSError:
         os.close(fd)
         raise
     return fd
-
-
-def _hand_over(fd: int, uid: int | None, gid: int | None) -> None:
-    """Give the open folder ``fd`` to the call's user: by descriptor, so what was made is
-    what is handed over even if a call renamed something into its place meanwhile."""
-    if uid is not None and os.geteuid() == 0:
-        os.fchown(fd, uid, -1 if gid is None else gid)
 
 
 def collect(root: str, call_id: int, uid: int | None, budget: int) -> Collected:
