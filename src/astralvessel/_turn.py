@@ -8,6 +8,10 @@ the closed check, the session's start, the discarding of a sandbox that died and
 the observe hooks are written once. ``BaseTurn`` is typed against ``TurnOwner``
 (what a turn uses of its executor); the public ``Turn`` (``executor.py``) is a
 ``BaseTurn`` of an ``Executor``, so this module never names ``executor.py``.
+
+Past 650 lines because it is one class: every public operation of a turn, with
+the docstrings the API reference is made from; the work each one does lives in
+``_exec``, ``_snapshot`` and the plans, and what is left here is its flow.
 """
 
 from __future__ import annotations
