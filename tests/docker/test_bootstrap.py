@@ -6,33 +6,45 @@ import ast
 import builtins
 import dis
 import inspect
+import re
 import sys
 from types import CodeType
 
 import pytest
 
+from astralvessel.sandbox._seccomp._abi import syscall_number
 from astralvessel.sandbox.docker import _boot_connect, _boot_view
 from astralvessel.sandbox.docker._bootstrap import (
     CONNECT_BOOTSTRAP,
     USERNS_BOOTSTRAP,
+    VIEW_NUMBERS,
     function_text,
 )
+from astralvessel.sandbox.server import _sys, _userns
 
 TEXTS = {"connect": CONNECT_BOOTSTRAP, "view": USERNS_BOOTSTRAP}
 
 
 def test_the_text_is_the_whole_function_as_it_stands():
     """What the engine receives is each function's source, cut whole (as inspect finds it),
-    with only the descriptor numbers written in for their names."""
+    with only the numbers it names written in for their names."""
     connect = "\n" + inspect.getsource(_boot_connect._astralvessel_connect)
     assert connect == CONNECT_BOOTSTRAP
     view = inspect.getsource(_boot_view._astralvessel_view)
-    assert "MEMORY_EVENTS_FD" in view
-    assert "MEMORY_LIMIT_FD" in view
-    sent = "\n" + view.replace("MEMORY_EVENTS_FD", str(_boot_view.MEMORY_EVENTS_FD)).replace(
-        "MEMORY_LIMIT_FD", str(_boot_view.MEMORY_LIMIT_FD)
-    )
-    assert sent == USERNS_BOOTSTRAP
+    sent = view
+    for name in _boot_view.SENT_NUMBERS:
+        assert re.search(rf"\b{name}\b", view), f"{name} is not named by the function"
+        sent = re.sub(rf"\b{name}\b", str(getattr(_boot_view, name)), sent)
+    assert "\n" + sent == USERNS_BOOTSTRAP
+
+
+def test_the_view_names_the_numbers_defined_once():
+    """The kernel's numbers the view uses are the server's and the seccomp table's."""
+    assert VIEW_NUMBERS["CLONE_NEWNS"] == _sys.CLONE_NEWNS
+    assert VIEW_NUMBERS["CLONE_NEWUSER"] == _userns.CLONE_NEWUSER
+    assert VIEW_NUMBERS["MS_BIND"] == _sys.MS_BIND
+    assert VIEW_NUMBERS["PIVOT_ROOT_X86_64"] == syscall_number("pivot_root", "x86_64") == 155
+    assert VIEW_NUMBERS["PIVOT_ROOT_AARCH64"] == syscall_number("pivot_root", "aarch64") == 41
 
 
 def test_a_missing_function_is_an_error():

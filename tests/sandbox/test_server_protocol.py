@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import ast
+import builtins
+import dis
+import inspect
 import marshal
 import struct
 import subprocess
 import sys
 from importlib import resources
+from types import CodeType
 
 import pytest
 
+from astralvessel.sandbox import _boot_server
+from astralvessel.sandbox._server_code import _COMPILE
 from astralvessel.sandbox._session import BOOTSTRAP, SERVER_MODULES, server_command, server_payload
 from astralvessel.sandbox.server import _protocol
 
@@ -92,6 +98,30 @@ def test_server_sources_parse_as_python_38() -> None:
         if path.is_file():
             ast.parse(path.read_text(), filename=name, feature_version=(3, 8))
     ast.parse(BOOTSTRAP, feature_version=(3, 8))
+    ast.parse(_COMPILE, feature_version=(3, 8))
+
+
+def _global_names(code: CodeType) -> set[str]:
+    names = {i.argval for i in dis.get_instructions(code) if i.opname == "LOAD_GLOBAL"}
+    for const in code.co_consts:
+        if isinstance(const, CodeType):
+            names |= _global_names(const)
+    return names
+
+
+@pytest.mark.parametrize(
+    ("text", "function"),
+    [(BOOTSTRAP, "_astralvessel_serve"), (_COMPILE, "_astralvessel_compile")],
+    ids=["serve", "compile"],
+)
+def test_the_bootstraps_are_their_functions_sent_alone(text: str, function: str) -> None:
+    """What the sandbox's Python runs is ``_boot_server``'s function, cut whole, and one call:
+    it reads no global of its module (a NameError in every sandbox) but builtins."""
+    source = inspect.getsource(getattr(_boot_server, function))
+    assert text == f"\n{source}{function}('_astralvessel_server')\n"
+    code = compile(text, "<bootstrap>", "exec")
+    (body,) = [c for c in code.co_consts if isinstance(c, CodeType)]
+    assert _global_names(body) <= set(dir(builtins))
 
 
 def _raw_server(*frames: bytes) -> subprocess.CompletedProcess[bytes]:

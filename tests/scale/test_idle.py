@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -162,6 +163,13 @@ def test_the_server_loads_without_the_heavy_standard_modules() -> None:
     assert loaded & HEAVY_MODULES == set()
 
 
+def _instead_of_main(code: str) -> str:
+    """The real bootstrap with ``code`` run where main would be (in its function's body)."""
+    main = "\n    p._main.main()\n"
+    assert main in BOOTSTRAP
+    return BOOTSTRAP.replace(main, "\n" + textwrap.indent(code, "    ") + "\n")
+
+
 #: Forks the zygote the way the server does after ``hello``, then lists the modules that
 #: appeared in the server meanwhile (the zygote's plan runs nothing here: it only waits).
 _FORK_ZYGOTE = """\
@@ -177,7 +185,7 @@ def test_forking_the_zygote_imports_nothing_in_the_server() -> None:
     """The server imports no module when it forks its zygote: the import machinery would
     write (and so copy) pages the zygote still shares, about 0.7 MiB of every idle turn."""
     payload = server_payload()
-    bootstrap = BOOTSTRAP.replace("p._main.main()", _FORK_ZYGOTE)
+    bootstrap = _instead_of_main(_FORK_ZYGOTE)
     done = subprocess.run(
         [sys.executable, "-I", "-S", "-B", "-c", bootstrap, str(len(payload))],
         input=payload,
@@ -204,7 +212,7 @@ def test_the_memory_watch_imports_nothing_in_the_server() -> None:
     """The memory watch's first sample, taken during a turn's first call, imports no module
     (a text-mode open imported its codec): each would copy pages the zygote shares."""
     payload = server_payload()
-    bootstrap = BOOTSTRAP.replace("p._main.main()", _SAMPLE_MEMORY)
+    bootstrap = _instead_of_main(_SAMPLE_MEMORY)
     done = subprocess.run(
         [sys.executable, "-I", "-S", "-B", "-c", bootstrap, str(len(payload))],
         input=payload,

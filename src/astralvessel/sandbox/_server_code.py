@@ -1,6 +1,9 @@
 """The sandbox server's own code, as the host sends it: the bootstrap, the payload, and
 the argv that starts the server or has a sandbox's Python compile it.
 
+The bootstrap and the compile step are functions of ``_boot_server``, a real module,
+sent as their text (``_sent_text``).
+
 Every built-in backend starts the same server inside its sandbox with
 ``_session.server_command(python)`` and writes ``server_payload()`` to its stdin first:
 the server's modules travel as source (and compiled), so nothing has to be
@@ -19,6 +22,8 @@ from importlib import resources
 from types import CodeType
 
 import attrs
+
+from ._sent_text import function_text
 
 __all__ = [
     "BOOTSTRAP",
@@ -68,51 +73,10 @@ _PACKAGE = "_astralvessel_server"
 #: The payload's marshal format: 4 is what Python 3.4 and every later version read.
 _PAYLOAD_MARSHAL = 4
 
-# Reads exactly argv[1] bytes of the payload with os.readv into one buffer of that size (a
-# buffered read could swallow the frames behind it; appending each read to the bytes read
-# so far copies them again every time: 3.9 ms of the server's CPU for 0.6 MB, 0.9 this
-# way), makes each module in a private package, runs main. The payload is
-# a marshal of plain values (format 4, which every Python 3.4+ reads: json would cost the
-# start-up its import of re and enum). It carries each module twice: as source, and
-# compiled by the host's interpreter (a marshal of code objects). A server on the very same
-# interpreter build (bubblewrap and nsjail run the host's own) loads the compiled code in
-# about a millisecond, where compiling 130 kB of source is most of a cold turn start; any
-# other Python (a Docker image's) compiles the source. Both compile with optimize=2: the
-# server has no assert and never reads a docstring; without them the compiled code is 56 kB
-# smaller (an idle turn's PSS, measured A/B, moved by less than 0.05 MiB).
-# Before main, the payload is dropped and what is loaded frozen out of the collector's reach:
-# the server forks its helpers, and a collection in them would copy the pages they share.
-# A third argument is a seccomp program in hex that the bootstrap installs (with
-# no_new_privs) before it reads anything: nsjail's server takes its x32 refusal so (see
-# ``x32_guard``), and a failure ends the server before any of its code runs.
-# When main returns (its calls and helpers are gone), the process leaves with os._exit:
-# tearing down the interpreter's modules takes milliseconds of every turn's close for
-# nothing, since no Python code of the server has anything left to do.
-BOOTSTRAP = f"""\
-import os,sys,marshal,types
-if sys.argv[2:]:
- import ctypes as C,struct;f=bytes.fromhex(sys.argv[2]);g=C.create_string_buffer(f,len(f))
- l=C.CDLL(None,use_errno=True);u=C.c_ulong;p=struct.pack('HP',len(f)//8,C.addressof(g))
- if l.prctl(38,u(1),u(0),u(0),u(0)) or l.prctl(22,u(2),p,u(0),u(0)):
-  sys.exit('astralvessel server: cannot install its filter: '+os.strerror(C.get_errno()))
- del C,struct,f,g,l,u,p
-n=int(sys.argv[1]);b=bytearray(n);v=memoryview(b);i=0
-while i<n:
- c=os.readv(0,[v[i:]])
- if not c:sys.exit('astralvessel server: payload cut short')
- i+=c
-d=marshal.loads(b);c=None;v.release()
-if d['tag']==[sys.hexversion,sys.implementation.cache_tag]:c=marshal.loads(d['code'])
-P={_PACKAGE!r};p=types.ModuleType(P);p.__path__=[];sys.modules[P]=p
-for k,v in d['src'].items():
- m=types.ModuleType(P+'.'+k);m.__package__=P;sys.modules[m.__name__]=m;setattr(p,k,m)
- try:exec(c[k] if c else compile(v,P+'/'+k+'.py','exec',optimize=2),m.__dict__)
- except ImportError:del sys.modules[m.__name__];delattr(p,k)
-del b,c,d,i,k,v,m
-import gc;gc.freeze()
-p._main.main()
-sys.stdout.flush();sys.stderr.flush();os._exit(0)
-"""
+#: The argv's program that starts the server: ``_boot_server._astralvessel_serve``, sent as text.
+BOOTSTRAP = function_text(__package__, "_boot_server", "_astralvessel_serve") + (
+    f"_astralvessel_serve({_PACKAGE!r})\n"
+)
 
 
 @functools.cache
@@ -160,18 +124,10 @@ class ServerBuild:
     code: bytes = attrs.field(validator=attrs.validators.instance_of(bytes), repr=False)
 
 
-# Compiles the modules given as name, source, name, source... exactly as the host's
-# ``_compiled`` does, and prints the interpreter's tag and the code (marshal, base64). The
-# sources are checked to parse as Python 3.8, so the interpreter is refused before that.
-_COMPILE = f"""\
-import sys,marshal,binascii,__future__
-if sys.version_info<(3,8):sys.exit(3)
-a=sys.argv[1:];c={{}};f=__future__.annotations.compiler_flag
-for i in range(0,len(a),2):
- c[a[i]]=compile(a[i+1],{_PACKAGE!r}+'/'+a[i]+'.py','exec',f,True,2)
-t=sys.implementation.cache_tag
-sys.stdout.write('%d %s\\n'%(sys.hexversion,t)+binascii.b2a_base64(marshal.dumps(c)).decode())
-"""
+#: The argv's program that compiles the server's modules: ``_boot_server._astralvessel_compile``.
+_COMPILE = function_text(__package__, "_boot_server", "_astralvessel_compile") + (
+    f"_astralvessel_compile({_PACKAGE!r})\n"
+)
 
 
 def compile_command(python: str) -> list[str]:

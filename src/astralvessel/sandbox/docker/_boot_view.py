@@ -12,13 +12,34 @@ root on a fresh tmpfs holding only the image's system dirs, /proc, a minimal
 namespace, the server's own probe reports the PID namespace as missing and
 the host refuses the turn unless it relaxed process isolation.
 
-This module is never imported to run: ``_bootstrap`` sends the function's
-source as text in the server's ``python -c`` (``_spec.server_argv``), so it
-is standard library only, runs on any Python from 3.8, and keeps its types
-in comments (an annotation would be evaluated there).
+The function is never run from here: ``_bootstrap`` sends its source as
+text in the server's ``python -c`` (``_spec.server_argv``), so it is standard
+library only, runs on any Python from 3.8, and keeps its types in comments
+(an annotation would be evaluated there). The numbers it names
+(``SENT_NUMBERS``) are defined once, where the server or the seccomp lists
+use them too; this module imports them for the linters and the type checker,
+and ``_bootstrap`` writes each one's value in its name's place.
 """
 
 from __future__ import annotations
+
+from .._seccomp._abi import Arch, syscall_number
+from ..server._sys import (
+    CLONE_NEWNS,
+    MNT_DETACH,
+    MS_BIND,
+    MS_NOATIME,
+    MS_NODEV,
+    MS_NODIRATIME,
+    MS_NOEXEC,
+    MS_NOSUID,
+    MS_PRIVATE,
+    MS_RDONLY,
+    MS_REC,
+    MS_RELATIME,
+    MS_REMOUNT,
+)
+from ..server._userns import CLONE_NEWUSER
 
 # For the type comments only (ruff does not read them): the function is sent alone, and
 # imports what it uses itself.
@@ -33,6 +54,39 @@ MEMORY_EVENTS_FD = 250
 #: Where it leaves the same group's limit (v1's ``memory.stat``, v2's ``memory.max``), so
 #: the note of a call the kernel stopped states the limit the kernel applied.
 MEMORY_LIMIT_FD = 251
+
+
+def _syscall(name: str, arch: Arch) -> int:
+    number = syscall_number(name, arch)
+    if number is None:
+        raise LookupError(f"no {name} on {arch}")
+    return number
+
+
+PIVOT_ROOT_X86_64 = _syscall("pivot_root", "x86_64")
+PIVOT_ROOT_AARCH64 = _syscall("pivot_root", "aarch64")
+
+#: Every module-level name ``_astralvessel_view`` uses: the text sent carries their values.
+SENT_NUMBERS = (
+    "MEMORY_EVENTS_FD",
+    "MEMORY_LIMIT_FD",
+    "CLONE_NEWUSER",
+    "CLONE_NEWNS",
+    "MNT_DETACH",
+    "MS_BIND",
+    "MS_NOATIME",
+    "MS_NODEV",
+    "MS_NODIRATIME",
+    "MS_NOEXEC",
+    "MS_NOSUID",
+    "MS_PRIVATE",
+    "MS_RDONLY",
+    "MS_REC",
+    "MS_RELATIME",
+    "MS_REMOUNT",
+    "PIVOT_ROOT_X86_64",
+    "PIVOT_ROOT_AARCH64",
+)
 
 
 def _astralvessel_view(binds, system_dirs, root, workdir, root_dirs=()):  # noqa: PLR0912, PLR0915
@@ -80,7 +134,7 @@ def _astralvessel_view(binds, system_dirs, root, workdir, root_dirs=()):  # noqa
         )
 
     uid, gid = os.getuid(), os.getgid()
-    if libc.unshare(ctypes.c_int(0x10000000)) != 0:
+    if libc.unshare(ctypes.c_int(CLONE_NEWUSER)) != 0:
         sys.stderr.write(
             f"astralvessel: cannot create a user namespace: {os.strerror(ctypes.get_errno())}\n"
         )
@@ -92,16 +146,7 @@ def _astralvessel_view(binds, system_dirs, root, workdir, root_dirs=()):  # noqa
     ):
         with open("/proc/self/" + name, "w") as handle:
             handle.write(text)
-    MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = (
-        1,
-        2,
-        4,
-        32,
-        4096,
-        16384,
-        1 << 18,
-    )
-    check(libc.unshare(ctypes.c_int(0x00020000)), "unshare mount namespace")
+    check(libc.unshare(ctypes.c_int(CLONE_NEWNS)), "unshare mount namespace")
     mount(None, "/", None, MS_REC | MS_PRIVATE)
     mount("tmpfs", root, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=1m")
 
@@ -126,7 +171,13 @@ def _astralvessel_view(binds, system_dirs, root, workdir, root_dirs=()):  # noqa
             # the user namespace may not change (read-only, noexec, atime).
             kept = os.statvfs(target).f_flag
             flags = MS_REMOUNT | MS_BIND | MS_NOSUID | MS_NODEV
-            for st, ms in ((1, MS_RDONLY), (8, 8), (1024, 1024), (2048, 2048), (4096, 1 << 21)):
+            for st, ms in (
+                (os.ST_RDONLY, MS_RDONLY),
+                (os.ST_NOEXEC, MS_NOEXEC),
+                (os.ST_NOATIME, MS_NOATIME),
+                (os.ST_NODIRATIME, MS_NODIRATIME),
+                (os.ST_RELATIME, MS_RELATIME),
+            ):
                 if kept & st:
                     flags |= ms
             mount(None, target, None, flags)
@@ -215,14 +266,14 @@ def _astralvessel_view(binds, system_dirs, root, workdir, root_dirs=()):  # noqa
     os.mkdir(root + "/.old-root")
     check(
         libc.syscall(
-            155 if os.uname().machine == "x86_64" else 41,
+            PIVOT_ROOT_X86_64 if os.uname().machine == "x86_64" else PIVOT_ROOT_AARCH64,
             root.encode(),
             (root + "/.old-root").encode(),
         ),
         "pivot_root",
     )
     os.chdir("/")
-    check(libc.umount2(b"/.old-root", 2), "umount old root")
+    check(libc.umount2(b"/.old-root", MNT_DETACH), "umount old root")
     os.rmdir("/.old-root")
     mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
     os.chdir(workdir)
