@@ -22,8 +22,8 @@ from .._weblimits import (
     FETCH_MAX_HEADER_BYTES,
     FETCH_MAX_REDIRECTS,
     FETCH_TIMEOUT_SECONDS,
-    format_size,
 )
+from .._webwords import NO_READABLE_TEXT, page_head, page_notes
 from ..errors import EgressError, UsageError
 from ._content import ACCEPT, ACCEPT_ENCODING, BodyCollector, ContentRefused, Fenced, render
 from ._egress import Approval, EgressPolicy, Resolver, SystemResolver, Target
@@ -57,8 +57,12 @@ class WebResult:
     is_error: bool = False
     url: str | None = None  # the final URL, after redirects
     status: int | None = None
+    #: The reason phrase of the status line ("Not Found"), as the server sent it.
+    reason: str = ""
     content_type: str | None = None
     truncated: bool = False
+    #: The bytes webfetch read before it stopped (its ``max_bytes``), when it cut the page.
+    stopped_at: int | None = None
     #: Nothing was sent: the arguments or the egress policy refused the call itself (an
     #: error all the same). A redirect the policy refuses is not: the first page answered.
     refused: bool = False
@@ -199,18 +203,10 @@ class Fetcher:
         main_content = self.main_content and not full_page
         links = with_targets(self.links) if link_targets else self.links
         text = render(body.body(), content_type, url, main_content=main_content, links=links)
-        notes: tuple[str, ...] = ()
-        if body.truncated:
-            notes = (
-                f"[webfetch stopped reading at {format_size(self.limits.max_bytes)}; "
-                "the rest of the page was not fetched]",
-            )
+        stopped_at = self.limits.max_bytes if body.truncated else None
         is_error = status >= 300
-        head: tuple[str, ...] = ()
-        if is_error:
-            shown = f"{status} {reason}".strip()
-            head = (f"[HTTP {shown}: the server answered with an error]",)
-        readable = text if text.strip() else "[the page has no readable text]"
+        readable = text if text.strip() else NO_READABLE_TEXT
+        head, notes = page_head(status, reason, is_error=is_error), page_notes(stopped_at)
         fenced = Fenced.of(url, readable, head=head, notes=notes)
         return WebResult(
             text=fenced.text,
@@ -218,8 +214,10 @@ class Fetcher:
             is_error=is_error,
             url=url,
             status=status,
+            reason=reason,
             content_type=content_type,
             truncated=body.truncated,
+            stopped_at=stopped_at,
         )
 
     def _error(self, url: str, error: BaseException, *, first_hop: bool) -> WebResult:
