@@ -20,6 +20,7 @@ import cattrs
 
 from ._outcome import Outcome, decide
 from ._refusals import Refusals
+from ._urlrefusals import url_refusal_words
 from ._webwords import page_head, page_notes
 from .sandbox._api import ExecResult, MemoryStop
 from .sandbox._base import FileOutcome, OutboxFile, RunOutcome
@@ -473,8 +474,10 @@ def render_page(result: WebResult, *, cap: int) -> ToolResult:
         if value is not None
     }
     if result.fenced is None:
+        # A refusal is worded from its code; any other error is the fetcher's words.
+        words = result.text if result.egress is None else url_refusal_words(result.egress)
         return render_web(
-            result.text,
+            words,
             is_error=result.is_error,
             cap=cap,
             metadata=metadata,

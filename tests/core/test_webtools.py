@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from astralvessel import Executor, Outcome, Registry
+from astralvessel._urlrefusals import UrlRefused, UrlWhy
 from astralvessel.errors import SearchError, UsageError
 from astralvessel.results import render_page, render_web
 from astralvessel.web import (
@@ -372,3 +373,14 @@ def test_the_model_reads_our_lines_worded_from_the_results_fields() -> None:
     assert result.metadata == {"url": "https://x.test/", "status": "404"}
     whole = render_page(WebResult(text=page.text, fenced=page, status=200), cap=10_000)
     assert whole.text == page.text
+
+
+def test_an_egress_refusal_is_worded_from_its_code() -> None:
+    """A refused fetch reads as its code's words, whatever text the result carries."""
+    refused = UrlRefused(why=UrlWhy.PORT, port=8080)
+    result = render_page(WebResult(text="", is_error=True, refused=True, egress=refused), cap=1000)
+    assert result.text == (
+        "refused: port 8080 is not allowed; "
+        "webfetch reaches only public addresses on ports 80 and 443."
+    )
+    assert result.outcome is Outcome.REFUSED

@@ -17,6 +17,7 @@ from urllib.parse import urljoin
 
 import attrs
 
+from .._urlrefusals import UrlRefused, url_refusal_words
 from .._weblimits import (
     FETCH_MAX_BYTES,
     FETCH_MAX_HEADER_BYTES,
@@ -66,6 +67,16 @@ class WebResult:
     #: Nothing was sent: the arguments or the egress policy refused the call itself (an
     #: error all the same). A redirect the policy refuses is not: the first page answered.
     refused: bool = False
+    #: Why the egress rule refused the URL or an address, by code (``text`` is its words).
+    egress: UrlRefused | None = None
+
+
+def _redirected(error: EgressError, origin: str, url: str) -> EgressError:
+    """``error`` met on a redirect from ``origin`` to ``url``: the same refusal, saying so."""
+    if error.refused is None:  # an error raised with a message alone
+        return EgressError(f"{origin} redirected to {url}, which was {error}")
+    refused = attrs.evolve(error.refused, origin=origin, url=url)
+    return EgressError(url_refusal_words(refused), refused=refused)
 
 
 @attrs.frozen(kw_only=True)
@@ -174,7 +185,7 @@ class Fetcher:
         except EgressError as error:
             if origin is None:
                 raise
-            raise EgressError(f"{origin} redirected to {url}, which was {error}") from None
+            raise _redirected(error, origin, url) from None
 
     def _approve(self, target: Target, answers: Sequence[str], origin: str | None) -> Approval:
         try:
@@ -182,7 +193,7 @@ class Fetcher:
         except EgressError as error:
             if origin is None:
                 raise
-            raise EgressError(f"{origin} redirected to {target.url}, which was {error}") from None
+            raise _redirected(error, origin, target.url) from None
 
     def _collector(self, headers: Sequence[tuple[str, str]]) -> BodyCollector:
         encoding = ", ".join(v for k, v in headers if k.lower() == "content-encoding") or None
@@ -234,8 +245,9 @@ class Fetcher:
         else:
             detail = getattr(error, "strerror", None) or str(error) or type(error).__name__
             message = f"webfetch could not fetch {url}: {detail}."
+        egress = error.refused if isinstance(error, EgressError) else None
         refused = first_hop and isinstance(error, EgressError)
-        return WebResult(text=message, is_error=True, url=url, refused=refused)
+        return WebResult(text=message, is_error=True, url=url, refused=refused, egress=egress)
 
     # -- the one fetch flow, and its two drivers ---------------------------------------------
 
