@@ -2,7 +2,7 @@
 
 They run in the host process, never in the sandbox: the web package's policy
 decides every address. The turn context carries the fetcher and searcher the
-executor built once; what the model sees is ``results.render_web``.
+executor built once; what the model sees is ``results.render_page``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ._plans import Call, Plan, TurnContext
-from .results import ToolResult, render_web
+from .results import ToolResult, render_page
 
 if TYPE_CHECKING:
     from .sandbox._base import SandboxSession
@@ -43,18 +43,7 @@ class WebRun:
         return await self.astep()
 
     def finish(self, outcome: WebResult) -> ToolResult:
-        metadata = {
-            key: str(value)
-            for key, value in (("url", outcome.url), ("status", outcome.status))
-            if value is not None
-        }
-        return render_web(
-            outcome.fenced or outcome.text,
-            is_error=outcome.is_error,
-            cap=self.output_chars,
-            metadata=metadata,
-            refused=outcome.refused,
-        )
+        return render_page(outcome, cap=self.output_chars)
 
     def rescue(self, exc: Exception) -> ToolResult | None:
         return None

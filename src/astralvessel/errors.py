@@ -48,6 +48,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ._urlrefusals import UrlRefused
+
 __all__ = [
     "AstralVesselError",
     "BackendUnavailableError",
@@ -131,7 +133,15 @@ class ToolRegistrationError(AstralVesselError, ValueError):
 
 
 class EgressError(AstralVesselError, ValueError):
-    """The egress policy refuses a URL or an address; the message is safe to show a model."""
+    """The egress policy refuses a URL or an address; the message is safe to show a model.
+
+    ``refused`` says why by code, with the facts the message names, when webfetch's
+    egress rule raised it (None for an error raised with a message alone).
+    """
+
+    def __init__(self, *args: object, refused: UrlRefused | None = None) -> None:
+        super().__init__(*args)
+        self.refused = refused
 
 
 class SearchError(AstralVesselError, RuntimeError):

@@ -20,6 +20,8 @@ import cattrs
 
 from ._outcome import Outcome, decide
 from ._refusals import Refusals
+from ._urlrefusals import url_refusal_words
+from ._webwords import page_head, page_notes
 from .sandbox._api import ExecResult, MemoryStop
 from .sandbox._base import FileOutcome, OutboxFile, RunOutcome
 from .sandbox._session import (
@@ -33,6 +35,7 @@ from .sandbox.server._outbox import FILES_PER_CALL, NOT_PLAIN, NOT_UTF8, TOO_BIG
 
 if TYPE_CHECKING:
     from .web._content import Fenced
+    from .web._fetch import WebResult
 
 __all__ = [
     "NO_MATCHES",
@@ -50,6 +53,7 @@ __all__ = [
     "render_grep",
     "render_host_value",
     "render_output",
+    "render_page",
     "render_refusal",
     "render_sandbox_died",
     "render_service_reply",
@@ -453,6 +457,38 @@ def render_web(
         metadata=dict(metadata),
         outcome=decide(limit=dropped > 0, failed=is_error),
     )
+
+
+def render_page(result: WebResult, *, cap: int) -> ToolResult:
+    """A webfetch or websearch result as the model reads it, worded from ``result``'s fields.
+
+    The page (``fenced``: the source and what the fence holds) is framed with our
+    lines, written here from the facts the fetcher returned: the HTTP error line
+    from ``status`` and ``reason``, the note that reading stopped from
+    ``stopped_at``. A result with no page (an error, a refusal) is its words.
+    The metadata names the final URL and the status.
+    """
+    metadata = {
+        key: str(value)
+        for key, value in (("url", result.url), ("status", result.status))
+        if value is not None
+    }
+    if result.fenced is None:
+        # A refusal is worded from its code; any other error is the fetcher's words.
+        words = result.text if result.egress is None else url_refusal_words(result.egress)
+        return render_web(
+            words,
+            is_error=result.is_error,
+            cap=cap,
+            metadata=metadata,
+            refused=result.refused,
+        )
+    fenced = attrs.evolve(
+        result.fenced,
+        head=page_head(result.status, result.reason, is_error=result.is_error),
+        notes=page_notes(result.stopped_at),
+    )
+    return render_web(fenced, is_error=result.is_error, cap=cap, metadata=metadata)
 
 
 # -- host tools -----------------------------------------------------------------------------

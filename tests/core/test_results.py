@@ -8,7 +8,16 @@ import attrs
 import pytest
 
 from astralvessel._outcome import Outcome, decide
-from astralvessel._refusals import DESTINATIONS, REASON_CHARS, Refusals, record
+from astralvessel._refusals import (
+    DESTINATIONS,
+    REASON_CHARS,
+    RULE,
+    Refusals,
+    Refused,
+    Why,
+    record,
+    refusal_words,
+)
 from astralvessel.results import (
     ToolResult,
     refusal_notes,
@@ -22,6 +31,7 @@ from astralvessel.results import (
     with_refusal_notes,
 )
 from astralvessel.sandbox import FileOutcome, RunOutcome
+from astralvessel.web._proxyhead import ProxyRefusal, refusal_bytes
 
 
 def render(output: str, **kw: object) -> str:
@@ -167,12 +177,15 @@ def test_service_replies(
     assert result.metadata == {"http_status": str(status)}
 
 
-def _refused(*destinations: tuple[str, int, str]) -> Refusals:
+def _refused(*destinations: tuple[str, int, Refused]) -> Refusals:
     """A record of one refused connection per ``(host, port, reason)``, in order."""
     refusals = Refusals()
-    for host, port, reason in destinations:
-        refusals = record(refusals, host, port, reason)
+    for host, port, refused in destinations:
+        refusals = record(refusals, host, port, refused)
     return refusals
+
+
+_LISTED = Refused(why=Why.NOT_LISTED, host="a.test", port=443, listed="b.test:443")
 
 
 @pytest.mark.parametrize(
@@ -180,14 +193,21 @@ def _refused(*destinations: tuple[str, int, str]) -> Refusals:
     [
         (Refusals(), "out\n"),
         (
-            _refused(("a.test", 443, "a.test:443 is not on this turn's network allow-list")),
+            _refused(("a.test", 443, _LISTED)),
             "out\n[network: the egress proxy refused a.test:443: "
-            "a.test:443 is not on this turn's network allow-list]",
+            f"a.test:443 is not on this turn's network allow-list (b.test:443); {RULE}]",
         ),
         (
-            _refused(("a.test", 80, "why"), ("a.test", 80, "other"), ("", 0, "not HTTP")),
-            "out\n[network: the egress proxy refused a.test:80 (2 connections): why]\n"
-            "[network: the egress proxy refused a request it could not read: not HTTP]",
+            _refused(
+                ("a.test", 80, Refused(why=Why.CONNECT_PORT_80, host="a.test")),
+                ("a.test", 80, Refused(why=Why.NO_TLS, host="a.test", port=80)),
+                ("", 0, Refused(why=Why.REQUEST_LINE)),
+            ),
+            "out\n[network: the egress proxy refused a.test:80 (2 connections): CONNECT to port "
+            "80 is refused: send plain http as an absolute http://a.test/ URL (HTTP_PROXY does "
+            "so), whose Host the proxy sets]\n"
+            "[network: the egress proxy refused a request it could not read: "
+            "the request line is not 'METHOD TARGET HTTP/1.1']",
         ),
     ],
 )
@@ -199,11 +219,21 @@ def test_refusal_notes_follow_the_output(refusals: Refusals, text: str) -> None:
 
 def test_a_flood_of_refusals_is_recorded_and_noted_within_bounds() -> None:
     """Ten thousand refusals to distinct names keep ten destinations, cut reasons and a count."""
-    refusals = _refused(*((f"h{i}.test", 443, "x" * 1000) for i in range(10_000)))
+    listed = ", ".join(f"n{i}.test:443" for i in range(20)) + ", ..."
+    refusals = _refused(
+        *(
+            (f"h{i}.test", 443, Refused(why=Why.NOT_LISTED, host="x" * 1000, listed=listed))
+            for i in range(10_000)
+        )
+    )
     assert len(refusals.destinations) == DESTINATIONS
     assert refusals.others == 10_000 - DESTINATIONS
     assert refusals.total == 10_000
     assert all(len(d.reason) == REASON_CHARS for d in refusals.destinations)
+    # Each fact is kept cut short, and the words cut the same as from the whole facts.
+    assert all(len(d.refused.host) == REASON_CHARS for d in refusals.destinations)
+    whole = refusal_words(Refused(why=Why.NOT_LISTED, host="x" * 1000, listed=listed))
+    assert refusals.destinations[0].reason == whole[: REASON_CHARS - 3] + "..."
     notes = refusal_notes(refusals)
     assert len(notes) == DESTINATIONS + 1
     assert notes[-1] == (
@@ -234,3 +264,16 @@ def test_a_result_built_by_hand_gets_its_outcome_from_its_flags() -> None:
     assert ToolResult(text="x", is_error=True).outcome is Outcome.FAILED
     assert ToolResult(text="x", is_error=True, timed_out=True).outcome is Outcome.TIMED_OUT
     assert ToolResult.error("no").outcome is Outcome.REFUSED
+
+
+@pytest.mark.parametrize("why", list(Why))
+def test_every_refusal_code_is_worded_once_for_the_reply_and_the_note(why: Why) -> None:
+    """The proxy's reply to the sandboxed client and the call's note quote the same words."""
+    refused = Refused(why=why, host="a.test", port=8443, given="8x", address="10.0.0.1", kind="k")
+    refusal = ProxyRefusal(403, refused, host="a.test", port=8443)
+    note = refusal_notes(record(Refusals(), "a.test", 8443, refused))
+    words = refusal_words(refused)
+    assert words
+    assert refusal.reason == words
+    assert note == [f"[network: the egress proxy refused a.test:8443: {words}]"]
+    assert refusal_bytes(403, refusal.reason).endswith(f"proxy: {words}\n".encode())

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from astralvessel import Executor, Outcome, Registry
+from astralvessel._urlrefusals import UrlRefused, UrlWhy
 from astralvessel.errors import SearchError, UsageError
-from astralvessel.results import render_web
+from astralvessel.results import render_page, render_web
 from astralvessel.web import (
     AllowRule,
     EgressPolicy,
@@ -20,6 +21,7 @@ from astralvessel.web import (
     Fetcher,
     LinkStyle,
     LocalIndexProvider,
+    WebResult,
 )
 
 SAMPLE = Path(__file__).parents[2] / "examples" / "sample-data"
@@ -346,3 +348,39 @@ def test_websearch_refusals_and_upstream_failures() -> None:
     assert (empty.is_error, empty.outcome) == (True, Outcome.REFUSED), empty.text
     assert "503" in down.text
     assert (down.is_error, down.outcome) == (True, Outcome.FAILED), down.text
+
+
+def test_the_model_reads_our_lines_worded_from_the_results_fields() -> None:
+    """results words the lines around a page from the fetcher's facts (status, reason, where
+    reading stopped), not from the lines the fetcher wrote into ``WebResult.text``."""
+    page = Fenced.of("https://x.test/", "the page")
+    facts = WebResult(
+        text=page.text,
+        fenced=page,
+        is_error=True,
+        url="https://x.test/",
+        status=404,
+        reason="Not Found",
+        truncated=True,
+        stopped_at=3 * 1024 * 1024,
+    )
+    result = render_page(facts, cap=10_000)
+    assert result.text == (
+        "[HTTP 404 Not Found: the server answered with an error]\n"
+        f"{page.text}\n"
+        "[webfetch stopped reading at 3 MB; the rest of the page was not fetched]"
+    )
+    assert result.metadata == {"url": "https://x.test/", "status": "404"}
+    whole = render_page(WebResult(text=page.text, fenced=page, status=200), cap=10_000)
+    assert whole.text == page.text
+
+
+def test_an_egress_refusal_is_worded_from_its_code() -> None:
+    """A refused fetch reads as its code's words, whatever text the result carries."""
+    refused = UrlRefused(why=UrlWhy.PORT, port=8080)
+    result = render_page(WebResult(text="", is_error=True, refused=True, egress=refused), cap=1000)
+    assert result.text == (
+        "refused: port 8080 is not allowed; "
+        "webfetch reaches only public addresses on ports 80 and 443."
+    )
+    assert result.outcome is Outcome.REFUSED

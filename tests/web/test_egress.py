@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import pytest
 from hypothesis import given, settings
 
+from astralvessel._urlrefusals import UrlRefused, UrlWhy, url_refusal_words
 from astralvessel.errors import EgressError
 from astralvessel.web import AllowRule, EgressPolicy, Fetcher, StdlibTransport, classify_address
 from astralvessel.web._proxyhead import ProxyRefusal, approve_addresses
@@ -113,6 +114,9 @@ def test_hostile_url_is_refused_without_connecting(
     assert result.text.endswith(RULE)
     assert phrase in result.text
     assert spy.requests == []
+    # The refusal is a code and its facts, worded once: the result's text is its words.
+    assert result.egress is not None
+    assert result.text == url_refusal_words(result.egress)
 
 
 def test_table_is_large_enough() -> None:
@@ -164,6 +168,25 @@ def test_rebinding_on_a_redirect_hop_is_refused(http_server: Server) -> None:
     assert result.is_error
     assert "resolves to 10.0.0.1, which is a private address" in result.text
     assert len(spy.requests) == 1
+    refused = result.egress
+    assert refused is not None
+    assert (refused.why, refused.address, refused.origin) == (
+        UrlWhy.RESOLVED_ADDRESS,
+        "10.0.0.1",
+        f"http://{HOST}:{http_server.port}/redirect/1",
+    )
+    assert result.text == url_refusal_words(refused)
+    assert result.text.startswith(f"{refused.origin} redirected to {refused.url}, which was ")
+
+
+@pytest.mark.parametrize("why", list(UrlWhy))
+def test_every_refusal_code_has_its_words_and_the_rule(why: UrlWhy) -> None:
+    """Each code is worded, ends with the rule, and the error's message is those words."""
+    refused = UrlRefused(why=why, given="g", host="h.test", port=8080, address="::1", kind="k")
+    words = url_refusal_words(refused)
+    assert words.startswith("refused: ")
+    assert words.endswith(RULE)
+    assert str(EgressError(words, refused=refused)) == words
 
 
 def test_check_url_splits_a_plain_url() -> None:

@@ -19,6 +19,7 @@ from urllib.parse import quote, urlsplit
 
 import attrs
 
+from .._urlrefusals import UrlRefused, UrlWhy, url_refusal_words
 from ..errors import EgressError, UsageError
 
 __all__ = [
@@ -38,8 +39,6 @@ ALLOWED_SCHEMES = ("http", "https")
 ALLOWED_PORTS = (80, 443)
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
-# The sentence every refusal ends with, so the model learns the rule, not only the verdict.
-RULE = "webfetch reaches only public addresses on ports 80 and 443"
 
 # Named special-purpose ranges, checked in order, so a refusal can say what the address is.
 # Sources: the IANA IPv4 and IPv6 special-purpose address registries (RFC 6890 and later).
@@ -232,8 +231,18 @@ class SystemResolver:
         return tuple(seen)
 
 
-def _refuse(why: str) -> EgressError:
-    return EgressError(f"refused: {why}; {RULE}.")
+def _refuse(
+    why: UrlWhy,
+    *,
+    given: str = "",
+    host: str = "",
+    port: int = 0,
+    address: str = "",
+    kind: str = "",
+) -> EgressError:
+    """The error for a refusal by code: its message is the refusal's one wording."""
+    refused = UrlRefused(why=why, given=given, host=host, port=port, address=address, kind=kind)
+    return EgressError(url_refusal_words(refused), refused=refused)
 
 
 def _to_rules(value: Iterable[AllowRule]) -> tuple[AllowRule, ...]:
@@ -256,36 +265,35 @@ class EgressPolicy:
         """Check a URL's form; return its target, or raise `EgressError` naming the rule."""
         url = url.strip()
         if len(url) > 8192:
-            raise _refuse("the URL is longer than 8192 characters")
+            raise _refuse(UrlWhy.TOO_LONG)
         if _FORBIDDEN_URL_CHARS.search(url):
-            raise _refuse("the URL contains spaces, control characters or backslashes")
+            raise _refuse(UrlWhy.URL_CHARS)
         try:
             parts = urlsplit(url)
         except ValueError as error:
-            raise _refuse(f"the URL cannot be parsed ({error})") from None
+            raise _refuse(UrlWhy.UNPARSED, given=str(error)) from None
         scheme = parts.scheme.lower()
         if scheme not in ALLOWED_SCHEMES:
-            shown = f"the scheme {scheme!r}" if scheme else "a URL without a scheme"
-            raise _refuse(f"{shown} is not allowed (use http or https)")
+            raise _refuse(UrlWhy.SCHEME, given=scheme) if scheme else _refuse(UrlWhy.NO_SCHEME)
         netloc = parts.netloc
         if "@" in netloc:
-            raise _refuse("the URL contains user-info (a name or password before '@')")
+            raise _refuse(UrlWhy.USER_INFO)
         if netloc.startswith("["):
             raw_host, _, after = netloc.partition("]")
             raw_host += "]"
             if after and not after.startswith(":"):
-                raise _refuse("the URL has text after the IPv6 address")
+                raise _refuse(UrlWhy.AFTER_V6)
             port_text = after[1:]
         else:
             raw_host, _, port_text = netloc.partition(":")
         if port_text and not (port_text.isascii() and port_text.isdigit() and len(port_text) <= 5):
-            raise _refuse(f"the port {port_text!r} is not a number")
+            raise _refuse(UrlWhy.PORT_TEXT, given=port_text)
         port = int(port_text) if port_text else DEFAULT_PORTS[scheme]
         if port not in ALLOWED_PORTS and not any(
             not rule.ports or port in rule.ports for rule in self.allow
         ):
             # approve() checks the port again against each address's allow rule.
-            raise _refuse(f"port {port} is not allowed")
+            raise _refuse(UrlWhy.PORT, port=port)
         host, literal = self._canonical_host(raw_host)
         request_target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         # Non-ASCII characters in a path or query go on the wire percent-encoded as UTF-8.
@@ -310,25 +318,20 @@ class EgressPolicy:
             try:
                 address = ipaddress.ip_address(answer)
             except ValueError:
-                raise _refuse(
-                    f"{target.host} resolved to {answer!r}, which is not an IP address"
-                ) from None
+                raise _refuse(UrlWhy.NOT_AN_ADDRESS, host=target.host, given=answer) from None
             if self._allowed(address, target.port):
                 addresses.append(str(address))
                 continue
             why = self.judge(address, target.port)
             if why is not None:
-                shown = (
-                    str(address)
-                    if target.literal is not None
-                    else f"{target.host} resolves to {address}, which"
-                )
-                raise _refuse(f"{shown} is {why}")
+                literal = target.literal is not None
+                code = UrlWhy.LITERAL_ADDRESS if literal else UrlWhy.RESOLVED_ADDRESS
+                raise _refuse(code, host=target.host, address=str(address), kind=why)
             if target.port not in ALLOWED_PORTS:
-                raise _refuse(f"port {target.port} is not allowed")
+                raise _refuse(UrlWhy.PORT, port=target.port)
             addresses.append(str(address))
         if not addresses:
-            raise _refuse(f"{target.host} has no addresses")
+            raise _refuse(UrlWhy.NO_ADDRESSES, host=target.host)
         return Approval(target=target, addresses=tuple(addresses))
 
     def _allowed(self, address: IPAddress, port: int) -> bool:
@@ -344,37 +347,34 @@ class EgressPolicy:
 
     def _canonical_host(self, raw: str) -> tuple[str, IPAddress | None]:
         if not raw:
-            raise _refuse("the URL has no host")
+            raise _refuse(UrlWhy.NO_HOST)
         if raw.startswith("["):
             if not raw.endswith("]"):
-                raise _refuse("the IPv6 address in the URL is not closed with ']'")
+                raise _refuse(UrlWhy.V6_UNCLOSED)
             inner = raw[1:-1]
             if "%" in inner:
-                raise _refuse("IPv6 zone identifiers ('%') are not allowed")
+                raise _refuse(UrlWhy.ZONE)
             try:
                 v6 = ipaddress.IPv6Address(inner)
             except ValueError:
-                raise _refuse(f"{inner!r} is not a valid IPv6 address") from None
+                raise _refuse(UrlWhy.BAD_V6, given=inner) from None
             return str(v6), v6
         if "%" in raw:
-            raise _refuse("the host contains percent-encoding; write it plainly")
+            raise _refuse(UrlWhy.PERCENT)
         try:
             # IDNA folds full-width digits and dots to ASCII, so it runs before the number check.
             host = raw.encode("idna").decode("ascii").lower() if not raw.isascii() else raw.lower()
         except UnicodeError:
-            raise _refuse(f"{raw!r} is not a valid host name") from None
+            raise _refuse(UrlWhy.BAD_NAME, given=raw) from None
         bare = host[:-1] if host.endswith(".") else host
         labels = bare.split(".")
         if _NUMERIC_LABEL.match(labels[-1]):
             if raw.isascii() and _CANONICAL_V4.match(host):
                 v4 = ipaddress.IPv4Address(host)
                 return str(v4), v4
-            raise _refuse(
-                f"{raw!r} spells an IP address in an unusual form (decimal, octal, hex, short or "
-                "with a trailing dot); write IPv4 addresses as four decimal numbers"
-            )
+            raise _refuse(UrlWhy.ODD_IP, given=raw)
         if not _HOST_NAME.match(host):
-            raise _refuse(f"{raw!r} is not a valid host name")
+            raise _refuse(UrlWhy.BAD_NAME, given=raw)
         if bare in _LOCAL_NAMES or bare.endswith(".localhost"):
-            raise _refuse(f"{raw} names this machine (a loopback address)")
+            raise _refuse(UrlWhy.LOCAL_NAME, given=raw)
         return bare, None

@@ -17,13 +17,14 @@ from urllib.parse import urljoin
 
 import attrs
 
+from .._urlrefusals import UrlRefused, url_refusal_words
 from .._weblimits import (
     FETCH_MAX_BYTES,
     FETCH_MAX_HEADER_BYTES,
     FETCH_MAX_REDIRECTS,
     FETCH_TIMEOUT_SECONDS,
-    format_size,
 )
+from .._webwords import NO_READABLE_TEXT, page_head, page_notes
 from ..errors import EgressError, UsageError
 from ._content import ACCEPT, ACCEPT_ENCODING, BodyCollector, ContentRefused, Fenced, render
 from ._egress import Approval, EgressPolicy, Resolver, SystemResolver, Target
@@ -57,11 +58,25 @@ class WebResult:
     is_error: bool = False
     url: str | None = None  # the final URL, after redirects
     status: int | None = None
+    #: The reason phrase of the status line ("Not Found"), as the server sent it.
+    reason: str = ""
     content_type: str | None = None
     truncated: bool = False
+    #: The bytes webfetch read before it stopped (its ``max_bytes``), when it cut the page.
+    stopped_at: int | None = None
     #: Nothing was sent: the arguments or the egress policy refused the call itself (an
     #: error all the same). A redirect the policy refuses is not: the first page answered.
     refused: bool = False
+    #: Why the egress rule refused the URL or an address, by code (``text`` is its words).
+    egress: UrlRefused | None = None
+
+
+def _redirected(error: EgressError, origin: str, url: str) -> EgressError:
+    """``error`` met on a redirect from ``origin`` to ``url``: the same refusal, saying so."""
+    if error.refused is None:  # an error raised with a message alone
+        return EgressError(f"{origin} redirected to {url}, which was {error}")
+    refused = attrs.evolve(error.refused, origin=origin, url=url)
+    return EgressError(url_refusal_words(refused), refused=refused)
 
 
 @attrs.frozen(kw_only=True)
@@ -170,7 +185,7 @@ class Fetcher:
         except EgressError as error:
             if origin is None:
                 raise
-            raise EgressError(f"{origin} redirected to {url}, which was {error}") from None
+            raise _redirected(error, origin, url) from None
 
     def _approve(self, target: Target, answers: Sequence[str], origin: str | None) -> Approval:
         try:
@@ -178,7 +193,7 @@ class Fetcher:
         except EgressError as error:
             if origin is None:
                 raise
-            raise EgressError(f"{origin} redirected to {target.url}, which was {error}") from None
+            raise _redirected(error, origin, target.url) from None
 
     def _collector(self, headers: Sequence[tuple[str, str]]) -> BodyCollector:
         encoding = ", ".join(v for k, v in headers if k.lower() == "content-encoding") or None
@@ -199,18 +214,10 @@ class Fetcher:
         main_content = self.main_content and not full_page
         links = with_targets(self.links) if link_targets else self.links
         text = render(body.body(), content_type, url, main_content=main_content, links=links)
-        notes: tuple[str, ...] = ()
-        if body.truncated:
-            notes = (
-                f"[webfetch stopped reading at {format_size(self.limits.max_bytes)}; "
-                "the rest of the page was not fetched]",
-            )
+        stopped_at = self.limits.max_bytes if body.truncated else None
         is_error = status >= 300
-        head: tuple[str, ...] = ()
-        if is_error:
-            shown = f"{status} {reason}".strip()
-            head = (f"[HTTP {shown}: the server answered with an error]",)
-        readable = text if text.strip() else "[the page has no readable text]"
+        readable = text if text.strip() else NO_READABLE_TEXT
+        head, notes = page_head(status, reason, is_error=is_error), page_notes(stopped_at)
         fenced = Fenced.of(url, readable, head=head, notes=notes)
         return WebResult(
             text=fenced.text,
@@ -218,8 +225,10 @@ class Fetcher:
             is_error=is_error,
             url=url,
             status=status,
+            reason=reason,
             content_type=content_type,
             truncated=body.truncated,
+            stopped_at=stopped_at,
         )
 
     def _error(self, url: str, error: BaseException, *, first_hop: bool) -> WebResult:
@@ -236,8 +245,9 @@ class Fetcher:
         else:
             detail = getattr(error, "strerror", None) or str(error) or type(error).__name__
             message = f"webfetch could not fetch {url}: {detail}."
+        egress = error.refused if isinstance(error, EgressError) else None
         refused = first_hop and isinstance(error, EgressError)
-        return WebResult(text=message, is_error=True, url=url, refused=refused)
+        return WebResult(text=message, is_error=True, url=url, refused=refused, egress=egress)
 
     # -- the one fetch flow, and its two drivers ---------------------------------------------
 

@@ -34,7 +34,7 @@ import attrs
 from .. import _log, _otel
 from .._leftovers import make_folder
 from .._netallow import HostPattern, parse_allow_list
-from .._refusals import Refusals, record
+from .._refusals import Refusals, Refused, Why, record
 from .._unixsock import bind as bind_unix
 from ._egress import EgressPolicy, Resolver, SystemResolver
 from ._proxyhead import (
@@ -193,7 +193,7 @@ class EgressProxy:
         self.counters.refused += 1
         _REFUSED.set(refusal.reason)
         with self._refusals_lock:
-            self._refusals = record(self._refusals, host, port, refusal.reason)
+            self._refusals = record(self._refusals, host, port, refusal.refused)
         _log.event(
             _log.NETWORK,
             "proxy.refused",
@@ -298,11 +298,11 @@ class EgressProxy:
     def _over_budget(self) -> ProxyRefusal | None:
         limits, counters = self.limits, self.counters
         if counters.active > limits.concurrent:
-            return ProxyRefusal(503, f"the turn already has {limits.concurrent} connections open")
+            return ProxyRefusal(503, Refused(why=Why.CONCURRENT, limit=limits.concurrent))
         if counters.connections >= limits.connections:
-            return ProxyRefusal(503, f"the turn has used all its {limits.connections} connections")
+            return ProxyRefusal(503, Refused(why=Why.CONNECTIONS, limit=limits.connections))
         if counters.bytes >= limits.total_bytes:
-            return ProxyRefusal(503, f"the turn has moved all its {limits.total_bytes} bytes")
+            return ProxyRefusal(503, Refused(why=Why.TOTAL_BYTES, limit=limits.total_bytes))
         return None
 
     async def _read_head(self, reader: asyncio.StreamReader) -> ProxyRequest:
@@ -312,13 +312,11 @@ class EgressProxy:
                 reader.readuntil(b"\r\n\r\n"), timeout=limits.head_seconds
             )
         except asyncio.TimeoutError:
-            raise ProxyRefusal(
-                408, f"the request head did not arrive within {limits.head_seconds:g} s"
-            ) from None
+            refused = Refused(why=Why.HEAD_TIMEOUT, limit=limits.head_seconds)
+            raise ProxyRefusal(408, refused) from None
         except asyncio.LimitOverrunError:
-            raise ProxyRefusal(
-                431, f"the request head is longer than {limits.head_bytes} bytes"
-            ) from None
+            refused = Refused(why=Why.HEAD_TOO_LONG, limit=limits.head_bytes)
+            raise ProxyRefusal(431, refused) from None
         return read_request(head, self.allow, limits)
 
     async def _connect(
@@ -331,12 +329,8 @@ class EgressProxy:
                 timeout=self.limits.connect_seconds,
             )
         except (OSError, asyncio.TimeoutError) as exc:
-            raise ProxyRefusal(
-                502,
-                f"{request.host} does not resolve ({exc})",
-                host=request.host,
-                port=request.port,
-            ) from None
+            refused = Refused(why=Why.NO_RESOLVE, host=request.host, given=str(exc))
+            raise ProxyRefusal(502, refused, host=request.host, port=request.port) from None
         # Pinned: the connection goes to an address approved here, never to a second lookup.
         addresses = approve_addresses(self.egress, request.host, request.port, answers)
         failures: list[str] = []
@@ -348,12 +342,10 @@ class EgressProxy:
                 )
             except (OSError, asyncio.TimeoutError) as exc:
                 failures.append(f"{address}: {exc or 'timed out'}")
-        raise ProxyRefusal(
-            502,
-            f"cannot connect to {request.host}:{request.port} ({'; '.join(failures)})",
-            host=request.host,
-            port=request.port,
+        refused = Refused(
+            why=Why.CANNOT_CONNECT, host=request.host, port=request.port, given="; ".join(failures)
         )
+        raise ProxyRefusal(502, refused, host=request.host, port=request.port)
 
     async def _relay(
         self,
@@ -419,7 +411,7 @@ class EgressProxy:
             self._refused(refusal, request)
             sink.close()
         except asyncio.LimitOverrunError:
-            self._refused(ProxyRefusal(400, "a chunk's size line is too long"), request)
+            self._refused(ProxyRefusal(400, Refused(why=Why.CHUNK_LINE_LONG)), request)
             sink.close()
 
     async def _send_chunks(self, source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
@@ -433,7 +425,7 @@ class EgressProxy:
             end = await self._within(source.readexactly(2))
             if end != b"\r\n":
                 # The origin would read the chunk's end elsewhere than the proxy did.
-                raise ProxyRefusal(400, "a chunk of the request body does not end with CRLF")
+                raise ProxyRefusal(400, Refused(why=Why.CHUNK_END))
             await self._forward(sink, end)
         fields = self.limits.head_fields
         for _ in range(fields + 1):  # the trailer's fields, then the blank line
@@ -441,7 +433,7 @@ class EgressProxy:
             await self._forward(sink, line)
             if line == b"\r\n":
                 return
-        raise ProxyRefusal(431, f"the request body's trailer has more than {fields} fields")
+        raise ProxyRefusal(431, Refused(why=Why.TRAILER_FIELDS, limit=fields))
 
     async def _copy(
         self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, size: int

@@ -3,7 +3,8 @@
 ``read_request`` turns a request head a call sent to the proxy into a
 ``ProxyRequest`` (a CONNECT tunnel, or an absolute-form ``http://`` request
 rewritten for the origin), or raises ``ProxyRefusal`` with the status and the
-reason the call will read. ``approve_addresses`` applies webfetch's address
+reason by code (``_refusals.Refused``, worded there once for the reply and the
+call's notes). ``approve_addresses`` applies webfetch's address
 rule to what the name resolved to. ``refusal_bytes`` is the whole reply to a
 refused request. Nothing here does I/O; ``_proxy`` is the shell that does.
 """
@@ -17,10 +18,12 @@ from collections.abc import Iterable, Sequence
 import attrs
 
 from .._netallow import HostPattern, permits
+from .._refusals import RULE, Refused, Why, refusal_words
 from ._egress import EgressPolicy
 
 __all__ = [
     "CHUNKED",
+    "RULE",
     "TUNNEL_PEEK",
     "ProxyLimits",
     "ProxyRefusal",
@@ -67,7 +70,6 @@ _REASONS = {
     502: "Bad Gateway",
     503: "Service Unavailable",
 }
-RULE = "the sandbox reaches only the hosts on this turn's network allow-list, by name"
 
 
 @attrs.frozen(kw_only=True)
@@ -91,16 +93,17 @@ class ProxyLimits:
 
 
 class ProxyRefusal(Exception):
-    """A request the proxy will not serve: the HTTP status and the reason the call reads.
+    """A request the proxy will not serve: the HTTP status and why (a ``Refused``).
 
     ``host`` and ``port`` name the destination once the request named one the
     proxy could read ("" and 0 before), for the call's result and the host's log.
     """
 
-    def __init__(self, status: int, reason: str, *, host: str = "", port: int = 0) -> None:
-        super().__init__(reason)
+    def __init__(self, status: int, refused: Refused, *, host: str = "", port: int = 0) -> None:
+        self.reason = refusal_words(refused)
+        super().__init__(self.reason)
         self.status = status
-        self.reason = reason
+        self.refused = refused
         self.host = host
         self.port = port
 
@@ -144,16 +147,16 @@ def refusal_bytes(status: int, reason: str) -> bytes:
 def _authority(text: str, *, default_port: int | None) -> tuple[str, int]:
     """Split ``host[:port]`` into a canonical host name and a port, or refuse."""
     if "@" in text:
-        raise ProxyRefusal(403, "user-info (a name or password before '@') is refused")
+        raise ProxyRefusal(403, Refused(why=Why.USER_INFO))
     if text.startswith("["):
-        raise ProxyRefusal(403, f"{text} is an IP address; {RULE}", host=text[:100])
+        raise ProxyRefusal(403, Refused(why=Why.IP_ADDRESS, host=text[:100]), host=text[:100])
     host, sep, port_text = text.rpartition(":") if ":" in text else (text, "", "")
     if not sep:
         if default_port is None:
-            raise ProxyRefusal(400, f"CONNECT {text!r} names no port; write host:port")
+            raise ProxyRefusal(400, Refused(why=Why.NO_PORT, given=text))
         port = default_port
     elif not _PORT.match(port_text) or not 0 < int(port_text) <= 65535:
-        raise ProxyRefusal(400, f"the port {port_text!r} is not a number from 1 to 65535")
+        raise ProxyRefusal(400, Refused(why=Why.BAD_PORT, given=port_text))
     else:
         port = int(port_text)
     host = host.lower()
@@ -163,11 +166,11 @@ def _authority(text: str, *, default_port: int | None) -> tuple[str, int]:
     except ValueError:
         pass
     else:
-        raise ProxyRefusal(403, f"{host} is an IP address; {RULE}", host=host, port=port)
+        raise ProxyRefusal(403, Refused(why=Why.IP_ADDRESS, host=host), host=host, port=port)
     if len(host) > 253 or not _NAME.match(host):
-        raise ProxyRefusal(400, f"{host[:100]!r} is not a host name")
+        raise ProxyRefusal(400, Refused(why=Why.NOT_A_NAME, given=host[:100]))
     if host.rsplit(".", 1)[-1].isdigit():
-        raise ProxyRefusal(403, f"{host} spells an IP address; {RULE}", host=host, port=port)
+        raise ProxyRefusal(403, Refused(why=Why.SPELLS_IP, host=host), host=host, port=port)
     return host, port
 
 
@@ -175,25 +178,21 @@ def _check_allowed(allow: Sequence[HostPattern], host: str, port: int) -> None:
     if permits(allow, host, port):
         return
     listed = ", ".join(str(p) for p in allow[:20]) + (", ..." if len(allow) > 20 else "")
-    raise ProxyRefusal(
-        403,
-        f"{host}:{port} is not on this turn's network allow-list ({listed}); {RULE}",
-        host=host,
-        port=port,
-    )
+    refused = Refused(why=Why.NOT_LISTED, host=host, port=port, listed=listed)
+    raise ProxyRefusal(403, refused, host=host, port=port)
 
 
 def _fields(lines: list[bytes], limits: ProxyLimits) -> list[tuple[bytes, bytes]]:
     if len(lines) > limits.head_fields:
-        raise ProxyRefusal(431, f"the request has more than {limits.head_fields} header fields")
+        raise ProxyRefusal(431, Refused(why=Why.TOO_MANY_FIELDS, limit=limits.head_fields))
     fields: list[tuple[bytes, bytes]] = []
     for line in lines:
         name, sep, value = line.partition(b":")
         if not sep or not _TOKEN.match(name):
-            raise ProxyRefusal(400, "a header line is not 'Name: value'")
+            raise ProxyRefusal(400, Refused(why=Why.FIELD_LINE))
         value = value.strip(b" \t")
         if _BAD_VALUE.search(value):
-            raise ProxyRefusal(400, "a header value holds control characters")
+            raise ProxyRefusal(400, Refused(why=Why.FIELD_CONTROLS))
         fields.append((name, value))
     return fields
 
@@ -201,16 +200,16 @@ def _fields(lines: list[bytes], limits: ProxyLimits) -> list[tuple[bytes, bytes]
 def read_request(head: bytes, allow: Sequence[HostPattern], limits: ProxyLimits) -> ProxyRequest:
     """Decide a request head (everything up to and including the blank line)."""
     if len(head) > limits.head_bytes:
-        raise ProxyRefusal(431, f"the request head is longer than {limits.head_bytes} bytes")
+        raise ProxyRefusal(431, Refused(why=Why.HEAD_TOO_LONG, limit=limits.head_bytes))
     if not head.endswith(b"\r\n\r\n"):
-        raise ProxyRefusal(400, "the request head does not end with a blank line (CRLF CRLF)")
+        raise ProxyRefusal(400, Refused(why=Why.HEAD_UNENDED))
     request_line, *lines = head[:-4].split(b"\r\n")
     parts = request_line.split(b" ")
     if len(parts) != 3 or not _METHOD.match(parts[0]) or not _VERSION.match(parts[2]):
-        raise ProxyRefusal(400, "the request line is not 'METHOD TARGET HTTP/1.1'")
+        raise ProxyRefusal(400, Refused(why=Why.REQUEST_LINE))
     method, target, version = parts
     if not _TARGET_CHARS.match(target):
-        raise ProxyRefusal(400, "the request target holds spaces, controls or non-ASCII bytes")
+        raise ProxyRefusal(400, Refused(why=Why.TARGET_CHARS))
     fields = _fields(lines, limits)
     text = target.decode("ascii")
     if method == b"CONNECT":
@@ -219,19 +218,13 @@ def read_request(head: bytes, allow: Sequence[HostPattern], limits: ProxyLimits)
         if port == 80:
             # A tunnel carries plain HTTP with whatever Host the call writes in it.
             raise ProxyRefusal(
-                403,
-                f"CONNECT to port 80 is refused: send plain http as an absolute "
-                f"http://{host}/ URL (HTTP_PROXY does so), whose Host the proxy sets",
-                host=host,
-                port=port,
+                403, Refused(why=Why.CONNECT_PORT_80, host=host), host=host, port=port
             )
         return ProxyRequest(host=host, port=port, tunnel=True)
     if text.lower().startswith("https://"):
-        raise ProxyRefusal(400, "send https through a CONNECT tunnel (HTTPS_PROXY does so)")
+        raise ProxyRefusal(400, Refused(why=Why.HTTPS_UNTUNNELLED))
     if not text.lower().startswith("http://"):
-        raise ProxyRefusal(
-            400, "this is a proxy: send an absolute http:// URL, or CONNECT host:port"
-        )
+        raise ProxyRefusal(400, Refused(why=Why.NOT_PROXY_FORM))
     rest = text[len("http://") :]
     cut = min((i for i in (rest.find("/"), rest.find("?"), rest.find("#")) if i >= 0), default=-1)
     authority, path = (rest, "/") if cut < 0 else (rest[:cut], rest[cut:])
@@ -255,23 +248,13 @@ def _body(fields: list[tuple[bytes, bytes]], host: str, port: int) -> int:
     lengths = [v for n, v in fields if n.lower() == b"content-length"]
     codings = [v for n, v in fields if n.lower() == b"transfer-encoding"]
     if len(lengths) + len(codings) > 1:
-        raise ProxyRefusal(
-            400,
-            "the request frames its body twice (Content-Length and more)",
-            host=host,
-            port=port,
-        )
+        raise ProxyRefusal(400, Refused(why=Why.FRAMED_TWICE), host=host, port=port)
     if codings:
         if codings[0].lower() != b"chunked":
-            raise ProxyRefusal(
-                400,
-                "the only transfer coding the proxy passes on is 'chunked'",
-                host=host,
-                port=port,
-            )
+            raise ProxyRefusal(400, Refused(why=Why.TRANSFER_CODING), host=host, port=port)
         return CHUNKED
     if lengths and not _LENGTH.match(lengths[0]):
-        raise ProxyRefusal(400, "the Content-Length is not a number", host=host, port=port)
+        raise ProxyRefusal(400, Refused(why=Why.BAD_LENGTH), host=host, port=port)
     return int(lengths[0]) if lengths else 0
 
 
@@ -279,7 +262,7 @@ def chunk_size(line: bytes) -> int:
     """The size a chunk's line (``SIZE[;ext] CRLF``) gives; raise ``ProxyRefusal`` (400)."""
     match = _CHUNK_LINE.match(line)
     if match is None:
-        raise ProxyRefusal(400, "a chunk of the request body is not framed as 'SIZE CRLF' (hex)")
+        raise ProxyRefusal(400, Refused(why=Why.CHUNK_LINE))
     return int(match.group(1), 16)
 
 
@@ -291,13 +274,7 @@ def tunnel_refusal(first: bytes, host: str, port: int) -> ProxyRefusal | None:
     """
     if tuple(first[:2]) == _TLS_HANDSHAKE:
         return None
-    return ProxyRefusal(
-        400,
-        f"the tunnel to {host}:{port} carried no TLS; a tunnel carries only TLS, and plain "
-        f"http goes as an absolute http:// URL, whose Host the proxy sets",
-        host=host,
-        port=port,
-    )
+    return ProxyRefusal(400, Refused(why=Why.NO_TLS, host=host, port=port), host=host, port=port)
 
 
 def approve_addresses(
@@ -314,15 +291,13 @@ def approve_addresses(
         try:
             address = ipaddress.ip_address(answer)
         except ValueError:
-            raise ProxyRefusal(
-                502, f"{host} resolved to {answer!r}, not an address", host=host, port=port
-            ) from None
+            refused = Refused(why=Why.NOT_AN_ADDRESS, host=host, given=answer)
+            raise ProxyRefusal(502, refused, host=host, port=port) from None
         why = egress.judge(address, port)
         if why is not None:
-            raise ProxyRefusal(
-                403, f"{host} resolves to {address}, which is {why}", host=host, port=port
-            )
+            refused = Refused(why=Why.ADDRESS_REFUSED, host=host, address=str(address), kind=why)
+            raise ProxyRefusal(403, refused, host=host, port=port)
         addresses.append(str(address))
     if not addresses:
-        raise ProxyRefusal(502, f"{host} has no addresses", host=host, port=port)
+        raise ProxyRefusal(502, Refused(why=Why.NO_ADDRESSES, host=host), host=host, port=port)
     return tuple(addresses)
