@@ -26,6 +26,7 @@ from ._plans import Call, Plan
 from ._refusals import Refusals
 from ._runners import plan_call
 from ._snapshot._capture import capture
+from ._snapshot._reuse import Captures
 from ._snapshot._value import TurnSnapshot
 from .errors import SandboxError, TurnClosedError, UsageError
 from .results import ToolResult, render_refusal, render_sandbox_died, with_refusal_notes
@@ -62,6 +63,8 @@ class Turn(Closing):
         self._context = executor._turn_context()
         #: The files every sandbox of this turn starts with (None: an empty workspace).
         self.snapshot_source = snapshot
+        #: What the turn's next snapshot may link rather than copy (``_snapshot._reuse``).
+        self._captures = Captures(snapshot)
         self._session: SandboxSession | None = None
         #: The turn's egress proxy, started with its first sandbox when the policy allows a network.
         self._proxy: EgressProxy | None = None
@@ -463,6 +466,7 @@ class Turn(Closing):
             max_bytes=budget.limit_bytes,
             max_files=policy.limits.workspace_inodes,
             budget=budget,
+            captures=self._captures,
         )
 
     def _exec_plan(  # noqa: PLR0917 - exec's own arguments, passed on as they came
