@@ -20,6 +20,7 @@ file primitives are), so the sync and async turn share them:
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import stat
@@ -165,25 +166,44 @@ def manifest_of(listing: object) -> Manifest:
 
 
 def _fill(writer: TreeWriter, shape: Manifest, held: dict[bytes, Held], timeout: float) -> Plan:
-    """Make every entry of ``shape`` in the writer's tree, reading what is not held."""
-    for batch in _pieces(_make_unread(writer, shape, held)):
-        asked = [[_text(entry.name), offset, length] for entry, offset, length in batch]
-        reply = yield FsRequest(
-            op="pack", timeout=timeout, fields={"phase": "read"}, data=json.dumps(asked).encode()
-        )
-        failed = _refusal(reply, "the workspace's files cannot be read")
-        if failed is not None:
-            raise failed
-        if len(reply.data) != sum(length for _, _, length in batch):
-            raise SnapshotError("the sandbox sent more or fewer bytes than its files hold")
-        view = memoryview(reply.data)
-        at = 0
-        for entry, offset, length in batch:
-            writer.piece(entry, offset, view[at : at + length])
-            at += length
+    """Make every entry of ``shape`` in the writer's tree, reading what is not held.
+
+    A batch's files are written by one writer thread while the sandbox reads the
+    next batch: a full capture's time goes to the host's file creations and the
+    pipe about equally (100 MiB in 10 000 files), so they overlap. One batch at
+    a time is written, in order, and a failed write ends the plan.
+    """
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="capture") as pool:
+        pending: concurrent.futures.Future[None] | None = None
+        for batch in _pieces(_make_unread(writer, shape, held)):
+            asked = [[_text(entry.name), offset, length] for entry, offset, length in batch]
+            reply = yield FsRequest(
+                op="pack",
+                timeout=timeout,
+                fields={"phase": "read"},
+                data=json.dumps(asked).encode(),
+            )
+            failed = _refusal(reply, "the workspace's files cannot be read")
+            if failed is not None:
+                raise failed
+            if len(reply.data) != sum(length for _, _, length in batch):
+                raise SnapshotError("the sandbox sent more or fewer bytes than its files hold")
+            if pending is not None:
+                pending.result()
+            pending = pool.submit(_write_batch, writer, batch, reply.data)
+        if pending is not None:
+            pending.result()
     for entry in shape.entries:  # each hard link once its file is in
         if entry.kind is EntryKind.HARDLINK:
             writer.hard_link(entry)
+
+
+def _write_batch(writer: TreeWriter, batch: list[tuple[Entry, int, int]], data: bytes) -> None:
+    view = memoryview(data)
+    at = 0
+    for entry, offset, length in batch:
+        writer.piece(entry, offset, view[at : at + length])
+        at += length
 
 
 def _make_unread(writer: TreeWriter, shape: Manifest, held: dict[bytes, Held]) -> list[Entry]:
