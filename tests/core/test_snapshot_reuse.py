@@ -15,8 +15,11 @@ import os
 from collections.abc import Generator
 from typing import Any
 
-from astralvessel import TurnSnapshot
+import pytest
+
+from astralvessel import SnapshotError, TurnSnapshot
 from astralvessel._snapshot._capture import capture
+from astralvessel._snapshot._manifest import Entry, EntryKind
 from astralvessel._snapshot._reuse import RACY_NS, Captures
 from astralvessel._snapshot._store import Budget
 from astralvessel._snapshot._tree import scan_tree
@@ -151,3 +154,15 @@ def test_one_held_inode_serves_one_name():
     assert asked == ["b"]
     assert _ino(snapshot, "a") != _ino(snapshot, "b")
     assert snapshot.content_id == _full_id(snapshot)
+
+
+def test_a_digest_given_later_is_checked():
+    """An entry given its digest once its bytes are in keeps its fields, and takes only a
+    digest in the manifest's form, for a regular file only."""
+    entry = Entry(name=b"d/f", kind=EntryKind.FILE, mode=0o640, size=3, digest="0" * 64)
+    given = entry.with_digest("a" * 64)
+    assert given == Entry(name=b"d/f", kind=EntryKind.FILE, mode=0o640, size=3, digest="a" * 64)
+    with pytest.raises(SnapshotError, match="64 hex"):
+        entry.with_digest("A" * 64)
+    with pytest.raises(TypeError):
+        Entry(name=b"d", kind=EntryKind.DIR, mode=0o755).with_digest("a" * 64)

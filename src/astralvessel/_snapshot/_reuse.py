@@ -164,7 +164,7 @@ def matches(held: Held, entry: Entry) -> bool:
 def with_digests(manifest: Manifest, digests: dict[bytes, str]) -> Manifest:
     """``manifest`` with each regular file's digest from ``digests``."""
     entries = [
-        attrs.evolve(entry, digest=digests[entry.name]) if entry.kind is EntryKind.FILE else entry
+        entry.with_digest(digests[entry.name]) if entry.kind is EntryKind.FILE else entry
         for entry in manifest.entries
     ]
     return Manifest(
