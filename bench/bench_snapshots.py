@@ -20,8 +20,13 @@ The figures of issue 30, per backend, each printed next to its target:
   has served a call: each starts its sandbox then, copy-on-write on bubblewrap
   and nsjail (an overlay on the snapshot's tree: a mount, not a copy), a copy
   of the whole workspace into its tmpfs on Docker.
-- ``fork's first call``: one fork's first call against a warm turn's first
+- ``fork's first call``: a fork's first call against a warm turn's first
   call (``Executor(warm=1)``, the same files restored ahead); target <= 2x.
+  Three rows: ``cold``, a turn opened from the snapshot whose sandbox starts
+  on that call; ``at once``, a fork's call right after ``fork(1)`` returns
+  (its sandbox, started ahead in the background, may not be ready: then it
+  starts its own); ``ahead``, the call once the start ahead is done, as after
+  a model's reply.
 - On Docker: a snapshot plus a fork's first call, against ``docker commit`` of
   a container holding the same tree plus ``docker run --rm`` of the image.
 
@@ -183,21 +188,36 @@ def bench(  # noqa: PLR0917 - the command line's options, in order
                 fork_rows(fresh, snapshot, f"fork({count}), fresh*", count, started)
         print("  * a fresh turn's first fork copies its files once; its next forks link them")
 
+        def fork_call(ahead: bool) -> float:
+            (kid,) = turn.fork(1)
+            if ahead:  # the caller's own work first (a model's reply): the start is done
+                executor._ahead[kid.snapshot_source].wait_filled(600)
+            with kid:
+                return timed(lambda: kid.exec(["true"]))
+
+        at_once = statistics.median(fork_call(False) for _ in range(runs))
+        ahead = statistics.median(fork_call(True) for _ in range(runs))
+
     warm = make_executor(backend, disk_mb, warm=1, snapshot=snapshot)
     with warm:
         warm.wait_warm(600)
         with warm.turn() as ready:
             warm_first = timed(lambda: ready.exec(["true"]))
     fork_first = statistics.median(first_call(snapshot) for _ in range(runs))
-    ratio = fork_first / warm_first
-    row(
-        "fork's first call",
-        f"{fork_first:.2f} s",
-        f"warm turn's {warm_first:.3f} s",
-        f"{ratio:.1f}x",
-        "<= 2x",
-        ratio <= 2,
-    )
+    for label, took_first in (
+        ("fork's first call, cold", fork_first),
+        ("fork's first call, at once", at_once),
+        ("fork's first call, ahead", ahead),
+    ):
+        ratio = took_first / warm_first
+        row(
+            label,
+            f"{took_first:.2f} s",
+            f"warm turn's {warm_first:.3f} s",
+            f"{ratio:.1f}x",
+            "<= 2x",
+            ratio <= 2,
+        )
     if backend == "docker":
         docker_baseline(files, size, took + fork_first)
 

@@ -439,18 +439,22 @@ class Turn(Closing):
         """``n`` new turns whose files start as this turn's now; this turn goes on.
 
         One snapshot, then ``n`` turns opened from it, each with its own sandbox
-        (started on its first use), identity, limits and workspace: a fork's
+        (started ahead in the background, ``FORKS_AHEAD`` at a time, so a fork's
+        first call takes a ready one, or starts its own if none is ready yet),
+        identity, limits and workspace: a fork's
         writes reach neither its siblings nor this turn. Processes are not
         carried. Raises what ``snapshot`` raises.
         """
         count = _fork_count(n)
         snapshot = self.snapshot()
+        self.executor._start_ahead(snapshot, count)
         return [Turn(self.executor, snapshot=snapshot) for _ in range(count)]
 
     async def afork(self, n: int) -> list[Turn]:
         """Async twin of ``fork``."""
         count = _fork_count(n)
         snapshot = await self.asnapshot()
+        self.executor._start_ahead(snapshot, count)
         return [Turn(self.executor, snapshot=snapshot) for _ in range(count)]
 
     def _capture_plan(self) -> Generator[FsRequest, FsReply, TurnSnapshot]:

@@ -8,6 +8,7 @@ owns one running sandbox and its workspace. Every model mistake becomes a
 
 from __future__ import annotations
 
+import collections
 import os
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -182,10 +183,37 @@ class Executor(Closing):
         if self._warm is not None:
             # Warm sandboxes of an executor nobody closed die when it is collected.
             self._release = weakref.finalize(self, self._warm.close)
+        #: Forks' sandboxes started ahead (``Turn.fork``), a warm pool per snapshot, the
+        #: newest few: each starts one sandbox per fork at most, ``FORKS_AHEAD`` at a time.
+        self._ahead: collections.OrderedDict[TurnSnapshot, WarmPool] = collections.OrderedDict()
+        self._release_ahead = weakref.finalize(self, _close_pools, self._ahead)
 
-    def _warm_pool(self, size: int) -> WarmPool:
-        """The pool of ``size`` sandboxes started ahead, each with the executor's snapshot."""
-        snapshot = self.snapshot
+    def _start_ahead(self, snapshot: TurnSnapshot, forks: int) -> None:
+        """Start the sandboxes of ``forks`` turns opened from ``snapshot`` in the background,
+        ``FORKS_AHEAD`` at a time: a fork's first call then takes a started one, as a warm
+        turn's does, or starts its own where none is ready yet (or a start failed).
+
+        Not under a network (each sandbox's egress proxy is its turn's), nor once closed.
+        """
+        if self.policy.network_allow or self._release_ahead.alive is False:
+            return
+        pools = self._ahead
+        for key in [key for key, pool in pools.items() if pool.spent]:
+            del pools[key]
+        if snapshot in pools:  # forks of the same files (a fork of an unstarted fork) share it
+            pools.move_to_end(snapshot)
+            return
+        while len(pools) >= _AHEAD_POOLS:
+            pools.popitem(last=False)[1].close()
+        size = min(forks, FORKS_AHEAD)
+        pools[snapshot] = self._warm_pool(size, snapshot, total=forks)
+
+    def _warm_pool(
+        self, size: int, snapshot: TurnSnapshot | None = None, total: int | None = None
+    ) -> WarmPool:
+        """The pool of ``size`` sandboxes started ahead, each with the executor's snapshot
+        (or ``snapshot``, for forks; ``total`` the most it starts)."""
+        snapshot = self.snapshot if total is None else snapshot
         policy = self._policy_for(snapshot)
         start: Callable[[], SandboxSession] = lambda: self.sandbox.start(policy)  # noqa: E731
         discard: Callable[[SandboxSession], None] = lambda session: session.close()  # noqa: E731
@@ -194,18 +222,21 @@ class Executor(Closing):
             start, discard = network.start, network.discard
         if snapshot is None:
             return WarmPool(self.sandbox, self.policy, size, start=start, discard=discard)
+        fitting = snapshot
 
         def start_restored() -> SandboxSession:
-            self._check_fits(snapshot)  # raised where the pool's starts raise, as a copy's was
+            self._check_fits(fitting)  # raised where the pool's starts raise, as a copy's was
             session = start()
             try:
-                self._restore(session, snapshot)
+                self._restore(session, fitting)
             except BaseException:
                 discard(session)
                 raise
             return session
 
-        return WarmPool(self.sandbox, self.policy, size, start=start_restored, discard=discard)
+        return WarmPool(
+            self.sandbox, self.policy, size, start=start_restored, discard=discard, total=total
+        )
 
     def turn(self, snapshot: TurnSnapshot | None = None) -> Turn:
         """Open one turn: a context manager (``with`` or ``async with``) owning one sandbox.
@@ -230,6 +261,7 @@ class Executor(Closing):
         """Kill the warm sandboxes still waiting for a turn; turns opened after it start cold."""
         self._warm = None
         self._release()
+        self._release_ahead()
 
     def _start_session(
         self, proxy: EgressProxy | None = None, snapshot: TurnSnapshot | None = None
@@ -237,16 +269,14 @@ class Executor(Closing):
         """A running sandbox for one turn, and the turn's egress proxy when it has a network.
 
         A warm sandbox if one is ready (with the proxy it was started with, and
-        the executor's snapshot), else one started now, with ``snapshot``'s
-        files. ``proxy`` is the turn's own when an earlier sandbox of the turn
-        died: the turn keeps it, so its bounds stay the turn's.
+        the executor's snapshot, or a fork's started ahead), else one started
+        now, with ``snapshot``'s files. ``proxy`` is the turn's own when an
+        earlier sandbox of the turn died: the turn keeps it, so its bounds stay
+        the turn's.
         """
-        pool = self._warm
-        if proxy is None and pool is not None and pool.policy == self.policy:
-            session = pool.take() if snapshot == self.snapshot else None
-            if session is not None:
-                network = self._network
-                return session, None if network is None else network.claim(session)
+        ready = None if proxy is not None else self._take_ready(snapshot)
+        if ready is not None:
+            return ready
         if snapshot is not None:
             self._check_fits(snapshot)
         policy = self._policy_for(snapshot)
@@ -271,6 +301,22 @@ class Executor(Closing):
                     started.close()
                 raise
         return session, started
+
+    def _take_ready(
+        self, snapshot: TurnSnapshot | None
+    ) -> tuple[SandboxSession, EgressProxy | None] | None:
+        """A sandbox started ahead for a turn opened from ``snapshot``, if one is ready."""
+        ahead = self._ahead.get(snapshot) if snapshot is not None else None
+        session = ahead.take() if ahead is not None else None
+        if session is not None:
+            return session, None  # forks start ahead only without a network
+        pool = self._warm
+        if pool is not None and pool.policy == self.policy and snapshot == self.snapshot:
+            session = pool.take()
+            if session is not None:
+                network = self._network
+                return session, None if network is None else network.claim(session)
+        return None
 
     def _policy_for(self, snapshot: TurnSnapshot | None) -> Policy:
         """The policy a sandbox opened from ``snapshot`` starts with: the snapshot's tree
@@ -338,6 +384,17 @@ class Executor(Closing):
 
     def __repr__(self) -> str:
         return f"Executor({self.registry!r}, sandbox={self.sandbox!r})"
+
+
+#: How many forks' sandboxes each ``Turn.fork`` starts ahead at a time (2 cores: a start
+#: takes most of one), and how many forks' pools an executor keeps (the newest).
+FORKS_AHEAD = 2
+_AHEAD_POOLS = 2
+
+
+def _close_pools(pools: collections.OrderedDict[TurnSnapshot, WarmPool]) -> None:
+    while pools:
+        pools.popitem()[1].close()
 
 
 def _nothing() -> None:
