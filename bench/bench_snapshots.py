@@ -36,6 +36,7 @@ Run: ``python bench/bench_snapshots.py [--mib 100] [--files 10000] [backend ...]
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import shutil
 import statistics
@@ -191,7 +192,7 @@ def bench(  # noqa: PLR0917 - the command line's options, in order
         def fork_call(ahead: bool) -> float:
             (kid,) = turn.fork(1)
             if ahead:  # the caller's own work first (a model's reply): the start is done
-                executor._ahead[kid.snapshot_source].wait_filled(600)
+                executor._ahead[id(kid.snapshot_source)][1].wait_filled(600)
             with kid:
                 return timed(lambda: kid.exec(["true"]))
 
@@ -226,6 +227,7 @@ def fork_rows(turn: object, snapshot: object, label: str, count: int, started: i
     """``fork(count)`` of ``turn``: its wall time, the host disk it adds, and its first forks'
     first calls."""
     store = str(snapshot.path.parent.parent)  # type: ignore[attr-defined]
+    gc.collect()  # an earlier row's trees go now, not while this one is measured
     before = du_bytes(store)
     began = time.perf_counter()
     kids = turn.fork(count)  # type: ignore[attr-defined]

@@ -185,7 +185,7 @@ class Executor(Closing):
             self._release = weakref.finalize(self, self._warm.close)
         #: Forks' sandboxes started ahead (``Turn.fork``), a warm pool per snapshot, the
         #: newest few: each starts one sandbox per fork at most, ``FORKS_AHEAD`` at a time.
-        self._ahead: collections.OrderedDict[TurnSnapshot, WarmPool] = collections.OrderedDict()
+        self._ahead: _AheadPools = collections.OrderedDict()
         self._release_ahead = weakref.finalize(self, _close_pools, self._ahead)
 
     def _start_ahead(self, snapshot: TurnSnapshot, forks: int) -> None:
@@ -198,22 +198,30 @@ class Executor(Closing):
         if self.policy.network_allow or self._release_ahead.alive is False:
             return
         pools = self._ahead
-        for key in [key for key, pool in pools.items() if pool.spent]:
-            del pools[key]
-        if snapshot in pools:  # forks of the same files (a fork of an unstarted fork) share it
-            pools.move_to_end(snapshot)
+        for spent in [key for key, (_, pool) in pools.items() if pool.spent]:
+            pools.pop(spent)[1].close()
+        key = id(snapshot)
+        if key in pools:  # forks of the same files (a fork of an unstarted fork) share it
+            pools.move_to_end(key)
             return
         while len(pools) >= _AHEAD_POOLS:
-            pools.popitem(last=False)[1].close()
-        size = min(forks, FORKS_AHEAD)
-        pools[snapshot] = self._warm_pool(size, snapshot, total=forks)
+            pools.popitem(last=False)[1][1].close()
+        held = weakref.ref(snapshot)
+        pool = self._warm_pool(min(forks, FORKS_AHEAD), held, total=forks)
+        pools[key] = (held, pool)
+        # The pool holds the snapshot weakly: when no fork (nor anyone) holds it, its tree
+        # goes and the pool's waiting sandboxes with it.
+        weakref.finalize(snapshot, _drop_pool, pools, key, pool)
 
     def _warm_pool(
-        self, size: int, snapshot: TurnSnapshot | None = None, total: int | None = None
+        self,
+        size: int,
+        ahead: weakref.ref[TurnSnapshot] | None = None,
+        total: int | None = None,
     ) -> WarmPool:
         """The pool of ``size`` sandboxes started ahead, each with the executor's snapshot
-        (or ``snapshot``, for forks; ``total`` the most it starts)."""
-        snapshot = self.snapshot if total is None else snapshot
+        (or ``ahead``'s, the forks', starting ``total`` at most)."""
+        snapshot = self.snapshot if ahead is None else ahead()
         policy = self._policy_for(snapshot)
         start: Callable[[], SandboxSession] = lambda: self.sandbox.start(policy)  # noqa: E731
         discard: Callable[[SandboxSession], None] = lambda session: session.close()  # noqa: E731
@@ -222,9 +230,13 @@ class Executor(Closing):
             start, discard = network.start, network.discard
         if snapshot is None:
             return WarmPool(self.sandbox, self.policy, size, start=start, discard=discard)
-        fitting = snapshot
+        del snapshot  # the forks' pool must not keep theirs alive
+        kept = self.snapshot
 
         def start_restored() -> SandboxSession:
+            fitting = kept if ahead is None else ahead()
+            if fitting is None:
+                raise SnapshotError("the forks' snapshot is gone: no fork is left to start for")
             self._check_fits(fitting)  # raised where the pool's starts raise, as a copy's was
             session = start()
             try:
@@ -306,8 +318,8 @@ class Executor(Closing):
         self, snapshot: TurnSnapshot | None
     ) -> tuple[SandboxSession, EgressProxy | None] | None:
         """A sandbox started ahead for a turn opened from ``snapshot``, if one is ready."""
-        ahead = self._ahead.get(snapshot) if snapshot is not None else None
-        session = ahead.take() if ahead is not None else None
+        ahead = self._ahead.get(id(snapshot)) if snapshot is not None else None
+        session = ahead[1].take() if ahead is not None and ahead[0]() is snapshot else None
         if session is not None:
             return session, None  # forks start ahead only without a network
         pool = self._warm
@@ -392,9 +404,20 @@ FORKS_AHEAD = 2
 _AHEAD_POOLS = 2
 
 
-def _close_pools(pools: collections.OrderedDict[TurnSnapshot, WarmPool]) -> None:
+#: The forks' pools by their snapshot's id: the snapshot (weakly) and its pool.
+_AheadPools = collections.OrderedDict[int, tuple["weakref.ref[TurnSnapshot]", WarmPool]]
+
+
+def _close_pools(pools: _AheadPools) -> None:
     while pools:
-        pools.popitem()[1].close()
+        pools.popitem()[1][1].close()
+
+
+def _drop_pool(pools: _AheadPools, key: int, pool: WarmPool) -> None:
+    """A forks' snapshot is gone: its pool goes, and its waiting sandboxes end."""
+    if key in pools and pools[key][1] is pool:
+        del pools[key]
+    pool.close()
 
 
 def _nothing() -> None:

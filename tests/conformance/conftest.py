@@ -268,6 +268,7 @@ _SNAPSHOT_TESTS = (
     "test_a_forks_first_call_takes_the_sandbox_started_ahead",
     "test_forks_started_ahead_stay_apart",
     "test_sandboxes_started_ahead_die_with_the_executor",
+    "test_sandboxes_started_ahead_go_with_the_forks_snapshot",
 )
 DECLARED_UNKEPT["docker-exec"].update(
     dict.fromkeys(

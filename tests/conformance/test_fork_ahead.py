@@ -8,6 +8,7 @@ waiting sandboxes die with the executor.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,7 +48,7 @@ def test_a_forks_first_call_takes_the_sandbox_started_ahead(executor: Executor):
         (fork,) = parent.fork(1)
         _run(parent, "echo parent > /workspace/f")
     assert fork.snapshot_source is not None
-    pool = executor._ahead[fork.snapshot_source]
+    pool = executor._ahead[id(fork.snapshot_source)][1]
     assert pool.wait_filled(60)
     assert pool.ready == 1
     with fork:
@@ -66,7 +67,7 @@ def test_forks_started_ahead_stay_apart(executor: Executor):
         _run(parent, "echo base > /workspace/f")
         forks = parent.fork(2)
     assert forks[0].snapshot_source is not None
-    assert executor._ahead[forks[0].snapshot_source].wait_filled(60)
+    assert executor._ahead[id(forks[0].snapshot_source)][1].wait_filled(60)
     try:
         for index, fork in enumerate(forks):
             assert _run(fork, f"cat /workspace/f; echo {index} > /workspace/f") == "base\n"
@@ -84,9 +85,30 @@ def test_sandboxes_started_ahead_die_with_the_executor(executor: Executor):
         _run(parent, "echo base > /workspace/f")
         forks = parent.fork(5)
     assert forks[0].snapshot_source is not None
-    pool = executor._ahead[forks[0].snapshot_source]
+    pool = executor._ahead[id(forks[0].snapshot_source)][1]
     assert pool.wait_filled(60)
     waiting = list(pool._ready)
     assert len(waiting) == 2  # FORKS_AHEAD: never one per fork at once
     executor.close()
     assert not any(session.alive() for session in waiting)
+
+
+def test_sandboxes_started_ahead_go_with_the_forks_snapshot(executor: Executor):
+    """Once no fork holds their snapshot, its tree goes and so do the sandboxes started
+    ahead for them: a pool never keeps a snapshot alive."""
+    with executor.turn() as parent:
+        _run(parent, "echo base > /workspace/f")
+        forks = parent.fork(3)
+    snapshot = forks[0].snapshot_source
+    assert snapshot is not None
+    key, tree = id(snapshot), snapshot.path
+    pool = executor._ahead[key][1]
+    assert pool.wait_filled(60)
+    waiting = list(pool._ready)
+    for fork in forks:
+        fork.close()
+    del forks, fork, snapshot
+    gc.collect()
+    assert key not in executor._ahead
+    assert not any(session.alive() for session in waiting)
+    assert not tree.exists()
