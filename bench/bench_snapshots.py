@@ -9,17 +9,17 @@ The figures of issue 30, per backend, each printed next to its target:
   its first call, over a turn opened empty, against ``tar -x`` of the same
   files on the host; target <= 0.5x ``tar -x``.
 - ``fork(N)``: the wall time of ``Turn.fork(N)`` (one snapshot and N turns,
-  whose sandboxes start on first use) and the host disk it adds (the store's
-  new tree: a file the store holds already is a hard link, which ``du`` counts
-  once); targets <= 1 s for N=100 and <= 10 MiB of extra disk before the forks
-  write. Two cases each: (i) a turn opened from the snapshot that then changed
-  ``--changed`` MiB (100 files, one per folder: the tree-search case), whose
-  snapshot links every file its upper layer does not hold; (ii) a fresh turn's
-  first fork, which must copy its files once (its row says so; a second fork
-  of it links them). Then the time until each of the first ``--started`` forks
-  has served a call: each starts its sandbox then, copy-on-write on bubblewrap
-  and nsjail (an overlay on the snapshot's tree: a mount, not a copy), a copy
-  of the whole workspace into its tmpfs on Docker.
+  whose sandboxes start ahead in the background) and the host disk it adds
+  (the new tree's folders and the files no older tree shares: a file the store
+  holds already is a hard link to it); targets <= 1 s for N=100 and <= 10 MiB
+  of extra disk before the forks write. Two cases each: (i) a turn opened from
+  the snapshot that then changed ``--changed`` MiB (100 files, one per
+  folder: the tree-search case), whose snapshot links every file its upper
+  layer does not hold; (ii) a fresh turn's first fork, which must copy its
+  files once (its row says so; a second fork of it links them). Then the time
+  until each of the first ``--started`` forks has served a call: copy-on-write
+  on bubblewrap and nsjail (an overlay on the snapshot's tree: a mount, not a
+  copy), a copy of the whole workspace into its tmpfs on Docker.
 - ``fork's first call``: a fork's first call against a warm turn's first
   call (``Executor(warm=1)``, the same files restored ahead); target <= 2x.
   Three rows: ``cold``, a turn opened from the snapshot whose sandbox starts
@@ -48,6 +48,7 @@ from pathlib import Path
 
 from astralvessel import Executor, Registry
 from astralvessel._snapshot._store import MIB
+from astralvessel.executor import _close_pools as close_pools
 from astralvessel.sandbox import Limits
 
 IMAGE = os.environ.get("ASTRALVESSEL_DOCKER_IMAGE", "astralvessel-test/base:bookworm")
@@ -92,10 +93,17 @@ def row(  # noqa: PLR0917 - the table's columns, in order
     print(f"  {figure:<28} {value:>10}  {baseline:<28} {ratio:>8}  {target}{verdict}")
 
 
-def du_bytes(path: str) -> int:
-    """The disk a folder's files take (blocks, not sizes), as ``du`` counts it."""
-    done = subprocess.run(["du", "-sB1", path], capture_output=True, text=True, check=True)
-    return int(done.stdout.split()[0])
+def own_bytes(tree: Path) -> int:
+    """The disk a snapshot's tree adds to the store: the blocks of its folders and of the
+    files no other tree shares (a shared file is a hard link, with more than one link)."""
+    total = 0
+    for folder, _folders, files in os.walk(tree):
+        total += os.lstat(folder).st_blocks * 512
+        for name in files:
+            info = os.lstat(os.path.join(folder, name))
+            if info.st_nlink == 1:
+                total += info.st_blocks * 512
+    return total
 
 
 def host_baselines(files: int, size: int, runs: int) -> dict[str, float]:
@@ -182,11 +190,11 @@ def bench(  # noqa: PLR0917 - the command line's options, in order
             with executor.turn(snapshot=snapshot) as opened:
                 changed = opened.exec(["python3", "-c", CHANGE, str(changed_mib)], timeout=600)
                 assert changed.returncode == 0, changed.stderr
-                fork_rows(opened, snapshot, f"fork({count}), +{changed_mib} MiB", count, started)
+                fork_rows(opened, f"fork({count}), +{changed_mib} MiB", count, started)
             with executor.turn() as fresh:
                 made = fresh.exec(["python3", "-c", MAKE, str(files), str(size)], timeout=600)
                 assert made.returncode == 0, made.stderr
-                fork_rows(fresh, snapshot, f"fork({count}), fresh*", count, started)
+                fork_rows(fresh, f"fork({count}), fresh*", count, started)
         print("  * a fresh turn's first fork copies its files once; its next forks link them")
 
         def fork_call(ahead: bool) -> float:
@@ -223,16 +231,17 @@ def bench(  # noqa: PLR0917 - the command line's options, in order
         docker_baseline(files, size, took + fork_first)
 
 
-def fork_rows(turn: object, snapshot: object, label: str, count: int, started: int) -> None:
+def fork_rows(turn: object, label: str, count: int, started: int) -> None:
     """``fork(count)`` of ``turn``: its wall time, the host disk it adds, and its first forks'
     first calls."""
-    store = str(snapshot.path.parent.parent)  # type: ignore[attr-defined]
-    gc.collect()  # an earlier row's trees go now, not while this one is measured
-    before = du_bytes(store)
+    # An earlier row's forks' starts ahead end, and its trees go, now: not while this row
+    # is measured.
+    close_pools(turn.executor._ahead)  # type: ignore[attr-defined]
+    gc.collect()
     began = time.perf_counter()
     kids = turn.fork(count)  # type: ignore[attr-defined]
     wall = time.perf_counter() - began
-    extra = (du_bytes(store) - before) / MIB
+    extra = own_bytes(kids[0].snapshot_source.path) / MIB
     target = count == 100
     limit = "<= 1 s" if target else ""
     row(label, f"{wall:.2f} s", "", "", limit, wall <= 1.0 if target else None)
