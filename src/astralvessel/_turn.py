@@ -35,6 +35,7 @@ from ._plans import Call, Plan
 from ._refusals import Refusals
 from ._runners import plan_call
 from ._snapshot._capture import capture
+from ._snapshot._reuse import Captures
 from ._snapshot._value import TurnSnapshot
 from .errors import SandboxError, TurnClosedError, UsageError
 from .results import (
@@ -87,6 +88,8 @@ class TurnOwner(Protocol):
         self, proxy: EgressProxy | None, snapshot: TurnSnapshot | None
     ) -> tuple[SandboxSession, EgressProxy | None]: ...
 
+    def _start_ahead(self, snapshot: TurnSnapshot, forks: int) -> None: ...
+
 
 _Owner = TypeVar("_Owner", bound=TurnOwner)
 
@@ -100,6 +103,8 @@ class BaseTurn(Closing, Generic[_Owner]):
         self._context = executor._turn_context()
         #: The files every sandbox of this turn starts with (None: an empty workspace).
         self.snapshot_source = snapshot
+        #: What the turn's next snapshot may link rather than copy (``_snapshot._reuse``).
+        self._captures = Captures(snapshot)
         self._session: SandboxSession | None = None
         #: The turn's egress proxy, started with its first sandbox when the policy allows a network.
         self._proxy: EgressProxy | None = None
@@ -477,7 +482,9 @@ class BaseTurn(Closing, Generic[_Owner]):
         """``n`` new turns whose files start as this turn's now; this turn goes on.
 
         One snapshot, then ``n`` turns opened from it, each with its own sandbox
-        (started on its first use), identity, limits and workspace: a fork's
+        (started ahead in the background, ``FORKS_AHEAD`` at a time, so a fork's
+        first call takes a ready one, or starts its own if none is ready yet),
+        identity, limits and workspace: a fork's
         writes reach neither its siblings nor this turn. Processes are not
         carried. Raises what ``snapshot`` raises.
         """
@@ -490,6 +497,7 @@ class BaseTurn(Closing, Generic[_Owner]):
     def _fork_flow(self, n: int) -> Flow[list[Self]]:
         count = _fork_count(n)
         snapshot = yield from self._snapshot_flow()
+        self.executor._start_ahead(snapshot, count)
         return [type(self)(self.executor, snapshot=snapshot) for _ in range(count)]
 
     def _capture_plan(self) -> Generator[FsRequest, FsReply, TurnSnapshot]:
@@ -505,6 +513,7 @@ class BaseTurn(Closing, Generic[_Owner]):
             max_bytes=budget.limit_bytes,
             max_files=policy.limits.workspace_inodes,
             budget=budget,
+            captures=self._captures,
         )
 
     # -- the steps every flow shares ----------------------------------------------------------

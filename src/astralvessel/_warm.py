@@ -57,10 +57,14 @@ class WarmPool:
         *,
         start: Callable[[], SandboxSession] | None = None,
         discard: Callable[[SandboxSession], None] | None = None,
+        total: int | None = None,
     ) -> None:
         self.sandbox = sandbox
         self.policy = policy
         self.size = check_warm(size)
+        #: How many sandboxes the pool may still start (None: no end); a pool of forks'
+        #: sandboxes starts one per fork at most, and its filler ends with the last.
+        self._left = total
         # How a sandbox is started and thrown away: by default the backend's start and
         # close; a turn with a network starts (and ends) its egress proxy with them.
         self._start: Callable[[], SandboxSession] = start or (lambda: sandbox.start(policy))
@@ -139,7 +143,15 @@ class WarmPool:
 
     def _wanted(self) -> bool:
         """Whether to start one more sandbox now (called holding the condition)."""
+        if self._left is not None and self._left <= 0:
+            return False
         return not self._closed and self._failure is None and len(self._ready) < self.size
+
+    @property
+    def spent(self) -> bool:
+        """Whether the pool will start no more sandboxes and holds none ready."""
+        with self._cond:
+            return self._closed or (self._left is not None and self._left <= 0 and not self._ready)
 
     def _prune(self) -> list[SandboxSession]:
         """Take the waiting sandboxes that died out of the queue (holding the condition)."""
@@ -153,10 +165,12 @@ class WarmPool:
             with self._cond:
                 if not self._wanted():
                     self._cond.wait(_PRUNE_SECONDS)
-                if self._closed:
+                if self._closed or (self._left is not None and self._left <= 0):
                     return
                 dead = self._prune()
                 start = self._wanted()
+                if start and self._left is not None:
+                    self._left -= 1
             for corpse in dead:
                 self._discard(corpse)
             if start:

@@ -10,6 +10,7 @@ mistakes raise.
 
 from __future__ import annotations
 
+import collections
 import os
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -184,10 +185,45 @@ class Executor(Closing):
         if self._warm is not None:
             # Warm sandboxes of an executor nobody closed die when it is collected.
             self._release = weakref.finalize(self, self._warm.close)
+        #: Forks' sandboxes started ahead (``Turn.fork``), a warm pool per snapshot, the
+        #: newest few: each starts one sandbox per fork at most, ``FORKS_AHEAD`` at a time.
+        self._ahead: _AheadPools = collections.OrderedDict()
+        self._release_ahead = weakref.finalize(self, _close_pools, self._ahead)
 
-    def _warm_pool(self, size: int) -> WarmPool:
-        """The pool of ``size`` sandboxes started ahead, each with the executor's snapshot."""
-        snapshot = self.snapshot
+    def _start_ahead(self, snapshot: TurnSnapshot, forks: int) -> None:
+        """Start the sandboxes of ``forks`` turns opened from ``snapshot`` in the background,
+        ``FORKS_AHEAD`` at a time: a fork's first call then takes a started one, as a warm
+        turn's does, or starts its own where none is ready yet (or a start failed).
+
+        Not under a network (each sandbox's egress proxy is its turn's), nor once closed.
+        """
+        if self.policy.network_allow or self._release_ahead.alive is False:
+            return
+        pools = self._ahead
+        for spent in [key for key, (_, pool) in pools.items() if pool.spent]:
+            pools.pop(spent)[1].close()
+        key = id(snapshot)
+        if key in pools:  # forks of the same files (a fork of an unstarted fork) share it
+            pools.move_to_end(key)
+            return
+        while len(pools) >= _AHEAD_POOLS:
+            pools.popitem(last=False)[1][1].close()
+        held = weakref.ref(snapshot)
+        pool = self._warm_pool(min(forks, FORKS_AHEAD), held, total=forks)
+        pools[key] = (held, pool)
+        # The pool holds the snapshot weakly: when no fork (nor anyone) holds it, its tree
+        # goes and the pool's waiting sandboxes with it.
+        weakref.finalize(snapshot, _drop_pool, pools, key, pool)
+
+    def _warm_pool(
+        self,
+        size: int,
+        ahead: weakref.ref[TurnSnapshot] | None = None,
+        total: int | None = None,
+    ) -> WarmPool:
+        """The pool of ``size`` sandboxes started ahead, each with the executor's snapshot
+        (or ``ahead``'s, the forks', starting ``total`` at most)."""
+        snapshot = self.snapshot if ahead is None else ahead()
         policy = self._policy_for(snapshot)
         start: Callable[[], SandboxSession] = lambda: self.sandbox.start(policy)  # noqa: E731
         discard: Callable[[SandboxSession], None] = lambda session: session.close()  # noqa: E731
@@ -196,18 +232,25 @@ class Executor(Closing):
             start, discard = network.start, network.discard
         if snapshot is None:
             return WarmPool(self.sandbox, self.policy, size, start=start, discard=discard)
+        del snapshot  # the forks' pool must not keep theirs alive
+        kept = self.snapshot
 
         def start_restored() -> SandboxSession:
-            self._check_fits(snapshot)  # raised where the pool's starts raise, as a copy's was
+            fitting = kept if ahead is None else ahead()
+            if fitting is None:
+                raise SnapshotError("the forks' snapshot is gone: no fork is left to start for")
+            self._check_fits(fitting)  # raised where the pool's starts raise, as a copy's was
             session = start()
             try:
-                self._restore(session, snapshot)
+                self._restore(session, fitting)
             except BaseException:
                 discard(session)
                 raise
             return session
 
-        return WarmPool(self.sandbox, self.policy, size, start=start_restored, discard=discard)
+        return WarmPool(
+            self.sandbox, self.policy, size, start=start_restored, discard=discard, total=total
+        )
 
     def turn(self, snapshot: TurnSnapshot | None = None) -> Turn:
         """Open one turn: a context manager (``with`` or ``async with``) owning one sandbox.
@@ -232,6 +275,7 @@ class Executor(Closing):
         """Kill the warm sandboxes still waiting for a turn; turns opened after it start cold."""
         self._warm = None
         self._release()
+        self._release_ahead()
 
     def _start_session(
         self, proxy: EgressProxy | None = None, snapshot: TurnSnapshot | None = None
@@ -239,16 +283,14 @@ class Executor(Closing):
         """A running sandbox for one turn, and the turn's egress proxy when it has a network.
 
         A warm sandbox if one is ready (with the proxy it was started with, and
-        the executor's snapshot), else one started now, with ``snapshot``'s
-        files. ``proxy`` is the turn's own when an earlier sandbox of the turn
-        died: the turn keeps it, so its bounds stay the turn's.
+        the executor's snapshot, or a fork's started ahead), else one started
+        now, with ``snapshot``'s files. ``proxy`` is the turn's own when an
+        earlier sandbox of the turn died: the turn keeps it, so its bounds stay
+        the turn's.
         """
-        pool = self._warm
-        if proxy is None and pool is not None and pool.policy == self.policy:
-            session = pool.take() if snapshot == self.snapshot else None
-            if session is not None:
-                network = self._network
-                return session, None if network is None else network.claim(session)
+        ready = None if proxy is not None else self._take_ready(snapshot)
+        if ready is not None:
+            return ready
         if snapshot is not None:
             self._check_fits(snapshot)
         policy = self._policy_for(snapshot)
@@ -273,6 +315,22 @@ class Executor(Closing):
                     started.close()
                 raise
         return session, started
+
+    def _take_ready(
+        self, snapshot: TurnSnapshot | None
+    ) -> tuple[SandboxSession, EgressProxy | None] | None:
+        """A sandbox started ahead for a turn opened from ``snapshot``, if one is ready."""
+        ahead = self._ahead.get(id(snapshot)) if snapshot is not None else None
+        session = ahead[1].take() if ahead is not None and ahead[0]() is snapshot else None
+        if session is not None:
+            return session, None  # forks start ahead only without a network
+        pool = self._warm
+        if pool is not None and pool.policy == self.policy and snapshot == self.snapshot:
+            session = pool.take()
+            if session is not None:
+                network = self._network
+                return session, None if network is None else network.claim(session)
+        return None
 
     def _policy_for(self, snapshot: TurnSnapshot | None) -> Policy:
         """The policy a sandbox opened from ``snapshot`` starts with: the snapshot's tree
@@ -340,6 +398,28 @@ class Executor(Closing):
 
     def __repr__(self) -> str:
         return f"Executor({self.registry!r}, sandbox={self.sandbox!r})"
+
+
+#: How many forks' sandboxes each ``Turn.fork`` starts ahead at a time (2 cores: a start
+#: takes most of one), and how many forks' pools an executor keeps (the newest).
+FORKS_AHEAD = 2
+_AHEAD_POOLS = 2
+
+
+#: The forks' pools by their snapshot's id: the snapshot (weakly) and its pool.
+_AheadPools = collections.OrderedDict[int, tuple["weakref.ref[TurnSnapshot]", WarmPool]]
+
+
+def _close_pools(pools: _AheadPools) -> None:
+    while pools:
+        pools.popitem()[1][1].close()
+
+
+def _drop_pool(pools: _AheadPools, key: int, pool: WarmPool) -> None:
+    """A forks' snapshot is gone: its pool goes, and its waiting sandboxes end."""
+    if key in pools and pools[key][1] is pool:
+        del pools[key]
+    pool.close()
 
 
 class Turn(BaseTurn[Executor]):

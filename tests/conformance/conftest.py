@@ -258,6 +258,17 @@ _SNAPSHOT_TESTS = (
     "test_warm_turns_start_with_the_executors_snapshot",
     "test_a_saved_snapshot_opens_in_another_process",
     "test_a_fork_of_an_unstarted_fork_is_the_same_snapshot",
+    # test_snapshot_reuse.py's
+    "test_a_second_snapshot_links_what_did_not_change",
+    "test_a_file_changed_between_two_snapshots_is_read_again",
+    "test_a_file_changed_in_the_captures_tick_is_read_again",
+    "test_a_forks_snapshot_links_only_what_it_did_not_change",
+    "test_a_fork_of_a_linked_snapshot_changes_no_tree",
+    # test_fork_ahead.py's
+    "test_a_forks_first_call_takes_the_sandbox_started_ahead",
+    "test_forks_started_ahead_stay_apart",
+    "test_sandboxes_started_ahead_die_with_the_executor",
+    "test_sandboxes_started_ahead_go_with_the_forks_snapshot",
 )
 DECLARED_UNKEPT["docker-exec"].update(
     dict.fromkeys(

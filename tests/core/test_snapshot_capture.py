@@ -97,10 +97,11 @@ def test_set_id_bits_are_dropped_with_a_note():
     assert manifest.notes == ("set-id bits dropped from 't'",)
 
 
-def test_bytes_that_disagree_with_the_listing_are_refused():
-    """A sandbox that sends other bytes than the digests it listed gets no snapshot."""
-    with pytest.raises(SnapshotError):
-        _drive(_capture(), [_file("f", b"honest")], b"forged")
+def test_the_digests_are_the_hosts_own():
+    """Whatever digest a listing claims, the manifest holds the hash of the bytes written."""
+    snapshot = _drive(_capture(), [_file("f", b"honest")], b"forged")
+    assert (snapshot.path / "f").read_bytes() == b"forged"
+    assert snapshot.manifest.entries[0].digest == hashlib.sha256(b"forged").hexdigest()
 
 
 def test_a_short_reply_is_refused():
@@ -125,8 +126,8 @@ def test_a_listing_past_the_budget_reads_nothing():
 def test_a_refused_capture_leaves_nothing_and_gives_its_bytes_back():
     """A capture refused after the budget was taken removes its folder and gives the bytes back."""
     budget = Budget(1 << 20)
-    with pytest.raises(SnapshotError):
-        _drive(_capture(budget), [_file("f", b"honest")], b"forged")
+    with pytest.raises(SnapshotError, match="more or fewer bytes"):
+        _drive(_capture(budget), [_file("f", b"honest")], b"short")
     gc.collect()
     assert budget.used_bytes == 0
 

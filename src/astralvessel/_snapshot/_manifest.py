@@ -147,6 +147,20 @@ class Entry:
     def __attrs_post_init__(self) -> None:
         _check_entry(self)
 
+    def with_digest(self, digest: str) -> Entry:
+        """This regular file's entry with ``digest``; its other fields were checked already."""
+        if self.kind is not EntryKind.FILE or type(digest) is not str:
+            raise TypeError(f"with_digest takes a regular file's entry and a str, not {self!r}")
+        if not _DIGEST.fullmatch(digest):
+            raise SnapshotError(f"entry {show(self.name)}: a digest that is not 64 hex digits")
+        # One check of the new field, not the six of a construction: a capture gives every
+        # file of a tree its digest once its bytes are in.
+        clone: Entry = object.__new__(Entry)
+        for field in ("name", "kind", "mode", "size", "target"):
+            object.__setattr__(clone, field, getattr(self, field))
+        object.__setattr__(clone, "digest", digest)
+        return clone
+
     def to_obj(self) -> dict[str, Any]:
         """The entry as its canonical JSON object."""
         return {

@@ -135,27 +135,29 @@ def relaxations(config: Hello, plan: _launch.LaunchPlan, workspace: str) -> dict
     }
 
 
-def lower_workspace(config: Hello, plan: _launch.LaunchPlan, workspace: str) -> Any:
+def lower_workspace(config: Hello, plan: _launch.LaunchPlan, workspace: str) -> tuple[Any, int]:
     """The workspace as an overlay on the snapshot's tree, when the host bound one: what
-    came of it (``{"workspace_lower": True}`` or why not), nothing when none was bound.
+    came of it (``{"workspace_lower": True}`` or why not), nothing when none was bound;
+    and a descriptor of its upper layer for the file worker (-1: no overlay).
 
     Before the outbox is made and before anything forks; where it cannot be, the host
     copies the snapshot's files in instead.
     """
     lower = config.workspace_lower
+    upper = -1
     if lower is None:
-        return {}
+        return {}, upper
     if not plan.confine or workspace != config.workspace:
         why: Any = "the workspace is a host folder here, not the sandbox's own tmpfs"
     elif config.writable_root:
         why = "the writable root's layers need the workspace's own tmpfs"
     else:
         try:
-            _lowerfs.overlay_workspace(workspace, lower, config.drop_uid, config.drop_gid)
+            upper = _lowerfs.overlay_workspace(workspace, lower, config.drop_uid, config.drop_gid)
             why = True
         except OSError as exc:
             why = f"cannot mount the workspace's overlay: {exc}"
-    return {"workspace_lower": why}
+    return {"workspace_lower": why}, upper
 
 
 def workspace_problems(config: Hello, plan: _launch.LaunchPlan, workspace: str) -> dict[str, str]:
@@ -186,10 +188,11 @@ def prepare_workspace(workspace: str, outbox: str, uid: int | None, gid: int | N
 
 
 def worker_options(
-    config: Hello, plan: _launch.LaunchPlan, workspace: str, outbox: str
+    config: Hello, plan: _launch.LaunchPlan, workspace: str, outbox: str, upper: int = -1
 ) -> dict[str, Any]:
     """``_worker.start_worker``'s keywords: the file worker runs as the calls' user and
-    sees the sandbox's paths as they are mapped on this side."""
+    sees the sandbox's paths as they are mapped on this side (and ``upper``, the
+    overlay's upper layer, where the workspace is one)."""
     path_map = config.path_map
     return {
         "drop_uid": config.drop_uid,
@@ -201,6 +204,7 @@ def worker_options(
             "workspace": workspace,
             "outbox": outbox,
             "writable_roots": tuple(map_path(r, path_map) for r in config.writable_roots),
+            "upper": upper,
         },
         "own_userns": _own_userns(plan),
         "confine": plan.confine,

@@ -155,17 +155,20 @@ def _in_initial_userns() -> bool:
         return False
 
 
-def overlay_workspace(workspace: str, lower: str, uid: int | None, gid: int | None) -> None:
+def overlay_workspace(workspace: str, lower: str, uid: int | None, gid: int | None) -> int:
     """Mount the overlay of ``lower`` (the snapshot's bound tree) on ``workspace``.
 
     ``uid``/``gid``: the calls' host identity (None: the server's own, which
-    owns the store already). Raises ``OSError`` when a step is refused; the
-    workspace is then left as it was (its tmpfs, plus an empty layers folder).
+    owns the store already). Returns a descriptor of the upper layer, opened
+    before the overlay covers it, for the file worker alone (close-on-exec: no
+    call inherits it): a snapshot reads there which files the turn changed.
+    Raises ``OSError`` when a step is refused; the workspace is then left as it
+    was (its tmpfs, plus an empty layers folder).
     """
     layers = os.path.join(workspace, LAYERS)
     os.mkdir(layers, 0o700)
     try:
-        _lay(workspace, layers, lower, uid, gid)
+        upper = _lay(workspace, layers, lower, uid, gid)
     except OSError:
         _undo(layers)
         raise
@@ -173,13 +176,16 @@ def overlay_workspace(workspace: str, lower: str, uid: int | None, gid: int | No
     # reached through the overlay alone.
     cover = _sys.MS_RDONLY | _sys.MS_NOSUID | _sys.MS_NODEV | _sys.MS_NOEXEC
     _sys.mount("none", lower, "tmpfs", cover, "size=4k,mode=0555")
+    return upper
 
 
-def _lay(workspace: str, layers: str, lower: str, uid: int | None, gid: int | None) -> None:
+def _lay(workspace: str, layers: str, lower: str, uid: int | None, gid: int | None) -> int:
     upper = os.path.join(layers, "upper")
     work = os.path.join(layers, "work")
     os.mkdir(upper, 0o755)
     os.mkdir(work, 0o700)
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    upper_fd = os.open(upper, flags)
     source = lower
     owner = os.stat(lower)
     if uid is not None and (owner.st_uid, owner.st_gid) != (uid, uid if gid is None else gid):
@@ -191,9 +197,16 @@ def _lay(workspace: str, layers: str, lower: str, uid: int | None, gid: int | No
         os.chown(upper, uid, group)
     # In a user namespace the overlay's own attributes (an opaque folder, a redirect)
     # cannot be trusted.* ones: user.* on the tmpfs, hidden from calls by the overlay.
-    extra = "" if _in_initial_userns() else ",userxattr"
+    # No redirects either way (userxattr implies it): a folder renamed is copied, so a
+    # name the upper layer does not hold shows the lower layer's file of that name.
+    extra = ",redirect_dir=nofollow" if _in_initial_userns() else ",userxattr"
     options = f"lowerdir={source},upperdir={upper},workdir={work}{extra}"
-    _sys.mount("overlay", workspace, "overlay", _sys.MS_NOSUID | _sys.MS_NODEV, options)
+    try:
+        _sys.mount("overlay", workspace, "overlay", _sys.MS_NOSUID | _sys.MS_NODEV, options)
+    except OSError:
+        os.close(upper_fd)
+        raise
+    return upper_fd
 
 
 def _undo(layers: str) -> None:

@@ -227,13 +227,13 @@ class Server:
             # A mapped workspace is a host folder the backend chose, not the sandbox's tmpfs.
             self.disk_path = workspace
         # The overlay first: the outbox and the writable root's layers are made in it.
-        lowered = _hello.lower_workspace(config, plan, workspace)
+        lowered, upper = _hello.lower_workspace(config, plan, workspace)
         _hello.prepare_workspace(workspace, outbox, config.drop_uid, config.drop_gid)
         relaxations = {**lowered, **_hello.relaxations(config, plan, workspace)}
         self.outbox = outbox
         self.files.path_map = self.path_map
         # The file worker starts with the first file request (see _fsqueue).
-        self.files.options = _hello.worker_options(config, plan, workspace, outbox)
+        self.files.options = _hello.worker_options(config, plan, workspace, outbox, upper)
         self.files.idle_limit = float(config.file_worker_idle)
         self.relay, egress = _hello.start_relay(config, plan)
         self.send(_hello.ready_frame(plan, egress, problems, relaxations, probe_found))

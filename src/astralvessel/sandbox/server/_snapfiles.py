@@ -5,10 +5,14 @@ two requests of their own, so both run as the calls' user, under the worker's
 filter, and never with the server's privileges:
 
 - ``snapshot`` lists the workspace (``phase: list``): every name under it, its
-  kind, permission bits, size, link target and, for a regular file, the sha256
-  of its bytes, in the manifest's own JSON shape; then it reads the regular
-  files' bytes in batches (``phase: read``). Nothing is followed: every folder
-  is opened by descriptor with ``O_NOFOLLOW`` from the one above it. The host
+  kind, permission bits, size and link target, in the manifest's own JSON
+  shape, and for a regular file what the host needs to know it unchanged: its
+  ``stat`` (inode, mtime and ctime in ns; the reply's ``now_ns`` says when the
+  walk began) and, on a workspace opened copy-on-write, ``lower``: no entry of
+  the turn's upper layer at that name (so the overlay shows the snapshot's own
+  file). Then it reads the bytes of the files the host asks for, in batches
+  (``phase: read``); the host hashes them. Nothing is followed: every folder is
+  opened by descriptor with ``O_NOFOLLOW`` from the one above it. The host
   checks all of it (the sandbox's own files are the model's to shape).
 - ``restore`` makes folders, files, symlinks and hard links in a fresh
   workspace from records the host checked, folders' own modes last.
@@ -23,8 +27,8 @@ import errno
 import os
 import stat
 
-# json and hashlib are imported where they are used: every module here runs at each
-# server start, and neither is on that path (see ``_session.BOOTSTRAP``).
+# json and time are imported where they are used: every module here runs at each
+# server start, and json is not on that path (see ``_session.BOOTSTRAP``).
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # subscripted builtins are not usable at run time on Python 3.8
@@ -77,21 +81,25 @@ def pack(header: dict[str, Any], body: bytes, raw: Any) -> Reply:
     phase = header.get("phase")
     if phase == "list":
         limit = int(header.get("max_files", 0))
-        return _listing(workspace, _skipped(workspace, raw), limit)
+        upper = int(getattr(raw, "upper", -1))
+        return _listing(workspace, _skipped(workspace, raw), limit, upper)
     if phase == "read":
         return {}, _read_batch(workspace, json.loads(body.decode()))
     raise Refused(errno.EINVAL, f"unknown snapshot phase {phase!r}")
 
 
-def _listing(workspace: str, skipped: bytes, limit: int) -> Reply:
+def _listing(workspace: str, skipped: bytes, limit: int, upper: int) -> Reply:
     import json
+    import time
 
+    began = time.time_ns()
     found: list[list[Any]] = []
     root = os.open(workspace, _DIR_FLAGS)
     try:
         _walk(root, b"", skipped, found, limit)
     finally:
         os.close(root)
+    changed = _upper_names(upper)
     found.sort(key=lambda item: item[0])
     first: dict[tuple[int, int], bytes] = {}
     entries = []
@@ -103,25 +111,42 @@ def _listing(workspace: str, skipped: bytes, limit: int) -> Reply:
                 kind, target = "hardlink", first[key]
             else:
                 first[key] = name
-        entries.append(
-            {
-                "name": _text(name),
-                "kind": kind,
-                "mode": stat.S_IMODE(st.st_mode),
-                "size": st.st_size if kind == "file" else 0,
-                "target": None if target is None else _text(target),
-            }
-        )
-    # Hashed once the names are sorted, so the first of a file's hard links keeps its bytes.
-    root = os.open(workspace, _DIR_FLAGS)
+        entry = {
+            "name": _text(name),
+            "kind": kind,
+            "mode": stat.S_IMODE(st.st_mode),
+            "size": st.st_size if kind == "file" else 0,
+            "target": None if target is None else _text(target),
+        }
+        if kind == "file":
+            entry["stat"] = [st.st_ino, st.st_mtime_ns, st.st_ctime_ns]
+            if changed is not None and name not in changed:
+                entry["lower"] = True
+        entries.append(entry)
+    fields = {"count": len(entries), "now_ns": began}
+    return fields, json.dumps(entries, ensure_ascii=True).encode()
+
+
+def _upper_names(upper: int) -> set[bytes] | None:
+    """Every name the turn's upper layer holds (a file, a folder, a whiteout), or None.
+
+    None when the workspace is no overlay, or its upper layer cannot be walked
+    whole (a folder a call made unreadable): then no file counts as the lower
+    layer's. The overlay is mounted without redirects, so a name with no entry
+    here shows the lower layer's file of the same name, unchanged.
+    """
+    if upper < 0:
+        return None
+    found: list[list[Any]] = []
     try:
-        for entry in entries:
-            entry["digest"] = None
-            if entry["kind"] == "file":
-                entry["digest"] = _digest(root, _name(entry["name"]), entry["size"])
-    finally:
-        os.close(root)
-    return {"count": len(entries)}, json.dumps(entries, ensure_ascii=True).encode()
+        root = os.open(".", _DIR_FLAGS, dir_fd=upper)
+        try:
+            _walk(root, b"", b"", found, 0)
+        finally:
+            os.close(root)
+    except OSError:
+        return None
+    return {item[0] for item in found}
 
 
 def _walk(fd: int, prefix: bytes, skipped: bytes, found: list[list[Any]], limit: int) -> None:
@@ -171,26 +196,6 @@ def _open_file(root: int, name: bytes) -> int:
         os.close(opened)
         raise Refused(errno.ESTALE, f"{_text(name)} was replaced while the snapshot was taken")
     return opened
-
-
-def _digest(root: int, name: bytes, size: int) -> str:
-    import hashlib
-
-    fd = _open_file(root, name)
-    try:
-        digest = hashlib.sha256()
-        left = size
-        while left:
-            chunk = os.read(fd, min(_CHUNK, left))
-            if not chunk:
-                break
-            digest.update(chunk)
-            left -= len(chunk)
-        if left or os.read(fd, 1):
-            raise Refused(errno.ESTALE, f"{_text(name)} changed while the snapshot was taken")
-        return digest.hexdigest()
-    finally:
-        os.close(fd)
 
 
 def _read_batch(workspace: str, wanted: list[list[Any]]) -> bytes:

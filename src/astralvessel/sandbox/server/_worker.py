@@ -43,6 +43,7 @@ class FileContext:
         workspace: str,
         outbox: str,
         writable_roots: tuple[str, ...] = (),
+        upper: int = -1,
     ) -> None:
         self.workdir = workdir
         self.visible_roots = visible_roots
@@ -54,6 +55,9 @@ class FileContext:
         self.outbox = outbox
         #: Where the host's ``write_file`` may write (the workspace, writable mounts).
         self.writable_roots = writable_roots
+        #: The turn's upper layer, opened before the overlay covered it (-1: no overlay):
+        #: what a snapshot reads to know which files are still the snapshot's own.
+        self.upper = upper
 
 
 def _load_handler() -> Handler | None:
@@ -127,7 +131,7 @@ def start_worker(
         raise
     if pid == 0:
         try:
-            _launch.close_fds_except({req_r, rep_w})
+            _launch.close_fds_except({req_r, rep_w, int(context.get("upper", -1))} - {-1})
             signal.set_wakeup_fd(-1)
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             _launch.die_with_parent(lambda: os.getppid() != server)
