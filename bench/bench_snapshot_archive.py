@@ -27,8 +27,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from astralvessel._snapshot._archive import extract_archive, write_archive
-from astralvessel._snapshot._tree import scan_tree
+from astralvessel._executor._snapshot._archive import extract_archive, write_archive
+from astralvessel._executor._snapshot._tree import scan_tree
 
 #: The issue's target: restoring a saved snapshot takes at most half of ``tar -x``.
 RESTORE_TARGET = 0.5

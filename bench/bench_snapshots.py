@@ -47,7 +47,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from astralvessel import Executor, Registry
-from astralvessel._snapshot._store import MIB
+from astralvessel._executor._snapshot._store import MIB
 from astralvessel.executor import _close_pools as close_pools
 from astralvessel.sandbox import Limits
 

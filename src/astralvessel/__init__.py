@@ -42,10 +42,10 @@ logging.getLogger(__name__).addHandler(logging.NullHandler())
 if TYPE_CHECKING:
     __version__: str
 
-    from ._exec import Listing as Listing
-    from ._ledger import Ledger as Ledger
-    from ._outcome import Outcome as Outcome
-    from ._snapshot._value import TurnSnapshot as TurnSnapshot
+    from ._executor._exec import Listing as Listing
+    from ._executor._snapshot._value import TurnSnapshot as TurnSnapshot
+    from ._ground._ledger import Ledger as Ledger
+    from ._ground._outcome import Outcome as Outcome
     from .agent import Agent as Agent
     from .agent import Service as Service
     from .executor import Executor as Executor
@@ -64,14 +64,14 @@ if TYPE_CHECKING:
 #: so every CLI start) no longer pays for the sandbox, web, asyncio and JSON Schema stacks
 #: before something asks for them (0.5 s of CPU, 1.5 s at a loaded host's wall clock).
 _HOMES: dict[str, str] = {
-    "Listing": "._exec",
-    "Ledger": "._ledger",
-    "Outcome": "._outcome",
+    "Listing": "._executor._exec",
+    "Ledger": "._ground._ledger",
+    "Outcome": "._ground._outcome",
     "Agent": ".agent",
     "Service": ".agent",
     "Executor": ".executor",
     "Turn": ".executor",
-    "TurnSnapshot": "._snapshot._value",
+    "TurnSnapshot": "._executor._snapshot._value",
     "Registry": ".registry",
     "OutboxFile": ".results",
     "ToolResult": ".results",

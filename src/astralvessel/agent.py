@@ -11,10 +11,10 @@ from typing import Any
 
 import attrs
 
-from ._arguments import schema_problem
-from ._convert import Structured, structure_leniently
-from ._netallow import HostPattern, parse_allow_list
-from ._suggest import unknown_name
+from ._ground._convert import Structured, structure_leniently
+from ._ground._netallow import HostPattern, parse_allow_list
+from ._ground._suggest import unknown_name
+from ._tools._arguments import schema_problem
 from .errors import ConfigError, UsageError
 from .sandbox._policy import AGENT_DIR, SYSTEM_DIRS, WORKSPACE_DIR, Limits, Relaxations
 from .spec import BUILTIN_NAMES, Scope, ToolSpec

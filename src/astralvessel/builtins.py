@@ -17,9 +17,10 @@ from typing import Any, Literal
 
 import attrs
 
-from ._kinds import Scope
-from ._plans import Call, FileToolRun, Plan, SandboxRun, TurnContext
-from ._weblimits import (
+from ._calls._plans import Call, FileToolRun, Plan, SandboxRun, TurnContext
+from ._calls._webtools import plan_webfetch, plan_websearch
+from ._ground._kinds import Scope
+from ._ground._weblimits import (
     FETCH_MAX_BYTES,
     FETCH_MAX_REDIRECTS,
     FETCH_TIMEOUT_SECONDS,
@@ -27,7 +28,6 @@ from ._weblimits import (
     SEARCH_MAX_RESULTS,
     format_size,
 )
-from ._webtools import plan_webfetch, plan_websearch
 from .results import (
     GREP_LINE_COLUMNS,
     ToolResult,

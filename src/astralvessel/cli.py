@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, NoReturn
 
-from ._cli_options import add_network_option, add_relax_option, executor_from
-from ._cli_progress import progress
-from ._terminal import for_terminal
+from ._edges._cli_options import add_network_option, add_relax_option, executor_from
+from ._edges._cli_progress import progress
+from ._edges._terminal import for_terminal
 from .errors import AstralVesselError, ConfigError
 
 if TYPE_CHECKING:
@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", action="store_true")
     doctor.set_defaults(handler=_doctor)
 
-    for module in ("._cli_web", "._cli_mcp", "._cli_ledger"):
+    for module in ("._edges._cli_web", "._edges._cli_mcp", "._edges._cli_ledger"):
         try:
             importlib.import_module(module, __package__).register(sub)
         except ModuleNotFoundError as exc:  # an optional part that is not built in
@@ -217,7 +217,7 @@ def _holds_files(folder: str) -> bool:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    from ._snapshot._mechanism import snapshot_mechanism
+    from ._executor._snapshot._mechanism import snapshot_mechanism
     from .sandbox._discovery import all_backends
     from .sandbox._hostinfo import (
         collect_host_facts,
@@ -260,7 +260,7 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _report_json(report: BackendReport) -> dict[str, object]:
-    from ._snapshot._mechanism import snapshot_mechanism
+    from ._executor._snapshot._mechanism import snapshot_mechanism
 
     return {
         "name": report.name,

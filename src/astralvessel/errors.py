@@ -48,7 +48,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ._urlrefusals import UrlRefused
+from ._ground._urlrefusals import UrlRefused
 
 __all__ = [
     "AstralVesselError",

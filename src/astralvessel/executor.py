@@ -18,23 +18,23 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from ._closing import Closing
-from ._ledger import Ledger
-from ._network import WarmNetwork, admit_hosts, start_proxy, start_sandbox
-from ._plans import TurnContext
-from ._settings import (
+from ._calls._plans import TurnContext
+from ._executor._closing import Closing
+from ._executor._network import WarmNetwork, admit_hosts, start_proxy, start_sandbox
+from ._executor._settings import (
     SNAPSHOT_BUDGET_MB,
     ExecutorSettings,
     MountsArg,
     check_registry,
     check_snapshot,
 )
-from ._snapshot._capture import restore
-from ._snapshot._mechanism import overlay_backend
-from ._snapshot._store import MIB, Budget
-from ._snapshot._value import TurnSnapshot
-from ._turn import BaseTurn
-from ._warm import WarmPool
+from ._executor._snapshot._capture import restore
+from ._executor._snapshot._mechanism import overlay_backend
+from ._executor._snapshot._store import MIB, Budget
+from ._executor._snapshot._value import TurnSnapshot
+from ._executor._turn import BaseTurn
+from ._executor._warm import WarmPool
+from ._ground._ledger import Ledger
 from .errors import SnapshotError
 from .sandbox._base import Sandbox, SandboxSession
 from .sandbox._policy import Limits, Policy, Promise

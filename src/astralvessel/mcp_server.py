@@ -30,8 +30,8 @@ from jsonschema.exceptions import best_match as _best_match
 from jsonschema.validators import validator_for as _validator_for
 
 from . import __version__
-from ._aio import to_thread as _to_thread
-from ._suggest import install_extra as _install_extra
+from ._ground._aio import to_thread as _to_thread
+from ._ground._suggest import install_extra as _install_extra
 
 try:
     import mcp.server.lowlevel as mcp_lowlevel

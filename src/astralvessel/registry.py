@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
-from ._dialects import DIALECTS, Dialect, render_schema
-from ._pytools import python_tool
-from ._suggest import unknown_name
+from ._ground._suggest import unknown_name
+from ._tools._dialects import DIALECTS, Dialect, render_schema
+from ._tools._pytools import python_tool
 from .builtins import BUILTINS
 from .errors import ToolRegistrationError, UsageError
 from .spec import ALL_SCOPES, BUILTIN_NAMES, Scope, ToolKind, ToolSpec, check_name

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, AnyStr
 import attrs
 import cattrs
 
-from ._outcome import Outcome, decide
-from ._refusals import Refusals
-from ._urlrefusals import url_refusal_words
-from ._webwords import page_head, page_notes
+from ._ground._outcome import Outcome, decide
+from ._ground._refusals import Refusals
+from ._ground._urlrefusals import url_refusal_words
+from ._ground._webwords import page_head, page_notes
 from .sandbox._api import ExecResult, MemoryStop
 from .sandbox._base import FileOutcome, OutboxFile, RunOutcome
 from .sandbox._session import (

@@ -11,10 +11,10 @@ from typing import Any, Protocol
 import attrs
 import jsonschema
 
-from ._convert import Structured, structure_leniently
-from ._kinds import ALL_SCOPES, InputMode, Scope, ToolKind
-from ._seconds import check_seconds
-from ._suggest import unknown_name
+from ._ground._convert import Structured, structure_leniently
+from ._ground._kinds import ALL_SCOPES, InputMode, Scope, ToolKind
+from ._ground._seconds import check_seconds
+from ._ground._suggest import unknown_name
 from .builtins import BUILTIN_NAMES
 from .errors import UsageError
 

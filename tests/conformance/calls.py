@@ -10,7 +10,7 @@ from typing import Any
 
 import attrs
 
-from astralvessel._plans import view_outcome, view_request
+from astralvessel._calls._plans import view_outcome, view_request
 from astralvessel.results import command_output
 from astralvessel.sandbox import FileOutcome, RunOutcome, RunRequest, SandboxSession
 

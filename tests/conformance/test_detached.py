@@ -15,7 +15,7 @@ import attrs
 import pytest
 
 from astralvessel import DetachedProcess, Executor, Registry, Turn, UsageError
-from astralvessel import _exec as exec_module
+from astralvessel._executor import _exec as exec_module
 from astralvessel.sandbox import Sandbox
 
 from .calls import PYTHON, host_processes_with, wait_until_gone

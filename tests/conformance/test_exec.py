@@ -8,7 +8,7 @@ import threading
 import time
 
 from astralvessel import ExecResult, Turn, TurnClosedError
-from astralvessel import _exec as exec_module
+from astralvessel._executor import _exec as exec_module
 
 from .calls import PYTHON, barrier, host_processes_with, wait_until_gone
 

@@ -20,7 +20,7 @@ from astralvessel import (
     SandboxPermissionError,
     Turn,
 )
-from astralvessel import _exec as exec_module
+from astralvessel._executor import _exec as exec_module
 
 from .conftest import TEST_LIMITS
 

@@ -36,7 +36,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from astralvessel import Agent, Executor, Registry, Turn
-from astralvessel._network import start_sandbox
+from astralvessel._executor._network import start_sandbox
 from astralvessel.sandbox import Mount, Policy, Sandbox, SandboxSession
 from astralvessel.sandbox._policy import EGRESS_PORT
 from astralvessel.web import AllowRule, EgressPolicy, Fetcher

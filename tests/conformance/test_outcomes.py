@@ -12,7 +12,7 @@ import attrs
 import pytest
 
 from astralvessel import Agent, Executor, Outcome, Registry, ToolError, Turn
-from astralvessel._exec import OUTPUT_BYTES
+from astralvessel._executor._exec import OUTPUT_BYTES
 from astralvessel.sandbox import Mount, Sandbox, SandboxSession
 
 from .calls import PYTHON

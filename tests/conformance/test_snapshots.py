@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from astralvessel import Agent, Executor, Registry, SnapshotError, Turn, TurnSnapshot, UsageError
-from astralvessel._snapshot._mechanism import overlay_backend
-from astralvessel._snapshot._tree import scan_tree
+from astralvessel._executor._snapshot._mechanism import overlay_backend
+from astralvessel._executor._snapshot._tree import scan_tree
 from astralvessel.sandbox import Limits, Mount, Sandbox
 
 from .conftest import TEST_LIMITS, WORKDIR

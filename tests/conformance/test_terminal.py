@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from astralvessel import _terminal
+from astralvessel._edges import _terminal
 from astralvessel.sandbox import Sandbox
 from tests.core._cli import in_process
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from astralvessel import ToolSpec
-from astralvessel._arguments import Refusal, args_argv, check_arguments, parse_arguments
+from astralvessel._tools._arguments import Refusal, args_argv, check_arguments, parse_arguments
 
 SCHEMA = {
     "type": "object",
@@ -186,7 +186,7 @@ def test_a_long_validator_message_does_not_echo_the_value() -> None:
 
 def test_one_validator_per_schema() -> None:
     """Checking the same schema twice reuses its validator (issue 11, point 6)."""
-    from astralvessel import _arguments
+    from astralvessel._tools import _arguments
 
     check_arguments(ARGS_TOOL, {"path": "a"})
     before = _arguments._validator.cache_info().hits
@@ -197,7 +197,7 @@ def test_one_validator_per_schema() -> None:
 def test_dangling_ref_is_the_hosts_error() -> None:
     """A schema whose $ref resolves nowhere raises ConfigError, not a jsonschema traceback."""
     from astralvessel import ConfigError
-    from astralvessel._arguments import schema_problem
+    from astralvessel._tools._arguments import schema_problem
 
     schema = {"type": "object", "properties": {"v": {"$ref": "#/$defs/missing"}}}
     spec = ToolSpec.command_tool("r", "d", ["x"], parameters=schema)

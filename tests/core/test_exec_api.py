@@ -17,7 +17,7 @@ from astralvessel import (
     SandboxPermissionError,
     UsageError,
 )
-from astralvessel import _exec as exec_module
+from astralvessel._executor import _exec as exec_module
 from astralvessel.sandbox._api import FsReply
 
 

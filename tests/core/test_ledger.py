@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from astralvessel import Executor, Registry, UsageError
-from astralvessel._ledger import Ledger, read_ledger
+from astralvessel._ground._ledger import Ledger, read_ledger
 from astralvessel.sandbox import Sandbox
 from astralvessel.sandbox._discovery import get_backend
 

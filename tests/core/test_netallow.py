@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from astralvessel import Agent, Executor, Registry
-from astralvessel._netallow import HostPattern, parse_allow_list, permits
+from astralvessel._ground._netallow import HostPattern, parse_allow_list, permits
 from astralvessel.errors import ConfigError, UsageError
 from astralvessel.sandbox import Policy
 

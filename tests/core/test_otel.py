@@ -128,7 +128,7 @@ def test_without_opentelemetry_nothing_is_traced() -> None:
     """Without the otel extra a turn runs as before, and no span function imports anything."""
     code = (
         "import sys; sys.modules['opentelemetry'] = None\n"
-        "from astralvessel import Executor, Registry, _otel\n"
+        "from astralvessel import Executor, Registry; from astralvessel._ground import _otel\n"
         "assert _otel._trace is None\n"
         "r = Registry(); r.add_builtin('bash')\n"
         "with Executor(r, sandbox='bubblewrap').turn() as t:\n"

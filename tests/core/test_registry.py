@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 
 from astralvessel import Agent, Registry, Scope, ToolKind, ToolRegistrationError, ToolSpec
-from astralvessel._dialects import strict_compatible
+from astralvessel._tools._dialects import strict_compatible
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "field-guide"
 

@@ -7,8 +7,8 @@ import enum
 import attrs
 import pytest
 
-from astralvessel._outcome import Outcome, decide
-from astralvessel._refusals import (
+from astralvessel._ground._outcome import Outcome, decide
+from astralvessel._ground._refusals import (
     DESTINATIONS,
     REASON_CHARS,
     RULE,

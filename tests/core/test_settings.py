@@ -8,7 +8,7 @@ import attrs
 import pytest
 
 from astralvessel import Agent, ConfigError, Executor, Registry, UsageError
-from astralvessel._settings import ExecutorSettings, settings_from
+from astralvessel._executor._settings import ExecutorSettings, settings_from
 from astralvessel.agent import TOOL_OUTPUT_CHARS, TOOL_TIMEOUT_SECONDS
 from astralvessel.sandbox import Limits
 from astralvessel.testing import FakeSandbox

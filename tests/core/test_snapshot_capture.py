@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from astralvessel import SnapshotError, TurnSnapshot
-from astralvessel._snapshot._capture import capture, manifest_of, restore
-from astralvessel._snapshot._store import Budget
+from astralvessel._executor._snapshot._capture import capture, manifest_of, restore
+from astralvessel._executor._snapshot._store import Budget
 from astralvessel.sandbox import FsReply, FsRequest
 
 

@@ -18,11 +18,11 @@ from typing import Any
 import pytest
 
 from astralvessel import SnapshotError, TurnSnapshot
-from astralvessel._snapshot._capture import capture
-from astralvessel._snapshot._manifest import Entry, EntryKind
-from astralvessel._snapshot._reuse import RACY_NS, Captures
-from astralvessel._snapshot._store import Budget
-from astralvessel._snapshot._tree import scan_tree
+from astralvessel._executor._snapshot._capture import capture
+from astralvessel._executor._snapshot._manifest import Entry, EntryKind
+from astralvessel._executor._snapshot._reuse import RACY_NS, Captures
+from astralvessel._executor._snapshot._store import Budget
+from astralvessel._executor._snapshot._tree import scan_tree
 from astralvessel.sandbox import FsReply, FsRequest
 
 #: A capture's start, in ns; files older than the racy window by default.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from astralvessel import BackendUnavailableError, Registry, Scope, UsageError
-from astralvessel._suggest import closest, missing_extra, unknown_name
+from astralvessel._ground._suggest import closest, missing_extra, unknown_name
 from astralvessel.sandbox import Policy
 from astralvessel.sandbox._discovery import backend_names, get_backend
 from astralvessel.testing import ScriptedModel

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from astralvessel._unixsock import MAX_ADDRESS_BYTES, bind
+from astralvessel._ground._unixsock import MAX_ADDRESS_BYTES, bind
 from astralvessel.errors import BackendUnavailableError
 
 

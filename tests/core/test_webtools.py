@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from astralvessel import Executor, Outcome, Registry
-from astralvessel._urlrefusals import UrlRefused, UrlWhy
+from astralvessel._ground._urlrefusals import UrlRefused, UrlWhy
 from astralvessel.errors import SearchError, UsageError
 from astralvessel.results import render_page, render_web
 from astralvessel.web import (

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from astralvessel._leftovers import owned_prefix
+from astralvessel._ground._leftovers import owned_prefix
 from astralvessel.sandbox import Limits, Policy, RunRequest
 from astralvessel.sandbox.docker import Docker
 from astralvessel.sandbox.docker._cow import HostOverlay, remove_frames

@@ -16,7 +16,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from astralvessel._leftovers import is_leftover, owned_prefix
+from astralvessel._ground._leftovers import is_leftover, owned_prefix
 from astralvessel.errors import BackendUnavailableError
 from astralvessel.sandbox import Mount, Policy, RunRequest
 from astralvessel.sandbox.docker import Docker, _direct

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import astralvessel as av
-from astralvessel import _exec as exec_module
+from astralvessel._executor import _exec as exec_module
 
 BUDGET = settings(
     max_examples=30,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from astralvessel._netallow import parse_allow_list, permits
+from astralvessel._ground._netallow import parse_allow_list, permits
 from astralvessel.web._proxyhead import ProxyLimits, ProxyRefusal, ProxyRequest, read_request
 
 BUDGET = settings(max_examples=600, deadline=None, derandomize=True, database=None)

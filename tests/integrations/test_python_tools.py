@@ -13,7 +13,7 @@ import pytest
 import trio
 
 import astralvessel as av
-from astralvessel._pytools import ToolError, parse_docstring, schema_for
+from astralvessel._tools._pytools import ToolError, parse_docstring, schema_for
 from astralvessel.sandbox._base import Sandbox
 
 

@@ -14,7 +14,7 @@ import pytest
 import trio
 
 import astralvessel as av
-from astralvessel._pytools import ToolError
+from astralvessel._tools._pytools import ToolError
 from astralvessel.sandbox._base import Sandbox
 
 from ..conftest import MakeAgent

@@ -26,7 +26,7 @@ from astralvessel import (
     ToolResult,
     UsageError,
 )
-from astralvessel._ledger import read_ledger
+from astralvessel._ground._ledger import read_ledger
 from astralvessel.ray import RayExecutor
 from astralvessel.ray._host import TurnHost
 from astralvessel.sandbox import Bubblewrap

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from astralvessel import _leftovers
+from astralvessel._ground import _leftovers
 
 # A host that opens a bubblewrap turn, makes one call (which makes the turn's outbox
 # folder), lists its temporary folder, then waits to be killed or closes the turn.

@@ -22,7 +22,7 @@ from pathlib import Path
 import attrs
 import pytest
 
-from astralvessel._leftovers import start_time
+from astralvessel._ground._leftovers import start_time
 from astralvessel.errors import BackendUnavailableError
 from astralvessel.sandbox import _session
 from astralvessel.sandbox._base import RunOutcome, RunRequest

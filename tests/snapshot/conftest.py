@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from astralvessel._snapshot._archive import extract_archive, write_archive
-from astralvessel._snapshot._manifest import Manifest
-from astralvessel._snapshot._tree import scan_tree
+from astralvessel._executor._snapshot._archive import extract_archive, write_archive
+from astralvessel._executor._snapshot._manifest import Manifest
+from astralvessel._executor._snapshot._tree import scan_tree
 from astralvessel.errors import SnapshotError
 
 #: Bounds far above every test tree, for the tests that are not about bounds.

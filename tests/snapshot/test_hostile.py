@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from astralvessel._snapshot._archive import archive_limit, extract_archive, read_manifest
-from astralvessel._snapshot._tar import BLOCK, member_header
+from astralvessel._executor._snapshot._archive import archive_limit, extract_archive, read_manifest
+from astralvessel._executor._snapshot._tar import BLOCK, member_header
 from astralvessel.errors import SnapshotError, UsageError
 
 from .conftest import (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from astralvessel._snapshot._mechanism import (
+from astralvessel._executor._snapshot._mechanism import (
     COPY_ON_WRITE,
     MECHANISMS,
     kernel_overlay_problem,

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from astralvessel._snapshot._archive import extract_archive
-from astralvessel._snapshot._manifest import Entry, EntryKind, Manifest, check_name
-from astralvessel._snapshot._tree import scan_tree
+from astralvessel._executor._snapshot._archive import extract_archive
+from astralvessel._executor._snapshot._manifest import Entry, EntryKind, Manifest, check_name
+from astralvessel._executor._snapshot._tree import scan_tree
 from astralvessel.errors import SnapshotError
 
 from .conftest import ROOMY, make_tree, save

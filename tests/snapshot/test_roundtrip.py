@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from astralvessel._snapshot._archive import extract_archive, read_manifest, write_archive
-from astralvessel._snapshot._manifest import EntryKind, Manifest
-from astralvessel._snapshot._tree import scan_tree
+from astralvessel._executor._snapshot._archive import extract_archive, read_manifest, write_archive
+from astralvessel._executor._snapshot._manifest import EntryKind, Manifest
+from astralvessel._executor._snapshot._tree import scan_tree
 from astralvessel.errors import SnapshotError
 
 from .conftest import ROOMY, make_tree, save

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from astralvessel._snapshot._archive import extract_archive
-from astralvessel._snapshot._manifest import EntryKind
-from astralvessel._snapshot._tree import scan_tree
+from astralvessel._executor._snapshot._archive import extract_archive
+from astralvessel._executor._snapshot._manifest import EntryKind
+from astralvessel._executor._snapshot._tree import scan_tree
 from astralvessel.errors import SnapshotError
 
 from .conftest import ROOMY, entry_obj, manifest_json, member, save, tar_bytes

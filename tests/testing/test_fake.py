@@ -238,7 +238,7 @@ async def test_aexec_answers_from_a_function_of_the_exec() -> None:
 
 def test_exec_output_is_cut_at_the_stream_bound() -> None:
     """Each stream past the exec bound is cut and the result says so, as a real sandbox does."""
-    from astralvessel._exec import OUTPUT_BYTES
+    from astralvessel._executor._exec import OUTPUT_BYTES
 
     fake = FakeSandbox(exec=ExecResult(returncode=0, stdout=b"x" * (OUTPUT_BYTES + 5)))
     with Executor(Registry(), sandbox=fake).turn() as turn:
@@ -309,7 +309,7 @@ def test_start_on_a_fake_turn_is_a_process_that_has_exited_as_scripted() -> None
 
 async def test_astart_merges_stderr_into_the_log_and_cuts_it() -> None:
     """A detached process's stderr joins its log, cut at the log bound as a real one's is."""
-    from astralvessel._exec import LOG_BYTES
+    from astralvessel._executor._exec import LOG_BYTES
 
     fake = FakeSandbox(exec=ExecResult(returncode=3, stdout=b"o" * LOG_BYTES, stderr=b"e"))
     async with Executor(Registry(), sandbox=fake).turn() as turn:

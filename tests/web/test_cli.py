@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from astralvessel._cli_web import register
+from astralvessel._edges._cli_web import register
 
 from .conftest import TLS, Server
 

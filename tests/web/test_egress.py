@@ -8,7 +8,7 @@ from collections.abc import Sequence
 import pytest
 from hypothesis import given, settings
 
-from astralvessel._urlrefusals import UrlRefused, UrlWhy, url_refusal_words
+from astralvessel._ground._urlrefusals import UrlRefused, UrlWhy, url_refusal_words
 from astralvessel.errors import EgressError
 from astralvessel.web import AllowRule, EgressPolicy, Fetcher, StdlibTransport, classify_address
 from astralvessel.web._proxyhead import ProxyRefusal, approve_addresses

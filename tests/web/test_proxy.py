@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from astralvessel._netallow import parse_allow_list
+from astralvessel._ground._netallow import parse_allow_list
 from astralvessel.web import AllowRule, EgressPolicy
 from astralvessel.web._proxy import EgressProxy
 from astralvessel.web._proxyhead import (

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from .._aio import gather
+from .._ground._aio import gather
 from ..errors import UsageError
 
 if TYPE_CHECKING:

@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from .._suggest import missing_extra
+from .._ground._suggest import missing_extra
 
 try:
     from deepagents.backends.protocol import (

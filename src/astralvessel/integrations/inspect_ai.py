@@ -58,7 +58,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, overload
 
-from .._suggest import missing_extra
+from .._ground._suggest import missing_extra
 
 try:
     from inspect_ai.util import (
@@ -76,8 +76,8 @@ try:
 except ImportError as exc:  # pragma: no cover - depends on the environment
     raise missing_extra("the inspect_ai sandbox provider", "inspect_ai", "inspect") from exc
 
-from .._exec import ARGV_BYTES
-from .._suggest import unknown_name as _unknown_name
+from .._executor._exec import ARGV_BYTES
+from .._ground._suggest import unknown_name as _unknown_name
 from ..agent import Agent
 from ..errors import FileTooLargeError, SandboxError, TurnClosedError
 from ..executor import Executor

@@ -34,7 +34,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
-from .._suggest import missing_extra
+from .._ground._suggest import missing_extra
 from ..adapters._media import Attachment, MediaBudget, attachments, with_notes
 from ..errors import UsageError
 

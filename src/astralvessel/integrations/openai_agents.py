@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from .._suggest import missing_extra
+from .._ground._suggest import missing_extra
 from ..adapters._media import Attachment, MediaBudget, attachments, data_url, with_notes
 from ..errors import UsageError
 from ..executor import Turn

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .._suggest import missing_extra
+from .._ground._suggest import missing_extra
 from ..adapters._media import MediaBudget, attachments, with_notes
 
 try:

@@ -22,14 +22,14 @@ from typing import Any
 
 import attrs
 
-from .. import _log
-from .._aio import wait_future
-from .._closing import Closing, refuse_if_ended
-from .._ledger import Ledger
-from .._observe import TurnWatch
-from .._settings import check_mount_items, check_registry, check_snapshot, settings_from
-from .._snapshot._value import TurnSnapshot
-from .._suggest import install_extra
+from .._executor._closing import Closing, refuse_if_ended
+from .._executor._observe import TurnWatch
+from .._executor._settings import check_mount_items, check_registry, check_snapshot, settings_from
+from .._executor._snapshot._value import TurnSnapshot
+from .._ground import _log
+from .._ground._aio import wait_future
+from .._ground._ledger import Ledger
+from .._ground._suggest import install_extra
 from ..errors import BackendUnavailableError, UsageError
 from ..registry import Registry
 from ..results import OutboxFile, ToolResult, render_sandbox_died

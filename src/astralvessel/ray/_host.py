@@ -17,10 +17,10 @@ from typing import Any
 
 import attrs
 
-from .._ledger import Ledger
-from .._leftovers import make_folder
-from .._settings import ExecutorSettings
-from .._snapshot._value import TurnSnapshot
+from .._executor._settings import ExecutorSettings
+from .._executor._snapshot._value import TurnSnapshot
+from .._ground._ledger import Ledger
+from .._ground._leftovers import make_folder
 from ..executor import Executor, Turn
 from ..registry import Registry
 from ..results import ToolResult

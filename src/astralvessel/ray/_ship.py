@@ -25,7 +25,7 @@ from pathlib import Path, PurePosixPath
 
 import attrs
 
-from .._leftovers import make_folder
+from .._ground._leftovers import make_folder
 from ..errors import UsageError
 from ..registry import Registry
 

@@ -23,8 +23,8 @@ from typing import Literal, Protocol
 import attrs
 from typing_extensions import Self
 
-from .._aio import wait_future
-from .._outcome import Outcome, decide
+from .._ground._aio import wait_future
+from .._ground._outcome import Outcome, decide
 from ..errors import BackendUnavailableError
 from ._policy import Policy, Promise
 
@@ -103,7 +103,7 @@ def _optional_ids(_inst: object, _attr: object, value: tuple[int, int] | None) -
 class ExecRequest:
     """A host's command in the turn's sandbox: confined like a call, its streams apart.
 
-    Built and checked by ``Turn.exec`` (see ``astralvessel._exec``); the session
+    Built and checked by ``Turn.exec`` (see ``astralvessel._executor._exec``); the session
     only carries it.
     """
 
@@ -128,7 +128,7 @@ class DetachRequest:
     """A host's detached process in the turn's sandbox: confined like a call, it lives on
     after its command exits for as long as anything it started runs, until the turn ends.
 
-    Built and checked by ``Turn.start`` (see ``astralvessel._exec``); the session
+    Built and checked by ``Turn.start`` (see ``astralvessel._executor._exec``); the session
     only carries it.
     """
 

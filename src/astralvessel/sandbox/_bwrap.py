@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import PurePosixPath
 
-from .._suggest import install_extra
+from .._ground._suggest import install_extra
 from ._cgroup import TurnCgroup, memory_mount, turn_cgroup
 from ._hostinfo import BinaryInfo, HostFacts
 from ._layout import (

@@ -17,7 +17,7 @@ import importlib
 from collections.abc import Callable
 from importlib.metadata import EntryPoint, entry_points
 
-from .._suggest import install_extra, unknown_name
+from .._ground._suggest import install_extra, unknown_name
 from ..errors import BackendUnavailableError
 from ._base import BackendReport, Sandbox, ServerLink
 from ._policy import Policy

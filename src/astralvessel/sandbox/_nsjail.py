@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from .._suggest import install_extra
+from .._ground._suggest import install_extra
 from ._cgroup import TurnCgroup, cgroup_mounts, turn_cgroup
 from ._hostinfo import BinaryInfo, HostFacts
 from ._layout import (

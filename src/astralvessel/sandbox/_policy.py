@@ -15,8 +15,8 @@ from pathlib import Path, PurePosixPath
 
 import attrs
 
-from .._netallow import HostPattern, parse_allow_list
-from .._suggest import unknown_name
+from .._ground._netallow import HostPattern, parse_allow_list
+from .._ground._suggest import unknown_name
 from ..errors import UsageError
 from ._uids import UidRange
 

@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
-from .._aio import cancelled_exception, wait_future
+from .._ground._aio import cancelled_exception, wait_future
 from ..errors import SandboxError
 from ._api import (
     Channel,

@@ -19,7 +19,7 @@ import threading
 import weakref
 from pathlib import Path
 
-from .._leftovers import make_folder
+from .._ground._leftovers import make_folder
 from ._api import OutboxFile
 
 __all__ = ["TemporaryOutbox", "TurnOutbox"]

@@ -16,7 +16,7 @@ from typing import Any
 
 import attrs
 
-from .._kinds import InputMode, ToolKind
+from .._ground._kinds import InputMode, ToolKind
 from ..builtins import GREP_SCRIPT
 from ..sandbox._policy import AGENT_DIR
 from ..spec import ToolSpec

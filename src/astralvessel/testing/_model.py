@@ -23,7 +23,7 @@ from typing import Any, TypeAlias
 
 import attrs
 
-from .._suggest import unknown_name
+from .._ground._suggest import unknown_name
 from ..errors import UnscriptedCallError, UsageError
 
 __all__ = ["DIALECTS", "ModelTurn", "ScriptedCall", "ScriptedModel", "ToolAnswer", "tool_call"]

@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .._ledger._records import CUT, read_ledger
+from .._ground._ledger._records import CUT, read_ledger
 from ..errors import UnscriptedCallError
 from ..sandbox._api import FileOutcome, RunOutcome
 

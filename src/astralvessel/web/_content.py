@@ -12,7 +12,7 @@ import zlib
 
 import attrs
 
-from .._webwords import WARNING
+from .._ground._webwords import WARNING
 from ._html import html_to_text
 from ._links import LinkStyle
 

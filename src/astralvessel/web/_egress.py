@@ -19,7 +19,7 @@ from urllib.parse import quote, urlsplit
 
 import attrs
 
-from .._urlrefusals import UrlRefused, UrlWhy, url_refusal_words
+from .._ground._urlrefusals import UrlRefused, UrlWhy, url_refusal_words
 from ..errors import EgressError, UsageError
 
 __all__ = [

@@ -19,7 +19,7 @@ from typing import Protocol
 
 import attrs
 
-from .._aio import time_limit, to_thread
+from .._ground._aio import time_limit, to_thread
 from ._content import BodyCollector
 from ._egress import Resolver
 from ._flow import APerform, Flow, Perform, Step, in_threads

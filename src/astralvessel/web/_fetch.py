@@ -17,14 +17,14 @@ from urllib.parse import urljoin
 
 import attrs
 
-from .._urlrefusals import UrlRefused, url_refusal_words
-from .._weblimits import (
+from .._ground._urlrefusals import UrlRefused, url_refusal_words
+from .._ground._weblimits import (
     FETCH_MAX_BYTES,
     FETCH_MAX_HEADER_BYTES,
     FETCH_MAX_REDIRECTS,
     FETCH_TIMEOUT_SECONDS,
 )
-from .._webwords import NO_READABLE_TEXT, page_head, page_notes
+from .._ground._webwords import NO_READABLE_TEXT, page_head, page_notes
 from ..errors import EgressError, UsageError
 from ._content import ACCEPT, ACCEPT_ENCODING, BodyCollector, ContentRefused, Fenced, render
 from ._egress import Approval, EgressPolicy, Resolver, SystemResolver, Target

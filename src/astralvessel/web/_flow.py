@@ -22,7 +22,7 @@ from typing import Any, Generic, TypeVar
 
 import attrs
 
-from .._aio import to_thread
+from .._ground._aio import to_thread
 
 __all__ = [
     "APerform",

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from .._suggest import install_extra
+from .._ground._suggest import install_extra
 from ..errors import UsageError
 from . import _flow
 from ._flow import APerform, Emit, Flow, Perform, Step

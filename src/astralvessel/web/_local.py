@@ -15,7 +15,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from .._aio import to_thread
+from .._ground._aio import to_thread
 from ..errors import UsageError
 from ._content import ContentRefused, render
 from ._search import SearchError, SearchHit

@@ -31,11 +31,11 @@ from typing import Any
 
 import attrs
 
-from .. import _log, _otel
-from .._leftovers import make_folder
-from .._netallow import HostPattern, parse_allow_list
-from .._refusals import Refusals, Refused, Why, record
-from .._unixsock import bind as bind_unix
+from .._ground import _log, _otel
+from .._ground._leftovers import make_folder
+from .._ground._netallow import HostPattern, parse_allow_list
+from .._ground._refusals import Refusals, Refused, Why, record
+from .._ground._unixsock import bind as bind_unix
 from ._egress import EgressPolicy, Resolver, SystemResolver
 from ._proxyhead import (
     CHUNKED,

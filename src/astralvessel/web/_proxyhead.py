@@ -17,8 +17,8 @@ from collections.abc import Iterable, Sequence
 
 import attrs
 
-from .._netallow import HostPattern, permits
-from .._refusals import RULE, Refused, Why, refusal_words
+from .._ground._netallow import HostPattern, permits
+from .._ground._refusals import RULE, Refused, Why, refusal_words
 from ._egress import EgressPolicy
 
 __all__ = [

@@ -25,7 +25,7 @@ from urllib.parse import urlencode, urlsplit
 
 import attrs
 
-from .._weblimits import SEARCH_DEFAULT_RESULTS, SEARCH_MAX_RESULTS
+from .._ground._weblimits import SEARCH_DEFAULT_RESULTS, SEARCH_MAX_RESULTS
 from ..errors import SearchError, UsageError
 from ._content import BodyCollector, ContentRefused, Fenced, parse_content_type
 from ._egress import SystemResolver

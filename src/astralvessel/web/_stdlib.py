@@ -27,7 +27,7 @@ import anyio.abc
 import attrs
 from anyio.streams.tls import TLSStream
 
-from .._aio import shielded, time_limit
+from .._ground._aio import shielded, time_limit
 from ..errors import UsageError
 from . import _flow
 from ._flow import APerform, Emit, Flow, Perform, Step

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 
-from ..._unixsock import ShortAddress
+from ..._ground._unixsock import ShortAddress
 
 __all__ = ["EngineAddresses"]
 

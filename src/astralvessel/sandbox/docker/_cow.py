@@ -36,7 +36,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ..._leftovers import leftover_folders, owned_prefix
+from ..._ground._leftovers import leftover_folders, owned_prefix
 from .._policy import Limits
 from ..server import _lowerfs, _sys
 

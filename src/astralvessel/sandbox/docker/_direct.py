@@ -28,8 +28,8 @@ import tempfile
 import threading
 import time
 
-from ..._leftovers import leftover_folders, owned_prefix
-from ..._unixsock import bind as bind_unix
+from ..._ground._leftovers import leftover_folders, owned_prefix
+from ..._ground._unixsock import bind as bind_unix
 from ...errors import SandboxError
 from ._attach import AttachChannel
 from ._engine import process_start_time

@@ -23,8 +23,8 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from ..._leftovers import start_time as process_start_time
-from ..._suggest import install_extra
+from ..._ground._leftovers import start_time as process_start_time
+from ..._ground._suggest import install_extra
 from ...errors import AstralVesselError, BackendUnavailableError
 from .._layout import HOSTNAME
 from .._session import ServerBuild, compile_command, parse_build

@@ -31,7 +31,7 @@ from typing import Any
 
 import attrs
 
-from ..._aio import cancelled_exception, shielded, to_thread
+from ..._ground._aio import cancelled_exception, shielded, to_thread
 from ...errors import SandboxError
 from .._api import (
     ExecRequest,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from ..._leftovers import make_folder
+from ..._ground._leftovers import make_folder
 from .._policy import WORKSPACE_DIR
 
 __all__ = ["IDENTITY_FILES", "identity_binds", "identity_files", "write_identity"]
