@@ -42,13 +42,18 @@ module also exports it (``astralvessel``, ``astralvessel.web``,
 ``Searcher`` and the ``Fetcher`` show their messages); a host meets them only
 when it calls a provider or a transport itself. ``astralvessel.web`` exports
 both too.
+
+``EgressError.refused`` carries why, as facts: a ``UrlRefused`` (its ``UrlWhy``
+code and what the words name), defined here so that this module, the ground's
+lowest, imports nothing of the package; ``_ground/_urlrefusals.py`` words it.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Sequence
 
-from ._ground._urlrefusals import UrlRefused
+import attrs
 
 __all__ = [
     "AstralVesselError",
@@ -70,6 +75,8 @@ __all__ = [
     "TransportError",
     "TurnClosedError",
     "UnscriptedCallError",
+    "UrlRefused",
+    "UrlWhy",
     "UsageError",
 ]
 
@@ -130,6 +137,54 @@ class UsageError(AstralVesselError, ValueError):
 
 class ToolRegistrationError(AstralVesselError, ValueError):
     """A tool cannot join a registry: its name is taken, shadows a built-in, or is malformed."""
+
+
+class UrlWhy(enum.Enum):
+    """Why webfetch's egress rule refused: one code per check."""
+
+    # The URL's form.
+    TOO_LONG = "too_long"
+    URL_CHARS = "url_chars"
+    UNPARSED = "unparsed"
+    SCHEME = "scheme"
+    NO_SCHEME = "no_scheme"
+    USER_INFO = "user_info"
+    AFTER_V6 = "after_v6"
+    PORT_TEXT = "port_text"
+    PORT = "port"
+    # The URL's host.
+    NO_HOST = "no_host"
+    V6_UNCLOSED = "v6_unclosed"
+    ZONE = "zone"
+    BAD_V6 = "bad_v6"
+    PERCENT = "percent"
+    BAD_NAME = "bad_name"
+    ODD_IP = "odd_ip"
+    LOCAL_NAME = "local_name"
+    # What the host is, or resolved to.
+    NOT_AN_ADDRESS = "not_an_address"
+    LITERAL_ADDRESS = "literal_address"
+    RESOLVED_ADDRESS = "resolved_address"
+    NO_ADDRESSES = "no_addresses"
+
+
+@attrs.frozen(kw_only=True)
+class UrlRefused:
+    """One refusal: its code, the facts its words name, and the redirect it came by, if any."""
+
+    why: UrlWhy
+    #: What the URL or the resolver gave that the words quote: a scheme, a port, a host, an
+    #: answer, the parser's error.
+    given: str = ""
+    #: The URL's host, as checked.
+    host: str = ""
+    port: int = 0
+    #: The address refused, and what kind of address it is.
+    address: str = ""
+    kind: str = ""
+    #: The page that redirected here, and the URL it redirected to ("" for the first hop).
+    origin: str = ""
+    url: str = ""
 
 
 class EgressError(AstralVesselError, ValueError):

@@ -10,62 +10,14 @@ reason has one wording. Pure values, no I/O.
 
 from __future__ import annotations
 
-import enum
-
 import attrs
+
+from ..errors import UrlRefused, UrlWhy
 
 __all__ = ["RULE", "UrlRefused", "UrlWhy", "url_refusal_words"]
 
 #: The sentence every refusal ends with, so the model learns the rule, not only the verdict.
 RULE = "webfetch reaches only public addresses on ports 80 and 443"
-
-
-class UrlWhy(enum.Enum):
-    """Why webfetch's egress rule refused: one code per check."""
-
-    # The URL's form.
-    TOO_LONG = "too_long"
-    URL_CHARS = "url_chars"
-    UNPARSED = "unparsed"
-    SCHEME = "scheme"
-    NO_SCHEME = "no_scheme"
-    USER_INFO = "user_info"
-    AFTER_V6 = "after_v6"
-    PORT_TEXT = "port_text"
-    PORT = "port"
-    # The URL's host.
-    NO_HOST = "no_host"
-    V6_UNCLOSED = "v6_unclosed"
-    ZONE = "zone"
-    BAD_V6 = "bad_v6"
-    PERCENT = "percent"
-    BAD_NAME = "bad_name"
-    ODD_IP = "odd_ip"
-    LOCAL_NAME = "local_name"
-    # What the host is, or resolved to.
-    NOT_AN_ADDRESS = "not_an_address"
-    LITERAL_ADDRESS = "literal_address"
-    RESOLVED_ADDRESS = "resolved_address"
-    NO_ADDRESSES = "no_addresses"
-
-
-@attrs.frozen(kw_only=True)
-class UrlRefused:
-    """One refusal: its code, the facts its words name, and the redirect it came by, if any."""
-
-    why: UrlWhy
-    #: What the URL or the resolver gave that the words quote: a scheme, a port, a host, an
-    #: answer, the parser's error.
-    given: str = ""
-    #: The URL's host, as checked.
-    host: str = ""
-    port: int = 0
-    #: The address refused, and what kind of address it is.
-    address: str = ""
-    kind: str = ""
-    #: The page that redirected here, and the URL it redirected to ("" for the first hop).
-    origin: str = ""
-    url: str = ""
 
 
 _WORDS: dict[UrlWhy, str] = {
