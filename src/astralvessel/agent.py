@@ -46,8 +46,13 @@ class Service:
 
 
 @attrs.frozen(kw_only=True)
-class Agent:
-    """A validated agent folder. Build it with ``Agent.load``."""
+class Agent(Relaxations):
+    """A validated agent folder. Build it with ``Agent.load``.
+
+    Its ``writable_root``, ``root_identity`` and ``tool_servers`` are ``[sandbox]``'s eval
+    relaxations, a ``Relaxations`` as a ``Policy``'s are (one set of rules; ``relaxations``
+    gives them as a plain value); the host's ``Executor`` arguments override them.
+    """
 
     path: Path
     name: str
@@ -63,25 +68,6 @@ class Agent:
     services: Mapping[str, Service] = attrs.field(factory=dict)
     #: ``[network] allow``: the hosts calls may reach through the egress proxy (none: no network).
     network_allow: tuple[HostPattern, ...] = attrs.field(default=(), converter=parse_allow_list)
-    #: ``[sandbox] writable_root``, ``root_identity`` and ``tool_servers``: the eval
-    #: relaxations this agent asks for (see ``Policy``); the host's ``Executor`` arguments
-    #: override them.
-    relaxations: Relaxations = attrs.field(factory=Relaxations)
-
-    @property
-    def writable_root(self) -> bool:
-        """``[sandbox] writable_root`` (``relaxations.writable_root``)."""
-        return self.relaxations.writable_root
-
-    @property
-    def root_identity(self) -> bool:
-        """``[sandbox] root_identity`` (``relaxations.root_identity``)."""
-        return self.relaxations.root_identity
-
-    @property
-    def tool_servers(self) -> bool:
-        """``[sandbox] tool_servers`` (``relaxations.tool_servers``)."""
-        return self.relaxations.tool_servers
 
     @classmethod
     def load(cls, path: str | Path) -> Agent:
@@ -131,7 +117,7 @@ class Agent:
             dockerfile=dockerfile,
             services={n: Service(name=n, url=s.url) for n, s in raw.services.items()},
             network_allow=network_allow,
-            relaxations=raw.sandbox.relaxations,
+            **attrs.asdict(raw.sandbox.relaxations, recurse=False),
         )
 
     def package_path(self) -> PurePosixPath:
