@@ -12,19 +12,24 @@ import enum
 from ..errors import UsageError
 from ._suggest import unknown_name
 
-__all__ = ["ALL_SCOPES", "InputMode", "Scope", "ToolKind"]
+__all__ = ["ALL_SCOPES", "InputMode", "Scope", "TextEnum", "ToolKind"]
 
 
-class Scope(str, enum.Enum):
+class TextEnum(str, enum.Enum):
+    """A string enum that prints as its value (``str(Scope.READ)`` is ``"tools:read"``),
+    as the model, ``vessel.toml`` and the logs spell it."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class Scope(TextEnum):
     """A permission scope; the host grants scopes to an executor."""
 
     READ = "tools:read"
     FILES = "tools:files"
     SEARCH = "tools:search"
     EXECUTE = "tools:execute"
-
-    def __str__(self) -> str:
-        return self.value
 
     @classmethod
     def parse(cls, text: str) -> Scope:
@@ -39,14 +44,11 @@ class Scope(str, enum.Enum):
 ALL_SCOPES: frozenset[Scope] = frozenset(Scope)
 
 
-class InputMode(str, enum.Enum):
+class InputMode(TextEnum):
     """How a declared command receives its arguments."""
 
     JSON_STDIN = "json-stdin"
     ARGS = "args"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 class ToolKind(str, enum.Enum):

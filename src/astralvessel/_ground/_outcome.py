@@ -10,12 +10,12 @@ does not depend on it.
 
 from __future__ import annotations
 
-import enum
+from ._kinds import TextEnum
 
 __all__ = ["Outcome", "decide"]
 
 
-class Outcome(str, enum.Enum):
+class Outcome(TextEnum):
     """What happened to one call or command, and so whose failure it was."""
 
     #: It ran and succeeded.
@@ -33,9 +33,6 @@ class Outcome(str, enum.Enum):
     SANDBOX_LOST = "sandbox_lost"
     #: A tool running in the host (a Python tool or bound service callable) raised.
     HOST_ERROR = "host_error"
-
-    def __str__(self) -> str:
-        return self.value
 
 
 def decide(

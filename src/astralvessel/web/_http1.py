@@ -103,10 +103,7 @@ class ContentLengthReader:
         """Take up to the bytes still owed."""
         if self.done or not buffer:
             return
-        piece = bytes(buffer[: self._remaining])
-        del buffer[: len(piece)]
-        self._remaining -= len(piece)
-        out.append(piece)
+        self._remaining -= _take(buffer, self._remaining, out)
         self.done = self._remaining == 0
 
     def read_eof(self) -> None:
@@ -130,10 +127,7 @@ class ChunkedReader:
             if self._in_chunk:
                 if not buffer:
                     return
-                piece = bytes(buffer[: self._in_chunk])
-                del buffer[: len(piece)]
-                self._in_chunk -= len(piece)
-                out.append(piece)
+                self._in_chunk -= _take(buffer, self._in_chunk, out)
                 continue
             line = _line(buffer)
             if line is None:
@@ -176,6 +170,14 @@ class UntilCloseReader:
     def read_eof(self) -> None:
         """The close is the end of the body."""
         self.done = True
+
+
+def _take(buffer: bytearray, most: int, out: list[bytes]) -> int:
+    """Move up to ``most`` bytes from the front of ``buffer`` to ``out``; how many moved."""
+    piece = bytes(buffer[:most])
+    del buffer[: len(piece)]
+    out.append(piece)
+    return len(piece)
 
 
 def _line(buffer: bytearray) -> bytes | None:

@@ -266,11 +266,7 @@ def _empty_namespace() -> None:
     """
     with suppress(OSError):
         os.kill(-1, signal.SIGKILL)
-    while True:
-        try:
-            os.waitpid(-1, 0)
-        except ChildProcessError:
-            return
+    _reap_all()
 
 
 def _private_terminals() -> None:

@@ -305,6 +305,16 @@ def _os_refusal(error: OSError, path: str, where: str) -> _Refusal:
     return _Refusal(f"{path}: {os.strerror(code)}.", code)
 
 
+def _open_refusal(error: OSError, path: str, verb: str) -> _Refusal:
+    """Why opening ``path`` to ``verb`` it (read, list) failed: a refused permission is
+    worded by what the tool does, anything else as ``_os_refusal`` words it."""
+    if error.errno in (errno.EACCES, errno.EPERM):
+        return _Refusal(
+            f"{path}: permission denied; the sandbox user cannot {verb} it.", errno.EACCES
+        )
+    return _os_refusal(error, path, path)
+
+
 def _kind(mode: int) -> str:
     if stat.S_ISDIR(mode):
         return "a directory"
@@ -342,11 +352,7 @@ def _open_for_reading(node: _Node, parent: _Node, path: str) -> int:
             # Only a mapped path sits in a virtual directory; never open relative to the cwd.
             raise _Refusal(f"{path} does not exist.", errno.ENOENT)
     except OSError as error:
-        if error.errno in (errno.EACCES, errno.EPERM):
-            raise _Refusal(
-                f"{path}: permission denied; the sandbox user cannot read it.", errno.EACCES
-            ) from None
-        raise _os_refusal(error, path, path) from None
+        raise _open_refusal(error, path, "read") from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or (st.st_dev, st.st_ino) != (node.st.st_dev, node.st.st_ino):
         os.close(fd)
@@ -363,8 +369,4 @@ def _open_directory(node: _Node, path: str) -> int:
     try:
         return os.open(".", os.O_RDONLY | os.O_DIRECTORY | _O_CLOEXEC, dir_fd=node.fd)
     except OSError as error:
-        if error.errno in (errno.EACCES, errno.EPERM):
-            raise _Refusal(
-                f"{path}: permission denied; the sandbox user cannot list it.", errno.EACCES
-            ) from None
-        raise _os_refusal(error, path, path) from None
+        raise _open_refusal(error, path, "list") from None
