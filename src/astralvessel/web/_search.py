@@ -27,6 +27,7 @@ import attrs
 
 from .._ground._webfailures import search_reason
 from .._ground._weblimits import SEARCH_DEFAULT_RESULTS, SEARCH_MAX_RESULTS
+from .._ground._webwords import NO_RESULTS, UNTITLED
 from ..errors import SearchError, SearchFailed, SearchWhy, UsageError
 from ._content import BodyCollector, ContentRefused, Fenced, parse_content_type
 from ._egress import SystemResolver
@@ -104,13 +105,13 @@ class Searcher:
     def _format(self, query: str, hits: Sequence[SearchHit], count: int) -> WebResult:
         lines: list[str] = []
         for number, hit in enumerate(hits[:count], start=1):
-            lines.append(f"{number}. {_clean(hit.title) or '(untitled)'}")
+            lines.append(f"{number}. {_clean(hit.title) or UNTITLED}")
             lines.append(f"   {hit.url}")
             snippet = _clean(hit.snippet)
             if snippet:
                 lines.append(f"   {snippet}")
             lines.append("")
-        body = "\n".join(lines) if lines else "The search ran and found no results for this query."
+        body = "\n".join(lines) if lines else NO_RESULTS
         fenced = Fenced.of(f"{self.provider.name} search: {query}", body)
         return WebResult(text=fenced.text, fenced=fenced, is_error=False)
 
