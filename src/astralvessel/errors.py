@@ -59,7 +59,11 @@ __all__ = [
     "AstralVesselError",
     "BackendUnavailableError",
     "ConfigError",
+    "ContentRefusal",
+    "ContentWhy",
     "EgressError",
+    "FetchFailed",
+    "FetchWhy",
     "FileTooLargeError",
     "PromiseNotEnforcedError",
     "SandboxError",
@@ -69,6 +73,8 @@ __all__ = [
     "SandboxNotADirectoryError",
     "SandboxPermissionError",
     "SearchError",
+    "SearchFailed",
+    "SearchWhy",
     "SnapshotError",
     "ToolError",
     "ToolRegistrationError",
@@ -199,8 +205,109 @@ class EgressError(AstralVesselError, ValueError):
         self.refused = refused
 
 
+class ContentWhy(enum.Enum):
+    """Why the web tools could not turn a response's body into text: one code per check."""
+
+    #: More than one Content-Encoding (``given``: the header).
+    COMPRESSED_TWICE = "compressed_twice"
+    #: A Content-Encoding we do not undo (``given``: the coding).
+    ENCODING = "encoding"
+    #: The compressed body does not decompress (``given``: the encoding, ``detail``: zlib's).
+    CORRUPT = "corrupt"
+    #: A media type that is not text (``given``: the type).
+    NOT_TEXT = "not_text"
+    #: A text type whose bytes are binary (``given``: the type).
+    BINARY = "binary"
+
+
+@attrs.frozen(kw_only=True)
+class ContentRefusal:
+    """Why a body was not read as text: its code and the facts its words name."""
+
+    why: ContentWhy
+    given: str = ""
+    detail: str = ""
+
+
+class FetchWhy(enum.Enum):
+    """Why webfetch failed after its URL was allowed: one code per way of failing."""
+
+    #: The whole fetch did not finish within ``seconds``.
+    TIMEOUT = "timeout"
+    #: The exchange failed (``detail``: the OS's or the transport's words).
+    UNREACHABLE = "unreachable"
+    #: The host name did not resolve (``host``, ``detail``: the resolver's words).
+    UNRESOLVED = "unresolved"
+    #: A redirect past the limit of ``count`` (``url``: where the last one pointed).
+    REDIRECTS = "redirects"
+    #: The body could not be read as text (``content`` says why).
+    UNREADABLE = "unreadable"
+
+
+@attrs.frozen(kw_only=True)
+class FetchFailed:
+    """One failed fetch: its code and the facts its words name."""
+
+    why: FetchWhy
+    #: The URL the words name: the one that failed, or for ``REDIRECTS`` the one not followed.
+    url: str = ""
+    host: str = ""
+    detail: str = ""
+    seconds: float = 0.0
+    count: int = 0
+    content: ContentRefusal | None = None
+
+
+class SearchWhy(enum.Enum):
+    """Why websearch ran no search, or the search failed: one code per way."""
+
+    # The call's arguments (nothing was asked).
+    NO_QUERY = "no_query"
+    RESULT_COUNT = "result_count"
+    # No searcher in this deployment.
+    NOT_CONFIGURED = "not_configured"
+    # The provider, as the Searcher met it.
+    TIMEOUT = "timeout"
+    UNREACHABLE = "unreachable"
+    UNREADABLE = "unreadable"
+    #: A provider's SearchError raised with a message alone (``detail``).
+    SERVICE = "service"
+    # The HTTP providers (SearXNG, Brave) and the local index.
+    UNRESOLVED = "unresolved"
+    NO_ADDRESSES = "no_addresses"
+    HTTP_STATUS = "http_status"
+    NOT_JSON = "not_json"
+    SEARXNG_ANSWER = "searxng_answer"
+    BRAVE_ANSWER = "brave_answer"
+    NO_WORDS = "no_words"
+    LOCAL_INDEX = "local_index"
+
+
+@attrs.frozen(kw_only=True)
+class SearchFailed:
+    """One search that did not run or failed: its code and the facts its words name."""
+
+    why: SearchWhy
+    #: What the call or the service gave that the words quote: ``max_results``'s repr, a
+    #: media type ("" for none).
+    given: str = ""
+    host: str = ""
+    status: int = 0
+    #: The OS's, resolver's, index's or provider's own words.
+    detail: str = ""
+    content: ContentRefusal | None = None
+
+
 class SearchError(AstralVesselError, RuntimeError):
-    """A search provider could not answer; the `Searcher` shows the model the message."""
+    """A search provider could not answer; the `Searcher` shows the model the message.
+
+    ``failed`` says why by code, with the facts the message names, when one of
+    astralvessel's providers raised it (None for an error raised with a message alone).
+    """
+
+    def __init__(self, *args: object, failed: SearchFailed | None = None) -> None:
+        super().__init__(*args)
+        self.failed = failed
 
 
 class TransportError(AstralVesselError, OSError):

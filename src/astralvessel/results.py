@@ -21,6 +21,7 @@ import cattrs
 from ._ground._outcome import Outcome, decide
 from ._ground._refusals import Refusals
 from ._ground._urlrefusals import url_refusal_words
+from ._ground._webfailures import failure_words
 from ._ground._webwords import page_head, page_notes
 from .sandbox._api import ExecResult, MemoryStop
 from .sandbox._base import FileOutcome, OutboxFile, RunOutcome
@@ -474,8 +475,7 @@ def render_page(result: WebResult, *, cap: int) -> ToolResult:
         if value is not None
     }
     if result.fenced is None:
-        # A refusal is worded from its code; any other error is the fetcher's words.
-        words = result.text if result.egress is None else url_refusal_words(result.egress)
+        words = _error_words(result)
         return render_web(
             words,
             is_error=result.is_error,
@@ -489,6 +489,19 @@ def render_page(result: WebResult, *, cap: int) -> ToolResult:
         notes=page_notes(result.stopped_at),
     )
     return render_web(fenced, is_error=result.is_error, cap=cap, metadata=metadata)
+
+
+def _error_words(result: WebResult) -> str:
+    """A result with no page, worded from its code: a refused URL, a failed fetch or search.
+
+    A result with neither (an ``EgressError`` a host's policy raised with a message
+    alone) is its text.
+    """
+    if result.egress is not None:
+        return url_refusal_words(result.egress)
+    if result.failed is not None:
+        return failure_words(result.failed)
+    return result.text
 
 
 # -- host tools -----------------------------------------------------------------------------

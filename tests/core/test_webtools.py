@@ -12,7 +12,16 @@ import pytest
 
 from astralvessel import Executor, Outcome, Registry
 from astralvessel._ground._urlrefusals import UrlRefused, UrlWhy
-from astralvessel.errors import SearchError, UsageError
+from astralvessel.errors import (
+    ContentRefusal,
+    ContentWhy,
+    FetchFailed,
+    FetchWhy,
+    SearchError,
+    SearchFailed,
+    SearchWhy,
+    UsageError,
+)
 from astralvessel.results import render_page, render_web
 from astralvessel.web import (
     AllowRule,
@@ -384,3 +393,23 @@ def test_an_egress_refusal_is_worded_from_its_code() -> None:
         "webfetch reaches only public addresses on ports 80 and 443."
     )
     assert result.outcome is Outcome.REFUSED
+
+
+def test_a_failure_is_worded_from_its_code() -> None:
+    """A failed fetch or search reads as its code's words, whatever text the result carries."""
+    binary = ContentRefusal(why=ContentWhy.BINARY, given="text/plain")
+    fetch = FetchFailed(why=FetchWhy.UNREADABLE, url="https://x.test/a", content=binary)
+    result = render_page(WebResult(text="", is_error=True, failed=fetch), cap=1000)
+    assert result.text == (
+        "webfetch could not read https://x.test/a: "
+        "the page says it is text/plain but its content is binary."
+    )
+    assert result.is_error
+    late = FetchFailed(why=FetchWhy.TIMEOUT, url="https://x.test/a", seconds=2.5)
+    assert render_page(WebResult(text="", is_error=True, failed=late), cap=1000).text == (
+        "webfetch gave up on https://x.test/a: it did not finish within 2.5 s. "
+        "The site may be slow or down; try again later or try another page."
+    )
+    search = SearchFailed(why=SearchWhy.HTTP_STATUS, status=503)
+    words = render_page(WebResult(text="", is_error=True, failed=search), cap=1000).text
+    assert words.startswith("websearch failed: the search service answered HTTP 503. ")

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 import trio
 
+from astralvessel.errors import ContentWhy, FetchFailed, FetchWhy
 from astralvessel.web import (
     AllowRule,
     EgressPolicy,
@@ -144,6 +145,7 @@ async def test_sixth_redirect_is_refused(fetch: Fetch, base: str) -> None:
     result = await fetch(f"{base}/redirect/6")
     assert result.is_error
     assert result.text.startswith("webfetch stopped after 5 redirects; the last one pointed to")
+    assert result.failed == FetchFailed(why=FetchWhy.REDIRECTS, url=f"{base}/page", count=5)
 
 
 async def test_redirect_loop_stops(fetch: Fetch, base: str) -> None:
@@ -195,6 +197,13 @@ async def test_unsupported_encoding_is_refused(fetch: Fetch, base: str) -> None:
     result = await fetch(f"{base}/brotli")
     assert result.is_error
     assert "unsupported content encoding 'br'" in result.text
+    assert isinstance(result.failed, FetchFailed)
+    assert result.failed.content is not None
+    assert (result.failed.why, result.failed.content.why) == (
+        FetchWhy.UNREADABLE,
+        ContentWhy.ENCODING,
+    )
+    assert result.failed.content.given == "br"
 
 
 async def test_endless_body_stops_at_four_megabytes(fetch: Fetch, base: str) -> None:
@@ -222,6 +231,7 @@ async def test_slow_endless_body_hits_the_deadline(
     result = await fetch(f"{base}/slow")
     assert result.is_error
     assert "did not finish within 1 s" in result.text
+    assert result.failed == FetchFailed(why=FetchWhy.TIMEOUT, url=f"{base}/slow", seconds=1)
 
 
 async def test_slow_headers_hit_the_deadline(make_fetch: Callable[..., Fetch], base: str) -> None:
@@ -237,6 +247,9 @@ async def test_huge_headers_are_refused(fetch: Fetch, base: str) -> None:
     result = await fetch(f"{base}/huge-headers")
     assert result.is_error
     assert result.text.startswith(f"webfetch could not fetch {base}/huge-headers:")
+    assert isinstance(result.failed, FetchFailed)
+    assert result.failed.why is FetchWhy.UNREACHABLE
+    assert result.text == f"webfetch could not fetch {base}/huge-headers: {result.failed.detail}."
 
 
 async def test_endless_headers_are_refused(fetch: Fetch, base: str) -> None:
@@ -312,6 +325,11 @@ async def test_binary_content_is_refused(fetch: Fetch, base: str, path: str, exp
     result = await fetch(base + path)
     assert result.is_error
     assert result.text.startswith(f"webfetch could not read {base}{path}: {expected}")
+    assert isinstance(result.failed, FetchFailed)
+    assert result.failed.content is not None
+    assert result.failed.why is FetchWhy.UNREADABLE
+    binary = path == "/lying-binary"
+    assert result.failed.content.why is (ContentWhy.BINARY if binary else ContentWhy.NOT_TEXT)
 
 
 async def test_page_cannot_close_the_wrapper(fetch: Fetch, base: str) -> None:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from astralvessel.errors import SearchError, SearchFailed, SearchWhy
 from astralvessel.web import (
     BraveProvider,
     LocalIndexProvider,
@@ -70,7 +71,10 @@ def test_at_most_twenty_results(searxng: Searcher) -> None:
 
 def test_empty_query_is_refused(searxng: Searcher) -> None:
     """A blank query is the model's mistake, returned as an error."""
-    assert searxng.search("   ").is_error
+    result = searxng.search("   ")
+    assert result.is_error
+    assert result.refused
+    assert result.failed == SearchFailed(why=SearchWhy.NO_QUERY)
 
 
 def test_unreachable_service_is_an_error_not_no_results() -> None:
@@ -82,6 +86,8 @@ def test_unreachable_service_is_an_error_not_no_results() -> None:
     assert result.is_error
     assert result.text.startswith("websearch failed: the search service could not be reached")
     assert NOT_NOTHING in result.text
+    assert isinstance(result.failed, SearchFailed)
+    assert result.failed.why is SearchWhy.UNREACHABLE
 
 
 def test_service_error_status_is_an_error(http_server: Server) -> None:
@@ -91,6 +97,10 @@ def test_service_error_status_is_an_error(http_server: Server) -> None:
     assert result.is_error
     assert result.text.startswith("websearch failed: the search service answered HTTP 502.")
     assert NOT_NOTHING in result.text
+    assert result.failed == SearchFailed(why=SearchWhy.HTTP_STATUS, status=502)
+    with pytest.raises(SearchError, match=r"^the search service answered HTTP 502$") as raised:
+        provider.search("otters", 3)
+    assert raised.value.failed == result.failed
 
 
 def test_malformed_answer_is_an_error(http_server: Server) -> None:
@@ -99,6 +109,7 @@ def test_malformed_answer_is_an_error(http_server: Server) -> None:
     result = Searcher(SearxngProvider(f"http://127.0.0.1:{http_server.port}")).search("otters")
     assert result.is_error
     assert "has no 'results' list" in result.text
+    assert result.failed == SearchFailed(why=SearchWhy.SEARXNG_ANSWER)
 
 
 def test_snippets_cannot_close_the_fence(http_server: Server) -> None:

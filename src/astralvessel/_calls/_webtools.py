@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from .._ground._webfailures import search_failure_words
+from ..errors import SearchFailed, SearchWhy
 from ..results import ToolResult, render_page
 from ._plans import Call, Plan, TurnContext
 
@@ -20,11 +22,6 @@ if TYPE_CHECKING:
     from ..web import WebResult
 
 __all__ = ["plan_webfetch", "plan_websearch"]
-
-_NOT_CONFIGURED = (
-    "Error: websearch is not set up in this deployment, so no search ran. This does not "
-    "mean nothing exists; answer from what you know or other tools, and say you could not search."
-)
 
 
 @attrs.frozen(kw_only=True)
@@ -66,7 +63,7 @@ def plan_websearch(context: TurnContext, call: Call) -> Plan[Any] | ToolResult:
     """Search through the executor's searcher; without one, say that no search ran."""
     searcher = context.searcher
     if searcher is None:
-        return ToolResult.error(_NOT_CONFIGURED)
+        return ToolResult.error(search_failure_words(SearchFailed(why=SearchWhy.NOT_CONFIGURED)))
     query, count = str(call.arguments["query"]), call.arguments.get("max_results")
     return WebRun(
         step=lambda: searcher.search(query, count),

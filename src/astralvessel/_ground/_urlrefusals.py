@@ -14,7 +14,7 @@ import attrs
 
 from ..errors import UrlRefused, UrlWhy
 
-__all__ = ["RULE", "UrlRefused", "UrlWhy", "url_refusal_words"]
+__all__ = ["RULE", "UrlRefused", "UrlWhy", "redirected_words", "url_refusal_words"]
 
 #: The sentence every refusal ends with, so the model learns the rule, not only the verdict.
 RULE = "webfetch reaches only public addresses on ports 80 and 443"
@@ -48,10 +48,15 @@ _WORDS: dict[UrlWhy, str] = {
 }
 
 
+def redirected_words(origin: str, url: str, words: str) -> str:
+    """A refusal's ``words`` met on a redirect from ``origin`` to ``url``: saying so."""
+    return f"{origin} redirected to {url}, which was {words}"
+
+
 def url_refusal_words(refused: UrlRefused) -> str:
     """The words of ``refused``: ``EgressError``'s message and the model's result alike."""
     reason = _WORDS[refused.why].format(**attrs.asdict(refused))
     words = f"refused: {reason}; {RULE}."
     if refused.origin:
-        return f"{refused.origin} redirected to {refused.url}, which was {words}"
+        return redirected_words(refused.origin, refused.url, words)
     return words

@@ -1,7 +1,8 @@
 """The lines the web tools write around a page: one wording, below ``web/`` and ``results.py``.
 
 A page's text is framed by words of ours: the warning that opens the fence,
-the line standing in for a page with no readable text, the line naming an
+the line standing in for a page with no readable text (or a search with no
+results), the line naming an
 HTTP error, and the note that reading stopped at the fetch limit.
 ``results.render_page`` words the model's result from a ``WebResult``'s
 fields with these; ``web/`` words ``WebResult.text`` (public: a host may use
@@ -15,6 +16,8 @@ from ._weblimits import format_size
 
 __all__ = [
     "NO_READABLE_TEXT",
+    "NO_RESULTS",
+    "UNTITLED",
     "WARNING",
     "http_error",
     "page_head",
@@ -29,6 +32,10 @@ WARNING = (
 )
 #: What the fence holds for a page that rendered to no text.
 NO_READABLE_TEXT = "[the page has no readable text]"
+#: What the fence holds for a search that ran and found nothing (not a failure).
+NO_RESULTS = "The search ran and found no results for this query."
+#: A search hit's title when the provider gave none.
+UNTITLED = "(untitled)"
 
 
 def http_error(status: int, reason: str) -> str:

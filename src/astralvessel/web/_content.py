@@ -12,7 +12,9 @@ import zlib
 
 import attrs
 
+from .._ground._webfailures import content_words
 from .._ground._webwords import WARNING
+from ..errors import ContentRefusal, ContentWhy
 from ._html import html_to_text
 from ._links import LinkStyle
 
@@ -63,7 +65,19 @@ _INVISIBLE = re.compile(
 
 
 class ContentRefused(Exception):
-    """The response is not something the web tools turn into text."""
+    """The response is not something the web tools turn into text.
+
+    ``refusal`` says why by code; the message is its words.
+    """
+
+    def __init__(self, refusal: ContentRefusal) -> None:
+        super().__init__(content_words(refusal))
+        self.refusal = refusal
+
+    @classmethod
+    def of(cls, why: ContentWhy, given: str, detail: str = "") -> ContentRefused:
+        """The refusal of code ``why`` naming ``given`` (and ``detail``)."""
+        return cls(ContentRefusal(why=why, given=given, detail=detail))
 
 
 def parse_content_type(value: str | None) -> tuple[str, str | None]:
@@ -103,7 +117,7 @@ class BodyCollector:
         codings = [c.strip().lower() for c in (header or "").split(",") if c.strip()]
         codings = [c for c in codings if c != "identity"]
         if len(codings) > 1:
-            raise ContentRefused(f"the response is compressed more than once ({header})")
+            raise ContentRefused.of(ContentWhy.COMPRESSED_TWICE, header or "")
         coding = codings[0] if codings else ""
         if coding in ("gzip", "x-gzip"):
             return cls(
@@ -112,7 +126,7 @@ class BodyCollector:
         if coding == "deflate":
             return cls(limit=limit, encoding="deflate", deflate_probe=b"")
         if coding:
-            raise ContentRefused(f"the response uses the unsupported content encoding {coding!r}")
+            raise ContentRefused.of(ContentWhy.ENCODING, coding)
         return cls(limit=limit)
 
     @property
@@ -150,9 +164,7 @@ class BodyCollector:
             if self._inflater.eof:
                 return
         except zlib.error as error:
-            raise ContentRefused(
-                f"the {self.encoding} compressed body is corrupt ({error})"
-            ) from None
+            raise ContentRefused.of(ContentWhy.CORRUPT, self.encoding, str(error)) from None
 
     def _keep(self, data: bytes) -> None:
         room = self.limit - self._size
@@ -226,13 +238,10 @@ def render(
         head = body[:512].lstrip().lower()
         media = "text/html" if head.startswith((b"<!doctype html", b"<html")) else "text/plain"
     if media not in _HTML_TYPES and media not in _TEXT_TYPES and not media.endswith("+json"):
-        raise ContentRefused(
-            f"the page is {media}, which webfetch does not turn into text "
-            "(it reads HTML, plain text, markdown and JSON)"
-        )
+        raise ContentRefused.of(ContentWhy.NOT_TEXT, media)
     wide = (charset or "").lower().replace("_", "-").startswith(("utf-16", "utf-32"))
     if not wide and _looks_binary(body):
-        raise ContentRefused(f"the page says it is {media} but its content is binary")
+        raise ContentRefused.of(ContentWhy.BINARY, media)
     text = _decode(body, charset, media)
     if media in _HTML_TYPES:
         return html_to_text(text, url, main_content=main_content, links=links)

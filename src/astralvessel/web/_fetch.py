@@ -17,7 +17,8 @@ from urllib.parse import urljoin
 
 import attrs
 
-from .._ground._urlrefusals import UrlRefused, url_refusal_words
+from .._ground._urlrefusals import UrlRefused, redirected_words, url_refusal_words
+from .._ground._webfailures import failure_words, fetch_failure_words
 from .._ground._weblimits import (
     FETCH_MAX_BYTES,
     FETCH_MAX_HEADER_BYTES,
@@ -25,7 +26,7 @@ from .._ground._weblimits import (
     FETCH_TIMEOUT_SECONDS,
 )
 from .._ground._webwords import NO_READABLE_TEXT, page_head, page_notes
-from ..errors import EgressError, UsageError
+from ..errors import EgressError, FetchFailed, FetchWhy, SearchFailed, UsageError
 from ._content import ACCEPT, ACCEPT_ENCODING, BodyCollector, ContentRefused, Fenced, render
 from ._egress import Approval, EgressPolicy, Resolver, SystemResolver, Target
 from ._exchange import AsyncExchangeIO, Close, ExchangeIO, Head, Resolve, Send, read_body
@@ -69,12 +70,22 @@ class WebResult:
     refused: bool = False
     #: Why the egress rule refused the URL or an address, by code (``text`` is its words).
     egress: UrlRefused | None = None
+    #: Why the fetch or the search failed or did not run, by code (``text`` is its words).
+    failed: FetchFailed | SearchFailed | None = None
+
+    @classmethod
+    def failure(
+        cls, failed: FetchFailed | SearchFailed, *, url: str | None = None, refused: bool = False
+    ) -> WebResult:
+        """An error result for ``failed``, its text the code's words."""
+        text = failure_words(failed)
+        return cls(text=text, is_error=True, url=url, refused=refused, failed=failed)
 
 
 def _redirected(error: EgressError, origin: str, url: str) -> EgressError:
     """``error`` met on a redirect from ``origin`` to ``url``: the same refusal, saying so."""
     if error.refused is None:  # an error raised with a message alone
-        return EgressError(f"{origin} redirected to {url}, which was {error}")
+        return EgressError(redirected_words(origin, url, str(error)))
     refused = attrs.evolve(error.refused, origin=origin, url=url)
     return EgressError(url_refusal_words(refused), refused=refused)
 
@@ -94,11 +105,11 @@ class FetchLimits:
 
 
 class _Failure(Exception):
-    """A fetch failed in a way the model should hear about in these words."""
+    """A fetch failed for the reason ``failed`` names (the message is its words)."""
 
-
-def _seconds(value: float) -> str:
-    return f"{value:g} s"
+    def __init__(self, failed: FetchFailed) -> None:
+        super().__init__(fetch_failure_words(failed))
+        self.failed = failed
 
 
 class Fetcher:
@@ -174,8 +185,11 @@ class Fetcher:
             return None
         if hop >= self.limits.max_redirects:
             raise _Failure(
-                f"webfetch stopped after {self.limits.max_redirects} redirects; "
-                f"the last one pointed to {urljoin(current, location.strip())}"
+                FetchFailed(
+                    why=FetchWhy.REDIRECTS,
+                    url=urljoin(current, location.strip()),
+                    count=self.limits.max_redirects,
+                )
             )
         return urljoin(current, location.strip()).partition("#")[0]
 
@@ -232,22 +246,23 @@ class Fetcher:
         )
 
     def _error(self, url: str, error: BaseException, *, first_hop: bool) -> WebResult:
-        if isinstance(error, EgressError | _Failure):
-            message = str(error)
-        elif isinstance(error, ContentRefused):
-            message = f"webfetch could not read {url}: {error}."
-        elif isinstance(error, TimeoutError | asyncio.TimeoutError):
-            message = (
-                f"webfetch gave up on {url}: it did not finish within "
-                f"{_seconds(self.limits.timeout_seconds)}. The site may be slow or down; "
-                "try again later or try another page."
+        if isinstance(error, EgressError):
+            refused = first_hop
+            return WebResult(
+                text=str(error), is_error=True, url=url, refused=refused, egress=error.refused
             )
-        else:
-            detail = getattr(error, "strerror", None) or str(error) or type(error).__name__
-            message = f"webfetch could not fetch {url}: {detail}."
-        egress = error.refused if isinstance(error, EgressError) else None
-        refused = first_hop and isinstance(error, EgressError)
-        return WebResult(text=message, is_error=True, url=url, refused=refused, egress=egress)
+        return WebResult.failure(self._failed(url, error), url=url)
+
+    def _failed(self, url: str, error: BaseException) -> FetchFailed:
+        """Why the fetch of ``url`` failed with ``error``, by code."""
+        if isinstance(error, _Failure):
+            return error.failed
+        if isinstance(error, ContentRefused):
+            return FetchFailed(why=FetchWhy.UNREADABLE, url=url, content=error.refusal)
+        if isinstance(error, TimeoutError | asyncio.TimeoutError):
+            return FetchFailed(why=FetchWhy.TIMEOUT, url=url, seconds=self.limits.timeout_seconds)
+        detail = getattr(error, "strerror", None) or str(error) or type(error).__name__
+        return FetchFailed(why=FetchWhy.UNREACHABLE, url=url, detail=str(detail))
 
     # -- the one fetch flow, and its two drivers ---------------------------------------------
 
@@ -307,9 +322,11 @@ class Fetcher:
         except TimeoutError:
             raise
         except OSError as error:
+            detail = str(error.strerror or error)
             raise _Failure(
-                f"webfetch could not resolve {target.host} ({error.strerror or error}); "
-                "check the spelling of the host name"
+                FetchFailed(
+                    why=FetchWhy.UNRESOLVED, url=target.url, host=target.host, detail=detail
+                )
             ) from None
 
     def _send(self, approval: Approval, deadline: float) -> Flow[Head]:

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .._ground._aio import to_thread
-from ..errors import UsageError
+from ..errors import SearchFailed, SearchWhy, UsageError
 from ._content import ContentRefused, render
-from ._search import SearchError, SearchHit
+from ._search import SearchHit, search_error
 
 __all__ = ["LocalIndexProvider"]
 
@@ -123,7 +123,7 @@ class LocalIndexProvider:
         """Rank documents by BM25 for any of the query's words."""
         words = _WORD.findall(query)
         if not words:
-            raise SearchError("the query has no words to look for")
+            raise search_error(SearchFailed(why=SearchWhy.NO_WORDS))
         # Each word is quoted, so FTS5 query syntax in the model's text is only ever text.
         match = " OR ".join('"' + word.replace('"', "") + '"' for word in words[:32])
         self.refresh()
@@ -135,7 +135,9 @@ class LocalIndexProvider:
                     (match, max_results),
                 ).fetchall()
             except sqlite3.Error as error:
-                raise SearchError(f"the local index failed ({error})") from None
+                raise search_error(
+                    SearchFailed(why=SearchWhy.LOCAL_INDEX, detail=str(error))
+                ) from None
         return [
             SearchHit(title=title, url=self._link(path), snippet=snippet.strip())
             for path, title, snippet in rows

@@ -25,8 +25,10 @@ from urllib.parse import urlencode, urlsplit
 
 import attrs
 
+from .._ground._webfailures import search_reason
 from .._ground._weblimits import SEARCH_DEFAULT_RESULTS, SEARCH_MAX_RESULTS
-from ..errors import SearchError, UsageError
+from .._ground._webwords import NO_RESULTS, UNTITLED
+from ..errors import SearchError, SearchFailed, SearchWhy, UsageError
 from ._content import BodyCollector, ContentRefused, Fenced, parse_content_type
 from ._egress import SystemResolver
 from ._exchange import AsyncExchangeIO, Close, ExchangeIO, Resolve, Send, read_body
@@ -77,12 +79,9 @@ class SearchProvider(Protocol):
         ...
 
 
-def _failure(reason: str) -> str:
-    return (
-        f"websearch failed: {reason}. This does not mean nothing exists on the web about "
-        "this; the search itself did not work. Try again, rephrase the query, or use "
-        "webfetch on a page you know."
-    )
+def search_error(failed: SearchFailed) -> SearchError:
+    """A provider's `SearchError` for ``failed``: its message is the code's reason."""
+    return SearchError(search_reason(failed), failed=failed)
 
 
 def _clean(text: str) -> str:
@@ -95,26 +94,24 @@ class Searcher:
     def __init__(self, provider: SearchProvider) -> None:
         self.provider = provider
 
-    def _check(self, query: str, max_results: int | None) -> tuple[str, int] | str:
+    def _check(self, query: str, max_results: int | None) -> tuple[str, int] | SearchFailed:
         if not isinstance(query, str) or not query.strip():
-            return "websearch needs a non-empty query."
+            return SearchFailed(why=SearchWhy.NO_QUERY)
         count = DEFAULT_MAX_RESULTS if max_results is None else max_results
         if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= MAX_RESULTS:
-            return (
-                f"max_results must be a whole number from 1 to {MAX_RESULTS}; got {max_results!r}."
-            )
+            return SearchFailed(why=SearchWhy.RESULT_COUNT, given=repr(max_results))
         return query.strip(), count
 
     def _format(self, query: str, hits: Sequence[SearchHit], count: int) -> WebResult:
         lines: list[str] = []
         for number, hit in enumerate(hits[:count], start=1):
-            lines.append(f"{number}. {_clean(hit.title) or '(untitled)'}")
+            lines.append(f"{number}. {_clean(hit.title) or UNTITLED}")
             lines.append(f"   {hit.url}")
             snippet = _clean(hit.snippet)
             if snippet:
                 lines.append(f"   {snippet}")
             lines.append("")
-        body = "\n".join(lines) if lines else "The search ran and found no results for this query."
+        body = "\n".join(lines) if lines else NO_RESULTS
         fenced = Fenced.of(f"{self.provider.name} search: {query}", body)
         return WebResult(text=fenced.text, fenced=fenced, is_error=False)
 
@@ -136,13 +133,13 @@ class Searcher:
 
     def _flow(self, query: str, max_results: int | None) -> Flow[WebResult]:
         checked = self._check(query, max_results)
-        if isinstance(checked, str):
-            return WebResult(text=checked, is_error=True, refused=True)
+        if isinstance(checked, SearchFailed):
+            return WebResult.failure(checked, refused=True)
         text, count = checked
         try:
             hits = yield from _Ask(text, count)
         except (SearchError, OSError, ContentRefused, asyncio.TimeoutError) as error:
-            return WebResult(text=_failure(_reason(error)), is_error=True)
+            return WebResult.failure(_failed(error))
         return self._format(text, hits, count)
 
 
@@ -154,12 +151,18 @@ class _Ask(Step[Sequence[SearchHit]]):
     count: int
 
 
-def _reason(error: BaseException) -> str:
+def _failed(error: BaseException) -> SearchFailed:
+    """Why the provider failed with ``error``, by code."""
     if isinstance(error, TimeoutError | asyncio.TimeoutError):
-        return "the search service did not answer in time"
+        return SearchFailed(why=SearchWhy.TIMEOUT)
     if isinstance(error, SearchError):
-        return str(error)
-    return f"the search service could not be reached ({getattr(error, 'strerror', None) or error})"
+        if error.failed is not None:
+            return error.failed
+        return SearchFailed(why=SearchWhy.SERVICE, detail=str(error))
+    if isinstance(error, ContentRefused):
+        return SearchFailed(why=SearchWhy.UNREADABLE, content=error.refusal)
+    detail = getattr(error, "strerror", None) or error
+    return SearchFailed(why=SearchWhy.UNREACHABLE, detail=str(detail))
 
 
 # -- HTTP providers ---------------------------------------------------------------------------
@@ -210,11 +213,10 @@ class _HttpProvider:
         except TimeoutError:
             raise
         except OSError as error:
-            raise SearchError(
-                f"the search service's host {host} does not resolve ({error})"
-            ) from None
+            failed = SearchFailed(why=SearchWhy.UNRESOLVED, host=host, detail=str(error))
+            raise search_error(failed) from None
         if not addresses:
-            raise SearchError(f"the search service's host {host} does not resolve (no addresses)")
+            raise search_error(SearchFailed(why=SearchWhy.NO_ADDRESSES, host=host))
         query_string = urlencode(self._params(query, max_results))
         path = parts.path or "/"
         response = yield from Send(
@@ -240,16 +242,14 @@ class _HttpProvider:
         self, status: int, headers: Sequence[tuple[str, str]], body: bytes, max_results: int
     ) -> list[SearchHit]:
         if status != 200:
-            raise SearchError(f"the search service answered HTTP {status}")
+            raise search_error(SearchFailed(why=SearchWhy.HTTP_STATUS, status=status))
         media, _ = parse_content_type(
             next((v for k, v in headers if k.lower() == "content-type"), None)
         )
         try:
             data = json.loads(body)
         except ValueError:
-            raise SearchError(
-                f"the search service sent something other than JSON ({media or 'no type'})"
-            ) from None
+            raise search_error(SearchFailed(why=SearchWhy.NOT_JSON, given=media)) from None
         return self._hits(data, max_results)[:max_results]
 
 
@@ -302,7 +302,7 @@ class SearxngProvider(_HttpProvider):
     def _hits(self, data: object, max_results: int) -> list[SearchHit]:
         results = data.get("results") if isinstance(data, dict) else None
         if not isinstance(results, list):
-            raise SearchError("the SearXNG instance's answer has no 'results' list")
+            raise search_error(SearchFailed(why=SearchWhy.SEARXNG_ANSWER))
         return _hits_of(results, snippet="content")
 
 
@@ -336,5 +336,5 @@ class BraveProvider(_HttpProvider):
             return []  # an answer without web results: a real "nothing found"
         results = web.get("results") if isinstance(web, dict) else None
         if not isinstance(results, list):
-            raise SearchError("the Brave API's answer has no web results list")
+            raise search_error(SearchFailed(why=SearchWhy.BRAVE_ANSWER))
         return _hits_of(results, snippet="description")
