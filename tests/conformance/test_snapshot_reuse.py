@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from astralvessel import Agent, Executor, Registry, Turn, TurnSnapshot
-from astralvessel._executor._snapshot._mechanism import overlay_backend
+from astralvessel._executor._snapshot._mechanism import upper_layer_listed
 from astralvessel._executor._snapshot._tree import scan_tree
 from astralvessel.sandbox import Mount, Sandbox
 
@@ -142,7 +142,7 @@ def test_a_forks_snapshot_links_only_what_it_did_not_change(executor: Executor):
         assert (taken.path / "d/1").read_bytes() == b"file-2"
         assert (taken.path / "e/2").read_bytes() == b"FILE-e2"
         assert sorted(os.listdir(taken.path / "e")) == ["2"]
-        if overlay_backend(executor.sandbox.name):
+        if upper_layer_listed(executor.sandbox.name):
             assert _inode(taken, "keep") == _inode(source, "keep")
             assert _inode(taken, "d/2") == _inode(source, "d/2")
         _holds_what_it_shows(executor, fork, taken)

@@ -9,6 +9,7 @@ from astralvessel._executor._snapshot._mechanism import (
     MECHANISMS,
     kernel_overlay_problem,
     overlay_backend,
+    upper_layer_listed,
 )
 
 FILESYSTEMS = "nodev\ttmpfs\nnodev\toverlay\n\text4\n"
@@ -21,6 +22,13 @@ def test_the_backends_with_a_server_lay_an_overlay() -> None:
     assert overlays == ["bubblewrap", "nsjail", "docker"]
     assert not overlay_backend("unknown")
     assert "mounted by the host" in MECHANISMS["docker"]
+
+
+def test_only_a_server_laid_overlay_lists_its_upper_layer() -> None:
+    """A fork's snapshot reads only what its upper layer holds where the server laid the
+    overlay; Docker's host lays it, so Docker's snapshots reuse by the last capture alone."""
+    listed = [name for name in MECHANISMS if upper_layer_listed(name)]
+    assert listed == ["bubblewrap", "nsjail"]
 
 
 @pytest.mark.parametrize(

@@ -33,6 +33,7 @@ __all__ = [
     "kernel_overlay_problem",
     "overlay_backend",
     "snapshot_mechanism",
+    "upper_layer_listed",
 ]
 
 _COPY = (
@@ -63,6 +64,13 @@ _KERNEL_FOR = {False: (5, 11), True: (5, 19)}
 def overlay_backend(backend: str) -> bool:
     """Whether ``backend``'s turns open from a snapshot copy-on-write where the host allows."""
     return MECHANISMS.get(backend, "").startswith(COPY_ON_WRITE)
+
+
+def upper_layer_listed(backend: str) -> bool:
+    """Whether a copy-on-write turn's snapshot reads only what its upper layer holds: the
+    server keeps a descriptor of that layer for its file worker. Not where the host mounts
+    the overlay (Docker): there the turn's last capture is the only reuse."""
+    return overlay_backend(backend) and backend not in _MOUNTED_BY_THE_HOST
 
 
 def kernel_overlay_problem(release: str, filesystems: str, *, root: bool) -> str | None:
