@@ -10,6 +10,7 @@ from typing import Any
 
 import attrs
 
+from astralvessel import Turn
 from astralvessel._calls._plans import view_outcome, view_request
 from astralvessel.results import command_output
 from astralvessel.sandbox import FileOutcome, RunOutcome, RunRequest, SandboxSession
@@ -22,6 +23,7 @@ __all__ = [
     "py",
     "py_json",
     "run",
+    "run_script",
     "wait_until_gone",
 ]
 
@@ -118,3 +120,10 @@ def barrier(folder: str, name: str, parties: int, *, stall_s: int = 20) -> str:
         f"[ $n -gt $seen ] && {{ seen=$n; i=0; }}; "
         f'sleep 0.1; i=$((i+1)); done; touch "{folder}/gave-up"; echo alone'
     )
+
+
+def run_script(turn: Turn, script: str) -> str:
+    """Run ``script`` with ``sh -c`` through ``Turn.exec``; assert it succeeded; its stdout."""
+    result = turn.exec(["sh", "-c", script])
+    assert result.returncode == 0, result.stderr
+    return result.stdout.decode("utf-8", "backslashreplace")

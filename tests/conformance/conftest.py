@@ -380,17 +380,31 @@ def session(backend: Sandbox, policy: Policy) -> Iterator[SandboxSession]:
         turn.close()
 
 
-@pytest.fixture
-def turn(backend: Sandbox, agent_dir: Path, data_dir: Path) -> Iterator[Turn]:
-    """A turn of the backend under test, opened through the public API with the same policy."""
-    executor = Executor(
+def suite_executor(
+    backend: Sandbox, agent_dir: Path, data_dir: Path, **options: object
+) -> Executor:
+    """An executor of the backend under test with the suite's policy (its mounts, limits and
+    timeout); ``options`` are more ``Executor`` arguments, ``limits`` among them."""
+    return Executor(
         Registry.for_agent(Agent.load(agent_dir)),
         sandbox=backend,
         mounts=(Mount.from_pair(WORKDIR, data_dir),),
-        limits=TEST_LIMITS,
         timeout_seconds=30.0,
+        **{"limits": TEST_LIMITS, **options},  # type: ignore[arg-type]
     )
-    with executor, executor.turn() as opened:
+
+
+@pytest.fixture
+def executor(backend: Sandbox, agent_dir: Path, data_dir: Path) -> Iterator[Executor]:
+    """An executor of the backend under test with the suite's policy."""
+    with suite_executor(backend, agent_dir, data_dir) as opened:
+        yield opened
+
+
+@pytest.fixture
+def turn(executor: Executor) -> Iterator[Turn]:
+    """A turn of the backend under test, opened through the public API with the same policy."""
+    with executor.turn() as opened:
         yield opened
 
 

@@ -9,70 +9,45 @@ waiting sandboxes die with the executor.
 from __future__ import annotations
 
 import gc
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
+from astralvessel import Executor
 
-from astralvessel import Agent, Executor, Registry, Turn
-from astralvessel.sandbox import Mount, Sandbox
-
-from .conftest import TEST_LIMITS, WORKDIR
-
-
-@pytest.fixture
-def executor(backend: Sandbox, agent_dir: Path, data_dir: Path) -> Iterator[Executor]:
-    """An executor of the backend under test with the suite's limits."""
-    opened = Executor(
-        Registry.for_agent(Agent.load(agent_dir)),
-        sandbox=backend,
-        mounts=(Mount.from_pair(WORKDIR, data_dir),),
-        timeout_seconds=30.0,
-        limits=TEST_LIMITS,
-    )
-    with opened:
-        yield opened
-
-
-def _run(turn: Turn, script: str) -> str:
-    result = turn.exec(["sh", "-c", script])
-    assert result.returncode == 0, result.stderr
-    return result.stdout.decode("utf-8", "backslashreplace")
+from .calls import run_script
 
 
 def test_a_forks_first_call_takes_the_sandbox_started_ahead(executor: Executor):
     """fork(1) starts one sandbox ahead; the fork's first call takes it, with the
     snapshot's files, and the pool starts no other."""
     with executor.turn() as parent:
-        _run(parent, "echo base > /workspace/f")
+        run_script(parent, "echo base > /workspace/f")
         (fork,) = parent.fork(1)
-        _run(parent, "echo parent > /workspace/f")
+        run_script(parent, "echo parent > /workspace/f")
     assert fork.snapshot_source is not None
     pool = executor._ahead[id(fork.snapshot_source)][1]
     assert pool.wait_filled(60)
     assert pool.ready == 1
     with fork:
-        assert _run(fork, "cat /workspace/f && echo mine > /workspace/f && cat /workspace/f") == (
-            "base\nmine\n"
-        )
+        assert run_script(
+            fork, "cat /workspace/f && echo mine > /workspace/f && cat /workspace/f"
+        ) == ("base\nmine\n")
         assert pool.ready == 0
         assert pool.spent
     with executor.turn(snapshot=fork.snapshot_source) as again:
-        assert _run(again, "cat /workspace/f") == "base\n"
+        assert run_script(again, "cat /workspace/f") == "base\n"
 
 
 def test_forks_started_ahead_stay_apart(executor: Executor):
     """Two forks taking sandboxes started ahead each see the snapshot and their own writes."""
     with executor.turn() as parent:
-        _run(parent, "echo base > /workspace/f")
+        run_script(parent, "echo base > /workspace/f")
         forks = parent.fork(2)
     assert forks[0].snapshot_source is not None
     assert executor._ahead[id(forks[0].snapshot_source)][1].wait_filled(60)
     try:
         for index, fork in enumerate(forks):
-            assert _run(fork, f"cat /workspace/f; echo {index} > /workspace/f") == "base\n"
+            assert run_script(fork, f"cat /workspace/f; echo {index} > /workspace/f") == "base\n"
         for index, fork in enumerate(forks):
-            assert _run(fork, "cat /workspace/f") == f"{index}\n"
+            assert run_script(fork, "cat /workspace/f") == f"{index}\n"
     finally:
         for fork in forks:
             fork.close()
@@ -82,7 +57,7 @@ def test_sandboxes_started_ahead_die_with_the_executor(executor: Executor):
     """Forks never used leave their sandboxes waiting until the executor closes: then
     every one is ended."""
     with executor.turn() as parent:
-        _run(parent, "echo base > /workspace/f")
+        run_script(parent, "echo base > /workspace/f")
         forks = parent.fork(5)
     assert forks[0].snapshot_source is not None
     pool = executor._ahead[id(forks[0].snapshot_source)][1]
@@ -97,7 +72,7 @@ def test_sandboxes_started_ahead_go_with_the_forks_snapshot(executor: Executor):
     """Once no fork holds their snapshot, its tree goes and so do the sandboxes started
     ahead for them: a pool never keeps a snapshot alive."""
     with executor.turn() as parent:
-        _run(parent, "echo base > /workspace/f")
+        run_script(parent, "echo base > /workspace/f")
         forks = parent.fork(3)
     snapshot = forks[0].snapshot_source
     assert snapshot is not None

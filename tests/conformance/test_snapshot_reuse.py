@@ -14,17 +14,12 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
-
-from astralvessel import Agent, Executor, Registry, Turn, TurnSnapshot
+from astralvessel import Executor, Turn, TurnSnapshot
 from astralvessel._executor._snapshot._mechanism import upper_layer_listed
 from astralvessel._executor._snapshot._tree import scan_tree
-from astralvessel.sandbox import Mount, Sandbox
 
-from .conftest import TEST_LIMITS, WORKDIR
+from .calls import run_script
 
 #: Every name under the workspace (the outbox aside) with its kind, mode, size and link
 #: target (a folder's size is its filesystem's), then each regular file's checksum. Not
@@ -53,26 +48,6 @@ _FOOL = (
 )
 
 
-@pytest.fixture
-def executor(backend: Sandbox, agent_dir: Path, data_dir: Path) -> Iterator[Executor]:
-    """An executor of the backend under test with the suite's limits."""
-    opened = Executor(
-        Registry.for_agent(Agent.load(agent_dir)),
-        sandbox=backend,
-        mounts=(Mount.from_pair(WORKDIR, data_dir),),
-        timeout_seconds=30.0,
-        limits=TEST_LIMITS,
-    )
-    with opened:
-        yield opened
-
-
-def _run(turn: Turn, script: str) -> str:
-    result = turn.exec(["sh", "-c", script])
-    assert result.returncode == 0, result.stderr
-    return result.stdout.decode("utf-8", "backslashreplace")
-
-
 def _inode(snapshot: TurnSnapshot, name: str) -> int:
     return os.stat(snapshot.path / name).st_ino
 
@@ -82,14 +57,14 @@ def _holds_what_it_shows(executor: Executor, turn: Turn, snapshot: TurnSnapshot)
     bounds = {"max_bytes": 1 << 30, "max_files": 1000}
     assert scan_tree(snapshot.path, **bounds).content_id == snapshot.content_id
     with executor.turn(snapshot=snapshot) as opened:
-        assert _run(opened, _LISTING) == _run(turn, _LISTING)
+        assert run_script(opened, _LISTING) == run_script(turn, _LISTING)
 
 
 def test_a_second_snapshot_links_what_did_not_change(executor: Executor):
     """Files unchanged since the last snapshot are the store's own (one inode), and the
     incremental snapshot's id is the full one's: same files, same id."""
     with executor.turn() as turn:
-        _run(turn, _MAKE)
+        run_script(turn, _MAKE)
         time.sleep(0.3)  # past the capture's racy window: the files are recorded
         first = turn.snapshot()
         second = turn.snapshot()
@@ -103,10 +78,10 @@ def test_a_file_changed_between_two_snapshots_is_read_again(executor: Executor):
     """Rewritten with its mtime set back, replaced by a rename or a hard link, chmodded,
     removed, its folder made anew: the next snapshot holds what the turn shows."""
     with executor.turn() as turn:
-        _run(turn, _MAKE)
+        run_script(turn, _MAKE)
         time.sleep(0.3)
         first = turn.snapshot()
-        _run(turn, _FOOL)
+        run_script(turn, _FOOL)
         second = turn.snapshot()
         assert (second.path / "d/0").read_bytes() == b"FILE-0"
         assert (second.path / "d/1").read_bytes() == b"file-2"
@@ -120,9 +95,9 @@ def test_a_file_changed_in_the_captures_tick_is_read_again(executor: Executor):
     mtime, may share the capture's clock tick: it is never taken as unchanged."""
     with executor.turn() as turn:
         for round_ in range(3):
-            _run(turn, f"cd /workspace && printf 'r{round_}' > f && touch -d @1 f")
+            run_script(turn, f"cd /workspace && printf 'r{round_}' > f && touch -d @1 f")
             turn.snapshot()
-            _run(turn, f"cd /workspace && printf 'R{round_}' > f && touch -d @1 f")
+            run_script(turn, f"cd /workspace && printf 'R{round_}' > f && touch -d @1 f")
             again = turn.snapshot()
             assert (again.path / "f").read_bytes() == f"R{round_}".encode()
 
@@ -131,12 +106,12 @@ def test_a_forks_snapshot_links_only_what_it_did_not_change(executor: Executor):
     """A fork's snapshot links the files its upper layer does not hold, and reads every
     file it changed, whited out or hid under an opaque folder."""
     with executor.turn() as parent:
-        _run(parent, _MAKE)
+        run_script(parent, _MAKE)
         (fork,) = parent.fork(1)
     source = fork.snapshot_source
     assert source is not None
     with fork:
-        _run(fork, _FOOL)
+        run_script(fork, _FOOL)
         taken = fork.snapshot()
         assert (taken.path / "d/0").read_bytes() == b"FILE-0"
         assert (taken.path / "d/1").read_bytes() == b"file-2"
@@ -152,20 +127,20 @@ def test_a_fork_of_a_linked_snapshot_changes_no_tree(executor: Executor):
     """Trees share inodes: a fork writing, chmodding and removing a shared file changes
     neither the snapshot it opened from nor the older one whose inode it is."""
     with executor.turn() as turn:
-        _run(turn, _MAKE)
+        run_script(turn, _MAKE)
         time.sleep(0.3)
         first = turn.snapshot()
-        _run(turn, "printf new > /workspace/new")
+        run_script(turn, "printf new > /workspace/new")
         second = turn.snapshot()
     assert _inode(second, "keep") == _inode(first, "keep")
     bounds = {"max_bytes": 1 << 30, "max_files": 1000}
     with executor.turn(snapshot=second) as fork:
-        _run(
+        run_script(
             fork,
             "cd /workspace && echo more >> keep && chmod 600 d/0 && rm d/2 && "
             "{ echo bad > /.vessel-lower/keep; true; } 2>/dev/null",
         )
-        assert _run(fork, "cat /workspace/keep") == "basemore\n"
+        assert run_script(fork, "cat /workspace/keep") == "basemore\n"
     for snapshot in (first, second):
         assert scan_tree(snapshot.path, **bounds).content_id == snapshot.content_id
     assert (first.path / "keep").read_bytes() == b"base"

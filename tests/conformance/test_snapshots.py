@@ -12,17 +12,17 @@ import concurrent.futures
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from astralvessel import Agent, Executor, Registry, SnapshotError, Turn, TurnSnapshot, UsageError
+from astralvessel import Executor, SnapshotError, Turn, TurnSnapshot, UsageError
 from astralvessel._executor._snapshot._mechanism import overlay_backend
 from astralvessel._executor._snapshot._tree import scan_tree
-from astralvessel.sandbox import Limits, Mount, Sandbox
+from astralvessel.sandbox import Limits, Sandbox
 
-from .conftest import TEST_LIMITS, WORKDIR
+from .calls import run_script
+from .conftest import suite_executor
 
 #: Lists every name under the workspace (the server's outbox aside) with its kind, mode,
 #: size, link target and link count, then each regular file's checksum: what a restore
@@ -44,39 +44,16 @@ _MAKE_TREE = (
 )
 
 
-def _run(turn: Turn, script: str) -> str:
-    result = turn.exec(["sh", "-c", script])
-    assert result.returncode == 0, result.stderr
-    return result.stdout.decode("utf-8", "backslashreplace")
-
-
-@pytest.fixture
-def executor(backend: Sandbox, agent_dir: Path, data_dir: Path) -> Iterator[Executor]:
-    """An executor of the backend under test with the suite's limits."""
-    with _executor(backend, agent_dir, data_dir) as opened:
-        yield opened
-
-
-def _executor(backend: Sandbox, agent_dir: Path, data_dir: Path, **options: object) -> Executor:
-    return Executor(
-        Registry.for_agent(Agent.load(agent_dir)),
-        sandbox=backend,
-        mounts=(Mount.from_pair(WORKDIR, data_dir),),
-        timeout_seconds=30.0,
-        **{"limits": TEST_LIMITS, **options},  # type: ignore[arg-type]
-    )
-
-
 def test_a_turn_opened_from_a_snapshot_has_its_files(executor: Executor):
     """Folders, modes, links in and out, hard links, odd names and sparse files come back as they were."""
     with executor.turn() as turn:
-        _run(turn, _MAKE_TREE)
-        before = _run(turn, _LISTING)
+        run_script(turn, _MAKE_TREE)
+        before = run_script(turn, _LISTING)
         snapshot = turn.snapshot()
     with executor.turn(snapshot=snapshot) as restored:
-        assert _run(restored, _LISTING) == before
-        assert _run(restored, "id -u; stat -c %u /workspace/a/b/f | tr -d '\\n'; echo") == (
-            _run(restored, "id -u; id -u")
+        assert run_script(restored, _LISTING) == before
+        assert run_script(restored, "id -u; stat -c %u /workspace/a/b/f | tr -d '\\n'; echo") == (
+            run_script(restored, "id -u; id -u")
         )
     assert snapshot.file_count == 10
     assert snapshot.total_bytes == 3 + 1 + 3 * 2**20 + 1
@@ -85,7 +62,7 @@ def test_a_turn_opened_from_a_snapshot_has_its_files(executor: Executor):
 def test_a_links_target_stays_in_the_sandbox(executor: Executor):
     """A link pointing out of the workspace is kept as a link: the host never follows it."""
     with executor.turn() as turn:
-        _run(turn, "ln -s /etc/shadow /workspace/out && ln -s ../../../../.. /workspace/up")
+        run_script(turn, "ln -s /etc/shadow /workspace/out && ln -s ../../../../.. /workspace/up")
         snapshot = turn.snapshot()
     assert os.readlink(snapshot.path / "out") == "/etc/shadow"
     assert os.readlink(snapshot.path / "up") == "../../../../.."
@@ -95,17 +72,17 @@ def test_a_links_target_stays_in_the_sandbox(executor: Executor):
 def test_a_forks_writes_reach_neither_its_siblings_nor_its_parent(executor: Executor):
     """Each fork writes its own files; its siblings and the parent still see the snapshot's."""
     with executor.turn() as parent:
-        _run(parent, "echo base > /workspace/f")
+        run_script(parent, "echo base > /workspace/f")
         forks = parent.fork(3)
-        _run(parent, "echo parent > /workspace/f")
+        run_script(parent, "echo parent > /workspace/f")
         try:
             for index, fork in enumerate(forks):
-                assert _run(fork, "cat /workspace/f") == "base\n"
-                _run(fork, f"echo fork{index} > /workspace/f && touch /workspace/only{index}")
+                assert run_script(fork, "cat /workspace/f") == "base\n"
+                run_script(fork, f"echo fork{index} > /workspace/f && touch /workspace/only{index}")
             for index, fork in enumerate(forks):
-                seen = _run(fork, "cat /workspace/f; ls /workspace")
+                seen = run_script(fork, "cat /workspace/f; ls /workspace")
                 assert seen == f"fork{index}\nf\nonly{index}\noutbox\n"
-            assert _run(parent, "cat /workspace/f; ls /workspace") == "parent\nf\noutbox\n"
+            assert run_script(parent, "cat /workspace/f; ls /workspace") == "parent\nf\noutbox\n"
         finally:
             for fork in forks:
                 fork.close()
@@ -127,34 +104,34 @@ def test_a_fork_changes_neither_the_snapshots_tree_nor_its_siblings(executor: Ex
     """Whatever a fork does to the files it opened with, the snapshot's tree on the host
     keeps its content id and a sibling still sees the snapshot's files."""
     with executor.turn() as parent:
-        _run(
+        run_script(
             parent,
             "cd /workspace && echo kept > kept && echo gone > gone && echo moved > moved && "
             "mkdir -p deep empty tree/a && echo inner > deep/inner && echo t > tree/a/t",
         )
-        before = _run(parent, _LISTING)
+        before = run_script(parent, _LISTING)
         tamperer, sibling = parent.fork(2)
     snapshot = tamperer.snapshot_source
     assert snapshot is not None
     bounds = {"max_bytes": 1 << 30, "max_files": 1000}
     assert scan_tree(snapshot.path, **bounds).content_id == snapshot.content_id
     with tamperer, sibling:
-        assert _run(sibling, _LISTING) == before  # the sibling's sandbox runs first
-        _run(tamperer, _TAMPER)
-        seen = _run(tamperer, "cd /workspace && ls && stat -c %a kept && cat kept")
+        assert run_script(sibling, _LISTING) == before  # the sibling's sandbox runs first
+        run_script(tamperer, _TAMPER)
+        seen = run_script(tamperer, "cd /workspace && ls && stat -c %a kept && cat kept")
         assert seen == "away\ndeep\nempty2\nkept\nkept.hard\noutbox\nsetid\n777\nkept\nchanged\n"
-        assert _run(tamperer, "find /workspace -perm /6000") == ""
+        assert run_script(tamperer, "find /workspace -perm /6000") == ""
         assert scan_tree(snapshot.path, **bounds).content_id == snapshot.content_id
-        assert _run(sibling, _LISTING) == before
+        assert run_script(sibling, _LISTING) == before
     with executor.turn(snapshot=snapshot) as again:
-        assert _run(again, _LISTING) == before
+        assert run_script(again, _LISTING) == before
 
 
 def test_a_forks_writes_count_against_its_disk_limit(executor: Executor):
     """A fork's own layer is its workspace's tmpfs: rewriting the snapshot's files and
     writing past ``disk_mb`` fails as in any turn, and the snapshot is unchanged."""
     with executor.turn() as parent:
-        _run(parent, "head -c 6291456 /dev/urandom > /workspace/six")
+        run_script(parent, "head -c 6291456 /dev/urandom > /workspace/six")
         (fork,) = parent.fork(1)
     with fork:
         # Rewriting the file copies its six MiB up into the fork's layer: two more files
@@ -163,7 +140,7 @@ def test_a_forks_writes_count_against_its_disk_limit(executor: Executor):
         full = fork.exec(["sh", "-c", script])
         assert full.returncode != 0
         assert b"No space left" in full.stderr
-        left = _run(fork, "cd /workspace && rm one two && stat -c %s six")
+        left = run_script(fork, "cd /workspace && rm one two && stat -c %s six")
         assert left == "6291458\n"
     assert fork.snapshot_source is not None
     assert (fork.snapshot_source.path / "six").stat().st_size == 6291456
@@ -173,15 +150,19 @@ def test_a_snapshot_of_a_fork_is_the_forks_files(executor: Executor):
     """A fork's own snapshot is what it shows: its writes, never a removed file or the
     overlay's bookkeeping (a whiteout, a folder removed and made again)."""
     with executor.turn() as parent:
-        _run(parent, "cd /workspace && mkdir -p a/b e && echo 1 > a/b/f && echo 2 > g && : > e/x")
+        run_script(
+            parent, "cd /workspace && mkdir -p a/b e && echo 1 > a/b/f && echo 2 > g && : > e/x"
+        )
         (fork,) = parent.fork(1)
     with fork:
-        _run(fork, "cd /workspace && rm g && rm -r e && mkdir e && : > e/y && echo 9 >> a/b/f")
+        run_script(
+            fork, "cd /workspace && rm g && rm -r e && mkdir e && : > e/y && echo 9 >> a/b/f"
+        )
         names = sorted(entry.name for entry in fork.snapshot().manifest.entries)
         assert names == [b"a", b"a/b", b"a/b/f", b"e", b"e/y"]
         (grandchild,) = fork.fork(1)
     with grandchild:
-        assert _run(grandchild, "cd /workspace && ls e && cat a/b/f") == "y\n1\n9\n"
+        assert run_script(grandchild, "cd /workspace && ls e && cat a/b/f") == "y\n1\n9\n"
 
 
 def test_a_writable_root_turn_opens_from_a_snapshot_by_copy(
@@ -190,13 +171,13 @@ def test_a_writable_root_turn_opens_from_a_snapshot_by_copy(
     """The writable root's layers live in the workspace's own tmpfs, so such a turn
     copies the snapshot's files in, and both its workspace and its root are writable."""
     with executor.turn() as turn:
-        _run(turn, "echo hi > /workspace/f")
+        run_script(turn, "echo hi > /workspace/f")
         snapshot = turn.snapshot()
     roomy = Limits(disk_mb=64, memory_mb=256, processes=48, open_files=256)  # the root's folders
-    rooted = _executor(backend, agent_dir, data_dir, writable_root=True, limits=roomy)
+    rooted = suite_executor(backend, agent_dir, data_dir, writable_root=True, limits=roomy)
     with rooted, rooted.turn(snapshot=snapshot) as opened:
         script = "cat /workspace/f && echo x >> /workspace/f && echo y > /usr/local/y && echo ok"
-        assert _run(opened, script) == "hi\nok\n"
+        assert run_script(opened, script) == "hi\nok\n"
 
 
 def test_the_mechanism_is_the_backends(executor: Executor):
@@ -204,31 +185,33 @@ def test_the_mechanism_is_the_backends(executor: Executor):
     copy elsewhere);
     either way the calls own the files they opened with and may replace them."""
     with executor.turn() as parent:
-        _run(parent, "mkdir /workspace/d && echo base > /workspace/d/f")
+        run_script(parent, "mkdir /workspace/d && echo base > /workspace/d/f")
         (fork,) = parent.fork(1)
     with fork:
-        mounted = _run(fork, "grep ' /workspace ' /proc/self/mountinfo | tail -n 1")
+        mounted = run_script(fork, "grep ' /workspace ' /proc/self/mountinfo | tail -n 1")
         # Docker's overlay is the host's, which only a root host can mount.
         name = executor.sandbox.name
         overlay = overlay_backend(name) and (name != "docker" or os.geteuid() == 0)
         assert (" - overlay " in mounted) is overlay, mounted
         mine = "id -u; stat -c %u /workspace/d /workspace/d/f"
-        uid = _run(fork, "id -u").strip()
-        assert _run(fork, mine).split() == [uid, uid, uid]
-        _run(fork, "echo more >> /workspace/d/f && touch /workspace/d/new && rm /workspace/d/f")
-        assert _run(fork, "ls /workspace/d") == "new\n"
+        uid = run_script(fork, "id -u").strip()
+        assert run_script(fork, mine).split() == [uid, uid, uid]
+        run_script(
+            fork, "echo more >> /workspace/d/f && touch /workspace/d/new && rm /workspace/d/f"
+        )
+        assert run_script(fork, "ls /workspace/d") == "new\n"
 
 
 def test_forks_racing_each_other_stay_apart(executor: Executor):
     """Forks driven from threads at once each see the snapshot and only their own writes."""
     with executor.turn() as parent:
-        _run(parent, "seq 1 1000 > /workspace/numbers")
+        run_script(parent, "seq 1 1000 > /workspace/numbers")
         forks = parent.fork(4)
 
     def work(index: int) -> str:
         with forks[index] as fork:
-            _run(fork, f"echo {index} >> /workspace/numbers && touch /workspace/mine{index}")
-            return _run(
+            run_script(fork, f"echo {index} >> /workspace/numbers && touch /workspace/mine{index}")
+            return run_script(
                 fork, "tail -n 1 /workspace/numbers; wc -l < /workspace/numbers; ls /workspace"
             )
 
@@ -240,35 +223,36 @@ def test_forks_racing_each_other_stay_apart(executor: Executor):
 def test_a_fifo_is_refused_by_name(executor: Executor):
     """A fifo a call made refuses the snapshot, naming it (calls can make no device or socket)."""
     with executor.turn() as turn:
-        _run(turn, "mkdir /workspace/d && mkfifo /workspace/d/pipe")
+        run_script(turn, "mkdir /workspace/d && mkfifo /workspace/d/pipe")
         with pytest.raises(SnapshotError, match="'d/pipe' is a fifo"):
             turn.snapshot()
         assert executor.snapshot_budget.used_bytes == 0
-        _run(turn, "rm /workspace/d/pipe")
+        run_script(turn, "rm /workspace/d/pipe")
         assert turn.snapshot().file_count == 1
 
 
 def test_set_id_bits_never_come_back(executor: Executor):
     """A fork's files have the parent's modes without set-id bits (noted when any were set)."""
     with executor.turn() as turn:
-        _run(
+        run_script(
             turn, "cd /workspace && cp /bin/true t && mkdir d && (chmod 6755 t; chmod 2775 d; true)"
         )
         modes = [
-            int(mode, 8) for mode in _run(turn, "stat -c %a /workspace/t /workspace/d").split()
+            int(mode, 8)
+            for mode in run_script(turn, "stat -c %a /workspace/t /workspace/d").split()
         ]
         snapshot = turn.snapshot()
     if any(mode & 0o6000 for mode in modes):  # the sandbox let the call set them
         assert "set-id bits dropped" in " ".join(snapshot.notes)
     with executor.turn(snapshot=snapshot) as fork:
-        restored = _run(fork, "stat -c %a /workspace/t /workspace/d").split()
+        restored = run_script(fork, "stat -c %a /workspace/t /workspace/d").split()
     assert [int(mode, 8) for mode in restored] == [mode & ~0o6000 for mode in modes]
 
 
 def test_many_small_files_come_back(executor: Executor):
     """Three thousand files in a hundred folders are captured and restored, every one."""
     with executor.turn() as turn:
-        _run(
+        run_script(
             turn,
             "cd /workspace && for d in $(seq 100); do mkdir $d && "
             "(cd $d && for f in $(seq 30); do echo $d.$f > $f; done); done",
@@ -276,15 +260,18 @@ def test_many_small_files_come_back(executor: Executor):
         snapshot = turn.snapshot()
     assert snapshot.file_count == 3100
     with executor.turn(snapshot=snapshot) as restored:
-        assert _run(restored, "cat /workspace/*/* | wc -l; cat /workspace/77/13") == "3000\n77.13\n"
+        assert (
+            run_script(restored, "cat /workspace/*/* | wc -l; cat /workspace/77/13")
+            == "3000\n77.13\n"
+        )
 
 
 def test_a_snapshot_is_a_value_named_by_its_files(executor: Executor):
     """Two snapshots of the same files are equal and hash alike; a changed byte makes another."""
     with executor.turn() as turn:
-        _run(turn, "echo a > /workspace/f")
+        run_script(turn, "echo a > /workspace/f")
         first, second = turn.snapshot(), turn.snapshot()
-        _run(turn, "echo b > /workspace/f")
+        run_script(turn, "echo b > /workspace/f")
         third = turn.snapshot()
     assert first == second
     assert hash(first) == hash(second)
@@ -295,9 +282,9 @@ def test_a_snapshot_is_a_value_named_by_its_files(executor: Executor):
 
 def test_the_budget_refuses_a_snapshot_past_it(backend: Sandbox, agent_dir: Path, data_dir: Path):
     """Snapshots count against the executor's budget until they are dropped."""
-    executor = _executor(backend, agent_dir, data_dir, snapshot_budget_mb=3)
+    executor = suite_executor(backend, agent_dir, data_dir, snapshot_budget_mb=3)
     with executor, executor.turn() as turn:
-        _run(turn, "head -c 2097152 /dev/zero > /workspace/two")
+        run_script(turn, "head -c 2097152 /dev/zero > /workspace/two")
         kept = turn.snapshot()
         assert executor.snapshot_budget.used_bytes == 2 << 20
         with pytest.raises(SnapshotError, match=r"budget of 3\.0 MiB"):
@@ -311,9 +298,9 @@ def test_the_budget_refuses_a_snapshot_past_it(backend: Sandbox, agent_dir: Path
 
 def test_a_sparse_file_counts_its_holes(backend: Sandbox, agent_dir: Path, data_dir: Path):
     """A sparse file is its bytes, holes included: one past the budget refuses the snapshot."""
-    executor = _executor(backend, agent_dir, data_dir, snapshot_budget_mb=8)
+    executor = suite_executor(backend, agent_dir, data_dir, snapshot_budget_mb=8)
     with executor, executor.turn() as turn:
-        _run(turn, "truncate -s 12M /workspace/hole")
+        run_script(turn, "truncate -s 12M /workspace/hole")
         with pytest.raises(SnapshotError, match="sparse file counts its holes"):
             turn.snapshot()
 
@@ -323,10 +310,10 @@ def test_a_snapshot_past_the_turns_disk_is_refused(
 ):
     """A turn whose disk limit cannot hold the snapshot refuses to open from it."""
     with executor.turn() as turn:
-        _run(turn, "head -c 6291456 /dev/zero > /workspace/six")
+        run_script(turn, "head -c 6291456 /dev/zero > /workspace/six")
         snapshot = turn.snapshot()
     small = Limits(disk_mb=4, memory_mb=256, processes=48, open_files=256)
-    tight = _executor(backend, agent_dir, data_dir, limits=small)
+    tight = suite_executor(backend, agent_dir, data_dir, limits=small)
     with (
         tight,
         tight.turn(snapshot=snapshot) as restored,
@@ -350,21 +337,23 @@ def test_warm_turns_start_with_the_executors_snapshot(
 ):
     """``Executor(warm=N, snapshot=s)`` keeps sandboxes ready with s's files, one per turn."""
     with executor.turn() as turn:
-        _run(turn, "echo ready > /workspace/f")
+        run_script(turn, "echo ready > /workspace/f")
         snapshot = turn.snapshot()
-    warm = _executor(backend, agent_dir, data_dir, warm=2, snapshot=snapshot)
+    warm = suite_executor(backend, agent_dir, data_dir, warm=2, snapshot=snapshot)
     with warm:
         assert warm.wait_warm(120)
         with warm.turn() as first, warm.turn() as second:
-            _run(first, "echo first >> /workspace/f")
-            assert _run(second, "cat /workspace/f") == "ready\n"
-            assert _run(first, "cat /workspace/f") == "ready\nfirst\n"
+            run_script(first, "echo first >> /workspace/f")
+            assert run_script(second, "cat /workspace/f") == "ready\n"
+            assert run_script(first, "cat /workspace/f") == "ready\nfirst\n"
 
 
 def test_a_saved_snapshot_opens_in_another_process(executor: Executor, tmp_path: Path):
     """A snapshot saved here is loaded, checked and opened as a turn by a separate Python."""
     with executor.turn() as turn:
-        _run(turn, "mkdir -p /workspace/d && echo saved > /workspace/d/f && ln -s d/f /workspace/l")
+        run_script(
+            turn, "mkdir -p /workspace/d && echo saved > /workspace/d/f && ln -s d/f /workspace/l"
+        )
         snapshot = turn.snapshot()
     saved = tmp_path / "turn.snapshot"
     snapshot.save(saved)
@@ -393,12 +382,12 @@ def test_a_saved_snapshot_opens_in_another_process(executor: Executor, tmp_path:
 def test_a_fork_of_an_unstarted_fork_is_the_same_snapshot(executor: Executor):
     """A turn whose sandbox has not started yet snapshots as the snapshot it opened from."""
     with executor.turn() as parent:
-        _run(parent, "echo one > /workspace/f")
+        run_script(parent, "echo one > /workspace/f")
         (child,) = parent.fork(1)
     with child:
         assert child.snapshot() is child.snapshot_source
         (grandchild,) = child.fork(1)
-        _run(child, "echo two >> /workspace/f")
+        run_script(child, "echo two >> /workspace/f")
         assert child.snapshot() != child.snapshot_source
     with grandchild:
-        assert _run(grandchild, "cat /workspace/f") == "one\n"
+        assert run_script(grandchild, "cat /workspace/f") == "one\n"
