@@ -12,7 +12,7 @@ from typing import Any
 import attrs
 
 from ._ground._convert import Structured, structure_leniently
-from ._ground._netallow import HostPattern, parse_allow_list
+from ._ground._netallow import HostPattern, parse_allow_list, read_allow_list
 from ._ground._suggest import unknown_name
 from ._tools._arguments import schema_problem
 from .errors import ConfigError, UsageError
@@ -97,11 +97,15 @@ class Agent(Relaxations):
             dockerfile, problem = _resolve_inside(folder, raw.sandbox.dockerfile)
             if problem:
                 problems.append(f"{VESSEL_FILE}: sandbox.dockerfile: {problem}")
-        network_allow: tuple[HostPattern, ...] = ()
-        try:
-            network_allow = parse_allow_list(raw.network.allow)
-        except UsageError as exc:
-            problems.append(f"{VESSEL_FILE}: network.allow: {exc}")
+        # Each bad pattern where it stands, as every other list's entries are named.
+        written = [
+            (i, text) for i, text in enumerate(raw.network.allow) if fine("network", "allow", i)
+        ]
+        network_allow, allow_problems = read_allow_list(text for _, text in written)
+        problems += [
+            f"{VESSEL_FILE}: network.allow[{written[at][0]}]: {problem}"
+            for at, problem in allow_problems
+        ]
         if problems:
             raise ConfigError(problems)
         return cls(

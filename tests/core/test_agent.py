@@ -440,6 +440,35 @@ def test_every_sandbox_problem_has_its_path_in_one_pass(make_agent: MakeAgent) -
     )
 
 
+def test_each_bad_network_pattern_is_named_where_it_stands(make_agent: MakeAgent) -> None:
+    """[network] allow's bad entries are one problem each under their index, beside a wrong
+    type in the same list, and the good entries hide none of them."""
+    folder = make_agent(
+        MINIMAL
+        + '[network]\nallow = ["pypi.org", "bad host", 3, "x.org:99999", "pypi.org"]\n',
+        {"tools/echo.toml": ECHO_TOOL},
+    )
+    problems = problems_of(folder)
+    assert sorted(problems) == sorted(
+        [
+            "vessel.toml: network.allow[1]: network allow pattern 'bad host': is not a "
+            "lowercase DNS name of at least two labels; write a host name such as pypi.org, "
+            "optionally :PORT, or *.example.org for names below it",
+            "vessel.toml: network.allow[2]: expected a string, got an integer",
+            "vessel.toml: network.allow[3]: network allow port 99999 is not between 1 and 65535",
+        ]
+    )
+
+
+def test_a_good_allow_list_reads_each_pattern_once(make_agent: MakeAgent) -> None:
+    folder = make_agent(
+        MINIMAL + '[network]\nallow = ["pypi.org", "*.example.org:8443", "pypi.org"]\n',
+        {"tools/echo.toml": ECHO_TOOL},
+    )
+    agent = Agent.load(folder)
+    assert [str(p) for p in agent.network_allow] == ["pypi.org", "*.example.org:8443"]
+
+
 NINE_MISTAKES_VESSEL = """
 workdir = "data"
 tool_output_chars = "many"

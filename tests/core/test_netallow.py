@@ -187,7 +187,7 @@ def test_check_reports_a_bad_network_pattern(cli, tmp_path):
     folder = _agent(tmp_path, '[network]\nallow = ["pypi.org", "169.254.169.254"]\n')
     done = cli("check", str(folder))
     assert done.returncode == 2
-    assert "vessel.toml: network.allow: network allow pattern '169.254.169.254'" in done.stderr
+    assert "vessel.toml: network.allow[1]: network allow pattern '169.254.169.254'" in done.stderr
 
 
 def test_cli_call_takes_the_hosts_list(cli, tmp_path):

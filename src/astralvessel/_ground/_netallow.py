@@ -24,7 +24,7 @@ import attrs
 
 from ..errors import UsageError
 
-__all__ = ["DEFAULT_PORTS", "HostPattern", "parse_allow_list", "permits"]
+__all__ = ["DEFAULT_PORTS", "HostPattern", "parse_allow_list", "permits", "read_allow_list"]
 
 #: The ports a pattern without ``:PORT`` allows.
 DEFAULT_PORTS = (80, 443)
@@ -109,23 +109,32 @@ class HostPattern:
         return text if self.port is None else f"{text}:{self.port}"
 
 
-def parse_allow_list(texts: Iterable[str | HostPattern]) -> tuple[HostPattern, ...]:
-    """Read a whole list; raise one ``UsageError`` naming every bad entry."""
-    if isinstance(texts, str):
-        raise UsageError(f"network allow is a list of patterns, not the text {texts!r}")
+def read_allow_list(
+    texts: Iterable[str | HostPattern],
+) -> tuple[tuple[HostPattern, ...], list[tuple[int, str]]]:
+    """Read a whole list: its patterns (each once, in order) and each bad entry's index
+    and problem, so a file's reader can name every entry where it stands."""
     patterns: list[HostPattern] = []
-    problems: list[str] = []
-    for text in texts:
+    problems: list[tuple[int, str]] = []
+    for index, text in enumerate(texts):
         if isinstance(text, HostPattern):
             patterns.append(text)
             continue
         try:
             patterns.append(HostPattern.parse(text))
         except UsageError as error:
-            problems.append(str(error))
+            problems.append((index, str(error)))
+    return tuple(dict.fromkeys(patterns)), problems
+
+
+def parse_allow_list(texts: Iterable[str | HostPattern]) -> tuple[HostPattern, ...]:
+    """Read a whole list; raise one ``UsageError`` naming every bad entry."""
+    if isinstance(texts, str):
+        raise UsageError(f"network allow is a list of patterns, not the text {texts!r}")
+    patterns, problems = read_allow_list(texts)
     if problems:
-        raise UsageError("; ".join(problems))
-    return tuple(dict.fromkeys(patterns))
+        raise UsageError("; ".join(problem for _, problem in problems))
+    return patterns
 
 
 def permits(patterns: Iterable[HostPattern], host: str, port: int) -> bool:
