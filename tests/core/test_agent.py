@@ -444,8 +444,7 @@ def test_each_bad_network_pattern_is_named_where_it_stands(make_agent: MakeAgent
     """[network] allow's bad entries are one problem each under their index, beside a wrong
     type in the same list, and the good entries hide none of them."""
     folder = make_agent(
-        MINIMAL
-        + '[network]\nallow = ["pypi.org", "bad host", 3, "x.org:99999", "pypi.org"]\n',
+        MINIMAL + '[network]\nallow = ["pypi.org", "bad host", 3, "x.org:99999", "pypi.org"]\n',
         {"tools/echo.toml": ECHO_TOOL},
     )
     problems = problems_of(folder)
