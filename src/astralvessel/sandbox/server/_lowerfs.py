@@ -33,6 +33,7 @@ import struct
 
 from . import _sys
 from ._lean import suppress
+from ._userns import CLONE_NEWUSER
 
 __all__ = ["LAYERS", "overlay_workspace"]
 
@@ -51,7 +52,6 @@ _MOUNT_ATTR_NOSUID = 0x2
 _MOUNT_ATTR_NODEV = 0x4
 _MOUNT_ATTR_IDMAP = 0x100000
 _MOVE_MOUNT_F_EMPTY_PATH = 0x4
-_CLONE_NEWUSER = 0x10000000
 
 
 def _syscall(number: int, what: str, *args: object) -> int:
@@ -91,7 +91,7 @@ def _userns_mapping(
         try:
             os.close(ready_r)
             os.close(done_w)
-            code = 0 if _sys.libc().unshare(ctypes.c_int(_CLONE_NEWUSER)) == 0 else 1
+            code = 0 if _sys.libc().unshare(ctypes.c_int(CLONE_NEWUSER)) == 0 else 1
             os.write(ready_w, bytes([code]))
             os.read(done_r, 1)
         finally:
