@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 
 from astralvessel import Executor
+from astralvessel._executor._snapshot._reaper import drain
 
 from .calls import run_script
 
@@ -86,4 +87,5 @@ def test_sandboxes_started_ahead_go_with_the_forks_snapshot(executor: Executor):
     gc.collect()
     assert key not in executor._ahead
     assert not any(session.alive() for session in waiting)
+    assert drain(60)  # the tree goes in the reaper's thread
     assert not tree.exists()

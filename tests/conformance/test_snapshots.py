@@ -18,6 +18,7 @@ import pytest
 
 from astralvessel import Executor, SnapshotError, Turn, TurnSnapshot, UsageError
 from astralvessel._executor._snapshot._mechanism import overlay_backend
+from astralvessel._executor._snapshot._reaper import drain
 from astralvessel._executor._snapshot._tree import scan_tree
 from astralvessel.sandbox import Limits, Sandbox
 
@@ -281,16 +282,18 @@ def test_a_snapshot_is_a_value_named_by_its_files(executor: Executor):
 
 
 def test_the_budget_refuses_a_snapshot_past_it(backend: Sandbox, agent_dir: Path, data_dir: Path):
-    """Snapshots count against the executor's budget until they are dropped."""
+    """Snapshots count against the executor's budget until they are dropped (and removed)."""
     executor = suite_executor(backend, agent_dir, data_dir, snapshot_budget_mb=3)
     with executor, executor.turn() as turn:
         run_script(turn, "head -c 2097152 /dev/zero > /workspace/two")
         kept = turn.snapshot()
         assert executor.snapshot_budget.used_bytes == 2 << 20
+        run_script(turn, "cd /workspace && rm two && head -c 2097152 /dev/zero > other")
         with pytest.raises(SnapshotError, match=r"budget of 3\.0 MiB"):
             turn.snapshot()
         path = kept.path
         del kept
+        assert drain(60)
         assert not path.exists()
         assert executor.snapshot_budget.used_bytes == 0
         assert turn.snapshot().total_bytes == 2 << 20

@@ -20,7 +20,8 @@ import pytest
 
 from astralvessel import SnapshotError, TurnSnapshot
 from astralvessel._executor._snapshot._capture import capture, manifest_of, restore
-from astralvessel._executor._snapshot._store import Budget
+from astralvessel._executor._snapshot._reaper import drain
+from astralvessel._executor._snapshot._store import Budget, store_root
 from astralvessel.sandbox import FsReply, FsRequest
 
 
@@ -124,12 +125,15 @@ def test_a_listing_past_the_budget_reads_nothing():
 
 
 def test_a_refused_capture_leaves_nothing_and_gives_its_bytes_back():
-    """A capture refused after the budget was taken removes its folder and gives the bytes back."""
+    """A capture refused after its tree was begun leaves no folder and holds no bytes."""
     budget = Budget(1 << 20)
+    before = set(os.listdir(store_root()))
     with pytest.raises(SnapshotError, match="more or fewer bytes"):
         _drive(_capture(budget), [_file("f", b"honest")], b"short")
     gc.collect()
+    assert drain(10)
     assert budget.used_bytes == 0
+    assert set(os.listdir(store_root())) <= before
 
 
 def test_restore_records_follow_the_manifest():

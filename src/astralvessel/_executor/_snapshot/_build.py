@@ -20,6 +20,7 @@ from typing import Any
 from ._archive import _umask
 from ._manifest import Entry, show
 from ._reuse import Held, matches
+from ._store import Inodes
 
 __all__ = ["EMPTY_DIGEST", "TreeWriter"]
 
@@ -37,8 +38,9 @@ class TreeWriter:
         self.umask = _umask()
         #: Each regular file's digest, as it was linked or written.
         self.digests: dict[bytes, str] = {}
+        #: Each regular file's inode, as the budget counts it (``_store.Inodes``).
+        self.inodes: Inodes = {}
         self._modes: list[tuple[bytes, int]] = []
-        self._linked: set[tuple[int, int]] = set()
         self._file: tuple[int, Any] | None = None
 
     def folder(self, entry: Entry) -> None:
@@ -70,13 +72,13 @@ class TreeWriter:
         key = (info.st_dev, info.st_ino)
         # One held inode per name: two names sharing one would be a hard link the listing
         # did not show.
-        if not stat.S_ISREG(info.st_mode) or info.st_size != entry.size or key in self._linked:
+        if not stat.S_ISREG(info.st_mode) or info.st_size != entry.size or key in self.inodes:
             return False
         try:
             os.link(held.path, entry.name, dst_dir_fd=self.base, follow_symlinks=False)
         except OSError:  # a folder of the older tree its owner cannot search: read instead
             return False
-        self._linked.add(key)
+        self.inodes[key] = entry.size
         self.digests[entry.name] = held.entry.digest or EMPTY_DIGEST
         return True
 
@@ -99,7 +101,9 @@ class TreeWriter:
         if offset + len(data) == entry.size:
             if entry.mode & self.umask:
                 os.fchmod(fd, entry.mode)
+            info = os.fstat(fd)
             os.close(fd)
+            self.inodes[(info.st_dev, info.st_ino)] = entry.size
             self._file = None
             self.digests[entry.name] = digest.hexdigest()
 

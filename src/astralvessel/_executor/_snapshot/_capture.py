@@ -8,11 +8,14 @@ file primitives are), so the sync and async turn share them:
   shape from the listing (a special file, a bad name or a link out of place is
   refused there, before anything is read or written), links each file the
   store holds already (``_reuse``: unchanged since the turn's last capture, or
-  still the lower layer's of the snapshot it opened from), asks the worker for
+  still the lower layer's of the snapshot it opened from), checks the budget
+  against the bytes of the others (an estimate: a refusal reads nothing), asks the worker for
   the other files' bytes in batches and writes them into the new tree, hashing
   as it writes (``_build``). The manifest's digests are the host's: of the
   bytes it wrote, or its own record of the file it linked. So what a sandbox
-  sends can only ever be the snapshot's bytes, never disagree with them.
+  sends can only ever be the snapshot's bytes, never disagree with them. The
+  new tree's inodes are then counted exactly (``Budget.hold``: a file another
+  live tree holds counts once), and a tree past the budget is refused and goes.
 - ``restore``: the manifest's entries, in order, as records the file worker
   makes as the calls' user (so the files belong to the turn's identity, as its
   own would), folders' modes last.
@@ -32,7 +35,7 @@ from ...sandbox._api import FsReply, FsRequest
 from ...sandbox.server._fsops import CHUNK_BYTES
 from ._build import TreeWriter
 from ._manifest import SETID_BITS, Entry, EntryKind, Manifest, show
-from ._reuse import Captures, Held, recorded_stat, with_digests
+from ._reuse import Captures, Held, matches, recorded_stat, with_digests
 from ._store import Budget, Tree, new_folder
 from ._value import TurnSnapshot
 
@@ -101,14 +104,11 @@ def capture(
         _name(item): item for item in listing if item.get("kind") == "file"
     }  # manifest_of checked every item is an object with a name
     held = captures.reusable(files) if captures is not None else {}
-    budget.take(shape.total_bytes)
-    # The tree gives its bytes back, and its folder goes, when it is collected or removed.
-    try:
-        folder = new_folder()
-    except BaseException:
-        budget.give_back(shape.total_bytes)
-        raise
-    tree = Tree(folder / "tree", shape.total_bytes, budget)
+    # The estimate: the bytes of the files to read. A linked file may still count (one no
+    # live tree of this budget holds: a loaded snapshot's), which the exact check sees.
+    budget.check(_unheld_bytes(shape, held))
+    # The folder goes, and the files' bytes go back, when the tree is collected or removed.
+    tree = Tree(new_folder() / "tree", budget)
     try:
         writer = TreeWriter(tree.path)
         try:
@@ -116,6 +116,7 @@ def capture(
             writer.finish()
         finally:
             writer.close()
+        tree.hold(writer.inodes)
         snapshot = TurnSnapshot(manifest=with_digests(shape, writer.digests), tree=tree)
     except BaseException as exc:
         tree.remove()
@@ -128,6 +129,17 @@ def capture(
             stats = {name: recorded_stat(item, began) for name, item in files.items()}
             captures.remember(snapshot, {k: v for k, v in stats.items() if v is not None})
     return snapshot
+
+
+def _unheld_bytes(shape: Manifest, held: dict[bytes, Held]) -> int:
+    """The bytes of the regular files of ``shape`` that no held file may serve."""
+    total = 0
+    for entry in shape.entries:
+        if entry.kind is EntryKind.FILE:
+            found = held.get(entry.name)
+            if found is None or not matches(found, entry):
+                total += entry.size
+    return total
 
 
 def _name(item: dict[str, Any]) -> bytes:

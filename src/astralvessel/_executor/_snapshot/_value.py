@@ -100,7 +100,7 @@ class TurnSnapshot:
 
     @classmethod
     def _extract(cls, src: BinaryIO, max_bytes: int, max_files: int) -> TurnSnapshot:
-        tree = Tree(new_folder() / "tree", 0, None)
+        tree = Tree(new_folder() / "tree", None)
         manifest = extract_archive(src, tree.path, max_bytes=max_bytes, max_files=max_files)
         return cls(manifest=manifest, tree=tree)
 
