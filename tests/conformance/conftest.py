@@ -264,6 +264,10 @@ _SNAPSHOT_TESTS = (
     "test_a_file_changed_in_the_captures_tick_is_read_again",
     "test_a_forks_snapshot_links_only_what_it_did_not_change",
     "test_a_fork_of_a_linked_snapshot_changes_no_tree",
+    # test_snapshot_budget.py's
+    "test_a_fork_holds_its_turns_files_once",
+    "test_a_snapshot_past_the_budget_leaves_nothing",
+    "test_dropped_snapshots_give_their_bytes_back",
     # test_fork_ahead.py's
     "test_a_forks_first_call_takes_the_sandbox_started_ahead",
     "test_forks_started_ahead_stay_apart",
