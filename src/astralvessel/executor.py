@@ -90,8 +90,9 @@ class Executor(Closing):
     2013265920-2013331455 (see the threat model, "Identity and budget").
     ``snapshot`` (a ``TurnSnapshot``) is the files every turn starts with,
     warm ones included, unless ``turn(snapshot=...)`` names another.
-    ``snapshot_budget_mb`` bounds the snapshots this executor's turns take
-    that are still alive (4096 MiB); one past it raises ``SnapshotError``.
+    ``snapshot_budget_mb`` bounds the distinct bytes of the snapshots this
+    executor's turns take that are still alive (4096 MiB; a file several
+    snapshots share counts once); one past it raises ``SnapshotError``.
     ``ledger`` (a folder, a file, a callable, or a ``Ledger`` with a redaction
     hook) receives one JSON-lines record per event of each turn (see
     ``docs/observing.md``).
@@ -170,7 +171,7 @@ class Executor(Closing):
         self.services: dict[str, Callable[..., Any]] = settings.services
         #: The web Transport service tools post through (the stdlib one when None).
         self.service_transport: Transport | AsyncTransport | None = service_transport
-        #: The bytes of snapshots this executor's turns took that are still alive (its budget).
+        #: The distinct bytes of the snapshots its turns took that are still alive (its budget).
         self.snapshot_budget = Budget(settings.snapshot_budget_mb * MIB)
         #: The files every turn opened without a snapshot of its own starts with (warm ones too).
         self.snapshot: TurnSnapshot | None = settings.snapshot

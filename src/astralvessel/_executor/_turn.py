@@ -452,8 +452,10 @@ class BaseTurn(Closing, Generic[_Owner]):
         between calls. Not captured: running or detached processes (they keep
         running; a file one writes meanwhile may be caught half-written, or
         refuse the snapshot if it changes while read), the egress proxy's
-        connections, the leased identity, the host's mounts. It counts against
-        the executor's ``snapshot_budget_mb`` while it is alive. Raises
+        connections, the leased identity, the host's mounts. Its files count
+        against the executor's ``snapshot_budget_mb`` while it is alive (once,
+        however many live snapshots share one), its tree removed in the
+        background once it is dropped. Raises
         ``SnapshotError`` for files a snapshot cannot keep (a fifo, a socket, a
         device, more names or bytes than the bounds) and ``UsageError`` under
         ``writable_root``, whose root's changes are not captured.
