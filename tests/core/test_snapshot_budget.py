@@ -26,7 +26,7 @@ import pytest
 from astralvessel import SnapshotError, TurnSnapshot
 from astralvessel._executor._snapshot import _reaper
 from astralvessel._executor._snapshot._capture import capture
-from astralvessel._executor._snapshot._reaper import drain, enqueue, remove_folder
+from astralvessel._executor._snapshot._reaper import BUSY_SECONDS, drain, enqueue, remove_folder
 from astralvessel._executor._snapshot._reuse import RACY_NS, Captures
 from astralvessel._executor._snapshot._store import Budget, Tree, new_folder, store_root
 from astralvessel.sandbox import FsReply, FsRequest
@@ -263,7 +263,7 @@ def test_a_busy_folder_is_tried_again(monkeypatch: pytest.MonkeyPatch):
         real_rmdir(path, *args, **kwargs)
 
     monkeypatch.setattr(os, "rmdir", busy_three_times)
-    remove_folder(folder)
+    remove_folder(folder, BUSY_SECONDS)
     assert len(tries) == 3
     assert not folder.exists()
 

@@ -203,3 +203,18 @@ def test_leftovers_never_follow_a_link_nor_take_a_live_owners(tmp_path: Path) ->
         [live.name, "target", "astralvessel-egress-999999998-1-link"]
     )
     assert (target / "keep").exists()
+
+
+def test_a_dead_hosts_tree_with_folders_it_cannot_write_goes(tmp_path: Path) -> None:
+    """A dead host's snapshot tree keeps the folder modes a sandbox made (0555 among them):
+    the sweep gives the owner its bits back rather than leave the tree for good (an ordinary
+    user's rmtree alone cannot empty such a folder; the unprivileged CI session runs this)."""
+    dead = tmp_path / "astralvessel-snapshots-999999999-1-abc"
+    locked = dead / "tree" / "locked"
+    (locked / "deeper").mkdir(parents=True)
+    (locked / "deeper" / "file").write_text("x")
+    (locked / "file").write_text("x")
+    (locked / "deeper").chmod(0o555)
+    locked.chmod(0o555)
+    assert _leftovers.remove_leftovers("snapshots", str(tmp_path)) == 1
+    assert not dead.exists()

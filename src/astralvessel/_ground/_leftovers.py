@@ -24,10 +24,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import shutil
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+
+from ._removal import remove_folder
 
 __all__ = [
     "is_leftover",
@@ -133,10 +134,10 @@ def remove_leftovers(kind: str, parent: str | None = None) -> int:
     """Remove the folders of ``kind`` in ``parent`` whose owner is gone; return how many."""
     removed = 0
     for entry in leftover_folders(kind, parent):
-        with contextlib.suppress(OSError):
-            # rmtree checks the folder it opens is the one it looked at: never a link.
-            shutil.rmtree(entry.path)
-            removed += 1
+        # rmtree (under remove_folder) checks the folder it opens is the one it looked at:
+        # never a link. A dead host's snapshot tree may hold folders of mode 0555.
+        remove_folder(Path(entry.path))
+        removed += not os.path.lexists(entry.path)
     return removed
 
 

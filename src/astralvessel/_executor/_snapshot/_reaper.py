@@ -13,22 +13,18 @@ from __future__ import annotations
 
 import atexit
 import collections
-import errno
 import os
-import shutil
-import stat
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
-__all__ = ["BUSY_SECONDS", "drain", "enqueue"]
+from ..._ground._removal import remove_folder
+
+__all__ = ["BUSY_SECONDS", "drain", "enqueue", "remove_folder"]
 
 #: How long a folder that is busy (EBUSY: Docker's lazy unmount of a copy-on-write
 #: workspace over the tree may still be going) is tried again before it is left.
 BUSY_SECONDS = 10.0
-_BUSY_PAUSE = 0.1
 
 #: A removal: the folder, and what to do just before it goes (give the budget back).
 Job = tuple[Path, Callable[[], None] | None]
@@ -129,45 +125,4 @@ def _run(job: Job) -> None:
         if before is not None:
             before()
     finally:
-        remove_folder(folder)
-
-
-def remove_folder(folder: Path, busy_seconds: float = BUSY_SECONDS) -> None:
-    """Remove ``folder`` and all under it, folders without write bits too; a busy one is
-    tried again for ``busy_seconds``; anything else that fails is left (a sweep finds it)."""
-    deadline = time.monotonic() + busy_seconds
-    writable = False
-    problems: set[int] = set()
-
-    def failed(_function: Any, _path: str, info: Any) -> None:
-        problems.add(getattr(info[1], "errno", 0))
-
-    while True:
-        problems.clear()
-        shutil.rmtree(folder, onerror=failed)
-        if not os.path.lexists(folder):
-            return
-        if not writable and problems & {errno.EACCES, errno.EPERM}:
-            # A tree keeps the folder modes a sandbox made (0555 among them): as their owner
-            # the host can give itself the bits back, then try once more.
-            _make_writable(folder)
-            writable = True
-            continue
-        if errno.EBUSY not in problems or time.monotonic() >= deadline:
-            return
-        time.sleep(_BUSY_PAUSE)
-
-
-def _make_writable(folder: Path) -> None:
-    def owner_bits(path: str) -> None:
-        try:
-            mode = os.lstat(path).st_mode
-            if stat.S_ISDIR(mode) and mode & 0o700 != 0o700:
-                os.chmod(path, stat.S_IMODE(mode) | 0o700)
-        except OSError:
-            pass
-
-    owner_bits(str(folder))
-    for top, folders, _files in os.walk(folder):
-        for name in folders:
-            owner_bits(os.path.join(top, name))
+        remove_folder(folder, BUSY_SECONDS)
