@@ -1,10 +1,12 @@
 """A Docker turn opened from a snapshot copy-on-write: the host's overlay, bound as the workspace.
 
-The conformance suite's snapshot tests (test_snapshots.py) run the attacks on
-it: the lower tree never changes, siblings stay apart, disk_mb bounds the
-upper layer. These check what is Docker's own: the container binds the
-host's overlay in place of its tmpfs, and the host's mounts go with the turn,
-or with the next host when the one that made them died.
+The conformance suite's snapshot tests (test_snapshots.py, test_snapshot_reuse.py)
+run the attacks on it: the lower tree never changes, siblings stay apart,
+disk_mb bounds the upper layer, a fork's snapshot reads what it changed however
+it changed it. These check what is Docker's own: the container binds the host's
+overlay in place of its tmpfs, the host reads the upper layer's names for a
+snapshot, and the host's mounts go with the turn, or with the next host when
+the one that made them died.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from pathlib import Path
 
 import pytest
 
+from astralvessel import Executor, Registry
 from astralvessel._ground._leftovers import owned_prefix
-from astralvessel.sandbox import Limits, Policy, RunRequest
+from astralvessel.sandbox import FsReply, FsRequest, Limits, Policy, RunRequest
+from astralvessel.sandbox._session import ServerSession
 from astralvessel.sandbox.docker import Docker
 from astralvessel.sandbox.docker._cow import HostOverlay, remove_frames
 from astralvessel.sandbox.docker._spec import container_spec
@@ -78,6 +82,73 @@ def test_a_turn_on_a_snapshots_tree_runs_on_the_hosts_overlay(backend: Docker, t
     assert (tree / "d" / "f").read_text() == "base\n"
     assert set(_frames()) == before
     assert not Path(frame).exists()
+
+
+def test_a_snapshot_listing_carries_the_upper_layers_names(backend: Docker, tmp_path: Path):
+    """The host reads the names the turn's upper layer holds, once the listing is in: a
+    file written, one removed (a whiteout), a folder made anew (opaque) and its parent
+    are there; a file untouched is not, nor is anything once the turn is closed."""
+    assert os.geteuid() == 0, "the host mounts the overlay as root only"
+    tree = _tree(tmp_path)
+    (tree / "keep").write_text("kept\n")
+    (tree / "d" / "gone").write_text("gone\n")
+    (tree / "e").mkdir(mode=0o755)
+    (tree / "e" / "old").write_text("old\n")
+    session = backend.start(Policy(limits=SMALL_LIMITS, workspace_lower=tree))
+    listing = FsRequest(op="pack", timeout=30, fields={"phase": "list"})
+    try:
+        script = (
+            "cd /workspace && echo more >> d/f && rm d/gone && rm -r e && mkdir e && echo n > new"
+        )
+        outcome = session.run(RunRequest(argv=("sh", "-c", script), timeout=30, output_chars=4000))
+        assert outcome.exit_code == 0, outcome.output
+        reply = session.fs(listing)
+        assert reply.errno is None
+        assert reply.upper_names is not None
+        assert {b"d", b"d/f", b"d/gone", b"e", b"new"} <= reply.upper_names
+        assert not {b"keep", b"e/old"} & reply.upper_names
+        unmarked = session.fs(FsRequest(op="list", path="/workspace", timeout=30))
+        assert unmarked.upper_names is None  # a listing of the file tools, not a snapshot's
+    finally:
+        session.close()
+    assert session.upper_names is not None  # type: ignore[attr-defined]
+    assert session.upper_names() is None  # type: ignore[attr-defined]
+
+
+def test_a_forks_snapshot_reads_only_what_the_fork_changed(
+    backend: Docker, monkeypatch: pytest.MonkeyPatch
+):
+    """A fork's snapshot links every file its upper layer does not hold to the tree it
+    opened from (one inode) and asks the sandbox for the bytes of the one it wrote alone."""
+    assert os.geteuid() == 0, "the host mounts the overlay as root only"
+    read: list[int] = []
+    fs = ServerSession.fs
+
+    def counted(session: ServerSession, request: FsRequest) -> FsReply:
+        reply = fs(session, request)
+        if request.op == "pack" and request.fields.get("phase") == "read":
+            read.append(len(reply.data))
+        return reply
+
+    monkeypatch.setattr(ServerSession, "fs", counted)
+    make = "cd /workspace && mkdir d && for i in $(seq 50); do printf file-$i > d/$i; done"
+    with Executor(Registry([]), sandbox=backend, limits=SMALL_LIMITS) as executor:
+        with executor.turn() as parent:
+            assert parent.exec(["sh", "-c", make]).returncode == 0
+            (fork,) = parent.fork(1)
+        source = fork.snapshot_source
+        assert source is not None
+        with fork:
+            assert fork.exec(["sh", "-c", "printf changed > /workspace/d/7"]).returncode == 0
+            read.clear()
+            taken = fork.snapshot()
+    assert sum(read) == len(b"changed")
+    assert (taken.path / "d/7").read_bytes() == b"changed"
+    for index in range(1, 51):
+        same = (
+            os.stat(taken.path / f"d/{index}").st_ino == os.stat(source.path / f"d/{index}").st_ino
+        )
+        assert same is (index != 7)
 
 
 def test_a_writable_root_turn_is_given_the_files_by_copy(backend: Docker, tmp_path: Path):

@@ -24,11 +24,14 @@ def test_the_backends_with_a_server_lay_an_overlay() -> None:
     assert "mounted by the host" in MECHANISMS["docker"]
 
 
-def test_only_a_server_laid_overlay_lists_its_upper_layer() -> None:
-    """A fork's snapshot reads only what its upper layer holds where the server laid the
-    overlay; Docker's host lays it, so Docker's snapshots reuse by the last capture alone."""
-    listed = [name for name in MECHANISMS if upper_layer_listed(name)]
-    assert listed == ["bubblewrap", "nsjail"]
+def test_every_overlay_lists_its_upper_layer_but_an_ordinary_users_docker() -> None:
+    """A fork's snapshot reads only what its upper layer holds wherever it is an overlay:
+    the server keeps that layer's descriptor, or Docker's host as root; an ordinary
+    user's Docker copies, and docker-exec has no snapshots."""
+    as_root = [name for name in MECHANISMS if upper_layer_listed(name, root=True)]
+    as_user = [name for name in MECHANISMS if upper_layer_listed(name, root=False)]
+    assert as_root == ["bubblewrap", "nsjail", "docker"]
+    assert as_user == ["bubblewrap", "nsjail"]
 
 
 @pytest.mark.parametrize(

@@ -311,6 +311,10 @@ class FsReply:
     data: bytes = b""
     errno: str | None = None
     message: str = ""
+    #: A snapshot's listing (``pack``, phase ``list``) of a workspace whose overlay the
+    #: host laid (Docker as root): every name its upper layer holds, as the host read
+    #: them. None: the server marks its files itself, or no one can.
+    upper_names: frozenset[bytes] | None = None
 
 
 @attrs.frozen(kw_only=True)

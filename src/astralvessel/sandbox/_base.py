@@ -66,6 +66,12 @@ class ServerLink:
     #: namespace backends' are; ``True``: it is laid; ``False``: it could not be, and the
     #: host copies the files in. Either way the server is not asked.
     lower_laid: bool | None = None
+    #: Where the backend laid that overlay: the names its upper layer holds, read by the
+    #: host (None from it: unreadable). The session gives them with each listing of the
+    #: workspace (``FsReply.upper_names``), as a server that laid it marks them itself.
+    upper_names: Callable[[], frozenset[bytes] | None] | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.is_callable())
+    )
 
 
 class Sandbox(abc.ABC):
@@ -113,6 +119,7 @@ class Sandbox(abc.ABC):
         link = self.open(policy)
         booted = policy if link.lower_laid is None else attrs.evolve(policy, workspace_lower=None)
         session = ServerSession.start(link.channel, booted, backend=self.name, options=link.options)
+        session.upper_names = link.upper_names
         if link.lower_laid:
             # Read as the server's own report would be (``Executor._restore``): nothing to copy.
             relaxations = dict(session.ready_info.get("relaxations") or {}, workspace_lower=True)

@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, cast
 
+import attrs
+
 from .._ground._aio import cancelled_exception, wait_future
 from ..errors import SandboxError
 from ._api import (
@@ -131,6 +133,9 @@ class ServerSession(SandboxSession):
         self.ready_info: Mapping[str, Any] = {}
         #: The most output bytes the host held for any one call (the bound is ``output_chars * 4``).
         self.max_buffered_output = 0
+        #: Where the host laid the workspace's overlay (``ServerLink.upper_names``): the
+        #: names its upper layer holds, given with each snapshot listing.
+        self.upper_names: Callable[[], frozenset[bytes] | None] | None = None
         self._channel = channel
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
@@ -573,11 +578,19 @@ class ServerSession(SandboxSession):
 
     def fs(self, request: FsRequest) -> FsReply:
         """Run one file primitive in the sandbox's view, as the calls' user."""
-        return cast(FsReply, self._ask(request))
+        return self._with_upper_names(request, cast(FsReply, self._ask(request)))
 
     async def afs(self, request: FsRequest) -> FsReply:
         """Async twin of ``fs``."""
-        return cast(FsReply, await self._aask(request))
+        return self._with_upper_names(request, cast(FsReply, await self._aask(request)))
+
+    def _with_upper_names(self, request: FsRequest, reply: FsReply) -> FsReply:
+        """A snapshot's listing with the names the host read in the upper layer, read once
+        the listing is in: a file changed meanwhile is then found changed."""
+        listing = request.op == "pack" and request.fields.get("phase") == "list"
+        if self.upper_names is None or not listing or reply.errno is not None:
+            return reply
+        return attrs.evolve(reply, upper_names=self.upper_names())
 
     def detach(self, request: DetachRequest) -> DetachedProcess:
         """Start a detached process; return once the server says it runs."""

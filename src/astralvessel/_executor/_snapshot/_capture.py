@@ -8,12 +8,14 @@ file primitives are), so the sync and async turn share them:
   shape from the listing (a special file, a bad name or a link out of place is
   refused there, before anything is read or written), links each file the
   store holds already (``_reuse``: unchanged since the turn's last capture, or
-  still the lower layer's of the snapshot it opened from), checks the budget
-  against the bytes of the others (an estimate: a refusal reads nothing), asks the worker for
-  the other files' bytes in batches and writes them into the new tree, hashing
-  as it writes (``_build``). The manifest's digests are the host's: of the
-  bytes it wrote, or its own record of the file it linked. So what a sandbox
-  sends can only ever be the snapshot's bytes, never disagree with them. The
+  still the lower layer's of the snapshot it opened from: the worker marks
+  those, or the host from the upper layer's names where it laid the overlay),
+  checks the budget against the bytes of the others (an estimate: a refusal
+  reads nothing), asks the worker for the other files' bytes in batches and
+  writes them into the new tree, hashing as it writes (``_build``). The
+  manifest's digests are the host's: of the bytes it wrote, or its own record
+  of the file it linked. So what a sandbox sends can only ever be the
+  snapshot's bytes, never disagree with them. The
   new tree's inodes are then counted exactly (``Budget.hold``: a file another
   live tree holds counts once), and a tree past the budget is refused and goes.
 - ``restore``: the manifest's entries, in order, as records the file worker
@@ -103,6 +105,8 @@ def capture(
     files = {
         _name(item): item for item in listing if item.get("kind") == "file"
     }  # manifest_of checked every item is an object with a name
+    if reply.upper_names is not None:
+        mark_lower(files, reply.upper_names)
     held = captures.reusable(files) if captures is not None else {}
     # The estimate: the bytes of the files to read. A linked file may still count (one no
     # live tree of this budget holds: a loaded snapshot's), which the exact check sees.
@@ -140,6 +144,14 @@ def _unheld_bytes(shape: Manifest, held: dict[bytes, Held]) -> int:
             if found is None or not matches(found, entry):
                 total += entry.size
     return total
+
+
+def mark_lower(files: dict[bytes, dict[str, Any]], upper: frozenset[bytes]) -> None:
+    """Mark ``lower`` each listed file whose name the turn's upper layer does not hold, as
+    the host read that layer (Docker as root lays the overlay itself): the server, which
+    cannot see it there, marks none, and the host's reading replaces what it sent."""
+    for name, item in files.items():
+        item["lower"] = name not in upper
 
 
 def _name(item: dict[str, Any]) -> bytes:

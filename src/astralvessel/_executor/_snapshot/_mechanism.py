@@ -66,11 +66,16 @@ def overlay_backend(backend: str) -> bool:
     return MECHANISMS.get(backend, "").startswith(COPY_ON_WRITE)
 
 
-def upper_layer_listed(backend: str) -> bool:
+def upper_layer_listed(backend: str, *, root: bool | None = None) -> bool:
     """Whether a copy-on-write turn's snapshot reads only what its upper layer holds: the
-    server keeps a descriptor of that layer for its file worker. Not where the host mounts
-    the overlay (Docker): there the turn's last capture is the only reuse."""
-    return overlay_backend(backend) and backend not in _MOUNTED_BY_THE_HOST
+    server keeps a descriptor of that layer for its file worker, or, where the host mounts
+    the overlay (Docker), the host keeps one, which only root's host has (an ordinary
+    user's copies). ``root``: whether the host is root (None: this process's)."""
+    if not overlay_backend(backend):
+        return False
+    if backend not in _MOUNTED_BY_THE_HOST:
+        return True
+    return os.geteuid() == 0 if root is None else root
 
 
 def kernel_overlay_problem(release: str, filesystems: str, *, root: bool) -> str | None:

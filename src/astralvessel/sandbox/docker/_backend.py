@@ -355,6 +355,7 @@ class Docker(Sandbox):
                 memory_limits=(f"/proc/self/fd/{MEMORY_LIMIT_FD}",),
             ),
             lower_laid=None if policy.workspace_lower is None else overlay is not None,
+            upper_names=None if overlay is None else overlay.upper_names,
         )
 
     def _host_overlay(self, policy: Policy, lease: UidLease | None) -> HostOverlay | None:

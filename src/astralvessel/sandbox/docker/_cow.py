@@ -19,6 +19,14 @@ that folder's overlay as its ``/workspace`` in place of its tmpfs:
   then covers: the store's tree is never written, and never reachable but
   through the overlay.
 
+The host keeps a descriptor of the upper layer (opened through the workspace
+tmpfs's own root, taken before the overlay covered it), as the namespace
+backends' servers keep one for their file worker: a snapshot of the turn
+reads only the names it holds (``upper_names``) and links the rest to the
+snapshot's tree. The walk follows nothing (every folder opened by descriptor,
+``O_NOFOLLOW``), so the calls' shaping of their layer can only make it find
+more names changed, never reach a file outside it.
+
 The frame is unmounted (lazily, with everything in it) and removed when the
 container is gone, and a host that died is swept by the next host process's
 first turn opened from a snapshot (``remove_frames``). An ordinary user's host
@@ -34,11 +42,12 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from ..._ground._leftovers import leftover_folders, owned_prefix
 from .._policy import Limits
-from ..server import _lowerfs, _sys
+from ..server import _lowerfs, _snapfiles, _sys
 
 __all__ = ["HostOverlay", "remove_frames"]
 
@@ -47,6 +56,7 @@ _KIND = "cow"
 #: The frame's own tmpfs: two mount points, nothing else.
 _FRAME_OPTIONS = "size=16k,nr_inodes=16,mode=0755"
 _MIB = 1024 * 1024
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 #: The server's own routine, run in a child of its own: it forks for the idmapped layer's
 #: user namespace, and this host process has threads (3.12 warns of a fork among them,
 #: and the suite makes that an error). The child reads only the stdlib and ``server/``.
@@ -97,6 +107,10 @@ class HostOverlay:
         _removed_once()
         self.frame = tempfile.mkdtemp(prefix=owned_prefix(_KIND))
         self.workspace = os.path.join(self.frame, "workspace")
+        #: The upper layer's folder (-1: none, or closed); ``_upper_lock`` keeps ``close``
+        #: from closing it while ``upper_names`` takes its own copy.
+        self._upper = -1
+        self._upper_lock = threading.Lock()
         try:
             flags = _sys.MS_NOSUID | _sys.MS_NODEV | _sys.MS_NOEXEC
             _sys.mount("tmpfs", self.frame, "tmpfs", flags, _FRAME_OPTIONS)
@@ -113,13 +127,37 @@ class HostOverlay:
                 f"mode=0755,uid={uid},gid={gid}",
             )
             _sys.mount(lower, tree, None, _sys.MS_BIND)
-            _overlay(self.workspace, tree, uid, gid)
+            # The tmpfs's root, before the overlay covers it: the upper layer is reached
+            # through it alone once the overlay is on the workspace.
+            below = os.open(self.workspace, _DIR_FLAGS)
+            try:
+                _overlay(self.workspace, tree, uid, gid)
+                self._upper = os.open(f"{_lowerfs.LAYERS}/upper", _DIR_FLAGS, dir_fd=below)
+            finally:
+                os.close(below)
         except BaseException:
             self.close()
             raise
 
+    def upper_names(self) -> frozenset[bytes] | None:
+        """Every name the turn's upper layer holds (``_snapfiles.upper_names``), or None:
+        the overlay is closed, or its upper layer cannot be walked whole."""
+        with self._upper_lock:
+            if self._upper < 0:
+                return None
+            upper = os.dup(self._upper)
+        try:
+            found = _snapfiles.upper_names(upper)
+        finally:
+            os.close(upper)
+        return None if found is None else frozenset(found)
+
     def close(self) -> None:
         """Unmount the frame with every layer in it, and remove its folder. Idempotent."""
+        with self._upper_lock:
+            upper, self._upper = self._upper, -1
+        if upper >= 0:
+            os.close(upper)  # else the detached tmpfs would live on through it
         with contextlib.suppress(FileNotFoundError):
             _unmount_frame(self.frame)
 

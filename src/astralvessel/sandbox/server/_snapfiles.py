@@ -36,7 +36,7 @@ if TYPE_CHECKING:  # subscripted builtins are not usable at run time on Python 3
 
     Reply = tuple[dict[str, Any], bytes]
 
-__all__ = ["pack", "unpack"]
+__all__ = ["pack", "unpack", "upper_names"]
 
 _CHUNK = 1 << 20
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
@@ -99,7 +99,7 @@ def _listing(workspace: str, skipped: bytes, limit: int, upper: int) -> Reply:
         _walk(root, b"", skipped, found, limit)
     finally:
         os.close(root)
-    changed = _upper_names(upper)
+    changed = upper_names(upper)
     found.sort(key=lambda item: item[0])
     first: dict[tuple[int, int], bytes] = {}
     entries = []
@@ -127,13 +127,15 @@ def _listing(workspace: str, skipped: bytes, limit: int, upper: int) -> Reply:
     return fields, json.dumps(entries, ensure_ascii=True).encode()
 
 
-def _upper_names(upper: int) -> set[bytes] | None:
+def upper_names(upper: int) -> set[bytes] | None:
     """Every name the turn's upper layer holds (a file, a folder, a whiteout), or None.
 
-    None when the workspace is no overlay, or its upper layer cannot be walked
-    whole (a folder a call made unreadable): then no file counts as the lower
-    layer's. The overlay is mounted without redirects, so a name with no entry
-    here shows the lower layer's file of the same name, unchanged.
+    ``upper``: a descriptor of that layer's folder (the server's file worker's, or
+    Docker's host's, which lays the overlay itself: ``docker/_cow``). None when the
+    workspace is no overlay, or its upper layer cannot be walked whole (a folder a
+    call made unreadable, or nested deeper than this walk recurses): then no file
+    counts as the lower layer's. The overlay is mounted without redirects, so a name
+    with no entry here shows the lower layer's file of the same name, unchanged.
     """
     if upper < 0:
         return None
@@ -144,7 +146,7 @@ def _upper_names(upper: int) -> set[bytes] | None:
             _walk(root, b"", b"", found, 0)
         finally:
             os.close(root)
-    except OSError:
+    except (OSError, RecursionError):
         return None
     return {item[0] for item in found}
 
