@@ -31,10 +31,13 @@ from astralvessel.sandbox.docker._spec import container_spec
 from .conftest import SMALL_LIMITS
 
 
-def _frames() -> list[str]:
-    """The host's mount points of frames, as this process's mount namespace shows them."""
+def _frames(prefix: str | None = None) -> list[str]:
+    """The host's mount points of frames whose names start with ``prefix`` (None: this
+    process's own, not those of other hosts testing on this machine at the same time), as
+    this process's mount namespace shows them."""
+    start = owned_prefix("cow") if prefix is None else prefix
     points = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
-    return [point for point in points if Path(point).name.startswith("astralvessel-cow-")]
+    return [point for point in points if Path(point).name.startswith(start)]
 
 
 def _tree(tmp_path: Path) -> Path:
@@ -190,8 +193,8 @@ def test_a_dead_hosts_frame_is_swept(tmp_path: Path):
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     frame = done.stdout.strip()
-    assert frame in _frames()
+    assert frame in _frames("astralvessel-cow-")
     assert remove_frames() >= 1
-    assert frame not in _frames()
+    assert frame not in _frames("astralvessel-cow-")
     assert not Path(frame).exists()
     assert (tree / "d" / "f").read_text() == "base\n"
