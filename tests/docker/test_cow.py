@@ -11,6 +11,7 @@ the one that made them died.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
@@ -118,22 +119,30 @@ def test_a_snapshot_listing_carries_the_upper_layers_names(backend: Docker, tmp_
     assert session.upper_names() is None  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("twin", ["sync", "async"])
 def test_a_forks_snapshot_reads_only_what_the_fork_changed(
-    backend: Docker, monkeypatch: pytest.MonkeyPatch
+    backend: Docker, monkeypatch: pytest.MonkeyPatch, twin: str
 ):
     """A fork's snapshot links every file its upper layer does not hold to the tree it
-    opened from (one inode) and asks the sandbox for the bytes of the one it wrote alone."""
+    opened from (one inode) and asks the sandbox for the bytes of the one it wrote alone,
+    through ``snapshot`` as through ``asnapshot``."""
     assert os.geteuid() == 0, "the host mounts the overlay as root only"
     read: list[int] = []
-    fs = ServerSession.fs
+    fs, afs = ServerSession.fs, ServerSession.afs
 
-    def counted(session: ServerSession, request: FsRequest) -> FsReply:
-        reply = fs(session, request)
+    def count(request: FsRequest, reply: FsReply) -> FsReply:
         if request.op == "pack" and request.fields.get("phase") == "read":
             read.append(len(reply.data))
         return reply
 
+    def counted(session: ServerSession, request: FsRequest) -> FsReply:
+        return count(request, fs(session, request))
+
+    async def acounted(session: ServerSession, request: FsRequest) -> FsReply:
+        return count(request, await afs(session, request))
+
     monkeypatch.setattr(ServerSession, "fs", counted)
+    monkeypatch.setattr(ServerSession, "afs", acounted)
     make = "cd /workspace && mkdir d && for i in $(seq 50); do printf file-$i > d/$i; done"
     with Executor(Registry([]), sandbox=backend, limits=SMALL_LIMITS) as executor:
         with executor.turn() as parent:
@@ -144,7 +153,7 @@ def test_a_forks_snapshot_reads_only_what_the_fork_changed(
         with fork:
             assert fork.exec(["sh", "-c", "printf changed > /workspace/d/7"]).returncode == 0
             read.clear()
-            taken = fork.snapshot()
+            taken = fork.snapshot() if twin == "sync" else asyncio.run(fork.asnapshot())
     assert sum(read) == len(b"changed")
     assert (taken.path / "d/7").read_bytes() == b"changed"
     for index in range(1, 51):
