@@ -261,7 +261,13 @@ class Executor(Closing):
             return session
 
         return WarmPool(
-            self.sandbox, self.policy, size, start=start_restored, discard=discard, total=total
+            self.sandbox,
+            self.policy,
+            size,
+            start=start_restored,
+            discard=discard,
+            total=total,
+            fillers=1 if ahead is None else size,
         )
 
     def turn(self, snapshot: TurnSnapshot | None = None) -> Turn:

@@ -70,6 +70,7 @@ class WarmPool:
         start: Callable[[], SandboxSession] | None = None,
         discard: Callable[[SandboxSession], None] | None = None,
         total: int | None = None,
+        fillers: int = 1,
     ) -> None:
         self.sandbox = sandbox
         self.policy = policy
@@ -93,8 +94,10 @@ class WarmPool:
         self._claims = 0
         #: How many sandboxes the pool has started (each went, or goes, to one turn at most).
         self.started = 0
-        self._thread = threading.Thread(target=self._fill, name="astralvessel-warm", daemon=True)
-        self._thread.start()
+        #: Filler threads still to start once the first sandbox is ready: a forks' pool
+        #: starts more than one at a time, but never beside the start its ``fork`` waits on.
+        self._more_fillers = fillers - 1
+        self._threads = [self._filler()]
 
     @property
     def ready(self) -> int:
@@ -204,16 +207,26 @@ class WarmPool:
             self._cond.notify_all()
         for session in waiting:
             self._discard(session)
-        if self._thread is not threading.current_thread():
-            self._thread.join(_CLOSE_WAIT)
+        with self._cond:
+            threads = list(self._threads)
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(_CLOSE_WAIT)
 
     # -- the filler thread -----------------------------------------------------------------
 
+    def _filler(self) -> threading.Thread:
+        thread = threading.Thread(target=self._fill, name="astralvessel-warm", daemon=True)
+        thread.start()
+        return thread
+
     def _wanted(self) -> bool:
-        """Whether to start one more sandbox now (called holding the condition)."""
+        """Whether to start one more sandbox now (called holding the condition): the
+        starts in flight count, as another filler's may be."""
         if self._left is not None and self._left <= 0:
             return False
-        return not self._closed and self._failure is None and len(self._ready) < self.size
+        wanted = len(self._ready) + self._starting < self.size
+        return not self._closed and self._failure is None and wanted
 
     @property
     def spent(self) -> bool:
@@ -265,6 +278,10 @@ class WarmPool:
                 self._ready.append(session)
             self._cond.notify_all()  # a claimer waits on the start even when it is thrown away
             ready = len(self._ready)
+            more = self._more_fillers if keep else 0
+            self._more_fillers -= more
+            for _ in range(more):
+                self._threads.append(self._filler())
         fields = {"backend": session.backend, "ready": ready, "size": self.size}
         _log.event(_log.WARM, "warm.refilled", {**fields, "duration": time.monotonic() - started})
         if not keep:
