@@ -244,7 +244,7 @@ class WarmPool:
     def _fill(self) -> None:
         while True:
             with self._cond:
-                if not self._wanted():
+                if not self._wanted() and not self._closed:  # closed: no wait for a notify
                     self._cond.wait(_PRUNE_SECONDS)
                 if self._closed or (self._left is not None and self._left <= 0):
                     return
