@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import os
+import threading
 import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ._calls._plans import TurnContext
-from ._executor._closing import Closing
+from ._executor._closing import Closing, refuse_if_ended
 from ._executor._network import WarmNetwork, admit_hosts, start_proxy, start_sandbox
 from ._executor._settings import (
     SNAPSHOT_BUDGET_MB,
@@ -33,7 +34,7 @@ from ._executor._snapshot._mechanism import overlay_backend
 from ._executor._snapshot._store import MIB, Budget
 from ._executor._snapshot._value import TurnSnapshot
 from ._executor._turn import BaseTurn
-from ._executor._warm import WarmPool
+from ._executor._warm import AHEAD_WAIT, WarmPool
 from ._ground._ledger import Ledger
 from .errors import SnapshotError
 from .sandbox._base import Sandbox, SandboxSession
@@ -216,6 +217,17 @@ class Executor(Closing):
         # goes and the pool's waiting sandboxes with it.
         weakref.finalize(snapshot, _drop_pool, pools, key, pool)
 
+    def _wait_ahead(self, snapshot: TurnSnapshot) -> None:
+        """Wait until the first of ``snapshot``'s forks' sandboxes started ahead is ready,
+        so a call made as ``fork`` returns takes it rather than starting its own cold.
+
+        ``AHEAD_WAIT`` at most, and never an error: a start that failed or is slow leaves
+        the fork's first call to adopt the start still in flight, or start its own.
+        """
+        ahead = self._ahead.get(id(snapshot))
+        if ahead is not None and ahead[0]() is snapshot:
+            ahead[1].wait_one(AHEAD_WAIT)
+
     def _warm_pool(
         self,
         size: int,
@@ -250,7 +262,13 @@ class Executor(Closing):
             return session
 
         return WarmPool(
-            self.sandbox, self.policy, size, start=start_restored, discard=discard, total=total
+            self.sandbox,
+            self.policy,
+            size,
+            start=start_restored,
+            discard=discard,
+            total=total,
+            fillers=1 if ahead is None else size,
         )
 
     def turn(self, snapshot: TurnSnapshot | None = None) -> Turn:
@@ -279,19 +297,25 @@ class Executor(Closing):
         self._release_ahead()
 
     def _start_session(
-        self, proxy: EgressProxy | None = None, snapshot: TurnSnapshot | None = None
+        self,
+        proxy: EgressProxy | None = None,
+        snapshot: TurnSnapshot | None = None,
+        closing: threading.Event | None = None,
     ) -> tuple[SandboxSession, EgressProxy | None]:
         """A running sandbox for one turn, and the turn's egress proxy when it has a network.
 
         A warm sandbox if one is ready (with the proxy it was started with, and
-        the executor's snapshot, or a fork's started ahead), else one started
-        now, with ``snapshot``'s files. ``proxy`` is the turn's own when an
-        earlier sandbox of the turn died: the turn keeps it, so its bounds stay
-        the turn's.
+        the executor's snapshot, or a fork's started ahead, or being started
+        ahead), else one started now, with ``snapshot``'s files. ``proxy`` is
+        the turn's own when an earlier sandbox of the turn died: the turn keeps
+        it, so its bounds stay the turn's. ``closing`` is set when the turn is
+        being closed: a wait for a fork's start ahead then ends, with
+        ``TurnClosedError`` rather than a cold start nobody will use.
         """
-        ready = None if proxy is not None else self._take_ready(snapshot)
+        ready = None if proxy is not None else self._take_ready(snapshot, closing)
         if ready is not None:
             return ready
+        refuse_if_ended(closing is not None and closing.is_set())
         if snapshot is not None:
             self._check_fits(snapshot)
         policy = self._policy_for(snapshot)
@@ -318,11 +342,18 @@ class Executor(Closing):
         return session, started
 
     def _take_ready(
-        self, snapshot: TurnSnapshot | None
+        self, snapshot: TurnSnapshot | None, closing: threading.Event | None = None
     ) -> tuple[SandboxSession, EgressProxy | None] | None:
-        """A sandbox started ahead for a turn opened from ``snapshot``, if one is ready."""
+        """A sandbox started ahead for a turn opened from ``snapshot``, if one is ready.
+
+        A fork's pool is also waited on when its start in flight is not yet claimed
+        (a call made as ``fork`` returns): that start is the fork's, and a second one
+        beside it would only slow both. The executor's warm pool never waits.
+        """
         ahead = self._ahead.get(id(snapshot)) if snapshot is not None else None
-        session = ahead[1].take() if ahead is not None and ahead[0]() is snapshot else None
+        session = None
+        if ahead is not None and ahead[0]() is snapshot:
+            session = ahead[1].take(adopt=True, abandon=closing)
         if session is not None:
             return session, None  # forks start ahead only without a network
         pool = self._warm

@@ -273,6 +273,11 @@ _SNAPSHOT_TESTS = (
     "test_forks_started_ahead_stay_apart",
     "test_sandboxes_started_ahead_die_with_the_executor",
     "test_sandboxes_started_ahead_go_with_the_forks_snapshot",
+    "test_a_call_right_after_fork_takes_the_sandbox_started_ahead",
+    "test_first_calls_of_eight_forks_from_eight_threads_each_get_one_sandbox",
+    "test_a_failed_start_ahead_falls_back_to_a_cold_start",
+    "test_when_every_start_fails_the_forks_first_call_raises_the_one_error",
+    "test_closing_a_fork_ends_its_calls_wait_for_the_start_ahead",
 )
 DECLARED_UNKEPT["docker-exec"].update(
     dict.fromkeys(

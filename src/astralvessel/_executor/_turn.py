@@ -85,10 +85,15 @@ class TurnOwner(Protocol):
     def _turn_context(self) -> TurnContext: ...
 
     def _start_session(
-        self, proxy: EgressProxy | None, snapshot: TurnSnapshot | None
+        self,
+        proxy: EgressProxy | None,
+        snapshot: TurnSnapshot | None,
+        closing: threading.Event | None,
     ) -> tuple[SandboxSession, EgressProxy | None]: ...
 
     def _start_ahead(self, snapshot: TurnSnapshot, forks: int) -> None: ...
+
+    def _wait_ahead(self, snapshot: TurnSnapshot) -> None: ...
 
 
 _Owner = TypeVar("_Owner", bound=TurnOwner)
@@ -112,6 +117,9 @@ class BaseTurn(Closing, Generic[_Owner]):
         self._finalizers: list[weakref.finalize[[], BaseTurn[_Owner]]] = []
         self._lock = threading.Lock()
         self._closed = False
+        #: Set as ``close`` begins, before it takes the lock: a call holding the lock while it
+        #: waits for a fork's sandbox started ahead stops waiting, so ``close`` is not held up.
+        self._closing = threading.Event()
         #: The process that started the turn's sandbox (None before it starts): in a child
         #: forked from it the turn is over, and its sandbox is left to the parent.
         self._owner: Owner | None = None
@@ -137,6 +145,7 @@ class BaseTurn(Closing, Generic[_Owner]):
         """
         if self._forget_if_forked():
             return
+        self._closing.set()
         with self._lock:
             self._closed = True
             session, self._session = self._session, None
@@ -191,7 +200,9 @@ class BaseTurn(Closing, Generic[_Owner]):
 
     def _start_session(self) -> tuple[SandboxSession, EgressProxy | None]:
         """Start the turn's sandbox (and its proxy, the first time); the caller holds the lock."""
-        session, proxy = self.executor._start_session(self._proxy, self.snapshot_source)
+        session, proxy = self.executor._start_session(
+            self._proxy, self.snapshot_source, self._closing
+        )
         # A turn dropped without close still ends its sandbox and stops its proxy's thread
         # when it is collected: each would otherwise live as long as the host. The callbacks
         # hold the session and proxy, never the turn. Not at exit: the sandbox dies with the
@@ -484,9 +495,10 @@ class BaseTurn(Closing, Generic[_Owner]):
         """``n`` new turns whose files start as this turn's now; this turn goes on.
 
         One snapshot, then ``n`` turns opened from it, each with its own sandbox
-        (started ahead in the background, ``FORKS_AHEAD`` at a time, so a fork's
-        first call takes a ready one, or starts its own if none is ready yet),
-        identity, limits and workspace: a fork's
+        (started ahead in the background, ``FORKS_AHEAD`` at a time; ``fork``
+        returns once the first is ready, so a fork's first call takes a ready
+        one, or the one being started for it, or starts its own if none is
+        coming or a start failed), identity, limits and workspace: a fork's
         writes reach neither its siblings nor this turn. Processes are not
         carried. Raises what ``snapshot`` raises.
         """
@@ -500,7 +512,9 @@ class BaseTurn(Closing, Generic[_Owner]):
         count = _fork_count(n)
         snapshot = yield from self._snapshot_flow()
         self.executor._start_ahead(snapshot, count)
-        return [type(self)(self.executor, snapshot=snapshot) for _ in range(count)]
+        forks = [type(self)(self.executor, snapshot=snapshot) for _ in range(count)]
+        yield from _Ahead(self.executor, snapshot)
+        return forks
 
     def _capture_plan(self) -> Generator[FsRequest, FsReply, TurnSnapshot]:
         policy = self._context.policy
@@ -645,6 +659,14 @@ class _Run(Step[Any]):
 
 
 @attrs.frozen
+class _Ahead(Step[None]):
+    """Wait (bounded, never raising) for the first fork's sandbox started ahead."""
+
+    executor: TurnOwner
+    snapshot: TurnSnapshot
+
+
+@attrs.frozen
 class _Ask(Step[_T]):
     """One request to the turn's sandbox; a flow makes it through ``BaseTurn._guarded``."""
 
@@ -671,6 +693,11 @@ class _Fs(_Ask[FsReply]):
 _STEPS: dict[type[Step[Any]], tuple[Callable[[Any], Any], Callable[[Any], Awaitable[Any]]]] = {
     _Session: (lambda s: s.turn.session, lambda s: s.turn._asession()),
     _Run: (lambda s: s.plan.run(s.session), lambda s: s.plan.arun(s.session)),
+    # Waiting changes nothing, so a cancelled ``afork`` leaves the wait at once.
+    _Ahead: (
+        lambda s: s.executor._wait_ahead(s.snapshot),
+        lambda s: to_thread(s.executor._wait_ahead, s.snapshot, abandon=True),
+    ),
     _Exec: (lambda s: s.session.exec(s.request), lambda s: s.session.aexec(s.request)),
     _Detach: (lambda s: s.session.detach(s.request), lambda s: s.session.adetach(s.request)),
     _Fs: (lambda s: s.session.fs(s.request), lambda s: s.session.afs(s.request)),

@@ -10,6 +10,12 @@ turn can reach the next, exactly as with a sandbox started cold.
 Every sandbox process is forked on the lifeline thread (``sandbox._lifeline``),
 so neither the filler thread nor the thread that opened a turn takes a
 sandbox with it when it ends.
+
+A pool of forks' sandboxes (``Turn.fork``) is also waited on: ``wait_one`` until
+the first is ready, and ``take(adopt=True)`` for the start in flight that no
+other taker has claimed, rather than a second, redundant start beside it. The
+counts that make this safe across threads (``_starting``, ``_claims``,
+``started``) change only under the pool's condition.
 """
 
 from __future__ import annotations
@@ -31,6 +37,11 @@ __all__ = ["WarmPool"]
 _PRUNE_SECONDS = 1.0
 #: How long ``close`` waits for a start in flight (a server's ready timeout bounds it).
 _CLOSE_WAIT = 60.0
+#: How long ``wait_one`` and an adopting ``take`` wait for a start in flight at most: a
+#: server's ready timeout (30 s) and a restore's bound it; past it the caller starts cold.
+AHEAD_WAIT = 60.0
+#: How often an adopting ``take`` looks at its ``abandon`` event (a turn closing meanwhile).
+_ABANDON_POLL = 0.05
 
 
 def check_warm(size: object) -> int:
@@ -43,10 +54,11 @@ def check_warm(size: object) -> int:
 class WarmPool:
     """``size`` sandboxes for ``policy``, started ahead on a background thread.
 
-    ``take`` never blocks on a start: it hands out a ready sandbox or None, and
-    the caller starts one cold. A start that fails stops the filling until the
-    next ``take`` (the cold start in the turn then raises the host's error), so
-    a backend that cannot start here is never retried in a loop.
+    ``take`` never blocks on a start unless it adopts one (``adopt``): it hands
+    out a ready sandbox or None, and the caller starts one cold. A start that
+    fails stops the filling until the next ``take`` (the cold start in the turn
+    then raises the host's error), so a backend that cannot start here is never
+    retried in a loop.
     """
 
     def __init__(
@@ -58,6 +70,7 @@ class WarmPool:
         start: Callable[[], SandboxSession] | None = None,
         discard: Callable[[SandboxSession], None] | None = None,
         total: int | None = None,
+        fillers: int = 1,
     ) -> None:
         self.sandbox = sandbox
         self.policy = policy
@@ -75,8 +88,16 @@ class WarmPool:
         #: The process whose sandboxes these are: a forked child neither takes nor ends them.
         self._owner = Owner()
         self._failure: Exception | None = None
-        self._thread = threading.Thread(target=self._fill, name="astralvessel-warm", daemon=True)
-        self._thread.start()
+        #: Starts in flight, and takers waiting for one of them (``take(adopt=True)``): a
+        #: ready sandbox goes to a waiting taker first, and no more wait than can be served.
+        self._starting = 0
+        self._claims = 0
+        #: How many sandboxes the pool has started (each went, or goes, to one turn at most).
+        self.started = 0
+        #: Filler threads still to start once the first sandbox is ready: a forks' pool
+        #: starts more than one at a time, but never beside the start its ``fork`` waits on.
+        self._more_fillers = fillers - 1
+        self._threads = [self._filler()]
 
     @property
     def ready(self) -> int:
@@ -84,26 +105,76 @@ class WarmPool:
         with self._cond:
             return len(self._ready)
 
-    def take(self) -> SandboxSession | None:
+    def take(
+        self, *, adopt: bool = False, abandon: threading.Event | None = None
+    ) -> SandboxSession | None:
         """A started, still running sandbox for one turn, or None when none is ready
-        (always in a forked child: the waiting sandboxes are its parent's)."""
+        (always in a forked child: the waiting sandboxes are its parent's).
+
+        With ``adopt``, when none is ready but a start no other taker has claimed is
+        in flight, wait for that one (``AHEAD_WAIT`` at most, or until ``abandon`` is
+        set) rather than have the caller start a second beside it; a taker that gets
+        none gives up one of a bounded pool's starts, since it starts its own.
+        """
         if self._owner.forked():
             return None
         dead: list[SandboxSession] = []
-        session: SandboxSession | None = None
         with self._cond:
-            while self._ready:
-                candidate = self._ready.popleft()
-                if candidate.alive():
-                    session = candidate
-                    break
-                dead.append(candidate)
+            session = self._pop_live(dead, claimed=False)
+            if session is None and adopt and len(self._ready) + self._starting > self._claims:
+                session = self._adopt(dead, time.monotonic() + AHEAD_WAIT, abandon)
+            if session is None and adopt and self._left is not None and self._left > 0:
+                self._left -= 1
             # Taking (or finding none) asks for a refill, and retries a start that failed.
             self._failure = None
             self._cond.notify_all()
         for corpse in dead:
             self._discard(corpse)
         return session
+
+    def _pop_live(self, dead: list[SandboxSession], *, claimed: bool) -> SandboxSession | None:
+        """The first live ready sandbox this taker may have, the dead ones put in ``dead``
+        (holding the condition): a taker with no claim leaves those the claims are owed."""
+        while len(self._ready) > (0 if claimed else self._claims):
+            candidate = self._ready.popleft()
+            if candidate.alive():
+                return candidate
+            dead.append(candidate)
+        return None
+
+    def _adopt(
+        self, dead: list[SandboxSession], deadline: float, abandon: threading.Event | None
+    ) -> SandboxSession | None:
+        """Claim a start in flight and wait for a sandbox (holding the condition); None
+        when the starts in flight no longer cover every claim (one failed, or a ready
+        one died), the pool closed, ``abandon`` was set, or the deadline passed."""
+        self._claims += 1
+        try:
+            while True:
+                session = self._pop_live(dead, claimed=True)
+                if session is not None:
+                    return session
+                remaining = deadline - time.monotonic()
+                gone = self._closed or self._starting < self._claims
+                if gone or remaining <= 0 or (abandon is not None and abandon.is_set()):
+                    return None
+                # An event cannot wake a condition: with one to watch, look again shortly.
+                self._cond.wait(remaining if abandon is None else min(remaining, _ABANDON_POLL))
+        finally:
+            self._claims -= 1
+
+    def wait_one(self, timeout: float = AHEAD_WAIT) -> bool:
+        """Block until a sandbox is ready; False, never an error, when ``timeout`` passed
+        first, a start failed, the pool closed or it will start no more."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while not self._ready:
+                over = self._left is not None and self._left <= 0 and not self._starting
+                remaining = deadline - time.monotonic()
+                if self._closed or self._failure is not None or over or remaining <= 0:
+                    return False
+                self._cond.wait(remaining)
+            return True
 
     def wait_filled(self, timeout: float | None = None) -> bool:
         """Block until ``size`` sandboxes are ready; False if ``timeout`` passed first.
@@ -136,16 +207,26 @@ class WarmPool:
             self._cond.notify_all()
         for session in waiting:
             self._discard(session)
-        if self._thread is not threading.current_thread():
-            self._thread.join(_CLOSE_WAIT)
+        with self._cond:
+            threads = list(self._threads)
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(_CLOSE_WAIT)
 
     # -- the filler thread -----------------------------------------------------------------
 
+    def _filler(self) -> threading.Thread:
+        thread = threading.Thread(target=self._fill, name="astralvessel-warm", daemon=True)
+        thread.start()
+        return thread
+
     def _wanted(self) -> bool:
-        """Whether to start one more sandbox now (called holding the condition)."""
+        """Whether to start one more sandbox now (called holding the condition): the
+        starts in flight count, as another filler's may be."""
         if self._left is not None and self._left <= 0:
             return False
-        return not self._closed and self._failure is None and len(self._ready) < self.size
+        wanted = len(self._ready) + self._starting < self.size
+        return not self._closed and self._failure is None and wanted
 
     @property
     def spent(self) -> bool:
@@ -163,14 +244,16 @@ class WarmPool:
     def _fill(self) -> None:
         while True:
             with self._cond:
-                if not self._wanted():
+                if not self._wanted() and not self._closed:  # closed: no wait for a notify
                     self._cond.wait(_PRUNE_SECONDS)
                 if self._closed or (self._left is not None and self._left <= 0):
                     return
                 dead = self._prune()
                 start = self._wanted()
-                if start and self._left is not None:
-                    self._left -= 1
+                if start:
+                    self._starting += 1
+                    if self._left is not None:
+                        self._left -= 1
             for corpse in dead:
                 self._discard(corpse)
             if start:
@@ -182,16 +265,23 @@ class WarmPool:
             session = self._start()
         except Exception as exc:
             with self._cond:
+                self._starting -= 1
                 self._failure = exc
                 self._cond.notify_all()
             _log.event(_log.WARM, "warm.failed", {"error": type(exc).__name__}, _log.WARNING)
             return
         with self._cond:
+            self._starting -= 1
+            self.started += 1
             keep = not self._closed
             if keep:
                 self._ready.append(session)
-                self._cond.notify_all()
+            self._cond.notify_all()  # a claimer waits on the start even when it is thrown away
             ready = len(self._ready)
+            more = self._more_fillers if keep else 0
+            self._more_fillers -= more
+            for _ in range(more):
+                self._threads.append(self._filler())
         fields = {"backend": session.backend, "ready": ready, "size": self.size}
         _log.event(_log.WARM, "warm.refilled", {**fields, "duration": time.monotonic() - started})
         if not keep:

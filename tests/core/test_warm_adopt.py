@@ -1,0 +1,214 @@
+"""WarmPool's waits for a start in flight, against starts the test lets finish one by one.
+
+A forks' pool (``Turn.fork``) is waited on: ``wait_one`` until its first sandbox is
+ready, and ``take(adopt=True)`` for a start in flight that no other taker claimed.
+These tests hold each start at a gate, so which taker waits, which gives up and
+what each gets is decided by the pool's counts, not by timing.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from astralvessel._executor._warm import WarmPool
+
+#: A bound on every wait of these tests: a wait that reaches it fails the test.
+BOUND = 30.0
+
+
+class FakeSession:
+    """What the pool uses of a sandbox: alive, close, its backend's name."""
+
+    backend = "fake"
+
+    def __init__(self, number: int) -> None:
+        self.number = number
+        self.closed = False
+
+    def alive(self) -> bool:
+        return not self.closed
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class GatedStarts:
+    """Starts that each wait for ``release()``; a start released with ``fail`` raises."""
+
+    def __init__(self) -> None:
+        self._gate = threading.Semaphore(0)
+        self._lock = threading.Lock()
+        self._failures: list[bool] = []
+        self.count = 0
+
+    def release(self, n: int = 1, *, fail: bool = False) -> None:
+        with self._lock:
+            self._failures.extend([fail] * n)
+        self._gate.release(n)
+
+    def __call__(self) -> Any:
+        assert self._gate.acquire(timeout=BOUND), "a start was never released"
+        with self._lock:
+            fail = self._failures.pop(0)
+            self.count += 1
+            number = self.count
+        if fail:
+            raise RuntimeError("the start failed (injected)")
+        return FakeSession(number)
+
+
+@pytest.fixture
+def starts() -> GatedStarts:
+    return GatedStarts()
+
+
+@pytest.fixture
+def pools(starts: GatedStarts) -> Iterator[list[WarmPool]]:
+    made: list[WarmPool] = []
+    yield made
+    starts.release(100)  # no filler is left waiting at the gate
+    for pool in made:
+        pool.close()
+
+
+def forks_pool(
+    starts: GatedStarts, pools: list[WarmPool], size: int, total: int, fillers: int = 1
+) -> WarmPool:
+    pool = WarmPool(
+        None,  # type: ignore[arg-type]  # the fake start needs no backend
+        None,  # type: ignore[arg-type]
+        size,
+        start=starts,
+        discard=lambda session: session.close(),
+        total=total,
+        fillers=fillers,
+    )
+    pools.append(pool)
+    return pool
+
+
+def until(condition: Any) -> None:
+    """Wait (``BOUND`` at most) until ``condition()`` holds, polling."""
+    done = threading.Event()
+    for _ in range(int(BOUND / 0.01)):
+        if condition():
+            return
+        done.wait(0.01)
+    raise AssertionError("the pool never got there")
+
+
+def counts(pool: WarmPool) -> tuple[int, int, int]:
+    with pool._cond:
+        return len(pool._ready), pool._starting, pool._claims
+
+
+def test_a_taker_adopts_the_start_in_flight_and_a_second_starts_its_own(
+    starts: GatedStarts, pools: list[WarmPool]
+) -> None:
+    pool = forks_pool(starts, pools, size=1, total=3)
+    until(lambda: counts(pool) == (0, 1, 0))
+    with ThreadPoolExecutor(1) as first:
+        adopted = first.submit(pool.take, adopt=True)
+        until(lambda: counts(pool) == (0, 1, 1))
+        # The start in flight is claimed: a second taker gets none and starts its own.
+        assert pool.take(adopt=True) is None
+        assert not adopted.done()
+        starts.release()
+        session = adopted.result(BOUND)
+    assert isinstance(session, FakeSession)
+    assert session.number == 1
+    assert pool.started == 1
+
+
+def test_a_plain_take_never_waits_for_a_start(starts: GatedStarts, pools: list[WarmPool]) -> None:
+    """The executor's warm pool keeps its semantics: a ready sandbox or None at once."""
+    pool = forks_pool(starts, pools, size=1, total=2)
+    until(lambda: counts(pool) == (0, 1, 0))
+    assert pool.take() is None
+    assert counts(pool) == (0, 1, 0)
+
+
+def test_a_failed_start_lets_its_claimer_go_empty_handed(
+    starts: GatedStarts, pools: list[WarmPool]
+) -> None:
+    pool = forks_pool(starts, pools, size=1, total=1)
+    until(lambda: counts(pool) == (0, 1, 0))
+    with ThreadPoolExecutor(1) as first:
+        adopted = first.submit(pool.take, adopt=True)
+        until(lambda: counts(pool)[2] == 1)
+        starts.release(fail=True)
+        assert adopted.result(BOUND) is None
+    assert pool.started == 0
+    assert not pool.wait_one(BOUND)  # failed and spent: False, never the error
+
+
+def test_abandon_ends_an_adopted_wait(starts: GatedStarts, pools: list[WarmPool]) -> None:
+    pool = forks_pool(starts, pools, size=1, total=1)
+    until(lambda: counts(pool) == (0, 1, 0))
+    closing = threading.Event()
+    with ThreadPoolExecutor(1) as first:
+        adopted = first.submit(pool.take, adopt=True, abandon=closing)
+        until(lambda: counts(pool)[2] == 1)
+        closing.set()
+        assert adopted.result(BOUND) is None
+    assert counts(pool) == (0, 1, 0)  # the start goes on; its sandbox is the pool's
+    starts.release()
+    assert pool.wait_one(BOUND)
+
+
+def test_wait_one_returns_once_the_first_is_ready(
+    starts: GatedStarts, pools: list[WarmPool]
+) -> None:
+    pool = forks_pool(starts, pools, size=2, total=4)
+    assert not pool.wait_one(0.05)  # nothing ready yet: the timeout, not an error
+    starts.release()
+    assert pool.wait_one(BOUND)
+    assert pool.ready == 1
+
+
+def test_the_second_filler_starts_only_once_the_first_sandbox_is_ready(
+    starts: GatedStarts, pools: list[WarmPool]
+) -> None:
+    pool = forks_pool(starts, pools, size=2, total=4, fillers=2)
+    until(lambda: counts(pool) == (0, 1, 0))
+    assert len(pool._threads) == 1
+    starts.release()
+    until(lambda: counts(pool) == (1, 1, 0))
+    assert len(pool._threads) == 2
+    taken = pool.take(adopt=True)
+    assert taken is not None
+    until(lambda: counts(pool) == (0, 2, 0))  # two starts at once: ready + starting < size
+
+
+def test_takers_from_many_threads_never_take_more_than_the_pool_started(
+    starts: GatedStarts, pools: list[WarmPool]
+) -> None:
+    """Eight forks' first calls at once: each gets a sandbox of the pool or none (it starts
+    its own), no sandbox goes to two, and every miss gives up one of the pool's starts, so
+    its fillers end once every fork has taken."""
+    forks = 8
+    pool = forks_pool(starts, pools, size=2, total=forks, fillers=2)
+    starts.release()
+    assert pool.wait_one(BOUND)
+    line = threading.Barrier(forks + 1)
+
+    def first_call(_: int) -> FakeSession | None:
+        line.wait(BOUND)
+        return pool.take(adopt=True)  # type: ignore[return-value]
+
+    with ThreadPoolExecutor(forks) as threads:
+        taken = threads.map(first_call, range(forks))
+        line.wait(BOUND)
+        starts.release(forks)  # every start the pool may still make ends now
+        got = [session for session in taken if session is not None]
+    assert len({session.number for session in got}) == len(got)
+    for filler in list(pool._threads):
+        filler.join(BOUND)
+        assert not filler.is_alive()
+    assert 1 <= len(got) <= pool.started <= forks
+    assert pool.started - len(got) == pool.ready  # the rest wait, for nobody, until close
