@@ -153,7 +153,7 @@ def test_the_estimate_refuses_before_a_byte_is_read():
     listing = [_file("b", 50 * KIB, 2)]
     with pytest.raises(SnapshotError, match=r"budget of 0\.1 MiB"):
         plan.send(FsReply(fields={"now_ns": NOW}, data=json.dumps(listing).encode()))
-    assert _store_folders() == before
+    assert _store_folders() <= before  # an earlier test's tree may go meanwhile: none comes
     assert budget.used_bytes == 60 * KIB
     del kept
 
@@ -171,7 +171,8 @@ def test_the_exact_check_refuses_what_the_estimate_let_through(tmp_path: Path):
         _take(budget, Captures(loaded), [_file("a", 60 * KIB, 9, lower=True)])
     gc.collect()
     assert drain(10)
-    assert _store_folders() == before
+    # The drain may also remove an earlier test's dropped tree: a subset, with nothing new.
+    assert _store_folders() <= before
     assert budget.used_bytes == 0
 
 
