@@ -58,6 +58,22 @@ def patch_start(
     return starts
 
 
+def fork_in_thread(parent: Turn, ready: int) -> tuple[threading.Thread, list[object]]:
+    """``parent.fork(2, ready=ready)`` started on a thread of its own, and the list that
+    gets what it returned or raised."""
+    outcome: list[object] = []
+
+    def fork() -> None:
+        try:
+            outcome.append(parent.fork(2, ready=ready))
+        except Exception as error:  # the test reads it: a thread's error is not raised there
+            outcome.append(error)
+
+    forker = threading.Thread(target=fork)
+    forker.start()
+    return forker, outcome
+
+
 def test_a_forks_first_call_takes_the_sandbox_started_ahead(executor: Executor):
     """fork(1) starts one sandbox ahead; the fork's first call takes it, with the
     snapshot's files, and the pool starts no other."""
@@ -325,16 +341,15 @@ def test_fork_with_ready_0_returns_before_any_start(
     """fork(2, ready=0) returns while its starts ahead are still held at a gate; the forks'
     first calls then take them, or start their own."""
     gate = threading.Event()
-    returned: list[list[Turn]] = []
     with executor.turn() as parent:
         run_script(parent, "echo base > /workspace/f")
         patch_start(executor, monkeypatch, ahead=lambda: gate.wait(120))
-        forker = threading.Thread(target=lambda: returned.append(parent.fork(2, ready=0)))
+        forker, returned = fork_in_thread(parent, ready=0)
         try:
-            forker.start()
             forker.join(30)  # far under AHEAD_WAIT: a fork that waited is still waiting
             assert not forker.is_alive(), "fork(ready=0) waited for a start"
             (forks,) = returned
+            assert isinstance(forks, list)
             assert forks[0].snapshot_source is not None
             pool = executor._ahead[id(forks[0].snapshot_source)][1]
             assert pool.ready == 0
@@ -415,15 +430,13 @@ def test_closing_ends_fork_ready_ns_wait(
     """Closing the forked turn, or the executor, while fork(2, ready=2) waits for starts
     that never end (until the test lets them) ends the wait: fork returns its forks."""
     gate = threading.Event()
-    returned: list[list[Turn]] = []
     parent = executor.turn()
     # In a thread of its own: the executor's close joins the fillers held at the gate.
     closer = threading.Thread(target=(parent if closed == "turn" else executor).close)
     try:
         run_script(parent, "echo base > /workspace/f")
         patch_start(executor, monkeypatch, ahead=lambda: gate.wait(120))
-        forker = threading.Thread(target=lambda: returned.append(parent.fork(2, ready=2)))
-        forker.start()
+        forker, returned = fork_in_thread(parent, ready=2)
         for _ in range(600):  # until fork has its pool: the snapshot is taken
             if executor._ahead or not forker.is_alive():
                 break
@@ -433,6 +446,7 @@ def test_closing_ends_fork_ready_ns_wait(
         forker.join(30)  # far under AHEAD_WAIT: a wait not ended is still waiting
         assert not forker.is_alive(), f"closing the {closed} did not end fork's wait"
         (forks,) = returned
+        assert isinstance(forks, list)
         assert len(forks) == 2
         for fork in forks:
             fork.close()
