@@ -233,20 +233,24 @@ def fork_first_calls(turn: Any, runs: int) -> dict[str, float]:
         with kid:
             return forked, timed(lambda: kid.exec(["true"]))
 
-    def in_order(count: int) -> list[float]:
-        """Each of fork(count)'s first calls, one after another, right after it returns."""
+    def in_order(count: int, ready: int = 1) -> list[float]:
+        """Each of fork(count, ready=ready)'s first calls, one after another, right after it
+        returns, then the wall time of that fork itself."""
         close_pools(turn.executor._ahead)
         gc.collect()
-        kids = turn.fork(count)
+        began = time.perf_counter()
+        kids = turn.fork(count, ready=ready)
+        forked = time.perf_counter() - began
         try:
-            return [timed(lambda: kid.exec(["true"])) for kid in kids]  # noqa: B023
+            return [*(timed(lambda: kid.exec(["true"])) for kid in kids), forked]  # noqa: B023
         finally:
             for kid in kids:
                 kid.close()
 
     at_once = [fork_call(False) for _ in range(runs)]
     ahead = [fork_call(True)[1] for _ in range(runs)]
-    orders = [in_order(8) for _ in range(runs)]
+    orders = [in_order(8)[:-1] for _ in range(runs)]
+    readies = [in_order(8, ready=8) for _ in range(runs)]
     close_pools(turn.executor._ahead)
     return {
         "fork(1), waiting for its start": statistics.median(forked for forked, _ in at_once),
@@ -254,6 +258,8 @@ def fork_first_calls(turn: Any, runs: int) -> dict[str, float]:
         "fork's first call, ahead": statistics.median(ahead),
         "fork(8) in order, slowest": statistics.median(max(calls) for calls in orders),
         "fork(8) in order, total": statistics.median(sum(calls) for calls in orders),
+        "fork(8, ready=8), slowest": statistics.median(max(r[:-1]) for r in readies),
+        "fork(8, ready=8)": statistics.median(r[-1] for r in readies),
     }
 
 
@@ -279,6 +285,7 @@ def first_call_rows(figures: dict[str, float], warm_first: float) -> None:
         "fork's first call, at once",
         "fork's first call, ahead",
         "fork(8) in order, slowest",
+        "fork(8, ready=8), slowest",
     ):
         ratio = figures[label] / warm_first
         row(
@@ -298,6 +305,8 @@ def first_call_rows(figures: dict[str, float], warm_first: float) -> None:
         "",
         None,
     )
+    ready_wall = figures["fork(8, ready=8)"]
+    row("fork(8, ready=8)", f"{ready_wall:.2f} s", "", "", "", None)
 
 
 def drop_row(turn: object) -> None:

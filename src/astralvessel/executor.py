@@ -192,12 +192,14 @@ class Executor(Closing):
         self._ahead: _AheadPools = collections.OrderedDict()
         self._release_ahead = weakref.finalize(self, _close_pools, self._ahead)
 
-    def _start_ahead(self, snapshot: TurnSnapshot, forks: int) -> None:
+    def _start_ahead(self, snapshot: TurnSnapshot, forks: int, ready: int = 1) -> None:
         """Start the sandboxes of ``forks`` turns opened from ``snapshot`` in the background,
         ``FORKS_AHEAD`` at a time: a fork's first call then takes a started one, as a warm
         turn's does, or starts its own where none is ready yet (or a start failed).
 
-        Not under a network (each sandbox's egress proxy is its turn's), nor once closed.
+        The pool keeps ``FORKS_AHEAD`` ready, or ``ready`` when ``fork`` waits for more:
+        never more than one per fork in all. Not under a network (each sandbox's egress
+        proxy is its turn's), nor once closed.
         """
         if self.policy.network_allow or self._release_ahead.alive is False:
             return
@@ -211,31 +213,39 @@ class Executor(Closing):
         while len(pools) >= _AHEAD_POOLS:
             pools.popitem(last=False)[1][1].close()
         held = weakref.ref(snapshot)
-        pool = self._warm_pool(min(forks, FORKS_AHEAD), held, total=forks)
+        at_once = min(forks, FORKS_AHEAD)
+        pool = self._warm_pool(
+            max(at_once, ready), held, total=forks, fillers=at_once, first_alone=ready <= 1
+        )
         pools[key] = (held, pool)
         # The pool holds the snapshot weakly: when no fork (nor anyone) holds it, its tree
         # goes and the pool's waiting sandboxes with it.
         weakref.finalize(snapshot, _drop_pool, pools, key, pool)
 
-    def _wait_ahead(self, snapshot: TurnSnapshot) -> None:
-        """Wait until the first of ``snapshot``'s forks' sandboxes started ahead is ready,
-        so a call made as ``fork`` returns takes it rather than starting its own cold.
+    def _wait_ahead(
+        self, snapshot: TurnSnapshot, ready: int = 1, abandon: threading.Event | None = None
+    ) -> None:
+        """Wait until ``ready`` of ``snapshot``'s forks' sandboxes started ahead are ready,
+        so calls made as ``fork`` returns take them rather than starting their own cold.
 
-        ``AHEAD_WAIT`` at most, and never an error: a start that failed or is slow leaves
-        the fork's first call to adopt the start still in flight, or start its own.
+        ``AHEAD_WAIT`` per start at most, and never an error: a start that failed or is
+        slow leaves the fork's first call to adopt the start still in flight, or start its
+        own. Closing the executor, or setting ``abandon`` (the forked turn closing), ends it.
         """
         ahead = self._ahead.get(id(snapshot))
         if ahead is not None and ahead[0]() is snapshot:
-            ahead[1].wait_one(AHEAD_WAIT)
+            ahead[1].wait_ready(ready, AHEAD_WAIT, abandon)
 
     def _warm_pool(
         self,
         size: int,
         ahead: weakref.ref[TurnSnapshot] | None = None,
         total: int | None = None,
+        fillers: int = 1,
+        first_alone: bool = True,
     ) -> WarmPool:
         """The pool of ``size`` sandboxes started ahead, each with the executor's snapshot
-        (or ``ahead``'s, the forks', starting ``total`` at most)."""
+        (or ``ahead``'s, the forks', starting ``total`` at most, ``fillers`` at a time)."""
         snapshot = self.snapshot if ahead is None else ahead()
         policy = self._policy_for(snapshot)
         start: Callable[[], SandboxSession] = lambda: self.sandbox.start(policy)  # noqa: E731
@@ -268,7 +278,8 @@ class Executor(Closing):
             start=start_restored,
             discard=discard,
             total=total,
-            fillers=1 if ahead is None else size,
+            fillers=fillers,
+            first_alone=first_alone,
         )
 
     def turn(self, snapshot: TurnSnapshot | None = None) -> Turn:

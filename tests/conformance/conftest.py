@@ -278,6 +278,12 @@ _SNAPSHOT_TESTS = (
     "test_a_failed_start_ahead_falls_back_to_a_cold_start",
     "test_when_every_start_fails_the_forks_first_call_raises_the_one_error",
     "test_closing_a_fork_ends_its_calls_wait_for_the_start_ahead",
+    "test_fork_with_ready_n_returns_with_every_forks_sandbox_started",
+    "test_afork_with_ready_n_returns_with_every_forks_sandbox_started",
+    "test_fork_with_ready_0_returns_before_any_start",
+    "test_a_failing_start_never_holds_fork_ready_n_up",
+    "test_a_hanging_start_holds_fork_ready_n_only_for_its_bound",
+    "test_closing_ends_fork_ready_ns_wait",
 )
 DECLARED_UNKEPT["docker-exec"].update(
     dict.fromkeys(

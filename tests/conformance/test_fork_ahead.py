@@ -1,6 +1,6 @@
 """Forks' sandboxes started ahead: ``Turn.fork`` starts them in the background, as a warm
-pool does, returns once the first is ready, and a fork's first call takes a ready one
-(or the one being started that no other fork claimed).
+pool does, returns once ``ready`` of them are (the first, by default), and a fork's first
+call takes a ready one (or the one being started that no other fork claimed).
 
 A sandbox started ahead goes to exactly one fork and holds the snapshot's files
 only; the pool starts at most one per fork, ``FORKS_AHEAD`` at a time, and its
@@ -10,6 +10,7 @@ to start its own, as any turn does.
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import threading
 import time
@@ -18,10 +19,15 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from astralvessel import Executor
+from astralvessel import Executor, Turn
 from astralvessel import executor as executor_module
 from astralvessel._executor._snapshot._reaper import drain
-from astralvessel.errors import BackendUnavailableError, SandboxError, TurnClosedError
+from astralvessel.errors import (
+    BackendUnavailableError,
+    SandboxError,
+    TurnClosedError,
+    UsageError,
+)
 from astralvessel.executor import FORKS_AHEAD
 from astralvessel.sandbox import Policy, SandboxSession
 
@@ -50,6 +56,22 @@ def patch_start(
 
     monkeypatch.setattr(executor.sandbox, "start", start)
     return starts
+
+
+def fork_in_thread(parent: Turn, ready: int) -> tuple[threading.Thread, list[object]]:
+    """``parent.fork(2, ready=ready)`` started on a thread of its own, and the list that
+    gets what it returned or raised."""
+    outcome: list[object] = []
+
+    def fork() -> None:
+        try:
+            outcome.append(parent.fork(2, ready=ready))
+        except Exception as error:  # the test reads it: a thread's error is not raised there
+            outcome.append(error)
+
+    forker = threading.Thread(target=fork)
+    forker.start()
+    return forker, outcome
 
 
 def test_a_forks_first_call_takes_the_sandbox_started_ahead(executor: Executor):
@@ -267,3 +289,169 @@ def test_closing_a_fork_ends_its_calls_wait_for_the_start_ahead(
     finally:
         gate.set()
         caller.join(60)
+
+
+def test_fork_with_ready_n_returns_with_every_forks_sandbox_started(
+    executor: Executor, monkeypatch: pytest.MonkeyPatch
+):
+    """fork(4, ready=4) returns once all four sandboxes are started: each fork's first
+    call takes one of them, as a warm turn's does, and the forks' writes stay apart."""
+    with executor.turn() as parent:
+        run_script(parent, "echo base > /workspace/f")
+        starts = patch_start(executor, monkeypatch)
+        forks = parent.fork(4, ready=4)
+        assert forks[0].snapshot_source is not None
+        pool = executor._ahead[id(forks[0].snapshot_source)][1]
+        waiting = list(pool._ready)
+        assert len(waiting) == 4
+        assert pool.started == 4
+        try:
+            for index, fork in enumerate(forks):
+                assert run_script(fork, f"cat /workspace/f; echo {index} > /workspace/f") == (
+                    "base\n"
+                )
+            assert {id(fork.session) for fork in forks} == {id(s) for s in waiting}
+            for index, fork in enumerate(forks):
+                assert run_script(fork, "cat /workspace/f") == f"{index}\n"
+            assert run_script(parent, "cat /workspace/f") == "base\n"
+        finally:
+            for fork in forks:
+                fork.close()
+    assert starts == ["ahead"] * 4
+    assert pool.started == 4  # one per fork, no more
+
+
+def test_afork_with_ready_n_returns_with_every_forks_sandbox_started(executor: Executor):
+    """afork(2, ready=2) waits as fork does: both sandboxes are started when it returns."""
+    with executor.turn() as parent:
+        run_script(parent, "echo base > /workspace/f")
+        forks = asyncio.run(parent.afork(2, ready=2))
+    try:
+        assert forks[0].snapshot_source is not None
+        assert executor._ahead[id(forks[0].snapshot_source)][1].ready == 2
+        assert [run_script(fork, "cat /workspace/f") for fork in forks] == ["base\n"] * 2
+    finally:
+        for fork in forks:
+            fork.close()
+
+
+def test_fork_with_ready_0_returns_before_any_start(
+    executor: Executor, monkeypatch: pytest.MonkeyPatch
+):
+    """fork(2, ready=0) returns while its starts ahead are still held at a gate; the forks'
+    first calls then take them, or start their own."""
+    gate = threading.Event()
+    with executor.turn() as parent:
+        run_script(parent, "echo base > /workspace/f")
+        patch_start(executor, monkeypatch, ahead=lambda: gate.wait(120))
+        forker, returned = fork_in_thread(parent, ready=0)
+        try:
+            forker.join(30)  # far under AHEAD_WAIT: a fork that waited is still waiting
+            assert not forker.is_alive(), "fork(ready=0) waited for a start"
+            (forks,) = returned
+            assert isinstance(forks, list)
+            assert forks[0].snapshot_source is not None
+            pool = executor._ahead[id(forks[0].snapshot_source)][1]
+            assert pool.ready == 0
+            assert pool.started == 0
+        finally:
+            gate.set()
+            forker.join(120)
+    try:
+        assert [run_script(fork, "cat /workspace/f") for fork in forks] == ["base\n"] * 2
+    finally:
+        for fork in forks:
+            fork.close()
+
+
+def test_fork_refuses_a_ready_out_of_bounds(executor: Executor, turn: Turn):
+    """ready is a whole number from 0 to n: anything else is UsageError (a ValueError)
+    naming the bound, raised before the turn is snapshot or any sandbox starts."""
+    for ready in (-1, 3, True, 1.0, "2", None):
+        with pytest.raises(UsageError, match=r"ready .* from 0 to n \(2\)"):
+            turn.fork(2, ready=ready)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="ready"):
+        asyncio.run(turn.afork(1, ready=2))
+    assert turn._session is None
+    assert not executor._ahead
+
+
+def test_a_failing_start_never_holds_fork_ready_n_up(
+    executor: Executor, monkeypatch: pytest.MonkeyPatch
+):
+    """fork(4, ready=4) whose starts ahead all fail returns its forks without raising, and
+    each fork's first call starts its own sandbox, with the snapshot's files."""
+
+    def fail() -> None:
+        raise SandboxError("the start ahead failed (injected)")
+
+    with executor.turn() as parent:
+        run_script(parent, "echo base > /workspace/f")
+        starts = patch_start(executor, monkeypatch, ahead=fail)
+        forks = parent.fork(4, ready=4)
+    assert forks[0].snapshot_source is not None
+    pool = executor._ahead[id(forks[0].snapshot_source)][1]
+    try:
+        assert [run_script(fork, "cat /workspace/f") for fork in forks] == ["base\n"] * 4
+    finally:
+        for fork in forks:
+            fork.close()
+    assert pool.started == 0
+    assert starts.count("cold") == 4
+
+
+def test_a_hanging_start_holds_fork_ready_n_only_for_its_bound(
+    executor: Executor, monkeypatch: pytest.MonkeyPatch
+):
+    """A start ahead that never ends holds fork(2, ready=2) up for AHEAD_WAIT at most (made
+    short here): fork returns its forks, and their first calls are served all the same."""
+    gate = threading.Event()
+    with executor.turn() as parent:
+        run_script(parent, "echo base > /workspace/f")
+        patch_start(executor, monkeypatch, ahead=lambda: gate.wait(120))
+        monkeypatch.setattr(executor_module, "AHEAD_WAIT", 0.1)
+        try:
+            forks = parent.fork(2, ready=2)
+            assert forks[0].snapshot_source is not None
+            assert executor._ahead[id(forks[0].snapshot_source)][1].ready == 0
+        finally:
+            gate.set()
+    try:
+        assert [run_script(fork, "cat /workspace/f") for fork in forks] == ["base\n"] * 2
+    finally:
+        for fork in forks:
+            fork.close()
+
+
+@pytest.mark.parametrize("closed", ["turn", "executor"])
+def test_closing_ends_fork_ready_ns_wait(
+    executor: Executor, monkeypatch: pytest.MonkeyPatch, closed: str
+):
+    """Closing the forked turn, or the executor, while fork(2, ready=2) waits for starts
+    that never end (until the test lets them) ends the wait: fork returns its forks."""
+    gate = threading.Event()
+    parent = executor.turn()
+    # In a thread of its own: the executor's close joins the fillers held at the gate.
+    closer = threading.Thread(target=(parent if closed == "turn" else executor).close)
+    try:
+        run_script(parent, "echo base > /workspace/f")
+        patch_start(executor, monkeypatch, ahead=lambda: gate.wait(120))
+        forker, returned = fork_in_thread(parent, ready=2)
+        for _ in range(600):  # until fork has its pool: the snapshot is taken
+            if executor._ahead or not forker.is_alive():
+                break
+            time.sleep(0.05)
+        assert executor._ahead
+        closer.start()
+        forker.join(30)  # far under AHEAD_WAIT: a wait not ended is still waiting
+        assert not forker.is_alive(), f"closing the {closed} did not end fork's wait"
+        (forks,) = returned
+        assert isinstance(forks, list)
+        assert len(forks) == 2
+        for fork in forks:
+            fork.close()
+    finally:
+        gate.set()
+        if closer.is_alive():
+            closer.join(120)
+        parent.close()

@@ -1,7 +1,7 @@
 """WarmPool's waits for a start in flight, against starts the test lets finish one by one.
 
-A forks' pool (``Turn.fork``) is waited on: ``wait_one`` until its first sandbox is
-ready, and ``take(adopt=True)`` for a start in flight that no other taker claimed.
+A forks' pool (``Turn.fork``) is waited on: ``wait_ready`` until ``fork``'s ``ready``
+sandboxes are, and ``take(adopt=True)`` for a start in flight that no other taker claimed.
 These tests hold each start at a gate, so which taker waits, which gives up and
 what each gets is decided by the pool's counts, not by timing.
 """
@@ -19,6 +19,9 @@ from astralvessel._executor._warm import WarmPool
 
 #: A bound on every wait of these tests: a wait that reaches it fails the test.
 BOUND = 30.0
+#: The pool's own bound in a test of what ends a wait first: past ``BOUND``, so a wait
+#: that ended only by its bound fails the test.
+LONGER = 2 * BOUND
 
 
 class FakeSession:
@@ -77,7 +80,13 @@ def pools(starts: GatedStarts) -> Iterator[list[WarmPool]]:
 
 
 def forks_pool(
-    starts: GatedStarts, pools: list[WarmPool], size: int, total: int, fillers: int = 1
+    starts: GatedStarts,
+    pools: list[WarmPool],
+    size: int,
+    total: int,
+    *,
+    fillers: int = 1,
+    first_alone: bool = True,
 ) -> WarmPool:
     pool = WarmPool(
         None,  # type: ignore[arg-type]  # the fake start needs no backend
@@ -87,6 +96,7 @@ def forks_pool(
         discard=lambda session: session.close(),
         total=total,
         fillers=fillers,
+        first_alone=first_alone,
     )
     pools.append(pool)
     return pool
@@ -144,7 +154,7 @@ def test_a_failed_start_lets_its_claimer_go_empty_handed(
         starts.release(fail=True)
         assert adopted.result(BOUND) is None
     assert pool.started == 0
-    assert not pool.wait_one(BOUND)  # failed and spent: False, never the error
+    assert not pool.wait_ready(1, BOUND)  # failed and spent: False, never the error
 
 
 def test_abandon_ends_an_adopted_wait(starts: GatedStarts, pools: list[WarmPool]) -> None:
@@ -158,16 +168,16 @@ def test_abandon_ends_an_adopted_wait(starts: GatedStarts, pools: list[WarmPool]
         assert adopted.result(BOUND) is None
     assert counts(pool) == (0, 1, 0)  # the start goes on; its sandbox is the pool's
     starts.release()
-    assert pool.wait_one(BOUND)
+    assert pool.wait_ready(1, BOUND)
 
 
-def test_wait_one_returns_once_the_first_is_ready(
+def test_wait_ready_returns_once_the_first_is_ready(
     starts: GatedStarts, pools: list[WarmPool]
 ) -> None:
     pool = forks_pool(starts, pools, size=2, total=4)
-    assert not pool.wait_one(0.05)  # nothing ready yet: the timeout, not an error
+    assert not pool.wait_ready(1, 0.05)  # nothing ready yet: the timeout, not an error
     starts.release()
-    assert pool.wait_one(BOUND)
+    assert pool.wait_ready(1, BOUND)
     assert pool.ready == 1
 
 
@@ -194,7 +204,7 @@ def test_takers_from_many_threads_never_take_more_than_the_pool_started(
     forks = 8
     pool = forks_pool(starts, pools, size=2, total=forks, fillers=2)
     starts.release()
-    assert pool.wait_one(BOUND)
+    assert pool.wait_ready(1, BOUND)
     line = threading.Barrier(forks + 1)
 
     def first_call(_: int) -> FakeSession | None:
@@ -212,3 +222,72 @@ def test_takers_from_many_threads_never_take_more_than_the_pool_started(
         assert not filler.is_alive()
     assert 1 <= len(got) <= pool.started <= forks
     assert pool.started - len(got) == pool.ready  # the rest wait, for nobody, until close
+
+
+def test_wait_ready_returns_once_every_fork_of_ready_n_is_started(
+    starts: GatedStarts, pools: list[WarmPool]
+) -> None:
+    """fork(4, ready=4)'s pool: both fillers start at once, the wait ends once four are
+    ready, and the pool starts no fifth."""
+    pool = forks_pool(starts, pools, size=4, total=4, fillers=2, first_alone=False)
+    until(lambda: counts(pool) == (0, 2, 0))  # two starts at once, none ready yet
+    with ThreadPoolExecutor(1) as waiter:
+        waited = waiter.submit(pool.wait_ready, 4, LONGER)
+        starts.release(3)
+        until(lambda: counts(pool) == (3, 1, 0))
+        assert not waited.done()
+        starts.release()
+        assert waited.result(BOUND)
+    assert pool.ready == 4
+    assert pool.started == 4
+    assert pool.spent is False
+    for filler in list(pool._threads):  # every start is made: the fillers end
+        filler.join(BOUND)
+        assert not filler.is_alive()
+
+
+def test_wait_ready_ends_when_a_start_fails(starts: GatedStarts, pools: list[WarmPool]) -> None:
+    """A start that fails ends the wait with False, never its error."""
+    pool = forks_pool(starts, pools, size=4, total=4, fillers=2, first_alone=False)
+    with ThreadPoolExecutor(1) as waiter:
+        waited = waiter.submit(pool.wait_ready, 4, LONGER)
+        starts.release()
+        starts.release(fail=True)
+        assert waited.result(BOUND) is False
+
+
+def test_wait_ready_ends_when_the_pool_starts_no_more(
+    starts: GatedStarts, pools: list[WarmPool]
+) -> None:
+    """A pool that holds fewer than the wait asks for (a fork of an unstarted fork shares
+    its parent's) ends the wait once it is full, rather than waiting out the bound."""
+    pool = forks_pool(starts, pools, size=2, total=8, fillers=2)
+    with ThreadPoolExecutor(1) as waiter:
+        waited = waiter.submit(pool.wait_ready, 4, LONGER)
+        starts.release(2)
+        assert waited.result(BOUND) is False
+    assert pool.ready == 2
+
+
+def test_wait_ready_is_bounded_per_start(starts: GatedStarts, pools: list[WarmPool]) -> None:
+    """A start that hangs holds the wait only for its bound: the wait gives up (False)."""
+    pool = forks_pool(starts, pools, size=2, total=2, fillers=2, first_alone=False)
+    starts.release()  # one start ends; the other hangs at the gate
+    assert not pool.wait_ready(2, 0.2)
+    assert pool.ready == 1
+
+
+def test_closing_or_abandoning_ends_wait_ready(starts: GatedStarts, pools: list[WarmPool]) -> None:
+    """The forked turn closing (``abandon``) or the pool closing ends the wait."""
+    pool = forks_pool(starts, pools, size=2, total=2, fillers=2, first_alone=False)
+    closing = threading.Event()
+    with ThreadPoolExecutor(2) as waiters:
+        abandoned = waiters.submit(pool.wait_ready, 2, LONGER, closing)
+        closed = waiters.submit(pool.wait_ready, 2, LONGER)
+        until(lambda: counts(pool) == (0, 2, 0))
+        closing.set()
+        assert abandoned.result(BOUND) is False
+        assert not closed.done()
+        starts.release(2)  # close joins the fillers: let their starts end
+        pool.close()
+        assert closed.result(BOUND) is False

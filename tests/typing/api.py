@@ -164,13 +164,13 @@ def snapshots(registry: av.Registry, saved: Path) -> list[av.Turn]:
         del ids
         with av.Executor(registry, warm=2, snapshot=loaded) as warm, warm.turn() as ready:
             ready.call("bash", {"command": "ls"})
-        return [executor.turn(snapshot=snapshot), *turn.fork(8)]
+        return [executor.turn(snapshot=snapshot), *turn.fork(8), *turn.fork(4, ready=4)]
 
 
 async def snapshots_async(turn: av.Turn) -> list[av.Turn]:
     snapshot = await turn.asnapshot()
     assert snapshot == turn.snapshot()
-    return await turn.afork(2)
+    return [*await turn.afork(2), *await turn.afork(2, ready=0)]
 
 
 def observed(registry: av.Registry, folder: Path) -> list[av.Outcome]:

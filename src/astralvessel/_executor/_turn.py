@@ -91,9 +91,11 @@ class TurnOwner(Protocol):
         closing: threading.Event | None,
     ) -> tuple[SandboxSession, EgressProxy | None]: ...
 
-    def _start_ahead(self, snapshot: TurnSnapshot, forks: int) -> None: ...
+    def _start_ahead(self, snapshot: TurnSnapshot, forks: int, ready: int) -> None: ...
 
-    def _wait_ahead(self, snapshot: TurnSnapshot) -> None: ...
+    def _wait_ahead(
+        self, snapshot: TurnSnapshot, ready: int, abandon: threading.Event | None
+    ) -> None: ...
 
 
 _Owner = TypeVar("_Owner", bound=TurnOwner)
@@ -491,29 +493,38 @@ class BaseTurn(Closing, Generic[_Owner]):
                 return self.snapshot_source
         return None
 
-    def fork(self, n: int) -> list[Self]:
+    def fork(self, n: int, *, ready: int = 1) -> list[Self]:
         """``n`` new turns whose files start as this turn's now; this turn goes on.
 
         One snapshot, then ``n`` turns opened from it, each with its own sandbox
-        (started ahead in the background, ``FORKS_AHEAD`` at a time; ``fork``
-        returns once the first is ready, so a fork's first call takes a ready
-        one, or the one being started for it, or starts its own if none is
-        coming or a start failed), identity, limits and workspace: a fork's
-        writes reach neither its siblings nor this turn. Processes are not
-        carried. Raises what ``snapshot`` raises.
+        (started ahead in the background, ``FORKS_AHEAD`` at a time), identity,
+        limits and workspace: a fork's writes reach neither its siblings nor this
+        turn. ``fork`` returns once ``ready`` of the forks' sandboxes are started
+        (0 to ``n``; 0 returns at once): with the default 1, a call made right away
+        takes a started sandbox, and later forks' first calls take one, or the one
+        being started for them, or start their own; with ``ready=n`` every fork's
+        first call takes a started sandbox, as a warm turn's does, and ``fork``
+        takes as long as its starts. The wait is bounded (``AHEAD_WAIT`` per start)
+        and ends when this turn or the executor closes; a start that fails or hangs
+        never holds ``fork`` up nor raises from it (that fork's first call starts
+        its own). Under a network policy no sandbox is started ahead, and ``fork``
+        does not wait. Processes are not carried. Raises what ``snapshot`` raises,
+        and ``UsageError`` for an ``n`` or ``ready`` out of bounds.
         """
-        return run(self._fork_flow(n), _PERFORM)
+        return run(self._fork_flow(n, ready), _PERFORM)
 
-    async def afork(self, n: int) -> list[Self]:
-        """Async twin of ``fork``."""
-        return await arun(self._fork_flow(n), _APERFORM)
+    async def afork(self, n: int, *, ready: int = 1) -> list[Self]:
+        """Async twin of ``fork``; cancelling it leaves the wait at once."""
+        return await arun(self._fork_flow(n, ready), _APERFORM)
 
-    def _fork_flow(self, n: int) -> Flow[list[Self]]:
+    def _fork_flow(self, n: int, ready: int) -> Flow[list[Self]]:
         count = _fork_count(n)
+        wanted = _ready_count(ready, count)
         snapshot = yield from self._snapshot_flow()
-        self.executor._start_ahead(snapshot, count)
+        self.executor._start_ahead(snapshot, count, wanted)
         forks = [type(self)(self.executor, snapshot=snapshot) for _ in range(count)]
-        yield from _Ahead(self.executor, snapshot)
+        if wanted:
+            yield from _Ahead(self.executor, snapshot, wanted, self._closing)
         return forks
 
     def _capture_plan(self) -> Generator[FsRequest, FsReply, TurnSnapshot]:
@@ -635,6 +646,15 @@ def _fork_count(n: object) -> int:
     return n
 
 
+def _ready_count(ready: object, forks: int) -> int:
+    if isinstance(ready, bool) or not isinstance(ready, int) or not 0 <= ready <= forks:
+        raise UsageError(
+            f"Turn.fork's ready is how many forks' sandboxes to wait for, a whole number "
+            f"from 0 to n ({forks}), not {ready!r}"
+        )
+    return ready
+
+
 def _argv_of(argv: object) -> Sequence[object]:
     """``argv`` as the watch names it (the checks that refuse a bad one come after)."""
     return argv if isinstance(argv, (list, tuple)) else ()
@@ -660,10 +680,13 @@ class _Run(Step[Any]):
 
 @attrs.frozen
 class _Ahead(Step[None]):
-    """Wait (bounded, never raising) for the first fork's sandbox started ahead."""
+    """Wait (bounded, never raising) for ``ready`` forks' sandboxes started ahead, or
+    until ``closing`` is set (the forked turn closing)."""
 
     executor: TurnOwner
     snapshot: TurnSnapshot
+    ready: int
+    closing: threading.Event
 
 
 @attrs.frozen
@@ -695,8 +718,8 @@ _STEPS: dict[type[Step[Any]], tuple[Callable[[Any], Any], Callable[[Any], Awaita
     _Run: (lambda s: s.plan.run(s.session), lambda s: s.plan.arun(s.session)),
     # Waiting changes nothing, so a cancelled ``afork`` leaves the wait at once.
     _Ahead: (
-        lambda s: s.executor._wait_ahead(s.snapshot),
-        lambda s: to_thread(s.executor._wait_ahead, s.snapshot, abandon=True),
+        lambda s: s.executor._wait_ahead(s.snapshot, s.ready, s.closing),
+        lambda s: to_thread(s.executor._wait_ahead, s.snapshot, s.ready, s.closing, abandon=True),
     ),
     _Exec: (lambda s: s.session.exec(s.request), lambda s: s.session.aexec(s.request)),
     _Detach: (lambda s: s.session.detach(s.request), lambda s: s.session.adetach(s.request)),

@@ -11,11 +11,11 @@ Every sandbox process is forked on the lifeline thread (``sandbox._lifeline``),
 so neither the filler thread nor the thread that opened a turn takes a
 sandbox with it when it ends.
 
-A pool of forks' sandboxes (``Turn.fork``) is also waited on: ``wait_one`` until
-the first is ready, and ``take(adopt=True)`` for the start in flight that no
-other taker has claimed, rather than a second, redundant start beside it. The
-counts that make this safe across threads (``_starting``, ``_claims``,
-``started``) change only under the pool's condition.
+A pool of forks' sandboxes (``Turn.fork``) is also waited on: ``wait_ready`` until
+as many as ``fork``'s ``ready`` are, and ``take(adopt=True)`` for the start in
+flight that no other taker has claimed, rather than a second, redundant start
+beside it. The counts that make this safe across threads (``_starting``,
+``_claims``, ``started``) change only under the pool's condition.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ __all__ = ["WarmPool"]
 _PRUNE_SECONDS = 1.0
 #: How long ``close`` waits for a start in flight (a server's ready timeout bounds it).
 _CLOSE_WAIT = 60.0
-#: How long ``wait_one`` and an adopting ``take`` wait for a start in flight at most: a
+#: How long ``wait_ready`` and an adopting ``take`` wait for a start in flight at most: a
 #: server's ready timeout (30 s) and a restore's bound it; past it the caller starts cold.
 AHEAD_WAIT = 60.0
 #: How often an adopting ``take`` looks at its ``abandon`` event (a turn closing meanwhile).
@@ -71,6 +71,7 @@ class WarmPool:
         discard: Callable[[SandboxSession], None] | None = None,
         total: int | None = None,
         fillers: int = 1,
+        first_alone: bool = True,
     ) -> None:
         self.sandbox = sandbox
         self.policy = policy
@@ -95,9 +96,12 @@ class WarmPool:
         #: How many sandboxes the pool has started (each went, or goes, to one turn at most).
         self.started = 0
         #: Filler threads still to start once the first sandbox is ready: a forks' pool
-        #: starts more than one at a time, but never beside the start its ``fork`` waits on.
-        self._more_fillers = fillers - 1
-        self._threads = [self._filler()]
+        #: starts more than one at a time, but never beside the start its ``fork`` waits
+        #: on when that is the first alone (``first_alone``); a ``fork`` waiting for more
+        #: than one is served sooner by every filler at once.
+        at_once = 1 if first_alone else fillers
+        self._more_fillers = fillers - at_once
+        self._threads = [self._filler() for _ in range(at_once)]
 
     @property
     def ready(self) -> int:
@@ -163,17 +167,27 @@ class WarmPool:
         finally:
             self._claims -= 1
 
-    def wait_one(self, timeout: float = AHEAD_WAIT) -> bool:
-        """Block until a sandbox is ready; False, never an error, when ``timeout`` passed
-        first, a start failed, the pool closed or it will start no more."""
+    def wait_ready(
+        self, count: int = 1, timeout: float = AHEAD_WAIT, abandon: threading.Event | None = None
+    ) -> bool:
+        """Block until ``count`` sandboxes are ready; False, never an error, when a start
+        failed, the pool closed, it will start no more (it is full, or spent), ``abandon``
+        was set, or ``timeout`` passed with no start ending (the bound is per start, so
+        a wait for many is bounded by each of its starts, not by their sum).
+        """
         deadline = time.monotonic() + timeout
         with self._cond:
-            while not self._ready:
-                over = self._left is not None and self._left <= 0 and not self._starting
+            seen = self.started
+            while len(self._ready) < count:
+                if self.started != seen:  # a start ended: the next one gets its own bound
+                    seen, deadline = self.started, time.monotonic() + timeout
                 remaining = deadline - time.monotonic()
-                if self._closed or self._failure is not None or over or remaining <= 0:
+                stalled = not self._starting and not self._wanted()
+                gone = self._closed or self._failure is not None or stalled
+                if gone or remaining <= 0 or (abandon is not None and abandon.is_set()):
                     return False
-                self._cond.wait(remaining)
+                # An event cannot wake a condition: with one to watch, look again shortly.
+                self._cond.wait(remaining if abandon is None else min(remaining, _ABANDON_POLL))
             return True
 
     def wait_filled(self, timeout: float | None = None) -> bool:
