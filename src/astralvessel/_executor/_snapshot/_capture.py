@@ -107,8 +107,8 @@ def capture(
     files = {
         _name(item): item for item in listing if item.get("kind") == "file"
     }  # manifest_of checked every item is an object with a name
-    if reply.upper_names is not None:
-        mark_lower(files, reply.upper_names)
+    if reply.upper_names is not None:  # the host laid the overlay: its reading decides
+        mark_lower(files, reply.upper_names if reply.upper_read else None)
     held = captures.reusable(files) if captures is not None else {}
     # The estimate: the bytes of the files to read, reserved until the exact count, so two
     # captures at once cannot both pass it for the same room. A linked file may still count
@@ -163,12 +163,13 @@ def _unheld_bytes(shape: Manifest, held: dict[bytes, Held]) -> int:
     return total
 
 
-def mark_lower(files: dict[bytes, dict[str, Any]], upper: frozenset[bytes]) -> None:
+def mark_lower(files: dict[bytes, dict[str, Any]], upper: frozenset[bytes] | None) -> None:
     """Mark ``lower`` each listed file whose name the turn's upper layer does not hold, as
     the host read that layer (Docker as root lays the overlay itself): the server, which
-    cannot see it there, marks none, and the host's reading replaces what it sent."""
+    cannot see it there, marks none, and the host's reading replaces what it sent.
+    ``upper`` None (the host could not read the layer whole): no file is marked."""
     for name, item in files.items():
-        item["lower"] = name not in upper
+        item["lower"] = upper is not None and name not in upper
 
 
 def _name(item: dict[str, Any]) -> bytes:
