@@ -240,3 +240,21 @@ def test_a_link_in_a_tree_never_changes_the_host_file_it_names(tmp_path: Path):
     assert host_file.stat().st_mode & 0o7777 == 0o600
     assert host_folder.is_dir()
     assert host_folder.stat().st_mode & 0o7777 == 0o500
+
+
+def test_a_tree_nested_as_deep_as_a_name_goes_is_removed(caplog: pytest.LogCaptureFixture):
+    """A tree 2000 folders deep (a 4000-byte name, which a manifest takes) is removed whole,
+    past rmtree's recursion and PATH_MAX, and nothing is logged as failed."""
+    folder = new_folder()
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(2000):
+        os.mkdir("d", dir_fd=fd)
+        deeper = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = deeper
+    os.close(fd)
+    with caplog.at_level(logging.WARNING, logger="astralvessel.snapshots"):
+        enqueue(folder)
+        assert drain(60)
+    assert not folder.exists()
+    assert not [r for r in caplog.records if r.name == "astralvessel.snapshots"]

@@ -63,11 +63,72 @@ def _rmtree(folder: Path) -> set[int]:
     def failed(_function: Any, _path: Any, error: BaseException) -> None:
         problems.add(getattr(error, "errno", 0))
 
-    if sys.version_info >= (3, 12):
-        shutil.rmtree(folder, onexc=failed)
-    else:  # onerror, deprecated from 3.12, gives the exception as a tuple
-        shutil.rmtree(folder, onerror=lambda fn, path, info: failed(fn, path, info[1]))
+    def rmtree() -> None:
+        if sys.version_info >= (3, 12):
+            shutil.rmtree(folder, onexc=failed)
+        else:  # onerror, deprecated from 3.12, gives the exception as a tuple
+            shutil.rmtree(folder, onerror=lambda fn, path, info: failed(fn, path, info[1]))
+
+    try:
+        rmtree()
+    except RecursionError:
+        # rmtree recurses a frame per level (up to 3.12), and a sandbox may nest a folder
+        # per two bytes of a 4096-byte name: cut the tree into shallow pieces, then again.
+        problems.clear()
+        try:
+            _flatten(folder)
+        except OSError as exc:
+            problems.add(exc.errno or 0)
+        rmtree()
     return problems
+
+
+#: How deep a folder may lie before ``_flatten`` moves it up to the top.
+_FLAT_DEPTH = 200
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def _flatten(folder: Path) -> None:
+    """Move each folder lying ``_FLAT_DEPTH`` deep up to ``folder``'s top, so that nothing
+    under it is nested deeper. Iterative, two descriptors at most, no link followed, each
+    folder reached a component at a time (a deep one's path passes PATH_MAX)."""
+    root = os.open(folder, _DIR_FLAGS)
+    try:
+        pending, moved = [b""], 0
+        while pending:
+            path = pending.pop()
+            fd = _open_under(root, path)
+            try:
+                with os.scandir(fd) as entries:
+                    names = [
+                        os.fsencode(e.name) for e in entries if e.is_dir(follow_symlinks=False)
+                    ]
+                for name in names:
+                    child = path + b"/" + name if path else name
+                    if child.count(b"/") + 1 < _FLAT_DEPTH:
+                        pending.append(child)
+                        continue
+                    moved += 1
+                    while os.path.lexists(os.path.join(os.fsencode(folder), b".flat-%d" % moved)):
+                        moved += 1
+                    top = b".flat-%d" % moved
+                    os.rename(name, top, src_dir_fd=fd, dst_dir_fd=root)
+                    pending.append(top)
+            finally:
+                os.close(fd)
+    finally:
+        os.close(root)
+
+
+def _open_under(root: int, name: bytes) -> int:
+    fd = os.open(".", _DIR_FLAGS, dir_fd=root)
+    for part in name.split(b"/") if name else ():
+        try:
+            child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+        finally:
+            os.close(fd)
+        fd = child
+    return fd
 
 
 def _make_writable(folder: Path) -> None:
