@@ -157,8 +157,15 @@ def test_without_a_thread_the_caller_removes_the_folder():
 
 #: Interpreters to exit with: this one, and each newer one pyenv has (3.12 printed a
 #: traceback at exit: a finalizer's thread could not start at interpreter shutdown).
-_PYENV = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
-_PYTHONS = [sys.executable, *sorted(str(p) for p in _PYENV.glob("versions/3.1[2-9]*/bin/python"))]
+def _newer_pythons() -> list[str]:
+    pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv")
+    try:  # another user's pyenv may not be readable: then this interpreter alone
+        return sorted(str(p) for p in pyenv.glob("versions/3.1[2-9]*/bin/python"))
+    except OSError:
+        return []
+
+
+_PYTHONS = [sys.executable, *_newer_pythons()]
 #: The package and attrs, found where this interpreter found them (both pure Python).
 _PATH = os.pathsep.join(
     str(Path(module.__file__ or "").parent.parent) for module in (astralvessel, attrs)
