@@ -250,6 +250,7 @@ _SNAPSHOT_TESTS = (
     "test_a_fifo_is_refused_by_name",
     "test_set_id_bits_never_come_back",
     "test_many_small_files_come_back",
+    "test_a_fork_nested_900_folders_deep_is_snapshotted_whole",
     "test_a_snapshot_is_a_value_named_by_its_files",
     "test_the_budget_refuses_a_snapshot_past_it",
     "test_a_sparse_file_counts_its_holes",

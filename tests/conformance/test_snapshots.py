@@ -394,3 +394,25 @@ def test_a_fork_of_an_unstarted_fork_is_the_same_snapshot(executor: Executor):
         assert child.snapshot() != child.snapshot_source
     with grandchild:
         assert run_script(grandchild, "cat /workspace/f") == "one\n"
+
+
+def test_a_fork_nested_900_folders_deep_is_snapshotted_whole(executor: Executor):
+    """A fork whose calls nest 900 folders (past the upper layer listing's UPPER_DEPTH, so
+    its changed names are unknown) is snapshotted file for file, the parent's too: every
+    file read, none taken for the lower layer's unread, and a turn opened from it has them."""
+    with executor.turn() as parent:
+        run_script(parent, "echo base > /workspace/base && mkdir /workspace/keep")
+        (fork,) = parent.fork(1)
+    deep = "/".join(["d"] * 900)
+    with fork:
+        run_script(
+            fork,
+            f"cd /workspace && mkdir -p {deep} && echo bottom > {deep}/f && echo more >> base",
+        )
+        before = run_script(fork, _LISTING)
+        snapshot = fork.snapshot()
+    assert (snapshot.path / deep / "f").read_bytes() == b"bottom\n"
+    assert (snapshot.path / "base").read_bytes() == b"base\nmore\n"
+    assert snapshot.file_count == 900 + 3
+    with executor.turn(snapshot=snapshot) as restored:
+        assert run_script(restored, _LISTING) == before

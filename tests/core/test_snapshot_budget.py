@@ -9,11 +9,13 @@ conformance suite runs the same on the real sandboxes (``test_snapshot_budget``)
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import gc
 import io
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -312,3 +314,142 @@ def test_the_reaper_is_one_daemon_thread():
     assert seen[0] is not threading.current_thread()
     assert seen[0].daemon
     assert seen[0] is _reaper._reaper.thread
+
+
+def test_racing_captures_never_pass_the_budget_together():
+    """Captures started at once against a budget with room for one: one is kept, each other
+    is refused at its estimate with the budget's error, having read nothing, and the bytes
+    counted never pass the budget."""
+    racers = 6
+    budget = Budget(100 * KIB)
+    cond = threading.Condition()
+    arrived = [0]  # captures refused, or at their first read
+    outcomes: list[tuple[str, list[str]]] = []
+
+    def arrive() -> None:
+        with cond:
+            arrived[0] += 1
+            cond.notify_all()
+
+    def race(index: int) -> None:
+        plan = capture(timeout=5.0, max_bytes=1 << 30, max_files=100, budget=budget)
+        next(plan)
+        listing = [_file(f"f{index}", 60 * KIB, 100 + index)]
+        reply = FsReply(fields={"now_ns": NOW}, data=json.dumps(listing).encode())
+        asked: list[str] = []
+        try:
+            request = plan.send(reply)
+        except SnapshotError as exc:
+            arrive()
+            outcomes.append((str(exc), asked))
+            return
+        arrive()
+        with cond:  # every capture has passed its estimate, or been refused by it
+            cond.wait_for(lambda: arrived[0] == racers, 30)
+        try:
+            while True:
+                wanted = json.loads(request.data)
+                asked += [name for name, offset, _ in wanted if offset == 0]
+                request = plan.send(FsReply(data=b"x" * sum(n for _, _, n in wanted)))
+        except StopIteration as done:
+            outcomes.append(("kept", asked))
+            kept.append(done.value)
+        except SnapshotError as exc:
+            outcomes.append((str(exc), asked))
+
+    kept: list[TurnSnapshot] = []
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(racers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(outcomes) == racers
+    assert [len(asked) for what, asked in outcomes if what == "kept"] == [1]
+    refused = [(what, asked) for what, asked in outcomes if what != "kept"]
+    assert len(refused) == racers - 1
+    for what, asked in refused:
+        assert "of its budget of 0.1 MiB (Executor(snapshot_budget_mb=...))" in what
+        assert asked == []
+    assert budget.used_bytes == 60 * KIB <= budget.limit_bytes
+    assert budget.reserved_bytes == 0
+
+
+def test_a_capture_that_fails_gives_its_reservation_back():
+    """A capture ended by the sandbox's error (or dropped) after its estimate holds nothing:
+    the next capture has the whole budget."""
+    budget = Budget(100 * KIB)
+    plan = capture(timeout=5.0, max_bytes=1 << 30, max_files=100, budget=budget)
+    next(plan)
+    listing = [_file("a", 60 * KIB, 1)]
+    plan.send(FsReply(fields={"now_ns": NOW}, data=json.dumps(listing).encode()))
+    assert budget.reserved_bytes == 60 * KIB
+    with pytest.raises(SnapshotError, match="cannot be read"):
+        plan.send(FsReply(errno="EIO", message="gone"))
+    assert budget.reserved_bytes == 0
+    dropped = capture(timeout=5.0, max_bytes=1 << 30, max_files=100, budget=budget)
+    next(dropped)
+    dropped.send(FsReply(fields={"now_ns": NOW}, data=json.dumps(listing).encode()))
+    dropped.close()
+    assert budget.reserved_bytes == 0
+    snapshot, _ = _take(budget, None, [_file("b", 90 * KIB, 2)])
+    assert budget.used_bytes == 90 * KIB
+    del snapshot
+
+
+def test_a_trees_hold_and_removal_race_without_losing_bytes(held_reaper: threading.Event):
+    """Threads holding a tree's files while another removes it: whatever was counted is
+    exactly what its removal gives back, and a hold after the removal is refused."""
+    budget = Budget(1 << 30)
+    for _ in range(20):
+        tree = Tree(new_folder() / "tree", budget)
+        start = threading.Barrier(5)
+
+        def hold(index: int, tree: Tree = tree, start: threading.Barrier = start) -> None:
+            start.wait(10)
+            with contextlib.suppress(SnapshotError):
+                tree.hold({(7, index * 100 + i): 1 for i in range(100)})
+
+        def remove(tree: Tree = tree, start: threading.Barrier = start) -> None:
+            start.wait(10)
+            tree.remove()
+
+        threads = [threading.Thread(target=hold, args=(i,)) for i in range(4)]
+        threads.append(threading.Thread(target=remove))
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        del tree
+    held_reaper.set()
+    assert drain(30)
+    assert budget.used_bytes == 0
+
+
+def test_a_child_forked_while_a_thread_holds_the_budget_can_use_it():
+    """A fork while another thread holds the budget's lock leaves the child a fresh lock:
+    its own snapshots reserve and count, not wait for a thread it does not have."""
+    budget = Budget(100 * KIB)
+    holding, done = threading.Event(), threading.Event()
+
+    def hold_the_lock() -> None:
+        with budget._lock:
+            holding.set()
+            done.wait(30)
+
+    thread = threading.Thread(target=hold_the_lock)
+    thread.start()
+    assert holding.wait(10)
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: SIGALRM ends it should it wait for the lock
+            try:
+                signal.alarm(30)
+                budget.cancel(budget.reserve(KIB))
+                os._exit(0 if budget.reserved_bytes == 0 else 1)
+            finally:
+                os._exit(2)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        done.set()
+        thread.join(30)
+    assert os.waitstatus_to_exitcode(status) == 0

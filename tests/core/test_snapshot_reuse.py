@@ -166,3 +166,38 @@ def test_a_digest_given_later_is_checked():
         entry.with_digest("A" * 64)
     with pytest.raises(TypeError):
         Entry(name=b"d", kind=EntryKind.DIR, mode=0o755).with_digest("a" * 64)
+
+
+@pytest.mark.parametrize("server_marks", [False, True])
+def test_an_upper_layer_the_host_could_not_read_marks_nothing_lower(server_marks: bool):
+    """Where the host laid the overlay and its upper layer could not be read whole
+    (``upper_read`` False), every file is read: none is taken for the source's, whatever the
+    server marked. Read whole, a name the layer lacks is linked."""
+    files = {"a": b"alpha", "b": b"beta"}
+    source, _ = _take(None, [_file("a", b"alpha", 1), _file("b", b"beta", 2)], files)
+    listing = [
+        _file(name, data, 5 + i, lower=server_marks) for i, (name, data) in enumerate(files.items())
+    ]
+
+    def take(upper_names: frozenset[bytes], upper_read: bool) -> list[str]:
+        plan = capture(
+            timeout=5.0, max_bytes=1 << 20, max_files=100, budget=Budget(1 << 30),
+            captures=Captures(source),
+        )  # fmt: skip
+        next(plan)
+        reply = FsReply(
+            fields={"now_ns": NOW}, data=json.dumps(listing).encode(),
+            upper_names=upper_names, upper_read=upper_read,
+        )  # fmt: skip
+        asked: list[str] = []
+        while True:
+            try:
+                request = plan.send(reply)
+            except StopIteration:
+                return asked
+            wanted = json.loads(request.data)
+            asked += [name for name, offset, _ in wanted if offset == 0]
+            reply = FsReply(data=b"".join(files[n][o : o + k] for n, o, k in wanted))
+
+    assert take(frozenset(), upper_read=False) == ["a", "b"]
+    assert take(frozenset({b"b"}), upper_read=True) == ["b"]

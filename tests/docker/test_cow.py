@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -28,6 +29,7 @@ from astralvessel.sandbox._session import ServerSession
 from astralvessel.sandbox.docker import Docker
 from astralvessel.sandbox.docker._cow import HostOverlay, remove_frames
 from astralvessel.sandbox.docker._spec import container_spec
+from astralvessel.sandbox.server._snapfiles import UPPER_DEPTH
 
 from .conftest import SMALL_LIMITS
 
@@ -207,3 +209,38 @@ def test_a_dead_hosts_frame_is_swept(tmp_path: Path):
     assert frame not in _frames("astralvessel-cow-")
     assert not Path(frame).exists()
     assert (tree / "d" / "f").read_text() == "base\n"
+
+
+def test_an_upper_layer_too_deep_or_past_the_descriptors_is_unknown(
+    backend: Docker, tmp_path: Path
+):
+    """The host's reading of a layer nested 900 folders deep gives up (None), the listing
+    says so (upper_read False, no name) and nothing of the host's is held open for it;
+    with no descriptor left to copy the layer's, it is unknown too, never an error."""
+    assert os.geteuid() == 0, "the host mounts the overlay as root only"
+    assert UPPER_DEPTH < 900
+    tree = _tree(tmp_path)
+    session = backend.start(Policy(limits=SMALL_LIMITS, workspace_lower=tree))
+    try:
+        deep = "/".join(["d"] * 900)
+        script = f"cd /workspace && mkdir -p {deep} && echo bottom > {deep}/f"
+        outcome = session.run(RunRequest(argv=("sh", "-c", script), timeout=30, output_chars=4000))
+        assert outcome.exit_code == 0, outcome.output
+        overlay_names = session.upper_names  # type: ignore[attr-defined]
+        before = len(os.listdir("/proc/self/fd"))
+        assert overlay_names() is None
+        assert len(os.listdir("/proc/self/fd")) == before
+        reply = session.fs(FsRequest(op="pack", timeout=30, fields={"phase": "list"}))
+        assert reply.errno is None
+        assert (reply.upper_names, reply.upper_read) == (frozenset(), False)
+        lowest = os.dup(0)
+        os.close(lowest)
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (lowest, hard))
+        try:
+            unknown = overlay_names()
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        assert unknown is None
+    finally:
+        session.close()

@@ -220,3 +220,14 @@ def test_unreadable_file_kept_by_root_refused_by_others(tmp_path: Path) -> None:
     else:
         with pytest.raises(SnapshotError, match="'none' cannot be read: Permission denied"):
             scan_tree(tmp_path, **ROOMY)
+
+
+def test_a_tree_nested_900_folders_deep_is_scanned(tmp_path: Path):
+    """The walk is iterative: a tree as deep as a name may nest is scanned, not a
+    RecursionError (two frames a level once)."""
+    deep = tmp_path / "tree" / "/".join(["d"] * 900)
+    deep.mkdir(parents=True)
+    (deep / "f").write_bytes(b"bottom")
+    manifest = scan_tree(tmp_path / "tree", max_bytes=1 << 20, max_files=1000)
+    assert manifest.file_count == 901
+    assert manifest.entries[-1].name == b"/".join([b"d"] * 900) + b"/f"

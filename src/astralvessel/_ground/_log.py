@@ -20,6 +20,7 @@ __all__ = [
     "RAY",
     "REFUSALS",
     "SANDBOX",
+    "SNAPSHOTS",
     "TURN",
     "WARM",
     "WARNING",
@@ -43,6 +44,8 @@ SANDBOX = logging.getLogger("astralvessel.sandbox")
 WARM = logging.getLogger("astralvessel.warm")
 #: Each connection the egress proxy refused (host, port, reason), or turned away.
 NETWORK = logging.getLogger("astralvessel.network")
+#: Snapshot trees whose removal failed (the folder is left for the next host's sweep).
+SNAPSHOTS = logging.getLogger("astralvessel.snapshots")
 #: Where Ray placed each turn.
 RAY = logging.getLogger("astralvessel.ray")
 

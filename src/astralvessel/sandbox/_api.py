@@ -312,9 +312,14 @@ class FsReply:
     errno: str | None = None
     message: str = ""
     #: A snapshot's listing (``pack``, phase ``list``) of a workspace whose overlay the
-    #: host laid (Docker as root): every name its upper layer holds, as the host read
-    #: them. None: the server marks its files itself, or no one can.
+    #: host laid (Docker as root): the names its upper layer holds, as the host read
+    #: them; its reading replaces the server's marks. None: the server marks its files
+    #: itself, or no one can.
     upper_names: frozenset[bytes] | None = None
+    #: Whether the host read that layer whole (``upper_names`` then holds every name in
+    #: it). False with ``upper_names`` set: the host laid the overlay and could not read
+    #: its upper layer, so no file may be taken for the lower layer's.
+    upper_read: bool = False
 
 
 @attrs.frozen(kw_only=True)

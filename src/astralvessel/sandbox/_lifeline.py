@@ -44,14 +44,16 @@ class _Lifeline:
             if self._thread is None or self._pid != os.getpid():
                 # A forked child inherits no thread, and the queue may hold the parent's jobs.
                 self._jobs = queue.SimpleQueue()
-                self._thread = threading.Thread(
+                thread = threading.Thread(
                     target=self._serve,
                     args=(self._jobs,),
                     name="astralvessel-lifeline",
                     daemon=True,
                 )
-                self._pid = os.getpid()
-                self._thread.start()
+                # Kept only once started: a thread that could not start (RuntimeError, at
+                # shutdown or past a thread limit) would leave every later job waiting.
+                thread.start()
+                self._thread, self._pid = thread, os.getpid()
             self._jobs.put((job, future))
         return future.result()
 

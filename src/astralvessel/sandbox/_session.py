@@ -590,7 +590,13 @@ class ServerSession(SandboxSession):
         listing = request.op == "pack" and request.fields.get("phase") == "list"
         if self.upper_names is None or not listing or reply.errno is not None:
             return reply
-        return attrs.evolve(reply, upper_names=self.upper_names())
+        names = self.upper_names()
+        # Unknown (None) is said as such: no name may then be taken for the lower layer's.
+        return attrs.evolve(
+            reply,
+            upper_names=frozenset() if names is None else names,
+            upper_read=names is not None,
+        )
 
     def detach(self, request: DetachRequest) -> DetachedProcess:
         """Start a detached process; return once the server says it runs."""

@@ -10,14 +10,16 @@ file primitives are), so the sync and async turn share them:
   store holds already (``_reuse``: unchanged since the turn's last capture, or
   still the lower layer's of the snapshot it opened from: the worker marks
   those, or the host from the upper layer's names where it laid the overlay),
-  checks the budget against the bytes of the others (an estimate: a refusal
-  reads nothing), asks the worker for the other files' bytes in batches and
-  writes them into the new tree, hashing as it writes (``_build``). The
-  manifest's digests are the host's: of the bytes it wrote, or its own record
-  of the file it linked. So what a sandbox sends can only ever be the
-  snapshot's bytes, never disagree with them. The
-  new tree's inodes are then counted exactly (``Budget.hold``: a file another
-  live tree holds counts once), and a tree past the budget is refused and goes.
+  reserves the bytes of the others on the budget (``Budget.reserve``: an
+  estimate, so a refusal reads nothing, held until the exact count so two
+  captures at once cannot both pass it for the same room), asks the worker
+  for the other files' bytes in batches and writes them into the new tree,
+  hashing as it writes (``_build``). The manifest's digests are the host's:
+  of the bytes it wrote, or its own record of the file it linked. So what a
+  sandbox sends can only ever be the snapshot's bytes, never disagree with
+  them. The new tree's inodes are then counted exactly in place of the
+  reservation (``Budget.hold``: a file another live tree holds counts once),
+  and a tree past the budget is refused and goes.
 - ``restore``: the manifest's entries, in order, as records the file worker
   makes as the calls' user (so the files belong to the turn's identity, as its
   own would), folders' modes last.
@@ -38,7 +40,7 @@ from ...sandbox.server._fsops import CHUNK_BYTES
 from ._build import TreeWriter
 from ._manifest import SETID_BITS, Entry, EntryKind, Manifest, show
 from ._reuse import Captures, Held, matches, recorded_stat, with_digests
-from ._store import Budget, Tree, new_folder
+from ._store import Budget, Reservation, Tree, new_folder
 from ._value import TurnSnapshot
 
 __all__ = ["capture", "restore"]
@@ -105,12 +107,33 @@ def capture(
     files = {
         _name(item): item for item in listing if item.get("kind") == "file"
     }  # manifest_of checked every item is an object with a name
-    if reply.upper_names is not None:
-        mark_lower(files, reply.upper_names)
+    if reply.upper_names is not None:  # the host laid the overlay: its reading decides
+        mark_lower(files, reply.upper_names if reply.upper_read else None)
     held = captures.reusable(files) if captures is not None else {}
-    # The estimate: the bytes of the files to read. A linked file may still count (one no
-    # live tree of this budget holds: a loaded snapshot's), which the exact check sees.
-    budget.check(_unheld_bytes(shape, held))
+    # The estimate: the bytes of the files to read, reserved until the exact count, so two
+    # captures at once cannot both pass it for the same room. A linked file may still count
+    # (one no live tree of this budget holds: a loaded snapshot's), which the exact count sees.
+    reservation = budget.reserve(_unheld_bytes(shape, held))
+    try:
+        snapshot = yield from _build(shape, held, timeout, budget, reservation)
+    finally:
+        budget.cancel(reservation)  # a capture that failed, or was dropped, gives it back
+    if captures is not None:
+        began = reply.fields.get("now_ns")
+        if type(began) is int:
+            stats = {name: recorded_stat(item, began) for name, item in files.items()}
+            captures.remember(snapshot, {k: v for k, v in stats.items() if v is not None})
+    return snapshot
+
+
+def _build(
+    shape: Manifest,
+    held: dict[bytes, Held],
+    timeout: float,
+    budget: Budget,
+    reservation: Reservation,
+) -> Generator[FsRequest, FsReply, TurnSnapshot]:
+    """The new tree, filled and counted in place of ``reservation``; removed if it fails."""
     # The folder goes, and the files' bytes go back, when the tree is collected or removed.
     tree = Tree(new_folder() / "tree", budget)
     try:
@@ -120,19 +143,13 @@ def capture(
             writer.finish()
         finally:
             writer.close()
-        tree.hold(writer.inodes)
-        snapshot = TurnSnapshot(manifest=with_digests(shape, writer.digests), tree=tree)
+        tree.hold(writer.inodes, reservation)
+        return TurnSnapshot(manifest=with_digests(shape, writer.digests), tree=tree)
     except BaseException as exc:
         tree.remove()
         if isinstance(exc, OSError):
             raise SnapshotError(f"the snapshot cannot be written: {exc}") from exc
         raise
-    if captures is not None:
-        began = reply.fields.get("now_ns")
-        if type(began) is int:
-            stats = {name: recorded_stat(item, began) for name, item in files.items()}
-            captures.remember(snapshot, {k: v for k, v in stats.items() if v is not None})
-    return snapshot
 
 
 def _unheld_bytes(shape: Manifest, held: dict[bytes, Held]) -> int:
@@ -146,12 +163,13 @@ def _unheld_bytes(shape: Manifest, held: dict[bytes, Held]) -> int:
     return total
 
 
-def mark_lower(files: dict[bytes, dict[str, Any]], upper: frozenset[bytes]) -> None:
+def mark_lower(files: dict[bytes, dict[str, Any]], upper: frozenset[bytes] | None) -> None:
     """Mark ``lower`` each listed file whose name the turn's upper layer does not hold, as
     the host read that layer (Docker as root lays the overlay itself): the server, which
-    cannot see it there, marks none, and the host's reading replaces what it sent."""
+    cannot see it there, marks none, and the host's reading replaces what it sent.
+    ``upper`` None (the host could not read the layer whole): no file is marked."""
     for name, item in files.items():
-        item["lower"] = name not in upper
+        item["lower"] = upper is not None and name not in upper
 
 
 def _name(item: dict[str, Any]) -> bytes:

@@ -7,6 +7,12 @@ thread removes it. ``drain`` waits for the queue (a test, or anything that must
 see the disk free); at interpreter exit whatever is left is removed before the
 process ends. In a child forked from the host the queue and thread start
 afresh and empty: the parent's trees are the parent's to remove.
+
+The queue never stalls: a folder still busy (EBUSY, a lazy unmount under way)
+waits its turn again behind the others, with a growing pause, for at most
+``BUSY_SECONDS``; a removal that raises is logged (``snapshot.removal_failed``)
+and the thread goes on; where no thread can start (at interpreter shutdown, a
+thread limit) or the exit hook has run, the caller removes the folder itself.
 """
 
 from __future__ import annotations
@@ -14,20 +20,51 @@ from __future__ import annotations
 import atexit
 import collections
 import os
+import sys
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
-from ..._ground._removal import remove_folder
+import attrs
+
+from ..._ground._log import SNAPSHOTS, WARNING, event
+from ..._ground._removal import remove_folder, remove_once
 
 __all__ = ["BUSY_SECONDS", "drain", "enqueue", "remove_folder"]
 
 #: How long a folder that is busy (EBUSY: Docker's lazy unmount of a copy-on-write
 #: workspace over the tree may still be going) is tried again before it is left.
 BUSY_SECONDS = 10.0
+#: The first pause before a busy folder is tried again, doubled at each try up to the last.
+BUSY_PAUSE = 0.1
+BUSY_PAUSE_MAX = 2.0
 
-#: A removal: the folder, and what to do just before it goes (give the budget back).
-Job = tuple[Path, Callable[[], None] | None]
+
+@attrs.frozen
+class Job:
+    """A removal: the folder, what to do just before it goes (give the budget back), and
+    for a busy folder tried again, when it may be tried and when it is left."""
+
+    folder: Path
+    before: Callable[[], None] | None = None
+    due: float = 0.0  # time.monotonic()
+    pause: float = BUSY_PAUSE
+    deadline: float | None = None
+
+    def later(self) -> Job | None:
+        """This job once more after a pause (``before`` has run), or None past its time."""
+        now = time.monotonic()
+        deadline = now + BUSY_SECONDS if self.deadline is None else self.deadline
+        if now >= deadline:
+            return None
+        return Job(
+            self.folder,
+            None,
+            due=now + self.pause,
+            pause=min(self.pause * 2, BUSY_PAUSE_MAX),
+            deadline=deadline,
+        )
 
 
 class _Reaper:
@@ -37,51 +74,82 @@ class _Reaper:
         self.pid = os.getpid()
         self.cond = threading.Condition()
         self.jobs: collections.deque[Job] = collections.deque()
+        self.waiting: list[Job] = []  # busy folders, each to be tried again once due
         self.busy = 0  # jobs taken off the queue and not yet done
         self.thread: threading.Thread | None = None
         self.exiting = False
 
     def put(self, job: Job) -> None:
         with self.cond:
-            if not self.exiting:
+            if not (self.exiting or sys.is_finalizing()):
                 self.jobs.append(job)
                 self.cond.notify_all()
-                if self.thread is None:
-                    self.thread = threading.Thread(
-                        target=self.run, name="astralvessel-snapshot-reaper", daemon=True
-                    )
-                    self.thread.start()
-                return
-        # Past the exit hook no thread is sure to run again: remove it here.
-        _run(job)
+                if self.thread is not None or self._start():
+                    return
+                # No thread: whatever the queue holds is the caller's to remove.
+                left = self._take_all()
+            else:
+                left = [job]
+        # Past the exit hook no thread is sure to run again: remove them here.
+        for each in left:
+            _run_inline(each)
+
+    def _start(self) -> bool:
+        """Start the thread (the condition held); False if none can start."""
+        thread = threading.Thread(target=self.run, name="astralvessel-snapshot-reaper", daemon=True)
+        try:
+            thread.start()
+        except RuntimeError:  # "can't create new thread" (at shutdown, past a thread limit)
+            return False
+        self.thread = thread
+        return True
+
+    def _take_all(self) -> list[Job]:
+        left = [*self.jobs, *self.waiting]
+        self.jobs.clear()
+        self.waiting.clear()
+        return left
 
     def run(self) -> None:
         while True:
             with self.cond:
-                while not self.jobs:
-                    self.cond.wait()
-                job = self.jobs.popleft()
+                job = self._next()
                 self.busy += 1
+            again = None
             try:
-                _run(job)
+                again = _run_once(job)
             finally:
                 with self.cond:
+                    if again is not None:
+                        self.waiting.append(again)
                     self.busy -= 1
                     self.cond.notify_all()
 
+    def _next(self) -> Job:
+        """The next job to run (the condition held), waiting for one to be queued or due."""
+        while True:
+            now = time.monotonic()
+            for job in [job for job in self.waiting if job.due <= now]:
+                self.waiting.remove(job)
+                self.jobs.append(job)
+            if self.jobs:
+                return self.jobs.popleft()
+            self.cond.wait(min((job.due for job in self.waiting), default=now + 3600) - now)
+
     def drain(self, timeout: float | None) -> bool:
         with self.cond:
-            return self.cond.wait_for(lambda: not self.jobs and not self.busy, timeout)
+            return self.cond.wait_for(
+                lambda: not self.jobs and not self.waiting and not self.busy, timeout
+            )
 
     def at_exit(self) -> None:
         if os.getpid() != self.pid:
             return
         with self.cond:
             self.exiting = True
-            left = list(self.jobs)
-            self.jobs.clear()
+            left = self._take_all()
         for job in left:
-            _run(job)
+            _run_inline(job)
         # The one the thread holds, if any: it is a daemon, which exit would cut off mid-tree.
         self.drain(BUSY_SECONDS)
 
@@ -111,7 +179,7 @@ def enqueue(
     other than ``owner`` (a child forked from the host holds copies, not the trees)."""
     if owner is not None and os.getpid() != owner:
         return
-    _reaper.put((folder, before))
+    _reaper.put(Job(folder, before))
 
 
 def drain(timeout: float | None = None) -> bool:
@@ -119,10 +187,40 @@ def drain(timeout: float | None = None) -> bool:
     return _reaper.drain(timeout)
 
 
-def _run(job: Job) -> None:
-    folder, before = job
+def _run_once(job: Job) -> Job | None:
+    """One attempt at ``job``: the job to try again when its folder is busy, else None.
+
+    Never raises: a removal that fails is logged, and the folder left for a sweep.
+    """
     try:
-        if before is not None:
-            before()
-    finally:
-        remove_folder(folder, BUSY_SECONDS)
+        try:
+            if job.before is not None:
+                job.before()
+        finally:
+            done = remove_once(job.folder)
+    except Exception as exc:  # one bad removal must not end the thread
+        _failed(job.folder, exc)
+        return None
+    return None if done else job.later()
+
+
+def _run_inline(job: Job) -> None:
+    """``job`` on the caller's thread, busy retries included (no thread will come back)."""
+    try:
+        try:
+            if job.before is not None:
+                job.before()
+        finally:
+            left = BUSY_SECONDS if job.deadline is None else job.deadline - time.monotonic()
+            remove_folder(job.folder, max(left, 0.0))
+    except Exception as exc:  # at exit, or in a caller that only dropped a value
+        _failed(job.folder, exc)
+
+
+def _failed(folder: Path, exc: Exception) -> None:
+    event(
+        SNAPSHOTS,
+        "snapshot.removal_failed",
+        {"folder": str(folder), "error": f"{type(exc).__name__}: {exc}"},
+        WARNING,
+    )

@@ -21,7 +21,7 @@ from ..._ground._leftovers import make_folder
 from ...errors import SnapshotError
 from ._reaper import enqueue
 
-__all__ = ["Budget", "Inodes", "Tree", "new_folder", "store_root"]
+__all__ = ["Budget", "Inodes", "Reservation", "Tree", "new_folder", "store_root"]
 
 MIB = 1 << 20
 
@@ -49,60 +49,125 @@ def new_folder() -> Path:
 Inodes = dict[tuple[int, int], int]
 
 
+class Reservation:
+    """Bytes a capture holds on a budget from its estimate until its tree is counted
+    exactly (``Budget.hold``) or the capture ends (``Budget.cancel``)."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self.open = True
+
+
 class Budget:
     """An executor's bytes of snapshots, each file counted once however many trees hold it.
 
     Incremental snapshots hard-link the files an older tree holds, so a file
     is counted per inode, with a count of the live trees holding it: its bytes
-    are taken by the first and given back when the last one goes.
+    are taken by the first and given back when the last one goes. A capture
+    reserves its estimate first (``reserve``), so two captures at once cannot
+    both pass it for the same room: the reservation counts until the capture's
+    tree is counted exactly (``hold``) or the capture ends (``cancel``).
     """
 
     def __init__(self, limit_bytes: int) -> None:
         self.limit_bytes = limit_bytes
         self._used = 0
+        self._pending = 0  # the open reservations' bytes
         self._held: dict[tuple[int, int], tuple[int, int]] = {}  # inode: (trees, bytes)
         self._lock = threading.Lock()
+        _BUDGETS.add(self)
 
     @property
     def used_bytes(self) -> int:
         """The distinct bytes of this executor's snapshots still alive."""
         return self._used
 
-    def check(self, nbytes: int) -> None:
-        """``SnapshotError`` if ``nbytes`` more would not fit (a capture's estimate, before it
-        reads a file, so a refusal costs nothing); nothing is taken."""
-        with self._lock:
-            if self._used + nbytes > self.limit_bytes:
-                raise self._refusal(nbytes)
+    @property
+    def reserved_bytes(self) -> int:
+        """The bytes captures under way have reserved and not yet counted exactly."""
+        return self._pending
 
-    def hold(self, inodes: Inodes) -> None:
-        """Count a new tree's files (those no live tree holds yet add their bytes), or raise
-        ``SnapshotError`` when they do not fit, counting nothing."""
+    def reserve(self, nbytes: int) -> Reservation:
+        """Hold ``nbytes`` for a capture (its estimate, before it reads a file, so a refusal
+        costs nothing), or raise ``SnapshotError`` when they would not fit beside the trees
+        alive and the other captures' reservations."""
         with self._lock:
+            if self._used + self._pending + nbytes > self.limit_bytes:
+                raise self._refusal(nbytes)
+            self._pending += nbytes
+            return Reservation(nbytes)
+
+    def cancel(self, reservation: Reservation) -> None:
+        """Give a reservation's bytes back (its capture ended); once, however often called."""
+        with self._lock:
+            self._close(reservation)
+
+    def hold(
+        self,
+        inodes: Inodes,
+        reservation: Reservation | None = None,
+        record: Inodes | None = None,
+    ) -> None:
+        """Count a new tree's files (those no live tree holds yet add their bytes) in place
+        of ``reservation``, and add them to ``record`` (the tree's own), in one step; or
+        raise ``SnapshotError`` when they do not fit, counting nothing (the reservation is
+        closed either way: its capture is done)."""
+        with self._lock:
+            if reservation is not None:
+                self._close(reservation)
             fresh = sum(size for key, size in inodes.items() if key not in self._held)
-            if self._used + fresh > self.limit_bytes:
+            if self._used + self._pending + fresh > self.limit_bytes:
                 raise self._refusal(fresh)
             for key, size in inodes.items():
                 trees, _ = self._held.get(key, (0, size))
                 self._held[key] = (trees + 1, size)
             self._used += fresh
+            if record is not None:
+                record.update(inodes)
 
     def release(self, inodes: Inodes) -> None:
-        """A tree holding ``inodes`` goes: a file no other tree holds gives its bytes back."""
+        """A tree holding ``inodes`` goes: a file no other tree holds gives its bytes back.
+        ``inodes`` is emptied as it is read, so a second release gives nothing twice."""
         with self._lock:
-            for key in inodes:
+            for key in list(inodes):
                 trees, size = self._held.pop(key, (1, 0))
                 if trees > 1:
                     self._held[key] = (trees - 1, size)
                 else:
                     self._used -= size
+            inodes.clear()
+
+    def _close(self, reservation: Reservation) -> None:
+        if reservation.open:
+            reservation.open = False
+            self._pending -= reservation.nbytes
+
+    def _after_fork_in_child(self) -> None:
+        # A thread of the parent may have held the lock at the fork: the child has no such
+        # thread, and would wait for it for good.
+        self._lock = threading.Lock()
 
     def _refusal(self, nbytes: int) -> SnapshotError:
         return SnapshotError(
             f"the snapshot holds {_mib(nbytes)} and the executor's snapshots "
-            f"already {_mib(self._used)} of its budget of {_mib(self.limit_bytes)} "
-            "(Executor(snapshot_budget_mb=...)); drop older snapshots or raise it"
+            f"already {_mib(self._used + self._pending)} of its budget of "
+            f"{_mib(self.limit_bytes)} (Executor(snapshot_budget_mb=...)); "
+            "drop older snapshots or raise it"
         )
+
+
+#: Every budget of the process, so a forked child can give each a fresh lock.
+_BUDGETS: weakref.WeakSet[Budget] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    global _lock  # noqa: PLW0603 - the parent's lock may have been held by one of its threads
+    _lock = threading.Lock()
+    for budget in list(_BUDGETS):
+        budget._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _mib(nbytes: int) -> str:
@@ -116,24 +181,32 @@ class Tree:
         self.path = path
         self._budget = budget
         self._inodes: Inodes = {}
+        self._lock = threading.Lock()  # hold and remove, one at a time
         self._finalizer = weakref.finalize(
             self, _drop, path.parent, budget, self._inodes, os.getpid()
         )
 
-    def hold(self, inodes: Inodes) -> None:
-        """Count the tree's files against its budget (``SnapshotError`` if they do not fit)."""
-        if self._budget is not None:
-            self._budget.hold(inodes)
-            self._inodes.update(inodes)
+    def hold(self, inodes: Inodes, reservation: Reservation | None = None) -> None:
+        """Count the tree's files against its budget in place of ``reservation`` (the
+        capture's estimate); ``SnapshotError`` if they do not fit, or the tree is gone."""
+        if self._budget is None:
+            return
+        with self._lock:
+            if not self._finalizer.alive:
+                raise SnapshotError("the snapshot's tree was removed while it was counted")
+            # The budget and the tree's record of its inodes change in one step, so the
+            # bytes a tree holds are exactly those its removal gives back.
+            self._budget.hold(inodes, reservation, record=self._inodes)
 
     def remove(self) -> None:
         """Queue the folder's removal now (its bytes go back as it is removed)."""
-        self._finalizer()
+        with self._lock:
+            self._finalizer()
 
 
 def _drop(folder: Path, budget: Budget | None, inodes: Inodes, owner: int) -> None:
     # The bytes go back when the reaper removes the tree, just before its files go, not
     # when it is queued: the budget bounds the store's disk, and an inode number is never
     # counted after its file is gone (a new file could reuse it).
-    release = functools.partial(budget.release, inodes) if budget is not None and inodes else None
+    release = functools.partial(budget.release, inodes) if budget is not None else None
     enqueue(folder, release, owner)

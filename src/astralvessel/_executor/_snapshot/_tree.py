@@ -92,6 +92,14 @@ class _Scan:
         # (device, inode) of each regular file with other links, to its first name.
         self.inodes: dict[tuple[int, int], bytes] = {}
         self.later_links: list[tuple[bytes, tuple[int, int], int]] = []
+        # Folders met and not yet listed: the walk is iterative, so a tree nested as deep as
+        # a name may go (2000 folders) costs no stack.
+        self.pending: list[bytes] = []
+
+    def walk_all(self) -> None:
+        self.pending.append(b"")
+        while self.pending:
+            self.walk(self.pending.pop())
 
     def add(self, entry: Entry) -> None:
         self.entries.append(entry)
@@ -126,7 +134,7 @@ class _Scan:
         mode &= KEPT_MODE_BITS
         if fmt == stat.S_IFDIR:
             self.add(Entry(name=name, kind=EntryKind.DIR, mode=mode))
-            self.walk(name)
+            self.pending.append(name)
         elif fmt == stat.S_IFLNK:
             try:
                 target = os.readlink(self.root + b"/" + name)
@@ -194,6 +202,6 @@ def scan_tree(root: Path, *, max_bytes: int, max_files: int) -> Manifest:
     if not stat.S_ISDIR(info.st_mode):
         raise SnapshotError(f"{str(root)!r} is not a folder (a snapshot's root must be one)")
     scan = _Scan(base.rstrip(b"/") or b"/", max_bytes, max_files)
-    scan.walk(b"")
+    scan.walk_all()
     scan.link_groups()
     return Manifest.build(scan.entries, scan.notes())

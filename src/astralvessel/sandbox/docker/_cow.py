@@ -25,7 +25,9 @@ backends' servers keep one for their file worker: a snapshot of the turn
 reads only the names it holds (``upper_names``) and links the rest to the
 snapshot's tree. The walk follows nothing (every folder opened by descriptor,
 ``O_NOFOLLOW``), so the calls' shaping of their layer can only make it find
-more names changed, never reach a file outside it.
+more names changed, never reach a file outside it; a layer nested past
+``UPPER_DEPTH`` (or one the host cannot read, or no descriptor left to read it
+with) gives no names, and the snapshot reads every file.
 
 The frame is unmounted (lazily, with everything in it) and removed when the
 container is gone, and a host that died is swept by the next host process's
@@ -145,7 +147,10 @@ class HostOverlay:
         with self._upper_lock:
             if self._upper < 0:
                 return None
-            upper = os.dup(self._upper)
+            try:
+                upper = os.dup(self._upper)
+            except OSError:  # EMFILE, ENFILE: unknown, so the snapshot reads every file
+                return None
         try:
             found = _snapfiles.upper_names(upper)
         finally:

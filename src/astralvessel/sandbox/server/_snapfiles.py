@@ -36,9 +36,14 @@ if TYPE_CHECKING:  # subscripted builtins are not usable at run time on Python 3
 
     Reply = tuple[dict[str, Any], bytes]
 
-__all__ = ["pack", "unpack", "upper_names"]
+__all__ = ["UPPER_DEPTH", "UPPER_NAMES", "pack", "unpack", "upper_names"]
 
 _CHUNK = 1 << 20
+#: How deep the upper layer's listing goes: a tree nested deeper (the calls' to shape) gives
+#: no names (None, "unknown"), and its snapshot reads every file.
+UPPER_DEPTH = 64
+#: How many names that listing holds at most; more, unknown likewise.
+UPPER_NAMES = 1_000_000
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
 _FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NOCTTY | getattr(os, "O_CLOEXEC", 0)
 _NEW_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
@@ -96,7 +101,7 @@ def _listing(workspace: str, skipped: bytes, limit: int, upper: int) -> Reply:
     found: list[list[Any]] = []
     root = os.open(workspace, _DIR_FLAGS)
     try:
-        _walk(root, b"", skipped, found, limit)
+        _walk(root, skipped, found, limit)
     finally:
         os.close(root)
     changed = upper_names(upper)
@@ -132,49 +137,90 @@ def upper_names(upper: int) -> set[bytes] | None:
 
     ``upper``: a descriptor of that layer's folder (the server's file worker's, or
     Docker's host's, which lays the overlay itself: ``docker/_cow``). None when the
-    workspace is no overlay, or its upper layer cannot be walked whole (a folder a
-    call made unreadable, or nested deeper than this walk recurses): then no file
-    counts as the lower layer's. The overlay is mounted without redirects, so a name
-    with no entry here shows the lower layer's file of the same name, unchanged.
+    workspace is no overlay, or its upper layer cannot be listed whole: a folder a
+    call made unreadable, a tree nested past ``UPPER_DEPTH`` or holding more than
+    ``UPPER_NAMES`` names. Then no file counts as the lower layer's (the snapshot
+    reads them all). The overlay is mounted without redirects, so a name with no
+    entry here shows the lower layer's file of the same name, unchanged. The walk
+    is iterative, and holds two descriptors at most (``_open_folder``).
     """
     if upper < 0:
         return None
-    found: list[list[Any]] = []
+    names: set[bytes] = set()
+    pending = [b""]
     try:
-        root = os.open(".", _DIR_FLAGS, dir_fd=upper)
-        try:
-            _walk(root, b"", b"", found, 0)
-        finally:
-            os.close(root)
-    except (OSError, RecursionError):
-        return None
-    return {item[0] for item in found}
-
-
-def _walk(fd: int, prefix: bytes, skipped: bytes, found: list[list[Any]], limit: int) -> None:
-    for text in os.listdir(fd):
-        name = os.fsencode(text)
-        path = prefix + name
-        if path == skipped:
-            continue
-        if limit and len(found) >= limit:
-            raise Refused(errno.EFBIG, f"the workspace holds more than {limit} names")
-        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-        kind = _SPECIAL.get(stat.S_IFMT(st.st_mode))
-        target = None
-        if stat.S_ISDIR(st.st_mode):
-            kind = "dir"
-        elif stat.S_ISREG(st.st_mode):
-            kind = "file"
-        elif stat.S_ISLNK(st.st_mode):
-            kind, target = "symlink", os.readlink(name, dir_fd=fd)
-        found.append([path, kind or "unknown", st, target])
-        if kind == "dir":
-            child = os.open(name, _DIR_FLAGS, dir_fd=fd)
+        while pending:
+            folder = pending.pop()
+            fd = _open_folder(upper, folder)
             try:
-                _walk(child, path + b"/", skipped, found, limit)
+                with os.scandir(fd) as entries:
+                    found = [
+                        (os.fsencode(e.name), e.is_dir(follow_symlinks=False)) for e in entries
+                    ]
             finally:
-                os.close(child)
+                os.close(fd)
+            for name, is_dir in found:
+                path = folder + b"/" + name if folder else name
+                names.add(path)
+                if is_dir:
+                    if path.count(b"/") + 1 >= UPPER_DEPTH:
+                        return None  # its names would lie deeper than the bound
+                    pending.append(path)
+            if len(names) > UPPER_NAMES:
+                return None
+    except OSError:
+        return None
+    return names
+
+
+def _open_folder(root: int, name: bytes) -> int:
+    """A new descriptor of the folder ``name`` under ``root`` (``b""``: root itself), each
+    component opened from the one above without following a link: two open at most."""
+    fd = os.open(".", _DIR_FLAGS, dir_fd=root)
+    if not name:
+        return fd
+    try:
+        for part in name.split(b"/"):
+            child = os.open(part, _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = child
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _walk(root: int, skipped: bytes, found: list[list[Any]], limit: int) -> None:
+    """Every name under ``root`` into ``found`` as ``[name, kind, stat, target]``.
+
+    Iterative, and each folder opened from ``root`` by ``_open_folder``: a tree a
+    call nested hundreds of folders deep costs neither the stack nor descriptors.
+    """
+    pending = [b""]
+    while pending:
+        folder = pending.pop()
+        fd = _open_folder(root, folder)
+        try:
+            for text in os.listdir(fd):
+                name = os.fsencode(text)
+                path = folder + b"/" + name if folder else name
+                if path == skipped:
+                    continue
+                if limit and len(found) >= limit:
+                    raise Refused(errno.EFBIG, f"the workspace holds more than {limit} names")
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                kind = _SPECIAL.get(stat.S_IFMT(st.st_mode))
+                target = None
+                if stat.S_ISDIR(st.st_mode):
+                    kind = "dir"
+                    pending.append(path)
+                elif stat.S_ISREG(st.st_mode):
+                    kind = "file"
+                elif stat.S_ISLNK(st.st_mode):
+                    kind, target = "symlink", os.readlink(name, dir_fd=fd)
+                found.append([path, kind or "unknown", st, target])
+        finally:
+            os.close(fd)
 
 
 def _open_file(root: int, name: bytes) -> int:
@@ -238,37 +284,31 @@ def unpack(header: dict[str, Any], body: bytes, raw: Any) -> Reply:
     records = json.loads(body[:index].decode())
     data = memoryview(body)[index:]
     root = os.open(str(raw.workspace), _DIR_FLAGS)
-    # Records come in the manifest's order, so a folder's files follow one another: each
-    # folder is opened once per request, not once per name in it.
-    folders: dict[bytes, int] = {b"": root}
+    # Records come in the manifest's order, so a folder's files follow one another: the
+    # folder of the last record stays open for the next (one, not one per folder met: a
+    # tree may be nested hundreds of folders deep).
+    parent, fd = b"", -1
     used = 0
     text = ""
     try:
         for record in records:
             text, length = record[1], record[5]
-            parent = _name(text).rpartition(b"/")[0]
-            fd = folders.get(parent)
-            if fd is None:
-                fd = folders[parent] = _folder(root, parent)
+            folder = _name(text).rpartition(b"/")[0]
+            if fd < 0 or folder != parent:
+                if fd >= 0:
+                    os.close(fd)
+                    fd = -1
+                fd, parent = _open_folder(root, folder), folder
             _make(record, fd, root, data[used : used + length])
             used += length
     except OSError as exc:
         code = exc.errno or errno.EIO
         raise Refused(code, f"restoring {text}: {os.strerror(code)}") from None
     finally:
-        for fd in folders.values():
+        if fd >= 0:
             os.close(fd)
+        os.close(root)
     return {"count": len(records)}, b""
-
-
-def _folder(root: int, name: bytes) -> int:
-    fd = root
-    for part in name.split(b"/"):
-        child = os.open(part, _DIR_FLAGS, dir_fd=fd)
-        if fd != root:
-            os.close(fd)
-        fd = child
-    return fd
 
 
 def _make(record: list[Any], fd: int, root: int, data: memoryview) -> None:
