@@ -291,3 +291,46 @@ def test_closing_or_abandoning_ends_wait_ready(starts: GatedStarts, pools: list[
         starts.release(2)  # close joins the fillers: let their starts end
         pool.close()
         assert closed.result(BOUND) is False
+
+
+def _no_warm_threads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make every filler thread fail to start, as at a thread limit or interpreter exit."""
+    real_start = threading.Thread.start
+
+    def start(thread: threading.Thread) -> None:
+        if thread.name == "astralvessel-warm":
+            raise RuntimeError("can't start new thread (injected)")
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+
+
+def test_no_filler_thread_ends_the_waits_and_takers_start_their_own(
+    starts: GatedStarts, pools: list[WarmPool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pool whose filler cannot start has no start coming: fork's wait ends at once
+    (False, never an error), a taker gets none and starts its own, and wait_filled
+    raises why, rather than any of them waiting out its bound."""
+    _no_warm_threads(monkeypatch)
+    pool = forks_pool(starts, pools, size=2, total=2, fillers=2, first_alone=False)
+    assert pool.wait_ready(2, LONGER) is False
+    assert pool.take(adopt=True) is None
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        pool.wait_filled(LONGER)
+    assert starts.count == 0
+
+
+def test_a_second_filler_that_cannot_start_leaves_the_first_filling(
+    starts: GatedStarts, pools: list[WarmPool], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the first sandbox is ready a forks' pool adds a filler; if that thread cannot
+    start, the first filler goes on and fills the pool alone."""
+    pool = forks_pool(starts, pools, size=3, total=3, fillers=2)
+    until(lambda: counts(pool) == (0, 1, 0))
+    _no_warm_threads(monkeypatch)
+    with ThreadPoolExecutor(1) as waiter:
+        waited = waiter.submit(pool.wait_ready, 3, LONGER)
+        starts.release(3)
+        assert waited.result(BOUND) is True
+    assert pool.started == 3
+    assert len(pool._threads) == 1

@@ -101,7 +101,12 @@ class WarmPool:
         #: than one is served sooner by every filler at once.
         at_once = 1 if first_alone else fillers
         self._more_fillers = fillers - at_once
-        self._threads = [self._filler() for _ in range(at_once)]
+        #: Why no filler thread could start, when none runs (a thread limit, interpreter
+        #: shutdown): no start is then coming, which ends the waits rather than hold them.
+        self._no_thread: RuntimeError | None = None
+        self._threads: list[threading.Thread] = []
+        for _ in range(at_once):
+            self._add_filler()
 
     @property
     def ready(self) -> int:
@@ -182,7 +187,7 @@ class WarmPool:
                 if self.started != seen:  # a start ended: the next one gets its own bound
                     seen, deadline = self.started, time.monotonic() + timeout
                 remaining = deadline - time.monotonic()
-                stalled = not self._starting and not self._wanted()
+                stalled = not self._starting and (not self._wanted() or not self._filling())
                 gone = self._closed or self._failure is not None or stalled
                 if gone or remaining <= 0 or (abandon is not None and abandon.is_set()):
                     return False
@@ -193,13 +198,16 @@ class WarmPool:
     def wait_filled(self, timeout: float | None = None) -> bool:
         """Block until ``size`` sandboxes are ready; False if ``timeout`` passed first.
 
-        Raises what starting a sandbox raised, when the filler could not start one.
+        Raises what starting a sandbox raised, when the filler could not start one, or
+        why no filler thread could start (then no start is ever coming).
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             while len(self._ready) < self.size and not self._closed:
                 if self._failure is not None:
                     raise self._failure
+                if self._no_thread is not None and not self._starting and not self._filling():
+                    raise self._no_thread
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return False
@@ -229,10 +237,24 @@ class WarmPool:
 
     # -- the filler thread -----------------------------------------------------------------
 
-    def _filler(self) -> threading.Thread:
+    def _add_filler(self) -> None:
+        """Start one more filler thread (holding the condition, or before any runs); one
+        that cannot start is logged, and only when no filler runs do the waits end."""
         thread = threading.Thread(target=self._fill, name="astralvessel-warm", daemon=True)
-        thread.start()
-        return thread
+        try:
+            thread.start()
+        except RuntimeError as exc:  # can't start new thread: a limit, or the exit
+            with self._cond:
+                if not self._filling():
+                    self._no_thread = exc
+                    self._cond.notify_all()
+            _log.event(_log.WARM, "warm.no_thread", {"error": str(exc)}, _log.WARNING)
+            return
+        self._threads.append(thread)
+
+    def _filling(self) -> bool:
+        """Whether a filler thread runs (holding the condition)."""
+        return any(thread.is_alive() for thread in self._threads)
 
     def _wanted(self) -> bool:
         """Whether to start one more sandbox now (called holding the condition): the
@@ -295,7 +317,7 @@ class WarmPool:
             more = self._more_fillers if keep else 0
             self._more_fillers -= more
             for _ in range(more):
-                self._threads.append(self._filler())
+                self._add_filler()
         fields = {"backend": session.backend, "ready": ready, "size": self.size}
         _log.event(_log.WARM, "warm.refilled", {**fields, "duration": time.monotonic() - started})
         if not keep:
