@@ -209,6 +209,7 @@ class Executor(Closing):
         key = id(snapshot)
         if key in pools:  # forks of the same files (a fork of an unstarted fork) share it
             pools.move_to_end(key)
+            pools[key][1].extend(forks, max(min(forks, FORKS_AHEAD), ready))
             return
         while len(pools) >= _AHEAD_POOLS:
             pools.popitem(last=False)[1][1].close()

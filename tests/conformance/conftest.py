@@ -280,6 +280,7 @@ _SNAPSHOT_TESTS = (
     "test_when_every_start_fails_the_forks_first_call_raises_the_one_error",
     "test_closing_a_fork_ends_its_calls_wait_for_the_start_ahead",
     "test_fork_with_ready_n_returns_with_every_forks_sandbox_started",
+    "test_a_fork_of_an_unstarted_fork_grows_the_pool_they_share",
     "test_afork_with_ready_n_returns_with_every_forks_sandbox_started",
     "test_fork_with_ready_0_returns_before_any_start",
     "test_a_failing_start_never_holds_fork_ready_n_up",

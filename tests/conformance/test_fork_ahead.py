@@ -321,6 +321,38 @@ def test_fork_with_ready_n_returns_with_every_forks_sandbox_started(
     assert pool.started == 4  # one per fork, no more
 
 
+def test_a_fork_of_an_unstarted_fork_grows_the_pool_they_share(
+    executor: Executor, monkeypatch: pytest.MonkeyPatch
+):
+    """A fork that has not started forks the same files: its forks share its parent's
+    pool, which grows by them, so fork(3, ready=3) still returns with three started."""
+    with executor.turn() as parent:
+        run_script(parent, "echo base > /workspace/f")
+        starts = patch_start(executor, monkeypatch)
+        (child,) = parent.fork(1)
+        with child:
+            grandchildren = child.fork(3, ready=3)
+            assert grandchildren[0].snapshot_source is child.snapshot_source
+            pool = executor._ahead[id(child.snapshot_source)][1]
+            assert pool.ready >= 3
+            assert starts == ["ahead"] * len(starts)
+            try:
+                for index, fork in enumerate(grandchildren):
+                    assert run_script(fork, f"cat /workspace/f; echo {index} > /workspace/f") == (
+                        "base\n"
+                    )
+                assert run_script(child, "cat /workspace/f") == "base\n"
+                assert [run_script(fork, "cat /workspace/f") for fork in grandchildren] == [
+                    "0\n",
+                    "1\n",
+                    "2\n",
+                ]
+            finally:
+                for fork in grandchildren:
+                    fork.close()
+    assert len(starts) <= 4  # one per turn at most: the child and its three forks
+
+
 def test_afork_with_ready_n_returns_with_every_forks_sandbox_started(executor: Executor):
     """afork(2, ready=2) waits as fork does: both sandboxes are started when it returns."""
     with executor.turn() as parent:

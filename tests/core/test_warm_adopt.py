@@ -334,3 +334,28 @@ def test_a_second_filler_that_cannot_start_leaves_the_first_filling(
         assert waited.result(BOUND) is True
     assert pool.started == 3
     assert len(pool._threads) == 1
+
+
+def test_extend_replaces_the_filler_that_ended(starts: GatedStarts, pools: list[WarmPool]) -> None:
+    """A pool whose starts are all made has no filler left; ``extend`` (a fork of a fork
+    that has not started) starts one again, which makes exactly the starts added."""
+    pool = forks_pool(starts, pools, size=2, total=2, fillers=2)
+    starts.release(2)
+    assert pool.wait_ready(2, LONGER)
+    for filler in list(pool._threads):
+        filler.join(BOUND)
+    assert counts(pool) == (2, 0, 0)
+    pool.extend(3, 3)
+    with ThreadPoolExecutor(1) as waiter:
+        waited = waiter.submit(pool.wait_ready, 3, LONGER)
+        starts.release()
+        assert waited.result(BOUND) is True
+    taken = [pool.take() for _ in range(3)]
+    assert all(session is not None for session in taken)
+    starts.release(2)
+    until(lambda: pool.started == 5 and pool.ready == 2)
+    assert pool.spent is False
+    assert pool.take() is not None
+    assert pool.take() is not None
+    assert pool.spent is True  # 2 + 3 started, no more: one per fork
+    assert starts.count == 5

@@ -105,6 +105,10 @@ class WarmPool:
         #: shutdown): no start is then coming, which ends the waits rather than hold them.
         self._no_thread: RuntimeError | None = None
         self._threads: list[threading.Thread] = []
+        #: Fillers running: counted down by a filler as it decides to end, under the
+        #: condition, so ``extend`` never takes one that is ending for one that goes on.
+        self._running = 0
+        self._fillers = fillers
         for _ in range(at_once):
             self._add_filler()
 
@@ -241,11 +245,14 @@ class WarmPool:
         """Start one more filler thread (holding the condition, or before any runs); one
         that cannot start is logged, and only when no filler runs do the waits end."""
         thread = threading.Thread(target=self._fill, name="astralvessel-warm", daemon=True)
+        with self._cond:
+            self._running += 1  # before it runs: its own count down may come first
         try:
             thread.start()
         except RuntimeError as exc:  # can't start new thread: a limit, or the exit
             with self._cond:
-                if not self._filling():
+                self._running -= 1
+                if not self._running:
                     self._no_thread = exc
                     self._cond.notify_all()
             _log.event(_log.WARM, "warm.no_thread", {"error": str(exc)}, _log.WARNING)
@@ -253,8 +260,23 @@ class WarmPool:
         self._threads.append(thread)
 
     def _filling(self) -> bool:
-        """Whether a filler thread runs (holding the condition)."""
-        return any(thread.is_alive() for thread in self._threads)
+        """Whether a filler thread runs, or is about to (holding the condition)."""
+        return self._running > 0
+
+    def extend(self, forks: int, size: int) -> None:
+        """Start ``forks`` more sandboxes, keeping ``size`` ready at least: a fork of a
+        fork that has not started (the same files) shares its parent's pool, which grows
+        by its forks rather than leave them the parent's. A filler that ended is replaced."""
+        with self._cond:
+            if self._closed:
+                return
+            if self._left is not None:
+                self._left += forks
+            self.size = max(self.size, size)
+            self._no_thread = None
+            for _ in range(min(forks, self._fillers) - self._running):
+                self._add_filler()
+            self._cond.notify_all()
 
     def _wanted(self) -> bool:
         """Whether to start one more sandbox now (called holding the condition): the
@@ -278,12 +300,26 @@ class WarmPool:
         return dead
 
     def _fill(self) -> None:
+        counted = False
+        try:
+            counted = self._fill_until_done()
+        finally:
+            if not counted:  # ended by an error: the count must still say it is gone
+                with self._cond:
+                    self._running -= 1
+                    self._cond.notify_all()
+
+    def _fill_until_done(self) -> bool:
+        """Start sandboxes while the pool wants them; True once this filler has counted
+        itself out (under the condition, as it decided to end)."""
         while True:
             with self._cond:
                 if not self._wanted() and not self._closed:  # closed: no wait for a notify
                     self._cond.wait(_PRUNE_SECONDS)
                 if self._closed or (self._left is not None and self._left <= 0):
-                    return
+                    self._running -= 1
+                    self._cond.notify_all()
+                    return True
                 dead = self._prune()
                 start = self._wanted()
                 if start:
