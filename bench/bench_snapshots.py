@@ -185,6 +185,9 @@ def bench(  # noqa: PLR0917 - the command line's options, in order
         # Each kept until all are taken: a dropped tree's removal would share the cores.
         kept: list[object] = []
         again = median_of(lambda: kept.append(turn.snapshot()), runs)
+        # The newest stays: a turn remembers its last few captures only while they live, and
+        # its forks' snapshots below link from it (the first fell out of that memory).
+        snapshot = kept[-1]
         kept.clear()
         gc.collect()
         drain()
