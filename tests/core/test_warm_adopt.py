@@ -359,3 +359,23 @@ def test_extend_replaces_the_filler_that_ended(starts: GatedStarts, pools: list[
     assert pool.take() is not None
     assert pool.spent is True  # 2 + 3 started, no more: one per fork
     assert starts.count == 5
+
+
+def test_a_pool_extended_again_and_again_keeps_only_its_live_fillers(
+    starts: GatedStarts, pools: list[WarmPool]
+) -> None:
+    """Each ``extend`` after the fillers ended starts a new one; the pool holds the
+    threads it joins at close, and drops the ended ones rather than grow by one a fork."""
+    pool = forks_pool(starts, pools, size=1, total=1)
+    for round_ in range(20):
+        starts.release()
+        until(lambda: pool.ready == 1)
+        assert pool.take() is not None
+        for filler in list(pool._threads):
+            filler.join(BOUND)
+        assert not any(filler.is_alive() for filler in pool._threads)
+        pool.extend(1, 1)
+        assert len(pool._threads) == 1, round_
+    starts.release()
+    until(lambda: pool.ready == 1)
+    assert starts.count == 21

@@ -257,7 +257,9 @@ class WarmPool:
                     self._cond.notify_all()
             _log.event(_log.WARM, "warm.no_thread", {"error": str(exc)}, _log.WARNING)
             return
-        self._threads.append(thread)
+        with self._cond:  # a pool extended again and again keeps only its live fillers
+            self._threads = [t for t in self._threads if t.is_alive()]
+            self._threads.append(thread)
 
     def _filling(self) -> bool:
         """Whether a filler thread runs, or is about to (holding the condition)."""
