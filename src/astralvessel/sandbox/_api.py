@@ -282,10 +282,14 @@ class FsRequest:
     path from ``arguments``). ``pack`` lists the workspace or reads a batch of
     its files, ``unpack`` restores records into it (a snapshot's, see
     ``sandbox/server/_snapfiles``); each travels as a message of its own.
+    ``freeze`` freezes the workspace in place for forks (``sandbox/_frozen``
+    sends it and takes the answer's descriptor; see ``sandbox/server/_freeze``).
     """
 
     op: str = attrs.field(
-        validator=attrs.validators.in_(("read", "write", "list", "view", "pack", "unpack"))
+        validator=attrs.validators.in_(
+            ("read", "write", "list", "view", "pack", "unpack", "freeze")
+        )
     )
     path: str = attrs.field(default="", validator=attrs.validators.instance_of(str))
     timeout: float
@@ -298,7 +302,8 @@ class FsRequest:
     limit: int = attrs.field(default=0, validator=_nonneg)
     view: str = ""
     arguments: Mapping[str, object] = attrs.field(factory=dict, converter=dict)
-    #: ``pack`` and ``unpack``: their own fields (``phase``, ``max_files``, ``index_bytes``).
+    #: ``pack``, ``unpack`` and ``freeze``: their own fields (``phase``, ``max_files``,
+    #: ``index_bytes``, ``upper_bytes``, ``fd``).
     fields: Mapping[str, object] = attrs.field(factory=dict)
 
 

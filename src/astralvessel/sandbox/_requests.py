@@ -14,7 +14,7 @@ from typing import Any
 from ..errors import SandboxError
 from ._api import DetachRequest, ExecRequest, FsRequest, RunRequest
 from ._pending import Pending
-from .server._messages import FileOp, Message, Restore, Run, Snapshot
+from .server._messages import FileOp, Freeze, Message, Restore, Run, Snapshot
 
 __all__ = ["MESSAGES", "Outgoing"]
 
@@ -68,7 +68,7 @@ def _detach(request: DetachRequest) -> Outgoing:
 
 
 #: The file requests that travel as a message of their own (``_snapfiles`` in the server).
-_FILE_MESSAGES: dict[str, type[FileOp]] = {"pack": Snapshot, "unpack": Restore}
+_FILE_MESSAGES: dict[str, type[FileOp]] = {"pack": Snapshot, "unpack": Restore, "freeze": Freeze}
 
 
 def _fs(request: FsRequest) -> Outgoing:

@@ -48,6 +48,7 @@ SERVER_MODULES = (
     "_probe",
     "_rootfs",
     "_lowerfs",
+    "_freeze",
     "_kernelmem",
     "_bounds",
     "_zygote",

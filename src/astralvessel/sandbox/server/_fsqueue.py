@@ -97,19 +97,35 @@ class FsQueue:
         self.queue.append((request, body))
         self.feed()
 
+    def submit_local(self, call_id: int, answer: Callable[[], dict[str, Any]]) -> None:
+        """Queue a request the server answers itself (a freeze): in order with the file
+        requests, once the worker holds none, so nothing it does runs across one."""
+        self.queue.append(({"id": call_id, "local": answer}, b""))
+        self.feed()
+
     def feed(self) -> None:
-        """Hand the next request to the worker if it is free (starting it on first need)."""
-        if self.busy is not None or not self.queue or not self.running():
+        """Hand the next request to the worker if it is free (starting it on first need);
+        answer a request of the server's own (``submit_local``) on the spot."""
+        while self.busy is None and self.queue and self.running():
+            local = self.queue[0][0].get("local")
+            if local is not None:
+                request_id = self.queue.pop(0)[0]["id"]
+                self.send(dict(local(), type="fs_result", id=request_id), b"")
+                continue
+            self._hand_over()
             return
+
+    def _hand_over(self) -> None:
         worker = self.worker
         if worker is None:
             try:
                 worker = self._start()
             except OSError as exc:  # no fork now (the process limit): these requests fail
-                while self.queue:
+                while self.queue and self.queue[0][0].get("local") is None:
                     failed, _ = self.queue.pop(0)
                     message = f"file tool cannot start its worker: {exc}"
                     self._fail(failed["id"], "EAGAIN", message)
+                self.feed()
                 return
         request, body = self.queue.pop(0)
         timeout = request["timeout"]
@@ -118,6 +134,11 @@ class FsQueue:
             _launch._write_all(worker.requests, _protocol.encode(request, body))
         except OSError:
             self.replace("the file worker died")
+
+    def retire(self) -> None:
+        """Retire an idle worker now (its view is out of date); the next request starts one."""
+        if self.busy is None:
+            self._retire()
 
     def check(self, now: float) -> None:
         """Replace the worker if its request ran out of time; retire it if idle too long."""

@@ -35,7 +35,7 @@ from . import _sys
 from ._lean import suppress
 from ._userns import CLONE_NEWUSER
 
-__all__ = ["LAYERS", "overlay_workspace"]
+__all__ = ["LAYERS", "in_initial_userns", "overlay_workspace"]
 
 #: The folder of the workspace's tmpfs holding the upper layer (covered by the overlay).
 LAYERS = ".vessel-layers"
@@ -147,7 +147,8 @@ def _idmapped_clone(lower: str, target: str, uid: int, gid: int, scratch: str) -
         os.close(tree)
 
 
-def _in_initial_userns() -> bool:
+def in_initial_userns() -> bool:
+    """Whether this process is in the initial user namespace (overlays take ``trusted.*``)."""
     try:
         with open("/proc/self/uid_map", "rb") as handle:
             return handle.read().split() == [b"0", b"0", b"4294967295"]
@@ -199,7 +200,7 @@ def _lay(workspace: str, layers: str, lower: str, uid: int | None, gid: int | No
     # cannot be trusted.* ones: user.* on the tmpfs, hidden from calls by the overlay.
     # No redirects either way (userxattr implies it): a folder renamed is copied, so a
     # name the upper layer does not hold shows the lower layer's file of that name.
-    extra = ",redirect_dir=nofollow" if _in_initial_userns() else ",userxattr"
+    extra = ",redirect_dir=nofollow" if in_initial_userns() else ",userxattr"
     options = f"lowerdir={source},upperdir={upper},workdir={work}{extra}"
     try:
         _sys.mount("overlay", workspace, "overlay", _sys.MS_NOSUID | _sys.MS_NODEV, options)

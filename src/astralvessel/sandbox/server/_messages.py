@@ -35,6 +35,7 @@ __all__ = [
     "READERS",
     "Cancel",
     "FileOp",
+    "Freeze",
     "Hello",
     "Message",
     "Ready",
@@ -306,6 +307,29 @@ class Restore(FileOp):
     index_bytes: int = 0
 
 
+class Freeze(FileOp):
+    """Freeze the workspace in place for the host to fork from (``_freeze``), or, phase
+    ``release``, close the server's copy of a frozen clone's descriptor ``fd``.
+
+    The server answers it itself, in order with the file requests, not the worker.
+    """
+
+    TYPE = "freeze"
+    WORKER_OP = "freeze"
+    #: ``freeze`` or ``release``.
+    phase: str = "freeze"
+    #: ``freeze``: the most bytes the workspace's new upper layer holds (the turn's disk limit).
+    upper_bytes: int = 0
+    #: ``release``: the descriptor number the freeze's answer gave.
+    fd: int = -1
+
+    def _check(self) -> None:
+        if self.phase not in ("freeze", "release"):
+            raise ValueError("'freeze' message: 'phase' must be 'freeze' or 'release'")
+        if self.phase == "freeze" and self.upper_bytes <= 0:
+            raise ValueError("'freeze' message: 'upper_bytes' must be positive")
+
+
 class Cancel(Message):
     """Kill the call ``id`` (a detached process, a call the host stopped waiting for)."""
 
@@ -320,5 +344,6 @@ class Shutdown(Message):
 
 #: The class of each message, by its frame ``type``.
 READERS: dict[str, type[Message]] = {
-    cls.TYPE: cls for cls in (Hello, Ready, Run, FileOp, Snapshot, Restore, Cancel, Shutdown)
+    cls.TYPE: cls
+    for cls in (Hello, Ready, Run, FileOp, Snapshot, Restore, Freeze, Cancel, Shutdown)
 }

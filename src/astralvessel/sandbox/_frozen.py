@@ -1,0 +1,129 @@
+"""The host's side of a workspace frozen in place: ask for the freeze, take the clone.
+
+The sandbox server freezes its workspace's tmpfs read-only and keeps a detached
+mount of it (``server/_freeze``); its answer names that mount's descriptor in
+the server. The host copies it across with ``pidfd_getfd`` (Linux 5.6), which
+asks the same as ``ptrace``: the server is the host's descendant (Yama's
+``ptrace_scope`` 1 allows that), and either the host is root, or the host's
+user owns the sandbox's user namespace and so holds ``CAP_SYS_PTRACE`` there
+(which an undumpable server requires). Then the server closes its copy.
+
+The server's pid is its own namespace's; the host finds the process by walking
+down from the process it started (bubblewrap, or util-linux ``unshare`` above
+nsjail, or nsjail itself) to the first descendant whose innermost ``NSpid`` is
+that number (the server comes before any of its calls, which are deeper), and
+checks the descriptor it got is the mount the server described (device and
+inode), so a pid reused meanwhile cannot hand over anything else.
+
+A session the host did not start as a local process (Docker) cannot be asked:
+``freeze`` then raises ``ENOSYS`` before anything changes in the sandbox.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections import deque
+
+from ._api import FsRequest, SandboxSession
+from .server import _sys
+
+__all__ = ["freeze", "server_pid"]
+
+#: How many processes the walk down from the started one looks at, at most.
+_WALK_LIMIT = 4096
+
+
+def _children(pid: int) -> list[int]:
+    """``pid``'s children (of each of its threads); none if it is gone."""
+    found: list[int] = []
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return found
+    for task in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{task}/children", "rb") as handle:
+                found.extend(int(child) for child in handle.read().split())
+        except OSError:
+            continue
+    return found
+
+
+def _innermost_pid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status", "rb") as handle:
+            for line in handle:
+                if line.startswith(b"NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def server_pid(session: SandboxSession) -> int:
+    """The host's pid of ``session``'s server; raises ``OSError`` (``ENOSYS``: no local
+    process; ``ESRCH``: none found)."""
+    process = getattr(getattr(session, "channel", None), "process", None)
+    inner = getattr(session, "ready_info", {}).get("pid")
+    if process is None or not isinstance(inner, int):
+        raise OSError(errno.ENOSYS, f"the {session.backend} sandbox is not a process of this host")
+    queue = deque([int(process.pid)])
+    seen = 0
+    while queue and seen < _WALK_LIMIT:
+        pid = queue.popleft()
+        seen += 1
+        if _innermost_pid(pid) == inner:
+            return pid
+        queue.extend(_children(pid))
+    raise OSError(errno.ESRCH, f"the {session.backend} sandbox server's process was not found")
+
+
+def _refusal(reply_errno: str, message: str) -> OSError:
+    code = getattr(errno, reply_errno, errno.EIO)
+    return OSError(code, message or os.strerror(code))
+
+
+def freeze(session: SandboxSession, upper_bytes: int, *, timeout: float = 30.0) -> int:
+    """Freeze ``session``'s workspace in place; return the host's descriptor of the clone.
+
+    The descriptor (close-on-exec, the caller's to close) is a detached, read-only
+    mount of the workspace as it was; the turn writes on from then on in an overlay
+    above it, its new layer holding at most ``upper_bytes``. Raises ``OSError``
+    with the sandbox's errno when it cannot be done (``EBUSY``: a file is open for
+    writing in the sandbox; ``EOPNOTSUPP``, ``EPERM``, ``ENOSYS``...): the
+    workspace is then as it was, unless the freeze was made and only the take
+    failed (``EPERM`` from ``pidfd_getfd``), in which case the turn writes on in
+    its overlay and only the clone is lost.
+    """
+    pid = server_pid(session)
+    reply = session.fs(
+        FsRequest(op="freeze", timeout=timeout, fields={"upper_bytes": upper_bytes})
+    )
+    if reply.errno is not None:
+        raise _refusal(reply.errno, reply.message)
+    number = reply.fields.get("fd")
+    if not isinstance(number, int):
+        raise OSError(errno.EPROTO, f"the freeze's answer names no descriptor: {reply.fields!r}")
+    try:
+        return _take(pid, number, reply.fields.get("dev"), reply.fields.get("ino"))
+    finally:
+        released = session.fs(
+            FsRequest(op="freeze", timeout=timeout, fields={"phase": "release", "fd": number})
+        )
+        if released.errno is not None:  # pragma: no cover - the server holds what it named
+            raise _refusal(released.errno, released.message)
+
+
+def _take(pid: int, number: int, dev: object, ino: object) -> int:
+    """A copy of descriptor ``number`` of process ``pid``, checked to be the named mount."""
+    pidfd = _sys.pidfd_open(pid)
+    try:
+        fd = _sys.pidfd_getfd(pidfd, number)
+    finally:
+        os.close(pidfd)
+    st = os.fstat(fd)
+    if (st.st_dev, st.st_ino) != (dev, ino):
+        os.close(fd)
+        raise OSError(errno.ESRCH, f"process {pid}'s descriptor {number} is not the frozen clone")
+    return fd

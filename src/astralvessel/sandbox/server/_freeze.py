@@ -1,0 +1,241 @@
+"""The workspace frozen in place, copy-on-write, for the host to fork from (stdlib, 3.8+).
+
+A turn's first fork would otherwise copy the whole workspace (the sandbox's
+tmpfs) out to the host's snapshot store. Instead the server freezes that tmpfs
+where it is and hands the host a mount of it, and the turn goes on writing on an
+overlay above it:
+
+- **The clone first.** ``open_tree(OPEN_TREE_CLONE)`` gives a detached mount of
+  the workspace's tmpfs, a descriptor no path reaches: the host takes it
+  (``pidfd_getfd``) and lays its forks' overlays on it. It is made before the
+  freeze so that nothing can come between the two.
+- **The freeze.** ``fspick`` and ``FSCONFIG_CMD_RECONFIGURE`` with ``ro`` make
+  the tmpfs's *superblock* read-only: every mount of it, the clone, the
+  workspace's own mount, one a call's mount namespace copied, one a process
+  holds as its working folder, refuses writes from then on. A file open for
+  writing anywhere (a detached process's log, a file deleted but held open)
+  makes the kernel refuse with ``EBUSY``: nothing has changed then, and the host
+  copies the files instead. The clone's own mount is also made read-only, so a
+  holder of the descriptor that could reconfigure the superblock back (the host,
+  as root) still writes nothing through it.
+- **The upper layer.** A fresh tmpfs, bounded in bytes as the host asks (the
+  turn's disk limit) and in inodes as the workspace was, attached nowhere: the
+  overlay holds it. Its ``upper`` folder takes the frozen root's owner and mode,
+  or the merged root would be root's, mode 0755, and the calls' user could
+  create nothing in it. It is made before the freeze, so that a refusal there
+  (no memory, no capability) changes nothing either.
+- **The overlay**, made with the new mount API over descriptors alone (the
+  sandbox's ``/proc`` belongs to another PID namespace, so no ``/proc/self/fd``
+  path names them): the clone below, the upper layer above, ``nosuid`` and
+  ``nodev`` as the tmpfs was, moved onto the workspace's path. As an ordinary
+  user its own attributes are ``user.*`` ones (``userxattr``, which implies no
+  redirects); as root ``trusted.*``, with redirects not followed (as
+  ``_lowerfs``). A step refused after the freeze thaws the tmpfs again (``rw``),
+  so the turn is left as it was.
+
+What the freeze does not do, the server does around it (``_main``): its helpers
+that keep a mount namespace of their own (the file worker, the spare call's
+namespaces) were copied from the old view, so they are retired and made again;
+a call started before the freeze keeps the old, now read-only, view.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import stat
+import struct
+
+from . import _sys
+from ._lean import suppress
+
+__all__ = ["TMPFS_MAGIC", "filesystem_type", "freeze_workspace"]
+
+TMPFS_MAGIC = 0x01021994
+# The new mount API's numbers are the same on every architecture (Linux 5.2 onwards).
+_SYS_OPEN_TREE = 428
+_SYS_MOVE_MOUNT = 429
+_SYS_FSOPEN = 430
+_SYS_FSCONFIG = 431
+_SYS_FSMOUNT = 432
+_SYS_FSPICK = 433
+_SYS_MOUNT_SETATTR = 442
+_AT_FDCWD = -100
+_AT_EMPTY_PATH = 0x1000
+_OPEN_TREE_CLONE = 1
+_FSOPEN_CLOEXEC = 1
+_FSPICK_CLOEXEC = 1
+_FSMOUNT_CLOEXEC = 1
+_FSCONFIG_SET_FLAG = 0
+_FSCONFIG_SET_STRING = 1
+_FSCONFIG_SET_FD = 5
+_FSCONFIG_CMD_CREATE = 6
+_FSCONFIG_CMD_RECONFIGURE = 7
+_MOUNT_ATTR_RDONLY = 0x1
+_MOUNT_ATTR_NOSUID = 0x2
+_MOUNT_ATTR_NODEV = 0x4
+_MOVE_MOUNT_F_EMPTY_PATH = 0x4
+# struct statfs is at most 120 bytes on 64-bit Linux; f_type (a long) comes first.
+_STATFS_BYTES = 256
+
+
+def _syscall(number: int, what: str, *args: object) -> int:
+    result = int(_sys.libc().syscall(ctypes.c_long(number), *args))
+    if result < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"{what}: {os.strerror(err)}")
+    return result
+
+
+def _config(
+    fs: int,
+    command: int,
+    key: str | None = None,
+    value: str | None = None,
+    *,
+    aux: int = 0,
+    what: str,
+) -> None:
+    _syscall(
+        _SYS_FSCONFIG, what, ctypes.c_int(fs), ctypes.c_uint(command),
+        ctypes.c_char_p(None if key is None else key.encode()),
+        ctypes.c_char_p(None if value is None else value.encode()), ctypes.c_int(aux),
+    )  # fmt: skip
+
+
+def _fsopen(kind: str) -> int:
+    return _syscall(
+        _SYS_FSOPEN, f"fsopen {kind}", ctypes.c_char_p(kind.encode()),
+        ctypes.c_uint(_FSOPEN_CLOEXEC),
+    )  # fmt: skip
+
+
+def _fsmount(fs: int, what: str) -> int:
+    attrs = _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV
+    return _syscall(
+        _SYS_FSMOUNT, what, ctypes.c_int(fs), ctypes.c_uint(_FSMOUNT_CLOEXEC), ctypes.c_uint(attrs)
+    )
+
+
+def _close(*fds: int) -> None:
+    for fd in fds:
+        if fd >= 0:
+            with suppress(OSError):
+                os.close(fd)
+
+
+def filesystem_type(path: str) -> int:
+    """``statfs``'s ``f_type`` of the filesystem at ``path`` (``TMPFS_MAGIC`` for a tmpfs)."""
+    buffer = ctypes.create_string_buffer(_STATFS_BYTES)
+    _sys.check(_sys.libc().statfs(ctypes.c_char_p(path.encode()), buffer), f"statfs {path}")
+    return int(struct.unpack_from("=l", buffer.raw)[0])
+
+
+def _upper_tmpfs(size: int, inodes: int) -> int:
+    """A detached tmpfs of ``size`` bytes and ``inodes`` entries, holding ``upper`` and ``work``."""
+    fs = _fsopen("tmpfs")
+    try:
+        _config(fs, _FSCONFIG_SET_STRING, "size", str(size), what="fsconfig size")
+        if inodes > 0:
+            _config(fs, _FSCONFIG_SET_STRING, "nr_inodes", str(inodes), what="fsconfig nr_inodes")
+        _config(fs, _FSCONFIG_SET_STRING, "mode", "0700", what="fsconfig mode")
+        _config(fs, _FSCONFIG_CMD_CREATE, what="create the upper tmpfs")
+        layers = _fsmount(fs, "fsmount the upper tmpfs")
+    finally:
+        _close(fs)
+    try:
+        os.mkdir("upper", 0o700, dir_fd=layers)
+        os.mkdir("work", 0o700, dir_fd=layers)
+    except OSError:
+        _close(layers)
+        raise
+    return layers
+
+
+def _set_ro(path: str, read_only: bool) -> None:
+    """Reconfigure the superblock of the filesystem at ``path`` read-only (or back)."""
+    pick = _syscall(
+        _SYS_FSPICK, "fspick", ctypes.c_int(_AT_FDCWD), ctypes.c_char_p(path.encode()),
+        ctypes.c_uint(_FSPICK_CLOEXEC),
+    )  # fmt: skip
+    try:
+        flag = "ro" if read_only else "rw"
+        _config(pick, _FSCONFIG_SET_FLAG, flag, what=f"fsconfig {flag}")
+        what = "freeze the workspace" if read_only else "thaw the workspace"
+        _config(pick, _FSCONFIG_CMD_RECONFIGURE, what=what)
+    finally:
+        _close(pick)
+
+
+def _mount_read_only(tree: int) -> None:
+    attr = ctypes.create_string_buffer(struct.pack("=QQQQ", _MOUNT_ATTR_RDONLY, 0, 0, 0), 32)
+    _syscall(
+        _SYS_MOUNT_SETATTR, "mount_setattr (the clone read-only)", ctypes.c_int(tree),
+        ctypes.c_char_p(b""), ctypes.c_uint(_AT_EMPTY_PATH), attr, ctypes.c_size_t(32),
+    )  # fmt: skip
+
+
+def _overlay(workspace: str, clone: int, layers: int, userxattr: bool) -> None:
+    """Mount the overlay of ``clone`` under ``layers``'s ``upper`` on ``workspace``."""
+    flags = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    upper = work = fs = merged = -1
+    try:
+        upper = os.open("upper", flags, dir_fd=layers)
+        work = os.open("work", flags, dir_fd=layers)
+        fs = _fsopen("overlay")
+        for key, fd in (("lowerdir+", clone), ("upperdir", upper), ("workdir", work)):
+            _config(fs, _FSCONFIG_SET_FD, key, aux=fd, what=f"fsconfig {key}")
+        if userxattr:
+            _config(fs, _FSCONFIG_SET_FLAG, "userxattr", what="fsconfig userxattr")
+        else:
+            _config(fs, _FSCONFIG_SET_STRING, "redirect_dir", "nofollow", what="fsconfig redirect")
+        _config(fs, _FSCONFIG_CMD_CREATE, what="create the overlay")
+        merged = _fsmount(fs, "fsmount the overlay")
+        _syscall(
+            _SYS_MOVE_MOUNT, "move_mount the overlay", ctypes.c_int(merged), ctypes.c_char_p(b""),
+            ctypes.c_int(_AT_FDCWD), ctypes.c_char_p(workspace.encode()),
+            ctypes.c_uint(_MOVE_MOUNT_F_EMPTY_PATH),
+        )  # fmt: skip
+    finally:
+        _close(upper, work, fs, merged)
+
+
+def freeze_workspace(workspace: str, size: int, inodes: int, *, userxattr: bool) -> int:
+    """Freeze the tmpfs at ``workspace`` and lay the overlay on it; return the clone.
+
+    ``size`` and ``inodes`` bound the new upper layer (``inodes`` 0: the kernel's
+    default); ``userxattr``: the server is not in the initial user namespace.
+    The returned descriptor (close-on-exec) is a detached, read-only mount of
+    the frozen tmpfs. Raises ``OSError`` (``EBUSY``: a file is open for writing;
+    ``EOPNOTSUPP``: the workspace is no tmpfs, e.g. frozen already) and then
+    leaves the workspace as it was.
+    """
+    if filesystem_type(workspace) != TMPFS_MAGIC:
+        raise OSError(
+            errno.EOPNOTSUPP,
+            f"{workspace} is not the sandbox's own tmpfs (frozen already, or an overlay)",
+        )
+    layers = _upper_tmpfs(size, inodes)
+    clone = -1
+    try:
+        clone = _syscall(
+            _SYS_OPEN_TREE, "open_tree", ctypes.c_int(_AT_FDCWD),
+            ctypes.c_char_p(workspace.encode()), ctypes.c_uint(_OPEN_TREE_CLONE | os.O_CLOEXEC),
+        )  # fmt: skip
+        _set_ro(workspace, True)
+        try:
+            root = os.stat(workspace)
+            os.chown("upper", root.st_uid, root.st_gid, dir_fd=layers)
+            os.chmod("upper", stat.S_IMODE(root.st_mode), dir_fd=layers)
+            _mount_read_only(clone)
+            _overlay(workspace, clone, layers, userxattr)
+        except OSError:
+            _set_ro(workspace, False)
+            raise
+    except OSError:
+        _close(clone)
+        raise
+    finally:
+        _close(layers)
+    return clone
