@@ -11,12 +11,18 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from astralvessel.sandbox import Limits, Policy
-from astralvessel.sandbox._api import DetachRequest, FsRequest, RunRequest, SandboxSession
+from astralvessel.sandbox._api import (
+    DetachRequest,
+    FsReply,
+    FsRequest,
+    RunRequest,
+    SandboxSession,
+)
 from astralvessel.sandbox._bwrap import Bubblewrap
 from astralvessel.sandbox._frozen import freeze, server_pid
 from astralvessel.sandbox._nsjail import Nsjail
@@ -44,7 +50,7 @@ def _sh(session: SandboxSession, script: str) -> str:
     return outcome.output
 
 
-def _write(session: SandboxSession, path: str, data: bytes) -> object:
+def _write(session: SandboxSession, path: str, data: bytes) -> FsReply:
     request = FsRequest(op="write", path=path, data=data, truncate=True, timeout=10)
     return session.fs(request)
 
@@ -135,7 +141,7 @@ def test_nothing_writes_through_the_clone(session: SandboxSession) -> None:
     """The clone's mount and its tmpfs are read-only: EROFS for every kind of write."""
     clone = _frozen(session)
     try:
-        attempts = {
+        attempts: dict[str, Callable[[], None]] = {
             "create": lambda: os.close(os.open("x", os.O_WRONLY | os.O_CREAT, dir_fd=clone)),
             "append": lambda: os.close(os.open("a.txt", os.O_WRONLY | os.O_APPEND, dir_fd=clone)),
             "mkdir": lambda: os.mkdir("dir", dir_fd=clone),

@@ -18,6 +18,7 @@ from astralvessel.sandbox.server._messages import (
     READERS,
     Cancel,
     FileOp,
+    Freeze,
     Message,
     Ready,
     Restore,
@@ -55,6 +56,8 @@ SAMPLES: list[Message] = [
     FileOp(op="view", view="lines", arguments={"path": "/workspace/a", "offset": 2}),
     Snapshot(op="pack", phase="list", max_files=11),
     Restore(op="unpack", index_bytes=40),
+    Freeze(op="freeze", upper_bytes=64 << 20),
+    Freeze(op="freeze", phase="release", fd=7),
     Cancel(),
     Shutdown(),
 ]
@@ -134,6 +137,19 @@ def test_a_hello_is_checked_beyond_its_types() -> None:
     for change, words in changes:
         with pytest.raises(ValueError, match=words):
             READERS["hello"].from_json({**header, **change})
+
+
+def test_a_freeze_is_checked_beyond_its_types() -> None:
+    """A freeze names its phase, and a freeze (not a release) its upper layer's bound."""
+    changes: list[tuple[dict[str, object], str]] = [
+        ({"phase": "thaw", "upper_bytes": 1}, "'phase' must be 'freeze' or 'release'"),
+        ({}, "'upper_bytes' must be positive"),
+        ({"upper_bytes": 0}, "'upper_bytes' must be positive"),
+    ]
+    for change, words in changes:
+        with pytest.raises(ValueError, match=words):
+            READERS["freeze"].from_json({"type": "freeze", "op": "freeze", **change})
+    assert Freeze(op="freeze", phase="release", fd=3).upper_bytes == 0
 
 
 def test_a_message_is_frozen() -> None:

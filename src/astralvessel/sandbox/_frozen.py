@@ -97,9 +97,7 @@ def freeze(session: SandboxSession, upper_bytes: int, *, timeout: float = 30.0) 
     its overlay and only the clone is lost.
     """
     pid = server_pid(session)
-    reply = session.fs(
-        FsRequest(op="freeze", timeout=timeout, fields={"upper_bytes": upper_bytes})
-    )
+    reply = session.fs(FsRequest(op="freeze", timeout=timeout, fields={"upper_bytes": upper_bytes}))
     if reply.errno is not None:
         raise _refusal(reply.errno, reply.message)
     number = reply.fields.get("fd")
