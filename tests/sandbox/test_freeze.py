@@ -233,3 +233,22 @@ def test_a_second_freeze_is_refused_and_the_server_keeps_no_copy(
         os.close(pidfd)
     released = session.fs(FsRequest(op="freeze", timeout=10, fields={"phase": "release", "fd": 3}))
     assert released.errno == "EBADF"
+
+
+def test_after_the_freeze_new_processes_and_the_snapshot_listing_see_the_overlay(
+    session: SandboxSession,
+) -> None:
+    """A detached process started after the freeze (on a spare made again) writes in the
+    overlay; a snapshot's listing (the copy the host falls back to) lists the merged files."""
+    clone = _frozen(session)
+    os.close(clone)
+    script = "echo later > /workspace/later.txt && cat /workspace/a.txt"
+    process = session.detach(DetachRequest(argv=("sh", "-c", script), log_chars=1000))
+    assert process.result(timeout=30).stdout == b"hello\n"
+    assert _read(session, "later.txt") == b"later\n"
+    listing = session.fs(
+        FsRequest(op="pack", timeout=10, fields={"phase": "list", "max_files": 100})
+    )
+    assert listing.errno is None, listing.message
+    for name in (b"a.txt", b"b.txt", b"later.txt", b"e.txt"):
+        assert name in listing.data
