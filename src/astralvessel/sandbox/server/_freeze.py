@@ -47,10 +47,21 @@ import os
 import stat
 import struct
 
-from . import _sys
+from . import _lowerfs, _sys
+from ._calls import map_path
 from ._lean import suppress
 
-__all__ = ["TMPFS_MAGIC", "filesystem_type", "freeze_workspace"]
+# Annotations only: importing typing costs every turn's start a few milliseconds, and
+# mypy reads any ``if TYPE_CHECKING:`` block as taken.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from ._launch import LaunchPlan
+    from ._messages import Hello
+
+__all__ = ["TMPFS_MAGIC", "answer", "filesystem_type", "freeze_workspace", "release"]
 
 TMPFS_MAGIC = 0x01021994
 # The new mount API's numbers are the same on every architecture (Linux 5.2 onwards).
@@ -239,3 +250,53 @@ def freeze_workspace(workspace: str, size: int, inodes: int, *, userxattr: bool)
     finally:
         _close(layers)
     return clone
+
+
+def _error(code: int, message: str) -> dict[str, Any]:
+    return {"error": {"errno": errno.errorcode.get(code, "EIO"), "message": message}}
+
+
+def answer(
+    config: Hello,
+    plan: LaunchPlan,
+    path_map: dict[str, str],
+    upper_bytes: int,
+    frozen: Callable[[int], None],
+) -> dict[str, Any]:
+    """The answer to a ``freeze``: the clone's number, device and inode, or the refusal.
+
+    ``frozen`` takes the clone once it is made (the server holds it until the host
+    took it, and makes again what copied the old view). ``EOPNOTSUPP`` where the
+    workspace is not this sandbox's own tmpfs (mapped from the host, frozen
+    already, opened from a snapshot) or holds the writable root's layers, which
+    would freeze with it; ``EBUSY`` where a file is open for writing; ``EPERM``
+    and the like where the kernel refuses a step (no capability, as in a Docker
+    container). The host then copies the files instead.
+    """
+    workspace = map_path(config.workspace, path_map)
+    if not plan.confine or workspace != config.workspace:
+        why = "the workspace is a host folder here, not the sandbox's own tmpfs"
+        return _error(errno.EOPNOTSUPP, why)
+    if config.writable_root:
+        return _error(errno.EOPNOTSUPP, "the writable root's layers live in the workspace's tmpfs")
+    try:
+        clone = freeze_workspace(
+            workspace,
+            upper_bytes,
+            config.limits["workspace_inodes"],
+            userxattr=not _lowerfs.in_initial_userns(),
+        )
+    except OSError as exc:
+        return _error(exc.errno or errno.EIO, str(exc))
+    frozen(clone)
+    st = os.fstat(clone)
+    return {"fd": clone, "dev": st.st_dev, "ino": st.st_ino}
+
+
+def release(held: set[int], fd: int) -> dict[str, Any]:
+    """Close the server's copy ``fd`` of a clone the host took (``EBADF`` if none)."""
+    if fd not in held:
+        return _error(errno.EBADF, f"no frozen clone is held as descriptor {fd}")
+    held.discard(fd)
+    os.close(fd)
+    return {}

@@ -26,7 +26,6 @@ from the hello (``_hello``), the file worker's queue (``_fsqueue``, ``_worker``,
 
 from __future__ import annotations
 
-import errno
 import os
 import time
 
@@ -36,7 +35,6 @@ from . import (
     _fsqueue,
     _hello,
     _launch,
-    _lowerfs,
     _messages,
     _outbox,
     _pipes,
@@ -203,44 +201,21 @@ class Server:
         self.files.submit(call_id, message, body)
 
     def _freeze(self, call_id: int, message: _messages.Freeze, body: bytes) -> None:
-        """Freeze the workspace (or release a clone), in order with the file requests."""
-        if message.phase == "release":
-            self.files.submit_local(call_id, lambda: self._release(message.fd))
-        else:
-            self.files.submit_local(call_id, lambda: self._frozen_clone(message.upper_bytes))
-
-    def _release(self, fd: int) -> dict[str, Any]:
-        if fd not in self.frozen:
-            return _freeze_error(errno.EBADF, f"no frozen clone is held as descriptor {fd}")
-        self.frozen.discard(fd)
-        os.close(fd)
-        return {}
-
-    def _frozen_clone(self, upper_bytes: int) -> dict[str, Any]:
-        """Freeze the workspace in place (``_freeze``): the clone's number for the host to take.
-
-        Where the workspace is not this sandbox's own tmpfs the answer is ``EOPNOTSUPP``
-        (as where its writable root's layers live in it); ``EBUSY`` where a file is open
-        for writing; ``EPERM`` and the like where the kernel refuses a step (no
-        capability, as in a Docker container). The host then copies the files instead.
-        """
+        """Freeze the workspace or release a clone (``_freeze``), in order with the file
+        requests."""
         config, plan = self._configured()
-        workspace = map_path(config.workspace, self.path_map)
-        if not plan.confine or workspace != config.workspace:
-            why = "the workspace is a host folder here, not the sandbox's own tmpfs"
-            return _freeze_error(errno.EOPNOTSUPP, why)
-        if config.writable_root:
-            why = "the writable root's layers live in the workspace's tmpfs"
-            return _freeze_error(errno.EOPNOTSUPP, why)
-        try:
-            clone = _freeze.freeze_workspace(
-                workspace,
-                upper_bytes,
-                config.limits["workspace_inodes"],
-                userxattr=not _lowerfs.in_initial_userns(),
-            )
-        except OSError as exc:
-            return _freeze_error(exc.errno or errno.EIO, str(exc))
+        if message.phase == "release":
+            self.files.submit_local(call_id, lambda: _freeze.release(self.frozen, message.fd))
+            return
+        self.files.submit_local(
+            call_id,
+            lambda: _freeze.answer(
+                config, plan, self.path_map, message.upper_bytes, self._after_freeze
+            ),
+        )
+
+    def _after_freeze(self, clone: int) -> None:
+        """After a freeze: hold the clone; what copied the old view is made again."""
         self.frozen.add(clone)
         # Whatever kept a mount namespace of its own copied the old view, where the
         # workspace is now read-only: the file worker starts again with the next request,
@@ -250,8 +225,6 @@ class Server:
         if spawner is not None and spawner.spare is not None:
             spawner.close_spare()
             self.refill_at = time.monotonic() + _REFILL_DELAY
-        st = os.fstat(clone)
-        return {"fd": clone, "dev": st.st_dev, "ino": st.st_ino}
 
     def _cancel(self, call_id: int, message: _messages.Cancel, body: bytes) -> None:
         call = self.calls.get(call_id)
@@ -686,10 +659,6 @@ class Server:
         if self.relay is not None:
             with suppress(OSError):
                 os.kill(self.relay, signal.SIGKILL)
-
-
-def _freeze_error(code: int, message: str) -> dict[str, Any]:
-    return {"error": {"errno": errno.errorcode.get(code, "EIO"), "message": message}}
 
 
 def _wait_readable(fd: int, timeout: float) -> None:
