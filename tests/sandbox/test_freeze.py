@@ -252,3 +252,21 @@ def test_after_the_freeze_new_processes_and_the_snapshot_listing_see_the_overlay
     assert listing.errno is None, listing.message
     for name in (b"a.txt", b"b.txt", b"later.txt", b"e.txt"):
         assert name in listing.data
+
+
+class _RemoteSession:
+    """A session whose server is no process of this host (Docker's): no ``channel.process``."""
+
+    backend = "docker"
+    ready_info = {"pid": 1}  # noqa: RUF012 - read only
+
+    def fs(self, request: FsRequest) -> FsReply:
+        raise AssertionError("nothing may be asked of a server the host cannot take from")
+
+
+def test_a_server_that_is_no_process_of_this_host_is_not_asked() -> None:
+    """Where the host cannot take the clone (Docker), ``freeze`` raises ENOSYS before it sends
+    anything: the workspace is left as it is and the host copies."""
+    with pytest.raises(OSError, match="not a process of this host") as caught:
+        freeze(_RemoteSession(), UPPER_BYTES)  # type: ignore[arg-type]
+    assert caught.value.errno == errno.ENOSYS
