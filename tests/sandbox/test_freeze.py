@@ -187,14 +187,17 @@ def test_a_process_in_the_workspace_before_the_freeze_cannot_change_it(
     """A detached process whose working folder is the frozen tmpfs (its mount namespace
     copied before the freeze) finds it read-only: the clone stays as it was."""
     script = (
-        "cd /workspace; "
-        # Until the freeze: a folder made and removed holds no file open for writing.
-        "for i in $(seq 400); do mkdir .probe 2>/dev/null || break; rmdir .probe; sleep 0.05; done; "
+        "cd /workspace && mkdir ready; "
+        # Until the freeze: access(2) says EROFS then, and writes nothing before.
+        "for i in $(seq 600); do [ -w . ] || break; sleep 0.05; done; "
         "echo x > a.txt && echo WROTE; rm b.txt && echo REMOVED; mkdir m && echo MADE; "
         "mv d moved && echo MOVED; echo finished"
     )
     process = session.detach(DetachRequest(argv=("sh", "-c", script), log_chars=10000))
     try:
+        # "started" may come before the call's init copies its mount namespace: the folder
+        # it makes says that it is in the workspace, in the view from before the freeze.
+        _sh(session, "for i in $(seq 200); do [ -d ready ] && break; sleep 0.05; done")
         clone = _frozen(session)
     except BaseException:
         process.kill()
@@ -208,6 +211,7 @@ def test_a_process_in_the_workspace_before_the_freeze_cannot_change_it(
         assert _clone_file(clone, "a.txt") == b"hello\n"
         assert _clone_file(clone, "b.txt") == b"bee"
         assert _clone_file(clone, "d/e.txt") == b"deep\n"
+        assert os.path.isdir(f"/proc/self/fd/{clone}/ready")
     finally:
         os.close(clone)
 
