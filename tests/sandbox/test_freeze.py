@@ -274,3 +274,18 @@ def test_a_server_that_is_no_process_of_this_host_is_not_asked() -> None:
     with pytest.raises(OSError, match="not a process of this host") as caught:
         freeze(_RemoteSession(), UPPER_BYTES)  # type: ignore[arg-type]
     assert caught.value.errno == errno.ENOSYS
+
+
+@pytest.mark.parametrize("backend", sorted(BACKENDS))
+def test_a_writable_root_keeps_its_layers_writable(backend: str) -> None:
+    """The writable root's upper layers live in the workspace's tmpfs: no freeze there
+    (EOPNOTSUPP), and the root stays writable."""
+    policy = Policy(limits=Limits(disk_mb=64), writable_root=True)
+    session = BACKENDS[backend]().start(policy)
+    try:
+        with pytest.raises(OSError, match="writable root's layers") as caught:
+            _frozen(session)
+        assert caught.value.errno == errno.EOPNOTSUPP
+        assert _sh(session, "echo x > /usr/local/freeze-probe && echo ok") == "ok\n"
+    finally:
+        session.close()
