@@ -324,6 +324,6 @@ def _alive(pid: int) -> bool:
     # A zombie waiting for its reaper is gone for our purposes.
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
+    except OSError:  # gone between the open and the read: ESRCH, not ENOENT
         return False
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
