@@ -378,8 +378,15 @@ class Executor(Closing):
 
     def _policy_for(self, snapshot: TurnSnapshot | None) -> Policy:
         """The policy a sandbox opened from ``snapshot`` starts with: the snapshot's tree
-        as its workspace's lower layer, where the backend opens snapshots copy-on-write."""
+        as its workspace's lower layer, where the backend opens snapshots copy-on-write.
+
+        A frozen layer's snapshot opens by copy: its path (``/proc/self/fd/N``) means
+        the host's descriptor in the host's process only, and in a sandbox's launcher
+        whatever that number is there (bubblewrap bound its own ``/proc`` so).
+        """
         if snapshot is None or not overlay_backend(self.sandbox.name):
+            return self.policy
+        if snapshot.layer_fd is not None:
             return self.policy
         return attrs.evolve(self.policy, workspace_lower=snapshot.path)
 

@@ -68,6 +68,13 @@ class TurnSnapshot:
         """The snapshot's tree on the host (read-only by contract: turns copy from it)."""
         return self._tree.path
 
+    @property
+    def layer_fd(self) -> int | None:
+        """The detached mount of the frozen layer that holds the files (``_freeze``), or
+        None for a tree in the store. ``path`` then resolves in this process only: a
+        sandbox gets the descriptor, never the path."""
+        return self._tree.fd
+
     def save(self, dest: PathOrFile) -> None:
         """Write the portable form (a POSIX pax tar, manifest first) to a path or binary file."""
         if isinstance(dest, (str, os.PathLike)):
