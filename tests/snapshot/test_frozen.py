@@ -140,13 +140,40 @@ def test_a_frozen_layer_saves_the_bytes_a_capture_saves(
 def test_a_turn_opens_from_a_frozen_layer_with_its_files(
     executor: Executor, captured: tuple[TurnSnapshot, str]
 ) -> None:
-    """A real bubblewrap turn gets the layer's files (by copy: no path of the host's
-    descriptor reaches the sandbox), and its own snapshot is the layer's."""
+    """A real bubblewrap turn gets the layer's files, and its own snapshot is the layer's."""
     snapshot = _snapshot(_layer_of_script(_MAKE_TREE))
     with executor.turn(snapshot=snapshot) as turn:
         assert _sh(turn, _LISTING) == captured[1]
-        assert "vessel-lower" not in _sh(turn, "cat /proc/self/mountinfo")
         assert turn.snapshot() == snapshot
+
+
+@pytest.mark.parametrize("backend", ["bubblewrap", "nsjail"])
+def test_a_turn_lays_its_overlay_on_the_layer_by_descriptor(backend: str, tmp_path: Path) -> None:
+    """The server gets the layer's descriptor (never a path: bubblewrap binds the text of
+    ``/proc/self/fd/N``, which reads "/", the host's root), lays the workspace's overlay
+    on it, and closes it: no call holds it. The turn's writes reach only its own layer,
+    and its snapshot reads the files it cannot link across filesystems."""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "kept").write_bytes(b"kept\n")
+    (tree / "changed").write_bytes(b"before\n")
+    source = _snapshot(frozen_layer(tree), Budget(1 << 30))
+    layer = os.fstat(source.layer_fd or -1).st_dev
+    with Executor(Registry(), sandbox=backend) as executor, executor.turn(snapshot=source) as turn:
+        mounts = _sh(turn, "cat /proc/self/mountinfo")
+        assert " /workspace rw,nosuid,nodev,relatime - overlay " in mounts
+        assert "vessel-lower" not in mounts
+        listed = _sh(turn, "ls -l /proc/self/fd").splitlines()
+        held = [line.split(" -> ")[1] for line in listed if " -> " in line]
+        assert all(target.startswith(("pipe:", "/proc/")) for target in held), held
+        assert _sh(turn, "cd /workspace && echo after >> changed && cat kept changed") == (
+            "kept\nbefore\nafter\n"
+        )
+        later = turn.snapshot()
+    assert (later.path / "changed").read_bytes() == b"before\nafter\n"
+    assert os.stat(later.path / "kept").st_dev != layer
+    assert (source.path / "changed").read_bytes() == b"before\n"
+    assert later != source
 
 
 def test_a_dropped_snapshot_closes_the_layer_and_gives_its_bytes_back(tmp_path: Path) -> None:

@@ -218,6 +218,13 @@ class Tree:
         os.set_inheritable(fd, False)  # a child gets it only where it is passed on purpose
         return cls(Path(f"/proc/self/fd/{fd}"), budget, fd=fd)
 
+    def fileno(self) -> int:
+        """The frozen layer's descriptor (``Policy.workspace_layer``), open while this
+        tree is alive; ValueError for a folder in the store."""
+        if self.fd is None:
+            raise ValueError("a tree in the store has no descriptor")
+        return self.fd
+
     def hold(self, inodes: Inodes, reservation: Reservation | None = None) -> None:
         """Count the tree's files against its budget in place of ``reservation`` (the
         capture's estimate); ``SnapshotError`` if they do not fit, or the tree is gone."""

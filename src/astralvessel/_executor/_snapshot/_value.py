@@ -69,6 +69,11 @@ class TurnSnapshot:
         return self._tree.path
 
     @property
+    def layer(self) -> Tree | None:
+        """The frozen layer's tree (it owns the descriptor: ``fileno()``), or None."""
+        return self._tree if self._tree.fd is not None else None
+
+    @property
     def layer_fd(self) -> int | None:
         """The detached mount of the frozen layer that holds the files (``_freeze``), or
         None for a tree in the store. ``path`` then resolves in this process only: a
