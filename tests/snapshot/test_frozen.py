@@ -23,10 +23,11 @@ from typing import Any
 import pytest
 
 from astralvessel import Executor, Registry, SnapshotError, TurnSnapshot
+from astralvessel._executor._snapshot._build import TreeWriter
 from astralvessel._executor._snapshot._capture import capture
 from astralvessel._executor._snapshot._freeze import snapshot_frozen
 from astralvessel._executor._snapshot._reaper import drain
-from astralvessel._executor._snapshot._reuse import Captures
+from astralvessel._executor._snapshot._reuse import Captures, Held, held_files
 from astralvessel._executor._snapshot._store import Budget
 from astralvessel.sandbox import FsReply, FsRequest
 
@@ -270,7 +271,8 @@ def _drive(plan: Generator[FsRequest, FsReply, Any], listing: list[Any], data: b
 
 def test_a_capture_over_a_frozen_layer_reads_what_it_cannot_link(tmp_path: Path) -> None:
     """A later capture whose files are marked the layer's cannot hard-link them across
-    filesystems: it reads them instead, and its digests are of what it read."""
+    filesystems: none is offered (the estimate counts them), it reads them instead, and
+    its digests are of what it read."""
     tree = tmp_path / "tree"
     tree.mkdir()
     (tree / "kept").write_bytes(b"kept bytes")
@@ -289,3 +291,22 @@ def test_a_capture_over_a_frozen_layer_reads_what_it_cannot_link(tmp_path: Path)
     assert entry.digest == hashlib.sha256(b"kept bytes").hexdigest()
     assert os.stat(snapshot.path / "kept").st_dev != os.fstat(source.layer_fd or -1).st_dev
     assert budget.used_bytes == 10
+
+
+def test_a_held_file_of_a_layer_is_read_not_linked(tmp_path: Path) -> None:
+    """Were one offered, the writer's link fails across filesystems (EXDEV) and it says
+    so: the capture then reads the file, never fails."""
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "kept").write_bytes(b"kept bytes")
+    source = _snapshot(frozen_layer(tree))
+    assert held_files(source) == {}
+    (entry,) = source.manifest.entries
+    held = Held(os.fsencode(source.path) + b"/kept", entry)
+    writer = TreeWriter(tmp_path / "new")
+    try:
+        assert not writer.link_held(entry, held)
+        assert writer.inodes == {}
+    finally:
+        writer.close()
+    assert not (tmp_path / "new" / "kept").exists()
