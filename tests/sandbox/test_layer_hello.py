@@ -4,6 +4,7 @@ keys on, and how the server reads the name (``Policy.workspace_layer``)."""
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -79,3 +80,14 @@ def test_the_server_closes_the_layer_once_used() -> None:
     with pytest.raises(OSError, match="Bad file descriptor"):
         os.fstat(read)
     _lowerfs.release_layer("/.vessel-lower")  # a bound tree: nothing to close
+
+
+def test_a_refused_overlay_leaves_no_layers_folder(tmp_path: Path) -> None:
+    """The overlay makes ``work/work`` before it may refuse (EPERM over a frozen layer of
+    another user namespace, as an ordinary user): the folder goes all the same, or the
+    workspace would hold a private folder no snapshot of it can list."""
+    layers = tmp_path / _lowerfs.LAYERS
+    for name in ("upper", "work/work", "work/index"):
+        (layers / name).mkdir(parents=True)
+    _lowerfs._undo(str(layers))
+    assert not layers.exists()
