@@ -149,6 +149,9 @@ def sandbox_layout(policy: Policy, facts: HostFacts) -> tuple[Step, ...]:
     if policy.workspace_lower is not None:
         # The snapshot's tree, read-only: the server lays the workspace's overlay on it.
         steps.append(Bind(source=str(policy.workspace_lower), target=str(WORKSPACE_LOWER_DIR)))
+    # A frozen layer (``workspace_layer``) is never bound: bubblewrap binds a path by its
+    # text, and a detached mount's ``/proc/self/fd/N`` reads "/", the host's root (and
+    # ``--ro-bind-fd`` refuses a detached mount). The server gets the descriptor itself.
     limits = policy.limits
     steps.append(
         Tmpfs(

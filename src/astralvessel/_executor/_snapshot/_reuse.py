@@ -73,7 +73,14 @@ class Held:
 
 
 def held_files(snapshot: TurnSnapshot) -> dict[bytes, Held]:
-    """Every name of ``snapshot`` that is a regular file's bytes, a hard link's included."""
+    """Every name of ``snapshot`` that is a regular file's bytes, a hard link's included.
+
+    None of a frozen layer's (``_freeze``): its files are on the layer's own tmpfs, which
+    no tree in the store can hard-link across, so they are read, and the capture's
+    estimate counts them (``TreeWriter.link_held`` would refuse each, EXDEV, all the same).
+    """
+    if snapshot.layer is not None:
+        return {}
     base = os.fsencode(snapshot.path)
     files: dict[bytes, Entry] = {}
     held: dict[bytes, Held] = {}

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..._ground._leftovers import make_folder
 from ...errors import SnapshotError
-from ._reaper import enqueue
+from ._reaper import enqueue, enqueue_close
 
 __all__ = ["Budget", "Inodes", "Reservation", "Tree", "new_folder", "store_root"]
 
@@ -175,16 +175,55 @@ def _mib(nbytes: int) -> str:
 
 
 class Tree:
-    """A snapshot's files in the store; the folder goes when this object is collected."""
+    """A snapshot's files in the store; the folder goes when this object is collected.
 
-    def __init__(self, path: Path, budget: Budget | None) -> None:
+    Or a frozen layer (``Tree.frozen``): a sandbox's workspace tmpfs, made read-only in
+    place, held by the descriptor of a detached mount of it; the descriptor is closed
+    when this object is collected, and the kernel frees the layer with its last mount.
+    """
+
+    #: The frozen layer's detached mount (``Tree.frozen``); None for a folder in the store.
+    fd: int | None = None
+
+    def __init__(self, path: Path, budget: Budget | None, *, fd: int | None = None) -> None:
         self.path = path
+        self.fd = fd
         self._budget = budget
         self._inodes: Inodes = {}
         self._lock = threading.Lock()  # hold and remove, one at a time
-        self._finalizer = weakref.finalize(
-            self, _drop, path.parent, budget, self._inodes, os.getpid()
-        )
+        self._finalizer: weakref.finalize[..., Tree]
+        if fd is None:
+            self._finalizer = weakref.finalize(
+                self, _drop, path.parent, budget, self._inodes, os.getpid()
+            )
+        else:
+            self._finalizer = weakref.finalize(
+                self, _drop_frozen, fd, path, budget, self._inodes, os.getpid()
+            )
+
+    @classmethod
+    def frozen(cls, fd: int, budget: Budget | None) -> Tree:
+        """The tree of a frozen layer: ``fd``, a detached mount of it (open_tree's clone),
+        is this tree's from now on, and closed when it goes.
+
+        Its path is ``/proc/self/fd/N``, which resolves to the mount's root in this
+        process only, as root and as an ordinary user alike: the host needs no mount
+        of its own (an ordinary user cannot mount in the host's namespace; a mount
+        root moved onto a store folder would outlive a host that died, and propagate
+        to the store's peers), and everything that reads a tree by path (saving,
+        restoring by copy, a later capture's links) reads it unchanged. The path is
+        good only while the tree is alive: the number is reused once it is closed.
+        A child process sees it only where the descriptor is passed at that number.
+        """
+        os.set_inheritable(fd, False)  # a child gets it only where it is passed on purpose
+        return cls(Path(f"/proc/self/fd/{fd}"), budget, fd=fd)
+
+    def fileno(self) -> int:
+        """The frozen layer's descriptor (``Policy.workspace_layer``), open while this
+        tree is alive; ValueError for a folder in the store."""
+        if self.fd is None:
+            raise ValueError("a tree in the store has no descriptor")
+        return self.fd
 
     def hold(self, inodes: Inodes, reservation: Reservation | None = None) -> None:
         """Count the tree's files against its budget in place of ``reservation`` (the
@@ -210,3 +249,10 @@ def _drop(folder: Path, budget: Budget | None, inodes: Inodes, owner: int) -> No
     # counted after its file is gone (a new file could reuse it).
     release = functools.partial(budget.release, inodes) if budget is not None else None
     enqueue(folder, release, owner)
+
+
+def _drop_frozen(fd: int, path: Path, budget: Budget | None, inodes: Inodes, owner: int) -> None:
+    # As a folder's: the bytes go back just before the descriptor is closed, off the
+    # caller's thread (a last close frees the layer's tmpfs, file by file).
+    release = functools.partial(budget.release, inodes) if budget is not None else None
+    enqueue_close(fd, path, release, owner)

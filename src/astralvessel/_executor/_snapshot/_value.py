@@ -68,6 +68,18 @@ class TurnSnapshot:
         """The snapshot's tree on the host (read-only by contract: turns copy from it)."""
         return self._tree.path
 
+    @property
+    def layer(self) -> Tree | None:
+        """The frozen layer's tree (it owns the descriptor: ``fileno()``), or None."""
+        return self._tree if self._tree.fd is not None else None
+
+    @property
+    def layer_fd(self) -> int | None:
+        """The detached mount of the frozen layer that holds the files (``_freeze``), or
+        None for a tree in the store. ``path`` then resolves in this process only: a
+        sandbox gets the descriptor, never the path."""
+        return self._tree.fd
+
     def save(self, dest: PathOrFile) -> None:
         """Write the portable form (a POSIX pax tar, manifest first) to a path or binary file."""
         if isinstance(dest, (str, os.PathLike)):
