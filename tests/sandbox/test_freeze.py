@@ -158,13 +158,14 @@ def test_nothing_writes_through_the_clone(session: SandboxSession) -> None:
 
 
 def test_a_file_open_for_writing_refuses_the_freeze(session: SandboxSession) -> None:
-    """A detached process holding a file open for writing: EBUSY, and the turn is as it
-    was (its tmpfs alone, writable); once the process is gone the freeze is made."""
+    """A detached process holding a file open for writing: EBUSY (the server refuses while
+    it runs; the kernel would too), and the turn is as it was (its tmpfs alone,
+    writable); once the process is gone the freeze is made."""
     script = "exec 3>>/workspace/log; echo open; exec sleep 60"
     process = session.detach(DetachRequest(argv=("sh", "-c", script), log_chars=1000))
     try:
         _sh(session, "for i in $(seq 100); do [ -e log ] && break; sleep 0.05; done")
-        with pytest.raises(OSError, match="busy") as caught:
+        with pytest.raises(OSError) as caught:
             _frozen(session)
         assert caught.value.errno == errno.EBUSY
         assert _mounts(session) == ["tmpfs"]
@@ -181,36 +182,26 @@ def test_a_file_open_for_writing_refuses_the_freeze(session: SandboxSession) -> 
         os.close(clone)
 
 
-def test_a_process_in_the_workspace_before_the_freeze_cannot_change_it(
-    session: SandboxSession,
-) -> None:
-    """A detached process whose working folder is the frozen tmpfs (its mount namespace
-    copied before the freeze) finds it read-only: the clone stays as it was."""
-    script = (
-        "cd /workspace && mkdir ready; "
-        # Until the freeze: access(2) says EROFS then, and writes nothing before.
-        "for i in $(seq 600); do [ -w . ] || break; sleep 0.05; done; "
-        "echo x > a.txt && echo WROTE; rm b.txt && echo REMOVED; mkdir m && echo MADE; "
-        "mv d moved && echo MOVED; echo finished"
-    )
-    process = session.detach(DetachRequest(argv=("sh", "-c", script), log_chars=10000))
+def test_a_running_process_refuses_the_freeze(session: SandboxSession) -> None:
+    """A detached process (its working folder the workspace, nothing open for writing)
+    would keep the workspace as it was frozen, its later writes refused: EBUSY while it
+    runs, the turn as it was; once it is gone the freeze is made."""
+    script = "cd /workspace && mkdir ready && exec sleep 60"
+    process = session.detach(DetachRequest(argv=("sh", "-c", script), log_chars=1000))
     try:
-        # "started" may come before the call's init copies its mount namespace: the folder
-        # it makes says that it is in the workspace, in the view from before the freeze.
         _sh(session, "for i in $(seq 200); do [ -d ready ] && break; sleep 0.05; done")
-        clone = _frozen(session)
-    except BaseException:
+        with pytest.raises(OSError, match="still run") as caught:
+            _frozen(session)
+        assert caught.value.errno == errno.EBUSY
+        assert _mounts(session) == ["tmpfs"]
+        assert _write(session, "b.txt", b"after").errno is None
+    finally:
         process.kill()
-        raise
+    with contextlib.suppress(Exception):  # killed: how the result says so is not tested here
+        process.result(timeout=30)
+    clone = _frozen(session)
     try:
-        log = process.result(timeout=60).stdout.decode()
-        assert "finished" in log
-        for done in ("WROTE", "REMOVED", "MADE", "MOVED"):
-            assert done not in log
-        assert "Read-only file system" in log
-        assert _clone_file(clone, "a.txt") == b"hello\n"
-        assert _clone_file(clone, "b.txt") == b"bee"
-        assert _clone_file(clone, "d/e.txt") == b"deep\n"
+        assert _clone_file(clone, "b.txt") == b"after"
         assert os.path.isdir(f"/proc/self/fd/{clone}/ready")
     finally:
         os.close(clone)

@@ -27,16 +27,19 @@ from typing import Any
 import attrs
 
 from ...errors import SnapshotError
+from ...sandbox._api import SandboxSession
+from ...sandbox._frozen import freeze
 from ...sandbox._policy import OUTBOX_DIR, WORKSPACE_DIR
 from ...sandbox.server import _snapfiles
 from ._capture import checked_shape, too_many_names
 from ._manifest import EntryKind, Manifest
+from ._mechanism import layer_backend
 from ._reuse import with_digests
 from ._store import Budget, Inodes, Tree
 from ._tree import hash_file, open_regular
 from ._value import TurnSnapshot
 
-__all__ = ["snapshot_frozen"]
+__all__ = ["freeze_snapshot", "freezes_here", "snapshot_frozen"]
 
 #: The server's outbox, as a name in the workspace: a capture leaves it out, and so does this.
 OUTBOX_NAME = str(OUTBOX_DIR.relative_to(WORKSPACE_DIR))
@@ -130,3 +133,33 @@ def _digests(base: bytes, shape: Manifest) -> dict[bytes, str]:
             finally:
                 os.close(fd)
     return digests
+
+
+def freezes_here(backend: str) -> bool:
+    """Whether a fork of ``backend``'s turn asks its sandbox to freeze the workspace.
+
+    As root on bubblewrap and nsjail, whose launchers pass the layer's descriptor to
+    the forks (``_mechanism.layer_backend``), which lay their overlays on it. Not as
+    an ordinary user: a fork's overlay over a layer of another user namespace is
+    refused (EPERM), so each fork would copy the whole layer where a store tree
+    serves them all copy-on-write. Not on Docker: its host does not take a layer.
+    """
+    return os.geteuid() == 0 and layer_backend(backend)
+
+
+def freeze_snapshot(
+    session: SandboxSession, *, upper_bytes: int, budget: Budget, max_bytes: int, max_files: int
+) -> TurnSnapshot | None:
+    """The turn's files frozen in place (``sandbox._frozen.freeze``), as a snapshot, or None
+    where the sandbox makes no freeze (the caller captures instead: nothing changed).
+
+    Refused: while a call or detached process runs or a file is open for writing
+    (``EBUSY``), over a workspace that is no tmpfs of its own (``EOPNOTSUPP``: opened
+    from a snapshot, frozen already), on a kernel without the steps (Linux 6.8 lays an
+    overlay from descriptors). Raises ``SnapshotError`` for a layer a capture refuses.
+    """
+    try:
+        fd = freeze(session, upper_bytes)
+    except OSError:
+        return None  # as it was, or frozen with the clone lost: a capture reads the overlay
+    return snapshot_frozen(fd, budget=budget, max_bytes=max_bytes, max_files=max_files)

@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from ._launch import LaunchPlan
     from ._messages import Hello
 
-__all__ = ["TMPFS_MAGIC", "answer", "filesystem_type", "freeze_workspace", "release"]
+__all__ = ["TMPFS_MAGIC", "answer", "filesystem_type", "freeze_workspace", "refused", "release"]
 
 TMPFS_MAGIC = 0x01021994
 # The new mount API's numbers are the same on every architecture (Linux 5.2 onwards).
@@ -252,7 +252,8 @@ def freeze_workspace(workspace: str, size: int, inodes: int, *, userxattr: bool)
     return clone
 
 
-def _error(code: int, message: str) -> dict[str, Any]:
+def refused(code: int, message: str) -> dict[str, Any]:
+    """A freeze's answer that it was not made: the errno's name and why."""
     return {"error": {"errno": errno.errorcode.get(code, "EIO"), "message": message}}
 
 
@@ -276,9 +277,9 @@ def answer(
     workspace = map_path(config.workspace, path_map)
     if not plan.confine or workspace != config.workspace:
         why = "the workspace is a host folder here, not the sandbox's own tmpfs"
-        return _error(errno.EOPNOTSUPP, why)
+        return refused(errno.EOPNOTSUPP, why)
     if config.writable_root:
-        return _error(errno.EOPNOTSUPP, "the writable root's layers live in the workspace's tmpfs")
+        return refused(errno.EOPNOTSUPP, "the writable root's layers live in the workspace's tmpfs")
     try:
         clone = freeze_workspace(
             workspace,
@@ -287,7 +288,7 @@ def answer(
             userxattr=not _lowerfs.in_initial_userns(),
         )
     except OSError as exc:
-        return _error(exc.errno or errno.EIO, str(exc))
+        return refused(exc.errno or errno.EIO, str(exc))
     frozen(clone)
     st = os.fstat(clone)
     return {"fd": clone, "dev": st.st_dev, "ino": st.st_ino}
@@ -296,7 +297,7 @@ def answer(
 def release(held: set[int], fd: int) -> dict[str, Any]:
     """Close the server's copy ``fd`` of a clone the host took (``EBADF`` if none)."""
     if fd not in held:
-        return _error(errno.EBADF, f"no frozen clone is held as descriptor {fd}")
+        return refused(errno.EBADF, f"no frozen clone is held as descriptor {fd}")
     held.discard(fd)
     os.close(fd)
     return {}

@@ -26,6 +26,7 @@ from the hello (``_hello``), the file worker's queue (``_fsqueue``, ``_worker``,
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 
@@ -209,9 +210,27 @@ class Server:
             return
         self.files.submit_local(
             call_id,
-            lambda: _freeze.answer(
-                config, plan, self.path_map, message.upper_bytes, self._after_freeze
+            lambda: (
+                self._calls_running()
+                or _freeze.answer(
+                    config, plan, self.path_map, message.upper_bytes, self._after_freeze
+                )
             ),
+        )
+
+    def _calls_running(self) -> dict[str, Any] | None:
+        """A freeze's refusal while any call or detached process runs (None: none does).
+
+        Each keeps the mount namespace it copied, where the workspace would be the frozen
+        one: its later writes would fail (EROFS) under a process the host expects to go on.
+        A call's processes all end with it (its init is its PID namespace's first)."""
+        running = sum(1 for call in list(self.calls.values()) if self._still_running(call))
+        if not running:
+            return None
+        return _freeze.refused(
+            errno.EBUSY,
+            f"{running} call(s) or detached process(es) still run, which would keep the "
+            "workspace as it was frozen",
         )
 
     def _after_freeze(self, clone: int) -> None:
