@@ -30,7 +30,7 @@ from ._executor._settings import (
     check_snapshot,
 )
 from ._executor._snapshot._capture import restore
-from ._executor._snapshot._mechanism import layer_backend, overlay_backend
+from ._executor._snapshot._mechanism import overlay_backend
 from ._executor._snapshot._store import MIB, Budget
 from ._executor._snapshot._value import TurnSnapshot
 from ._executor._turn import BaseTurn
@@ -378,21 +378,9 @@ class Executor(Closing):
 
     def _policy_for(self, snapshot: TurnSnapshot | None) -> Policy:
         """The policy a sandbox opened from ``snapshot`` starts with: the snapshot's tree
-        as its workspace's lower layer, where the backend opens snapshots copy-on-write.
-
-        A frozen layer's snapshot passes its descriptor (``workspace_layer``), never
-        its path: ``/proc/self/fd/N`` means the layer in the host's process only, and
-        in a launcher not given the descriptor whatever that number is there
-        (bubblewrap bound its own ``/proc`` so). Where the backend takes none, it
-        opens by copy.
-        """
+        as its workspace's lower layer, where the backend opens snapshots copy-on-write."""
         if snapshot is None or not overlay_backend(self.sandbox.name):
             return self.policy
-        layer = snapshot.layer
-        if layer is not None:
-            if not layer_backend(self.sandbox.name):
-                return self.policy
-            return attrs.evolve(self.policy, workspace_layer=layer)
         return attrs.evolve(self.policy, workspace_lower=snapshot.path)
 
     def _check_fits(self, snapshot: TurnSnapshot) -> None:

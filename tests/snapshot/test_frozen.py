@@ -1,4 +1,4 @@
-"""A frozen layer's snapshot: a workspace tmpfs made read-only in place, held by its fd.
+"""A frozen layer's snapshot: a workspace tmpfs made read-only in place, staged in the store.
 
 Each layer is real (``frozen.py``: a tmpfs made with the new mount API, filled,
 cloned and made read-only, as a sandbox's server hands one to the host), and
@@ -84,6 +84,24 @@ def _closed(fd: int, device: int) -> bool:
         return True
 
 
+def _mounted(device: int) -> list[str]:
+    """Where the layer of ``device`` is mounted in this process's namespace."""
+    found = []
+    with open("/proc/self/mountinfo") as handle:
+        for line in handle:
+            fields = line.split()
+            major, minor = (int(n) for n in fields[2].split(":"))
+            if os.makedev(major, minor) == device:
+                found.append(fields[4])
+    return found
+
+
+def _gone(fd: int, device: int) -> bool:
+    """Whether the host holds the layer of ``device`` no more: its descriptor closed and
+    no mount of it left (its staged folder unmounted)."""
+    return _closed(fd, device) and not _mounted(device)
+
+
 def _sh(turn: Any, script: str) -> str:
     result = turn.exec(["/bin/sh", "-c", script])
     assert result.returncode == 0, result.stderr
@@ -112,8 +130,9 @@ def test_a_frozen_layer_is_the_same_snapshot_as_a_capture(
     snapshot = _snapshot(_layer_of_script(_MAKE_TREE), Budget(1 << 30))
     assert snapshot.manifest == captured[0].manifest
     assert snapshot.content_id == captured[0].content_id
-    assert snapshot.layer_fd is not None
-    assert captured[0].layer_fd is None
+    assert snapshot.layer is not None
+    assert os.path.ismount(snapshot.path)  # staged in the store: a path, no descriptor
+    assert captured[0].layer is None
 
 
 def test_set_id_bits_are_dropped_with_a_captures_note() -> None:
@@ -149,21 +168,20 @@ def test_a_turn_opens_from_a_frozen_layer_with_its_files(
 
 
 @pytest.mark.parametrize("backend", ["bubblewrap", "nsjail"])
-def test_a_turn_lays_its_overlay_on_the_layer_by_descriptor(backend: str, tmp_path: Path) -> None:
-    """The server gets the layer's descriptor (never a path: bubblewrap binds the text of
-    ``/proc/self/fd/N``, which reads "/", the host's root), lays the workspace's overlay
-    on it, and closes it: no call holds it. The turn's writes reach only its own layer,
-    and its snapshot reads the files it cannot link across filesystems."""
+def test_a_turn_lays_its_overlay_on_the_staged_layer(backend: str, tmp_path: Path) -> None:
+    """The launcher binds the staged layer by its path, as a store tree, and the server
+    lays the workspace's overlay on it (its idmapped clone, made in the sandbox's own
+    mount namespace); no call holds a descriptor of it. The turn's writes reach only its
+    own layer, and its snapshot links the unchanged file from the layer's store copy."""
     tree = tmp_path / "tree"
     tree.mkdir()
     (tree / "kept").write_bytes(b"kept\n")
     (tree / "changed").write_bytes(b"before\n")
     source = _snapshot(frozen_layer(tree), Budget(1 << 30))
-    layer = os.fstat(source.layer_fd or -1).st_dev
+    layer = os.stat(source.path).st_dev
     with Executor(Registry(), sandbox=backend) as executor, executor.turn(snapshot=source) as turn:
         mounts = _sh(turn, "cat /proc/self/mountinfo")
         assert " /workspace rw,nosuid,nodev,relatime - overlay " in mounts
-        assert "vessel-lower" not in mounts
         listed = _sh(turn, "ls -l /proc/self/fd").splitlines()
         held = [line.split(" -> ")[1] for line in listed if " -> " in line]
         assert all(target.startswith(("pipe:", "/proc/")) for target in held), held
@@ -173,27 +191,36 @@ def test_a_turn_lays_its_overlay_on_the_layer_by_descriptor(backend: str, tmp_pa
         later = turn.snapshot()
     assert (later.path / "changed").read_bytes() == b"before\nafter\n"
     assert os.stat(later.path / "kept").st_dev != layer
+    copy = source.layer.copy if source.layer is not None else None
+    assert copy is not None
+    assert os.stat(later.path / "kept").st_ino == os.stat(copy.path / "kept").st_ino
     assert (source.path / "changed").read_bytes() == b"before\n"
     assert later != source
 
 
-def test_a_dropped_snapshot_closes_the_layer_and_gives_its_bytes_back(tmp_path: Path) -> None:
-    """The layer counts on the budget (each inode once) while a snapshot refers to it."""
+def test_a_dropped_snapshot_unmounts_the_layer_and_gives_its_bytes_back(tmp_path: Path) -> None:
+    """The layer counts on the budget (each inode once) while a snapshot refers to it; it
+    is staged in the store (its descriptor closed at once), and unmounted with its folder
+    when the last snapshot goes."""
     fd = frozen_layer(make_tree(tmp_path / "tree"))
     device = os.fstat(fd).st_dev
     budget = Budget(1 << 30)
     snapshot = _snapshot(fd, budget)
+    assert _closed(fd, device)
+    assert _mounted(device) == [str(snapshot.path)]
+    folder = snapshot.path.parent
     assert budget.used_bytes == snapshot.total_bytes > 0
     copy = TurnSnapshot(manifest=snapshot.manifest, tree=snapshot._tree)  # another value, one layer
     del snapshot
     gc.collect()
     assert drain(10)
-    assert not _closed(fd, device)
+    assert _mounted(device)
     assert budget.used_bytes == copy.total_bytes
     del copy
     gc.collect()
     assert drain(10)
-    assert _closed(fd, device)
+    assert _gone(fd, device)
+    assert not folder.exists()
     assert budget.used_bytes == 0
 
 
@@ -204,7 +231,7 @@ def test_a_layer_past_the_budget_is_refused_and_closed(tmp_path: Path) -> None:
     with pytest.raises(SnapshotError, match="budget"):
         _snapshot(fd, budget)
     assert drain(10)
-    assert _closed(fd, device)
+    assert _gone(fd, device)
     assert budget.used_bytes == 0
 
 
@@ -225,7 +252,7 @@ def test_a_layer_a_capture_would_refuse_is_refused(
     with pytest.raises(SnapshotError, match=match):
         _snapshot(fd, None, **bounds)
     assert drain(10)
-    assert _closed(fd, device)
+    assert _gone(fd, device)
 
 
 def test_a_socket_in_the_layer_is_refused() -> None:
@@ -241,7 +268,7 @@ def test_a_socket_in_the_layer_is_refused() -> None:
     with pytest.raises(SnapshotError, match="'d/s' is a socket"):
         _snapshot(fd)
     assert drain(10)
-    assert _closed(fd, device)
+    assert _gone(fd, device)
 
 
 def test_a_writable_layer_is_refused() -> None:
@@ -251,7 +278,7 @@ def test_a_writable_layer_is_refused() -> None:
     with pytest.raises(SnapshotError, match="not read-only"):
         _snapshot(fd)
     assert drain(10)
-    assert _closed(fd, device)
+    assert _gone(fd, device)
 
 
 def _drive(plan: Generator[FsRequest, FsReply, Any], listing: list[Any], data: bytes) -> Any:
@@ -269,38 +296,56 @@ def _drive(plan: Generator[FsRequest, FsReply, Any], listing: list[Any], data: b
         sent += length
 
 
-def test_a_capture_over_a_frozen_layer_reads_what_it_cannot_link(tmp_path: Path) -> None:
+def test_a_capture_over_a_frozen_layer_links_from_its_store_copy(tmp_path: Path) -> None:
     """A later capture whose files are marked the layer's cannot hard-link them across
-    filesystems: none is offered (the estimate counts them), it reads them instead, and
-    its digests are of what it read."""
+    filesystems: the layer's copy in the store is made then (once, counted on the
+    budget) and its files linked, read from no sandbox, their digests the layer's."""
     tree = tmp_path / "tree"
     tree.mkdir()
     (tree / "kept").write_bytes(b"kept bytes")
-    source = _snapshot(frozen_layer(tree))
+    budget = Budget(1 << 20)
+    source = _snapshot(frozen_layer(tree), budget)
+    assert source.layer is not None
+    assert source.layer.copy is None  # no copy until a capture would link
     listing = [
         {"name": "kept", "kind": "file", "mode": 0o644, "size": 10, "target": None,
          "lower": True},
     ]  # fmt: skip
-    budget = Budget(1 << 20)
-    plan = capture(
-        timeout=5.0, max_bytes=1 << 20, max_files=10, budget=budget, captures=Captures(source)
-    )
-    snapshot = _drive(plan, listing, b"kept bytes")
-    assert snapshot == source
-    (entry,) = snapshot.manifest.entries
-    assert entry.digest == hashlib.sha256(b"kept bytes").hexdigest()
-    assert os.stat(snapshot.path / "kept").st_dev != os.fstat(source.layer_fd or -1).st_dev
-    assert budget.used_bytes == 10
+    captures = [
+        _drive(
+            capture(
+                timeout=5.0, max_bytes=1 << 20, max_files=10, budget=budget,
+                captures=Captures(source),
+            ),
+            listing,
+            b"",  # nothing is read: a read would get no bytes, and fail
+        )
+        for _ in range(3)
+    ]  # fmt: skip
+    copy = source.layer.copy
+    assert copy is not None
+    kept = os.stat(copy.path / "kept")
+    assert kept.st_dev != os.stat(source.path).st_dev
+    for snapshot in captures:
+        assert snapshot == source
+        (entry,) = snapshot.manifest.entries
+        assert entry.digest == hashlib.sha256(b"kept bytes").hexdigest()
+        assert os.stat(snapshot.path / "kept").st_ino == kept.st_ino
+    assert budget.used_bytes == 10 + 10  # the layer's file, and its copy's (shared by all)
 
 
-def test_a_held_file_of_a_layer_is_read_not_linked(tmp_path: Path) -> None:
-    """Were one offered, the writer's link fails across filesystems (EXDEV) and it says
-    so: the capture then reads the file, never fails."""
+def test_a_layers_own_file_is_never_linked(tmp_path: Path) -> None:
+    """The files offered for links are the store copy's; were the layer's own offered,
+    the writer's link fails across filesystems (EXDEV) and it says so: the capture then
+    reads the file, never fails."""
     tree = tmp_path / "tree"
     tree.mkdir()
     (tree / "kept").write_bytes(b"kept bytes")
     source = _snapshot(frozen_layer(tree))
-    assert held_files(source) == {}
+    layer = os.fsencode(source.path) + b"/"
+    offered = held_files(source)
+    assert offered
+    assert not [held for held in offered.values() if held.path.startswith(layer)]
     (entry,) = source.manifest.entries
     held = Held(os.fsencode(source.path) + b"/kept", entry)
     writer = TreeWriter(tmp_path / "new")

@@ -117,11 +117,7 @@ class Sandbox(abc.ABC):
                 "allow-list would mean nothing there; use a confined backend"
             )
         link = self.open(policy)
-        booted = (
-            policy
-            if link.lower_laid is None
-            else attrs.evolve(policy, workspace_lower=None, workspace_layer=None)
-        )
+        booted = policy if link.lower_laid is None else attrs.evolve(policy, workspace_lower=None)
         session = ServerSession.start(link.channel, booted, backend=self.name, options=link.options)
         session.upper_names = link.upper_names
         if link.lower_laid:

@@ -272,10 +272,6 @@ class NamespaceBackend(Sandbox):
         # The server counts the OOM kills in the turn's memory group through its own copy.
         events_fd = None if cgroup is None else cgroup.open_memory_events()
         limit_fd = None if cgroup is None or events_fd is None else cgroup.open_memory_limit()
-        # A frozen layer's mount, which the server lays the workspace's overlay on (the
-        # hello names it by number): the policy's owner keeps it open, not closed here.
-        layer = policy.workspace_layer
-        layer_fds = () if layer is None else (layer.fileno(),)
         try:
             config = self._config(policy, facts)
             config_fd = None if config is None else _memfd(config, "astralvessel-config")
@@ -287,16 +283,10 @@ class NamespaceBackend(Sandbox):
                     server_command(facts.python.executable, first_filter=first_filter),
                     server_filter,
                     config_fd=config_fd,
-                    server_fds=(
-                        *(fd for fd in (events_fd, limit_fd) if fd is not None),
-                        *layer_fds,
-                    ),
+                    server_fds=tuple(fd for fd in (events_fd, limit_fd) if fd is not None),
                 )
             )
-            fds = (
-                *(fd for fd in (memfd, config_fd, events_fd, limit_fd) if fd is not None),
-                *layer_fds,
-            )
+            fds = tuple(fd for fd in (memfd, config_fd, events_fd, limit_fd) if fd is not None)
             # The cgroup goes and the lease goes back once the sandbox is reaped.
             channel = PipeChannel.spawn(
                 argv if cgroup is None else cgroup.wrap(argv),

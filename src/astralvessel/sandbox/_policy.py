@@ -12,7 +12,6 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
-from typing import Protocol
 
 import attrs
 
@@ -31,7 +30,6 @@ __all__ = [
     "SYSTEM_DIRS",
     "WORKSPACE_DIR",
     "WORKSPACE_LOWER_DIR",
-    "HasFileno",
     "Limits",
     "Mount",
     "Policy",
@@ -318,17 +316,6 @@ def _uid_range(value: UidRange | str | None) -> UidRange | None:
     return None if value is None else UidRange.coerce(value)
 
 
-class HasFileno(Protocol):
-    """What owns a descriptor: ``fileno()`` says its number while the owner is alive."""
-
-    def fileno(self) -> int: ...
-
-
-def _has_fileno(instance: object, attribute: object, value: HasFileno) -> None:
-    if not callable(getattr(value, "fileno", None)):
-        raise UsageError(f"workspace_layer must own a descriptor (fileno()), not {value!r}")
-
-
 @attrs.frozen(kw_only=True)
 class Policy(Relaxations):
     """Everything a backend needs to build one turn's sandbox.
@@ -364,16 +351,6 @@ class Policy(Relaxations):
     #: of ``identity``).
     workspace_lower: Path | None = attrs.field(
         default=None, converter=attrs.converters.optional(Path)
-    )
-    #: Or a frozen layer (a sandbox's workspace tmpfs, read-only, held by the host as a
-    #: detached mount): what owns its descriptor, passed to the backend's launcher at
-    #: its own number and bound where ``workspace_lower`` would be. The policy holds
-    #: the owner, not the number, so a sandbox started ahead (a warm pool outliving
-    #: the snapshot's value) never binds a number closed and reused meanwhile. Set per
-    #: turn by the executor on the backends that pass it (bubblewrap, nsjail); a
-    #: runtime detail, so not part of ``identity``.
-    workspace_layer: HasFileno | None = attrs.field(
-        default=None, validator=attrs.validators.optional(_has_fileno)
     )
     #: The host uids a root host's turns lease from, one per turn (``None``: the
     #: ``ASTRALVESSEL_UID_RANGE`` variable's, else ``DEFAULT_UID_RANGE``). Who the calls

@@ -114,27 +114,12 @@ def hello_message(policy: Policy, options: ServerOptions, *, file_worker_idle: f
         root_identity=policy.root_identity,
         tool_servers=policy.tool_servers,
         # The snapshot's tree the workspace's overlay lies on (None: an empty workspace).
-        workspace_lower=_workspace_lower(policy),
+        workspace_lower=None if policy.workspace_lower is None else str(WORKSPACE_LOWER_DIR),
         file_worker_idle=file_worker_idle,
         memory_events=list(options.memory_events),
         memory_limits=list(options.memory_limits),
         probed=None,
     )
-
-
-#: How the hello names a frozen layer the server inherits (``Policy.workspace_layer``).
-LAYER_FD_PREFIX = "/proc/self/fd/"
-
-
-def _workspace_lower(policy: Policy) -> str | None:
-    """Where the server finds the snapshot's files to lay the workspace's overlay on:
-    the bound tree, or the frozen layer's descriptor it inherits at the host's number
-    (the kernel follows that link to the detached mount; nothing binds it by text)."""
-    if policy.workspace_lower is not None:
-        return str(WORKSPACE_LOWER_DIR)
-    if policy.workspace_layer is not None:
-        return f"{LAYER_FD_PREFIX}{policy.workspace_layer.fileno()}"
-    return None
 
 
 def _probe_key(key: str | None, hello: Hello) -> str | None:
@@ -149,8 +134,6 @@ def _probe_key(key: str | None, hello: Hello) -> str | None:
     settings = {k: v for k, v in hello.fields().items() if k not in _TURN_PLACES}
     settings["drop_uid"] = hello.drop_uid is None
     settings["drop_gid"] = hello.drop_gid is None
-    if (hello.workspace_lower or "").startswith(LAYER_FD_PREFIX):
-        settings["workspace_lower"] = LAYER_FD_PREFIX  # a frozen layer's number matters not
     import json  # here: most hosts never reuse a probe
 
     return key + "\0" + json.dumps(settings, sort_keys=True)

@@ -31,7 +31,6 @@ __all__ = [
     "COPY_ON_WRITE",
     "MECHANISMS",
     "kernel_overlay_problem",
-    "layer_backend",
     "overlay_backend",
     "snapshot_mechanism",
     "upper_layer_listed",
@@ -65,18 +64,6 @@ _KERNEL_FOR = {False: (5, 11), True: (5, 19)}
 def overlay_backend(backend: str) -> bool:
     """Whether ``backend``'s turns open from a snapshot copy-on-write where the host allows."""
     return MECHANISMS.get(backend, "").startswith(COPY_ON_WRITE)
-
-
-#: The backends whose launcher takes a frozen layer's descriptor and binds it as the
-#: overlay's lower layer (``Policy.workspace_layer``): it inherits the descriptor at its
-#: number and resolves ``/proc/self/fd/N`` in itself. Docker's host lays its overlay by
-#: path (``docker/_cow``), untried on a layer: there a frozen snapshot opens by copy.
-_TAKE_THE_LAYER = frozenset({"bubblewrap", "nsjail"})
-
-
-def layer_backend(backend: str) -> bool:
-    """Whether ``backend`` opens a frozen layer's snapshot copy-on-write (else by copy)."""
-    return backend in _TAKE_THE_LAYER
 
 
 def upper_layer_listed(backend: str, *, root: bool | None = None) -> bool:

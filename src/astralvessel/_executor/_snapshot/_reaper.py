@@ -28,10 +28,11 @@ from pathlib import Path
 
 import attrs
 
+from ..._ground import _mounts
 from ..._ground._log import SNAPSHOTS, WARNING, event
 from ..._ground._removal import remove_folder, remove_once
 
-__all__ = ["BUSY_SECONDS", "drain", "enqueue", "enqueue_close", "remove_folder"]
+__all__ = ["BUSY_SECONDS", "drain", "enqueue", "remove_folder"]
 
 #: How long a folder that is busy (EBUSY: Docker's lazy unmount of a copy-on-write
 #: workspace over the tree may still be going) is tried again before it is left.
@@ -46,9 +47,9 @@ class Job:
     """A removal: the folder, what to do just before it goes (give the budget back), and
     for a busy folder tried again, when it may be tried and when it is left.
 
-    ``fd`` (not -1): a frozen layer's detached mount to close instead of a folder to
-    remove (``folder`` is then only its name in a log line). Its last close tears the
-    layer's tmpfs down, which for thousands of files takes as long as removing a tree.
+    ``unmount``: a frozen layer's mount in the folder, detached first (``MNT_DETACH``;
+    a last unmount frees the layer's tmpfs, which for thousands of files takes as long
+    as removing a tree: off the caller's thread too).
     """
 
     folder: Path
@@ -56,7 +57,7 @@ class Job:
     due: float = 0.0  # time.monotonic()
     pause: float = BUSY_PAUSE
     deadline: float | None = None
-    fd: int = -1
+    unmount: Path | None = None
 
     def later(self) -> Job | None:
         """This job once more after a pause (``before`` has run), or None past its time."""
@@ -179,23 +180,18 @@ atexit.register(_at_exit)
 
 
 def enqueue(
-    folder: Path, before: Callable[[], None] | None = None, owner: int | None = None
+    folder: Path,
+    before: Callable[[], None] | None = None,
+    owner: int | None = None,
+    *,
+    unmount: Path | None = None,
 ) -> None:
-    """Remove ``folder`` in the background, calling ``before`` first; nothing in a process
-    other than ``owner`` (a child forked from the host holds copies, not the trees)."""
+    """Remove ``folder`` in the background, calling ``before`` first (and unmounting
+    ``unmount``, a frozen layer's mount in it); nothing in a process other than ``owner``
+    (a child forked from the host holds copies, not the trees)."""
     if owner is not None and os.getpid() != owner:
         return
-    _reaper.put(Job(folder, before))
-
-
-def enqueue_close(
-    fd: int, name: Path, before: Callable[[], None] | None = None, owner: int | None = None
-) -> None:
-    """Close ``fd`` (a frozen layer's mount, shown as ``name``) in the background, calling
-    ``before`` first; nothing in a process other than ``owner``, as ``enqueue``."""
-    if owner is not None and os.getpid() != owner:
-        return
-    _reaper.put(Job(name, before, fd=fd))
+    _reaper.put(Job(folder, before, unmount=unmount))
 
 
 def drain(timeout: float | None = None) -> bool:
@@ -213,7 +209,8 @@ def _run_once(job: Job) -> Job | None:
             if job.before is not None:
                 job.before()
         finally:
-            done = _close(job.fd) if job.fd >= 0 else remove_once(job.folder)
+            _unmount(job)
+            done = remove_once(job.folder)
     except Exception as exc:  # one bad removal must not end the thread
         _failed(job.folder, exc)
         return None
@@ -227,19 +224,18 @@ def _run_inline(job: Job) -> None:
             if job.before is not None:
                 job.before()
         finally:
-            if job.fd >= 0:
-                _close(job.fd)
-            else:
-                left = BUSY_SECONDS if job.deadline is None else job.deadline - time.monotonic()
-                remove_folder(job.folder, max(left, 0.0))
+            _unmount(job)
+            left = BUSY_SECONDS if job.deadline is None else job.deadline - time.monotonic()
+            remove_folder(job.folder, max(left, 0.0))
     except Exception as exc:  # at exit, or in a caller that only dropped a value
         _failed(job.folder, exc)
 
 
-def _close(fd: int) -> bool:
-    """Close a frozen layer's descriptor: done at once, never busy."""
-    os.close(fd)
-    return True
+def _unmount(job: Job) -> None:
+    """Detach the job's frozen layer, once (a busy folder's job comes back): its mount
+    point is then an empty folder, which the folder's removal takes."""
+    if job.unmount is not None and os.path.ismount(job.unmount):
+        _mounts.unmount(str(job.unmount))
 
 
 def _failed(folder: Path, exc: Exception) -> None:

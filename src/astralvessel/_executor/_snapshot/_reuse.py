@@ -75,13 +75,19 @@ class Held:
 def held_files(snapshot: TurnSnapshot) -> dict[bytes, Held]:
     """Every name of ``snapshot`` that is a regular file's bytes, a hard link's included.
 
-    None of a frozen layer's (``_freeze``): its files are on the layer's own tmpfs, which
-    no tree in the store can hard-link across, so they are read, and the capture's
-    estimate counts them (``TreeWriter.link_held`` would refuse each, EXDEV, all the same).
+    A frozen layer's (``_freeze``) are on the layer's own tmpfs, which no tree in the
+    store can hard-link across (EXDEV): its files are those of its copy in the store,
+    made the first time they are wanted (``_freeze.store_copy``), once for all the
+    captures that link from it; none where that copy cannot be made (then read).
     """
-    if snapshot.layer is not None:
-        return {}
     base = os.fsencode(snapshot.path)
+    if snapshot.layer is not None:
+        from ._freeze import store_copy  # here: _freeze builds with what imports this
+
+        copy = store_copy(snapshot)
+        if copy is None:
+            return {}
+        base = os.fsencode(copy)
     files: dict[bytes, Entry] = {}
     held: dict[bytes, Held] = {}
     for entry in snapshot.manifest.entries:
@@ -129,10 +135,11 @@ class Captures:
                 item = listing.get(name)
                 if item is not None and name in held and _stat_of(item) == stat:
                     found[name] = held[name]
-        if self.source is not None:
+        lower = [name for name, item in listing.items() if item.get("lower") is True]
+        if self.source is not None and lower:  # (a frozen source's copy is made only then)
             source = held_files(self.source)
-            for name, item in listing.items():
-                if item.get("lower") is True and name in source:
+            for name in lower:
+                if name in source:
                     found.setdefault(name, source[name])
         return found
 

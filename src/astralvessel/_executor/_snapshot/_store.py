@@ -10,6 +10,7 @@ many trees hard-link it; a snapshot loaded from a file counts against none.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import tempfile
@@ -17,9 +18,11 @@ import threading
 import weakref
 from pathlib import Path
 
+from ..._ground import _mounts
 from ..._ground._leftovers import make_folder
+from ..._ground._removal import remove_folder
 from ...errors import SnapshotError
-from ._reaper import enqueue, enqueue_close
+from ._reaper import enqueue
 
 __all__ = ["Budget", "Inodes", "Reservation", "Tree", "new_folder", "store_root"]
 
@@ -42,6 +45,36 @@ def store_root() -> str:
 def new_folder() -> Path:
     """A fresh private folder in the store, for one tree or one spooled archive."""
     return Path(tempfile.mkdtemp(dir=store_root()))
+
+
+_private = False
+
+
+def _private_store() -> None:
+    """Make the store a private mount, once (``_ground._mounts``: no layer staged in it
+    propagates to the host's peers). Where it cannot be, a layer is staged all the same."""
+    global _private  # noqa: PLW0603 - one store per process
+    root = store_root()
+    with _lock:
+        if not _private:
+            with contextlib.suppress(OSError):
+                _mounts.make_private(root)
+            _private = True
+
+
+def stage_layer(fd: int) -> Path:
+    """Move the frozen layer whose detached mount ``fd`` is onto ``tree`` in a fresh store
+    folder (``_ground._mounts``); return that path. The caller closes ``fd``."""
+    _private_store()
+    folder = new_folder()
+    path = folder / "tree"
+    try:
+        path.mkdir()
+        _mounts.stage(fd, str(path))
+    except BaseException:
+        remove_folder(folder)
+        raise
+    return path
 
 
 #: The regular files a tree holds: (st_dev, st_ino) to the bytes each counts (its size, a
@@ -178,52 +211,46 @@ class Tree:
     """A snapshot's files in the store; the folder goes when this object is collected.
 
     Or a frozen layer (``Tree.frozen``): a sandbox's workspace tmpfs, made read-only in
-    place, held by the descriptor of a detached mount of it; the descriptor is closed
-    when this object is collected, and the kernel frees the layer with its last mount.
+    place and mounted at ``tree`` in a fresh store folder; when this object is collected
+    it is unmounted (the kernel frees the tmpfs with its last mount) and the folder goes.
     """
 
-    #: The frozen layer's detached mount (``Tree.frozen``); None for a folder in the store.
-    fd: int | None = None
-
-    def __init__(self, path: Path, budget: Budget | None, *, fd: int | None = None) -> None:
+    def __init__(self, path: Path, budget: Budget | None, *, mounted: bool = False) -> None:
         self.path = path
-        self.fd = fd
+        #: Whether ``path`` is a frozen layer's mount (``Tree.frozen``), not a folder's files.
+        self.mounted = mounted
         self._budget = budget
         self._inodes: Inodes = {}
         self._lock = threading.Lock()  # hold and remove, one at a time
-        self._finalizer: weakref.finalize[..., Tree]
-        if fd is None:
-            self._finalizer = weakref.finalize(
-                self, _drop, path.parent, budget, self._inodes, os.getpid()
-            )
-        else:
-            self._finalizer = weakref.finalize(
-                self, _drop_frozen, fd, path, budget, self._inodes, os.getpid()
-            )
+        #: A frozen layer's copy in the store, for links (``_freeze.store_copy``): made
+        #: once, under ``copy_lock``, the first time a capture would link from the layer.
+        self.copy: Tree | None = None
+        self.copy_lock = threading.Lock()
+        self._finalizer = weakref.finalize(
+            self, _drop, path.parent, budget, self._inodes, os.getpid(), path if mounted else None
+        )
 
     @classmethod
     def frozen(cls, fd: int, budget: Budget | None) -> Tree:
-        """The tree of a frozen layer: ``fd``, a detached mount of it (open_tree's clone),
-        is this tree's from now on, and closed when it goes.
+        """The tree of a frozen layer whose detached mount (open_tree's clone) ``fd`` is.
 
-        Its path is ``/proc/self/fd/N``, which resolves to the mount's root in this
-        process only, as root and as an ordinary user alike: the host needs no mount
-        of its own (an ordinary user cannot mount in the host's namespace; a mount
-        root moved onto a store folder would outlive a host that died, and propagate
-        to the store's peers), and everything that reads a tree by path (saving,
-        restoring by copy, a later capture's links) reads it unchanged. The path is
-        good only while the tree is alive: the number is reused once it is closed.
-        A child process sees it only where the descriptor is passed at that number.
+        The mount is moved onto ``tree`` in a fresh store folder (``stage_layer``) and
+        ``fd`` closed (here, whatever happens): from then on the layer is an ordinary
+        path, read as any tree in the store is (a turn opened from it binds it; saving,
+        restoring by copy read it), and unmounted, then its folder removed, when this
+        object goes. Root only (``_freeze.freezes_here``): raises ``OSError`` where the
+        mount cannot be moved.
         """
-        os.set_inheritable(fd, False)  # a child gets it only where it is passed on purpose
-        return cls(Path(f"/proc/self/fd/{fd}"), budget, fd=fd)
+        try:
+            path = stage_layer(fd)
+        finally:
+            os.close(fd)
+        return cls(path, budget, mounted=True)
 
-    def fileno(self) -> int:
-        """The frozen layer's descriptor (``Policy.workspace_layer``), open while this
-        tree is alive; ValueError for a folder in the store."""
-        if self.fd is None:
-            raise ValueError("a tree in the store has no descriptor")
-        return self.fd
+    @property
+    def budget(self) -> Budget | None:
+        """The budget the tree's files count on (None: a loaded snapshot's)."""
+        return self._budget
 
     def hold(self, inodes: Inodes, reservation: Reservation | None = None) -> None:
         """Count the tree's files against its budget in place of ``reservation`` (the
@@ -243,16 +270,12 @@ class Tree:
             self._finalizer()
 
 
-def _drop(folder: Path, budget: Budget | None, inodes: Inodes, owner: int) -> None:
+def _drop(
+    folder: Path, budget: Budget | None, inodes: Inodes, owner: int, mount: Path | None = None
+) -> None:
     # The bytes go back when the reaper removes the tree, just before its files go, not
     # when it is queued: the budget bounds the store's disk, and an inode number is never
-    # counted after its file is gone (a new file could reuse it).
+    # counted after its file is gone (a new file could reuse it). A frozen layer's mount
+    # (``mount``) is unmounted first, by the reaper too (a last unmount frees its tmpfs).
     release = functools.partial(budget.release, inodes) if budget is not None else None
-    enqueue(folder, release, owner)
-
-
-def _drop_frozen(fd: int, path: Path, budget: Budget | None, inodes: Inodes, owner: int) -> None:
-    # As a folder's: the bytes go back just before the descriptor is closed, off the
-    # caller's thread (a last close frees the layer's tmpfs, file by file).
-    release = functools.partial(budget.release, inodes) if budget is not None else None
-    enqueue_close(fd, path, release, owner)
+    enqueue(folder, release, owner, unmount=mount)

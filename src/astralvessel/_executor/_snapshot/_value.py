@@ -70,15 +70,9 @@ class TurnSnapshot:
 
     @property
     def layer(self) -> Tree | None:
-        """The frozen layer's tree (it owns the descriptor: ``fileno()``), or None."""
-        return self._tree if self._tree.fd is not None else None
-
-    @property
-    def layer_fd(self) -> int | None:
-        """The detached mount of the frozen layer that holds the files (``_freeze``), or
-        None for a tree in the store. ``path`` then resolves in this process only: a
-        sandbox gets the descriptor, never the path."""
-        return self._tree.fd
+        """The frozen layer's tree (``_freeze``: a sandbox's workspace tmpfs staged at
+        ``path``, whose files no store tree can hard-link across), or None."""
+        return self._tree if self._tree.mounted else None
 
     def save(self, dest: PathOrFile) -> None:
         """Write the portable form (a POSIX pax tar, manifest first) to a path or binary file."""

@@ -157,7 +157,6 @@ def lower_workspace(config: Hello, plan: _launch.LaunchPlan, workspace: str) -> 
             why = True
         except OSError as exc:
             why = f"cannot mount the workspace's overlay: {exc}"
-    _lowerfs.release_layer(lower)
     return {"workspace_lower": why}, upper
 
 

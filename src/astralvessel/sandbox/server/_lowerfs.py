@@ -157,9 +157,7 @@ def in_initial_userns() -> bool:
 
 
 def overlay_workspace(workspace: str, lower: str, uid: int | None, gid: int | None) -> int:
-    """Mount the overlay of ``lower`` (the snapshot's bound tree, or a frozen layer's
-    descriptor as ``/proc/self/fd/N``, which the kernel follows to its mount) on
-    ``workspace``.
+    """Mount the overlay of ``lower`` (the snapshot's bound tree) on ``workspace``.
 
     ``uid``/``gid``: the calls' host identity (None: the server's own, which
     owns the store already). Returns a descriptor of the upper layer, opened
@@ -175,30 +173,11 @@ def overlay_workspace(workspace: str, lower: str, uid: int | None, gid: int | No
     except OSError:
         _undo(layers)
         raise
-    if layer_fd(lower) is not None:
-        return upper  # a frozen layer's descriptor: the caller closes it (``release_layer``)
     # The overlay holds its layers; the bind's own mount point is covered, so the tree is
     # reached through the overlay alone.
     cover = _sys.MS_RDONLY | _sys.MS_NOSUID | _sys.MS_NODEV | _sys.MS_NOEXEC
     _sys.mount("none", lower, "tmpfs", cover, "size=4k,mode=0555")
     return upper
-
-
-def layer_fd(lower: str) -> int | None:
-    """The descriptor ``lower`` names (``/proc/self/fd/N``: a frozen layer, a detached
-    mount the host passed in at its number), or None for a bound tree."""
-    prefix = "/proc/self/fd/"
-    number = lower[len(prefix) :] if lower.startswith(prefix) else ""
-    return int(number) if number.isdigit() else None
-
-
-def release_layer(lower: str) -> None:
-    """Close a frozen layer's descriptor once the overlay holds the layer (or could not):
-    no call inherits it, and the server holds no mount of the host's it does not use."""
-    fd = layer_fd(lower)
-    if fd is not None:
-        with suppress(OSError):
-            os.close(fd)
 
 
 def _lay(workspace: str, layers: str, lower: str, uid: int | None, gid: int | None) -> int:
