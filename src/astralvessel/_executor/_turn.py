@@ -536,7 +536,9 @@ class BaseTurn(Closing, Generic[_Owner]):
         if unchanged is not None:
             return unchanged
         policy = self._context.policy
-        if not policy.writable_root:  # whose capture refuses, and whose layers the freeze does
+        # A turn whose capture would link (a snapshot of it alive, or its source's files)
+        # copies only what changed: its freeze would count the whole workspace again.
+        if not policy.writable_root and not self._captures.linkable():
             session = yield from _Session(self)
             if freezes_here(session.backend):
                 budget = self.executor.snapshot_budget

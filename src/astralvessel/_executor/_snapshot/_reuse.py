@@ -143,6 +143,12 @@ class Captures:
                     found.setdefault(name, source[name])
         return found
 
+    def linkable(self) -> bool:
+        """Whether a capture now could link files the store holds (a last capture alive,
+        or a source): then it copies only what changed, where a frozen layer would hold
+        the whole workspace again on the budget."""
+        return self.source is not None or self._newest()[1] is not None
+
     def _newest(self) -> tuple[_Last | None, TurnSnapshot | None]:
         self._captures = [last for last in self._captures if last.snapshot() is not None]
         for last in reversed(self._captures):

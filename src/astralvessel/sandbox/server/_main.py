@@ -276,6 +276,8 @@ class Server:
             self.disk_path = workspace
         # The overlay first: the outbox and the writable root's layers are made in it.
         lowered, upper = _hello.lower_workspace(config, plan, workspace)
+        if lowered.get("workspace_lower") is True:
+            _hello.clear_lower_outbox(outbox)
         _hello.prepare_workspace(workspace, outbox, config.drop_uid, config.drop_gid)
         relaxations = {**lowered, **_hello.relaxations(config, plan, workspace)}
         self.outbox = outbox
