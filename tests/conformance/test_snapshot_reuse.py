@@ -137,7 +137,7 @@ def _linked_from(source: TurnSnapshot) -> TurnSnapshot | Path:
     return layer.copy.path
 
 
-def test_the_snapshots_of_a_fresh_turns_forks_link_the_same_files(executor: Executor):
+def test_the_snapshots_of_a_fresh_turns_forks_link_the_same_files(executor: Executor) -> None:
     """A fresh turn's forks (its workspace frozen in place, where the backend does) each
     snapshot: every unchanged file is one inode in all their trees, as when they opened
     from a tree in the store: the whole workspace is copied once at most, not per fork."""

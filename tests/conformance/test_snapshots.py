@@ -422,7 +422,7 @@ def test_a_fork_nested_900_folders_deep_is_snapshotted_whole(executor: Executor)
         assert run_script(restored, _LISTING) == before
 
 
-def test_a_forks_outbox_holds_none_of_its_parents_files(executor: Executor):
+def test_a_forks_outbox_holds_none_of_its_parents_files(executor: Executor) -> None:
     """A snapshot leaves the outbox out, so a fork's starts empty, whether it opened from
     a store tree or a frozen layer (the parent's whole workspace, its outbox included)."""
     with executor.turn() as parent:

@@ -218,3 +218,22 @@ def test_a_dead_hosts_tree_with_folders_it_cannot_write_goes(tmp_path: Path) -> 
     locked.chmod(0o555)
     assert _leftovers.remove_leftovers("snapshots", str(tmp_path)) == 1
     assert not dead.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root host stages frozen layers")
+def test_a_dead_root_hosts_store_is_unmounted_before_it_goes(tmp_path: Path) -> None:
+    """A root host stages frozen layers in its store (a private mount of its own, each
+    layer a read-only tmpfs under it): the sweep detaches them, then removes the folder."""
+    from astralvessel._ground import _mounts
+
+    store = tmp_path / "astralvessel-snapshots-4194303-1-dead"
+    tree = store / "tmpx" / "tree"
+    tree.mkdir(parents=True)
+    _mounts.make_private(str(store))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=755", "none", str(tree)], check=True)
+    (tree / "f").write_bytes(b"layer")
+    subprocess.run(["mount", "-o", "remount,ro", str(tree)], check=True)
+    assert _mounts.mounts_under(str(store)) == [str(tree), str(store)]
+    assert _leftovers.remove_leftovers("snapshots", str(tmp_path)) == 1
+    assert _mounts.mounts_under(str(store)) == []
+    assert not store.exists()

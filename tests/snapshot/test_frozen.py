@@ -28,7 +28,7 @@ from astralvessel._executor._snapshot._capture import capture
 from astralvessel._executor._snapshot._freeze import snapshot_frozen
 from astralvessel._executor._snapshot._reaper import drain
 from astralvessel._executor._snapshot._reuse import Captures, Held, held_files
-from astralvessel._executor._snapshot._store import Budget
+from astralvessel._executor._snapshot._store import Budget, Tree
 from astralvessel.sandbox import FsReply, FsRequest
 
 from .conftest import ROOMY, make_tree
@@ -100,6 +100,11 @@ def _gone(fd: int, device: int) -> bool:
     """Whether the host holds the layer of ``device`` no more: its descriptor closed and
     no mount of it left (its staged folder unmounted)."""
     return _closed(fd, device) and not _mounted(device)
+
+
+def _copy_of(layer: Tree) -> Tree | None:
+    """The layer's store copy as it is now (a call, so a check before does not narrow it)."""
+    return layer.copy
 
 
 def _sh(turn: Any, script: str) -> str:
@@ -305,8 +310,9 @@ def test_a_capture_over_a_frozen_layer_links_from_its_store_copy(tmp_path: Path)
     (tree / "kept").write_bytes(b"kept bytes")
     budget = Budget(1 << 20)
     source = _snapshot(frozen_layer(tree), budget)
-    assert source.layer is not None
-    assert source.layer.copy is None  # no copy until a capture would link
+    layer = source.layer
+    assert layer is not None
+    assert _copy_of(layer) is None  # no copy until a capture would link
     listing = [
         {"name": "kept", "kind": "file", "mode": 0o644, "size": 10, "target": None,
          "lower": True},
@@ -322,7 +328,7 @@ def test_a_capture_over_a_frozen_layer_links_from_its_store_copy(tmp_path: Path)
         )
         for _ in range(3)
     ]  # fmt: skip
-    copy = source.layer.copy
+    copy = _copy_of(layer)
     assert copy is not None
     kept = os.stat(copy.path / "kept")
     assert kept.st_dev != os.stat(source.path).st_dev
