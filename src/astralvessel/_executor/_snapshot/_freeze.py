@@ -38,10 +38,10 @@ from ...sandbox._policy import OUTBOX_DIR, WORKSPACE_DIR
 from ...sandbox.server import _snapfiles
 from ._build import TreeWriter
 from ._capture import checked_shape, too_many_names
-from ._manifest import Entry, EntryKind, Manifest, show
+from ._manifest import Entry, EntryKind, Manifest
 from ._reuse import with_digests
 from ._store import Budget, Inodes, Tree, new_folder
-from ._tree import CHUNK, hash_file, open_regular
+from ._tree import hash_file, open_regular
 from ._value import TurnSnapshot
 
 __all__ = ["freeze_snapshot", "freezes_here", "snapshot_frozen", "store_copy"]
@@ -230,17 +230,6 @@ def _write(writer: TreeWriter, base: bytes, entry: Entry) -> None:
     else:
         fd = open_regular(base + b"/" + entry.name, entry.name, replaced="is not a file")
         try:
-            offset = 0
-            while offset < entry.size:
-                chunk = os.read(fd, min(CHUNK, entry.size - offset))
-                if not chunk:
-                    raise SnapshotError(f"{show(entry.name)} changed size while it was read")
-                writer.piece(entry, offset, memoryview(chunk))
-                offset += len(chunk)
+            writer.copy(entry, fd)
         finally:
             os.close(fd)
-    if (
-        entry.kind is EntryKind.FILE
-        and writer.digests.get(entry.name, entry.digest) != entry.digest
-    ):
-        raise SnapshotError(f"{show(entry.name)} changed while it was copied")
