@@ -183,3 +183,32 @@ def test_a_fork_of_a_linked_snapshot_changes_no_tree(executor: Executor):
     for snapshot in (first, second):
         assert scan_tree(snapshot.path, **bounds).content_id == snapshot.content_id
     assert (first.path / "keep").read_bytes() == b"base"
+
+
+def test_a_fresh_turns_snapshot_after_its_fork_links_what_it_did_not_change(
+    executor: Executor,
+) -> None:
+    """The parent writes on after its fork (above a frozen layer, where the backend
+    freezes): its next snapshot links every file it did not change, as a fork's does,
+    and reads what it changed."""
+    with executor.turn() as parent:
+        run_script(parent, _MAKE)
+        (fork,) = parent.fork(1)
+        fork.close()
+        source = fork.snapshot_source
+        assert source is not None
+        run_script(parent, "cd /workspace && printf FILE-0 > d/0")
+        taken = parent.snapshot()
+        assert (taken.path / "d/0").read_bytes() == b"FILE-0"
+        if source.layer is not None and upper_layer_listed(executor.sandbox.name):
+            linked = _linked_from(source)
+            assert _inode(taken, "keep") == _inode(linked, "keep")
+            assert _inode(taken, "d/1") == _inode(linked, "d/1")
+            assert _inode(taken, "d/0") != _inode(linked, "d/0")
+        _holds_what_it_shows(executor, parent, taken)
+        run_script(parent, _FOOL)
+        again = parent.snapshot()
+        assert (again.path / "d/1").read_bytes() == b"file-2"
+        assert (again.path / "e/2").read_bytes() == b"FILE-e2"
+        assert sorted(os.listdir(again.path / "e")) == ["2"]
+        _holds_what_it_shows(executor, parent, again)

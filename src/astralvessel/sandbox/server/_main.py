@@ -213,7 +213,12 @@ class Server:
             lambda: (
                 self._calls_running()
                 or _freeze.answer(
-                    config, plan, self.path_map, message.upper_bytes, self._after_freeze
+                    config,
+                    plan,
+                    self.path_map,
+                    message.upper_bytes,
+                    self._after_freeze,
+                    upper_to=self._upper_after_freeze,
                 )
             ),
         )
@@ -244,6 +249,13 @@ class Server:
         if spawner is not None and spawner.spare is not None:
             spawner.close_spare()
             self.refill_at = time.monotonic() + _REFILL_DELAY
+
+    def _upper_after_freeze(self, upper: int) -> None:
+        """The frozen workspace's new upper layer, for the file worker's listing (as a
+        turn opened on a snapshot's tree gives it): a snapshot then marks every file it
+        does not hold the frozen layer's, which the host links rather than reads."""
+        options = self.files.options
+        self.files.options = {**options, "context": {**options["context"], "upper": upper}}
 
     def _cancel(self, call_id: int, message: _messages.Cancel, body: bytes) -> None:
         call = self.calls.get(call_id)
