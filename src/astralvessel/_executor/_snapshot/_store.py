@@ -10,6 +10,7 @@ many trees hard-link it; a snapshot loaded from a file counts against none.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import os
@@ -59,7 +60,15 @@ def _private_store() -> None:
         if not _private:
             with contextlib.suppress(OSError):
                 _mounts.make_private(root)
+                # At exit, the store's mount goes with what is staged under it (the
+                # reaper then removes plain folders); not in a forked child's exit.
+                atexit.register(_unmount_store, root, os.getpid())
             _private = True
+
+
+def _unmount_store(root: str, owner: int) -> None:
+    if os.getpid() == owner:
+        _mounts.unmount(root)
 
 
 def stage_layer(fd: int) -> Path:
