@@ -553,8 +553,9 @@ class BaseTurn(Closing, Generic[_Owner]):
                 )
                 if frozen is not None:
                     # The turn writes on above the layer: a capture of it links what it
-                    # did not change from the layer's store copy, as a fork's does.
-                    self._captures.source = frozen
+                    # did not change from the layer's store copy, as a fork's does
+                    # (while a fork keeps the layer: the turn holds it weakly).
+                    self._captures.frozen(frozen)
                     return frozen
         return (yield from self._files(self._capture_plan()))
 

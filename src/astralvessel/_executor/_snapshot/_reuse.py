@@ -124,6 +124,18 @@ class Captures:
     def __init__(self, source: TurnSnapshot | None) -> None:
         self.source = source
         self._captures: list[_Last] = []
+        #: The frozen layer the turn now writes above (its fork's source), held weakly too.
+        self._frozen: weakref.ref[TurnSnapshot] | None = None
+
+    def frozen(self, snapshot: TurnSnapshot) -> None:
+        """The turn's workspace was frozen as ``snapshot`` and it writes on above it: the
+        files a capture marks the lower layer's are that snapshot's, while it lives."""
+        self._frozen = weakref.ref(snapshot)
+
+    def _source(self) -> TurnSnapshot | None:
+        if self.source is not None:
+            return self.source
+        return None if self._frozen is None else self._frozen()
 
     def reusable(self, listing: dict[bytes, dict[str, object]]) -> dict[bytes, Held]:
         """The held file each listed name may link to (before the size and mode checks)."""
@@ -136,8 +148,9 @@ class Captures:
                 if item is not None and name in held and _stat_of(item) == stat:
                     found[name] = held[name]
         lower = [name for name, item in listing.items() if item.get("lower") is True]
-        if self.source is not None and lower:  # (a frozen source's copy is made only then)
-            source = held_files(self.source)
+        origin = self._source() if lower else None  # (a frozen layer's copy: only then)
+        if origin is not None:
+            source = held_files(origin)
             for name in lower:
                 if name in source:
                     found.setdefault(name, source[name])
@@ -147,7 +160,7 @@ class Captures:
         """Whether a capture now could link files the store holds (a last capture alive,
         or a source): then it copies only what changed, where a frozen layer would hold
         the whole workspace again on the budget."""
-        return self.source is not None or self._newest()[1] is not None
+        return self._source() is not None or self._newest()[1] is not None
 
     def _newest(self) -> tuple[_Last | None, TurnSnapshot | None]:
         self._captures = [last for last in self._captures if last.snapshot() is not None]
