@@ -65,7 +65,7 @@ from typing import Any
 
 from astralvessel import Executor, Registry
 from astralvessel._executor._snapshot._reaper import drain
-from astralvessel._executor._snapshot._store import MIB
+from astralvessel._executor._snapshot._store import MIB, store_root
 from astralvessel.executor import _close_pools as close_pools
 from astralvessel.sandbox import Limits
 
@@ -113,13 +113,18 @@ def row(  # noqa: PLR0917 - the table's columns, in order
 
 def own_bytes(tree: Path) -> int:
     """The disk a snapshot's tree adds to the store: the blocks of its folders and of the
-    files no other tree shares (a shared file is a hard link, with more than one link)."""
+    files no other tree shares (a shared file is a hard link, with more than one link).
+    Only the store's own filesystem's: a frozen layer staged there (a fresh turn's fork,
+    as root on bubblewrap and nsjail) is the sandbox's workspace tmpfs, memory the turn
+    held already, not disk."""
     total = 0
+    disk = os.stat(store_root()).st_dev
     for folder, _folders, files in os.walk(tree):
-        total += os.lstat(folder).st_blocks * 512
+        info = os.lstat(folder)
+        total += info.st_blocks * 512 if info.st_dev == disk else 0
         for name in files:
             info = os.lstat(os.path.join(folder, name))
-            if info.st_nlink == 1:
+            if info.st_nlink == 1 and info.st_dev == disk:
                 total += info.st_blocks * 512
     return total
 
