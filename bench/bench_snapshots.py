@@ -20,11 +20,12 @@ row says ``(1 run)``; a row has a verdict only where the issue sets a target:
   cases: (i) a turn opened from the snapshot that then changed ``--changed``
   MiB (100 files, one per folder: the tree-search case), whose snapshot links
   every file its upper layer does not hold; (ii) a fresh turn's first fork,
-  which must copy its files once (its row says so; a second fork of it links
-  them). Then the time until each of the first ``--started`` forks has served
-  a call: copy-on-write on bubblewrap and nsjail (an overlay on the snapshot's
-  tree: a mount, not a copy), a copy of the whole workspace into its tmpfs on
-  Docker.
+  which copies its files once (its row says so; a second fork of it links
+  them), or as root on bubblewrap and nsjail freezes the workspace's tmpfs in
+  place and copies nothing (its disk row counts the store's filesystem only).
+  Then the time until each of the first ``--started`` forks has served a call:
+  copy-on-write on bubblewrap and nsjail (an overlay on the snapshot's tree: a
+  mount, not a copy), a copy of the whole workspace into its tmpfs on Docker.
 - ``budget``: what each ``fork(N)`` adds to the executor's snapshot budget
   against its snapshot's files (a file the store holds already counts once).
 - ``drop a snapshot``: the time its last value takes to drop in the caller's
@@ -244,7 +245,10 @@ def bench(  # noqa: PLR0917 - the command line's options, in order
                 started,
                 runs,
             )
-        print("  * a fresh turn's first fork copies its files once; its next forks link them")
+        print(
+            "  * a fresh turn's first fork copies its files once (as root on bubblewrap and"
+            " nsjail, freezes them in place: no copy); its next forks link them"
+        )
 
         figures = fork_first_calls(turn, runs)
         drop_row(turn)

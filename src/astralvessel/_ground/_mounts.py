@@ -7,13 +7,18 @@ layer) only in the mount namespace it was cloned in. So the host (root) moves it
 onto a folder of its store (``move_mount``) and closes the descriptor: from then
 on it is an ordinary path, bound by a fork's launcher as any tree in the store.
 
-The store folder is made a private mount of its own first (bound onto itself,
-then ``MS_PRIVATE``), once per process: on a host whose ``/`` is a shared mount
-(systemd makes it so) a mount under the store would otherwise propagate to every
-peer and slave mount namespace (each sandbox's launcher makes its ``/`` a slave
-of the host's), a copy per running sandbox for each layer staged, and each
-unmount again. A host that dies leaves these mounts: the sweep of its store
-(``_leftovers``) unmounts what it finds under a folder before removing it.
+On a host whose ``/`` is a shared mount (systemd makes it so) a mount under
+the store would propagate to every peer and slave mount namespace (each
+sandbox's launcher makes its ``/`` a slave of the host's): a copy per running
+sandbox for each layer staged (a fork(100) starts a hundred), and each unmount
+again. So there, once per process, the store folder is made a private mount of
+its own first (bound onto itself, then ``MS_PRIVATE``): only that bind
+propagates, once (and its copies in the namespaces of that moment stay there
+until they end: a private mount's unmount does not reach them). Where the
+store's mount is not shared (most containers) nothing needs it, and no bind is
+made. The store's mount is detached at the host's exit; a host that dies
+leaves these mounts: the sweep of its store (``_leftovers``) unmounts what it
+finds under a folder before removing it.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import ctypes
 import os
 from typing import Any
 
-__all__ = ["make_private", "mounts_under", "stage", "unmount", "unmount_under"]
+__all__ = ["make_private", "mounts_under", "propagates", "stage", "unmount", "unmount_under"]
 
 _SYS_MOVE_MOUNT = 429  # the same on every architecture (Linux 5.2 onwards)
 _AT_FDCWD = -100
@@ -58,6 +63,25 @@ def make_private(folder: str) -> None:
     except OSError:
         unmount(folder)
         raise
+
+
+def propagates(folder: str) -> bool:
+    """Whether a mount made under ``folder`` would propagate: the mount it is on is
+    shared (``shared:N`` in its ``mountinfo`` line; systemd makes ``/`` so, a container's
+    ``/`` is mostly private). False where that cannot be read."""
+    base = os.path.realpath(folder)
+    best, shared = "", False
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo") as handle:
+        for line in handle:
+            fields = line.split(" ")
+            if len(fields) < 7:
+                continue
+            point = _unescape(fields[4])
+            inside = base == point or base.startswith(point.rstrip("/") + "/")
+            if inside and len(point) >= len(best):
+                optional = fields[6 : fields.index("-")] if "-" in fields else []
+                best, shared = point, any(tag.startswith("shared:") for tag in optional)
+    return shared
 
 
 def stage(fd: int, target: str) -> None:

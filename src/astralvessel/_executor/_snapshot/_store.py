@@ -52,18 +52,19 @@ _private = False
 
 
 def _private_store() -> None:
-    """Make the store a private mount, once (``_ground._mounts``: no layer staged in it
-    propagates to the host's peers). Where it cannot be, a layer is staged all the same."""
+    """Make the store a private mount, once, where a mount in it would propagate
+    (``_ground._mounts``: no layer staged in it reaches the host's peers and slaves).
+    Where it cannot be, a layer is staged all the same."""
     global _private  # noqa: PLW0603 - one store per process
     root = store_root()
     with _lock:
-        if not _private:
+        if not _private and _mounts.propagates(root):
             with contextlib.suppress(OSError):
                 _mounts.make_private(root)
                 # At exit, the store's mount goes with what is staged under it (the
                 # reaper then removes plain folders); not in a forked child's exit.
                 atexit.register(_unmount_store, root, os.getpid())
-            _private = True
+        _private = True
 
 
 def _unmount_store(root: str, owner: int) -> None:
