@@ -361,3 +361,28 @@ def test_a_layers_own_file_is_never_linked(tmp_path: Path) -> None:
     finally:
         writer.close()
     assert not (tmp_path / "new" / "kept").exists()
+
+
+def test_a_layer_that_cannot_be_staged_leaves_the_fork_to_a_capture(
+    executor: Executor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The workspace is frozen, but the host cannot move the layer into its store (a
+    kernel's refusal): the layer goes with its descriptor, and the fork's snapshot is a
+    capture of the turn's overlay, with the same files."""
+    from astralvessel._executor._snapshot import _store
+
+    def refused(fd: int) -> Path:
+        raise PermissionError(1, "move_mount refused")
+
+    monkeypatch.setattr(_store, "stage_layer", refused)
+    with executor.turn() as parent:
+        _sh(parent, "cd /workspace && echo kept > kept")
+        (fork,) = parent.fork(1)
+        source = fork.snapshot_source
+        assert source is not None
+        assert source.layer is None
+        assert (source.path / "kept").read_bytes() == b"kept\n"
+        with fork:
+            assert _sh(fork, "cat /workspace/kept") == "kept\n"
+        _sh(parent, "cd /workspace && echo more >> kept")
+        assert _sh(parent, "cat /workspace/kept") == "kept\nmore\n"

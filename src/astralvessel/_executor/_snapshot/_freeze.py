@@ -44,7 +44,7 @@ from ._store import Budget, Inodes, Tree, new_folder
 from ._tree import hash_file, open_regular
 from ._value import TurnSnapshot
 
-__all__ = ["freeze_snapshot", "freezes_here", "snapshot_frozen", "store_copy"]
+__all__ = ["Unstaged", "freeze_snapshot", "freezes_here", "snapshot_frozen", "store_copy"]
 
 #: The backends whose sandbox the host can ask for a freeze (a local server process).
 _FREEZES = frozenset({"bubblewrap", "nsjail"})
@@ -86,7 +86,7 @@ def snapshot_frozen(
     try:
         tree = Tree.frozen(fd, budget)
     except OSError as exc:
-        raise SnapshotError(f"the frozen workspace cannot be staged: {exc}") from exc
+        raise Unstaged(f"the frozen workspace cannot be staged: {exc}") from exc
     try:
         listing = _listing(tree.path.as_posix(), outbox, max_files)
         shape = checked_shape(listing, max_bytes=max_bytes, max_files=max_files)
@@ -98,6 +98,10 @@ def snapshot_frozen(
         if isinstance(exc, OSError):
             raise SnapshotError(f"the frozen workspace cannot be read: {exc}") from exc
         raise
+
+
+class Unstaged(SnapshotError):
+    """The layer could not be moved into the store (not root, a kernel's refusal)."""
 
 
 def _checked_layer(fd: int) -> int:
@@ -173,7 +177,10 @@ def freeze_snapshot(
         fd = freeze(session, upper_bytes)
     except OSError:
         return None  # as it was, or frozen with the clone lost: a capture reads the overlay
-    return snapshot_frozen(fd, budget=budget, max_bytes=max_bytes, max_files=max_files)
+    try:
+        return snapshot_frozen(fd, budget=budget, max_bytes=max_bytes, max_files=max_files)
+    except Unstaged:
+        return None  # the layer is gone with its descriptor: a capture reads the overlay
 
 
 def store_copy(snapshot: TurnSnapshot) -> Path | None:
