@@ -20,11 +20,12 @@ row says ``(1 run)``; a row has a verdict only where the issue sets a target:
   cases: (i) a turn opened from the snapshot that then changed ``--changed``
   MiB (100 files, one per folder: the tree-search case), whose snapshot links
   every file its upper layer does not hold; (ii) a fresh turn's first fork,
-  which must copy its files once (its row says so; a second fork of it links
-  them). Then the time until each of the first ``--started`` forks has served
-  a call: copy-on-write on bubblewrap and nsjail (an overlay on the snapshot's
-  tree: a mount, not a copy), a copy of the whole workspace into its tmpfs on
-  Docker.
+  which copies its files once (its row says so; a second fork of it links
+  them), or as root on bubblewrap and nsjail freezes the workspace's tmpfs in
+  place and copies nothing (its disk row counts the store's filesystem only).
+  Then the time until each of the first ``--started`` forks has served a call:
+  copy-on-write on bubblewrap and nsjail (an overlay on the snapshot's tree: a
+  mount, not a copy), a copy of the whole workspace into its tmpfs on Docker.
 - ``budget``: what each ``fork(N)`` adds to the executor's snapshot budget
   against its snapshot's files (a file the store holds already counts once).
 - ``drop a snapshot``: the time its last value takes to drop in the caller's
@@ -65,7 +66,7 @@ from typing import Any
 
 from astralvessel import Executor, Registry
 from astralvessel._executor._snapshot._reaper import drain
-from astralvessel._executor._snapshot._store import MIB
+from astralvessel._executor._snapshot._store import MIB, store_root
 from astralvessel.executor import _close_pools as close_pools
 from astralvessel.sandbox import Limits
 
@@ -113,13 +114,18 @@ def row(  # noqa: PLR0917 - the table's columns, in order
 
 def own_bytes(tree: Path) -> int:
     """The disk a snapshot's tree adds to the store: the blocks of its folders and of the
-    files no other tree shares (a shared file is a hard link, with more than one link)."""
+    files no other tree shares (a shared file is a hard link, with more than one link).
+    Only the store's own filesystem's: a frozen layer staged there (a fresh turn's fork,
+    as root on bubblewrap and nsjail) is the sandbox's workspace tmpfs, memory the turn
+    held already, not disk."""
     total = 0
+    disk = os.stat(store_root()).st_dev
     for folder, _folders, files in os.walk(tree):
-        total += os.lstat(folder).st_blocks * 512
+        info = os.lstat(folder)
+        total += info.st_blocks * 512 if info.st_dev == disk else 0
         for name in files:
             info = os.lstat(os.path.join(folder, name))
-            if info.st_nlink == 1:
+            if info.st_nlink == 1 and info.st_dev == disk:
                 total += info.st_blocks * 512
     return total
 
@@ -239,7 +245,10 @@ def bench(  # noqa: PLR0917 - the command line's options, in order
                 started,
                 runs,
             )
-        print("  * a fresh turn's first fork copies its files once; its next forks link them")
+        print(
+            "  * a fresh turn's first fork copies its files once (as root on bubblewrap and"
+            " nsjail, freezes them in place: no copy); its next forks link them"
+        )
 
         figures = fork_first_calls(turn, runs)
         drop_row(turn)

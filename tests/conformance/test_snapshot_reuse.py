@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 from astralvessel import Executor, Turn, TurnSnapshot
 from astralvessel._executor._snapshot._mechanism import upper_layer_listed
@@ -48,8 +49,9 @@ _FOOL = (
 )
 
 
-def _inode(snapshot: TurnSnapshot, name: str) -> int:
-    return os.stat(snapshot.path / name).st_ino
+def _inode(snapshot: TurnSnapshot | Path, name: str) -> int:
+    base = snapshot if isinstance(snapshot, Path) else snapshot.path
+    return os.stat(base / name).st_ino
 
 
 def _holds_what_it_shows(executor: Executor, turn: Turn, snapshot: TurnSnapshot) -> None:
@@ -118,9 +120,46 @@ def test_a_forks_snapshot_links_only_what_it_did_not_change(executor: Executor):
         assert (taken.path / "e/2").read_bytes() == b"FILE-e2"
         assert sorted(os.listdir(taken.path / "e")) == ["2"]
         if upper_layer_listed(executor.sandbox.name):
-            assert _inode(taken, "keep") == _inode(source, "keep")
-            assert _inode(taken, "d/2") == _inode(source, "d/2")
+            linked = _linked_from(source)
+            assert _inode(taken, "keep") == _inode(linked, "keep")
+            assert _inode(taken, "d/2") == _inode(linked, "d/2")
         _holds_what_it_shows(executor, fork, taken)
+
+
+def _linked_from(source: TurnSnapshot) -> TurnSnapshot | Path:
+    """Where a snapshot over ``source`` links its unchanged files from: its tree, or for
+    a frozen layer (a fresh turn's fork as root, bubblewrap and nsjail), the layer's copy
+    in the store (another filesystem's files cannot be hard-linked)."""
+    layer = source.layer
+    if layer is None:
+        return source
+    assert layer.copy is not None
+    return layer.copy.path
+
+
+def test_the_snapshots_of_a_fresh_turns_forks_link_the_same_files(executor: Executor) -> None:
+    """A fresh turn's forks (its workspace frozen in place, where the backend does) each
+    snapshot: every unchanged file is one inode in all their trees, as when they opened
+    from a tree in the store: the whole workspace is copied once at most, not per fork."""
+    with executor.turn() as parent:
+        run_script(parent, _MAKE)
+        forks = parent.fork(3)
+    source = forks[0].snapshot_source
+    assert source is not None
+    taken = []
+    for index, fork in enumerate(forks):
+        assert fork.snapshot_source is source
+        with fork:
+            run_script(fork, f"cd /workspace && printf fork-{index} > d/0 && printf x > new")
+            taken.append(fork.snapshot())
+            _holds_what_it_shows(executor, fork, taken[-1])
+    for index, snapshot in enumerate(taken):
+        assert (snapshot.path / "d/0").read_bytes() == f"fork-{index}".encode()
+    if upper_layer_listed(executor.sandbox.name):
+        for name in ("keep", "d/1", "e/4"):
+            assert len({_inode(snapshot, name) for snapshot in taken}) == 1, name
+            assert _inode(taken[0], name) == _inode(_linked_from(source), name)
+        assert len({_inode(snapshot, "d/0") for snapshot in taken}) == 3
 
 
 def test_a_fork_of_a_linked_snapshot_changes_no_tree(executor: Executor):
@@ -144,3 +183,32 @@ def test_a_fork_of_a_linked_snapshot_changes_no_tree(executor: Executor):
     for snapshot in (first, second):
         assert scan_tree(snapshot.path, **bounds).content_id == snapshot.content_id
     assert (first.path / "keep").read_bytes() == b"base"
+
+
+def test_a_fresh_turns_snapshot_after_its_fork_links_what_it_did_not_change(
+    executor: Executor,
+) -> None:
+    """The parent writes on after its fork (above a frozen layer, where the backend
+    freezes): its next snapshot links every file it did not change, as a fork's does,
+    and reads what it changed."""
+    with executor.turn() as parent:
+        run_script(parent, _MAKE)
+        (fork,) = parent.fork(1)
+        fork.close()
+        source = fork.snapshot_source
+        assert source is not None
+        run_script(parent, "cd /workspace && printf FILE-0 > d/0")
+        taken = parent.snapshot()
+        assert (taken.path / "d/0").read_bytes() == b"FILE-0"
+        if source.layer is not None and upper_layer_listed(executor.sandbox.name):
+            linked = _linked_from(source)
+            assert _inode(taken, "keep") == _inode(linked, "keep")
+            assert _inode(taken, "d/1") == _inode(linked, "d/1")
+            assert _inode(taken, "d/0") != _inode(linked, "d/0")
+        _holds_what_it_shows(executor, parent, taken)
+        run_script(parent, _FOOL)
+        again = parent.snapshot()
+        assert (again.path / "d/1").read_bytes() == b"file-2"
+        assert (again.path / "e/2").read_bytes() == b"FILE-e2"
+        assert sorted(os.listdir(again.path / "e")) == ["2"]
+        _holds_what_it_shows(executor, parent, again)

@@ -115,14 +115,18 @@ def test_a_fork_changes_neither_the_snapshots_tree_nor_its_siblings(executor: Ex
     snapshot = tamperer.snapshot_source
     assert snapshot is not None
     bounds = {"max_bytes": 1 << 30, "max_files": 1000}
-    assert scan_tree(snapshot.path, **bounds).content_id == snapshot.content_id
+    held = scan_tree(snapshot.path, **bounds).content_id
+    if snapshot.layer is None:
+        assert held == snapshot.content_id
+    # else a frozen layer: the turn's whole workspace, its outbox too (which the snapshot
+    # leaves out, and a turn opened from it clears in its overlay)
     with tamperer, sibling:
         assert run_script(sibling, _LISTING) == before  # the sibling's sandbox runs first
         run_script(tamperer, _TAMPER)
         seen = run_script(tamperer, "cd /workspace && ls && stat -c %a kept && cat kept")
         assert seen == "away\ndeep\nempty2\nkept\nkept.hard\noutbox\nsetid\n777\nkept\nchanged\n"
         assert run_script(tamperer, "find /workspace -perm /6000") == ""
-        assert scan_tree(snapshot.path, **bounds).content_id == snapshot.content_id
+        assert scan_tree(snapshot.path, **bounds).content_id == held
         assert run_script(sibling, _LISTING) == before
     with executor.turn(snapshot=snapshot) as again:
         assert run_script(again, _LISTING) == before
@@ -416,3 +420,15 @@ def test_a_fork_nested_900_folders_deep_is_snapshotted_whole(executor: Executor)
     assert snapshot.file_count == 900 + 3
     with executor.turn(snapshot=snapshot) as restored:
         assert run_script(restored, _LISTING) == before
+
+
+def test_a_forks_outbox_holds_none_of_its_parents_files(executor: Executor) -> None:
+    """A snapshot leaves the outbox out, so a fork's starts empty, whether it opened from
+    a store tree or a frozen layer (the parent's whole workspace, its outbox included)."""
+    with executor.turn() as parent:
+        run_script(parent, "echo handed > /workspace/outbox/handed && echo kept > /workspace/k")
+        (fork,) = parent.fork(1)
+        with fork:
+            assert run_script(fork, "find /workspace/outbox -type f") == ""
+            assert run_script(fork, "cat /workspace/k") == "kept\n"
+        assert run_script(parent, "cat /workspace/outbox/handed") == "handed\n"

@@ -218,3 +218,53 @@ def test_a_dead_hosts_tree_with_folders_it_cannot_write_goes(tmp_path: Path) -> 
     locked.chmod(0o555)
     assert _leftovers.remove_leftovers("snapshots", str(tmp_path)) == 1
     assert not dead.exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only a root host stages frozen layers")
+def test_a_dead_root_hosts_store_is_unmounted_before_it_goes(tmp_path: Path) -> None:
+    """A root host stages frozen layers in its store (a private mount of its own, each
+    layer a read-only tmpfs under it): the sweep detaches them, then removes the folder."""
+    from astralvessel._ground import _mounts
+
+    store = tmp_path / "astralvessel-snapshots-4194303-1-dead"
+    tree = store / "tmpx" / "tree"
+    tree.mkdir(parents=True)
+    _mounts.make_private(str(store))
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=755", "none", str(tree)], check=True)
+    (tree / "f").write_bytes(b"layer")
+    subprocess.run(["mount", "-o", "remount,ro", str(tree)], check=True)
+    assert _mounts.mounts_under(str(store)) == [str(tree), str(store)]
+    assert _leftovers.remove_leftovers("snapshots", str(tmp_path)) == 1
+    assert _mounts.mounts_under(str(store)) == []
+    assert not store.exists()
+
+
+_PROPAGATION = textwrap.dedent(
+    """
+    import os, subprocess, sys
+    from astralvessel._ground import _mounts
+    base = sys.argv[1]
+    subprocess.run(["mount", "-t", "tmpfs", "none", base], check=True)
+    subprocess.run(["mount", "--make-shared", base], check=True)
+    store = os.path.join(base, "store")
+    os.mkdir(store)
+    print(_mounts.propagates(store), _mounts.propagates(base + "/elsewhere"))
+    _mounts.make_private(store)
+    print(_mounts.propagates(store + "/tree"), _mounts.propagates(base + "/elsewhere"))
+    """
+)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts of one's own need root")
+@pytest.mark.skipif(shutil.which("unshare") is None, reason="needs util-linux unshare")
+def test_a_store_on_a_shared_mount_is_made_private(tmp_path: Path) -> None:
+    """On a shared mount (systemd's ``/``) a layer staged in the store would propagate to
+    every peer and slave namespace: the store is made a private mount of its own first.
+    Run in a mount namespace of its own, whose mounts go with it."""
+    done = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", sys.executable, "-c", _PROPAGATION,
+         str(tmp_path)],
+        capture_output=True, text=True, check=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )  # fmt: skip
+    assert done.stdout.split() == ["True", "True", "False", "True"]

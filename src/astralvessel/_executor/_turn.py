@@ -54,7 +54,9 @@ from ._closing import Closing, refuse_if_ended
 from ._exec import Listing
 from ._observe import TurnWatch, byte_size
 from ._snapshot._capture import capture
+from ._snapshot._freeze import freeze_snapshot, freezes_here
 from ._snapshot._reuse import Captures
+from ._snapshot._store import MIB, Budget
 from ._snapshot._value import TurnSnapshot
 
 if TYPE_CHECKING:
@@ -520,12 +522,42 @@ class BaseTurn(Closing, Generic[_Owner]):
     def _fork_flow(self, n: int, ready: int) -> Flow[list[Self]]:
         count = _fork_count(n)
         wanted = _ready_count(ready, count)
-        snapshot = yield from self._snapshot_flow()
+        snapshot = yield from self._fork_source_flow()
         self.executor._start_ahead(snapshot, count, wanted)
         forks = [type(self)(self.executor, snapshot=snapshot) for _ in range(count)]
         if wanted:
             yield from _Ahead(self.executor, snapshot, wanted, self._closing)
         return forks
+
+    def _fork_source_flow(self) -> Flow[TurnSnapshot]:
+        """The snapshot forks open from: where the sandbox can, its workspace frozen in place
+        (nothing copied; the turn writes on in an overlay above it), else a capture."""
+        unchanged = self._unchanged_source()
+        if unchanged is not None:
+            return unchanged
+        policy = self._context.policy
+        # A turn whose capture would link (a snapshot of it alive, or its source's files)
+        # copies only what changed: its freeze would count the whole workspace again.
+        if not policy.writable_root and not self._captures.linkable():
+            session = yield from _Session(self)
+            if freezes_here(session.backend):
+                budget = self.executor.snapshot_budget
+                frozen = yield from self._guarded(
+                    _Freeze(
+                        session,
+                        upper_bytes=policy.limits.disk_mb * MIB,
+                        budget=budget,
+                        max_bytes=budget.limit_bytes,
+                        max_files=policy.limits.workspace_inodes,
+                    )
+                )
+                if frozen is not None:
+                    # The turn writes on above the layer: a capture of it links what it
+                    # did not change from the layer's store copy, as a fork's does
+                    # (while a fork keeps the layer: the turn holds it weakly).
+                    self._captures.frozen(frozen)
+                    return frozen
+        return (yield from self._files(self._capture_plan()))
 
     def _capture_plan(self) -> Generator[FsRequest, FsReply, TurnSnapshot]:
         policy = self._context.policy
@@ -711,6 +743,25 @@ class _Fs(_Ask[FsReply]):
     request: FsRequest
 
 
+@attrs.frozen
+class _Freeze(_Ask["TurnSnapshot | None"]):
+    """The turn's workspace frozen in place as a snapshot (``_snapshot._freeze``), or None."""
+
+    upper_bytes: int
+    budget: Budget
+    max_bytes: int
+    max_files: int
+
+    def made(self) -> TurnSnapshot | None:
+        return freeze_snapshot(
+            self.session,
+            upper_bytes=self.upper_bytes,
+            budget=self.budget,
+            max_bytes=self.max_bytes,
+            max_files=self.max_files,
+        )
+
+
 #: Each step as the sync face performs it and as the async face awaits it: the only
 #: lines in which the twins differ.
 _STEPS: dict[type[Step[Any]], tuple[Callable[[Any], Any], Callable[[Any], Awaitable[Any]]]] = {
@@ -724,6 +775,8 @@ _STEPS: dict[type[Step[Any]], tuple[Callable[[Any], Any], Callable[[Any], Awaita
     _Exec: (lambda s: s.session.exec(s.request), lambda s: s.session.aexec(s.request)),
     _Detach: (lambda s: s.session.detach(s.request), lambda s: s.session.adetach(s.request)),
     _Fs: (lambda s: s.session.fs(s.request), lambda s: s.session.afs(s.request)),
+    # Its host's half (the listing, the digests) is blocking work: a thread's, as awaited.
+    _Freeze: (lambda s: s.made(), lambda s: to_thread(s.made)),
 }
 _PERFORM: Perform = {kind: sync for kind, (sync, _) in _STEPS.items()}
 _APERFORM: APerform = {kind: awaited for kind, (_, awaited) in _STEPS.items()}

@@ -28,6 +28,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from ._mounts import unmount_under
 from ._removal import remove_folder
 
 __all__ = [
@@ -134,6 +135,10 @@ def remove_leftovers(kind: str, parent: str | None = None) -> int:
     """Remove the folders of ``kind`` in ``parent`` whose owner is gone; return how many."""
     removed = 0
     for entry in leftover_folders(kind, parent):
+        # A dead root host's store may hold mounts (its frozen layers staged there, the
+        # store made a private mount of its own: ``_mounts``): detached first, or the
+        # removal would stop at each (a read-only tmpfs, or EBUSY).
+        unmount_under(entry.path)
         # rmtree (under remove_folder) checks the folder it opens is the one it looked at:
         # never a link. A dead host's snapshot tree may hold folders of mode 0555.
         remove_folder(Path(entry.path))

@@ -15,6 +15,7 @@ from pathlib import PurePosixPath
 
 import attrs
 
+from ..errors import UsageError
 from ._etc import HOSTNAME, SYNTHETIC, etc_dir
 from ._hostinfo import HostFacts, interpreter_mount
 from ._policy import (
@@ -108,6 +109,21 @@ def _etc_steps(facts: HostFacts) -> list[Step]:
     return steps
 
 
+def _lower_source(lower: object) -> str:
+    """The snapshot's tree as a bind's source; never a path in ``/proc`` (a descriptor's
+    ``/proc/self/fd/N`` above all).
+
+    bubblewrap binds a path by its text, and a detached mount's (a frozen layer's held
+    by fd) reads "/": it would bind the host's root. A frozen layer is staged at a
+    path of the store (``Tree.frozen``) before any turn opens from it.
+    """
+    source = str(lower)
+    parts = PurePosixPath(source).parts
+    if len(parts) >= 2 and parts[1] == "proc":
+        raise UsageError(f"workspace_lower must be a tree's path, not one in /proc: {source}")
+    return source
+
+
 def sandbox_layout(policy: Policy, facts: HostFacts) -> tuple[Step, ...]:
     """The ordered mount steps that build ``policy``'s view on a host described by ``facts``."""
     steps: list[Step] = []
@@ -148,7 +164,9 @@ def sandbox_layout(policy: Policy, facts: HostFacts) -> tuple[Step, ...]:
         steps.append(Bind(source=str(policy.egress_socket.parent), target=str(EGRESS_DIR)))
     if policy.workspace_lower is not None:
         # The snapshot's tree, read-only: the server lays the workspace's overlay on it.
-        steps.append(Bind(source=str(policy.workspace_lower), target=str(WORKSPACE_LOWER_DIR)))
+        steps.append(
+            Bind(source=_lower_source(policy.workspace_lower), target=str(WORKSPACE_LOWER_DIR))
+        )
     limits = policy.limits
     steps.append(
         Tmpfs(

@@ -17,6 +17,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from ...errors import SnapshotError
 from ._archive import _umask
 from ._manifest import Entry, show
 from ._reuse import Held, matches
@@ -81,6 +82,26 @@ class TreeWriter:
         self.inodes[key] = entry.size
         self.digests[entry.name] = held.entry.digest or EMPTY_DIGEST
         return True
+
+    def copy(self, entry: Entry, source: int) -> None:
+        """Write ``entry`` from the open file ``source`` (a frozen layer's, read-only: its
+        bytes are those ``entry.digest`` was made of), copied in the kernel, not hashed
+        again; ``SnapshotError`` where it does not hold ``entry.size`` bytes."""
+        fd = os.open(entry.name, _NEW_FILE, entry.mode, dir_fd=self.base)
+        try:
+            offset = 0
+            while offset < entry.size:
+                sent = os.sendfile(fd, source, offset, entry.size - offset)
+                if not sent:
+                    raise SnapshotError(f"{show(entry.name)} changed size while it was copied")
+                offset += sent
+            if entry.mode & self.umask:
+                os.fchmod(fd, entry.mode)
+            info = os.fstat(fd)
+        finally:
+            os.close(fd)
+        self.inodes[(info.st_dev, info.st_ino)] = entry.size
+        self.digests[entry.name] = entry.digest or EMPTY_DIGEST
 
     def empty(self, entry: Entry) -> None:
         """Make an empty regular file."""

@@ -43,7 +43,7 @@ from ._reuse import Captures, Held, matches, recorded_stat, with_digests
 from ._store import Budget, Reservation, Tree, new_folder
 from ._value import TurnSnapshot
 
-__all__ = ["capture", "restore"]
+__all__ = ["capture", "checked_shape", "manifest_of", "restore", "too_many_names"]
 
 Plan = Generator[FsRequest, FsReply, Any]
 
@@ -84,9 +84,7 @@ def capture(
         op="pack", timeout=timeout, fields={"phase": "list", "max_files": max_files + 1}
     )
     if reply.errno == "EFBIG":
-        raise SnapshotError(
-            f"the workspace holds more than {max_files} names; a snapshot keeps {max_files}"
-        )
+        raise too_many_names(max_files)
     failed = _refusal(reply, "the workspace cannot be listed")
     if failed is not None:
         raise failed
@@ -94,16 +92,7 @@ def capture(
         listing = json.loads(reply.data)
     except (ValueError, RecursionError):
         raise SnapshotError("the sandbox's listing of the workspace is not JSON") from None
-    if isinstance(listing, list) and len(listing) > max_files:
-        raise SnapshotError(
-            f"the workspace holds more than {max_files} names; a snapshot keeps {max_files}"
-        )
-    shape = manifest_of(listing)
-    if shape.total_bytes > max_bytes:
-        raise SnapshotError(
-            f"the workspace's files hold {shape.total_bytes} bytes (a sparse file counts "
-            f"its holes), over the {max_bytes} a snapshot of this turn may hold"
-        )
+    shape = checked_shape(listing, max_bytes=max_bytes, max_files=max_files)
     files = {
         _name(item): item for item in listing if item.get("kind") == "file"
     }  # manifest_of checked every item is an object with a name
@@ -124,6 +113,28 @@ def capture(
             stats = {name: recorded_stat(item, began) for name, item in files.items()}
             captures.remember(snapshot, {k: v for k, v in stats.items() if v is not None})
     return snapshot
+
+
+def too_many_names(max_files: int) -> SnapshotError:
+    """The refusal of a workspace past ``max_files`` names."""
+    return SnapshotError(
+        f"the workspace holds more than {max_files} names; a snapshot keeps {max_files}"
+    )
+
+
+def checked_shape(listing: object, *, max_bytes: int, max_files: int) -> Manifest:
+    """The manifest's shape of a workspace's listing (``_snapfiles``'s, as JSON values),
+    with every check a snapshot makes before it reads a byte: ``manifest_of``'s refusals
+    and the turn's bounds. A frozen layer's snapshot (``_freeze``) makes the same."""
+    if isinstance(listing, list) and len(listing) > max_files:
+        raise too_many_names(max_files)
+    shape = manifest_of(listing)
+    if shape.total_bytes > max_bytes:
+        raise SnapshotError(
+            f"the workspace's files hold {shape.total_bytes} bytes (a sparse file counts "
+            f"its holes), over the {max_bytes} a snapshot of this turn may hold"
+        )
+    return shape
 
 
 def _build(

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import attrs
 
+from ..._ground import _mounts
 from ..._ground._log import SNAPSHOTS, WARNING, event
 from ..._ground._removal import remove_folder, remove_once
 
@@ -44,13 +45,19 @@ BUSY_PAUSE_MAX = 2.0
 @attrs.frozen
 class Job:
     """A removal: the folder, what to do just before it goes (give the budget back), and
-    for a busy folder tried again, when it may be tried and when it is left."""
+    for a busy folder tried again, when it may be tried and when it is left.
+
+    ``unmount``: a frozen layer's mount in the folder, detached first (``MNT_DETACH``;
+    a last unmount frees the layer's tmpfs, which for thousands of files takes as long
+    as removing a tree: off the caller's thread too).
+    """
 
     folder: Path
     before: Callable[[], None] | None = None
     due: float = 0.0  # time.monotonic()
     pause: float = BUSY_PAUSE
     deadline: float | None = None
+    unmount: Path | None = None
 
     def later(self) -> Job | None:
         """This job once more after a pause (``before`` has run), or None past its time."""
@@ -173,13 +180,18 @@ atexit.register(_at_exit)
 
 
 def enqueue(
-    folder: Path, before: Callable[[], None] | None = None, owner: int | None = None
+    folder: Path,
+    before: Callable[[], None] | None = None,
+    owner: int | None = None,
+    *,
+    unmount: Path | None = None,
 ) -> None:
-    """Remove ``folder`` in the background, calling ``before`` first; nothing in a process
-    other than ``owner`` (a child forked from the host holds copies, not the trees)."""
+    """Remove ``folder`` in the background, calling ``before`` first (and unmounting
+    ``unmount``, a frozen layer's mount in it); nothing in a process other than ``owner``
+    (a child forked from the host holds copies, not the trees)."""
     if owner is not None and os.getpid() != owner:
         return
-    _reaper.put(Job(folder, before))
+    _reaper.put(Job(folder, before, unmount=unmount))
 
 
 def drain(timeout: float | None = None) -> bool:
@@ -197,6 +209,7 @@ def _run_once(job: Job) -> Job | None:
             if job.before is not None:
                 job.before()
         finally:
+            _unmount(job)
             done = remove_once(job.folder)
     except Exception as exc:  # one bad removal must not end the thread
         _failed(job.folder, exc)
@@ -211,10 +224,18 @@ def _run_inline(job: Job) -> None:
             if job.before is not None:
                 job.before()
         finally:
+            _unmount(job)
             left = BUSY_SECONDS if job.deadline is None else job.deadline - time.monotonic()
             remove_folder(job.folder, max(left, 0.0))
     except Exception as exc:  # at exit, or in a caller that only dropped a value
         _failed(job.folder, exc)
+
+
+def _unmount(job: Job) -> None:
+    """Detach the job's frozen layer, once (a busy folder's job comes back): its mount
+    point is then an empty folder, which the folder's removal takes."""
+    if job.unmount is not None and os.path.ismount(job.unmount):
+        _mounts.unmount(str(job.unmount))
 
 
 def _failed(folder: Path, exc: Exception) -> None:

@@ -73,8 +73,21 @@ class Held:
 
 
 def held_files(snapshot: TurnSnapshot) -> dict[bytes, Held]:
-    """Every name of ``snapshot`` that is a regular file's bytes, a hard link's included."""
+    """Every name of ``snapshot`` that is a regular file's bytes, a hard link's included.
+
+    A frozen layer's (``_freeze``) are on the layer's own tmpfs, which no tree in the
+    store can hard-link across (EXDEV): its files are those of its copy in the store,
+    made the first time they are wanted (``_freeze.store_copy``), once for all the
+    captures that link from it; none where that copy cannot be made (then read).
+    """
     base = os.fsencode(snapshot.path)
+    if snapshot.layer is not None:
+        from ._freeze import store_copy  # here: _freeze builds with what imports this
+
+        copy = store_copy(snapshot)
+        if copy is None:
+            return {}
+        base = os.fsencode(copy)
     files: dict[bytes, Entry] = {}
     held: dict[bytes, Held] = {}
     for entry in snapshot.manifest.entries:
@@ -111,6 +124,18 @@ class Captures:
     def __init__(self, source: TurnSnapshot | None) -> None:
         self.source = source
         self._captures: list[_Last] = []
+        #: The frozen layer the turn now writes above (its fork's source), held weakly too.
+        self._frozen: weakref.ref[TurnSnapshot] | None = None
+
+    def frozen(self, snapshot: TurnSnapshot) -> None:
+        """The turn's workspace was frozen as ``snapshot`` and it writes on above it: the
+        files a capture marks the lower layer's are that snapshot's, while it lives."""
+        self._frozen = weakref.ref(snapshot)
+
+    def _source(self) -> TurnSnapshot | None:
+        if self.source is not None:
+            return self.source
+        return None if self._frozen is None else self._frozen()
 
     def reusable(self, listing: dict[bytes, dict[str, object]]) -> dict[bytes, Held]:
         """The held file each listed name may link to (before the size and mode checks)."""
@@ -122,12 +147,20 @@ class Captures:
                 item = listing.get(name)
                 if item is not None and name in held and _stat_of(item) == stat:
                     found[name] = held[name]
-        if self.source is not None:
-            source = held_files(self.source)
-            for name, item in listing.items():
-                if item.get("lower") is True and name in source:
+        lower = [name for name, item in listing.items() if item.get("lower") is True]
+        origin = self._source() if lower else None  # (a frozen layer's copy: only then)
+        if origin is not None:
+            source = held_files(origin)
+            for name in lower:
+                if name in source:
                     found.setdefault(name, source[name])
         return found
+
+    def linkable(self) -> bool:
+        """Whether a capture now could link files the store holds (a last capture alive,
+        or a source): then it copies only what changed, where a frozen layer would hold
+        the whole workspace again on the budget."""
+        return self._source() is not None or self._newest()[1] is not None
 
     def _newest(self) -> tuple[_Last | None, TurnSnapshot | None]:
         self._captures = [last for last in self._captures if last.snapshot() is not None]

@@ -10,6 +10,8 @@ many trees hard-link it; a snapshot loaded from a file counts against none.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import functools
 import os
 import tempfile
@@ -17,7 +19,9 @@ import threading
 import weakref
 from pathlib import Path
 
+from ..._ground import _mounts
 from ..._ground._leftovers import make_folder
+from ..._ground._removal import remove_folder
 from ...errors import SnapshotError
 from ._reaper import enqueue
 
@@ -42,6 +46,45 @@ def store_root() -> str:
 def new_folder() -> Path:
     """A fresh private folder in the store, for one tree or one spooled archive."""
     return Path(tempfile.mkdtemp(dir=store_root()))
+
+
+_private = False
+
+
+def _private_store() -> None:
+    """Make the store a private mount, once, where a mount in it would propagate
+    (``_ground._mounts``: no layer staged in it reaches the host's peers and slaves).
+    Where it cannot be, a layer is staged all the same."""
+    global _private  # noqa: PLW0603 - one store per process
+    root = store_root()
+    with _lock:
+        if not _private and _mounts.propagates(root):
+            with contextlib.suppress(OSError):
+                _mounts.make_private(root)
+                # At exit, the store's mount goes with what is staged under it (the
+                # reaper then removes plain folders); not in a forked child's exit.
+                atexit.register(_unmount_store, root, os.getpid())
+        _private = True
+
+
+def _unmount_store(root: str, owner: int) -> None:
+    if os.getpid() == owner:
+        _mounts.unmount(root)
+
+
+def stage_layer(fd: int) -> Path:
+    """Move the frozen layer whose detached mount ``fd`` is onto ``tree`` in a fresh store
+    folder (``_ground._mounts``); return that path. The caller closes ``fd``."""
+    _private_store()
+    folder = new_folder()
+    path = folder / "tree"
+    try:
+        path.mkdir()
+        _mounts.stage(fd, str(path))
+    except BaseException:
+        remove_folder(folder)
+        raise
+    return path
 
 
 #: The regular files a tree holds: (st_dev, st_ino) to the bytes each counts (its size, a
@@ -175,16 +218,49 @@ def _mib(nbytes: int) -> str:
 
 
 class Tree:
-    """A snapshot's files in the store; the folder goes when this object is collected."""
+    """A snapshot's files in the store; the folder goes when this object is collected.
 
-    def __init__(self, path: Path, budget: Budget | None) -> None:
+    Or a frozen layer (``Tree.frozen``): a sandbox's workspace tmpfs, made read-only in
+    place and mounted at ``tree`` in a fresh store folder; when this object is collected
+    it is unmounted (the kernel frees the tmpfs with its last mount) and the folder goes.
+    """
+
+    def __init__(self, path: Path, budget: Budget | None, *, mounted: bool = False) -> None:
         self.path = path
+        #: Whether ``path`` is a frozen layer's mount (``Tree.frozen``), not a folder's files.
+        self.mounted = mounted
         self._budget = budget
         self._inodes: Inodes = {}
         self._lock = threading.Lock()  # hold and remove, one at a time
+        #: A frozen layer's copy in the store, for links (``_freeze.store_copy``): made
+        #: once, under ``copy_lock``, the first time a capture would link from the layer.
+        self.copy: Tree | None = None
+        self.copy_lock = threading.Lock()
         self._finalizer = weakref.finalize(
-            self, _drop, path.parent, budget, self._inodes, os.getpid()
+            self, _drop, path.parent, budget, self._inodes, os.getpid(), path if mounted else None
         )
+
+    @classmethod
+    def frozen(cls, fd: int, budget: Budget | None) -> Tree:
+        """The tree of a frozen layer whose detached mount (open_tree's clone) ``fd`` is.
+
+        The mount is moved onto ``tree`` in a fresh store folder (``stage_layer``) and
+        ``fd`` closed (here, whatever happens): from then on the layer is an ordinary
+        path, read as any tree in the store is (a turn opened from it binds it; saving,
+        restoring by copy read it), and unmounted, then its folder removed, when this
+        object goes. Root only (``_freeze.freezes_here``): raises ``OSError`` where the
+        mount cannot be moved.
+        """
+        try:
+            path = stage_layer(fd)
+        finally:
+            os.close(fd)
+        return cls(path, budget, mounted=True)
+
+    @property
+    def budget(self) -> Budget | None:
+        """The budget the tree's files count on (None: a loaded snapshot's)."""
+        return self._budget
 
     def hold(self, inodes: Inodes, reservation: Reservation | None = None) -> None:
         """Count the tree's files against its budget in place of ``reservation`` (the
@@ -204,9 +280,12 @@ class Tree:
             self._finalizer()
 
 
-def _drop(folder: Path, budget: Budget | None, inodes: Inodes, owner: int) -> None:
+def _drop(
+    folder: Path, budget: Budget | None, inodes: Inodes, owner: int, mount: Path | None = None
+) -> None:
     # The bytes go back when the reaper removes the tree, just before its files go, not
     # when it is queued: the budget bounds the store's disk, and an inode number is never
-    # counted after its file is gone (a new file could reuse it).
+    # counted after its file is gone (a new file could reuse it). A frozen layer's mount
+    # (``mount``) is unmounted first, by the reaper too (a last unmount frees its tmpfs).
     release = functools.partial(budget.release, inodes) if budget is not None else None
-    enqueue(folder, release, owner)
+    enqueue(folder, release, owner, unmount=mount)

@@ -68,6 +68,12 @@ class TurnSnapshot:
         """The snapshot's tree on the host (read-only by contract: turns copy from it)."""
         return self._tree.path
 
+    @property
+    def layer(self) -> Tree | None:
+        """The frozen layer's tree (``_freeze``: a sandbox's workspace tmpfs staged at
+        ``path``, whose files no store tree can hard-link across), or None."""
+        return self._tree if self._tree.mounted else None
+
     def save(self, dest: PathOrFile) -> None:
         """Write the portable form (a POSIX pax tar, manifest first) to a path or binary file."""
         if isinstance(dest, (str, os.PathLike)):

@@ -214,7 +214,14 @@ def _overlay(workspace: str, clone: int, layers: int, userxattr: bool) -> None:
         _close(upper, work, fs, merged)
 
 
-def freeze_workspace(workspace: str, size: int, inodes: int, *, userxattr: bool) -> int:
+def freeze_workspace(
+    workspace: str,
+    size: int,
+    inodes: int,
+    *,
+    userxattr: bool,
+    upper_to: Callable[[int], None] | None = None,
+) -> int:
     """Freeze the tmpfs at ``workspace`` and lay the overlay on it; return the clone.
 
     ``size`` and ``inodes`` bound the new upper layer (``inodes`` 0: the kernel's
@@ -222,7 +229,9 @@ def freeze_workspace(workspace: str, size: int, inodes: int, *, userxattr: bool)
     The returned descriptor (close-on-exec) is a detached, read-only mount of
     the frozen tmpfs. Raises ``OSError`` (``EBUSY``: a file is open for writing;
     ``EOPNOTSUPP``: the workspace is no tmpfs, e.g. frozen already) and then
-    leaves the workspace as it was.
+    leaves the workspace as it was. ``upper_to`` takes a descriptor of the new
+    upper layer's folder (the caller's to close), once the overlay is laid: the
+    file worker lists it, so a snapshot marks the files the frozen layer's.
     """
     if filesystem_type(workspace) != TMPFS_MAGIC:
         raise OSError(
@@ -246,6 +255,10 @@ def freeze_workspace(workspace: str, size: int, inodes: int, *, userxattr: bool)
         except OSError:
             _set_ro(workspace, False)
             raise
+        if upper_to is not None:
+            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+            with suppress(OSError):  # no listing of it: no file is marked
+                upper_to(os.open("upper", flags, dir_fd=layers))
     except OSError:
         _close(clone)
         raise
@@ -265,6 +278,8 @@ def answer(
     path_map: dict[str, str],
     upper_bytes: int,
     frozen: Callable[[int], None],
+    *,
+    upper_to: Callable[[int], None] | None = None,
 ) -> dict[str, Any]:
     """The answer to a ``freeze``: the clone's number, device and inode, or the refusal.
 
@@ -288,6 +303,7 @@ def answer(
             upper_bytes,
             config.limits["workspace_inodes"],
             userxattr=not _lowerfs.in_initial_userns(),
+            upper_to=upper_to,
         )
     except OSError as exc:
         return refused(exc.errno or errno.EIO, str(exc))

@@ -11,6 +11,7 @@ before anything forks. The loop (``_main``) answers ``ready`` with what came of 
 from __future__ import annotations
 
 import os
+import stat
 import sys
 
 from . import (
@@ -169,6 +170,22 @@ def workspace_problems(config: Hello, plan: _launch.LaunchPlan, workspace: str) 
         return {}
     why = _bounds.bound_inodes(workspace, config.limits["workspace_inodes"])
     return {"workspace_inodes": why} if why else {}
+
+
+def clear_lower_outbox(outbox: str) -> None:
+    """Remove an outbox the lower layer brought (a frozen layer is a turn's whole
+    workspace tmpfs, its outbox and the files its calls left there included; a store
+    tree holds none): a snapshot leaves the outbox out, so a turn opened from one starts
+    with an empty outbox. In the overlay, so the layer keeps its files (whiteouts here).
+    Before any call, never through a link (``rmtree`` follows none)."""
+    try:
+        if not stat.S_ISDIR(os.lstat(outbox).st_mode):
+            return
+    except OSError:
+        return  # none: a store tree's
+    import shutil  # here: only a frozen layer's turn needs it
+
+    shutil.rmtree(outbox, ignore_errors=True)
 
 
 def prepare_workspace(workspace: str, outbox: str, uid: int | None, gid: int | None) -> None:

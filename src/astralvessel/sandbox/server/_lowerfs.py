@@ -215,6 +215,9 @@ def _undo(layers: str) -> None:
     lower = os.path.join(layers, "lower")
     if os.path.ismount(lower):
         _sys.libc().umount2(lower.encode(), _sys.MNT_DETACH)
-    for name in ("lower", "upper", "work", "proc", ""):
+    # The overlay makes its own folders in its work folder before it may refuse (EPERM
+    # over a frozen layer of another user namespace): left, the layers folder stays, the
+    # server's and private, and a snapshot's listing of the workspace is refused.
+    for name in ("work/work", "work/index", "lower", "upper", "work", "proc", ""):
         with suppress(OSError):  # what was never made
             os.rmdir(os.path.join(layers, name) if name else layers)

@@ -213,7 +213,12 @@ class Server:
             lambda: (
                 self._calls_running()
                 or _freeze.answer(
-                    config, plan, self.path_map, message.upper_bytes, self._after_freeze
+                    config,
+                    plan,
+                    self.path_map,
+                    message.upper_bytes,
+                    self._after_freeze,
+                    upper_to=self._upper_after_freeze,
                 )
             ),
         )
@@ -244,6 +249,13 @@ class Server:
         if spawner is not None and spawner.spare is not None:
             spawner.close_spare()
             self.refill_at = time.monotonic() + _REFILL_DELAY
+
+    def _upper_after_freeze(self, upper: int) -> None:
+        """The frozen workspace's new upper layer, for the file worker's listing (as a
+        turn opened on a snapshot's tree gives it): a snapshot then marks every file it
+        does not hold the frozen layer's, which the host links rather than reads."""
+        options = self.files.options
+        self.files.options = {**options, "context": {**options["context"], "upper": upper}}
 
     def _cancel(self, call_id: int, message: _messages.Cancel, body: bytes) -> None:
         call = self.calls.get(call_id)
@@ -276,6 +288,8 @@ class Server:
             self.disk_path = workspace
         # The overlay first: the outbox and the writable root's layers are made in it.
         lowered, upper = _hello.lower_workspace(config, plan, workspace)
+        if lowered.get("workspace_lower") is True:
+            _hello.clear_lower_outbox(outbox)
         _hello.prepare_workspace(workspace, outbox, config.drop_uid, config.drop_gid)
         relaxations = {**lowered, **_hello.relaxations(config, plan, workspace)}
         self.outbox = outbox

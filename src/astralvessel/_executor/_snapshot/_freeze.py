@@ -1,0 +1,242 @@
+"""A snapshot of a frozen layer: a sandbox's workspace made read-only in place, staged.
+
+A capture copies the workspace into the store (1-2 s and its whole size for
+100 MiB). A frozen layer copies nothing: the sandbox's server makes its
+workspace tmpfs read-only where it is and hands the host a detached mount of
+it (``open_tree(OPEN_TREE_CLONE)``'s descriptor), which ``Tree.frozen`` moves
+onto a folder of the store: from then on a path, which forks bind as any tree
+(a descriptor would not do: only the mount namespace a detached mount was
+cloned in may clone it again, as a fork's server does for its lower layer).
+Its snapshot is made here, on the host, with exactly the checks a capture
+makes: the layer is listed by the file worker's own code (``_snapfiles.pack``,
+stdlib-only, run in this process on the staged path), the listing's
+shape checked by ``_capture.checked_shape`` (``manifest_of``'s refusals of a
+special file, a bad name, a link out of place; the turn's bounds), the layer's
+bytes counted on the budget (``Budget.hold``: once per inode, for as long as a
+snapshot refers to the layer) before any file is read, and each file's digest
+the host's own, of the bytes it read. They cannot change under it: the layer
+is refused unless it is read-only (and the listing is the host's, not a
+sandbox's reply).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from ..._ground._log import SNAPSHOTS, WARNING, event
+from ...errors import SnapshotError
+from ...sandbox._api import SandboxSession
+from ...sandbox._frozen import freeze
+from ...sandbox._policy import OUTBOX_DIR, WORKSPACE_DIR
+from ...sandbox.server import _snapfiles
+from ._build import TreeWriter
+from ._capture import checked_shape, too_many_names
+from ._manifest import Entry, EntryKind, Manifest
+from ._reuse import with_digests
+from ._store import Budget, Inodes, Tree, new_folder
+from ._tree import hash_file, open_regular
+from ._value import TurnSnapshot
+
+__all__ = ["Unstaged", "freeze_snapshot", "freezes_here", "snapshot_frozen", "store_copy"]
+
+#: The backends whose sandbox the host can ask for a freeze (a local server process).
+_FREEZES = frozenset({"bubblewrap", "nsjail"})
+
+#: The server's outbox, as a name in the workspace: a capture leaves it out, and so does this.
+OUTBOX_NAME = str(OUTBOX_DIR.relative_to(WORKSPACE_DIR))
+
+
+@attrs.frozen
+class _Layer:
+    """What ``_snapfiles.pack`` reads of a session's state (``raw``), for a frozen layer."""
+
+    workspace: str
+    outbox: str
+    upper: int = -1  # no upper layer: no file is marked the lower layer's
+
+
+def snapshot_frozen(
+    fd: int,
+    *,
+    budget: Budget | None,
+    max_bytes: int,
+    max_files: int,
+    outbox: str = OUTBOX_NAME,
+) -> TurnSnapshot:
+    """The snapshot of the frozen layer whose detached mount ``fd`` is.
+
+    ``fd`` is closed here whatever happens: once checked, the mount is staged in the
+    store (``Tree.frozen``: moved onto a folder there, a path from then on), the
+    snapshot's tree, unmounted when the last snapshot referring to the layer goes, or
+    here when the layer is refused (``SnapshotError``: not a read-only folder, or what
+    a capture refuses). ``outbox``: the server's outbox folder in the layer, left out.
+    """
+    try:
+        device = _checked_layer(fd)
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
+        tree = Tree.frozen(fd, budget)
+    except OSError as exc:
+        raise Unstaged(f"the frozen workspace cannot be staged: {exc}") from exc
+    try:
+        listing = _listing(tree.path.as_posix(), outbox, max_files)
+        shape = checked_shape(listing, max_bytes=max_bytes, max_files=max_files)
+        tree.hold(_inodes(listing, device))  # exact at once: nothing is read before it
+        digests = _digests(os.fsencode(tree.path), shape)
+        return TurnSnapshot(manifest=with_digests(shape, digests), tree=tree)
+    except BaseException as exc:
+        tree.remove()
+        if isinstance(exc, OSError):
+            raise SnapshotError(f"the frozen workspace cannot be read: {exc}") from exc
+        raise
+
+
+class Unstaged(SnapshotError):
+    """The layer could not be moved into the store (not root, a kernel's refusal)."""
+
+
+def _checked_layer(fd: int) -> int:
+    """The layer's device, once it is known a read-only folder (its bytes cannot change)."""
+    info = os.fstat(fd)
+    if not stat.S_ISDIR(info.st_mode):
+        raise SnapshotError("the frozen workspace is not a folder")
+    if not os.fstatvfs(fd).f_flag & os.ST_RDONLY:
+        raise SnapshotError("the frozen workspace is not read-only: its files could change")
+    return info.st_dev
+
+
+def _listing(root: str, outbox: str, max_files: int) -> Any:
+    """The file worker's listing of the layer, as a capture's reply holds it (JSON values)."""
+    layer = _Layer(workspace=root, outbox=f"{root}/{outbox}" if outbox else "")
+    try:
+        _, data = _snapfiles.pack({"phase": "list", "max_files": max_files + 1}, b"", layer)
+    except _snapfiles.Refused as exc:
+        if exc.code == errno.EFBIG:
+            raise too_many_names(max_files) from None
+        raise SnapshotError(f"the frozen workspace cannot be listed: {exc}") from None
+    return json.loads(data)
+
+
+def _inodes(listing: Any, device: int) -> Inodes:
+    """Each regular file's inode in the layer and its bytes, as the budget counts them
+    (a hard link's other names are its file's: the listing names the file once)."""
+    return {
+        (device, int(item["stat"][0])): int(item["size"])
+        for item in listing
+        if item.get("kind") == "file"
+    }
+
+
+def _digests(base: bytes, shape: Manifest) -> dict[bytes, str]:
+    """Each regular file's sha256, read from the layer."""
+    digests: dict[bytes, str] = {}
+    for entry in shape.entries:
+        if entry.kind is EntryKind.FILE:
+            fd = open_regular(base + b"/" + entry.name, entry.name, replaced="is not a file")
+            try:
+                digests[entry.name] = hash_file(fd, entry.size, entry.name)
+            finally:
+                os.close(fd)
+    return digests
+
+
+def freezes_here(backend: str) -> bool:
+    """Whether a fork of ``backend``'s turn asks its sandbox to freeze the workspace.
+
+    As root on bubblewrap and nsjail: the host stages the layer at a path in its store
+    (a mount of its own, ``Tree.frozen``), which the forks' launchers bind as any tree.
+    Not as an ordinary user: it cannot mount in the host's namespace, and a fork's
+    overlay over a layer of another user namespace is refused (EPERM) besides, so each
+    fork would copy the whole layer where a store tree serves them all copy-on-write.
+    Not on Docker: its host does not take a layer.
+    """
+    return os.geteuid() == 0 and backend in _FREEZES
+
+
+def freeze_snapshot(
+    session: SandboxSession, *, upper_bytes: int, budget: Budget, max_bytes: int, max_files: int
+) -> TurnSnapshot | None:
+    """The turn's files frozen in place (``sandbox._frozen.freeze``), as a snapshot, or None
+    where the sandbox makes no freeze (the caller captures instead: nothing changed).
+
+    Refused: while a call or detached process runs or a file is open for writing
+    (``EBUSY``), over a workspace that is no tmpfs of its own (``EOPNOTSUPP``: opened
+    from a snapshot, frozen already), on a kernel without the steps (Linux 6.8 lays an
+    overlay from descriptors). Raises ``SnapshotError`` for a layer a capture refuses.
+    """
+    try:
+        fd = freeze(session, upper_bytes)
+    except OSError:
+        return None  # as it was, or frozen with the clone lost: a capture reads the overlay
+    try:
+        return snapshot_frozen(fd, budget=budget, max_bytes=max_bytes, max_files=max_files)
+    except Unstaged:
+        return None  # the layer is gone with its descriptor: a capture reads the overlay
+
+
+def store_copy(snapshot: TurnSnapshot) -> Path | None:
+    """The path of a frozen layer's copy in the store (the same names, for links), made
+    the first time a capture would link from the layer and kept as long as the layer;
+    None where it cannot be made (over the budget, unreadable): the capture reads.
+
+    A capture over a fork of the layer links each unchanged file from here rather than
+    read it through the sandbox, as from a store tree: the whole copy is paid once,
+    only where some fork snapshots, and all their trees share its inodes. Its bytes
+    count on the layer's budget (a file the copy and a tree share, once).
+    """
+    layer = snapshot.layer
+    if layer is None:
+        return snapshot.path
+    with layer.copy_lock:
+        if layer.copy is None:
+            try:
+                layer.copy = _copied(layer, snapshot.manifest)
+            except (OSError, SnapshotError) as exc:
+                event(SNAPSHOTS, "snapshot.layer_copy_failed", {"error": str(exc)}, WARNING)
+                return None
+        return layer.copy.path
+
+
+def _copied(layer: Tree, manifest: Manifest) -> Tree:
+    """``manifest``'s entries written from the staged layer into a new store tree."""
+    tree = Tree(new_folder() / "tree", layer.budget)
+    base = os.fsencode(layer.path)
+    try:
+        writer = TreeWriter(tree.path)
+        try:
+            for entry in manifest.entries:
+                _write(writer, base, entry)
+            writer.finish()
+        finally:
+            writer.close()
+        tree.hold(writer.inodes)
+    except BaseException:
+        tree.remove()
+        raise
+    return tree
+
+
+def _write(writer: TreeWriter, base: bytes, entry: Entry) -> None:
+    if entry.kind is EntryKind.DIR:
+        writer.folder(entry)
+    elif entry.kind is EntryKind.SYMLINK:
+        writer.symlink(entry)
+    elif entry.kind is EntryKind.HARDLINK:
+        writer.hard_link(entry)
+    elif entry.size == 0:
+        writer.empty(entry)
+    else:
+        fd = open_regular(base + b"/" + entry.name, entry.name, replaced="is not a file")
+        try:
+            writer.copy(entry, fd)
+        finally:
+            os.close(fd)

@@ -1,0 +1,41 @@
+"""A snapshot's tree reaches a sandbox by path only: the layout never binds a path in
+``/proc`` (a descriptor's ``/proc/self/fd/N``, above all: bubblewrap binds a path by its
+text, and a detached mount's reads "/", the host's root), and a refused overlay leaves
+no layers folder behind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from astralvessel.errors import UsageError
+from astralvessel.sandbox._hostinfo import collect_host_facts
+from astralvessel.sandbox._layout import Bind, sandbox_layout
+from astralvessel.sandbox._policy import WORKSPACE_LOWER_DIR, Policy
+from astralvessel.sandbox.server import _lowerfs
+
+
+@pytest.mark.parametrize("lower", ["/proc/self/fd/7", "/proc/1234/fd/3", "/proc/self/root"])
+def test_a_path_in_proc_is_never_bound_as_the_lower_layer(lower: str) -> None:
+    facts = collect_host_facts()
+    with pytest.raises(UsageError, match="/proc"):
+        sandbox_layout(Policy(workspace_lower=lower), facts)
+
+
+def test_a_tree_in_the_store_is_bound_by_its_path() -> None:
+    facts = collect_host_facts()
+    steps = sandbox_layout(Policy(workspace_lower="/tmp/store/tree"), facts)
+    binds = [s for s in steps if isinstance(s, Bind) and s.target == str(WORKSPACE_LOWER_DIR)]
+    assert [b.source for b in binds] == ["/tmp/store/tree"]
+
+
+def test_a_refused_overlay_leaves_no_layers_folder(tmp_path: Path) -> None:
+    """The overlay makes ``work/work`` before it may refuse (EPERM over a frozen layer of
+    another user namespace, as an ordinary user): the folder goes all the same, or the
+    workspace would hold a private folder no snapshot of it can list."""
+    layers = tmp_path / _lowerfs.LAYERS
+    for name in ("upper", "work/work", "work/index"):
+        (layers / name).mkdir(parents=True)
+    _lowerfs._undo(str(layers))
+    assert not layers.exists()
