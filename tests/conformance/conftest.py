@@ -259,12 +259,15 @@ _SNAPSHOT_TESTS = (
     "test_warm_turns_start_with_the_executors_snapshot",
     "test_a_saved_snapshot_opens_in_another_process",
     "test_a_fork_of_an_unstarted_fork_is_the_same_snapshot",
+    "test_a_forks_outbox_holds_none_of_its_parents_files",
     # test_snapshot_reuse.py's
     "test_a_second_snapshot_links_what_did_not_change",
     "test_a_file_changed_between_two_snapshots_is_read_again",
     "test_a_file_changed_in_the_captures_tick_is_read_again",
     "test_a_forks_snapshot_links_only_what_it_did_not_change",
     "test_a_fork_of_a_linked_snapshot_changes_no_tree",
+    "test_the_snapshots_of_a_fresh_turns_forks_link_the_same_files",
+    "test_a_fresh_turns_snapshot_after_its_fork_links_what_it_did_not_change",
     # test_snapshot_budget.py's
     "test_a_fork_holds_its_turns_files_once",
     "test_a_snapshot_past_the_budget_leaves_nothing",
