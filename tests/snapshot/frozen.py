@@ -9,6 +9,7 @@ otherwise, but ``layer_of_another_namespace``, which any user may make.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import socket
@@ -89,7 +90,22 @@ def _enter_own_user_namespace() -> None:
 def layer_of_another_namespace(files: dict[str, bytes]) -> int:
     """A frozen layer made as a sandbox's server makes one: by a process in a user
     namespace of its own (a child, here), its descriptor sent back over a socket. Any
-    user may: root's tmpfs would belong to the host's user namespace, this one does not."""
+    user may: root's tmpfs would belong to the host's user namespace, this one does not.
+
+    A child that fails says why over the socket. Tried three times: a child forked from
+    the test runner failed once on CI (3.10, in the whole run, never alone); the layer is
+    the test's scaffolding, not what it tests, and a failure names every attempt's why.
+    """
+    failures: list[str] = []
+    for _ in range(3):
+        fd, why = _layer_from_a_child(files)
+        if fd is not None:
+            return fd
+        failures.append(why)
+    raise OSError(f"the child could not make a frozen layer: {failures}")
+
+
+def _layer_from_a_child(files: dict[str, bytes]) -> tuple[int | None, str]:
     parent, child = socket.socketpair()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child makes the layer and exits
@@ -104,14 +120,20 @@ def layer_of_another_namespace(files: dict[str, bytes]) -> int:
                 os.close(fd)
             socket.send_fds(child, [b"x"], [freeze(mount)])
             code = 0
+        except BaseException as exc:  # said to the parent, which raises it
+            with contextlib.suppress(OSError):
+                child.sendall(repr(exc).encode()[:1000])
         finally:
             os._exit(code)
     child.close()
     try:
-        _, fds, _, _ = socket.recv_fds(parent, 1, 1)
+        message, fds, _, _ = socket.recv_fds(parent, 1000, 1)
     finally:
         parent.close()
         _, status = os.waitpid(pid, 0)
-    if not fds or os.waitstatus_to_exitcode(status) != 0:
-        raise OSError("the child could not make a frozen layer")
-    return fds[0]
+    code = os.waitstatus_to_exitcode(status)
+    if fds and code == 0:
+        return fds[0], ""
+    for fd in fds:
+        os.close(fd)
+    return None, f"exit {code}: {message.decode(errors='replace')}"
