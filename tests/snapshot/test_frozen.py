@@ -25,7 +25,7 @@ import pytest
 from astralvessel import Executor, Registry, SnapshotError, TurnSnapshot
 from astralvessel._executor._snapshot._build import TreeWriter
 from astralvessel._executor._snapshot._capture import capture
-from astralvessel._executor._snapshot._freeze import snapshot_frozen
+from astralvessel._executor._snapshot._freeze import snapshot_frozen, store_copy
 from astralvessel._executor._snapshot._reaper import drain
 from astralvessel._executor._snapshot._reuse import Captures, Held, held_files
 from astralvessel._executor._snapshot._store import Budget, Tree
@@ -321,7 +321,7 @@ def test_a_capture_over_a_frozen_layer_links_from_its_store_copy(tmp_path: Path)
         _drive(
             capture(
                 timeout=5.0, max_bytes=1 << 20, max_files=10, budget=budget,
-                captures=Captures(source),
+                captures=Captures(source, store_copy),
             ),
             listing,
             b"",  # nothing is read: a read would get no bytes, and fail
@@ -349,7 +349,10 @@ def test_a_layers_own_file_is_never_linked(tmp_path: Path) -> None:
     (tree / "kept").write_bytes(b"kept bytes")
     source = _snapshot(frozen_layer(tree))
     layer = os.fsencode(source.path) + b"/"
-    offered = held_files(source)
+    assert Captures(None)._held(source) == {}  # without a copier: read, never linked
+    copy = store_copy(source)
+    assert copy is not None
+    offered = held_files(source, copy)
     assert offered
     assert not [held for held in offered.values() if held.path.startswith(layer)]
     (entry,) = source.manifest.entries

@@ -54,7 +54,7 @@ from ._closing import Closing, refuse_if_ended
 from ._exec import Listing
 from ._observe import TurnWatch, byte_size
 from ._snapshot._capture import capture
-from ._snapshot._freeze import freeze_snapshot, freezes_here
+from ._snapshot._freeze import freeze_snapshot, freezes_here, store_copy
 from ._snapshot._reuse import Captures
 from ._snapshot._store import MIB, Budget
 from ._snapshot._value import TurnSnapshot
@@ -113,7 +113,7 @@ class BaseTurn(Closing, Generic[_Owner]):
         #: The files every sandbox of this turn starts with (None: an empty workspace).
         self.snapshot_source = snapshot
         #: What the turn's next snapshot may link rather than copy (``_snapshot._reuse``).
-        self._captures = Captures(snapshot)
+        self._captures = Captures(snapshot, store_copy)
         self._session: SandboxSession | None = None
         #: The turn's egress proxy, started with its first sandbox when the policy allows a network.
         self._proxy: EgressProxy | None = None

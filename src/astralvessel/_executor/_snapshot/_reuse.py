@@ -27,6 +27,8 @@ from __future__ import annotations
 import os
 import time
 import weakref
+from collections.abc import Callable
+from pathlib import Path
 
 import attrs
 
@@ -40,6 +42,7 @@ __all__ = [
     "held_files",
     "matches",
     "recorded_stat",
+    "store_tree",
     "with_digests",
 ]
 
@@ -72,22 +75,10 @@ class Held:
     entry: Entry
 
 
-def held_files(snapshot: TurnSnapshot) -> dict[bytes, Held]:
-    """Every name of ``snapshot`` that is a regular file's bytes, a hard link's included.
-
-    A frozen layer's (``_freeze``) are on the layer's own tmpfs, which no tree in the
-    store can hard-link across (EXDEV): its files are those of its copy in the store,
-    made the first time they are wanted (``_freeze.store_copy``), once for all the
-    captures that link from it; none where that copy cannot be made (then read).
-    """
-    base = os.fsencode(snapshot.path)
-    if snapshot.layer is not None:
-        from ._freeze import store_copy  # here: _freeze builds with what imports this
-
-        copy = store_copy(snapshot)
-        if copy is None:
-            return {}
-        base = os.fsencode(copy)
+def held_files(snapshot: TurnSnapshot, folder: Path) -> dict[bytes, Held]:
+    """Every name of ``snapshot`` that is a regular file's bytes, a hard link's included,
+    as held in ``folder`` (its tree, or a frozen layer's copy in the store: ``linkable``)."""
+    base = os.fsencode(folder)
     files: dict[bytes, Entry] = {}
     held: dict[bytes, Held] = {}
     for entry in snapshot.manifest.entries:
@@ -97,6 +88,12 @@ def held_files(snapshot: TurnSnapshot) -> dict[bytes, Held]:
         elif entry.kind is EntryKind.HARDLINK and entry.target in files:
             held[entry.name] = Held(base + b"/" + entry.name, files[entry.target])
     return held
+
+
+def store_tree(snapshot: TurnSnapshot) -> Path | None:
+    """The folder a capture links ``snapshot``'s files from, without a copier: its tree in
+    the store, or None for a frozen layer (on a tmpfs of its own: no link reaches it)."""
+    return snapshot.path if snapshot.layer is None else None
 
 
 def recorded_stat(item: dict[str, object], began_ns: int) -> Stat | None:
@@ -121,8 +118,15 @@ class Captures:
     from the newest capture still alive.
     """
 
-    def __init__(self, source: TurnSnapshot | None) -> None:
+    def __init__(
+        self,
+        source: TurnSnapshot | None,
+        linkable: Callable[[TurnSnapshot], Path | None] = store_tree,
+    ) -> None:
+        """``linkable``: the folder a snapshot's files are linked from (None: read them),
+        ``_freeze.store_copy`` for a turn (a frozen layer's copy, made on first need)."""
         self.source = source
+        self._linkable = linkable
         self._captures: list[_Last] = []
         #: The frozen layer the turn now writes above (its fork's source), held weakly too.
         self._frozen: weakref.ref[TurnSnapshot] | None = None
@@ -142,7 +146,7 @@ class Captures:
         found: dict[bytes, Held] = {}
         last, snapshot = self._newest()
         if last is not None and snapshot is not None:
-            held = held_files(snapshot)
+            held = self._held(snapshot)
             for name, stat in last.stats.items():
                 item = listing.get(name)
                 if item is not None and name in held and _stat_of(item) == stat:
@@ -150,11 +154,15 @@ class Captures:
         lower = [name for name, item in listing.items() if item.get("lower") is True]
         origin = self._source() if lower else None  # (a frozen layer's copy: only then)
         if origin is not None:
-            source = held_files(origin)
+            source = self._held(origin)
             for name in lower:
                 if name in source:
                     found.setdefault(name, source[name])
         return found
+
+    def _held(self, snapshot: TurnSnapshot) -> dict[bytes, Held]:
+        folder = self._linkable(snapshot)
+        return {} if folder is None else held_files(snapshot, folder)
 
     def linkable(self) -> bool:
         """Whether a capture now could link files the store holds (a last capture alive,

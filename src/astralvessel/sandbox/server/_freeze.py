@@ -93,14 +93,6 @@ _MOVE_MOUNT_F_EMPTY_PATH = 0x4
 _STATFS_BYTES = 256
 
 
-def _syscall(number: int, what: str, *args: object) -> int:
-    result = int(_sys.libc().syscall(ctypes.c_long(number), *args))
-    if result < 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"{what}: {os.strerror(err)}")
-    return result
-
-
 def _config(
     fs: int,
     command: int,
@@ -110,7 +102,7 @@ def _config(
     aux: int = 0,
     what: str,
 ) -> None:
-    _syscall(
+    _lowerfs.syscall(
         _SYS_FSCONFIG, what, ctypes.c_int(fs), ctypes.c_uint(command),
         ctypes.c_char_p(None if key is None else key.encode()),
         ctypes.c_char_p(None if value is None else value.encode()), ctypes.c_int(aux),
@@ -118,7 +110,7 @@ def _config(
 
 
 def _fsopen(kind: str) -> int:
-    return _syscall(
+    return _lowerfs.syscall(
         _SYS_FSOPEN, f"fsopen {kind}", ctypes.c_char_p(kind.encode()),
         ctypes.c_uint(_FSOPEN_CLOEXEC),
     )  # fmt: skip
@@ -126,7 +118,7 @@ def _fsopen(kind: str) -> int:
 
 def _fsmount(fs: int, what: str) -> int:
     attrs = _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV
-    return _syscall(
+    return _lowerfs.syscall(
         _SYS_FSMOUNT, what, ctypes.c_int(fs), ctypes.c_uint(_FSMOUNT_CLOEXEC), ctypes.c_uint(attrs)
     )
 
@@ -168,7 +160,7 @@ def _upper_tmpfs(size: int, inodes: int) -> int:
 
 def _set_ro(path: str, read_only: bool) -> None:
     """Reconfigure the superblock of the filesystem at ``path`` read-only (or back)."""
-    pick = _syscall(
+    pick = _lowerfs.syscall(
         _SYS_FSPICK, "fspick", ctypes.c_int(_AT_FDCWD), ctypes.c_char_p(path.encode()),
         ctypes.c_uint(_FSPICK_CLOEXEC),
     )  # fmt: skip
@@ -183,7 +175,7 @@ def _set_ro(path: str, read_only: bool) -> None:
 
 def _mount_read_only(tree: int) -> None:
     attr = ctypes.create_string_buffer(struct.pack("=QQQQ", _MOUNT_ATTR_RDONLY, 0, 0, 0), 32)
-    _syscall(
+    _lowerfs.syscall(
         _SYS_MOUNT_SETATTR, "mount_setattr (the clone read-only)", ctypes.c_int(tree),
         ctypes.c_char_p(b""), ctypes.c_uint(_AT_EMPTY_PATH), attr, ctypes.c_size_t(32),
     )  # fmt: skip
@@ -205,7 +197,7 @@ def _overlay(workspace: str, clone: int, layers: int, userxattr: bool) -> None:
             _config(fs, _FSCONFIG_SET_STRING, "redirect_dir", "nofollow", what="fsconfig redirect")
         _config(fs, _FSCONFIG_CMD_CREATE, what="create the overlay")
         merged = _fsmount(fs, "fsmount the overlay")
-        _syscall(
+        _lowerfs.syscall(
             _SYS_MOVE_MOUNT, "move_mount the overlay", ctypes.c_int(merged), ctypes.c_char_p(b""),
             ctypes.c_int(_AT_FDCWD), ctypes.c_char_p(workspace.encode()),
             ctypes.c_uint(_MOVE_MOUNT_F_EMPTY_PATH),
@@ -241,7 +233,7 @@ def freeze_workspace(
     layers = _upper_tmpfs(size, inodes)
     clone = -1
     try:
-        clone = _syscall(
+        clone = _lowerfs.syscall(
             _SYS_OPEN_TREE, "open_tree", ctypes.c_int(_AT_FDCWD),
             ctypes.c_char_p(workspace.encode()), ctypes.c_uint(_OPEN_TREE_CLONE | os.O_CLOEXEC),
         )  # fmt: skip

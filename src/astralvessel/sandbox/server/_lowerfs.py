@@ -35,7 +35,7 @@ from . import _sys
 from ._lean import suppress
 from ._userns import CLONE_NEWUSER
 
-__all__ = ["LAYERS", "in_initial_userns", "overlay_workspace"]
+__all__ = ["LAYERS", "in_initial_userns", "overlay_workspace", "syscall"]
 
 #: The folder of the workspace's tmpfs holding the upper layer (covered by the overlay).
 LAYERS = ".vessel-layers"
@@ -54,7 +54,7 @@ _MOUNT_ATTR_IDMAP = 0x100000
 _MOVE_MOUNT_F_EMPTY_PATH = 0x4
 
 
-def _syscall(number: int, what: str, *args: object) -> int:
+def syscall(number: int, what: str, *args: object) -> int:
     result = int(_sys.libc().syscall(ctypes.c_long(number), *args))
     if result < 0:
         err = ctypes.get_errno()
@@ -123,7 +123,7 @@ def _userns_mapping(
 def _idmapped_clone(lower: str, target: str, uid: int, gid: int, scratch: str) -> None:
     """Attach at ``target`` a read-only clone of ``lower`` whose owner shows as uid/gid."""
     st = os.stat(lower)
-    tree = _syscall(
+    tree = syscall(
         _SYS_OPEN_TREE, "open_tree", ctypes.c_int(_AT_FDCWD), ctypes.c_char_p(lower.encode()),
         ctypes.c_uint(_OPEN_TREE_CLONE | os.O_CLOEXEC),
     )  # fmt: skip
@@ -132,13 +132,13 @@ def _idmapped_clone(lower: str, target: str, uid: int, gid: int, scratch: str) -
         try:
             flags = _MOUNT_ATTR_IDMAP | _MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV
             attr = ctypes.create_string_buffer(struct.pack("=QQQQ", flags, 0, 0, userns), 32)
-            _syscall(
+            syscall(
                 _SYS_MOUNT_SETATTR, "mount_setattr (an idmapped lower layer)", ctypes.c_int(tree),
                 ctypes.c_char_p(b""), ctypes.c_uint(_AT_EMPTY_PATH), attr, ctypes.c_size_t(32),
             )  # fmt: skip
         finally:
             os.close(userns)
-        _syscall(
+        syscall(
             _SYS_MOVE_MOUNT, "move_mount", ctypes.c_int(tree), ctypes.c_char_p(b""),
             ctypes.c_int(_AT_FDCWD), ctypes.c_char_p(target.encode()),
             ctypes.c_uint(_MOVE_MOUNT_F_EMPTY_PATH),
