@@ -485,7 +485,7 @@ class BaseTurn(Closing, Generic[_Owner]):
         unchanged = self._unchanged_source()
         if unchanged is not None:
             return unchanged
-        return (yield from self._files(self._capture_plan()))
+        return (yield from self._files(self._capture_plan(), blocking=True))
 
     def _unchanged_source(self) -> TurnSnapshot | None:
         """The snapshot the turn opened from while no sandbox of it runs: its files are still
@@ -557,7 +557,7 @@ class BaseTurn(Closing, Generic[_Owner]):
                     # (while a fork keeps the layer: the turn holds it weakly).
                     self._captures.frozen(frozen)
                     return frozen
-        return (yield from self._files(self._capture_plan()))
+        return (yield from self._files(self._capture_plan(), blocking=True))
 
     def _capture_plan(self) -> Generator[FsRequest, FsReply, TurnSnapshot]:
         policy = self._context.policy
@@ -580,8 +580,15 @@ class BaseTurn(Closing, Generic[_Owner]):
     def _file_timeout(self) -> float:
         return max(self.executor.timeout_seconds, 30.0)
 
-    def _files(self, plan: Generator[FsRequest, FsReply, _T]) -> Flow[_T]:
-        """Run a file plan's requests on the turn's session, each one guarded."""
+    def _files(
+        self, plan: Generator[FsRequest, FsReply, _T], *, blocking: bool = False
+    ) -> Flow[_T]:
+        """Run a file plan's requests on the turn's session, each one guarded.
+
+        ``blocking``: the plan's own work between requests is long (a capture writes
+        the store's trees, digests every file, copies a frozen layer once), so the
+        async face runs each of its steps on a worker thread, not the event loop's.
+        """
         try:
             request = next(plan)  # checks the host's arguments before a sandbox starts
         except StopIteration as done:  # a plan that needs no step
@@ -589,10 +596,13 @@ class BaseTurn(Closing, Generic[_Owner]):
         session = yield from _Session(self)
         while True:
             reply = yield from self._guarded(_Fs(session, request))
-            try:
-                request = plan.send(reply)
-            except StopIteration as done:
-                return done.value  # type: ignore[no-any-return]
+            if blocking:
+                advanced = yield from _Advance(plan, reply)
+            else:
+                advanced = _advance(plan, reply)
+            if advanced.done:
+                return advanced.value  # type: ignore[no-any-return]
+            request = advanced.value
 
     def _guarded(self, step: _Ask[_T]) -> Flow[_T]:
         """One request to the session; a sandbox that died is discarded and its error raised."""
@@ -722,6 +732,31 @@ class _Ahead(Step[None]):
 
 
 @attrs.frozen
+class _Advanced:
+    """A plan's next request (``done`` false), or its result (``done`` true)."""
+
+    done: bool
+    value: Any
+
+
+def _advance(plan: Generator[FsRequest, FsReply, Any], reply: FsReply) -> _Advanced:
+    # StopIteration cannot leave a worker thread as itself (a coroutine turns it into
+    # RuntimeError), so the plan's end is a value here.
+    try:
+        return _Advanced(False, plan.send(reply))
+    except StopIteration as done:
+        return _Advanced(True, done.value)
+
+
+@attrs.frozen
+class _Advance(Step[_Advanced]):
+    """One step of a file plan's host-side work, given the sandbox's reply."""
+
+    plan: Generator[FsRequest, FsReply, Any]
+    reply: FsReply
+
+
+@attrs.frozen
 class _Ask(Step[_T]):
     """One request to the turn's sandbox; a flow makes it through ``BaseTurn._guarded``."""
 
@@ -777,6 +812,12 @@ _STEPS: dict[type[Step[Any]], tuple[Callable[[Any], Any], Callable[[Any], Awaita
     _Fs: (lambda s: s.session.fs(s.request), lambda s: s.session.afs(s.request)),
     # Its host's half (the listing, the digests) is blocking work: a thread's, as awaited.
     _Freeze: (lambda s: s.made(), lambda s: to_thread(s.made)),
+    # A capture's host half (tree writes, digests, a layer's copy), off the event loop;
+    # a cancelled await lets the step finish (never two threads in one generator).
+    _Advance: (
+        lambda s: _advance(s.plan, s.reply),
+        lambda s: to_thread(_advance, s.plan, s.reply),
+    ),
 }
 _PERFORM: Perform = {kind: sync for kind, (sync, _) in _STEPS.items()}
 _APERFORM: APerform = {kind: awaited for kind, (_, awaited) in _STEPS.items()}
