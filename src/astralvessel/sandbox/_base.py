@@ -72,6 +72,12 @@ class ServerLink:
     upper_names: Callable[[], frozenset[bytes] | None] | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.is_callable())
     )
+    #: Raises the turn's memory bound by that many bytes (its memory group's, where it has
+    #: one): a workspace frozen in place stays charged to the turn that froze it, and the
+    #: turn must not lose that much of its calls' memory to its forks' shared files.
+    widen_memory: Callable[[int], None] | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.is_callable())
+    )
 
 
 class Sandbox(abc.ABC):
@@ -120,6 +126,7 @@ class Sandbox(abc.ABC):
         booted = policy if link.lower_laid is None else attrs.evolve(policy, workspace_lower=None)
         session = ServerSession.start(link.channel, booted, backend=self.name, options=link.options)
         session.upper_names = link.upper_names
+        session.widen_memory = link.widen_memory
         if link.lower_laid:
             # Read as the server's own report would be (``Executor._restore``): nothing to copy.
             relaxations = dict(session.ready_info.get("relaxations") or {}, workspace_lower=True)

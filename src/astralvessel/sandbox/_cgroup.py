@@ -159,6 +159,20 @@ class TurnCgroup:
                 return os.open(os.path.join(path, "memory.stat"), os.O_RDONLY)
         return None
 
+    def widen_memory(self, extra: int) -> None:
+        """Raise the memory group's bound by ``extra`` bytes (none without a memory group).
+
+        Raises ``OSError`` where the bound cannot be read or written.
+        """
+        for path in self.paths:
+            limit = os.path.join(path, "memory.limit_in_bytes")
+            if not os.path.exists(limit):
+                continue
+            with open(limit, "rb") as handle:
+                current = int(handle.read())
+            with open(limit, "wb") as handle:
+                handle.write(str(current + max(0, extra)).encode())
+
     def memory_note(self) -> str:
         """Why the kernel stopped this turn's processes, for a sandbox that died; else ``""``.
 

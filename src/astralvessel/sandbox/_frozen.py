@@ -104,13 +104,34 @@ def freeze(session: SandboxSession, upper_bytes: int, *, timeout: float = 30.0) 
     if not isinstance(number, int):
         raise OSError(errno.EPROTO, f"the freeze's answer names no descriptor: {reply.fields!r}")
     try:
-        return _take(pid, number, reply.fields.get("dev"), reply.fields.get("ino"))
+        fd = _take(pid, number, reply.fields.get("dev"), reply.fields.get("ino"))
     finally:
         released = session.fs(
             FsRequest(op="freeze", timeout=timeout, fields={"phase": "release", "fd": number})
         )
         if released.errno is not None:  # pragma: no cover - the server holds what it named
             raise _refusal(released.errno, released.message)
+    _widen_memory(session, fd)
+    return fd
+
+
+def _widen_memory(session: SandboxSession, fd: int) -> None:
+    """Raise the turn's memory bound by the frozen tmpfs's pages.
+
+    They stay charged to the turn's memory group (a tmpfs page is charged to the group
+    that wrote it, until it is freed), while the turn writes on in a new layer bounded
+    by its disk limit: unwidened, every byte frozen would be taken from its calls'
+    memory, and a turn that forked a full workspace could not rewrite it without its
+    calls being killed. The forks' own writes are charged to their own groups.
+    """
+    widen = getattr(session, "widen_memory", None)
+    if widen is None:
+        return
+    try:
+        stats = os.fstatvfs(fd)
+        widen((stats.f_blocks - stats.f_bfree) * stats.f_frsize)
+    except (OSError, ValueError):
+        pass  # the bound stays as it was: the turn is no worse off than before the freeze
 
 
 def _take(pid: int, number: int, dev: object, ino: object) -> int:

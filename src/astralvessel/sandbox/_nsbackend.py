@@ -325,6 +325,7 @@ class NamespaceBackend(Sandbox):
                 memory_events=() if events_fd is None else (f"/proc/self/fd/{events_fd}",),
                 memory_limits=() if limit_fd is None else (f"/proc/self/fd/{limit_fd}",),
             ),
+            widen_memory=None if cgroup is None else cgroup.widen_memory,
         )
 
 

@@ -136,6 +136,8 @@ class ServerSession(SandboxSession):
         #: Where the host laid the workspace's overlay (``ServerLink.upper_names``): the
         #: names its upper layer holds, given with each snapshot listing.
         self.upper_names: Callable[[], frozenset[bytes] | None] | None = None
+        #: Raises the turn's memory bound by that many bytes (``ServerLink.widen_memory``).
+        self.widen_memory: Callable[[int], None] | None = None
         self._channel = channel
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
