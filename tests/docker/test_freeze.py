@@ -20,7 +20,7 @@ import pytest
 
 from astralvessel import Executor, Registry, Turn, TurnSnapshot
 from astralvessel._executor._snapshot._store import store_root
-from astralvessel.sandbox import DetachRequest, FsRequest, Policy
+from astralvessel.sandbox import DetachRequest, FsRequest, Policy, RunRequest
 from astralvessel.sandbox._frozen import freeze
 from astralvessel.sandbox.docker import Docker
 
@@ -166,5 +166,45 @@ def test_the_server_refuses_while_a_call_runs_and_the_host_changes_nothing(
         with pytest.raises(OSError, match="not the sandbox's own tmpfs") as again:
             freeze(session, 8 << 20)
         assert again.value.errno == errno.EOPNOTSUPP
+    finally:
+        session.close()
+
+
+def test_a_step_refused_in_the_servers_namespace_leaves_the_turn_as_it_was(
+    backend: Docker,
+) -> None:
+    """A file open for writing on the tmpfs (here the host's, through the server's root)
+    makes the kernel refuse the read-only reconfigure in the host's child (EBUSY): the
+    tmpfs is thawed, the server's views go on, and the next freeze, once it is closed, is
+    made."""
+    session = backend.start(Policy(limits=SMALL_LIMITS))
+    try:
+        pid = session.channel.host_pid()  # type: ignore[attr-defined]
+        held = os.open(f"/proc/{pid}/root/workspace/held", os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            with pytest.raises(OSError, match="cannot be frozen") as busy:
+                freeze(session, 8 << 20)
+            assert busy.value.errno == errno.EBUSY
+            outcome = session.run(
+                RunRequest(
+                    argv=("sh", "-c", "echo x > /workspace/f && cat /workspace/f"),
+                    timeout=30,
+                    output_chars=1000,
+                )
+            )
+            assert outcome.output == "x\n"
+            wrote = session.fs(FsRequest(op="write", path="g", data=b"g", timeout=10))
+            assert wrote.errno is None, wrote.message
+        finally:
+            os.close(held)
+        os.close(freeze(session, 8 << 20))
+        outcome = session.run(
+            RunRequest(
+                argv=("sh", "-c", "grep -c ' /workspace ' /proc/self/mountinfo"),
+                timeout=30,
+                output_chars=1000,
+            )
+        )
+        assert outcome.output == "2\n"  # the frozen tmpfs, the overlay above it
     finally:
         session.close()
