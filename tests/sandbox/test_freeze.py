@@ -260,8 +260,9 @@ class _RemoteSession:
 
 
 def test_a_server_that_is_no_process_of_this_host_is_not_asked() -> None:
-    """Where the host cannot take the clone (Docker), ``freeze`` raises ENOSYS before it sends
-    anything: the workspace is left as it is and the host copies."""
+    """Where the server is no process of this host (a Docker session without the engine's
+    pid of it: a remote engine's), ``freeze`` raises ENOSYS before it sends anything: the
+    workspace is left as it is and the host copies."""
     with pytest.raises(OSError, match="not a process of this host") as caught:
         freeze(_RemoteSession(), UPPER_BYTES)  # type: ignore[arg-type]
     assert caught.value.errno == errno.ENOSYS

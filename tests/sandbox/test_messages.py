@@ -140,9 +140,10 @@ def test_a_hello_is_checked_beyond_its_types() -> None:
 
 
 def test_a_freeze_is_checked_beyond_its_types() -> None:
-    """A freeze names its phase, and a freeze (not a release) its upper layer's bound."""
+    """A freeze names its phase, and a freeze (not a release, nor the steps around the
+    host's) its upper layer's bound."""
     changes: list[tuple[dict[str, object], str]] = [
-        ({"phase": "thaw", "upper_bytes": 1}, "'phase' must be 'freeze' or 'release'"),
+        ({"phase": "thaw", "upper_bytes": 1}, "'phase' must be one of"),
         ({}, "'upper_bytes' must be positive"),
         ({"upper_bytes": 0}, "'upper_bytes' must be positive"),
     ]
@@ -150,6 +151,9 @@ def test_a_freeze_is_checked_beyond_its_types() -> None:
         with pytest.raises(ValueError, match=words):
             READERS["freeze"].from_json({"type": "freeze", "op": "freeze", **change})
     assert Freeze(op="freeze", phase="release", fd=3).upper_bytes == 0
+    # The host's own freeze (Docker's): neither step names a bound.
+    for phase in ("prepare", "frozen"):
+        assert Freeze(op="freeze", phase=phase).upper_bytes == 0
 
 
 def test_a_message_is_frozen() -> None:

@@ -15,8 +15,10 @@ that number (the server comes before any of its calls, which are deeper), and
 checks the descriptor it got is the mount the server described (device and
 inode), so a pid reused meanwhile cannot hand over anything else.
 
-A session the host did not start as a local process (Docker) cannot be asked:
-``freeze`` then raises ``ENOSYS`` before anything changes in the sandbox.
+A Docker turn's server is no descendant of the host, and cannot mount over the
+engine's tmpfs: there the host does the mount steps itself (``docker._freeze``).
+A session the host did not start as a local process cannot be asked: ``freeze``
+then raises ``ENOSYS`` before anything changes in the sandbox.
 """
 
 from __future__ import annotations
@@ -96,6 +98,10 @@ def freeze(session: SandboxSession, upper_bytes: int, *, timeout: float = 30.0) 
     failed (``EPERM`` from ``pidfd_getfd``), in which case the turn writes on in
     its overlay and only the clone is lost.
     """
+    if session.backend == "docker":  # no local server process: the host mounts (root)
+        from .docker._freeze import freeze as host_freeze  # lazy: keeps docker/ off the path
+
+        return host_freeze(session, upper_bytes, timeout=timeout)
     pid = server_pid(session)
     reply = session.fs(FsRequest(op="freeze", timeout=timeout, fields={"upper_bytes": upper_bytes}))
     if reply.errno is not None:

@@ -46,8 +46,9 @@ from ._value import TurnSnapshot
 
 __all__ = ["Unstaged", "freeze_snapshot", "freezes_here", "snapshot_frozen", "store_copy"]
 
-#: The backends whose sandbox the host can ask for a freeze (a local server process).
-_FREEZES = frozenset({"bubblewrap", "nsjail"})
+#: The backends whose sandbox the host can freeze: a local server process it asks, or
+#: Docker's server, in whose mount namespace the host mounts (not ``docker-exec``: no server).
+_FREEZES = frozenset({"bubblewrap", "nsjail", "docker"})
 
 #: The server's outbox, as a name in the workspace: a capture leaves it out, and so does this.
 OUTBOX_NAME = str(OUTBOX_DIR.relative_to(WORKSPACE_DIR))
@@ -157,7 +158,9 @@ def freezes_here(backend: str) -> bool:
     Not as an ordinary user: it cannot mount in the host's namespace, and a fork's
     overlay over a layer of another user namespace is refused (EPERM) besides, so each
     fork would copy the whole layer where a store tree serves them all copy-on-write.
-    Not on Docker: its host does not take a layer.
+    On Docker as root too: the host mounts in the server's mount namespace
+    (``docker._freeze``); not on ``docker-exec``, which runs no server to refuse while a
+    call runs, nor remake its views.
     """
     return os.geteuid() == 0 and backend in _FREEZES
 

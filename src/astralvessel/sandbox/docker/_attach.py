@@ -225,6 +225,12 @@ class AttachChannel:
             parts.append(f"engine error: {state['Error']}")
         return ", ".join(parts)
 
+    def host_pid(self) -> int:
+        """The engine's host pid of the container's first process (the server), 0 if it
+        does not run; as the engine's machine counts it (a remote engine's: another's)."""
+        pid = self._api.inspect_container(self.container_id)["State"].get("Pid")
+        return pid if isinstance(pid, int) else 0
+
     def describe_exit(self) -> str:
         """Why the sandbox ended: the container's state and the server's stderr tail."""
         status = self._exit or self._exit_status()

@@ -48,8 +48,8 @@ import threading
 from pathlib import Path
 
 from ..._ground._leftovers import leftover_folders, owned_prefix
-from .._policy import Limits
-from ..server import _lowerfs, _snapfiles, _sys
+from .._policy import OUTBOX_DIR, WORKSPACE_DIR, Limits
+from ..server import _hello, _lowerfs, _snapfiles, _sys
 
 __all__ = ["HostOverlay", "remove_frames"]
 
@@ -66,6 +66,8 @@ _LAY = (
     "import sys; sys.path.insert(0, sys.argv[1]); from server._lowerfs import overlay_workspace; "
     "overlay_workspace(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]))"
 )
+#: The server's outbox, as a name in the workspace.
+_OUTBOX_NAME = str(OUTBOX_DIR.relative_to(WORKSPACE_DIR))
 #: The folder holding ``server/`` (the child imports it as a top-level package).
 _SERVER_PARENT = str(Path(_lowerfs.__file__).parent.parent)
 
@@ -137,6 +139,9 @@ class HostOverlay:
                 self._upper = os.open(f"{_lowerfs.LAYERS}/upper", _DIR_FLAGS, dir_fd=below)
             finally:
                 os.close(below)
+            # A frozen layer is a turn's whole workspace, its outbox too: the server's own
+            # overlay clears it (``_hello``), this one the host, before the container starts.
+            _hello.clear_lower_outbox(os.path.join(self.workspace, _OUTBOX_NAME))
         except BaseException:
             self.close()
             raise

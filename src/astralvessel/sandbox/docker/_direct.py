@@ -196,6 +196,10 @@ class DirectChannel:
         if self._starting is not None:
             self._starting.settle()
 
+    def host_pid(self) -> int:
+        """The engine's host pid of the server (``AttachChannel.host_pid``)."""
+        return self._attach.host_pid()
+
     def send(self, data: bytes) -> None:
         """Write to the server."""
         self._sock.sendall(data)

@@ -63,7 +63,16 @@ if TYPE_CHECKING:
     from ._launch import LaunchPlan
     from ._messages import Hello
 
-__all__ = ["TMPFS_MAGIC", "answer", "filesystem_type", "freeze_workspace", "refused", "release"]
+__all__ = [
+    "TMPFS_MAGIC",
+    "answer",
+    "filesystem_type",
+    "freeze_workspace",
+    "not_here",
+    "prepared",
+    "refused",
+    "release",
+]
 
 TMPFS_MAGIC = 0x01021994
 # The new mount API's numbers are the same on every architecture (Linux 5.2 onwards).
@@ -264,6 +273,31 @@ def refused(code: int, message: str) -> dict[str, Any]:
     return {"error": {"errno": errno.errorcode.get(code, "EIO"), "message": message}}
 
 
+def not_here(config: Hello, plan: LaunchPlan, path_map: dict[str, str]) -> dict[str, Any] | None:
+    """A freeze's refusal where the workspace is not this sandbox's own tmpfs alone (None:
+    it is): mapped from the host, or holding the writable root's layers."""
+    workspace = map_path(config.workspace, path_map)
+    if not plan.confine or workspace != config.workspace:
+        why = "the workspace is a host folder here, not the sandbox's own tmpfs"
+        return refused(errno.EOPNOTSUPP, why)
+    if config.writable_root:
+        return refused(errno.EOPNOTSUPP, "the writable root's layers live in the workspace's tmpfs")
+    return None
+
+
+def prepared(config: Hello, plan: LaunchPlan, path_map: dict[str, str]) -> dict[str, Any]:
+    """The answer to a ``prepare``: where the host freezes the workspace itself (Docker's:
+    the server cannot reconfigure a tmpfs of the engine's), what it needs, or the refusal.
+
+    Nothing changes here; the host then runs ``freeze_workspace`` in the server's mount
+    namespace, on ``workspace``, bounding the upper layer's inodes by ``inodes``.
+    """
+    refusal = not_here(config, plan, path_map)
+    if refusal is not None:
+        return refusal
+    return {"workspace": config.workspace, "inodes": config.limits["workspace_inodes"]}
+
+
 def answer(
     config: Hello,
     plan: LaunchPlan,
@@ -283,15 +317,12 @@ def answer(
     and the like where the kernel refuses a step (no capability, as in a Docker
     container). The host then copies the files instead.
     """
-    workspace = map_path(config.workspace, path_map)
-    if not plan.confine or workspace != config.workspace:
-        why = "the workspace is a host folder here, not the sandbox's own tmpfs"
-        return refused(errno.EOPNOTSUPP, why)
-    if config.writable_root:
-        return refused(errno.EOPNOTSUPP, "the writable root's layers live in the workspace's tmpfs")
+    refusal = not_here(config, plan, path_map)
+    if refusal is not None:
+        return refusal
     try:
         clone = freeze_workspace(
-            workspace,
+            config.workspace,
             upper_bytes,
             config.limits["workspace_inodes"],
             userxattr=not _lowerfs.in_initial_userns(),

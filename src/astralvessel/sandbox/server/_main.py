@@ -208,6 +208,15 @@ class Server:
         if message.phase == "release":
             self.files.submit_local(call_id, lambda: _freeze.release(self.frozen, message.fd))
             return
+        if message.phase == "prepare":  # the host freezes (Docker's): only the refusals
+            self.files.submit_local(
+                call_id,
+                lambda: self._calls_running() or _freeze.prepared(config, plan, self.path_map),
+            )
+            return
+        if message.phase == "frozen":
+            self.files.submit_local(call_id, self._host_froze)
+            return
         self.files.submit_local(
             call_id,
             lambda: (
@@ -241,6 +250,16 @@ class Server:
     def _after_freeze(self, clone: int) -> None:
         """After a freeze: hold the clone; what copied the old view is made again."""
         self.frozen.add(clone)
+        self._old_view_retired()
+
+    def _host_froze(self) -> dict[str, Any]:
+        """After the host's own step of a freeze (Docker's), laid or not: what copied the
+        view before it is made again (a restart more, where nothing was laid). The new upper
+        layer is the host's, detached, so a later snapshot of the turn reads every file."""
+        self._old_view_retired()
+        return {}
+
+    def _old_view_retired(self) -> None:
         # Whatever kept a mount namespace of its own copied the old view, where the
         # workspace is now read-only: the file worker starts again with the next request,
         # the spare's namespaces are made again (the zygote shares this process's view).

@@ -307,16 +307,26 @@ class Restore(FileOp):
     index_bytes: int = 0
 
 
+#: What a ``freeze`` message asks (``Freeze.phase``).
+FREEZE_PHASES = ("freeze", "release", "prepare", "frozen")
+
+
 class Freeze(FileOp):
     """Freeze the workspace in place for the host to fork from (``_freeze``), or, phase
     ``release``, close the server's copy of a frozen clone's descriptor ``fd``.
+
+    Where the host mounts for the server (Docker's, which has no ``CAP_SYS_ADMIN`` over
+    the workspace's tmpfs), phase ``prepare`` asks only for the server's refusals
+    (``EBUSY`` while a call runs) and the workspace's path and inode bound, and phase
+    ``frozen``, sent once the host's step ran (laid or not), has the server make again
+    what copied the old view.
 
     The server answers it itself, in order with the file requests, not the worker.
     """
 
     TYPE = "freeze"
     WORKER_OP = "freeze"
-    #: ``freeze`` or ``release``.
+    #: ``freeze``, ``release``, ``prepare`` or ``frozen``.
     phase: str = "freeze"
     #: ``freeze``: the most bytes the workspace's new upper layer holds (the turn's disk limit).
     upper_bytes: int = 0
@@ -324,8 +334,8 @@ class Freeze(FileOp):
     fd: int = -1
 
     def _check(self) -> None:
-        if self.phase not in ("freeze", "release"):
-            raise ValueError("'freeze' message: 'phase' must be 'freeze' or 'release'")
+        if self.phase not in FREEZE_PHASES:
+            raise ValueError(f"'freeze' message: 'phase' must be one of {FREEZE_PHASES}")
         if self.phase == "freeze" and self.upper_bytes <= 0:
             raise ValueError("'freeze' message: 'upper_bytes' must be positive")
 

@@ -1,0 +1,230 @@
+"""A Docker turn's workspace frozen in place by the host (root), in the server's mount namespace.
+
+The container's server cannot freeze its workspace itself: the tmpfs is the
+engine's (its superblock belongs to the host's user namespace), and the server
+holds ``CAP_SYS_ADMIN`` only in the user namespace its bootstrap made. Root on
+the host holds it over both, so the host runs the server's own steps
+(``server/_freeze.freeze_workspace``: the clone, the superblock read-only, the
+bounded upper layer, the overlay moved onto ``/workspace``) in the server's
+mount namespace, and the server does what only it can around them:
+
+1. ``prepare``: the server refuses while a call or detached process runs
+   (``EBUSY``), or where the workspace is not its own tmpfs (``EOPNOTSUPP``),
+   and changes nothing;
+2. the host's step, in a child of its own: ``setns`` asks a single-threaded
+   process (this host process has threads), and the child imports only the
+   stdlib and ``server/``, as ``_cow``'s does. It sends the clone back over a
+   socket pair (``SCM_RIGHTS``); a step refused there leaves the tmpfs thawed
+   and the workspace as it was;
+3. ``frozen``, sent whatever the child did: the file worker and the spare
+   call's namespaces copied the old view, so the server makes them again.
+
+The server is the container's first process: the engine names its host pid
+(``State.Pid``), which is checked to be that container's (its cgroup names the
+container's id) and the server (its innermost pid is the one its ``ready``
+gave) through one ``/proc`` folder descriptor, which stays that process's
+however the pid is reused, and the mount namespace is opened through it too.
+A layer made so is the host's overlay's (``trusted.*`` attributes, as root's on
+bubblewrap); the new upper layer is detached in the container, so the server's
+listing marks no file the frozen layer's, and a later snapshot of the turn
+reads every file through the sandbox.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import subprocess
+import sys
+import threading
+import weakref
+from pathlib import Path
+
+from .._api import FsRequest, SandboxSession
+from ..server import _snapfiles, _sys
+
+__all__ = ["freeze"]
+
+#: The server's own steps in the server's mount namespace: ``argv`` is the folder holding
+#: ``server/``, the namespace's and the socket's descriptors, the workspace, the upper
+#: layer's bytes and inodes. It sends the clone, then the new upper layer's folder if it
+#: could open it. An ``OSError``'s errno name is its last line's first word.
+_FREEZE = (
+    "import errno, socket, sys; sys.path.insert(0, sys.argv[1]); from server import _sys; "
+    "from server._freeze import freeze_workspace\n"
+    "upper = []\n"
+    "try:\n"
+    " _sys.setns(int(sys.argv[2]), _sys.CLONE_NEWNS)\n"
+    " clone = freeze_workspace(\n"
+    "  sys.argv[4], int(sys.argv[5]), int(sys.argv[6]), userxattr=False, upper_to=upper.append\n"
+    " )\n"
+    "except OSError as exc:\n"
+    " sys.exit(errno.errorcode.get(exc.errno or 0, 'EIO') + ' ' + str(exc.strerror or exc))\n"
+    "socket.send_fds(socket.socket(fileno=int(sys.argv[3])), [b'f'], [clone, *upper])"
+)
+#: The folder holding ``server/`` (the child imports it as a top-level package).
+_SERVER_PARENT = str(Path(_sys.__file__).parent.parent)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def freeze(session: SandboxSession, upper_bytes: int, *, timeout: float = 30.0) -> int:
+    """Freeze the Docker ``session``'s workspace in place; the host's descriptor of the clone.
+
+    As ``sandbox._frozen.freeze``: a detached, read-only mount of the workspace as it
+    was, close-on-exec, the caller's; ``OSError`` when it is not made (``ENOSYS``: the
+    server is no process of this host; ``EBUSY``, ``EOPNOTSUPP``: the server's
+    refusals; ``EPERM``: not root), the workspace then as it was.
+    """
+    proc = _server_folder(session)
+    try:
+        ready = _ask(session, {"phase": "prepare"}, timeout)
+        workspace, inodes = ready.get("workspace"), ready.get("inodes")
+        if not isinstance(workspace, str) or not isinstance(inodes, int):
+            raise OSError(errno.EPROTO, f"the server's prepare names no workspace: {ready!r}")
+        namespace = os.open("ns/mnt", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc)
+    finally:
+        os.close(proc)
+    try:
+        clone, upper = _frozen_by_child(namespace, workspace, upper_bytes, inodes, timeout)
+        if upper >= 0:
+            _listed_by_the_host(session, upper)
+        return clone
+    finally:
+        os.close(namespace)
+        # Laid or not, the server makes again what copied the view before the child ran.
+        _ask(session, {"phase": "frozen"}, timeout)
+
+
+def _ask(session: SandboxSession, fields: dict[str, object], timeout: float) -> dict[str, object]:
+    reply = session.fs(FsRequest(op="freeze", timeout=timeout, fields=fields))
+    if reply.errno is not None:
+        code = getattr(errno, reply.errno, errno.EIO)
+        raise OSError(code, reply.message or os.strerror(code))
+    return dict(reply.fields)
+
+
+def _server_folder(session: SandboxSession) -> int:
+    """A descriptor of the server's ``/proc`` folder, checked to be that container's server."""
+    channel = getattr(session, "channel", None)
+    host_pid = getattr(channel, "host_pid", None)
+    container = getattr(channel, "container_id", None)
+    inner = getattr(session, "ready_info", {}).get("pid")
+    if host_pid is None or not isinstance(container, str) or not isinstance(inner, int):
+        raise OSError(errno.ENOSYS, f"the {session.backend} sandbox is not a process of this host")
+    pid = host_pid()
+    if not isinstance(pid, int) or pid <= 0:
+        raise OSError(errno.ESRCH, "the turn's container does not run")
+    not_here = OSError(errno.ENOSYS, "the container's server is not a process of this host")
+    try:
+        proc = os.open(f"/proc/{pid}", _DIR_FLAGS)
+    except FileNotFoundError:
+        raise not_here from None
+    try:
+        ours = container in _read(proc, "cgroup") and _innermost_pid(_read(proc, "status")) == inner
+    except BaseException:
+        os.close(proc)
+        raise
+    if not ours:
+        os.close(proc)
+        raise not_here
+    return proc
+
+
+def _read(folder: int, name: str) -> str:
+    fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC, dir_fd=folder)
+    try:
+        return os.read(fd, 1 << 16).decode("ascii", "replace")
+    finally:
+        os.close(fd)
+
+
+def _innermost_pid(status: str) -> int | None:
+    for line in status.splitlines():
+        if line.startswith("NSpid:"):
+            return int(line.split()[-1])
+    return None
+
+
+def _frozen_by_child(
+    namespace: int, workspace: str, upper_bytes: int, inodes: int, timeout: float
+) -> tuple[int, int]:
+    """``freeze_workspace`` run by a child in mount namespace ``namespace``: the clone and
+    the new upper layer's folder (-1: none was sent)."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with ours, theirs:
+        argv = [
+            sys.executable, "-I", "-S", "-c", _FREEZE, _SERVER_PARENT, str(namespace),
+            str(theirs.fileno()), workspace, str(upper_bytes), str(inodes),
+        ]  # fmt: skip
+        try:
+            done = subprocess.run(
+                argv,
+                pass_fds=(namespace, theirs.fileno()),
+                capture_output=True,
+                text=True,
+                check=False,
+                timeout=timeout,
+            )
+        except subprocess.TimeoutExpired:
+            raise OSError(errno.ETIMEDOUT, "the workspace's freeze did not end in time") from None
+        theirs.close()
+        if done.returncode != 0:
+            raise _childs_error(done.stderr)
+        _, fds, _, _ = socket.recv_fds(ours, 1, 2)
+    if not fds:
+        raise OSError(errno.EPROTO, "the freeze's child sent no clone")
+    return fds[0], fds[1] if len(fds) > 1 else -1
+
+
+def _childs_error(stderr: str) -> OSError:
+    """The child's refusal as an ``OSError``: its last line, ``ENAME message``."""
+    last = (stderr.strip().splitlines() or ["EIO the child said nothing"])[-1]
+    name, _, message = last.partition(" ")
+    code = getattr(errno, name, None)
+    if not isinstance(code, int):
+        return OSError(errno.EIO, f"the workspace cannot be frozen: {last}")
+    return OSError(code, f"the workspace cannot be frozen: {message}")
+
+
+class _HeldUpper:
+    """The frozen turn's upper layer, held by the host for its snapshots' listings, as
+    ``_cow.HostOverlay`` holds a turn's on a snapshot: the server's own worker cannot
+    reach it (detached in a mount namespace where the host laid it)."""
+
+    def __init__(self, upper: int) -> None:
+        self._upper = upper
+        self._lock = threading.Lock()
+
+    def upper_names(self) -> frozenset[bytes] | None:
+        """Every name the upper layer holds (``_snapfiles.upper_names``), or None: closed,
+        or not walked whole (the snapshot then reads every file)."""
+        with self._lock:
+            if self._upper < 0:
+                return None
+            try:
+                upper = os.dup(self._upper)
+            except OSError:
+                return None
+        try:
+            found = _snapfiles.upper_names(upper)
+        finally:
+            os.close(upper)
+        return None if found is None else frozenset(found)
+
+    def close(self) -> None:
+        with self._lock:
+            upper, self._upper = self._upper, -1
+        if upper >= 0:
+            os.close(upper)
+
+
+def _listed_by_the_host(session: SandboxSession, upper: int) -> None:
+    """Give ``session``'s snapshot listings the names ``upper`` holds, until it goes (the
+    descriptor keeps the detached layer's memory: it is closed with the session)."""
+    held = _HeldUpper(upper)
+    if not hasattr(session, "upper_names"):
+        held.close()
+        return
+    session.upper_names = held.upper_names
+    weakref.finalize(session, held.close)
