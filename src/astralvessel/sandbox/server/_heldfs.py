@@ -11,8 +11,8 @@ in, unless ``fsmount`` made it: so here, as an ordinary user, the server
 replaces the launcher's workspace tmpfs by one it makes with ``fsopen`` and
 ``fsmount`` (the same bounds: bytes, inodes, owner, mode and flags), keeps that
 first detached mount (close-on-exec, reached by no path: no call can name it)
-and attaches a clone of it at the workspace. The launcher's tmpfs stays below,
-empty and covered.
+and attaches a clone of it at the workspace in place of the launcher's (above it
+where that cannot be unmounted: it stays below, empty and covered).
 
 It is done at hello, before anything copies the server's view (the file
 worker, a call's namespaces, the relay) and before the outbox is made, so
@@ -26,7 +26,7 @@ import ctypes
 import os
 import stat
 
-from . import _lowerfs
+from . import _lowerfs, _sys
 from ._freeze import _close, _config, _fsopen
 from ._lean import suppress
 
@@ -60,15 +60,16 @@ def hold_workspace(workspace: str, size: int, inodes: int) -> int:
     for st_flag, attr in _KEPT_FLAGS:
         if flags & st_flag:
             attrs |= attr
+    options = (
+        ("size", str(size)),
+        ("nr_inodes", str(inodes)),
+        ("mode", f"{stat.S_IMODE(before.st_mode):o}"),
+        ("uid", str(before.st_uid)),
+        ("gid", str(before.st_gid)),
+    )
     fs = _fsopen("tmpfs")
     try:
-        for key, value in (
-            ("size", str(size)),
-            ("nr_inodes", str(inodes)),
-            ("mode", f"{stat.S_IMODE(before.st_mode):o}"),
-            ("uid", str(before.st_uid)),
-            ("gid", str(before.st_gid)),
-        ):
+        for key, value in options:
             _config(fs, _FSCONFIG_SET_STRING, key, value, what=f"fsconfig {key}")
         _config(fs, _FSCONFIG_CMD_CREATE, what="create the workspace's tmpfs")
         held = _lowerfs.syscall(
@@ -85,11 +86,23 @@ def hold_workspace(workspace: str, size: int, inodes: int) -> int:
             ctypes.c_uint(_OPEN_TREE_CLONE | _AT_EMPTY_PATH | os.O_CLOEXEC),
         )  # fmt: skip
         cwd = os.getcwd()
-        _lowerfs.syscall(
-            _SYS_MOVE_MOUNT, "move_mount the workspace's tmpfs", ctypes.c_int(clone),
-            ctypes.c_char_p(b""), ctypes.c_int(_AT_FDCWD), ctypes.c_char_p(workspace.encode()),
-            ctypes.c_uint(_MOVE_MOUNT_F_EMPTY_PATH),
-        )  # fmt: skip
+        # The launcher's tmpfs goes where it may (nothing uses it yet), so the workspace is
+        # one mount as before; where it may not, it stays below, empty and covered.
+        gone = _sys.libc().umount2(workspace.encode(), _sys.MNT_DETACH) == 0
+        try:
+            _lowerfs.syscall(
+                _SYS_MOVE_MOUNT, "move_mount the workspace's tmpfs", ctypes.c_int(clone),
+                ctypes.c_char_p(b""), ctypes.c_int(_AT_FDCWD),
+                ctypes.c_char_p(workspace.encode()), ctypes.c_uint(_MOVE_MOUNT_F_EMPTY_PATH),
+            )  # fmt: skip
+        except OSError:
+            if gone:  # a tmpfs as the launcher's again, bounded alike
+                flags = _sys.MS_NOSUID if attrs & 0x2 else 0
+                flags |= _sys.MS_NODEV if attrs & 0x4 else 0
+                _sys.mount(
+                    "tmpfs", workspace, "tmpfs", flags, ",".join(f"{k}={v}" for k, v in options)
+                )
+            raise
     except OSError:
         _close(held)
         raise
