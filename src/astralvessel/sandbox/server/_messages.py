@@ -199,7 +199,7 @@ class Hello(Message):
     workspace_lower: str | None
     #: A frozen layer to lay it on instead, passed as this descriptor (an ordinary user's
     #: host holds it, unstaged); the server closes it before any call.
-    workspace_lower_fd: int | None = None
+    workspace_lower_fd: int | None
 
     def _check(self) -> None:
         lower_fd = self.workspace_lower_fd
