@@ -21,7 +21,7 @@ row says ``(1 run)``; a row has a verdict only where the issue sets a target:
   MiB (100 files, one per folder: the tree-search case), whose snapshot links
   every file its upper layer does not hold; (ii) a fresh turn's first fork,
   which copies its files once (its row says so; a second fork of it links
-  them), or as root (bubblewrap, nsjail, Docker) freezes the workspace's tmpfs in
+  them), or on bubblewrap and nsjail (and on Docker as root) freezes the workspace's tmpfs in
   place and copies nothing (its disk row counts the store's filesystem only).
   Then the time until each of the first ``--started`` forks has served a call:
   copy-on-write on bubblewrap and nsjail (an overlay on the snapshot's tree: a
@@ -116,7 +116,7 @@ def own_bytes(tree: Path) -> int:
     """The disk a snapshot's tree adds to the store: the blocks of its folders and of the
     files no other tree shares (a shared file is a hard link, with more than one link).
     Only the store's own filesystem's: a frozen layer staged there (a fresh turn's fork,
-    as root on bubblewrap and nsjail) is the sandbox's workspace tmpfs, memory the turn
+    on bubblewrap and nsjail) is the sandbox's workspace tmpfs, memory the turn
     held already, not disk."""
     total = 0
     disk = os.stat(store_root()).st_dev
@@ -246,8 +246,9 @@ def bench(  # noqa: PLR0917 - the command line's options, in order
                 runs,
             )
         print(
-            "  * a fresh turn's first fork copies its files once (as root, freezes them in"
-            " place: no copy); its next forks link them"
+            "  * a fresh turn's first fork copies its files once (on bubblewrap and"
+            " nsjail, and on Docker as root, freezes them in place: no copy); its next"
+            " forks link them"
         )
 
         figures = fork_first_calls(turn, runs)

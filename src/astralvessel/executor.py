@@ -30,7 +30,7 @@ from ._executor._settings import (
     check_snapshot,
 )
 from ._executor._snapshot._capture import restore
-from ._executor._snapshot._mechanism import overlay_backend
+from ._executor._snapshot._mechanism import lower_by_descriptor, overlay_backend
 from ._executor._snapshot._store import MIB, Budget
 from ._executor._snapshot._value import TurnSnapshot
 from ._executor._turn import BaseTurn
@@ -381,6 +381,13 @@ class Executor(Closing):
         as its workspace's lower layer, where the backend opens snapshots copy-on-write."""
         if snapshot is None or not overlay_backend(self.sandbox.name):
             return self.policy
+        held = snapshot.held_layer
+        if held is not None:
+            # A frozen layer an ordinary user's host holds: passed to the server by
+            # descriptor where the launcher can (else the files are copied in).
+            if not lower_by_descriptor(self.sandbox.name):
+                return self.policy
+            return attrs.evolve(self.policy, workspace_lower_fd=held)
         return attrs.evolve(self.policy, workspace_lower=snapshot.path)
 
     def _check_fits(self, snapshot: TurnSnapshot) -> None:

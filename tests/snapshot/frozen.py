@@ -137,3 +137,11 @@ def _layer_from_a_child(files: dict[str, bytes]) -> tuple[int | None, str]:
     for fd in fds:
         os.close(fd)
     return None, f"exit {code}: {message.decode(errors='replace')}"
+
+
+def closed(fd: int, device: int) -> bool:
+    """Whether ``fd`` no longer holds the layer of ``device`` (closed, or its number reused)."""
+    try:
+        return os.fstat(fd).st_dev != device
+    except OSError:
+        return True

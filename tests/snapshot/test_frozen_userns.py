@@ -1,34 +1,48 @@
 """A frozen layer made as a sandbox's server makes one, in a user namespace of its own,
-opens turns as root; an ordinary user's host cannot stage one (``nox -s unprivileged``
-runs this as one).
+opens turns as root; an ordinary user's host holds one by its descriptor (``nox -s
+unprivileged`` runs this as one).
 
 As root the host stages the layer in its store and the server lays its overlay on it
 (an idmapped clone: root holds every capability over the layer's namespace). An
-ordinary user cannot mount in the host's namespace, so the layer is refused and its
-descriptor closed (a fork of such a host's turn is never frozen: ``freezes_here``).
+ordinary user cannot mount in the host's namespace: the snapshot's tree keeps the
+layer's descriptor, read through ``/proc/self/fd`` and closed when the last snapshot
+goes (its forks get the descriptor itself: ``test_frozen_fork``).
 """
 
 from __future__ import annotations
 
+import gc
+import io
 import os
+from pathlib import Path
 
 import pytest
 
-from astralvessel import Executor, Registry, SnapshotError
+from astralvessel import Executor, Registry, TurnSnapshot
 from astralvessel._executor._snapshot._freeze import snapshot_frozen
 from astralvessel._executor._snapshot._store import Budget
 
-from .frozen import layer_of_another_namespace
+from .frozen import closed, layer_of_another_namespace
 
 
-def test_an_ordinary_user_cannot_stage_a_layer() -> None:
+def test_an_ordinary_user_holds_a_layer_by_its_descriptor() -> None:
     if os.geteuid() == 0:
         pytest.skip("as root the layer is staged")
     fd = layer_of_another_namespace({"kept": b"kept\n"})
-    with pytest.raises(SnapshotError, match="cannot be staged"):
-        snapshot_frozen(fd, budget=Budget(1 << 30), max_bytes=1 << 30, max_files=100)
-    with pytest.raises(OSError, match="Bad file descriptor"):
-        os.fstat(fd)
+    device = os.fstat(fd).st_dev
+    budget = Budget(1 << 30)
+    snapshot = snapshot_frozen(fd, budget=budget, max_bytes=1 << 30, max_files=100)
+    assert snapshot.held_layer == fd
+    assert snapshot.path == Path(f"/proc/self/fd/{fd}")
+    assert (snapshot.path / "kept").read_bytes() == b"kept\n"
+    assert budget.used_bytes == 5
+    saved = io.BytesIO()
+    snapshot.save(saved)
+    assert TurnSnapshot.load(io.BytesIO(saved.getvalue())) == snapshot
+    del snapshot
+    gc.collect()
+    assert budget.used_bytes == 0
+    assert closed(fd, device)  # with the last snapshot
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root's host stages a frozen layer")

@@ -86,7 +86,9 @@ def _refusal(reply_errno: str, message: str) -> OSError:
     return OSError(code, message or os.strerror(code))
 
 
-def freeze(session: SandboxSession, upper_bytes: int, *, timeout: float = 30.0) -> int:
+def freeze(
+    session: SandboxSession, upper_bytes: int, *, timeout: float = 30.0, held_only: bool = False
+) -> int:
     """Freeze ``session``'s workspace in place; return the host's descriptor of the clone.
 
     The descriptor (close-on-exec, the caller's to close) is a detached, read-only
@@ -96,14 +98,20 @@ def freeze(session: SandboxSession, upper_bytes: int, *, timeout: float = 30.0) 
     writing in the sandbox; ``EOPNOTSUPP``, ``EPERM``, ``ENOSYS``...): the
     workspace is then as it was, unless the freeze was made and only the take
     failed (``EPERM`` from ``pidfd_getfd``), in which case the turn writes on in
-    its overlay and only the clone is lost.
+    its overlay and only the clone is lost. ``held_only``: take only the server's held
+    original of the workspace's tmpfs (``server/_heldfs``), which forks in other user
+    namespaces can clone (``EOPNOTSUPP`` before anything changes where it holds none).
     """
     if session.backend == "docker":  # no local server process: the host mounts (root)
         from .docker._freeze import freeze as host_freeze  # lazy: keeps docker/ off the path
 
         return host_freeze(session, upper_bytes, timeout=timeout)
     pid = server_pid(session)
-    reply = session.fs(FsRequest(op="freeze", timeout=timeout, fields={"upper_bytes": upper_bytes}))
+    reply = session.fs(
+        FsRequest(
+            op="freeze", timeout=timeout, fields={"upper_bytes": upper_bytes, "held": held_only}
+        )
+    )
     if reply.errno is not None:
         raise _refusal(reply.errno, reply.message)
     number = reply.fields.get("fd")

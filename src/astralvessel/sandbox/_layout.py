@@ -115,7 +115,8 @@ def _lower_source(lower: object) -> str:
 
     bubblewrap binds a path by its text, and a detached mount's (a frozen layer's held
     by fd) reads "/": it would bind the host's root. A frozen layer is staged at a
-    path of the store (``Tree.frozen``) before any turn opens from it.
+    path of the store (``Tree.frozen``) before any turn opens from it, or, held by an
+    ordinary user's host, passed as a descriptor (``Policy.workspace_lower_fd``).
     """
     source = str(lower)
     parts = PurePosixPath(source).parts

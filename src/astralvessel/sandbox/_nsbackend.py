@@ -269,6 +269,9 @@ class NamespaceBackend(Sandbox):
                 server_filter = _kafel(SERVER, facts.machine)
                 first_filter = x32_guard(facts.machine)
         config_fd: int | None = None
+        # A frozen layer the host holds (the snapshot's, not ours to close): the server clones
+        # it and closes its copy before any call.
+        lower_fd = policy.workspace_lower_fd
         # The server counts the OOM kills in the turn's memory group through its own copy.
         events_fd = None if cgroup is None else cgroup.open_memory_events()
         limit_fd = None if cgroup is None or events_fd is None else cgroup.open_memory_limit()
@@ -283,10 +286,14 @@ class NamespaceBackend(Sandbox):
                     server_command(facts.python.executable, first_filter=first_filter),
                     server_filter,
                     config_fd=config_fd,
-                    server_fds=tuple(fd for fd in (events_fd, limit_fd) if fd is not None),
+                    server_fds=tuple(
+                        fd for fd in (events_fd, limit_fd, lower_fd) if fd is not None
+                    ),
                 )
             )
-            fds = tuple(fd for fd in (memfd, config_fd, events_fd, limit_fd) if fd is not None)
+            fds = tuple(
+                fd for fd in (memfd, config_fd, events_fd, limit_fd, lower_fd) if fd is not None
+            )
             # The cgroup goes and the lease goes back once the sandbox is reaped.
             channel = PipeChannel.spawn(
                 argv if cgroup is None else cgroup.wrap(argv),

@@ -312,6 +312,15 @@ def _promise(named: Promise | str) -> Promise:
         raise UsageError(unknown_name("promise", str(named), [p.value for p in Promise])) from None
 
 
+def _lower_fd(instance: object, attribute: attrs.Attribute[int | None], value: object) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise UsageError(f"workspace_lower_fd must be a descriptor's number, not {value!r}")
+    if getattr(instance, "workspace_lower", None) is not None:
+        raise UsageError("a policy takes workspace_lower or workspace_lower_fd, not both")
+
+
 def _uid_range(value: UidRange | str | None) -> UidRange | None:
     return None if value is None else UidRange.coerce(value)
 
@@ -352,6 +361,11 @@ class Policy(Relaxations):
     workspace_lower: Path | None = attrs.field(
         default=None, converter=attrs.converters.optional(Path)
     )
+    #: Or a frozen layer the host holds as this descriptor (an ordinary user's, who cannot
+    #: stage it at a path: ``Tree.held_layer``): the launcher passes it to the server at
+    #: the same number, and the server lays the overlay on its own clone of it (bubblewrap
+    #: and nsjail). A runtime detail, so not part of ``identity``.
+    workspace_lower_fd: int | None = attrs.field(default=None, validator=_lower_fd)
     #: The host uids a root host's turns lease from, one per turn (``None``: the
     #: ``ASTRALVESSEL_UID_RANGE`` variable's, else ``DEFAULT_UID_RANGE``). Who the calls
     #: are on the host, not what confines them, so not part of ``identity``.

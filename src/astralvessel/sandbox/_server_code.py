@@ -64,6 +64,7 @@ SERVER_MODULES = (
     "_relay",
     "_calls",
     "_freeze",
+    "_heldfs",
     "_pipes",
     "_fsqueue",
     "_hello",

@@ -115,6 +115,8 @@ def hello_message(policy: Policy, options: ServerOptions, *, file_worker_idle: f
         tool_servers=policy.tool_servers,
         # The snapshot's tree the workspace's overlay lies on (None: an empty workspace).
         workspace_lower=None if policy.workspace_lower is None else str(WORKSPACE_LOWER_DIR),
+        # Or a frozen layer the host holds, passed at the same number (``_nsbackend``).
+        workspace_lower_fd=policy.workspace_lower_fd,
         file_worker_idle=file_worker_idle,
         memory_events=list(options.memory_events),
         memory_limits=list(options.memory_limits),
@@ -134,6 +136,7 @@ def _probe_key(key: str | None, hello: Hello) -> str | None:
     settings = {k: v for k, v in hello.fields().items() if k not in _TURN_PLACES}
     settings["drop_uid"] = hello.drop_uid is None
     settings["drop_gid"] = hello.drop_gid is None
+    settings["workspace_lower_fd"] = hello.workspace_lower_fd is None  # its number varies
     import json  # here: most hosts never reuse a probe
 
     return key + "\0" + json.dumps(settings, sort_keys=True)

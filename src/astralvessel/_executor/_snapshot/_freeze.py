@@ -48,7 +48,9 @@ __all__ = ["Unstaged", "freeze_snapshot", "freezes_here", "snapshot_frozen", "st
 
 #: The backends whose sandbox the host can freeze: a local server process it asks, or
 #: Docker's server, in whose mount namespace the host mounts (not ``docker-exec``: no server).
-_FREEZES = frozenset({"bubblewrap", "nsjail", "docker"})
+#: Where any user's host freezes; ``_FREEZES_AS_ROOT``: where only root's does.
+_FREEZES = frozenset({"bubblewrap", "nsjail"})
+_FREEZES_AS_ROOT = frozenset({"docker"})
 
 #: The server's outbox, as a name in the workspace: a capture leaves it out, and so does this.
 OUTBOX_NAME = str(OUTBOX_DIR.relative_to(WORKSPACE_DIR))
@@ -73,21 +75,27 @@ def snapshot_frozen(
 ) -> TurnSnapshot:
     """The snapshot of the frozen layer whose detached mount ``fd`` is.
 
-    ``fd`` is closed here whatever happens: once checked, the mount is staged in the
-    store (``Tree.frozen``: moved onto a folder there, a path from then on), the
-    snapshot's tree, unmounted when the last snapshot referring to the layer goes, or
-    here when the layer is refused (``SnapshotError``: not a read-only folder, or what
-    a capture refuses). ``outbox``: the server's outbox folder in the layer, left out.
+    ``fd`` is the snapshot's or closed here: once checked, as root the mount is staged
+    in the store (``Tree.frozen``: moved onto a folder there, a path from then on, and
+    ``fd`` closed), unmounted when the last snapshot referring to the layer goes; as
+    an ordinary user, who cannot mount, the tree keeps ``fd`` (``Tree.held_layer``: read
+    through ``/proc/self/fd``, passed to forks' servers), closed when the last snapshot
+    goes. Either is undone here when the layer is refused (``SnapshotError``: not a
+    read-only folder, or what a capture refuses). ``outbox``: the server's outbox
+    folder in the layer, left out.
     """
     try:
         device = _checked_layer(fd)
     except BaseException:
         os.close(fd)
         raise
-    try:
-        tree = Tree.frozen(fd, budget)
-    except OSError as exc:
-        raise Unstaged(f"the frozen workspace cannot be staged: {exc}") from exc
+    if os.geteuid() != 0:
+        tree = Tree.held_layer(fd, budget)  # no mount of the host's: read by its descriptor
+    else:
+        try:
+            tree = Tree.frozen(fd, budget)
+        except OSError as exc:
+            raise Unstaged(f"the frozen workspace cannot be staged: {exc}") from exc
     try:
         listing = _listing(tree.path.as_posix(), outbox, max_files)
         shape = checked_shape(listing, max_bytes=max_bytes, max_files=max_files)
@@ -117,7 +125,9 @@ def _checked_layer(fd: int) -> int:
 
 def _listing(root: str, outbox: str, max_files: int) -> Any:
     """The file worker's listing of the layer, as a capture's reply holds it (JSON values)."""
-    layer = _Layer(workspace=root, outbox=f"{root}/{outbox}" if outbox else "")
+    # "/." last: the listing opens its root without following a link, and a held layer's
+    # root is a /proc/self/fd link (a name under it follows it, as under any folder).
+    layer = _Layer(workspace=f"{root}/.", outbox=f"{root}/{outbox}" if outbox else "")
     try:
         _, data = _snapfiles.pack({"phase": "list", "max_files": max_files + 1}, b"", layer)
     except _snapfiles.Refused as exc:
@@ -153,16 +163,18 @@ def _digests(base: bytes, shape: Manifest) -> dict[bytes, str]:
 def freezes_here(backend: str) -> bool:
     """Whether a fork of ``backend``'s turn asks its sandbox to freeze the workspace.
 
-    As root on bubblewrap and nsjail: the host stages the layer at a path in its store
+    On bubblewrap and nsjail. As root the host stages the layer at a path in its store
     (a mount of its own, ``Tree.frozen``), which the forks' launchers bind as any tree.
-    Not as an ordinary user: it cannot mount in the host's namespace, and a fork's
-    overlay over a layer of another user namespace is refused (EPERM) besides, so each
-    fork would copy the whole layer where a store tree serves them all copy-on-write.
+    An ordinary user cannot mount in the host's namespace: it keeps the layer's
+    descriptor (``Tree.held_layer``), which the forks' launchers pass to their servers;
+    the layer is then the tmpfs the server made itself (``server/_heldfs``), the only
+    kind a fork's server in another user namespace may clone.
     On Docker as root too: the host mounts in the server's mount namespace
-    (``docker._freeze``); not on ``docker-exec``, which runs no server to refuse while a
-    call runs, nor remake its views.
+    (``docker._freeze``) and stages the layer; not as an ordinary user (it cannot enter
+    the container's namespaces), nor on ``docker-exec``, which runs no server to refuse
+    while a call runs, nor remake its views.
     """
-    return os.geteuid() == 0 and backend in _FREEZES
+    return backend in _FREEZES or (os.geteuid() == 0 and backend in _FREEZES_AS_ROOT)
 
 
 def freeze_snapshot(
@@ -177,7 +189,9 @@ def freeze_snapshot(
     overlay from descriptors). Raises ``SnapshotError`` for a layer a capture refuses.
     """
     try:
-        fd = freeze(session, upper_bytes)
+        # An ordinary user's forks clone the layer in their own namespaces: only the
+        # server's held original will do (refused before anything changes otherwise).
+        fd = freeze(session, upper_bytes, held_only=os.geteuid() != 0)
     except OSError:
         return None  # as it was, or frozen with the clone lost: a capture reads the overlay
     try:

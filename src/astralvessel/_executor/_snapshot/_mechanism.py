@@ -31,6 +31,7 @@ __all__ = [
     "COPY_ON_WRITE",
     "MECHANISMS",
     "kernel_overlay_problem",
+    "lower_by_descriptor",
     "overlay_backend",
     "snapshot_mechanism",
     "upper_layer_listed",
@@ -59,6 +60,17 @@ _MOUNTED_BY_THE_HOST = frozenset({"docker"})
 #: The oldest kernel whose overlays serve: an ordinary user's (in a user namespace), and
 #: root's (over an idmapped lower layer).
 _KERNEL_FOR = {False: (5, 11), True: (5, 19)}
+
+
+#: The backends whose launcher passes a held frozen layer's descriptor to the server
+#: (``Policy.workspace_lower_fd``): a local process the host starts.
+_LOWER_BY_DESCRIPTOR = frozenset({"bubblewrap", "nsjail"})
+
+
+def lower_by_descriptor(backend: str) -> bool:
+    """Whether ``backend``'s turns open copy-on-write on a frozen layer the host holds as
+    a descriptor (an ordinary user's); elsewhere its files are copied in."""
+    return backend in _LOWER_BY_DESCRIPTOR
 
 
 def overlay_backend(backend: str) -> bool:

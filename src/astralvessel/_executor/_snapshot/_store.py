@@ -225,10 +225,15 @@ class Tree:
     it is unmounted (the kernel frees the tmpfs with its last mount) and the folder goes.
     """
 
-    def __init__(self, path: Path, budget: Budget | None, *, mounted: bool = False) -> None:
+    def __init__(
+        self, path: Path, budget: Budget | None, *, mounted: bool = False, held: int | None = None
+    ) -> None:
         self.path = path
-        #: Whether ``path`` is a frozen layer's mount (``Tree.frozen``), not a folder's files.
-        self.mounted = mounted
+        #: Whether ``path`` is a frozen layer's mount (``Tree.frozen``, ``Tree.held``), not
+        #: a folder's files.
+        self.mounted = mounted or held is not None
+        #: The frozen layer's descriptor this process holds (``Tree.held``), or None.
+        self.held = held
         self._budget = budget
         self._inodes: Inodes = {}
         self._lock = threading.Lock()  # hold and remove, one at a time
@@ -237,8 +242,9 @@ class Tree:
         self.copy: Tree | None = None
         self.copy_lock = threading.Lock()
         self._finalizer = weakref.finalize(
-            self, _drop, path.parent, budget, self._inodes, os.getpid(), path if mounted else None
-        )
+            self, _drop, path.parent, budget, self._inodes, os.getpid(),
+            path if mounted else None, held=held,
+        )  # fmt: skip
 
     @classmethod
     def frozen(cls, fd: int, budget: Budget | None) -> Tree:
@@ -256,6 +262,19 @@ class Tree:
         finally:
             os.close(fd)
         return cls(path, budget, mounted=True)
+
+    @classmethod
+    def held_layer(cls, fd: int, budget: Budget | None) -> Tree:
+        """The tree of a frozen layer whose detached mount ``fd`` this process keeps: an
+        ordinary user's host, which cannot mount it at a path of its store.
+
+        The host reads it as any tree through ``/proc/self/fd/N`` (its own reads only:
+        no launcher binds such a path, ``sandbox._layout``); a fork's launcher passes
+        the descriptor itself to its server (``Policy.workspace_lower_fd``). ``fd`` is
+        the tree's from here on, closed when this object goes (close-on-exec till then,
+        so no process the host starts inherits it but a launcher it passes it to).
+        """
+        return cls(Path(f"/proc/self/fd/{fd}"), budget, held=fd)
 
     @property
     def budget(self) -> Budget | None:
@@ -281,11 +300,33 @@ class Tree:
 
 
 def _drop(
-    folder: Path, budget: Budget | None, inodes: Inodes, owner: int, mount: Path | None = None
+    folder: Path,
+    budget: Budget | None,
+    inodes: Inodes,
+    owner: int,
+    mount: Path | None = None,
+    *,
+    held: int | None = None,
 ) -> None:
+    if held is not None:
+        _close_held(held, budget, inodes, owner)
+        return
     # The bytes go back when the reaper removes the tree, just before its files go, not
     # when it is queued: the budget bounds the store's disk, and an inode number is never
     # counted after its file is gone (a new file could reuse it). A frozen layer's mount
     # (``mount``) is unmounted first, by the reaper too (a last unmount frees its tmpfs).
     release = functools.partial(budget.release, inodes) if budget is not None else None
     enqueue(folder, release, owner, unmount=mount)
+
+
+def _close_held(fd: int, budget: Budget | None, inodes: Inodes, owner: int) -> None:
+    # A held layer has no folder: its bytes go back and its descriptor is closed (the
+    # kernel frees the tmpfs with its last mount: the forks' clones keep it till they
+    # end). Not in a child forked from the host, whose copy is not the tree.
+    if os.getpid() != owner:
+        return
+    try:
+        if budget is not None:
+            budget.release(inodes)
+    finally:
+        os.close(fd)

@@ -23,6 +23,8 @@ __all__ = ["hash_file", "open_regular", "scan_tree"]
 
 #: Read files in chunks this big: few system calls, little memory.
 CHUNK = 1 << 20
+#: The path a frozen layer held by descriptor has (``Tree.held_layer``): its number follows.
+HELD_PREFIX = b"/proc/self/fd/"
 #: How many names a set-id note lists before it only counts.
 NOTE_NAMES = 5
 
@@ -195,6 +197,10 @@ def scan_tree(root: Path, *, max_bytes: int, max_files: int) -> Manifest:
     kind), as soon as the walk meets it.
     """
     base = os.fsencode(root)
+    if base.startswith(HELD_PREFIX):
+        # A frozen layer the host holds by descriptor (``Tree.held_layer``): its root is
+        # that descriptor's link, followed as a folder's name is, never a link of the tree.
+        base += b"/."
     try:
         info = os.lstat(base)
     except OSError as exc:

@@ -74,6 +74,12 @@ class TurnSnapshot:
         ``path``, whose files no store tree can hard-link across), or None."""
         return self._tree if self._tree.mounted else None
 
+    @property
+    def held_layer(self) -> int | None:
+        """The frozen layer's descriptor this process holds (an ordinary user's host,
+        ``Tree.held_layer``: ``path`` is then its ``/proc/self/fd`` name), or None."""
+        return self._tree.held
+
     def save(self, dest: PathOrFile) -> None:
         """Write the portable form (a POSIX pax tar, manifest first) to a path or binary file."""
         if isinstance(dest, (str, os.PathLike)):

@@ -306,8 +306,15 @@ def answer(
     frozen: Callable[[int], None],
     *,
     upper_to: Callable[[int], None] | None = None,
+    held: int = -1,
+    held_only: bool = False,
 ) -> dict[str, Any]:
     """The answer to a ``freeze``: the clone's number, device and inode, or the refusal.
+
+    ``held``: the workspace tmpfs's detached original (``_heldfs``), or -1. Where the
+    server holds it, that is what the host gets (made read-only too): a fork's server
+    in another user namespace can clone it, as it cannot an ``open_tree`` clone.
+    ``held_only``: the host takes nothing else (``EOPNOTSUPP`` where there is none).
 
     ``frozen`` takes the clone once it is made (the server holds it until the host
     took it, and makes again what copied the old view). ``EOPNOTSUPP`` where the
@@ -320,6 +327,9 @@ def answer(
     refusal = not_here(config, plan, path_map)
     if refusal is not None:
         return refusal
+    if held_only and held < 0:
+        why = "the server holds no detached original of the workspace's tmpfs to hand over"
+        return refused(errno.EOPNOTSUPP, why)
     try:
         clone = freeze_workspace(
             config.workspace,
@@ -330,6 +340,12 @@ def answer(
         )
     except OSError as exc:
         return refused(exc.errno or errno.EIO, str(exc))
+    if held >= 0:
+        # The overlay holds its own clone: the host gets the original, read-only as well.
+        _close(clone)
+        clone = held
+        with suppress(OSError):  # the superblock is read-only: every mount of it refuses
+            _mount_read_only(clone)
     frozen(clone)
     st = os.fstat(clone)
     return {"fd": clone, "dev": st.st_dev, "ino": st.st_ino}

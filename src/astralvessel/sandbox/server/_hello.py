@@ -16,6 +16,7 @@ import sys
 
 from . import (
     _bounds,
+    _heldfs,
     _launch,
     _lowerfs,
     _outbox,
@@ -38,7 +39,9 @@ if TYPE_CHECKING:
     from typing import Any
 
 __all__ = [
+    "close_passed_lower",
     "helper_filter",
+    "hold_workspace",
     "launch_plan",
     "lower_workspace",
     "prepare_workspace",
@@ -144,9 +147,9 @@ def lower_workspace(config: Hello, plan: _launch.LaunchPlan, workspace: str) -> 
     Before the outbox is made and before anything forks; where it cannot be, the host
     copies the snapshot's files in instead.
     """
-    lower = config.workspace_lower
+    lower, held = config.workspace_lower, config.workspace_lower_fd
     upper = -1
-    if lower is None:
+    if lower is None and held is None:
         return {}, upper
     if not plan.confine or workspace != config.workspace:
         why: Any = "the workspace is a host folder here, not the sandbox's own tmpfs"
@@ -154,11 +157,46 @@ def lower_workspace(config: Hello, plan: _launch.LaunchPlan, workspace: str) -> 
         why = "the writable root's layers need the workspace's own tmpfs"
     else:
         try:
-            upper = _lowerfs.overlay_workspace(workspace, lower, config.drop_uid, config.drop_gid)
+            upper = _lowerfs.overlay_workspace(
+                workspace,
+                lower,
+                config.drop_uid,
+                config.drop_gid,
+                held=-1 if held is None else held,
+            )
             why = True
         except OSError as exc:
             why = f"cannot mount the workspace's overlay: {exc}"
     return {"workspace_lower": why}, upper
+
+
+def hold_workspace(config: Hello, plan: _launch.LaunchPlan, workspace: str) -> int:
+    """Make the workspace a tmpfs of the server's own, holding its detached original
+    (``_heldfs``), where a freeze would hand it to an ordinary user's host: the sandbox's
+    own empty tmpfs, in a user namespace. Its descriptor, or -1 (not here, or refused:
+    a freeze is then refused too, and the host copies)."""
+    if (
+        not plan.confine
+        or workspace != config.workspace
+        or config.workspace_lower is not None
+        or config.workspace_lower_fd is not None
+        or config.writable_root
+        or _lowerfs.in_initial_userns()
+    ):
+        return -1
+    disk = config.limits["disk_mb"] * 1024 * 1024
+    try:
+        return _heldfs.hold_workspace(workspace, disk, config.limits["workspace_inodes"])
+    except OSError:
+        return -1  # the launcher's tmpfs stays, bounded as before
+
+
+def close_passed_lower(config: Hello) -> None:
+    """Close the frozen layer's descriptor the host passed (its clone is laid, or it could
+    not be): no call may inherit it."""
+    if config.workspace_lower_fd is not None:
+        with suppress(OSError):
+            os.close(config.workspace_lower_fd)
 
 
 def workspace_problems(config: Hello, plan: _launch.LaunchPlan, workspace: str) -> dict[str, str]:

@@ -156,8 +156,11 @@ def in_initial_userns() -> bool:
         return False
 
 
-def overlay_workspace(workspace: str, lower: str, uid: int | None, gid: int | None) -> int:
-    """Mount the overlay of ``lower`` (the snapshot's bound tree) on ``workspace``.
+def overlay_workspace(
+    workspace: str, lower: str | None, uid: int | None, gid: int | None, *, held: int = -1
+) -> int:
+    """Mount the overlay of ``lower`` (the snapshot's bound tree) on ``workspace``, or of
+    ``held`` (a frozen layer passed by descriptor, ``lower`` None; see ``_attach_held``).
 
     ``uid``/``gid``: the calls' host identity (None: the server's own, which
     owns the store already). Returns a descriptor of the upper layer, opened
@@ -169,15 +172,45 @@ def overlay_workspace(workspace: str, lower: str, uid: int | None, gid: int | No
     layers = os.path.join(workspace, LAYERS)
     os.mkdir(layers, 0o700)
     try:
+        if lower is None:
+            lower = _attach_held(held, os.path.join(layers, "held"))
         upper = _lay(workspace, layers, lower, uid, gid)
     except OSError:
         _undo(layers)
         raise
+    if held >= 0:
+        return upper  # its clone is in the layers folder, which the overlay covers
     # The overlay holds its layers; the bind's own mount point is covered, so the tree is
     # reached through the overlay alone.
     cover = _sys.MS_RDONLY | _sys.MS_NOSUID | _sys.MS_NODEV | _sys.MS_NOEXEC
     _sys.mount("none", lower, "tmpfs", cover, "size=4k,mode=0555")
     return upper
+
+
+def _attach_held(held: int, target: str) -> str:
+    """Attach at ``target`` this server's own clone of the frozen layer ``held``; its path.
+
+    The layer is a detached mount of another sandbox's tmpfs, made by ``fsmount``
+    (``_heldfs``): the overlay would refuse it as it is (EPERM: its mount belongs to
+    that sandbox's user namespace), and the kernel clones a detached mount in another
+    mount namespace only where ``fsmount`` made it. The clone is this namespace's.
+    """
+    if held < 0:
+        raise OSError(errno.EBADF, "no lower layer was bound or passed")
+    os.mkdir(target, 0o700)
+    tree = syscall(
+        _SYS_OPEN_TREE, "open_tree (the passed frozen layer)", ctypes.c_int(held),
+        ctypes.c_char_p(b""), ctypes.c_uint(_OPEN_TREE_CLONE | _AT_EMPTY_PATH | os.O_CLOEXEC),
+    )  # fmt: skip
+    try:
+        syscall(
+            _SYS_MOVE_MOUNT, "move_mount (the passed frozen layer)", ctypes.c_int(tree),
+            ctypes.c_char_p(b""), ctypes.c_int(_AT_FDCWD), ctypes.c_char_p(target.encode()),
+            ctypes.c_uint(_MOVE_MOUNT_F_EMPTY_PATH),
+        )  # fmt: skip
+    finally:
+        os.close(tree)
+    return target
 
 
 def _lay(workspace: str, layers: str, lower: str, uid: int | None, gid: int | None) -> int:
@@ -212,12 +245,13 @@ def _lay(workspace: str, layers: str, lower: str, uid: int | None, gid: int | No
 
 def _undo(layers: str) -> None:
     """Leave the workspace as it was: the lower clone detached, the layers folder gone."""
-    lower = os.path.join(layers, "lower")
-    if os.path.ismount(lower):
-        _sys.libc().umount2(lower.encode(), _sys.MNT_DETACH)
+    for name in ("lower", "held"):
+        clone = os.path.join(layers, name)
+        if os.path.ismount(clone):
+            _sys.libc().umount2(clone.encode(), _sys.MNT_DETACH)
     # The overlay makes its own folders in its work folder before it may refuse (EPERM
     # over a frozen layer of another user namespace): left, the layers folder stays, the
     # server's and private, and a snapshot's listing of the workspace is refused.
-    for name in ("work/work", "work/index", "lower", "upper", "work", "proc", ""):
+    for name in ("work/work", "work/index", "lower", "held", "upper", "work", "proc", ""):
         with suppress(OSError):  # what was never made
             os.rmdir(os.path.join(layers, name) if name else layers)

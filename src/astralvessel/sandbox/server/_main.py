@@ -98,6 +98,9 @@ class Server:
         self.limit_fd: int | None = None
         #: The frozen workspace's clones the host has yet to take (``_freeze``), by number.
         self.frozen: set[int] = set()
+        #: The workspace tmpfs's detached original, where the server made it (``_heldfs``:
+        #: an ordinary user's freeze hands it to the host); -1: none.
+        self.held_workspace = -1
         #: The workspace's tmpfs, whose fullness each call's answer reports (``_bounds``);
         #: None where the workspace is a host folder the backend mapped.
         self.disk_path: str | None = None
@@ -228,6 +231,8 @@ class Server:
                     message.upper_bytes,
                     self._after_freeze,
                     upper_to=self._upper_after_freeze,
+                    held=self.held_workspace,
+                    held_only=message.held,
                 )
             ),
         )
@@ -250,6 +255,8 @@ class Server:
     def _after_freeze(self, clone: int) -> None:
         """After a freeze: hold the clone; what copied the old view is made again."""
         self.frozen.add(clone)
+        if clone == self.held_workspace:
+            self.held_workspace = -1  # the host's to take now, then released as a clone
         self._old_view_retired()
 
     def _host_froze(self) -> dict[str, Any]:
@@ -301,12 +308,17 @@ class Server:
         self.spawner = _spawner.Spawner(plan, self.env, config.root_identity)
         workspace = map_path(config.workspace, self.path_map)
         outbox = map_path(config.outbox, self.path_map)
+        # Before anything copies the view (the outbox, the file worker, a call's namespaces).
+        self.held_workspace = _hello.hold_workspace(config, plan, workspace)
         problems.update(_hello.workspace_problems(config, plan, workspace))
         if plan.confine and workspace == config.workspace:
             # A mapped workspace is a host folder the backend chose, not the sandbox's tmpfs.
             self.disk_path = workspace
         # The overlay first: the outbox and the writable root's layers are made in it.
-        lowered, upper = _hello.lower_workspace(config, plan, workspace)
+        try:
+            lowered, upper = _hello.lower_workspace(config, plan, workspace)
+        finally:
+            _hello.close_passed_lower(config)
         if lowered.get("workspace_lower") is True:
             _hello.clear_lower_outbox(outbox)
         _hello.prepare_workspace(workspace, outbox, config.drop_uid, config.drop_gid)

@@ -197,8 +197,17 @@ class Hello(Message):
     probed: dict[str, str] | None
     #: The snapshot's tree to lay the workspace's overlay on (None: an empty workspace).
     workspace_lower: str | None
+    #: A frozen layer to lay it on instead, passed as this descriptor (an ordinary user's
+    #: host holds it, unstaged); the server closes it before any call.
+    workspace_lower_fd: int | None
 
     def _check(self) -> None:
+        lower_fd = self.workspace_lower_fd
+        if lower_fd is not None and (lower_fd < 0 or self.workspace_lower is not None):
+            raise ValueError(
+                "'hello' message: 'workspace_lower_fd' must be a descriptor's number, "
+                "and only without 'workspace_lower'"
+            )
         egress = self.egress
         if egress is not None and not (
             type(egress.get("socket")) is str and type(egress.get("port")) is int
@@ -332,6 +341,10 @@ class Freeze(FileOp):
     upper_bytes: int = 0
     #: ``release``: the descriptor number the freeze's answer gave.
     fd: int = -1
+    #: ``freeze``: the host takes only the workspace's held original (``_heldfs``; an
+    #: ordinary user's host, which passes it to forks by descriptor): refused before
+    #: anything changes where the server holds none.
+    held: bool = False
 
     def _check(self) -> None:
         if self.phase not in FREEZE_PHASES:
