@@ -1,6 +1,7 @@
 """A turn that forked keeps its calls' memory: the frozen workspace's pages stay charged to
 its memory group, so the host raises that group's bound by them (root, where a turn has a
-memory group, on bubblewrap and nsjail: the backends that freeze in place).
+memory group on bubblewrap and nsjail, and on Docker, whose container's bound the engine
+raises).
 
 Without it a turn that forked a nearly full workspace could not rewrite it: the kernel
 killed the rewrite (this test, run on the code before the bound was raised).
@@ -29,11 +30,16 @@ _TOUCH = f"b = bytearray({_ALLOCATE} << 20); b[::4096] = b'x' * len(b[::4096]); 
 
 def _backend(name: str) -> Sandbox:
     from astralvessel.sandbox import Bubblewrap, Nsjail
+    from astralvessel.sandbox.docker import Docker
 
+    if name == "docker":
+        # The image .ci/build-images.sh builds, as tests/docker's conftest reads it.
+        image = os.environ.get("ASTRALVESSEL_DOCKER_IMAGE", "astralvessel-test/base:bookworm")
+        return Docker(base_image=image, pull=False)
     return Bubblewrap() if name == "bubblewrap" else Nsjail()
 
 
-@pytest.mark.parametrize("name", ["bubblewrap", "nsjail"])
+@pytest.mark.parametrize("name", ["bubblewrap", "nsjail", "docker"])
 def test_a_turn_that_forked_a_full_workspace_keeps_its_calls_memory(name: str) -> None:
     assert freezes_here(name)
     registry = Registry()

@@ -105,7 +105,9 @@ def freeze(
     if session.backend == "docker":  # no local server process: the host mounts (root)
         from .docker._freeze import freeze as host_freeze  # lazy: keeps docker/ off the path
 
-        return host_freeze(session, upper_bytes, timeout=timeout)
+        fd = host_freeze(session, upper_bytes, timeout=timeout)
+        _widen_memory(session, fd)
+        return fd
     pid = server_pid(session)
     reply = session.fs(
         FsRequest(

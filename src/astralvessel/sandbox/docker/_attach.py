@@ -231,6 +231,19 @@ class AttachChannel:
         pid = self._api.inspect_container(self.container_id)["State"].get("Pid")
         return pid if isinstance(pid, int) else 0
 
+    def widen_memory(self, extra: int) -> None:
+        """Raise the container's memory bound (and its swap's, the same) by ``extra`` bytes:
+        a workspace frozen in place stays charged to it (``ServerLink.widen_memory``)."""
+        host = self._api.inspect_container(self.container_id)["HostConfig"]
+        memory, swap = int(host.get("Memory") or 0), int(host.get("MemorySwap") or 0)
+        if memory <= 0 or extra <= 0:
+            return  # no bound to raise
+        self._api.update_container(
+            self.container_id,
+            mem_limit=memory + extra,
+            memswap_limit=swap + extra if swap > 0 else None,
+        )
+
     def describe_exit(self) -> str:
         """Why the sandbox ended: the container's state and the server's stderr tail."""
         status = self._exit or self._exit_status()

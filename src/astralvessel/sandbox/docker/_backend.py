@@ -356,6 +356,7 @@ class Docker(Sandbox):
             ),
             lower_laid=None if policy.workspace_lower is None else overlay is not None,
             upper_names=None if overlay is None else overlay.upper_names,
+            widen_memory=channel.widen_memory,
         )
 
     def _host_overlay(self, policy: Policy, lease: UidLease | None) -> HostOverlay | None:

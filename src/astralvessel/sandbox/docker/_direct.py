@@ -200,6 +200,10 @@ class DirectChannel:
         """The engine's host pid of the server (``AttachChannel.host_pid``)."""
         return self._attach.host_pid()
 
+    def widen_memory(self, extra: int) -> None:
+        """Raise the container's memory bound (``AttachChannel.widen_memory``)."""
+        self._attach.widen_memory(extra)
+
     def send(self, data: bytes) -> None:
         """Write to the server."""
         self._sock.sendall(data)

@@ -23,11 +23,12 @@ mount (``_freeze``): its superblock is the workspace's, frozen with it.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import stat
 
 from . import _lowerfs, _sys
-from ._freeze import _close, _config, _fsopen
+from ._freeze import TMPFS_MAGIC, _close, _config, _fsopen, filesystem_type
 from ._lean import suppress
 
 __all__ = ["hold_workspace"]
@@ -52,8 +53,12 @@ def hold_workspace(workspace: str, size: int, inodes: int) -> int:
 
     ``size`` bytes and ``inodes`` entries bound it, as the launcher's were meant
     to be; its root takes the launcher's owner and mode. Raises ``OSError`` where
-    a step is refused (an older kernel), and leaves the workspace as it was.
+    a step is refused (an older kernel), and leaves the workspace as it was;
+    ``EOPNOTSUPP`` where the workspace is no tmpfs (Docker's host laid an overlay of a
+    snapshot there and bound it in: covering it would hide the snapshot's files).
     """
+    if filesystem_type(workspace) != TMPFS_MAGIC:
+        raise OSError(errno.EOPNOTSUPP, f"{workspace} is not a tmpfs: it is not made again")
     before = os.stat(workspace)
     attrs = 0
     flags = os.statvfs(workspace).f_flag
