@@ -14,6 +14,7 @@ import ctypes
 import os
 import socket
 import subprocess
+import time
 from pathlib import Path
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -92,12 +93,14 @@ def layer_of_another_namespace(files: dict[str, bytes]) -> int:
     namespace of its own (a child, here), its descriptor sent back over a socket. Any
     user may: root's tmpfs would belong to the host's user namespace, this one does not.
 
-    A child that fails says why over the socket. Tried three times: a child forked from
-    the test runner failed once on CI (3.10, in the whole run, never alone); the layer is
-    the test's scaffolding, not what it tests, and a failure names every attempt's why.
+    A child that fails says at which step and why over the socket. Tried three times,
+    with pauses: a child forked from the test runner failed on CI in the whole run only,
+    never alone (3.10 once; 3.11 once, three attempts in a row, each EINVAL); the layer
+    is the test's scaffolding, not what it tests, and a failure names every attempt's.
     """
     failures: list[str] = []
-    for _ in range(3):
+    for pause in (0.0, 0.5, 2.0):  # whatever the whole run had in hand may pass meanwhile
+        time.sleep(pause)
         fd, why = _layer_from_a_child(files)
         if fd is not None:
             return fd
@@ -110,19 +113,26 @@ def _layer_from_a_child(files: dict[str, bytes]) -> tuple[int | None, str]:
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child makes the layer and exits
         code = 1
+        step = "start"
         try:
             parent.close()
+            step = "enter a user namespace"
             _enter_own_user_namespace()
+            step = "make the tmpfs"
             mount = writable_tmpfs()
+            step = "write its files"
             for name, data in files.items():
                 fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=mount)
                 os.write(fd, data)
                 os.close(fd)
-            socket.send_fds(child, [b"x"], [freeze(mount)])
+            step = "freeze it"
+            frozen = freeze(mount)
+            step = "send it"
+            socket.send_fds(child, [b"x"], [frozen])
             code = 0
-        except BaseException as exc:  # said to the parent, which raises it
+        except BaseException as exc:  # said to the parent, which raises it, with the step
             with contextlib.suppress(OSError):
-                child.sendall(repr(exc).encode()[:1000])
+                child.sendall(f"{step}: {exc!r}".encode()[:1000])
         finally:
             os._exit(code)
     child.close()
