@@ -169,3 +169,27 @@ def test_the_layer_goes_with_its_last_snapshot(executor: Executor) -> None:
         assert not os.path.ismount(path)
     else:
         assert closed(held, device)
+
+
+def test_a_fork_that_cannot_freeze_copies_and_says_why(
+    executor: Executor, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A detached process running keeps the workspace as it was: the fork copies the
+    files instead (the parent and the process go on), and the log says why."""
+    with executor.turn() as parent:
+        _sh(parent, _MAKE)
+        process = parent.start(["sh", "-c", "sleep 30"])
+        with caplog.at_level("INFO", logger="astralvessel.snapshots"):
+            (fork,) = parent.fork(1)
+        with fork:
+            source = fork.snapshot_source
+            assert source is not None
+            assert source.layer is None
+            assert _sh(fork, "cat /workspace/shared") == _sh(parent, "cat /workspace/shared")
+        refused = [r for r in caplog.records if "snapshot.freeze_refused" in r.getMessage()]
+        assert len(refused) == 1, caplog.text
+        fields = refused[0].astralvessel  # type: ignore[attr-defined]
+        assert fields["errno"] == "EBUSY"
+        assert fields["backend"] == executor.sandbox.name
+        _sh(parent, "echo later > /workspace/later")
+        process.kill()

@@ -192,12 +192,27 @@ def freeze_snapshot(
         # An ordinary user's forks clone the layer in their own namespaces: only the
         # server's held original will do (refused before anything changes otherwise).
         fd = freeze(session, upper_bytes, held_only=os.geteuid() != 0)
-    except OSError:
+    except OSError as exc:
+        _copied_instead(session, exc)
         return None  # as it was, or frozen with the clone lost: a capture reads the overlay
     try:
         return snapshot_frozen(fd, budget=budget, max_bytes=max_bytes, max_files=max_files)
-    except Unstaged:
+    except Unstaged as exc:
+        _copied_instead(session, exc)
         return None  # the layer is gone with its descriptor: a capture reads the overlay
+
+
+def _copied_instead(session: SandboxSession, exc: Exception) -> None:
+    """Say that a fork copies the files because the freeze was refused, and why: a fork that
+    takes seconds and the workspace's size on disk, where it would take neither, is
+    otherwise unexplained (a detached process left running is the common cause)."""
+    code = exc.errno if isinstance(exc, OSError) else None
+    fields = {
+        "backend": session.backend,
+        "errno": errno.errorcode.get(code, "") if code else "",
+        "error": str(exc),
+    }
+    event(SNAPSHOTS, "snapshot.freeze_refused", fields)
 
 
 def store_copy(snapshot: TurnSnapshot) -> Path | None:
