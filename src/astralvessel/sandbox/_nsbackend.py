@@ -331,6 +331,7 @@ class NamespaceBackend(Sandbox):
                 probe_key=f"{self.name}:{binary.path}:{facts.python.executable}",
                 memory_events=() if events_fd is None else (f"/proc/self/fd/{events_fd}",),
                 memory_limits=() if limit_fd is None else (f"/proc/self/fd/{limit_fd}",),
+                hold_workspace=True,
             ),
             widen_memory=None if cgroup is None else cgroup.widen_memory,
         )

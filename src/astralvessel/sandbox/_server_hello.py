@@ -117,6 +117,7 @@ def hello_message(policy: Policy, options: ServerOptions, *, file_worker_idle: f
         workspace_lower=None if policy.workspace_lower is None else str(WORKSPACE_LOWER_DIR),
         # Or a frozen layer the host holds, passed at the same number (``_nsbackend``).
         workspace_lower_fd=policy.workspace_lower_fd,
+        hold_workspace=options.hold_workspace,
         file_worker_idle=file_worker_idle,
         memory_events=list(options.memory_events),
         memory_limits=list(options.memory_limits),

@@ -87,6 +87,11 @@ class ServerOptions:
         converter=_str_tuple,
         validator=attrs.validators.deep_iterable(attrs.validators.instance_of(str)),
     )
+    #: Whether the server makes a fresh turn's workspace tmpfs itself and holds its detached
+    #: original, for an ordinary user's freeze (``server/_heldfs``): the namespace backends,
+    #: whose launcher's tmpfs is the sandbox's own. Not Docker's: the engine's tmpfs is the
+    #: host's to freeze (as root), and one of the server's would refuse the host's root.
+    hold_workspace: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     #: The host uid the sandbox's processes have (``SandboxSession.peer_uid``); None: unknown.
     peer_uid: int | None = attrs.field(default=None, converter=_optional_uid)
     #: The server's modules compiled by the sandbox's Python (``compile_command``), when

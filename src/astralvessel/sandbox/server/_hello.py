@@ -176,7 +176,8 @@ def hold_workspace(config: Hello, plan: _launch.LaunchPlan, workspace: str) -> i
     own empty tmpfs, in a user namespace. Its descriptor, or -1 (not here, or refused:
     a freeze is then refused too, and the host copies)."""
     if (
-        not plan.confine
+        not config.hold_workspace
+        or not plan.confine
         or workspace != config.workspace
         or config.workspace_lower is not None
         or config.workspace_lower_fd is not None

@@ -200,6 +200,8 @@ class Hello(Message):
     #: A frozen layer to lay it on instead, passed as this descriptor (an ordinary user's
     #: host holds it, unstaged); the server closes it before any call.
     workspace_lower_fd: int | None
+    #: Whether to make a fresh workspace's tmpfs again and hold its original (``_heldfs``).
+    hold_workspace: bool
 
     def _check(self) -> None:
         lower_fd = self.workspace_lower_fd
