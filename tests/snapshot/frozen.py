@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import socket
 import subprocess
-import time
+import sys
 from pathlib import Path
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -73,12 +74,41 @@ def frozen_layer(tree: Path) -> int:
         os.close(mount)
 
 
-def _enter_own_user_namespace() -> None:
-    """Enter a new user and mount namespace mapping this process's ids to themselves."""
-    uid, gid = os.getuid(), os.getgid()
-    if _libc.unshare(CLONE_NEWUSER | CLONE_NEWNS) != 0:
+def _unshare(flags: int) -> None:
+    if _libc.unshare(ctypes.c_int(flags)) != 0:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code))
+
+
+def _what_this_process_holds() -> str:
+    """What the kernel checks before it makes namespaces: threads, filters, mounts."""
+    status = Path("/proc/self/status").read_text(encoding="ascii", errors="replace")
+    wanted = ("Threads:", "Seccomp:", "NoNewPrivs:", "CapEff:")
+    lines = [" ".join(line.split()) for line in status.splitlines() if line.startswith(wanted)]
+    with open("/proc/self/mountinfo", "rb") as handle:
+        mounts = handle.read().count(b"\n")
+    return f"{'; '.join(lines)}; mounts {mounts}"
+
+
+def _enter_own_user_namespace() -> None:
+    """Enter a new user and mount namespace mapping this process's ids to themselves.
+
+    The user namespace first, then the mount namespace in it, each its own step: a
+    refusal then names which one the kernel refused, and what this process held.
+    """
+    uid, gid = os.getuid(), os.getgid()
+    for name, flag in (("user", CLONE_NEWUSER), ("mount", CLONE_NEWNS)):
+        try:
+            _unshare(flag)
+        except OSError as exc:
+            raise OSError(
+                exc.errno, f"{name} namespace: {exc.strerror} ({_what_this_process_holds()})"
+            ) from None
+        if flag == CLONE_NEWUSER:
+            _map_ids(uid, gid)
+
+
+def _map_ids(uid: int, gid: int) -> None:
     for name, text in (
         ("setgroups", "deny"),
         ("uid_map", f"{uid} {uid} 1"),
@@ -90,63 +120,61 @@ def _enter_own_user_namespace() -> None:
 
 def layer_of_another_namespace(files: dict[str, bytes]) -> int:
     """A frozen layer made as a sandbox's server makes one: by a process in a user
-    namespace of its own (a child, here), its descriptor sent back over a socket. Any
-    user may: root's tmpfs would belong to the host's user namespace, this one does not.
+    namespace of its own, its descriptor sent back over a socket. Any user may: root's
+    tmpfs would belong to the host's user namespace, this one does not.
 
-    A child that fails says at which step and why over the socket. Tried three times,
-    with pauses: a child forked from the test runner failed on CI in the whole run only,
-    never alone (3.10 once; 3.11 once, three attempts in a row, each EINVAL); the layer
-    is the test's scaffolding, not what it tests, and a failure names every attempt's.
+    The process is a new interpreter running this file, not a fork of the test runner:
+    a fork runs whatever the runner's libraries registered to run in a forked child
+    (CI, 3.11's whole run: every attempt's ``unshare(CLONE_NEWUSER)`` refused, EINVAL,
+    which the kernel answers a process with more than one thread). A failure names
+    the step and what the process held.
     """
-    failures: list[str] = []
-    for pause in (0.0, 0.5, 2.0):  # whatever the whole run had in hand may pass meanwhile
-        time.sleep(pause)
-        fd, why = _layer_from_a_child(files)
-        if fd is not None:
-            return fd
-        failures.append(why)
-    raise OSError(f"the child could not make a frozen layer: {failures}")
-
-
-def _layer_from_a_child(files: dict[str, bytes]) -> tuple[int | None, str]:
     parent, child = socket.socketpair()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child makes the layer and exits
-        code = 1
-        step = "start"
+    with parent:
+        with child:
+            process = subprocess.run(
+                [sys.executable, "-I", __file__, str(child.fileno())],
+                input=json.dumps({name: data.hex() for name, data in files.items()}).encode(),
+                stderr=subprocess.PIPE,
+                pass_fds=(child.fileno(),),
+                check=False,
+            )
+        parent.setblocking(False)
         try:
-            parent.close()
-            step = "enter a user namespace"
-            _enter_own_user_namespace()
-            step = "make the tmpfs"
-            mount = writable_tmpfs()
-            step = "write its files"
-            for name, data in files.items():
-                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=mount)
-                os.write(fd, data)
-                os.close(fd)
-            step = "freeze it"
-            frozen = freeze(mount)
-            step = "send it"
-            socket.send_fds(child, [b"x"], [frozen])
-            code = 0
-        except BaseException as exc:  # said to the parent, which raises it, with the step
-            with contextlib.suppress(OSError):
-                child.sendall(f"{step}: {exc!r}".encode()[:1000])
-        finally:
-            os._exit(code)
-    child.close()
-    try:
-        message, fds, _, _ = socket.recv_fds(parent, 1000, 1)
-    finally:
-        parent.close()
-        _, status = os.waitpid(pid, 0)
-    code = os.waitstatus_to_exitcode(status)
-    if fds and code == 0:
-        return fds[0], ""
+            message, fds, _, _ = socket.recv_fds(parent, 1000, 1)
+        except BlockingIOError:
+            message, fds = b"(nothing)", []
+    if fds and process.returncode == 0:
+        return fds[0]
     for fd in fds:
         os.close(fd)
-    return None, f"exit {code}: {message.decode(errors='replace')}"
+    raise OSError(
+        f"the child could not make a frozen layer: exit {process.returncode}: "
+        f"{message.decode(errors='replace')} {process.stderr.decode(errors='replace')[-2000:]}"
+    )
+
+
+def _make_and_send(sender: socket.socket, files: dict[str, bytes]) -> None:
+    """In the child: a frozen layer holding ``files``, sent over ``sender``; or the
+    step that failed and why."""
+    step = "enter a user namespace"
+    try:
+        _enter_own_user_namespace()
+        step = "make the tmpfs"
+        mount = writable_tmpfs()
+        step = "write its files"
+        for name, data in files.items():
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=mount)
+            os.write(fd, data)
+            os.close(fd)
+        step = "freeze it"
+        frozen = freeze(mount)
+        step = "send it"
+        socket.send_fds(sender, [b"x"], [frozen])
+    except BaseException as exc:  # said to the parent, which raises it, with the step
+        with contextlib.suppress(OSError):
+            sender.sendall(f"{step}: {exc!r}".encode()[:1000])
+        raise
 
 
 def closed(fd: int, device: int) -> bool:
@@ -155,3 +183,9 @@ def closed(fd: int, device: int) -> bool:
         return os.fstat(fd).st_dev != device
     except OSError:
         return True
+
+
+if __name__ == "__main__":  # the child of layer_of_another_namespace
+    wanted = json.load(sys.stdin)
+    with socket.socket(fileno=int(sys.argv[1])) as sender:
+        _make_and_send(sender, {name: bytes.fromhex(data) for name, data in wanted.items()})
