@@ -9,6 +9,7 @@ refused with a ``SnapshotError`` naming it, and nothing of it reaches the host.
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import os
 import subprocess
 import sys
@@ -101,6 +102,23 @@ _TAMPER = (
 )
 
 
+def _layer_state(executor: Executor, snapshot: TurnSnapshot, bounds: dict[str, int]) -> object:
+    """The content id of the snapshot's tree as the host scans it; where the host cannot
+    read it (an ordinary user's Docker frozen layer: the turn's uid's files), the
+    listing and digests its reader makes of it (``docker._reader``)."""
+    if not _reads_by_reader(executor, snapshot):
+        return scan_tree(snapshot.path, **bounds).content_id
+    fd = int(snapshot.path.name)  # a held layer's tree is /proc/self/fd/N
+    with executor.sandbox._read_layer(fd) as layer:  # type: ignore[attr-defined]
+        listing = json.loads(layer.listing("", bounds["max_files"]))
+        files = [(os.fsencode(e["name"]), e["size"]) for e in listing if e["kind"] == "file"]
+        return listing, layer.digests(files)
+
+
+def _reads_by_reader(executor: Executor, snapshot: TurnSnapshot) -> bool:
+    return executor.sandbox.name == "docker" and os.geteuid() != 0 and snapshot.layer is not None
+
+
 def test_a_fork_changes_neither_the_snapshots_tree_nor_its_siblings(executor: Executor):
     """Whatever a fork does to the files it opened with, the snapshot's tree on the host
     keeps its content id and a sibling still sees the snapshot's files."""
@@ -115,7 +133,7 @@ def test_a_fork_changes_neither_the_snapshots_tree_nor_its_siblings(executor: Ex
     snapshot = tamperer.snapshot_source
     assert snapshot is not None
     bounds = {"max_bytes": 1 << 30, "max_files": 1000}
-    held = scan_tree(snapshot.path, **bounds).content_id
+    held = _layer_state(executor, snapshot, bounds)
     if snapshot.layer is None:
         assert held == snapshot.content_id
     # else a frozen layer: the turn's whole workspace, its outbox too (which the snapshot
@@ -126,7 +144,7 @@ def test_a_fork_changes_neither_the_snapshots_tree_nor_its_siblings(executor: Ex
         seen = run_script(tamperer, "cd /workspace && ls && stat -c %a kept && cat kept")
         assert seen == "away\ndeep\nempty2\nkept\nkept.hard\noutbox\nsetid\n777\nkept\nchanged\n"
         assert run_script(tamperer, "find /workspace -perm /6000") == ""
-        assert scan_tree(snapshot.path, **bounds).content_id == held
+        assert _layer_state(executor, snapshot, bounds) == held
         assert run_script(sibling, _LISTING) == before
     with executor.turn(snapshot=snapshot) as again:
         assert run_script(again, _LISTING) == before
@@ -194,9 +212,9 @@ def test_the_mechanism_is_the_backends(executor: Executor):
         (fork,) = parent.fork(1)
     with fork:
         mounted = run_script(fork, "grep ' /workspace ' /proc/self/mountinfo | tail -n 1")
-        # Docker's overlay is the host's, which only a root host can mount.
-        name = executor.sandbox.name
-        overlay = overlay_backend(name) and (name != "docker" or os.geteuid() == 0)
+        # Docker's overlay of a fresh turn's frozen layer: the host's as root, the
+        # server's on its reader's idmapped clone as an ordinary user.
+        overlay = overlay_backend(executor.sandbox.name)
         assert (" - overlay " in mounted) is overlay, mounted
         mine = "id -u; stat -c %u /workspace/d /workspace/d/f"
         uid = run_script(fork, "id -u").strip()
@@ -432,3 +450,84 @@ def test_a_forks_outbox_holds_none_of_its_parents_files(executor: Executor) -> N
             assert run_script(fork, "find /workspace/outbox -type f") == ""
             assert run_script(fork, "cat /workspace/k") == "kept\n"
         assert run_script(parent, "cat /workspace/outbox/handed") == "handed\n"
+
+
+def _ordinary_docker(executor: Executor) -> None:
+    if executor.sandbox.name != "docker" or os.geteuid() == 0:
+        pytest.skip("the reader of frozen layers serves an ordinary user's Docker host")
+
+
+def test_an_ordinary_users_docker_fork_freezes_the_workspace_in_place(executor: Executor):
+    """As an ordinary user a fresh Docker turn's fork copies nothing: its snapshot is the
+    frozen layer, listed and hashed by the host's reader, and each fork lays its overlay
+    on an idmapped clone of it, so its calls own the files (a 0600 file in a 0700 folder,
+    which the host itself cannot read) and its writes reach neither siblings nor parent."""
+    _ordinary_docker(executor)
+    with executor.turn() as parent:
+        run_script(
+            parent,
+            "cd /workspace && mkdir -m 700 d && echo base > d/f && chmod 600 d/f && echo t > t",
+        )
+        one, two = parent.fork(2)
+        snapshot = one.snapshot_source
+        assert snapshot is not None
+        assert snapshot.layer is not None  # frozen in place, not copied to the store
+        with pytest.raises(PermissionError):
+            os.open(snapshot.path / "d" / "f", os.O_RDONLY)  # the host cannot read it
+        with one, two:
+            mounts = run_script(one, "grep ' /workspace' /proc/self/mountinfo")
+            assert " - overlay " in mounts
+            assert "idmapped" in mounts
+            uid = run_script(one, "id -u").strip()
+            assert run_script(one, "stat -c %u /workspace/d /workspace/d/f").split() == [uid] * 2
+            run_script(
+                one, "echo one >> /workspace/d/f && rm /workspace/t && chmod 755 /workspace/d"
+            )
+            run_script(two, "echo two >> /workspace/d/f")
+            assert run_script(one, "cat /workspace/d/f; ls /workspace") == "base\none\nd\noutbox\n"
+            assert run_script(two, "cat /workspace/d/f") == "base\ntwo\n"
+            assert run_script(parent, "cat /workspace/d/f /workspace/t") == "base\nt\n"
+            assert run_script(parent, "stat -c %a /workspace/d") == "700\n"
+
+
+def test_an_ordinary_users_docker_fork_takes_no_word_of_the_turn(executor: Executor):
+    """The frozen layer's listing and digests are the reader's, checked as a capture's: names
+    and bytes shaped like its replies (quotes, newlines, bytes not UTF-8, a frame's header)
+    come out as a capture of the same files has them, and the reader's socket is in no
+    turn's view."""
+    _ordinary_docker(executor)
+    with executor.turn() as parent:
+        run_script(
+            parent,
+            "cd /workspace && printf '\\000\\000\\000\\002\\000\\000\\000\\000{}' > frame && "
+            "echo q > 'a\"b' && echo n > \"$(printf 'x\\ny')\" && echo u > \"$(printf '\\377')\" && "
+            'printf \'{"errno": null, "digests": []}\' > \'{"op": "hash"}\' && ln -s /etc link',
+        )
+        (fork,) = parent.fork(1)
+        frozen = fork.snapshot_source
+        assert frozen is not None
+        assert frozen.layer is not None
+        copied = parent.snapshot()  # the file worker's listing and the host's digests
+        assert copied.layer is None
+        assert frozen.content_id == copied.content_id
+        with fork:
+            socks = run_script(fork, "find / -xdev -type s 2>/dev/null; true")
+            assert "server.sock" not in socks
+
+
+def test_an_ordinary_users_docker_fork_refuses_a_hostile_layer(executor: Executor):
+    """A layer a capture refuses (a fifo) refuses the fork by name, as the root route does,
+    and leaves nothing counted; without it the fork freezes."""
+    _ordinary_docker(executor)
+    with executor.turn() as parent:
+        run_script(parent, "mkdir /workspace/d && mkfifo /workspace/d/pipe")
+        with pytest.raises(SnapshotError, match="'d/pipe' is a fifo"):
+            parent.fork(1)
+        assert executor.snapshot_budget.used_bytes == 0
+    with executor.turn() as parent:
+        run_script(parent, "echo a > /workspace/a")
+        (fork,) = parent.fork(1)
+        with fork:
+            assert fork.snapshot_source is not None
+            assert fork.snapshot_source.layer is not None
+            assert run_script(fork, "cat /workspace/a") == "a\n"

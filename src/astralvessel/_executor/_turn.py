@@ -540,7 +540,7 @@ class BaseTurn(Closing, Generic[_Owner]):
         # copies only what changed: its freeze would count the whole workspace again.
         if not policy.writable_root and not self._captures.linkable():
             session = yield from _Session(self)
-            if freezes_here(session.backend):
+            if freezes_here(session.backend, session):
                 budget = self.executor.snapshot_budget
                 frozen = yield from self._guarded(
                     _Freeze(

@@ -16,8 +16,10 @@ re-exported here, where backends and the executor have always found them.
 from __future__ import annotations
 
 import abc
+import os
 from collections.abc import Callable
-from typing import ClassVar
+from contextlib import AbstractContextManager
+from typing import Any, ClassVar
 
 import attrs
 
@@ -78,6 +80,16 @@ class ServerLink:
     widen_memory: Callable[[int], None] | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.is_callable())
     )
+    #: A frozen layer's descriptor to pass the server in place of
+    #: ``policy.workspace_lower_fd`` (an ordinary user's Docker fork: the layer idmapped to
+    #: the fork's uid, ``docker._reader``); closed once the server has its hello.
+    lower_fd: int | None = None
+    #: Reads a frozen layer the host cannot read itself (an ordinary user's Docker host:
+    #: the layer's files are the turn's uid's), given the layer's descriptor: a context
+    #: of ``listing(outbox, max_files)`` and ``digests(files)`` (``docker._reader``).
+    read_layer: Callable[[int], AbstractContextManager[Any]] | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.is_callable())
+    )
 
 
 class Sandbox(abc.ABC):
@@ -123,10 +135,23 @@ class Sandbox(abc.ABC):
                 "allow-list would mean nothing there; use a confined backend"
             )
         link = self.open(policy)
-        booted = policy if link.lower_laid is None else attrs.evolve(policy, workspace_lower=None)
-        session = ServerSession.start(link.channel, booted, backend=self.name, options=link.options)
+        booted = (
+            policy
+            if link.lower_laid is None
+            else attrs.evolve(policy, workspace_lower=None, workspace_lower_fd=None)
+        )
+        if link.lower_fd is not None:
+            booted = attrs.evolve(booted, workspace_lower_fd=link.lower_fd)
+        try:
+            session = ServerSession.start(
+                link.channel, booted, backend=self.name, options=link.options
+            )
+        finally:
+            if link.lower_fd is not None:
+                os.close(link.lower_fd)
         session.upper_names = link.upper_names
         session.widen_memory = link.widen_memory
+        session.read_layer = link.read_layer
         if link.lower_laid:
             # Read as the server's own report would be (``Executor._restore``): nothing to copy.
             relaxations = dict(session.ready_info.get("relaxations") or {}, workspace_lower=True)

@@ -15,8 +15,12 @@ that number (the server comes before any of its calls, which are deeper), and
 checks the descriptor it got is the mount the server described (device and
 inode), so a pid reused meanwhile cannot hand over anything else.
 
-A Docker turn's server is no descendant of the host, and cannot mount over the
-engine's tmpfs: there the host does the mount steps itself (``docker._freeze``).
+A Docker turn's server is no descendant of the host. As root the host does the mount
+steps itself in the server's mount namespace (``docker._freeze``). An ordinary user's
+server holds the workspace's tmpfs it made (``server/_heldfs``, asked where the direct
+channel serves) and passes it with its answer over the channel's unix socket
+(``SCM_RIGHTS``, ``Freeze.passed``), checked alike; elsewhere (the attach stream) the
+freeze is refused (``EOPNOTSUPP``) before anything changes.
 A session the host did not start as a local process cannot be asked: ``freeze``
 then raises ``ENOSYS`` before anything changes in the sandbox.
 """
@@ -102,25 +106,32 @@ def freeze(
     original of the workspace's tmpfs (``server/_heldfs``), which forks in other user
     namespaces can clone (``EOPNOTSUPP`` before anything changes where it holds none).
     """
-    if session.backend == "docker":  # no local server process: the host mounts (root)
-        from .docker._freeze import freeze as host_freeze  # lazy: keeps docker/ off the path
+    passes = session.backend == "docker" and os.geteuid() != 0
+    if session.backend == "docker" and not passes:  # no local server process: the host
+        from .docker._freeze import freeze as host_freeze  # mounts (root); lazy: no docker/
 
         fd = host_freeze(session, upper_bytes, timeout=timeout)
         _widen_memory(session, fd)
         return fd
-    pid = server_pid(session)
-    reply = session.fs(
-        FsRequest(
-            op="freeze", timeout=timeout, fields={"upper_bytes": upper_bytes, "held": held_only}
-        )
-    )
+    # An ordinary user's Docker host takes the server's held original over the direct
+    # channel's socket, passed with the answer (it may not pidfd_getfd a container's process).
+    channel = getattr(session, "channel", None) if passes else None
+    take_passed = getattr(channel, "take_passed", None)
+    if passes and take_passed is None:
+        raise OSError(errno.EOPNOTSUPP, "the turn's channel carries no descriptors")
+    pid = -1 if passes else server_pid(session)
+    fields: dict[str, object] = {"upper_bytes": upper_bytes, "held": held_only or passes}
+    if passes:
+        fields["passed"] = True
+    reply = session.fs(FsRequest(op="freeze", timeout=timeout, fields=fields))
     if reply.errno is not None:
         raise _refusal(reply.errno, reply.message)
     number = reply.fields.get("fd")
     if not isinstance(number, int):
         raise OSError(errno.EPROTO, f"the freeze's answer names no descriptor: {reply.fields!r}")
     try:
-        fd = _take(pid, number, reply.fields.get("dev"), reply.fields.get("ino"))
+        dev, ino = reply.fields.get("dev"), reply.fields.get("ino")
+        fd = _taken(take_passed(), dev, ino) if take_passed else _take(pid, number, dev, ino)
     finally:
         released = session.fs(
             FsRequest(op="freeze", timeout=timeout, fields={"phase": "release", "fd": number})
@@ -148,6 +159,17 @@ def _widen_memory(session: SandboxSession, fd: int) -> None:
         widen((stats.f_blocks - stats.f_bfree) * stats.f_frsize)
     except (OSError, ValueError):
         pass  # the bound stays as it was: the turn is no worse off than before the freeze
+
+
+def _taken(fd: int | None, dev: object, ino: object) -> int:
+    """The descriptor the server passed with its answer, checked to be the named mount."""
+    if fd is None:
+        raise OSError(errno.EPROTO, "the freeze's answer came without its descriptor")
+    st = os.fstat(fd)
+    if (st.st_dev, st.st_ino) != (dev, ino):
+        os.close(fd)
+        raise OSError(errno.ESRCH, "the descriptor passed is not the frozen clone")
+    return fd
 
 
 def _take(pid: int, number: int, dev: object, ino: object) -> int:

@@ -69,6 +69,7 @@ SERVER_MODULES = (
     "_fsqueue",
     "_hello",
     "_spawner",
+    "_passfd",
     "_main",
 )
 _PACKAGE = "_astralvessel_server"

@@ -89,9 +89,13 @@ class ServerOptions:
     )
     #: Whether the server makes a fresh turn's workspace tmpfs itself and holds its detached
     #: original, for an ordinary user's freeze (``server/_heldfs``): the namespace backends,
-    #: whose launcher's tmpfs is the sandbox's own. Not Docker's: the engine's tmpfs is the
-    #: host's to freeze (as root), and one of the server's would refuse the host's root.
+    #: whose launcher's tmpfs is the sandbox's own, and Docker's for an ordinary user over
+    #: the direct channel (the original is passed on its socket). Not Docker's as root: the
+    #: engine's tmpfs is the host's to freeze, and one of the server's would refuse it.
     hold_workspace: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    #: Whether ``Policy.workspace_lower_fd`` goes to the server with the hello over the
+    #: channel (``SCM_RIGHTS``: Docker's direct channel, ``send_fds``), not by inheritance.
+    pass_lower_fd: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     #: The host uid the sandbox's processes have (``SandboxSession.peer_uid``); None: unknown.
     peer_uid: int | None = attrs.field(default=None, converter=_optional_uid)
     #: The server's modules compiled by the sandbox's Python (``compile_command``), when

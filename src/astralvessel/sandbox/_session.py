@@ -17,6 +17,7 @@ import concurrent.futures
 import contextlib
 import threading
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, cast
 
@@ -138,6 +139,8 @@ class ServerSession(SandboxSession):
         self.upper_names: Callable[[], frozenset[bytes] | None] | None = None
         #: Raises the turn's memory bound by that many bytes (``ServerLink.widen_memory``).
         self.widen_memory: Callable[[int], None] | None = None
+        #: Reads a frozen layer the host cannot read itself (``ServerLink.read_layer``).
+        self.read_layer: Callable[[int], AbstractContextManager[Any]] | None = None
         self._channel = channel
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
@@ -191,7 +194,15 @@ class ServerSession(SandboxSession):
         timeout = options.ready_timeout
         try:
             session._reader.start()
-            session._send(server_payload(options.build) + _protocol.encode(hello.to_json()))
+            hello_frame = _protocol.encode(hello.to_json())
+            lower_fd = policy.workspace_lower_fd if options.pass_lower_fd else None
+            if lower_fd is None:
+                session._send(server_payload(options.build) + hello_frame)
+            else:
+                # The layer goes with the hello's first byte, which the server's loop reads
+                # (its bootstrap reads the payload's bytes exactly, none past them).
+                session._send(server_payload(options.build))
+                session._send_fds(hello_frame, (lower_fd,))
             try:
                 header = session._ready.result(timeout=timeout)
             except concurrent.futures.TimeoutError:
@@ -235,6 +246,18 @@ class ServerSession(SandboxSession):
         with self._send_lock:
             try:
                 self._channel.send(data)
+            except OSError as exc:
+                raise SandboxError(
+                    self._death(f"cannot write to the sandbox server ({exc})")
+                ) from None
+
+    def _send_fds(self, data: bytes, fds: tuple[int, ...]) -> None:
+        send_fds = getattr(self._channel, "send_fds", None)
+        if send_fds is None:
+            raise SandboxError("the sandbox's channel cannot pass descriptors")
+        with self._send_lock:
+            try:
+                send_fds(data, fds)
             except OSError as exc:
                 raise SandboxError(
                     self._death(f"cannot write to the sandbox server ({exc})")

@@ -16,7 +16,8 @@ bytes counted on the budget (``Budget.hold``: once per inode, for as long as a
 snapshot refers to the layer) before any file is read, and each file's digest
 the host's own, of the bytes it read. They cannot change under it: the layer
 is refused unless it is read-only (and the listing is the host's, not a
-sandbox's reply).
+sandbox's reply: where the host cannot read the layer's files, an ordinary user's
+Docker host, its own reader container's, ``docker._reader``, checked alike).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import errno
 import json
 import os
 import stat
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -48,9 +51,10 @@ __all__ = ["Unstaged", "freeze_snapshot", "freezes_here", "snapshot_frozen", "st
 
 #: The backends whose sandbox the host can freeze: a local server process it asks, or
 #: Docker's server, in whose mount namespace the host mounts (not ``docker-exec``: no server).
-#: Where any user's host freezes; ``_FREEZES_AS_ROOT``: where only root's does.
-_FREEZES = frozenset({"bubblewrap", "nsjail"})
-_FREEZES_AS_ROOT = frozenset({"docker"})
+#: Where any user's host freezes: Docker's as root by its own mounts, as an ordinary user
+#: where the direct channel serves (``_PASSES``: the server passes the held layer on it).
+_FREEZES = frozenset({"bubblewrap", "nsjail", "docker"})
+_PASSES = frozenset({"docker"})
 
 #: The server's outbox, as a name in the workspace: a capture leaves it out, and so does this.
 OUTBOX_NAME = str(OUTBOX_DIR.relative_to(WORKSPACE_DIR))
@@ -72,6 +76,7 @@ def snapshot_frozen(
     max_bytes: int,
     max_files: int,
     outbox: str = OUTBOX_NAME,
+    read_layer: Callable[[int], AbstractContextManager[Any]] | None = None,
 ) -> TurnSnapshot:
     """The snapshot of the frozen layer whose detached mount ``fd`` is.
 
@@ -82,7 +87,10 @@ def snapshot_frozen(
     through ``/proc/self/fd``, passed to forks' servers), closed when the last snapshot
     goes. Either is undone here when the layer is refused (``SnapshotError``: not a
     read-only folder, or what a capture refuses). ``outbox``: the server's outbox
-    folder in the layer, left out.
+    folder in the layer, left out. ``read_layer``: where the host cannot read the
+    layer's files (an ordinary user's Docker host: they are the turn's uid's), the
+    reader that lists and hashes them for it (``docker._reader``): its listing passes
+    the same checks, and its failure to serve raises ``Unstaged`` (the caller copies).
     """
     try:
         device = _checked_layer(fd)
@@ -97,13 +105,22 @@ def snapshot_frozen(
         except OSError as exc:
             raise Unstaged(f"the frozen workspace cannot be staged: {exc}") from exc
     try:
-        listing = _listing(tree.path.as_posix(), outbox, max_files)
-        shape = checked_shape(listing, max_bytes=max_bytes, max_files=max_files)
-        tree.hold(_inodes(listing, device))  # exact at once: nothing is read before it
-        digests = _digests(os.fsencode(tree.path), shape)
+        if read_layer is None:
+            listing = _listing(tree.path.as_posix(), outbox, max_files)
+            shape = checked_shape(listing, max_bytes=max_bytes, max_files=max_files)
+            tree.hold(_inodes(listing, device))  # exact at once: nothing is read before it
+            digests = _digests(os.fsencode(tree.path), shape)
+        else:
+            with read_layer(fd) as layer:
+                listing = _read_listing(layer, outbox, max_files)
+                shape = checked_shape(listing, max_bytes=max_bytes, max_files=max_files)
+                tree.hold(_inodes(listing, device))
+                digests = _read_digests(layer, shape)
         return TurnSnapshot(manifest=with_digests(shape, digests), tree=tree)
     except BaseException as exc:
         tree.remove()
+        if isinstance(exc, ConnectionError):  # the reader failed, not the layer: a copy
+            raise Unstaged(f"the frozen workspace's reader failed: {exc}") from exc
         if isinstance(exc, OSError):
             raise SnapshotError(f"the frozen workspace cannot be read: {exc}") from exc
         raise
@@ -127,7 +144,8 @@ def _listing(root: str, outbox: str, max_files: int) -> Any:
     """The file worker's listing of the layer, as a capture's reply holds it (JSON values)."""
     # "/." last: the listing opens its root without following a link, and a held layer's
     # root is a /proc/self/fd link (a name under it follows it, as under any folder).
-    layer = _Layer(workspace=f"{root}/.", outbox=f"{root}/{outbox}" if outbox else "")
+    # The outbox under the same "/." (``_snapfiles`` leaves it out by that prefix).
+    layer = _Layer(workspace=f"{root}/.", outbox=f"{root}/./{outbox}" if outbox else "")
     try:
         _, data = _snapfiles.pack({"phase": "list", "max_files": max_files + 1}, b"", layer)
     except _snapfiles.Refused as exc:
@@ -135,6 +153,34 @@ def _listing(root: str, outbox: str, max_files: int) -> Any:
             raise too_many_names(max_files) from None
         raise SnapshotError(f"the frozen workspace cannot be listed: {exc}") from None
     return json.loads(data)
+
+
+def _read_listing(layer: Any, outbox: str, max_files: int) -> Any:
+    """``_listing``, made by a reader (``snapshot_frozen(read_layer=)``)."""
+    try:
+        data = layer.listing(outbox, max_files + 1)
+    except OSError as exc:
+        if isinstance(exc, ConnectionError):
+            raise
+        if exc.errno == errno.EFBIG:
+            raise too_many_names(max_files) from None
+        raise SnapshotError(f"the frozen workspace cannot be listed: {exc}") from None
+    try:
+        return json.loads(data)
+    except ValueError as exc:
+        raise SnapshotError(f"the frozen workspace's listing is malformed: {exc}") from None
+
+
+def _read_digests(layer: Any, shape: Manifest) -> dict[bytes, str]:
+    """``_digests``, read by a reader (``snapshot_frozen(read_layer=)``)."""
+    files = [entry for entry in shape.entries if entry.kind is EntryKind.FILE]
+    try:
+        found = layer.digests([(entry.name, entry.size) for entry in files])
+    except OSError as exc:
+        if isinstance(exc, ConnectionError):
+            raise
+        raise SnapshotError(f"the frozen workspace cannot be read: {exc}") from None
+    return {entry.name: digest for entry, digest in zip(files, found, strict=True)}
 
 
 def _inodes(listing: Any, device: int) -> Inodes:
@@ -160,8 +206,9 @@ def _digests(base: bytes, shape: Manifest) -> dict[bytes, str]:
     return digests
 
 
-def freezes_here(backend: str) -> bool:
-    """Whether a fork of ``backend``'s turn asks its sandbox to freeze the workspace.
+def freezes_here(backend: str, session: SandboxSession | None = None) -> bool:
+    """Whether a fork of ``backend``'s turn (``session``'s, where given) asks its sandbox to
+    freeze the workspace.
 
     On bubblewrap and nsjail. As root the host stages the layer at a path in its store
     (a mount of its own, ``Tree.frozen``), which the forks' launchers bind as any tree.
@@ -169,12 +216,23 @@ def freezes_here(backend: str) -> bool:
     descriptor (``Tree.held_layer``), which the forks' launchers pass to their servers;
     the layer is then the tmpfs the server made itself (``server/_heldfs``), the only
     kind a fork's server in another user namespace may clone.
-    On Docker as root too: the host mounts in the server's mount namespace
-    (``docker._freeze``) and stages the layer; not as an ordinary user (it cannot enter
-    the container's namespaces), nor on ``docker-exec``, which runs no server to refuse
-    while a call runs, nor remake its views.
+    On Docker as root the host mounts in the server's mount namespace (``docker._freeze``)
+    and stages the layer. As an ordinary user the server holds its tmpfs as above and
+    passes it over the direct channel's socket; the host, which cannot read the turn's
+    files (its leased uid's), has the backend's reader container list and hash them
+    (``session.read_layer``, ``docker._reader``), and the forks' servers get an idmapped
+    clone of it, made by the reader, with their hello the same way. Not where the turn
+    speaks over the engine's attach stream (a remote engine), which carries no
+    descriptor, nor without a reader. Not on ``docker-exec``, which runs no server to
+    refuse while a call runs, nor remake its views.
     """
-    return backend in _FREEZES or (os.geteuid() == 0 and backend in _FREEZES_AS_ROOT)
+    if backend not in _FREEZES:
+        return False
+    if backend not in _PASSES or os.geteuid() == 0 or session is None:
+        return True
+    return callable(getattr(getattr(session, "channel", None), "take_passed", None)) and callable(
+        getattr(session, "read_layer", None)
+    )
 
 
 def freeze_snapshot(
@@ -196,7 +254,13 @@ def freeze_snapshot(
         _copied_instead(session, exc)
         return None  # as it was, or frozen with the clone lost: a capture reads the overlay
     try:
-        return snapshot_frozen(fd, budget=budget, max_bytes=max_bytes, max_files=max_files)
+        return snapshot_frozen(
+            fd,
+            budget=budget,
+            max_bytes=max_bytes,
+            max_files=max_files,
+            read_layer=getattr(session, "read_layer", None),
+        )
     except Unstaged as exc:
         _copied_instead(session, exc)
         return None  # the layer is gone with its descriptor: a capture reads the overlay

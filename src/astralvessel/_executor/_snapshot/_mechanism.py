@@ -63,8 +63,9 @@ _KERNEL_FOR = {False: (5, 11), True: (5, 19)}
 
 
 #: The backends whose launcher passes a held frozen layer's descriptor to the server
-#: (``Policy.workspace_lower_fd``): a local process the host starts.
-_LOWER_BY_DESCRIPTOR = frozenset({"bubblewrap", "nsjail"})
+#: (``Policy.workspace_lower_fd``): a local process the host starts, or Docker's server
+#: over its direct channel (passed with the hello; on the attach stream the files are copied).
+_LOWER_BY_DESCRIPTOR = frozenset({"bubblewrap", "nsjail", "docker"})
 
 
 def lower_by_descriptor(backend: str) -> bool:

@@ -18,11 +18,13 @@ import functools
 import os
 import platform
 import shutil
+import threading
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ...errors import BackendUnavailableError, PromiseNotEnforcedError
+from ...errors import BackendUnavailableError, PromiseNotEnforcedError, SandboxError
 from .. import _seccomp
 from .._base import BackendReport, Sandbox, SandboxSession, ServerLink, ServerOptions
 from .._mechanisms import Setup, limit_mechanisms
@@ -36,6 +38,7 @@ from ._direct import DirectChannel, Listener, NotConnectedError
 from ._engine import BASE_IMAGE_ENV, CreateRefusedError, Engine, owner
 from ._exec_session import EXEC_NOTE, ExecSession
 from ._identity import write_identity
+from ._reader import LayerReader, reader_spec
 from ._spec import (
     CALL_UID,
     DEFAULT_BASE_IMAGE,
@@ -46,6 +49,7 @@ from ._spec import (
     LABEL_TURN,
     MEMORY_EVENTS_FD,
     MEMORY_LIMIT_FD,
+    ContainerSpec,
     container_spec,
     profile_text,
     server_argv,
@@ -142,6 +146,10 @@ class Docker(Sandbox):
         #: Whether a turn's server may talk over a socket of its own rather than the
         #: engine's attach stream (where the engine is local; see ``open``).
         self.direct = direct
+        #: The reader of frozen layers an ordinary user's host cannot read (``_reader``),
+        #: made at its first read.
+        self._reader: LayerReader | None = None
+        self._reader_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return (
@@ -153,6 +161,49 @@ class Docker(Sandbox):
     def sweep(self) -> int:
         """Remove containers of turns whose host process died; return how many were removed."""
         return self.engine.sweep()
+
+    # -- the reader of frozen layers ----------------------------------------------------
+
+    def _read_layer(self, fd: int) -> AbstractContextManager[Any]:
+        """Reads of the frozen layer ``fd`` by this backend's reader (``_reader``)."""
+        with self._reader_lock:
+            if self._reader is None:
+                self._reader = LayerReader(self._start_reader)
+            reader = self._reader
+        return reader.layer(fd, self._reader_spec)
+
+    def _fork_layer(self, policy: Policy, lease: UidLease | None) -> int | None:
+        """An ordinary user's frozen layer for a fork (``policy.workspace_lower_fd``), made
+        the fork's own by the reader: an idmapped clone showing the parent's files as the
+        fork's leased uid's (``LayerReader.idmapped``). None where there is none to pass.
+        ``SandboxError`` where the reader cannot make it."""
+        fd = policy.workspace_lower_fd
+        if fd is None or lease is None or os.geteuid() == 0:
+            return None
+        with self._reader_lock:
+            if self._reader is None:
+                self._reader = LayerReader(self._start_reader)
+            reader = self._reader
+        try:
+            return reader.idmapped(fd, lease.uid, lease.gid, self._reader_spec)
+        except OSError as exc:
+            # No copy instead: the host cannot read the layer's files to copy them in.
+            raise SandboxError(f"the frozen layer cannot be made the fork's: {exc}") from exc
+
+    def _start_reader(
+        self, spec: ContainerSpec, meet: Callable[[AttachChannel, Starting], Any]
+    ) -> tuple[AttachChannel, Any]:
+        return self.engine.start_meeting(spec, on_close=None, meet=meet)
+
+    def _reader_spec(self, folder: str) -> ContainerSpec:
+        policy = Policy()
+        return reader_spec(
+            folder,
+            image=self._turn_image(policy),
+            python=self.python,
+            seccomp_profile=_engine_profile(_ENGINE_SERVER_LIST, _seccomp.available_arch()),
+            labels=self._labels(policy, "reader"),
+        )
 
     # -- the turn's image -------------------------------------------------------------
 
@@ -308,6 +359,7 @@ class Docker(Sandbox):
             )
         build = self.engine.server_build(image_id, self.python)
         overlay = self._host_overlay(policy, lease)
+        lower_fd = self._fork_layer(policy, lease) if direct else None
         listener = None
         if lease is not None and direct:
             # A host whose temporary folder cannot be written, or whose socket's path
@@ -327,15 +379,31 @@ class Docker(Sandbox):
         except BaseException:
             if overlay is not None:
                 overlay.close()
+            if lower_fd is not None:
+                os.close(lower_fd)
             raise
         finally:
             if listener is not None:
                 listener.close()
+        direct_channel = isinstance(channel, DirectChannel)
+        if lower_fd is not None and not direct_channel:  # pragma: no cover - direct asked
+            os.close(lower_fd)
+            lower_fd = None
         return ServerLink(
             channel=channel,
             settle=channel.settle if isinstance(channel, DirectChannel) else None,
             options=ServerOptions(
                 confine=True,
+                # An ordinary user's fresh workspace is the server's own tmpfs, its original
+                # held to pass on a freeze (``_frozen``); root's host freezes the engine's.
+                hold_workspace=(
+                    direct_channel
+                    and os.geteuid() != 0
+                    and policy.workspace_lower is None
+                    and lower_fd is None
+                ),
+                # A frozen layer an ordinary user's host holds goes with the hello.
+                pass_lower_fd=lower_fd is not None,
                 # Where the engine maps container uids (no lease), the host cannot know it.
                 peer_uid=None if lease is None else lease.uid,
                 # The container already runs as the turn's uid; in its user namespace only that
@@ -354,9 +422,18 @@ class Docker(Sandbox):
                 memory_events=(f"/proc/self/fd/{MEMORY_EVENTS_FD}",),
                 memory_limits=(f"/proc/self/fd/{MEMORY_LIMIT_FD}",),
             ),
-            lower_laid=None if policy.workspace_lower is None else overlay is not None,
+            lower_laid=(
+                (None if lower_fd is not None else False)  # none to pass on: a copy
+                if policy.workspace_lower_fd is not None
+                else None
+                if policy.workspace_lower is None
+                else overlay is not None
+            ),
+            lower_fd=lower_fd,
             upper_names=None if overlay is None else overlay.upper_names,
             widen_memory=channel.widen_memory,
+            # An ordinary user's host cannot read the turn's frozen files: its reader does.
+            read_layer=self._read_layer if direct_channel and os.geteuid() != 0 else None,
         )
 
     def _host_overlay(self, policy: Policy, lease: UidLease | None) -> HostOverlay | None:

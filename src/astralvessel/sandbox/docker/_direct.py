@@ -9,6 +9,12 @@ and speaks the protocol over it. The attach stream stays, for the server's stder
 and the container's removal. The socket is the lifeline as the stdin was: a host
 that dies closes its end, and the server reads the end of its input.
 
+The socket carries descriptors too (``SCM_RIGHTS``), where a pipe could not: an
+ordinary user's host, which may not ``pidfd_getfd`` a container's process (another
+uid's, and Docker's seccomp profile refuses it), takes a frozen workspace's held
+mount with the freeze's answer (``_frozen``), and passes a frozen layer to a fork's
+server with its hello (``Policy.workspace_lower_fd``).
+
 Only the turn's own uid may connect (``SO_PEERCRED``): the folder must be
 reachable by that uid inside the container, so another host user could reach it
 too, and would be turned away. The folder is removed once the server is in; a
@@ -27,6 +33,7 @@ import struct
 import tempfile
 import threading
 import time
+from collections import deque
 
 from ..._ground._leftovers import leftover_folders, owned_prefix
 from ..._ground._unixsock import bind as bind_unix
@@ -44,6 +51,22 @@ _REFUSED = "astralvessel: cannot reach the host"
 #: How long ``describe_exit`` and ``close`` wait for the engine to see a dead server's
 #: container end.
 _EXIT_WAIT = 5.0
+
+
+#: The most descriptors one read takes from the server (a freeze's answer passes one);
+#: any more are closed by the kernel, and any taken but not asked for, at ``close``.
+_MAX_PASSED = 4
+_PASSED_SPACE = socket.CMSG_SPACE(_MAX_PASSED * 4)
+
+
+def _passed(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
+    """The descriptors an ``SCM_RIGHTS`` message brought."""
+    fds: list[int] = []
+    for level, kind, data in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            usable = len(data) - len(data) % 4
+            fds.extend(struct.unpack(f"{usable // 4}i", data[:usable]))
+    return fds
 
 
 #: The kind of this module's folders: ``astralvessel-channel-<pid>-<start time>-...``.
@@ -186,6 +209,8 @@ class DirectChannel:
         self._ended = False
         self._closed = False
         self._lock = threading.Lock()
+        #: Descriptors the server passed (``SCM_RIGHTS``), oldest first (``take_passed``).
+        self._passed: deque[int] = deque()
 
     def settle(self) -> None:
         """Wait for the engine's answer to the container's start; raise its refusal.
@@ -208,6 +233,24 @@ class DirectChannel:
         """Write to the server."""
         self._sock.sendall(data)
 
+    def send_fds(self, data: bytes, fds: tuple[int, ...]) -> None:
+        """Write ``data`` to the server, ``fds`` passed with its first byte (``SCM_RIGHTS``).
+
+        The server takes them with the frame that starts there (a hello's frozen layer)."""
+        ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))]
+        sent = self._sock.sendmsg([data], ancillary)
+        if sent < len(data):
+            self._sock.sendall(data[sent:])
+
+    def take_passed(self) -> int | None:
+        """The oldest descriptor the server passed and nobody took yet (the caller's to
+        close), or None. A reply that names one comes after it: by the time the caller
+        has the reply, the descriptor is here."""
+        try:
+            return self._passed.popleft()
+        except IndexError:
+            return None
+
     def recv(self, size: int) -> bytes:
         """Return up to ``size`` bytes from the server; ``b""`` only at end of stream.
 
@@ -221,7 +264,14 @@ class DirectChannel:
                     self._watching = False
                 if self._ours in readable:
                     break
-            data = self._sock.recv(size)
+            data, ancillary, _, _ = self._sock.recvmsg(size, _PASSED_SPACE, socket.MSG_CMSG_CLOEXEC)
+            if ancillary:
+                fds = _passed(ancillary)
+                if self._closed:
+                    for fd in fds:
+                        os.close(fd)
+                else:
+                    self._passed.extend(fds)
         except (OSError, ValueError):
             if self._closed:
                 return b""
@@ -255,6 +305,9 @@ class DirectChannel:
             self._sock.shutdown(socket.SHUT_RDWR)
         with contextlib.suppress(OSError):
             self._sock.close()
+        while (fd := self.take_passed()) is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
         if self._starting is not None:
             # No start request left running behind a removed container.
             with contextlib.suppress(Exception):

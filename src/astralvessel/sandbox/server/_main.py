@@ -38,6 +38,7 @@ from . import (
     _launch,
     _messages,
     _outbox,
+    _passfd,
     _pipes,
     _protocol,
     _spawner,
@@ -70,6 +71,11 @@ class Server:
     def __init__(self, rfd: int, wfd: int) -> None:
         self.rfd = rfd
         self.wfd = wfd
+        #: The host's unix socket (Docker's direct channel), which carries descriptors
+        #: (``_passfd``); None over pipes.
+        self.host = _passfd.host_socket(rfd)
+        #: Descriptors the host passed, not yet taken (a hello's frozen layer).
+        self.passed: list[int] = []
         self.decoder = _protocol.FrameDecoder()
         self.selector = Selector()
         self.calls: dict[int, Call] = {}
@@ -108,8 +114,15 @@ class Server:
     # -- host I/O ------------------------------------------------------------
 
     def send(self, header: dict[str, Any], body: bytes = b"") -> None:
-        """Write one frame to the host (blocking: the host always reads)."""
-        _launch._write_all(self.wfd, _protocol.encode(header, body))
+        """Write one frame to the host (blocking: the host always reads).
+
+        A header's ``pass_fd`` (the server's own, not sent) is a descriptor passed with the
+        frame over the host's socket (``_passfd``; a freeze's ``passed`` answer)."""
+        passed = header.pop("pass_fd", None)
+        data = _protocol.encode(header, body)
+        if passed is not None and self.host is not None:
+            data = data[_passfd.send(self.host, data, passed) :]
+        _launch._write_all(self.wfd, data)
 
     def fail(self, call_id: int | None, message: str) -> None:
         """Report a protocol or internal failure; without an id it ends the server."""
@@ -162,7 +175,11 @@ class Server:
 
     def _on_host(self, fd: int, events: int) -> None:
         try:
-            data = os.read(fd, _pipes.READ_SIZE)
+            if self.host is None:
+                data = os.read(fd, _pipes.READ_SIZE)
+            else:
+                data, fds = _passfd.receive(self.host, _pipes.READ_SIZE)
+                self.passed.extend(fds)
         except BlockingIOError:
             return
         if not data:
@@ -176,8 +193,13 @@ class Server:
                 self.fail(None, f"malformed frame from the host: {exc}")
                 return
             if frame is None:
-                return
+                break
             self._dispatch(*frame)
+        if self.config is not None:
+            # Only a hello takes one: any other is closed, so no call inherits it.
+            while self.passed:
+                with suppress(OSError):
+                    os.close(self.passed.pop())
 
     def _dispatch(self, header: dict[str, Any], body: bytes) -> None:
         """Read the frame as its type's message (``_messages.READERS``) and answer it with
@@ -220,9 +242,16 @@ class Server:
         if message.phase == "frozen":
             self.files.submit_local(call_id, self._host_froze)
             return
+        if message.passed and self.host is None:
+            self.files.submit_local(
+                call_id,
+                lambda: _freeze.refused(errno.EOPNOTSUPP, "no socket to pass a descriptor on"),
+            )
+            return
         self.files.submit_local(
             call_id,
-            lambda: (
+            lambda: _passing(
+                message.passed,
                 self._calls_running()
                 or _freeze.answer(
                     config,
@@ -233,7 +262,7 @@ class Server:
                     upper_to=self._upper_after_freeze,
                     held=self.held_workspace,
                     held_only=message.held,
-                )
+                ),
             ),
         )
 
@@ -295,6 +324,11 @@ class Server:
         if self.config is not None:
             self.fail(None, "a second 'hello'")
             return
+        if self.host is not None and config.workspace_lower_fd is not None:
+            # Over a socket the layer is passed with the hello, whatever number the host's
+            # is; none passed: no layer (the host copies the files in).
+            lower = self.passed.pop(0) if self.passed else None
+            config = _messages.Hello(**dict(config.fields(), workspace_lower_fd=lower))
         self.config = config
         self.path_map = config.path_map
         self.env = {k: map_path(v, self.path_map) for k, v in config.env.items()}
@@ -730,6 +764,13 @@ def _wait_readable(fd: int, timeout: float) -> None:
     with Selector() as selector:
         selector.register(fd, EVENT_READ)
         selector.select(timeout)
+
+
+def _passing(passed: bool, answer: dict[str, Any]) -> dict[str, Any]:
+    """A freeze's ``answer``, its descriptor passed with it where the host asked (``send``)."""
+    if passed and "error" not in answer and isinstance(answer.get("fd"), int):
+        return dict(answer, pass_fd=answer["fd"])
+    return answer
 
 
 def _killpg(pgid: int) -> None:

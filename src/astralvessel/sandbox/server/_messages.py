@@ -198,7 +198,9 @@ class Hello(Message):
     #: The snapshot's tree to lay the workspace's overlay on (None: an empty workspace).
     workspace_lower: str | None
     #: A frozen layer to lay it on instead, passed as this descriptor (an ordinary user's
-    #: host holds it, unstaged); the server closes it before any call.
+    #: host holds it, unstaged); the server closes it before any call. Over a socket
+    #: (Docker's direct channel) it is the descriptor passed with the hello (``SCM_RIGHTS``),
+    #: whatever the number.
     workspace_lower_fd: int | None
     #: Whether to make a fresh workspace's tmpfs again and hold its original (``_heldfs``).
     hold_workspace: bool
@@ -347,6 +349,10 @@ class Freeze(FileOp):
     #: ordinary user's host, which passes it to forks by descriptor): refused before
     #: anything changes where the server holds none.
     held: bool = False
+    #: ``freeze``: the descriptor goes with the answer over the host's socket
+    #: (``SCM_RIGHTS``: Docker's direct channel, whose host may not ``pidfd_getfd`` the
+    #: server); the host still releases it. Refused (``EOPNOTSUPP``) over pipes.
+    passed: bool = False
 
     def _check(self) -> None:
         if self.phase not in FREEZE_PHASES:

@@ -1,0 +1,496 @@
+"""A trusted reader of frozen layers, for an ordinary user's Docker host.
+
+A fresh Docker turn's fork freezes the workspace in place: the server holds the
+tmpfs it made (``server/_heldfs``) and passes the host a detached mount of it
+(``_frozen``). The host must list and hash that layer itself, never take a
+sandbox's word for it; as root it reads it directly. An ordinary user cannot:
+the layer's files are the turn's leased uid's (a call's ``0600`` file, the
+``0700`` outbox). Its engine can, though: the host starts one container of its
+own (the reader) that runs only this module's code and the file worker's
+listing (``server/_snapfiles``, stdlib-only), as the container's root with no
+capability but ``CAP_DAC_READ_SEARCH`` (read any file, search any folder; write
+none), no network, a read-only root, ``no-new-privileges`` and the server's
+seccomp profile. No model input ever runs in it: its only input is the layer,
+passed by descriptor (``SCM_RIGHTS``) over a unix socket of the host's, which it
+walks as the host would (every folder opened by descriptor from the one above,
+nothing followed), and the host's requests.
+
+The reply cannot be forged by a turn: the socket's folder is bound into the reader
+alone, and the host takes only a connection whose peer is uid 0 (``SO_PEERCRED``:
+a turn's processes are its leased uid, a user namespace of theirs maps only it).
+The host then checks the listing exactly as its own (``_capture.checked_shape``:
+kinds, names, links, sizes, the turn's bounds), and the layer is read-only, so
+what the reader hashed is what the forks see.
+
+One reader per backend, started at its first read and reused; removed when the
+backend is collected or the interpreter exits, and, where a host was killed, by
+the next host's sweep (it carries a turn's labels) or at once (it ends when the
+host's end of its socket closes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import inspect
+import json
+import os
+import socket
+import stat
+import struct
+import threading
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from ..server import _snapfiles
+from ._attach import AttachChannel
+from ._direct import Listener
+from ._spec import CHANNEL_SOCKET, ContainerSpec, profile_text
+from ._starting import Starting
+
+__all__ = ["LayerReader", "LayerRefusedError", "ReaderFailedError", "reader_code", "reader_spec"]
+
+#: Where the host's socket folder is bound in the reader's container.
+READER_DIR = "/.astralvessel-reader"
+#: A frame: the header's JSON length and the body's length, then both.
+_FRAME = struct.Struct(">II")
+#: The largest reply the host takes (a listing of a million names is about 150 MiB).
+_MAX_REPLY = 1 << 30
+#: The reader's memory bound (its listing of a million names is the most it holds).
+_MEMORY = 1 << 30
+#: How long one request may take (a listing or hashing of the layer).
+_TIMEOUT = 300.0
+
+_MAIN = r'''
+import hashlib, json, socket, struct, sys
+
+_FRAME = struct.Struct(">II")
+
+
+class _Layer(object):
+    def __init__(self, workspace, outbox):
+        self.workspace = workspace
+        self.outbox = outbox
+        self.upper = -1
+
+
+def _exact(sock, size, fds):
+    data = b""
+    while len(data) < size:
+        chunk, ancillary, _, _ = sock.recvmsg(size - len(data), socket.CMSG_SPACE(16))
+        for level, kind, raw in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                usable = len(raw) - len(raw) % 4
+                fds.extend(struct.unpack("%di" % (usable // 4), raw[:usable]))
+        if not chunk:
+            raise EOFError
+        data += chunk
+    return data
+
+
+def _send(sock, header, body=b""):
+    text = json.dumps(header).encode()
+    sock.sendall(_FRAME.pack(len(text), len(body)) + text + body)
+
+
+def _digest(root, name, size):
+    fd = os.open(root + b"/" + name, _FILE_FLAGS)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "is not a file")
+        digest = hashlib.sha256()
+        left = size
+        while left:
+            chunk = os.read(fd, min(_CHUNK, left))
+            if not chunk:
+                break
+            digest.update(chunk)
+            left -= len(chunk)
+        if left or os.read(fd, 1):
+            raise OSError(errno.EIO, "changed size while it was read")
+        return digest.hexdigest()
+    finally:
+        os.close(fd)
+
+
+def _syscall(what, number, *args):
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    result = libc.syscall(number, *args)
+    if result < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, what + ": " + os.strerror(code))
+    return result
+
+
+def _userns(inside_uid, inside_gid, uid, gid):
+    """A user namespace mapping the layer's owner (inside) to the fork's ids."""
+    import ctypes
+    ready_r, ready_w = os.pipe()
+    done_r, done_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.close(ready_r)
+            os.close(done_w)
+            code = 0 if ctypes.CDLL(None).unshare(0x10000000) == 0 else 1
+            os.write(ready_w, bytes([code]))
+            os.read(done_r, 1)
+        finally:
+            os._exit(code)
+    os.close(ready_w)
+    os.close(done_r)
+    try:
+        if os.read(ready_r, 1) != b"\0":
+            raise OSError(errno.EPERM, "cannot make a user namespace")
+        for name, line in (("uid_map", (inside_uid, uid)), ("gid_map", (inside_gid, gid))):
+            fd = os.open("/proc/%d/%s" % (pid, name), os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                os.write(fd, ("%d %d 1\n" % line).encode())
+            finally:
+                os.close(fd)
+        return os.open("/proc/%d/ns/user" % pid, os.O_RDONLY | os.O_CLOEXEC)
+    finally:
+        os.close(ready_r)
+        os.close(done_w)
+        os.waitpid(pid, 0)
+
+
+def _idmapped(layer, uid, gid):
+    """A detached read-only clone of ``layer`` whose owner's files show as uid/gid."""
+    import ctypes
+    st = os.fstat(layer)
+    empty = ctypes.c_char_p(b"")
+    clone = ctypes.c_uint(0x1001 | os.O_CLOEXEC)  # OPEN_TREE_CLONE | AT_EMPTY_PATH
+    tree = _syscall("open_tree", 428, ctypes.c_int(layer), empty, clone)
+    try:
+        userns = _userns(st.st_uid, st.st_gid, uid, gid)
+        try:
+            # MOUNT_ATTR_IDMAP | RDONLY | NOSUID | NODEV, through that namespace
+            attr = ctypes.create_string_buffer(struct.pack("=QQQQ", 0x100007, 0, 0, userns), 32)
+            at = ctypes.c_uint(0x1000)
+            _syscall("mount_setattr", 442, ctypes.c_int(tree), empty, at, attr, ctypes.c_size_t(32))
+        finally:
+            os.close(userns)
+    except BaseException:
+        os.close(tree)
+        raise
+    return tree
+
+
+def _serve(sock):
+    held = None
+    while True:
+        fds = []
+        try:
+            head = _exact(sock, _FRAME.size, fds)
+            size, body_size = _FRAME.unpack(head)
+            header = json.loads(_exact(sock, size, fds).decode())
+            body = _exact(sock, body_size, fds)
+        except EOFError:
+            return
+        op = header.get("op")
+        if op == "idmap":
+            try:
+                if len(fds) != 1:
+                    raise OSError(errno.EBADF, "no layer was passed")
+                mapped = _idmapped(fds[0], int(header["uid"]), int(header["gid"]))
+                try:
+                    text = json.dumps({}).encode()
+                    data = _FRAME.pack(len(text), 0) + text
+                    rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", mapped))]
+                    sent = sock.sendmsg([data], rights)
+                    sock.sendall(data[sent:])
+                finally:
+                    os.close(mapped)
+            except OSError as exc:
+                _send(sock, {"errno": exc.errno or errno.EIO, "message": exc.strerror or str(exc)})
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            continue
+        if op == "list":
+            if held is not None:
+                os.close(held)
+            held = fds.pop(0) if fds else None
+        for fd in fds:
+            os.close(fd)
+        if held is None:
+            _send(sock, {"errno": errno.EBADF, "message": "no layer was passed"})
+            continue
+        root = "/proc/self/fd/%d" % held
+        try:
+            if op == "list":
+                outbox = header.get("outbox") or ""
+                layer = _Layer(root + "/.", root + "/./" + outbox if outbox else "")
+                request = {"phase": "list", "max_files": int(header["max_files"])}
+                _send(sock, {}, pack(request, b"", layer)[1])
+            elif op == "hash":
+                base = os.fsencode(root)
+                digests = []
+                for name_hex, size in json.loads(body.decode()):
+                    name = bytes.fromhex(name_hex)
+                    try:
+                        digests.append(_digest(base, name, int(size)))
+                    except OSError as exc:
+                        message = exc.strerror or str(exc)
+                        code = exc.errno or errno.EIO
+                        _send(sock, {"errno": code, "message": message, "name": name_hex})
+                        break
+                else:
+                    _send(sock, {"digests": digests})
+            elif op == "done":
+                os.close(held)
+                held = None
+                _send(sock, {})
+            else:
+                _send(sock, {"errno": errno.EINVAL, "message": "unknown op"})
+        except Refused as exc:
+            _send(sock, {"errno": exc.code, "message": str(exc)})
+        except OSError as exc:
+            _send(sock, {"errno": exc.errno or errno.EIO, "message": str(exc)})
+
+
+_sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+_sock.connect(sys.argv[1])
+_serve(_sock)
+'''
+
+
+def reader_spec(
+    folder: str,
+    *,
+    image: str,
+    python: str,
+    seccomp_profile: str | Mapping[str, object],
+    labels: dict[str, str],
+) -> ContainerSpec:
+    """The reader's container: ``folder`` (the host's socket) bound in, nothing else."""
+    profile = seccomp_profile if isinstance(seccomp_profile, str) else profile_text(seccomp_profile)
+    return ContainerSpec(
+        image=image,
+        command=(python, "-I", "-S", "-c", reader_code(), f"{READER_DIR}/{CHANNEL_SOCKET}"),
+        user="0:0",
+        environment={},
+        working_dir="/",
+        labels=labels,
+        host_config={
+            "network_mode": "none",
+            "read_only": True,
+            "cap_drop": ["ALL"],
+            # Read and search any file and folder of the layer (the turn's uid's): no write.
+            # and, for a fork's idmapped clone of the layer, mount (``idmapped``).
+            "cap_add": ["DAC_READ_SEARCH", "SYS_ADMIN", "SETUID", "SETGID"],
+            "security_opt": ["no-new-privileges", f"seccomp={profile}"],
+            "ulimits": [{"Name": "core", "Soft": 0, "Hard": 0}],
+            "pids_limit": 8,
+            "mem_limit": _MEMORY,
+            "memswap_limit": _MEMORY,
+            "binds": [f"{folder}:{READER_DIR}:ro"],
+            "ipc_mode": "none",
+            "log_config": {"Type": "none", "Config": {}},
+        },
+        host_config_extra={},
+        open_stdin=False,
+    )
+
+
+def reader_code() -> str:
+    """The reader's program: the file worker's listing and the loop above (stdlib-only)."""
+    source = inspect.getsource(_snapfiles).replace("from __future__ import annotations\n", "")
+    return "from __future__ import annotations\n" + source + _MAIN
+
+
+class ReaderFailedError(ConnectionError):
+    """The reader could not be started or reached, or broke off: the host copies instead."""
+
+
+class LayerRefusedError(OSError):
+    """What the reader met in the layer (its errno): the snapshot is refused, as the host's
+    own read refuses it. Never a ``ConnectionError``, whatever the errno."""
+
+
+class _Session:
+    """One layer's reads, while ``LayerReader``'s lock is held."""
+
+    def __init__(self, reader: LayerReader, fd: int) -> None:
+        self._reader = reader
+        self._fd = fd
+
+    def listing(self, outbox: str, max_files: int) -> bytes:
+        """The layer's listing, as the file worker's ``snapshot`` reply's body holds it.
+
+        Raises ``OSError`` with the listing's refusal (``EFBIG``: more than ``max_files``)."""
+        request = {"op": "list", "outbox": outbox, "max_files": max_files}
+        _, body = self._reader._ask(request, fds=(self._fd,))
+        return body
+
+    def digests(self, files: list[tuple[bytes, int]]) -> list[str]:
+        """The sha256 of each of ``files`` (name, size), read from the layer."""
+        body = json.dumps([[name.hex(), size] for name, size in files]).encode()
+        header, _ = self._reader._ask({"op": "hash"}, body)
+        digests = header.get("digests")
+        if not isinstance(digests, list) or len(digests) != len(files):
+            raise ReaderFailedError(errno.EPROTO, "the layer reader's digests do not match")
+        if not all(isinstance(d, str) and len(d) == 64 for d in digests):
+            raise ReaderFailedError(errno.EPROTO, "the layer reader sent a malformed digest")
+        return digests
+
+
+class LayerReader:
+    """The host's end of its reader container (``start`` makes it, at the first read)."""
+
+    def __init__(self, start: Callable[[ContainerSpec, Callable[..., socket.socket]], Any]) -> None:
+        #: ``start(spec, meet)``: the engine's ``start_meeting``, returning the attach
+        #: channel and what ``meet(attach, starting)`` returned (the reader's socket).
+        self._start = start
+        self._lock = threading.Lock()
+        self._state: list[Any] = []  # [attach, sock] while it runs
+        self._finalizer = weakref.finalize(self, _stop, self._state)
+
+    @contextlib.contextmanager
+    def layer(self, fd: int, spec: Callable[[str], ContainerSpec]) -> Iterator[_Session]:
+        """Reads of the layer whose detached mount ``fd`` is (a copy goes to the reader,
+        closed at the end). ``spec(folder)``: the reader's container, its socket folder
+        ``folder``. Raises ``ReaderFailedError`` where the reader cannot serve."""
+        with self._lock:
+            if not self._state:
+                self._launch(spec)
+            try:
+                yield _Session(self, fd)
+            finally:
+                with contextlib.suppress(OSError):
+                    if self._state:
+                        self._ask({"op": "done"})
+
+    def idmapped(self, fd: int, uid: int, gid: int, spec: Callable[[str], ContainerSpec]) -> int:
+        """A detached, read-only clone of the layer ``fd`` whose owner's files show as
+        ``uid``/``gid`` (an idmapped mount): the layer a fork of that leased uid's server
+        clones and lays its overlay on, so its calls own the files, as its parent's did.
+        The caller's to close. Raises ``ReaderFailedError`` or the reader's refusal."""
+        with self._lock:
+            if not self._state:
+                self._launch(spec)
+            header, _ = self._ask({"op": "idmap", "uid": uid, "gid": gid}, fds=(fd,))
+        passed = header.get("_fds") or []
+        if len(passed) != 1:
+            for extra in passed:
+                os.close(extra)
+            raise ReaderFailedError(errno.EPROTO, "the layer reader passed no layer")
+        mapped: int = passed[0]
+        info = os.fstat(mapped)
+        if (
+            not os.fstatvfs(mapped).f_flag & os.ST_RDONLY
+            or not stat.S_ISDIR(info.st_mode)
+            or (info.st_uid, info.st_gid) != (uid, gid)
+        ):
+            os.close(mapped)
+            raise ReaderFailedError(errno.EPROTO, "the reader's clone is not the fork's layer")
+        return mapped
+
+    def _launch(self, spec: Callable[[str], ContainerSpec]) -> None:
+        listener = Listener(0)  # the reader is its container's root: uid 0 on the host
+        try:
+
+            def meet(attach: AttachChannel, starting: Starting) -> socket.socket:
+                return listener.accept(attach, _TIMEOUT, starting)
+
+            try:
+                attach, sock = self._start(spec(listener.folder), meet)
+            except Exception as exc:
+                raise ReaderFailedError(
+                    errno.EIO, f"the layer reader did not start: {exc}"
+                ) from exc
+        finally:
+            listener.close()
+        sock.settimeout(_TIMEOUT)
+        self._state[:] = [attach, sock]
+
+    def _ask(
+        self,
+        header: dict[str, Any],
+        body: bytes = b"",
+        *,
+        fds: tuple[int, ...] = (),
+    ) -> tuple[dict[str, Any], bytes]:
+        sock: socket.socket = self._state[1]
+        fds_in: list[int] = []
+        text = json.dumps(header).encode()
+        data = _FRAME.pack(len(text), len(body)) + text + body
+        try:
+            if fds:
+                ancillary = [
+                    (socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack(f"{len(fds)}i", *fds))
+                ]
+                sent = sock.sendmsg([data], ancillary)
+                sock.sendall(data[sent:])
+            else:
+                sock.sendall(data)
+            size, body_size = _sizes(_first(sock, _FRAME.size, fds_in))
+            answer = json.loads(_exact(sock, size))
+            answered = _exact(sock, body_size)
+        except (OSError, ValueError) as exc:
+            for fd in fds_in:
+                os.close(fd)
+            self.close()
+            raise ReaderFailedError(errno.EIO, f"the layer reader broke off: {exc}") from exc
+        if not isinstance(answer, dict):
+            for fd in fds_in:
+                os.close(fd)
+            self.close()
+            raise ReaderFailedError(errno.EPROTO, "the layer reader's reply is malformed")
+        answer["_fds"] = fds_in
+        code = answer.get("errno")
+        if code is not None:
+            for fd in fds_in:
+                os.close(fd)
+            name = answer.get("name")
+            what = f"{bytes.fromhex(name)!r}: " if isinstance(name, str) else ""
+            raise LayerRefusedError(int(code), f"{what}{answer.get('message', '')}")
+        return answer, answered
+
+    def close(self) -> None:
+        """Remove the reader's container (it is started again at the next read). Never raises."""
+        _stop(self._state)
+
+
+def _sizes(head: bytes) -> tuple[int, int]:
+    size, body_size = _FRAME.unpack(head)
+    if size > _MAX_REPLY or body_size > _MAX_REPLY:
+        raise OSError(errno.EPROTO, "the layer reader's reply is too large")
+    return size, body_size
+
+
+def _first(sock: socket.socket, size: int, fds: list[int]) -> bytes:
+    """``_exact``, taking the descriptors passed with the first bytes (``SCM_RIGHTS``)."""
+    data, ancillary, _, _ = sock.recvmsg(size, socket.CMSG_SPACE(16), socket.MSG_CMSG_CLOEXEC)
+    for level, kind, raw in ancillary:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            usable = len(raw) - len(raw) % 4
+            fds.extend(struct.unpack(f"{usable // 4}i", raw[:usable]))
+    if not data:
+        raise OSError(errno.ECONNRESET, "the layer reader ended")
+    return data + _exact(sock, size - len(data))
+
+
+def _exact(sock: socket.socket, size: int) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        chunk = sock.recv(min(size - len(data), 1 << 20))
+        if not chunk:
+            raise OSError(errno.ECONNRESET, "the layer reader ended")
+        data += chunk
+    return bytes(data)
+
+
+def _stop(state: list[Any]) -> None:
+    if not state:
+        return
+    attach, sock = state
+    state.clear()
+    with contextlib.suppress(OSError):
+        sock.close()
+    with contextlib.suppress(Exception):
+        attach.close()
