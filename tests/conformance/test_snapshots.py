@@ -531,3 +531,32 @@ def test_an_ordinary_users_docker_fork_refuses_a_hostile_layer(executor: Executo
             assert fork.snapshot_source is not None
             assert fork.snapshot_source.layer is not None
             assert run_script(fork, "cat /workspace/a") == "a\n"
+
+
+def test_an_ordinary_users_docker_fork_copies_where_the_reader_cannot_idmap(
+    executor: Executor, monkeypatch: pytest.MonkeyPatch
+):
+    """A reader that cannot make a fork's idmapped clone (a kernel or security module that
+    refuses it) reads no layer: the fork copies, and starts, rather than fail."""
+    _ordinary_docker(executor)
+    from astralvessel.sandbox.docker import _reader
+
+    refusing = _reader.reader_code().replace(
+        "\n_sock = socket.socket(",
+        "\ndef _idmapped(layer, uid, gid):\n    raise OSError(1, 'refused')\n"
+        "\n_sock = socket.socket(",
+    )
+    monkeypatch.setattr(_reader, "reader_code", lambda: refusing)
+    backend = executor.sandbox
+    backend._reader = None  # type: ignore[attr-defined]  # a new reader, of that code
+    try:
+        with executor.turn() as parent:
+            run_script(parent, "echo a > /workspace/a && chmod 600 /workspace/a")
+            (fork,) = parent.fork(1)
+            with fork:
+                assert fork.snapshot_source is not None
+                assert fork.snapshot_source.layer is None  # copied
+                assert run_script(fork, "echo b >> /workspace/a; cat /workspace/a") == "a\nb\n"
+            assert run_script(parent, "cat /workspace/a") == "a\n"
+    finally:
+        backend._reader = None  # type: ignore[attr-defined]  # the next test's is our own

@@ -348,6 +348,10 @@ class LayerReader:
         self._start = start
         self._lock = threading.Lock()
         self._state: list[Any] = []  # [attach, sock] while it runs
+        #: Whether the reader can make a fork's idmapped clone (``idmapped``), known from
+        #: the first layer it reads: where it cannot (a kernel or a security module that
+        #: refuses it), it reads no layer, and the forks copy rather than fail to start.
+        self._idmaps: bool | None = None
         self._finalizer = weakref.finalize(self, _stop, self._state)
 
     @contextlib.contextmanager
@@ -358,6 +362,10 @@ class LayerReader:
         with self._lock:
             if not self._state:
                 self._launch(spec)
+            if self._idmaps is None:
+                self._idmaps = self._can_idmap(fd)
+            if not self._idmaps:
+                raise ReaderFailedError(errno.EOPNOTSUPP, "the reader cannot idmap a layer")
             try:
                 yield _Session(self, fd)
             finally:
@@ -389,6 +397,20 @@ class LayerReader:
             os.close(mapped)
             raise ReaderFailedError(errno.EPROTO, "the reader's clone is not the fork's layer")
         return mapped
+
+    def _can_idmap(self, fd: int) -> bool:
+        """Whether the reader can make an idmapped clone of the layer ``fd`` (tried once,
+        to the layer's own owner, and closed)."""
+        info = os.fstat(fd)
+        try:
+            header, _ = self._ask(
+                {"op": "idmap", "uid": info.st_uid, "gid": info.st_gid}, fds=(fd,)
+            )
+        except LayerRefusedError:
+            return False
+        for passed in header.get("_fds") or []:
+            os.close(passed)
+        return True
 
     def _launch(self, spec: Callable[[str], ContainerSpec]) -> None:
         listener = Listener(0)  # the reader is its container's root: uid 0 on the host
