@@ -8,10 +8,13 @@ the layer's files are the turn's leased uid's (a call's ``0600`` file, the
 ``0700`` outbox). Its engine can, though: the host starts one container of its
 own (the reader) that runs only this module's code and the file worker's
 listing (``server/_snapfiles``, stdlib-only), as the container's root with no
-capability but ``CAP_DAC_READ_SEARCH`` (read any file, search any folder; write
-none), no network, a read-only root, ``no-new-privileges`` and the server's
-seccomp profile. No model input ever runs in it: its only input is the layer,
-passed by descriptor (``SCM_RIGHTS``) over a unix socket of the host's, which it
+capability but ``CAP_DAC_READ_SEARCH`` (read any file, search any folder) and,
+for each fork's idmapped clone of the layer (a user namespace mapping the
+parent's uid to the fork's, then ``mount_setattr``), ``CAP_SYS_ADMIN``,
+``CAP_SETUID`` and ``CAP_SETGID``; no network, a read-only root,
+``no-new-privileges`` and the server's seccomp profile. These are nearly a
+root's powers over the host, so no model input ever runs in it: its only input
+is the layer, passed by descriptor (``SCM_RIGHTS``) over a unix socket of the host's, which it
 walks as the host would (every folder opened by descriptor from the one above,
 nothing followed), and the host's requests.
 
@@ -280,8 +283,8 @@ def reader_spec(
             "network_mode": "none",
             "read_only": True,
             "cap_drop": ["ALL"],
-            # Read and search any file and folder of the layer (the turn's uid's): no write.
-            # and, for a fork's idmapped clone of the layer, mount (``idmapped``).
+            # Read and search any file and folder of the layer (the turn's uid's), and,
+            # for a fork's idmapped clone of the layer, map ids and mount (``_userns``).
             "cap_add": ["DAC_READ_SEARCH", "SYS_ADMIN", "SETUID", "SETGID"],
             "security_opt": ["no-new-privileges", f"seccomp={profile}"],
             "ulimits": [{"Name": "core", "Soft": 0, "Hard": 0}],
