@@ -23,6 +23,7 @@ from astralvessel._executor._snapshot._store import store_root
 from astralvessel.sandbox import DetachRequest, FsRequest, Policy, RunRequest
 from astralvessel.sandbox._frozen import freeze
 from astralvessel.sandbox.docker import Docker
+from astralvessel.sandbox.docker import _freeze as docker_freeze
 
 from .conftest import SMALL_LIMITS
 
@@ -206,5 +207,59 @@ def test_a_step_refused_in_the_servers_namespace_leaves_the_turn_as_it_was(
             )
         )
         assert outcome.output == "2\n"  # the frozen tmpfs, the overlay above it
+    finally:
+        session.close()
+
+
+#: The host's step stopped between its steps: the superblock made read-only, no overlay
+#: laid, and then a hang, which the host's timeout kills.
+_HANGS_HALFWAY = (
+    "import sys, time; sys.path.insert(0, sys.argv[1]); from server import _sys; "
+    "from server._freeze import _set_ro\n"
+    "_sys.setns(int(sys.argv[2]), _sys.CLONE_NEWNS)\n"
+    "_set_ro(sys.argv[4], True)\n"
+    "time.sleep(600)"
+)
+
+
+def test_a_step_killed_halfway_at_its_timeout_leaves_the_workspace_writable(
+    backend: Docker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A child killed at the freeze's timeout undoes nothing: the host thaws the tmpfs it
+    left read-only with no overlay, so the turn writes on, and the next freeze is made."""
+    session = backend.start(Policy(limits=SMALL_LIMITS))
+    try:
+        with monkeypatch.context() as patched:
+            patched.setattr(docker_freeze, "_FREEZE", _HANGS_HALFWAY)
+            with pytest.raises(OSError, match="did not end in time") as late:
+                freeze(session, 8 << 20, timeout=2)
+        assert late.value.errno == errno.ETIMEDOUT
+        outcome = session.run(
+            RunRequest(
+                argv=("sh", "-c", "echo x > /workspace/f && cat /workspace/f"),
+                timeout=30,
+                output_chars=1000,
+            )
+        )
+        assert outcome.output == "x\n"
+        os.close(freeze(session, 8 << 20))
+        wrote = session.fs(FsRequest(op="write", path="g", data=b"g", timeout=10))
+        assert wrote.errno is None, wrote.message
+    finally:
+        session.close()
+
+
+def test_a_thaw_that_fails_says_the_workspace_may_be_read_only(
+    backend: Docker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the thaw cannot be made either, the error says what the turn is left with."""
+    session = backend.start(Policy(limits=SMALL_LIMITS))
+    try:
+        monkeypatch.setattr(docker_freeze, "_FREEZE", _HANGS_HALFWAY)
+        monkeypatch.setattr(docker_freeze, "_THAW", "import sys; sys.exit('EIO refused')")
+        with pytest.raises(OSError, match="may be left read-only") as late:
+            freeze(session, 8 << 20, timeout=2)
+        assert late.value.errno == errno.ETIMEDOUT
+        assert "EIO refused" in str(late.value)
     finally:
         session.close()

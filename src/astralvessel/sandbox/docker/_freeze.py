@@ -15,7 +15,9 @@ mount namespace, and the server does what only it can around them:
    process (this host process has threads), and the child imports only the
    stdlib and ``server/``, as ``_cow``'s does. It sends the clone back over a
    socket pair (``SCM_RIGHTS``); a step refused there leaves the tmpfs thawed
-   and the workspace as it was;
+   and the workspace as it was, and one killed at its timeout (which undoes
+   nothing) is followed by a second child that thaws the tmpfs it left
+   read-only with no overlay;
 3. ``frozen``, sent whatever the child did: the file worker and the spare
    call's namespaces copied the old view, so the server makes them again.
 
@@ -62,6 +64,14 @@ _FREEZE = (
     "except OSError as exc:\n"
     " sys.exit(errno.errorcode.get(exc.errno or 0, 'EIO') + ' ' + str(exc.strerror or exc))\n"
     "socket.send_fds(socket.socket(fileno=int(sys.argv[3])), [b'f'], [clone, *upper])"
+)
+#: A step's child killed at its timeout undoes nothing: this one, in the same namespace,
+#: thaws the tmpfs where that left it read-only with no overlay (``thaw_unlaid``).
+_THAW = (
+    "import sys; sys.path.insert(0, sys.argv[1]); from server import _sys; "
+    "from server._freeze import thaw_unlaid\n"
+    "_sys.setns(int(sys.argv[2]), _sys.CLONE_NEWNS)\n"
+    "thaw_unlaid(sys.argv[3])"
 )
 #: The folder holding ``server/`` (the child imports it as a top-level package).
 _SERVER_PARENT = str(Path(_sys.__file__).parent.parent)
@@ -167,6 +177,7 @@ def _frozen_by_child(
                 timeout=timeout,
             )
         except subprocess.TimeoutExpired:
+            _thaw_by_child(namespace, workspace, timeout)
             raise OSError(errno.ETIMEDOUT, "the workspace's freeze did not end in time") from None
         theirs.close()
         if done.returncode != 0:
@@ -175,6 +186,30 @@ def _frozen_by_child(
     if not fds:
         raise OSError(errno.EPROTO, "the freeze's child sent no clone")
     return fds[0], fds[1] if len(fds) > 1 else -1
+
+
+def _thaw_by_child(namespace: int, workspace: str, timeout: float) -> None:
+    """Thaw the workspace a killed step may have left read-only (``_THAW``), or say why not:
+    the turn then cannot write its workspace, and the error says so."""
+    argv = [sys.executable, "-I", "-S", "-c", _THAW, _SERVER_PARENT, str(namespace), workspace]
+    try:
+        done = subprocess.run(
+            argv, pass_fds=(namespace,), capture_output=True, text=True, check=False,
+            timeout=timeout,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise OSError(
+            errno.ETIMEDOUT,
+            "the workspace's freeze did not end in time, nor did its thaw: "
+            "the workspace may be left read-only",
+        ) from None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or ["it said nothing"])[-1]
+        raise OSError(
+            errno.ETIMEDOUT,
+            f"the workspace's freeze did not end in time and it could not be thawed ({last}): "
+            "the workspace may be left read-only",
+        )
 
 
 def _childs_error(stderr: str) -> OSError:

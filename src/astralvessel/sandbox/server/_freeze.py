@@ -72,6 +72,7 @@ __all__ = [
     "prepared",
     "refused",
     "release",
+    "thaw_unlaid",
 ]
 
 TMPFS_MAGIC = 0x01021994
@@ -266,6 +267,20 @@ def freeze_workspace(
     finally:
         _close(layers)
     return clone
+
+
+def thaw_unlaid(workspace: str) -> bool:
+    """Thaw the tmpfs at ``workspace`` where a freeze stopped between its steps (a host's
+    child killed at its timeout: nothing could undo them) and left it read-only with no
+    overlay above it; whether it was. Where the overlay was laid, the workspace is the
+    overlay and the turn writes on in it: nothing changes.
+    """
+    if filesystem_type(workspace) != TMPFS_MAGIC:
+        return False
+    if not os.statvfs(workspace).f_flag & os.ST_RDONLY:
+        return False
+    _set_ro(workspace, False)
+    return True
 
 
 def refused(code: int, message: str) -> dict[str, Any]:
