@@ -9,6 +9,7 @@ refused with a ``SnapshotError`` naming it, and nothing of it reaches the host.
 from __future__ import annotations
 
 import concurrent.futures
+import errno
 import json
 import os
 import subprocess
@@ -531,6 +532,30 @@ def test_an_ordinary_users_docker_fork_refuses_a_hostile_layer(executor: Executo
             assert fork.snapshot_source is not None
             assert fork.snapshot_source.layer is not None
             assert run_script(fork, "cat /workspace/a") == "a\n"
+
+
+def test_an_ordinary_users_docker_reader_follows_no_link_out_of_the_layer(executor: Executor):
+    """The reader reads any file it is pointed at, so it opens a name folder by folder from
+    the layer, following no link: a name through a link in the layer (here to the image's
+    own ``/usr``, the reader's too) is refused, never hashed, whatever the host asks."""
+    _ordinary_docker(executor)
+    from astralvessel.sandbox.docker._reader import LayerRefusedError
+
+    with executor.turn() as parent:
+        run_script(parent, "ln -s /usr /workspace/link && echo a > /workspace/a")
+        size = int(run_script(parent, "stat -Lc %s /usr/lib/os-release"))
+        (fork,) = parent.fork(1)
+        with fork:
+            snapshot = fork.snapshot_source
+            assert snapshot is not None
+            held = snapshot.held_layer
+            assert held is not None
+            with executor.sandbox._read_layer(held) as layer:  # type: ignore[attr-defined]
+                layer.listing("outbox", 100)
+                assert len(layer.digests([(b"a", 2)])) == 1
+                with pytest.raises(LayerRefusedError, match="link/lib/os-release") as out:
+                    layer.digests([(b"link/lib/os-release", size)])
+                assert out.value.errno in {errno.ELOOP, errno.ENOTDIR}
 
 
 def test_an_ordinary_users_docker_fork_copies_where_the_reader_cannot_idmap(

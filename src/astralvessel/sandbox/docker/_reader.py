@@ -97,11 +97,15 @@ def _send(sock, header, body=b""):
     sock.sendall(_FRAME.pack(len(text), len(body)) + text + body)
 
 
-def _digest(root, name, size):
-    fd = os.open(root + b"/" + name, _FILE_FLAGS)
+def _digest(layer, name, size):
+    # Opened folder by folder from the layer's descriptor, following no link on the way
+    # (the listing's _open_file), not by path: a name is only ever the host's checked one,
+    # but this process can read any file, so no name may lead it out of the layer.
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "is not a file")
+        fd = _open_file(layer, name)
+    except Refused as exc:
+        raise OSError(exc.code, str(exc)) from None
+    try:
         digest = hashlib.sha256()
         left = size
         while left:
@@ -231,12 +235,11 @@ def _serve(sock):
                 request = {"phase": "list", "max_files": int(header["max_files"])}
                 _send(sock, {}, pack(request, b"", layer)[1])
             elif op == "hash":
-                base = os.fsencode(root)
                 digests = []
                 for name_hex, size in json.loads(body.decode()):
                     name = bytes.fromhex(name_hex)
                     try:
-                        digests.append(_digest(base, name, int(size)))
+                        digests.append(_digest(held, name, int(size)))
                     except OSError as exc:
                         message = exc.strerror or str(exc)
                         code = exc.errno or errno.EIO
