@@ -23,6 +23,9 @@ row says ``(1 run)``; a row has a verdict only where the issue sets a target:
   which copies its files once (its row says so; a second fork of it links
   them), or on bubblewrap and nsjail (and on Docker as root) freezes the workspace's tmpfs in
   place and copies nothing (its disk row counts the store's filesystem only).
+  (iii) the fork of such a fresh turn, which then changed ``--changed`` MiB:
+  its files are the frozen layer (or copy) plus its own, and its capture links
+  each unchanged file from a store copy of the layer, made at its first fork.
   Then the time until each of the first ``--started`` forks has served a call:
   copy-on-write on bubblewrap and nsjail (an overlay on the snapshot's tree: a
   mount, not a copy), a copy of the whole workspace into its tmpfs on Docker.
@@ -53,6 +56,7 @@ Run: ``python bench/bench_snapshots.py [--runs 5] [--mib 100] [--files 10000] [b
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
 import shutil
@@ -60,7 +64,7 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -112,20 +116,23 @@ def row(  # noqa: PLR0917 - the table's columns, in order
     print(f"  {figure:<34} {value:>10}  {baseline:<28} {ratio:>8}  {target}{verdict}")
 
 
-def own_bytes(tree: Path) -> int:
-    """The disk a snapshot's tree adds to the store: the blocks of its folders and of the
-    files no other tree shares (a shared file is a hard link, with more than one link).
-    Only the store's own filesystem's: a frozen layer staged there (a fresh turn's fork,
-    on bubblewrap and nsjail) is the sandbox's workspace tmpfs, memory the turn
-    held already, not disk."""
+def store_bytes() -> int:
+    """The store's disk: the blocks of each of its folders and files, an inode once (a
+    file trees share is a hard link), on the store's own filesystem only: a frozen layer
+    staged there (a fresh turn's fork, on bubblewrap and nsjail) is the sandbox's
+    workspace tmpfs, memory the turn held already, not disk. A fork's extra disk is its
+    growth: the new tree's folders and the files no older tree shares, and any copy the
+    fork made to link from (a frozen layer's, for a capture over a fork of it)."""
+    root = store_root()
+    disk = os.stat(root).st_dev
+    seen: set[int] = set()
     total = 0
-    disk = os.stat(store_root()).st_dev
-    for folder, _folders, files in os.walk(tree):
-        info = os.lstat(folder)
-        total += info.st_blocks * 512 if info.st_dev == disk else 0
-        for name in files:
+    for folder, folders, files in os.walk(root):
+        folders[:] = [f for f in folders if os.lstat(os.path.join(folder, f)).st_dev == disk]
+        for name in (".", *files):
             info = os.lstat(os.path.join(folder, name))
-            if info.st_nlink == 1 and info.st_dev == disk:
+            if info.st_dev == disk and info.st_ino not in seen:
+                seen.add(info.st_ino)
                 total += info.st_blocks * 512
     return total
 
@@ -245,10 +252,22 @@ def bench(  # noqa: PLR0917 - the command line's options, in order
                 started,
                 runs,
             )
+            fork_rows(
+                lambda: fork_of_fresh(executor, files, size),
+                changed,
+                f"fork({count}) of a fork, +{changed_mib} MiB**",
+                count,
+                started,
+                runs,
+            )
         print(
             "  * a fresh turn's first fork copies its files once (on bubblewrap and"
             " nsjail, and on Docker as root, freezes them in place: no copy); its next"
             " forks link them"
+        )
+        print(
+            "  ** a fork of a fresh turn's first fork: the turn's files are its parent's"
+            " frozen layer, which its capture links from a store copy made once"
         )
 
         figures = fork_first_calls(turn, runs)
@@ -398,6 +417,17 @@ def drop_row(turn: object) -> None:
     )
 
 
+@contextlib.contextmanager
+def fork_of_fresh(executor: Executor, files: int, size: int) -> Iterator[Any]:
+    """The one fork of a new turn that wrote the workspace: the tree-search case one level
+    down, a turn whose files are its parent's frozen layer (or copy) plus its own."""
+    with executor.turn() as fresh:
+        write_workspace(fresh, files, size)
+        (fork,) = fresh.fork(1)
+        with fork:
+            yield fork
+
+
 def fork_rows(  # noqa: PLR0917 - the row's inputs, in order
     opener: Callable[[], Any],
     prepare: Callable[[Any], None],
@@ -450,11 +480,12 @@ def fork_once(turn: Any, count: int, started: int) -> tuple[float, float, float,
     drain()
     budget = turn.executor.snapshot_budget
     held = budget.used_bytes
+    before = store_bytes()
     began = time.perf_counter()
     kids = turn.fork(count)
     wall = time.perf_counter() - began
     try:
-        extra = own_bytes(kids[0].snapshot_source.path) / MIB
+        extra = (store_bytes() - before) / MIB
         # The budget counts a file the store holds already once: what it adds is the disk's.
         added = (budget.used_bytes - held) / MIB
         full = kids[0].snapshot_source.total_bytes / MIB
