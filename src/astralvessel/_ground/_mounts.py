@@ -28,9 +28,19 @@ import ctypes
 import os
 from typing import Any
 
-__all__ = ["make_private", "mounts_under", "propagates", "stage", "unmount", "unmount_under"]
+__all__ = [
+    "detached_clone",
+    "make_private",
+    "mounts_under",
+    "propagates",
+    "stage",
+    "unmount",
+    "unmount_under",
+]
 
-_SYS_MOVE_MOUNT = 429  # the same on every architecture (Linux 5.2 onwards)
+_SYS_OPEN_TREE = 428  # the same on every architecture (Linux 5.2 onwards)
+_SYS_MOVE_MOUNT = 429
+_OPEN_TREE_CLONE = 1
 _AT_FDCWD = -100
 _MOVE_MOUNT_F_EMPTY_PATH = 0x4
 _MS_BIND = 0x1000
@@ -92,6 +102,18 @@ def stage(fd: int, target: str) -> None:
         ctypes.c_uint(_MOVE_MOUNT_F_EMPTY_PATH),
     )  # fmt: skip
     _check(int(result), f"move the frozen layer onto {target}")
+
+
+def detached_clone(folder: str) -> int:
+    """A detached clone of the tree at ``folder`` (root: ``open_tree(OPEN_TREE_CLONE)``),
+    close-on-exec: a staged layer handed to one sandbox's server, which attaches it in
+    its own mount namespace (an adopted warm sandbox's; the caller closes it)."""
+    result = _lib().syscall(
+        ctypes.c_long(_SYS_OPEN_TREE), ctypes.c_int(_AT_FDCWD), ctypes.c_char_p(folder.encode()),
+        ctypes.c_uint(_OPEN_TREE_CLONE | os.O_CLOEXEC),
+    )  # fmt: skip
+    _check(int(result), f"clone the layer at {folder}")
+    return int(result)
 
 
 def unmount(target: str) -> bool:
