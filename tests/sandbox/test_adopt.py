@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -107,3 +108,24 @@ def test_the_layer_passed_is_taken() -> None:
             os.close(fd)
         host.close()
         server.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root's host clones a staged tree")
+def test_the_hosts_clone_of_a_tree_is_read_only(tmp_path: Path) -> None:
+    """The clone root's host passes an adopted sandbox is a read-only, nosuid, nodev
+    mount: nothing can write the store's tree through it."""
+    from astralvessel._ground._mounts import detached_clone
+
+    (tmp_path / "f").write_text("base")
+    clone = detached_clone(str(tmp_path))
+    try:
+        with pytest.raises(OSError, match="Read-only file system") as refused:
+            os.open("new", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=clone)
+        assert refused.value.errno == errno.EROFS
+        flags = os.fstatvfs(clone).f_flag
+        assert flags & os.ST_RDONLY
+        assert flags & os.ST_NOSUID
+        assert flags & os.ST_NODEV
+    finally:
+        os.close(clone)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]
