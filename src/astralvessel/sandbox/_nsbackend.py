@@ -274,13 +274,14 @@ class NamespaceBackend(Sandbox):
         # A frozen layer the host holds (the snapshot's, not ours to close): the server clones
         # it and closes its copy before any call.
         lower_fd = policy.workspace_lower_fd
-        # A warm sandbox a fork may adopt: the host's end of this pair passes the fork's
-        # frozen layer later (pipes cannot); the server's is inherited at its number.
-        host_end, server_end = _adopt_pair(policy)
-        adopt_fd = None if server_end is None else server_end.fileno()
         # The server counts the OOM kills in the turn's memory group through its own copy.
         events_fd = None if cgroup is None else cgroup.open_memory_events()
         limit_fd = None if cgroup is None or events_fd is None else cgroup.open_memory_limit()
+        # A warm sandbox a fork may adopt: the host's end of this pair passes the fork's
+        # frozen layer later (pipes cannot); the server's is inherited at its number. Made
+        # last, so the ``finally`` below closes what is not handed on, whatever fails.
+        host_end, server_end = _adopt_pair(policy)
+        adopt_fd = None if server_end is None else server_end.fileno()
         try:
             config = self._config(policy, facts)
             config_fd = None if config is None else _memfd(config, "astralvessel-config")
