@@ -275,6 +275,15 @@ def bench(  # noqa: PLR0917 - the command line's options, in order
     warm_first = warm_baseline(backend, disk_mb, snapshot, runs)
     cold = statistics.median(first_call(snapshot) for _ in range(runs))
     first_call_rows(figures, warm_first)
+    adopted = statistics.median(warm_fork_calls(backend, disk_mb, files, size) for _ in range(runs))
+    row(
+        WARM_FORKS,
+        f"{adopted:.2f} s",
+        f"warm turn's {warm_first:.3f} s",
+        f"{adopted / warm_first:.1f}x",
+        "<= 2x",
+        adopted / warm_first <= 2,
+    )
     # Not a fork: a turn opened from a snapshot starts its sandbox on its first call. The
     # issue sets no target for it; it is what the forks' starts ahead save.
     row(
@@ -350,6 +359,29 @@ def fork_first_calls(turn: Any, runs: int) -> dict[str, float]:
         "fork(8, ready=8), slowest": statistics.median(max(r[:-1]) for r in readies),
         "fork(8, ready=8)": statistics.median(r[-1] for r in readies),
     }
+
+
+#: The row of forks that adopt an executor's warm sandboxes (``_executor._adopt``).
+WARM_FORKS = "fork(8) on an executor with warm=8, in order, slowest"
+
+
+def warm_fork_calls(backend: str, disk_mb: int, files: int, size: int) -> float:
+    """The slowest of fork(8)'s first calls, one after another right after it, of a fresh
+    turn on an executor keeping eight warm sandboxes (all started): each fork adopts one.
+
+    A fresh turn each time: its first fork freezes its workspace (an ordinary user's
+    host can pass only such a layer to a sandbox already started)."""
+    warm = make_executor(backend, disk_mb, warm=8)
+    with warm, warm.turn() as turn:
+        write_workspace(turn, files, size)
+        warm.wait_warm(600)
+        gc.collect()
+        kids = turn.fork(8)
+        try:
+            return max(timed(lambda: kid.exec(["true"])) for kid in kids)  # noqa: B023
+        finally:
+            for kid in kids:
+                kid.close()
 
 
 def warm_baseline(backend: str, disk_mb: int, snapshot: object, runs: int) -> float:

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from ._calls._plans import TurnContext
+from ._executor._adopt import adopt_warm, adoptable, warm_policy
 from ._executor._closing import Closing, refuse_if_ended
 from ._executor._network import WarmNetwork, admit_hosts, start_proxy, start_sandbox
 from ._executor._settings import (
@@ -249,6 +250,8 @@ class Executor(Closing):
         (or ``ahead``'s, the forks', starting ``total`` at most, ``fillers`` at a time)."""
         snapshot = self.snapshot if ahead is None else ahead()
         policy = self._policy_for(snapshot)
+        if ahead is None:
+            policy = warm_policy(self.sandbox.name, policy, snapshot)
         start: Callable[[], SandboxSession] = lambda: self.sandbox.start(policy)  # noqa: E731
         discard: Callable[[SandboxSession], None] = lambda session: session.close()  # noqa: E731
         if self.policy.network_allow:
@@ -264,6 +267,12 @@ class Executor(Closing):
             if fitting is None:
                 raise SnapshotError("the forks' snapshot is gone: no fork is left to start for")
             self._check_fits(fitting)  # raised where the pool's starts raise, as a copy's was
+            if ahead is not None:
+                # A fork's start ahead adopts a warm sandbox where one is ready: its layer
+                # laid in a few milliseconds, not a sandbox started (``_executor._adopt``).
+                adopted = adopt_warm(self._adopting_pool(fitting), fitting)
+                if adopted is not None:
+                    return adopted
             session = start()
             try:
                 self._restore(session, fitting)
@@ -366,8 +375,12 @@ class Executor(Closing):
         session = None
         if ahead is not None and ahead[0]() is snapshot:
             session = ahead[1].take(adopt=True, abandon=closing)
+        if session is None and snapshot is not None and snapshot is not self.snapshot:
+            # None started ahead (or none coming): a warm sandbox of the executor's, adopted.
+            self._check_fits(snapshot)  # as a cold start would, before any sandbox is taken
+            session = adopt_warm(self._adopting_pool(snapshot), snapshot)
         if session is not None:
-            return session, None  # forks start ahead only without a network
+            return session, None  # neither starts ahead nor adopts under a network
         pool = self._warm
         if pool is not None and pool.policy == self.policy and snapshot == self.snapshot:
             session = pool.take()
@@ -375,6 +388,18 @@ class Executor(Closing):
                 network = self._network
                 return session, None if network is None else network.claim(session)
         return None
+
+    def _adopting_pool(self, snapshot: TurnSnapshot) -> WarmPool | None:
+        """The executor's warm pool where a turn opened from ``snapshot`` (a fork) may
+        adopt its sandboxes (else None)."""
+        pool = self._warm
+        if pool is None or pool.policy != self.policy or self.snapshot is not None:
+            return None
+        if not adoptable(snapshot):
+            return None
+        if warm_policy(self.sandbox.name, self.policy, None) == self.policy:
+            return None  # the backend cannot hand a sandbox a layer later
+        return pool
 
     def _policy_for(self, snapshot: TurnSnapshot | None) -> Policy:
         """The policy a sandbox opened from ``snapshot`` starts with: the snapshot's tree

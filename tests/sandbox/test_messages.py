@@ -16,6 +16,7 @@ from astralvessel.sandbox._session import server_command, server_payload
 from astralvessel.sandbox.server import _protocol
 from astralvessel.sandbox.server._messages import (
     READERS,
+    Adopt,
     Cancel,
     FileOp,
     Freeze,
@@ -58,6 +59,7 @@ SAMPLES: list[Message] = [
     Restore(op="unpack", index_bytes=40),
     Freeze(op="freeze", upper_bytes=64 << 20),
     Freeze(op="freeze", phase="release", fd=7),
+    Adopt(),
     Cancel(),
     Shutdown(),
 ]

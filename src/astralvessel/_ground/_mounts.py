@@ -26,11 +26,27 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import struct
 from typing import Any
 
-__all__ = ["make_private", "mounts_under", "propagates", "stage", "unmount", "unmount_under"]
+__all__ = [
+    "detached_clone",
+    "make_private",
+    "mounts_under",
+    "propagates",
+    "stage",
+    "unmount",
+    "unmount_under",
+]
 
-_SYS_MOVE_MOUNT = 429  # the same on every architecture (Linux 5.2 onwards)
+_SYS_OPEN_TREE = 428  # the same on every architecture (Linux 5.2 onwards)
+_SYS_MOVE_MOUNT = 429
+_SYS_MOUNT_SETATTR = 442
+_OPEN_TREE_CLONE = 1
+_AT_EMPTY_PATH = 0x1000
+_MOUNT_ATTR_RDONLY = 0x1
+_MOUNT_ATTR_NOSUID = 0x2
+_MOUNT_ATTR_NODEV = 0x4
 _AT_FDCWD = -100
 _MOVE_MOUNT_F_EMPTY_PATH = 0x4
 _MS_BIND = 0x1000
@@ -92,6 +108,32 @@ def stage(fd: int, target: str) -> None:
         ctypes.c_uint(_MOVE_MOUNT_F_EMPTY_PATH),
     )  # fmt: skip
     _check(int(result), f"move the frozen layer onto {target}")
+
+
+def detached_clone(folder: str) -> int:
+    """A detached clone of the tree at ``folder`` (root: ``open_tree(OPEN_TREE_CLONE)``),
+    close-on-exec: a staged layer handed to one sandbox's server, which attaches it in
+    its own mount namespace (an adopted warm sandbox's; the caller closes it)."""
+    result = _lib().syscall(
+        ctypes.c_long(_SYS_OPEN_TREE), ctypes.c_int(_AT_FDCWD), ctypes.c_char_p(folder.encode()),
+        ctypes.c_uint(_OPEN_TREE_CLONE | os.O_CLOEXEC),
+    )  # fmt: skip
+    _check(int(result), f"clone the layer at {folder}")
+    clone = int(result)
+    # Read-only before it leaves the host: a store tree's clone is a bind of the host's
+    # own filesystem, writable unless made otherwise (a launcher's bind of it is read-only).
+    flags = _MOUNT_ATTR_RDONLY | _MOUNT_ATTR_NOSUID | _MOUNT_ATTR_NODEV
+    attr = ctypes.create_string_buffer(struct.pack("=QQQQ", flags, 0, 0, 0), 32)
+    done = _lib().syscall(
+        ctypes.c_long(_SYS_MOUNT_SETATTR), ctypes.c_int(clone), ctypes.c_char_p(b""),
+        ctypes.c_uint(_AT_EMPTY_PATH), attr, ctypes.c_size_t(32),
+    )  # fmt: skip
+    try:
+        _check(int(done), f"make the clone of {folder} read-only")
+    except OSError:
+        os.close(clone)
+        raise
+    return clone
 
 
 def unmount(target: str) -> bool:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import abc
 import os
+import socket
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, ClassVar
@@ -84,6 +85,9 @@ class ServerLink:
     #: ``policy.workspace_lower_fd`` (an ordinary user's Docker fork: the layer idmapped to
     #: the fork's uid, ``docker._reader``); closed once the server has its hello.
     lower_fd: int | None = None
+    #: The host's end of the socket a fork's frozen layer goes to the server on
+    #: (``Policy.adoptable``; ``SandboxSession.adopt``), closed with the session.
+    adopt_socket: socket.socket | None = None
     #: Reads a frozen layer the host cannot read itself (an ordinary user's Docker host:
     #: the layer's files are the turn's uid's), given the layer's descriptor: a context
     #: of ``listing(outbox, max_files)`` and ``digests(files)`` (``docker._reader``).
@@ -146,12 +150,17 @@ class Sandbox(abc.ABC):
             session = ServerSession.start(
                 link.channel, booted, backend=self.name, options=link.options
             )
+        except BaseException:
+            if link.adopt_socket is not None:
+                link.adopt_socket.close()
+            raise
         finally:
             if link.lower_fd is not None:
                 os.close(link.lower_fd)
         session.upper_names = link.upper_names
         session.widen_memory = link.widen_memory
         session.read_layer = link.read_layer
+        session.adopt_socket = link.adopt_socket
         if link.lower_laid:
             # Read as the server's own report would be (``Executor._restore``): nothing to copy.
             relaxations = dict(session.ready_info.get("relaxations") or {}, workspace_lower=True)

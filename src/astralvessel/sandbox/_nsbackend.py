@@ -11,6 +11,7 @@ from __future__ import annotations
 import abc
 import functools
 import os
+import socket
 import threading
 from collections.abc import Callable, Sequence
 from typing import ClassVar
@@ -269,12 +270,18 @@ class NamespaceBackend(Sandbox):
                 server_filter = _kafel(SERVER, facts.machine)
                 first_filter = x32_guard(facts.machine)
         config_fd: int | None = None
+        channel: PipeChannel | None = None
         # A frozen layer the host holds (the snapshot's, not ours to close): the server clones
         # it and closes its copy before any call.
         lower_fd = policy.workspace_lower_fd
         # The server counts the OOM kills in the turn's memory group through its own copy.
         events_fd = None if cgroup is None else cgroup.open_memory_events()
         limit_fd = None if cgroup is None or events_fd is None else cgroup.open_memory_limit()
+        # A warm sandbox a fork may adopt: the host's end of this pair passes the fork's
+        # frozen layer later (pipes cannot); the server's is inherited at its number. Made
+        # last, so the ``finally`` below closes what is not handed on, whatever fails.
+        host_end, server_end = _adopt_pair(policy)
+        adopt_fd = None if server_end is None else server_end.fileno()
         try:
             config = self._config(policy, facts)
             config_fd = None if config is None else _memfd(config, "astralvessel-config")
@@ -287,12 +294,14 @@ class NamespaceBackend(Sandbox):
                     server_filter,
                     config_fd=config_fd,
                     server_fds=tuple(
-                        fd for fd in (events_fd, limit_fd, lower_fd) if fd is not None
+                        fd for fd in (events_fd, limit_fd, lower_fd, adopt_fd) if fd is not None
                     ),
                 )
             )
             fds = tuple(
-                fd for fd in (memfd, config_fd, events_fd, limit_fd, lower_fd) if fd is not None
+                fd
+                for fd in (memfd, config_fd, events_fd, limit_fd, lower_fd, adopt_fd)
+                if fd is not None
             )
             # The cgroup goes and the lease goes back once the sandbox is reaped.
             channel = PipeChannel.spawn(
@@ -311,6 +320,10 @@ class NamespaceBackend(Sandbox):
                 cgroup.remove()
             raise BackendUnavailableError(f"{self.name} cannot build this sandbox: {exc}") from exc
         finally:
+            if server_end is not None:
+                server_end.close()
+            if host_end is not None and channel is None:
+                host_end.close()
             for fd in (memfd, config_fd, events_fd, limit_fd):
                 if fd is not None:
                     os.close(fd)
@@ -332,9 +345,19 @@ class NamespaceBackend(Sandbox):
                 memory_events=() if events_fd is None else (f"/proc/self/fd/{events_fd}",),
                 memory_limits=() if limit_fd is None else (f"/proc/self/fd/{limit_fd}",),
                 hold_workspace=True,
+                adopt_socket=adopt_fd,
             ),
             widen_memory=None if cgroup is None else cgroup.widen_memory,
+            adopt_socket=host_end,
         )
+
+
+def _adopt_pair(policy: Policy) -> tuple[socket.socket | None, socket.socket | None]:
+    """The host's and the server's ends of an adoptable sandbox's socket (else None)."""
+    if not policy.adoptable or policy.workspace_lower or policy.workspace_lower_fd is not None:
+        return None, None
+    host_end, server_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    return host_end, server_end
 
 
 def _both(

@@ -366,6 +366,11 @@ class Policy(Relaxations):
     #: the same number, and the server lays the overlay on its own clone of it (bubblewrap
     #: and nsjail). A runtime detail, so not part of ``identity``.
     workspace_lower_fd: int | None = attrs.field(default=None, validator=_lower_fd)
+    #: Whether the sandbox starts able to be adopted by a fork later: started ahead with
+    #: an empty workspace (``Executor(warm=N)``), it gets a socket a fork's frozen layer
+    #: can come on, until its first request (``SandboxSession.adopt``; bubblewrap and
+    #: nsjail). A runtime detail, so not part of ``identity``.
+    adoptable: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     #: The host uids a root host's turns lease from, one per turn (``None``: the
     #: ``ASTRALVESSEL_UID_RANGE`` variable's, else ``DEFAULT_UID_RANGE``). Who the calls
     #: are on the host, not what confines them, so not part of ``identity``.

@@ -11,12 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import attrs
+
 from ..errors import SandboxError
 from ._api import DetachRequest, ExecRequest, FsRequest, RunRequest
 from ._pending import Pending
-from .server._messages import FileOp, Freeze, Message, Restore, Run, Snapshot
+from .server._messages import Adopt, FileOp, Freeze, Message, Restore, Run, Snapshot
 
-__all__ = ["MESSAGES", "Outgoing"]
+__all__ = ["MESSAGES", "AdoptRequest", "Outgoing"]
 
 #: A request as it goes out: its message, the frame's body, and what waits for the answer.
 Outgoing = tuple[Message, bytes, Pending]
@@ -92,10 +94,23 @@ def _fs(request: FsRequest) -> Outgoing:
     return message, request.data, Pending("fs")
 
 
+@attrs.frozen(kw_only=True)
+class AdoptRequest:
+    """Lay a fresh sandbox's workspace on the frozen layer just passed on its adoption
+    socket (``SandboxSession``'s ``adopt``); answered as a file request."""
+
+    timeout: float = attrs.field(validator=attrs.validators.gt(0))
+
+
+def _adopt(request: AdoptRequest) -> Outgoing:
+    return Adopt(), b"", Pending("fs")
+
+
 #: The message each kind of request sends, by the request's type.
 MESSAGES: dict[type[Any], Callable[[Any], Outgoing]] = {
     RunRequest: _run,
     ExecRequest: _exec,
     DetachRequest: _detach,
     FsRequest: _fs,
+    AdoptRequest: _adopt,
 }

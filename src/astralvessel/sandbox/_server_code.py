@@ -70,6 +70,7 @@ SERVER_MODULES = (
     "_hello",
     "_spawner",
     "_passfd",
+    "_adopt",
     "_main",
 )
 _PACKAGE = "_astralvessel_server"

@@ -118,6 +118,7 @@ def hello_message(policy: Policy, options: ServerOptions, *, file_worker_idle: f
         # Or a frozen layer the host holds, passed at the same number (``_nsbackend``).
         workspace_lower_fd=policy.workspace_lower_fd,
         hold_workspace=options.hold_workspace,
+        adopt_socket=options.adopt_socket,
         file_worker_idle=file_worker_idle,
         memory_events=list(options.memory_events),
         memory_limits=list(options.memory_limits),
@@ -138,6 +139,7 @@ def _probe_key(key: str | None, hello: Hello) -> str | None:
     settings["drop_uid"] = hello.drop_uid is None
     settings["drop_gid"] = hello.drop_gid is None
     settings["workspace_lower_fd"] = hello.workspace_lower_fd is None  # its number varies
+    settings["adopt_socket"] = hello.adopt_socket is None
     import json  # here: most hosts never reuse a probe
 
     return key + "\0" + json.dumps(settings, sort_keys=True)

@@ -96,6 +96,11 @@ class ServerOptions:
     #: Whether ``Policy.workspace_lower_fd`` goes to the server with the hello over the
     #: channel (``SCM_RIGHTS``: Docker's direct channel, ``send_fds``), not by inheritance.
     pass_lower_fd: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
+    #: The server's end of the socket a fork's frozen layer may come on later, at this
+    #: number in the server (``Policy.adoptable``; ``Hello.adopt_socket``); None: none.
+    adopt_socket: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.instance_of(int))
+    )
     #: The host uid the sandbox's processes have (``SandboxSession.peer_uid``); None: unknown.
     peer_uid: int | None = attrs.field(default=None, converter=_optional_uid)
     #: The server's modules compiled by the sandbox's Python (``compile_command``), when

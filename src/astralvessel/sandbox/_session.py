@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import socket
 import threading
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
@@ -43,7 +44,7 @@ from ._owner import Owner
 from ._pending import Pending, outbox_of
 from ._policy import Policy, Promise
 from ._replies import ANSWERS, detached_result, exec_result, run_outcome
-from ._requests import MESSAGES
+from ._requests import MESSAGES, AdoptRequest
 
 # The names other modules and tests import from here, from before the split.
 from ._server_code import (  # noqa: F401
@@ -80,7 +81,7 @@ __all__ = [
 
 #: Its name here from before the split (tests build one).
 _Pending = Pending
-_Request = RunRequest | ExecRequest | DetachRequest | FsRequest
+_Request = RunRequest | ExecRequest | DetachRequest | FsRequest | AdoptRequest
 
 #: The server's confinement probe results, by what they depend on (``_server_hello``): the
 #: probe forks a chain of namespaces (about 10 ms of a 60 ms turn start), and its answer
@@ -141,6 +142,9 @@ class ServerSession(SandboxSession):
         self.widen_memory: Callable[[int], None] | None = None
         #: Reads a frozen layer the host cannot read itself (``ServerLink.read_layer``).
         self.read_layer: Callable[[int], AbstractContextManager[Any]] | None = None
+        #: The host's end of the socket a fork's frozen layer goes on (``adopt``); None
+        #: where the sandbox was not started adoptable, or once it was offered one.
+        self.adopt_socket: socket.socket | None = None
         self._channel = channel
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
@@ -521,9 +525,14 @@ class ServerSession(SandboxSession):
                 raise SandboxError(self._dead)
             call_id = self._next_id
             self._next_id += 1
+            # Touched now: no fork's layer may come after (the server refuses it anyway).
+            spent = None if isinstance(request, AdoptRequest) else self.adopt_socket
+            self.adopt_socket = None if spent is not None else self.adopt_socket
             if item.kind == "run":
                 item.outbox = self._turn_outbox.root() / f"call-{call_id}"
             self._pending[call_id] = item
+        if spent is not None:
+            spent.close()
         try:
             # Checked before sending: a frame the server must refuse would end the session.
             frame = _protocol.encode(message.to_json(call_id), body)
@@ -575,12 +584,40 @@ class ServerSession(SandboxSession):
         with contextlib.suppress(SandboxError):
             self._send(_protocol.encode(Cancel().to_json(call_id)))
 
-    def _ask(self, request: RunRequest | ExecRequest | FsRequest) -> Any:
+    def adopt(self, layer: int, timeout: float) -> None:
+        """Lay this fresh sandbox's workspace on a fork's frozen layer (the descriptor
+        ``layer``, the host's to close), as a fork's own sandbox would have at its start.
+
+        Once only, and only before any other request (the server refuses it after one):
+        raises ``SandboxError`` where it was not laid, and the sandbox must then be
+        closed, never serve the fork. Started without ``Policy.adoptable``, it raises too.
+        """
+        with self._lock:
+            sock, self.adopt_socket = self.adopt_socket, None
+        if sock is None:
+            raise SandboxError(f"this {self.backend} sandbox cannot be adopted by a fork")
+        try:
+            # The layer waits on the socket before the request that names it is sent.
+            socket.send_fds(sock, [b"L"], [layer])
+        except OSError as exc:
+            raise SandboxError(f"cannot pass the fork's layer to the sandbox ({exc})") from None
+        finally:
+            sock.close()
+        reply = cast(FsReply, self._ask(AdoptRequest(timeout=timeout)))
+        if reply.errno is not None:
+            raise SandboxError(
+                f"the {self.backend} sandbox refused the fork's layer: {reply.errno}: "
+                f"{reply.message}"
+            )
+        relaxations = dict(self.ready_info.get("relaxations") or {}, workspace_lower=True)
+        self.ready_info = {**self.ready_info, "relaxations": relaxations}
+
+    def _ask(self, request: RunRequest | ExecRequest | FsRequest | AdoptRequest) -> Any:
         """Send ``request``; wait for its answer as long as its timeout and a grace."""
         call_id, item = self._submit(request)
         return self._wait(call_id, item, request.timeout + _ANSWER_GRACE)
 
-    async def _aask(self, request: RunRequest | ExecRequest | FsRequest) -> Any:
+    async def _aask(self, request: RunRequest | ExecRequest | FsRequest | AdoptRequest) -> Any:
         """Async twin of ``_ask``; cancelling it kills the request."""
         call_id, item = self._submit(request)
         return await self._await(call_id, item, request.timeout + _ANSWER_GRACE)
@@ -672,6 +709,9 @@ class ServerSession(SandboxSession):
             self._reader.join(timeout=5.0)
         self._fail_all(f"the {self.backend} sandbox session was closed")
         self._turn_outbox.close()
+        sock, self.adopt_socket = self.adopt_socket, None
+        if sock is not None:
+            sock.close()
 
 
 #: Each kind of request's reader of the frames that come while it runs: True if it took it.

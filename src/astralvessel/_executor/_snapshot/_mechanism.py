@@ -68,6 +68,17 @@ _KERNEL_FOR = {False: (5, 11), True: (5, 19)}
 _LOWER_BY_DESCRIPTOR = frozenset({"bubblewrap", "nsjail", "docker"})
 
 
+#: The backends whose warm sandboxes a fork may adopt (``Policy.adoptable``): each is
+#: handed a socket at spawn that a fork's frozen layer may come on later (their channel
+#: is pipes; Docker's direct channel could carry it alike, not done yet).
+_ADOPTS_WARM = frozenset({"bubblewrap", "nsjail"})
+
+
+def adopts_warm(backend: str) -> bool:
+    """Whether a fork on ``backend`` may take a warm sandbox and lay its layer there."""
+    return backend in _ADOPTS_WARM
+
+
 def lower_by_descriptor(backend: str) -> bool:
     """Whether ``backend``'s turns open copy-on-write on a frozen layer the host holds as
     a descriptor (an ordinary user's); elsewhere its files are copied in."""

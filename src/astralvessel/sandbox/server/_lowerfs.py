@@ -157,7 +157,13 @@ def in_initial_userns() -> bool:
 
 
 def overlay_workspace(
-    workspace: str, lower: str | None, uid: int | None, gid: int | None, *, held: int = -1
+    workspace: str,
+    lower: str | None,
+    uid: int | None,
+    gid: int | None,
+    *,
+    held: int = -1,
+    movable: bool = False,
 ) -> int:
     """Mount the overlay of ``lower`` (the snapshot's bound tree) on ``workspace``, or of
     ``held`` (a frozen layer passed by descriptor, ``lower`` None; see ``_attach_held``).
@@ -167,13 +173,14 @@ def overlay_workspace(
     before the overlay covers it, for the file worker alone (close-on-exec: no
     call inherits it): a snapshot reads there which files the turn changed.
     Raises ``OSError`` when a step is refused; the workspace is then left as it
-    was (its tmpfs, plus an empty layers folder).
+    was (its tmpfs, plus an empty layers folder). ``movable``: ``held`` is this
+    server's alone (an adoption's, see ``_attach_held``).
     """
     layers = os.path.join(workspace, LAYERS)
     os.mkdir(layers, 0o700)
     try:
         if lower is None:
-            lower = _attach_held(held, os.path.join(layers, "held"))
+            lower = _attach_held(held, os.path.join(layers, "held"), movable=movable)
         upper = _lay(workspace, layers, lower, uid, gid)
     except OSError:
         _undo(layers)
@@ -187,21 +194,31 @@ def overlay_workspace(
     return upper
 
 
-def _attach_held(held: int, target: str) -> str:
+def _attach_held(held: int, target: str, *, movable: bool = False) -> str:
     """Attach at ``target`` this server's own clone of the frozen layer ``held``; its path.
 
     The layer is a detached mount of another sandbox's tmpfs, made by ``fsmount``
     (``_heldfs``): the overlay would refuse it as it is (EPERM: its mount belongs to
     that sandbox's user namespace), and the kernel clones a detached mount in another
     mount namespace only where ``fsmount`` made it. The clone is this namespace's.
+
+    ``movable``: ``held`` is a clone the host made for this server alone (an adopted
+    warm sandbox's, as root: the host's clone of the layer it staged, which this
+    namespace may not clone again): where the clone is refused, that mount itself is
+    attached. Never at a hello, whose layer is shared by every fork.
     """
     if held < 0:
         raise OSError(errno.EBADF, "no lower layer was bound or passed")
     os.mkdir(target, 0o700)
-    tree = syscall(
-        _SYS_OPEN_TREE, "open_tree (the passed frozen layer)", ctypes.c_int(held),
-        ctypes.c_char_p(b""), ctypes.c_uint(_OPEN_TREE_CLONE | _AT_EMPTY_PATH | os.O_CLOEXEC),
-    )  # fmt: skip
+    try:
+        tree = syscall(
+            _SYS_OPEN_TREE, "open_tree (the passed frozen layer)", ctypes.c_int(held),
+            ctypes.c_char_p(b""), ctypes.c_uint(_OPEN_TREE_CLONE | _AT_EMPTY_PATH | os.O_CLOEXEC),
+        )  # fmt: skip
+    except OSError as exc:
+        if not movable or exc.errno != errno.EINVAL:
+            raise
+        tree = os.dup(held)
     try:
         syscall(
             _SYS_MOVE_MOUNT, "move_mount (the passed frozen layer)", ctypes.c_int(tree),

@@ -31,6 +31,7 @@ import os
 import time
 
 from . import (
+    _adopt,
     _bounds,
     _freeze,
     _fsqueue,
@@ -107,6 +108,13 @@ class Server:
         #: The workspace tmpfs's detached original, where the server made it (``_heldfs``:
         #: an ordinary user's freeze hands it to the host); -1: none.
         self.held_workspace = -1
+        #: What the host asked of this sandbox first (a call, a file request, an
+        #: adoption), which rules out an adoption; empty: nothing yet.
+        self.touched = ""
+        #: ``touched`` as it was before the request being dispatched.
+        self.touched_before = ""
+        #: The socket a fork's frozen layer comes on (``_adopt``), until first touched.
+        self.adopt_socket: int | None = None
         #: The workspace's tmpfs, whose fullness each call's answer reports (``_bounds``);
         #: None where the workspace is a host folder the backend mapped.
         self.disk_path: str | None = None
@@ -221,7 +229,21 @@ class Server:
             except (TypeError, ValueError) as exc:
                 self.fail(call_id, str(exc))
                 return
+            if kind != "hello":
+                self._touch(kind)
             _REQUESTS[kind](self, call_id, message, body)
+
+    def _touch(self, kind: str) -> None:
+        """Note each request after hello: once any came, no fork may adopt this sandbox,
+        and the adoption socket goes (nothing may come on it later)."""
+        self.touched_before = self.touched
+        if not self.touched:
+            self.touched = f"a {kind!r} request"
+        socket_fd = self.adopt_socket
+        if socket_fd is not None and kind != "adopt":
+            self.adopt_socket = None
+            with suppress(OSError):
+                os.close(socket_fd)
 
     def _file_op(self, call_id: int, message: _messages.FileOp, body: bytes) -> None:
         self.files.submit(call_id, message, body)
@@ -312,6 +334,50 @@ class Server:
         options = self.files.options
         self.files.options = {**options, "context": {**options["context"], "upper": upper}}
 
+    def _adopt(self, call_id: int, message: _messages.Adopt, body: bytes) -> None:
+        """Lay the workspace on the fork's frozen layer (``_adopt``), in order with the
+        file requests; refused unless this is the first request the sandbox had."""
+        config, plan = self._configured()
+        earlier = self.touched_before
+        self.files.submit_local(call_id, lambda: self._adopted(config, plan, earlier))
+
+    def _adopted(
+        self, config: _messages.Hello, plan: _launch.LaunchPlan, earlier: str
+    ) -> dict[str, Any]:
+        socket_fd, self.adopt_socket = self.adopt_socket, None
+        try:
+            why = _adopt.refusal(config, plan, self.path_map, earlier)
+            if why is not None:
+                return dict(why)
+            try:
+                layer = _adopt.take_layer(socket_fd)
+            except OSError as exc:
+                return _freeze.refused(exc.errno or errno.EIO, str(exc))
+            # What copied the old view (the spare's namespaces) must not serve a call.
+            self._old_view_retired()
+            try:
+                upper = _adopt.lay(config, self.path_map, layer)
+            except OSError as exc:
+                return _freeze.refused(exc.errno or errno.EIO, f"cannot lay the overlay: {exc}")
+            finally:
+                os.close(layer)
+        finally:
+            if socket_fd is not None:
+                with suppress(OSError):
+                    os.close(socket_fd)
+        if self.held_workspace >= 0:
+            # The overlay covers the held tmpfs, as a cold fork's covers the launcher's:
+            # a later freeze of this fork takes the overlay, never the empty tmpfs below.
+            with suppress(OSError):
+                os.close(self.held_workspace)
+            self.held_workspace = -1
+        workspace = map_path(config.workspace, self.path_map)
+        self.files.options = _hello.worker_options(config, plan, workspace, self.outbox, upper)
+        # The next call's namespaces now, on the new view: the fork's first call comes as
+        # this answer lands, and should find them started, as a warm turn's first does.
+        self._refill_spare()
+        return {"workspace_lower": True}
+
     def _cancel(self, call_id: int, message: _messages.Cancel, body: bytes) -> None:
         call = self.calls.get(call_id)
         if call is not None and call.drain_deadline is None and self._still_running(call):
@@ -330,6 +396,9 @@ class Server:
             lower = self.passed.pop(0) if self.passed else None
             config = _messages.Hello(**dict(config.fields(), workspace_lower_fd=lower))
         self.config = config
+        self.adopt_socket = config.adopt_socket
+        if self.adopt_socket is not None:
+            os.set_inheritable(self.adopt_socket, False)
         self.path_map = config.path_map
         self.env = {k: map_path(v, self.path_map) for k, v in config.env.items()}
         plan, problems = _hello.launch_plan(config)
@@ -803,5 +872,6 @@ _REQUESTS: dict[str, Callable[[Server, Any, Any, bytes], None]] = {
     "snapshot": Server._file_op,
     "restore": Server._file_op,
     "freeze": Server._freeze,
+    "adopt": Server._adopt,
     "cancel": Server._cancel,
 }

@@ -33,6 +33,7 @@ else:
 
 __all__ = [
     "READERS",
+    "Adopt",
     "Cancel",
     "FileOp",
     "Freeze",
@@ -204,6 +205,9 @@ class Hello(Message):
     workspace_lower_fd: int | None
     #: Whether to make a fresh workspace's tmpfs again and hold its original (``_heldfs``).
     hold_workspace: bool
+    #: A unix socket the host passes a fork's frozen layer on, should it adopt this
+    #: sandbox while nothing has touched it (``Adopt``); None: never adopted.
+    adopt_socket: int | None
 
     def _check(self) -> None:
         lower_fd = self.workspace_lower_fd
@@ -361,6 +365,14 @@ class Freeze(FileOp):
             raise ValueError("'freeze' message: 'upper_bytes' must be positive")
 
 
+class Adopt(Message):
+    """Lay the workspace's overlay on the frozen layer the host passed just before, over
+    ``Hello.adopt_socket``: a warm sandbox taken by a fork (``_adopt``). Answered as a
+    file request (``fs_result``), refused on a sandbox any request has touched."""
+
+    TYPE = "adopt"
+
+
 class Cancel(Message):
     """Kill the call ``id`` (a detached process, a call the host stopped waiting for)."""
 
@@ -376,5 +388,5 @@ class Shutdown(Message):
 #: The class of each message, by its frame ``type``.
 READERS: dict[str, type[Message]] = {
     cls.TYPE: cls
-    for cls in (Hello, Ready, Run, FileOp, Snapshot, Restore, Freeze, Cancel, Shutdown)
+    for cls in (Hello, Ready, Run, FileOp, Snapshot, Restore, Freeze, Adopt, Cancel, Shutdown)
 }

@@ -1,0 +1,90 @@
+"""A fork that adopts one of the executor's warm sandboxes (``Executor(warm=N)``).
+
+A warm sandbox is started before anyone forks, with an empty workspace. A fork can
+still take it: the host hands its server the fork's frozen layer (a detached mount,
+over the socket the sandbox was started with: ``Policy.adoptable``), and the server
+lays the workspace's overlay on it as a fork's own sandbox would at its start. The
+fork's first call then costs what a warm turn's does, not a sandbox's start.
+
+Only a sandbox nothing has touched is offered (the server refuses any other), and a
+refusal or any failure closes that sandbox: the fork then opens as it would without
+a warm pool. Not under a network (each sandbox's proxy is its turn's), nor where the
+executor's own snapshot fills its warm sandboxes' workspaces.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+
+import attrs
+
+from .._ground import _log
+from .._ground._mounts import detached_clone
+from ..errors import SandboxError
+from ..sandbox._base import SandboxSession
+from ..sandbox._policy import Policy
+from ..sandbox._session import ServerSession
+from ._snapshot._mechanism import adopts_warm
+from ._snapshot._value import TurnSnapshot
+from ._warm import WarmPool
+
+__all__ = ["adopt_warm", "adoptable", "warm_policy"]
+
+#: Seconds a server may take to lay a fork's layer (a few milliseconds, as a rule).
+ADOPT_WAIT = 10.0
+
+
+def warm_policy(backend: str, policy: Policy, snapshot: TurnSnapshot | None) -> Policy:
+    """The policy an executor's warm sandboxes start with: adoptable by a fork where the
+    backend can hand a layer over later and the warm workspace starts empty."""
+    if not adopts_warm(backend) or policy.network_allow or snapshot is not None:
+        return policy
+    return attrs.evolve(policy, adoptable=True)
+
+
+def adoptable(snapshot: TurnSnapshot) -> bool:
+    """Whether the host can hand a server ``snapshot``'s files as a layer: a frozen layer
+    an ordinary user holds, or, as root, any tree of the store (cloned). An ordinary
+    user's tree in the store (a snapshot of a turn that had one alive) is no mount he
+    can pass: its forks open as they would without warm sandboxes."""
+    return snapshot.held_layer is not None or os.geteuid() == 0
+
+
+def adopt_warm(pool: WarmPool | None, snapshot: TurnSnapshot) -> SandboxSession | None:
+    """A warm sandbox of ``pool`` whose workspace now lies on ``snapshot``'s frozen layer,
+    or None (no warm sandbox ready, or the adoption failed: that one is closed)."""
+    if pool is None or not adoptable(snapshot):
+        return None
+    session = pool.take()  # taking one asks the pool to start the next, as a turn's does
+    if session is None:
+        return None
+    if not isinstance(session, ServerSession) or session.adopt_socket is None:
+        session.close()
+        return None
+    try:
+        with _layer_of(snapshot) as layer:
+            session.adopt(layer, ADOPT_WAIT)
+    except (SandboxError, OSError) as exc:
+        # Never serve a fork from a sandbox whose workspace may be half laid.
+        session.close()
+        _log.event(_log.WARM, "warm.adopt_failed", {"error": str(exc)[:500]}, _log.WARNING)
+        return None
+    return session
+
+
+@contextlib.contextmanager
+def _layer_of(snapshot: TurnSnapshot) -> Iterator[int]:
+    """A descriptor of the snapshot's layer to pass a server: an ordinary user's held
+    layer itself (the host keeps it), or, as root, a clone of the tree it staged, made
+    for that one server (closed after)."""
+    held = snapshot.held_layer
+    if held is not None:
+        yield held
+        return
+    clone = detached_clone(str(snapshot.path))
+    try:
+        yield clone
+    finally:
+        os.close(clone)

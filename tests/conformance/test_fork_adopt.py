@@ -1,0 +1,282 @@
+"""Forks that adopt an executor's warm sandboxes (``Executor(warm=N)``, ``_executor._adopt``).
+
+A warm sandbox started before the fork, its workspace empty, takes the fork's
+frozen layer and its server lays the workspace's overlay on it then. Only a
+sandbox nothing has touched may be adopted; a fork so opened sees its parent's
+files and keeps its writes to itself; an adoption that fails closes that sandbox,
+and the fork opens as it would without one. Where the backend cannot hand a
+server a layer after its start (Docker), forks open as before.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+import pytest
+
+from astralvessel import Executor
+from astralvessel._executor._snapshot._mechanism import adopts_warm
+from astralvessel.errors import SandboxError
+from astralvessel.sandbox import Sandbox
+from astralvessel.sandbox._session import ServerSession
+
+from .calls import run, run_script
+from .conftest import suite_executor
+
+
+@pytest.fixture
+def warm(backend: Sandbox, agent_dir: Path, data_dir: Path) -> Iterator[Executor]:
+    """An executor of the backend under test keeping four warm sandboxes, all started."""
+    if backend.name == "docker-exec":
+        pytest.skip("docker-exec runs no sandbox server: its turns take no snapshot")
+    with suite_executor(backend, agent_dir, data_dir, warm=4) as opened:
+        assert opened.wait_warm(120)
+        yield opened
+
+
+def warm_sessions(executor: Executor) -> list[ServerSession]:
+    """The sandboxes the executor's warm pool holds ready now."""
+    pool = executor._warm
+    assert pool is not None
+    return [s for s in pool._ready if isinstance(s, ServerSession)]
+
+
+def adoptable_session(executor: Executor) -> ServerSession:
+    """A sandbox started as the executor's warm ones are (adoptable), by hand."""
+    policy = attrs.evolve(executor.policy, adoptable=True)
+    session = executor.sandbox.start(policy)
+    assert isinstance(session, ServerSession)
+    assert session.adopt_socket is not None
+    return session
+
+
+def frozen_fork_layer(executor: Executor) -> tuple[object, int]:
+    """A fork of a turn holding ``f`` = base (kept open: its layer lives with it) and a
+    descriptor of its frozen layer that the test closes."""
+    from astralvessel._executor._adopt import _layer_of
+
+    with executor.turn() as parent:
+        run_script(parent, "echo base > /workspace/f")
+        (fork,) = parent.fork(1, ready=0)
+    snapshot = fork.snapshot_source
+    assert snapshot is not None
+    with _layer_of(snapshot) as layer:
+        return fork, os.dup(layer)
+
+
+def test_forks_adopt_the_warm_sandboxes(warm: Executor):
+    """Each fork's sandbox is one of the warm ones, its workspace laid on the fork's layer."""
+    if not adopts_warm(warm.sandbox.name):
+        pytest.skip(
+            f"{warm.sandbox.name} hands no layer to a started sandbox (forks open as before)"
+        )
+    with warm.turn() as parent:
+        run_script(parent, "echo base > /workspace/f")
+        waiting = set(map(id, warm_sessions(warm)))
+        forks = parent.fork(2)
+    try:
+        for fork in forks:
+            assert run_script(fork, "cat /workspace/f") == "base\n"
+            assert id(fork._session) in waiting
+            relaxations = fork.session.ready_info.get("relaxations") or {}  # type: ignore[attr-defined]
+            assert relaxations.get("workspace_lower") is True
+    finally:
+        for fork in forks:
+            fork.close()
+
+
+def test_adopted_forks_keep_their_writes_apart(warm: Executor):
+    """A fork opened on a warm sandbox sees its parent's files; its writes reach neither
+    its siblings nor its parent, which goes on."""
+    with warm.turn() as parent:
+        run_script(parent, "echo base > /workspace/f; mkdir /workspace/d; echo in > /workspace/d/g")
+        forks = parent.fork(3)
+        try:
+            for index, fork in enumerate(forks):
+                assert (
+                    run_script(fork, f"cat /workspace/f; echo {index} > /workspace/f") == "base\n"
+                )
+                run_script(fork, f"rm -r /workspace/d; echo {index} > /workspace/own{index}")
+            for index, fork in enumerate(forks):
+                assert run_script(fork, "cat /workspace/f; ls /workspace") == (
+                    f"{index}\nf\noutbox\nown{index}\n"
+                )
+            assert run_script(parent, "cat /workspace/f /workspace/d/g; ls /workspace") == (
+                "base\nin\nd\nf\noutbox\n"
+            )
+        finally:
+            for fork in forks:
+                fork.close()
+
+
+def test_a_sandbox_that_ran_a_call_is_not_adopted(warm: Executor):
+    """Once a call ran in it, a warm sandbox refuses a fork's layer: what the call did
+    could live on under the fork's files."""
+    if not adopts_warm(warm.sandbox.name):
+        pytest.skip(f"{warm.sandbox.name} hands no layer to a started sandbox")
+    fork, layer = frozen_fork_layer(warm)
+    session = adoptable_session(warm)
+    try:
+        run(session, "sh", "-c", "echo left > /workspace/left")
+        with pytest.raises(SandboxError, match="cannot be adopted"):
+            session.adopt(layer, 10.0)
+        assert run(session, "sh", "-c", "ls -A /workspace").output == "left\noutbox\n"
+    finally:
+        session.close()
+        os.close(layer)
+        fork.close()  # type: ignore[attr-defined]
+
+
+def test_the_server_refuses_an_adoption_after_a_call(warm: Executor):
+    """A host that asks for an adoption anyway after a call is refused by the server
+    itself (EBUSY), and the workspace stays the call's."""
+    if not adopts_warm(warm.sandbox.name):
+        pytest.skip(f"{warm.sandbox.name} hands no layer to a started sandbox")
+    from astralvessel.sandbox._requests import AdoptRequest
+
+    session = adoptable_session(warm)
+    try:
+        run(session, "sh", "-c", "echo left > /workspace/left")
+        reply = session._ask(AdoptRequest(timeout=10.0))
+        assert reply.errno == "EBUSY"
+        assert run(session, "sh", "-c", "ls -A /workspace").output == "left\noutbox\n"
+    finally:
+        session.close()
+
+
+def test_a_sandbox_asked_for_a_file_first_refuses_the_layer(warm: Executor):
+    """A file request counts as a touch too: the server refuses the layer after one, even
+    where the host passes it anyway (the socket closed, nothing comes on it)."""
+    if not adopts_warm(warm.sandbox.name):
+        pytest.skip(f"{warm.sandbox.name} hands no layer to a started sandbox")
+    from astralvessel.sandbox import FsRequest
+
+    fork, layer = frozen_fork_layer(warm)
+    session = adoptable_session(warm)
+    try:
+        reply = session.fs(FsRequest(op="list", path="/workspace", timeout=10.0))
+        assert reply.errno is None
+        with pytest.raises(SandboxError):
+            session.adopt(layer, 10.0)
+        assert run(session, "sh", "-c", "ls /workspace").output == "outbox\n"
+    finally:
+        session.close()
+        os.close(layer)
+        fork.close()  # type: ignore[attr-defined]
+
+
+def test_a_sandbox_adopts_once(warm: Executor):
+    """A second layer is refused: an adopted workspace is never laid again."""
+    if not adopts_warm(warm.sandbox.name):
+        pytest.skip(f"{warm.sandbox.name} hands no layer to a started sandbox")
+    fork, layer = frozen_fork_layer(warm)
+    session = adoptable_session(warm)
+    try:
+        session.adopt(layer, 10.0)
+        with pytest.raises(SandboxError):
+            session.adopt(layer, 10.0)
+        assert run(session, "sh", "-c", "cat /workspace/f").output == "base\n"
+    finally:
+        session.close()
+        os.close(layer)
+        fork.close()  # type: ignore[attr-defined]
+
+
+def test_what_is_no_layer_is_refused_and_leaves_the_workspace(warm: Executor, tmp_path: Path):
+    """A descriptor that is no mount is refused, and the workspace stays the empty tmpfs."""
+    if not adopts_warm(warm.sandbox.name):
+        pytest.skip(f"{warm.sandbox.name} hands no layer to a started sandbox")
+    session = adoptable_session(warm)
+    bogus = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(SandboxError, match="refused"):
+            session.adopt(bogus, 10.0)
+        assert run(session, "sh", "-c", "ls -A /workspace").output == "outbox\n"
+    finally:
+        os.close(bogus)
+        session.close()
+
+
+def test_calls_of_an_adoptable_sandbox_hold_no_socket(warm: Executor):
+    """The socket a layer would come on is the server's alone: a call inherits no socket."""
+    if not adopts_warm(warm.sandbox.name):
+        pytest.skip(f"{warm.sandbox.name} hands no layer to a started sandbox")
+    session = adoptable_session(warm)
+    try:
+        listing = run(session, "sh", "-c", "ls -l /proc/self/fd/").output
+        assert "socket:" not in listing
+    finally:
+        session.close()
+
+
+def test_a_failed_adoption_closes_that_sandbox_and_the_fork_starts_its_own(
+    warm: Executor, monkeypatch: pytest.MonkeyPatch
+):
+    """An adoption that fails never serves the fork: that warm sandbox is closed, and the
+    fork opens with its files as it would without one."""
+    refused: list[ServerSession] = []
+
+    def refuse(self: ServerSession, layer: int, timeout: float) -> None:
+        refused.append(self)
+        raise SandboxError(f"refused: {errno.errorcode[errno.EPERM]}")
+
+    monkeypatch.setattr(ServerSession, "adopt", refuse)
+    with warm.turn() as parent:
+        run_script(parent, "echo base > /workspace/f")
+        (fork,) = parent.fork(1)
+    with fork:
+        assert run_script(fork, "cat /workspace/f; echo mine > /workspace/f") == "base\n"
+        assert all(session is not fork._session for session in refused)
+    assert all(not session.alive() for session in refused)
+    if adopts_warm(warm.sandbox.name):
+        assert refused
+
+
+def test_many_forks_adopt_from_many_threads(warm: Executor):
+    """Eight forks called at once from eight threads, more than the warm sandboxes: each
+    sees the parent's files and its own writes alone."""
+    with warm.turn() as parent:
+        run_script(parent, "echo base > /workspace/f")
+        forks = parent.fork(8)
+    seen: dict[int, str] = {}
+    errors: list[BaseException] = []
+
+    def use(index: int) -> None:
+        try:
+            fork = forks[index]
+            run_script(fork, f"cat /workspace/f > /dev/null; echo {index} > /workspace/f")
+            seen[index] = run_script(fork, "cat /workspace/f")
+        except BaseException as exc:  # read by the test: a thread's error is not raised there
+            errors.append(exc)
+
+    threads = [threading.Thread(target=use, args=(i,)) for i in range(8)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        assert not errors, errors
+        assert seen == {index: f"{index}\n" for index in range(8)}
+    finally:
+        for fork in forks:
+            fork.close()
+
+
+def test_an_adopted_forks_snapshot_holds_its_own_files(warm: Executor):
+    """A snapshot of a fork opened on a warm sandbox is its parent's files with the
+    fork's changes, as any fork's is; a turn opened from it sees exactly those."""
+    with warm.turn() as parent:
+        run_script(parent, "echo base > /workspace/f; echo gone > /workspace/g")
+        (fork,) = parent.fork(1)
+    with fork:
+        run_script(fork, "echo mine > /workspace/f; rm /workspace/g; echo new > /workspace/h")
+        snapshot = fork.snapshot()
+    with warm.turn(snapshot=snapshot) as again:
+        assert run_script(again, "cat /workspace/f /workspace/h; ls /workspace") == (
+            "mine\nnew\nf\nh\noutbox\n"
+        )

@@ -1,0 +1,131 @@
+"""The server's rule for adopting a warm sandbox (``server/_adopt``): which it refuses."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from pathlib import Path
+
+import pytest
+
+from astralvessel.sandbox._base import ServerOptions
+from astralvessel.sandbox._policy import Policy
+from astralvessel.sandbox._server_hello import hello_message
+from astralvessel.sandbox.server import _adopt
+from astralvessel.sandbox.server._launch import LaunchPlan
+from astralvessel.sandbox.server._messages import Hello
+
+#: The name the server gives EOPNOTSUPP (``errno.errorcode``'s: ENOTSUP on Linux).
+NOT_SUPPORTED = errno.errorcode[errno.EOPNOTSUPP]
+
+
+def hello(**changes: object) -> Hello:
+    """A confined turn's hello with an adoption socket, changed by ``changes``."""
+    options = ServerOptions(confine=True, adopt_socket=5)
+    return hello_message(Policy(), options, file_worker_idle=30.0).replace(**changes)
+
+
+def plan(confine: bool = True) -> LaunchPlan:
+    return LaunchPlan(
+        confine=confine,
+        pid_namespace=True,
+        drop_uid=None,
+        drop_gid=None,
+        limits=None,
+        seccomp=None,
+        install_seccomp=None,
+    )
+
+
+def errno_of(answer: object) -> str:
+    assert isinstance(answer, dict)
+    return str(answer["error"]["errno"])
+
+
+def test_a_fresh_confined_sandbox_may_be_adopted() -> None:
+    """Nothing asked of it yet, its workspace its own tmpfs: no refusal."""
+    assert hello().adopt_socket == 5
+    assert _adopt.refusal(hello(), plan(), {}, "") is None
+
+
+def test_a_touched_sandbox_is_refused() -> None:
+    """Any request before the adoption rules it out (EBUSY), whatever the request was."""
+    assert errno_of(_adopt.refusal(hello(), plan(), {}, "a 'run' request")) == "EBUSY"
+
+
+def test_a_workspace_already_on_a_layer_is_refused() -> None:
+    """A sandbox started on a snapshot's layer is never laid again (EEXIST)."""
+    lowered = hello(workspace_lower="/lower")
+    assert errno_of(_adopt.refusal(lowered, plan(), {}, "")) == "EEXIST"
+
+
+def test_a_turn_with_a_network_is_refused() -> None:
+    """A sandbox with an egress proxy belongs to the turn the proxy was started for."""
+    networked = hello(egress={"socket": "/run/egress.sock", "port": 3128})
+    assert errno_of(_adopt.refusal(networked, plan(), {}, "")) == NOT_SUPPORTED
+
+
+def test_a_workspace_that_is_no_tmpfs_of_its_own_is_refused() -> None:
+    """An unconfined plan's workspace is a host folder (EOPNOTSUPP), as is a mapped one."""
+    assert errno_of(_adopt.refusal(hello(), plan(confine=False), {}, "")) == NOT_SUPPORTED
+    mapped = {"/workspace": "/host/folder"}
+    assert errno_of(_adopt.refusal(hello(), plan(), mapped, "")) == NOT_SUPPORTED
+
+
+def test_a_writable_root_is_refused() -> None:
+    """The writable root's layers live in the workspace's tmpfs the overlay would cover."""
+    writable = hello(writable_root=["/usr"])
+    assert errno_of(_adopt.refusal(writable, plan(), {}, "")) == NOT_SUPPORTED
+
+
+def test_no_layer_waiting_is_refused() -> None:
+    """An adoption whose layer never came (or no socket) fails before anything is laid."""
+    with pytest.raises(OSError, match="without an adoption socket"):
+        _adopt.take_layer(None)
+    host, server = socket.socketpair()
+    try:
+        with pytest.raises(OSError, match="no layer was passed"):
+            _adopt.take_layer(os.dup(server.fileno()))
+    finally:
+        host.close()
+        server.close()
+
+
+def test_the_layer_passed_is_taken() -> None:
+    """The descriptor the host passed before its request is the one taken."""
+    host, server = socket.socketpair()
+    read_end, write_end = os.pipe()
+    try:
+        socket.send_fds(host, [b"L"], [read_end])
+        taken = _adopt.take_layer(os.dup(server.fileno()))
+        try:
+            assert os.fstat(taken).st_ino == os.fstat(read_end).st_ino
+        finally:
+            os.close(taken)
+    finally:
+        for fd in (read_end, write_end):
+            os.close(fd)
+        host.close()
+        server.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root's host clones a staged tree")
+def test_the_hosts_clone_of_a_tree_is_read_only(tmp_path: Path) -> None:
+    """The clone root's host passes an adopted sandbox is a read-only, nosuid, nodev
+    mount: nothing can write the store's tree through it."""
+    from astralvessel._ground._mounts import detached_clone
+
+    (tmp_path / "f").write_text("base")
+    clone = detached_clone(str(tmp_path))
+    try:
+        with pytest.raises(OSError, match="Read-only file system") as refused:
+            os.open("new", os.O_WRONLY | os.O_CREAT, 0o600, dir_fd=clone)
+        assert refused.value.errno == errno.EROFS
+        flags = os.fstatvfs(clone).f_flag
+        assert flags & os.ST_RDONLY
+        assert flags & os.ST_NOSUID
+        assert flags & os.ST_NODEV
+    finally:
+        os.close(clone)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]
