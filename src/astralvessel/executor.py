@@ -193,17 +193,22 @@ class Executor(Closing):
         self._ahead: _AheadPools = collections.OrderedDict()
         self._release_ahead = weakref.finalize(self, _close_pools, self._ahead)
 
-    def _start_ahead(self, snapshot: TurnSnapshot, forks: int, ready: int = 1) -> None:
+    def _start_ahead(self, snapshot: TurnSnapshot, forks: int, ready: int = 1) -> int:
         """Start the sandboxes of ``forks`` turns opened from ``snapshot`` in the background,
         ``FORKS_AHEAD`` at a time: a fork's first call then takes a started one, as a warm
         turn's does, or starts its own where none is ready yet (or a start failed).
 
         The pool keeps ``FORKS_AHEAD`` ready, or ``ready`` when ``fork`` waits for more:
         never more than one per fork in all. Not under a network (each sandbox's egress
-        proxy is its turn's), nor once closed.
+        proxy is its turn's), nor once closed. Returns how many ``fork`` waits for:
+        ``ready``, or (unless ``ready`` is 0) as many forks as there are warm sandboxes
+        ready to adopt, whose adoptions take milliseconds, not a sandbox's start each.
         """
         if self.policy.network_allow or self._release_ahead.alive is False:
-            return
+            return ready
+        adopting = self._adopting_pool(snapshot)
+        if ready and adopting is not None:
+            ready = max(ready, min(forks, adopting.ready))
         pools = self._ahead
         for spent in [key for key, (_, pool) in pools.items() if pool.spent]:
             pools.pop(spent)[1].close()
@@ -211,7 +216,7 @@ class Executor(Closing):
         if key in pools:  # forks of the same files (a fork of an unstarted fork) share it
             pools.move_to_end(key)
             pools[key][1].extend(forks, max(min(forks, FORKS_AHEAD), ready))
-            return
+            return ready
         while len(pools) >= _AHEAD_POOLS:
             pools.popitem(last=False)[1][1].close()
         held = weakref.ref(snapshot)
@@ -223,6 +228,7 @@ class Executor(Closing):
         # The pool holds the snapshot weakly: when no fork (nor anyone) holds it, its tree
         # goes and the pool's waiting sandboxes with it.
         weakref.finalize(snapshot, _drop_pool, pools, key, pool)
+        return ready
 
     def _wait_ahead(
         self, snapshot: TurnSnapshot, ready: int = 1, abandon: threading.Event | None = None

@@ -90,6 +90,36 @@ def test_forks_adopt_the_warm_sandboxes(warm: Executor):
             fork.close()
 
 
+def test_fork_returns_once_its_forks_adopted_the_warm_sandboxes_ready(warm: Executor):
+    """An adoption takes milliseconds, not a sandbox's start, so ``fork`` (with its
+    default ``ready=1``) returns once as many forks as there were warm sandboxes ready
+    have adopted one: their first calls, one after another, wait for none. The forks
+    beyond those start as before."""
+    if not adopts_warm(warm.sandbox.name):
+        pytest.skip(
+            f"{warm.sandbox.name} hands no layer to a started sandbox (forks open as before)"
+        )
+    with warm.turn() as parent:
+        run_script(parent, "echo base > /workspace/f")
+        assert warm.wait_warm(120)
+        waiting = set(map(id, warm_sessions(warm)))
+        assert len(waiting) == 4
+        forks = parent.fork(6)
+    try:
+        snapshot = forks[0].snapshot_source
+        assert snapshot is not None
+        held, ahead = warm._ahead[id(snapshot)]
+        assert held() is snapshot
+        assert ahead.ready >= 4
+        adopted = [s for s in ahead._ready if id(s) in waiting]
+        assert len(adopted) == 4
+        for fork in forks:
+            assert run_script(fork, "cat /workspace/f") == "base\n"
+    finally:
+        for fork in forks:
+            fork.close()
+
+
 def test_adopted_forks_keep_their_writes_apart(warm: Executor):
     """A fork opened on a warm sandbox sees its parent's files; its writes reach neither
     its siblings nor its parent, which goes on."""

@@ -93,7 +93,7 @@ class TurnOwner(Protocol):
         closing: threading.Event | None,
     ) -> tuple[SandboxSession, EgressProxy | None]: ...
 
-    def _start_ahead(self, snapshot: TurnSnapshot, forks: int, ready: int) -> None: ...
+    def _start_ahead(self, snapshot: TurnSnapshot, forks: int, ready: int) -> int: ...
 
     def _wait_ahead(
         self, snapshot: TurnSnapshot, ready: int, abandon: threading.Event | None
@@ -509,8 +509,12 @@ class BaseTurn(Closing, Generic[_Owner]):
         takes as long as its starts. The wait is bounded (``AHEAD_WAIT`` per start)
         and ends when this turn or the executor closes; a start that fails or hangs
         never holds ``fork`` up nor raises from it (that fork's first call starts
-        its own). Under a network policy no sandbox is started ahead, and ``fork``
-        does not wait. Processes are not carried. Raises what ``snapshot`` raises,
+        its own). On an executor with warm sandboxes that forks adopt
+        (``Executor(warm=N)``, bubblewrap and nsjail) ``fork`` waits, unless
+        ``ready`` is 0, for as many forks as there are warm sandboxes ready to
+        adopt (milliseconds each), so their first calls are warm ones. Under a
+        network policy no sandbox is started ahead, and ``fork`` does not wait.
+        Processes are not carried. Raises what ``snapshot`` raises,
         and ``UsageError`` for an ``n`` or ``ready`` out of bounds.
         """
         return run(self._fork_flow(n, ready), _PERFORM)
@@ -523,7 +527,7 @@ class BaseTurn(Closing, Generic[_Owner]):
         count = _fork_count(n)
         wanted = _ready_count(ready, count)
         snapshot = yield from self._fork_source_flow()
-        self.executor._start_ahead(snapshot, count, wanted)
+        wanted = self.executor._start_ahead(snapshot, count, wanted)
         forks = [type(self)(self.executor, snapshot=snapshot) for _ in range(count)]
         if wanted:
             yield from _Ahead(self.executor, snapshot, wanted, self._closing)
