@@ -31,7 +31,7 @@ from ._executor._settings import (
     check_snapshot,
 )
 from ._executor._snapshot._capture import restore
-from ._executor._snapshot._mechanism import lower_by_descriptor, overlay_backend
+from ._executor._snapshot._mechanism import adopts_warm, lower_by_descriptor, overlay_backend
 from ._executor._snapshot._store import MIB, Budget
 from ._executor._snapshot._value import TurnSnapshot
 from ._executor._turn import BaseTurn
@@ -401,11 +401,10 @@ class Executor(Closing):
         pool = self._warm
         if pool is None or pool.policy != self.policy or self.snapshot is not None:
             return None
-        if not adoptable(snapshot):
+        # The warm sandboxes started adoptable (``warm_policy``), and the layer can be passed.
+        if not adopts_warm(self.sandbox.name) or self.policy.network_allow:
             return None
-        if warm_policy(self.sandbox.name, self.policy, None) == self.policy:
-            return None  # the backend cannot hand a sandbox a layer later
-        return pool
+        return pool if adoptable(snapshot) else None
 
     def _policy_for(self, snapshot: TurnSnapshot | None) -> Policy:
         """The policy a sandbox opened from ``snapshot`` starts with: the snapshot's tree

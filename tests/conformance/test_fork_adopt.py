@@ -39,6 +39,14 @@ def warm(backend: Sandbox, agent_dir: Path, data_dir: Path) -> Iterator[Executor
         yield opened
 
 
+@pytest.fixture
+def adopts_here(backend: Sandbox) -> None:
+    """Skip where the backend hands no layer to a started sandbox: its forks open as
+    before (Docker), which the tests without this fixture check."""
+    if not adopts_warm(backend.name):
+        pytest.skip(f"{backend.name} hands no layer to a started sandbox (forks open as before)")
+
+
 def warm_sessions(executor: Executor) -> list[ServerSession]:
     """The sandboxes the executor's warm pool holds ready now."""
     pool = executor._warm
@@ -69,12 +77,9 @@ def frozen_fork_layer(executor: Executor) -> tuple[object, int]:
         return fork, os.dup(layer)
 
 
+@pytest.mark.usefixtures("adopts_here")
 def test_forks_adopt_the_warm_sandboxes(warm: Executor):
     """Each fork's sandbox is one of the warm ones, its workspace laid on the fork's layer."""
-    if not adopts_warm(warm.sandbox.name):
-        pytest.skip(
-            f"{warm.sandbox.name} hands no layer to a started sandbox (forks open as before)"
-        )
     with warm.turn() as parent:
         run_script(parent, "echo base > /workspace/f")
         waiting = set(map(id, warm_sessions(warm)))
@@ -90,15 +95,12 @@ def test_forks_adopt_the_warm_sandboxes(warm: Executor):
             fork.close()
 
 
+@pytest.mark.usefixtures("adopts_here")
 def test_fork_returns_once_its_forks_adopted_the_warm_sandboxes_ready(warm: Executor):
     """An adoption takes milliseconds, not a sandbox's start, so ``fork`` (with its
     default ``ready=1``) returns once as many forks as there were warm sandboxes ready
     have adopted one: their first calls, one after another, wait for none. The forks
     beyond those start as before."""
-    if not adopts_warm(warm.sandbox.name):
-        pytest.skip(
-            f"{warm.sandbox.name} hands no layer to a started sandbox (forks open as before)"
-        )
     with warm.turn() as parent:
         run_script(parent, "echo base > /workspace/f")
         assert warm.wait_warm(120)
@@ -144,11 +146,10 @@ def test_adopted_forks_keep_their_writes_apart(warm: Executor):
                 fork.close()
 
 
+@pytest.mark.usefixtures("adopts_here")
 def test_a_sandbox_that_ran_a_call_is_not_adopted(warm: Executor):
     """Once a call ran in it, a warm sandbox refuses a fork's layer: what the call did
     could live on under the fork's files."""
-    if not adopts_warm(warm.sandbox.name):
-        pytest.skip(f"{warm.sandbox.name} hands no layer to a started sandbox")
     fork, layer = frozen_fork_layer(warm)
     session = adoptable_session(warm)
     try:
@@ -162,11 +163,10 @@ def test_a_sandbox_that_ran_a_call_is_not_adopted(warm: Executor):
         fork.close()  # type: ignore[attr-defined]
 
 
+@pytest.mark.usefixtures("adopts_here")
 def test_the_server_refuses_an_adoption_after_a_call(warm: Executor):
     """A host that asks for an adoption anyway after a call is refused by the server
     itself (EBUSY), and the workspace stays the call's."""
-    if not adopts_warm(warm.sandbox.name):
-        pytest.skip(f"{warm.sandbox.name} hands no layer to a started sandbox")
     from astralvessel.sandbox._requests import AdoptRequest
 
     session = adoptable_session(warm)
@@ -179,11 +179,10 @@ def test_the_server_refuses_an_adoption_after_a_call(warm: Executor):
         session.close()
 
 
+@pytest.mark.usefixtures("adopts_here")
 def test_a_sandbox_asked_for_a_file_first_refuses_the_layer(warm: Executor):
     """A file request counts as a touch too: the server refuses the layer after one, even
     where the host passes it anyway (the socket closed, nothing comes on it)."""
-    if not adopts_warm(warm.sandbox.name):
-        pytest.skip(f"{warm.sandbox.name} hands no layer to a started sandbox")
     from astralvessel.sandbox import FsRequest
 
     fork, layer = frozen_fork_layer(warm)
@@ -200,10 +199,9 @@ def test_a_sandbox_asked_for_a_file_first_refuses_the_layer(warm: Executor):
         fork.close()  # type: ignore[attr-defined]
 
 
+@pytest.mark.usefixtures("adopts_here")
 def test_a_sandbox_adopts_once(warm: Executor):
     """A second layer is refused: an adopted workspace is never laid again."""
-    if not adopts_warm(warm.sandbox.name):
-        pytest.skip(f"{warm.sandbox.name} hands no layer to a started sandbox")
     fork, layer = frozen_fork_layer(warm)
     session = adoptable_session(warm)
     try:
@@ -217,10 +215,9 @@ def test_a_sandbox_adopts_once(warm: Executor):
         fork.close()  # type: ignore[attr-defined]
 
 
+@pytest.mark.usefixtures("adopts_here")
 def test_what_is_no_layer_is_refused_and_leaves_the_workspace(warm: Executor, tmp_path: Path):
     """A descriptor that is no mount is refused, and the workspace stays the empty tmpfs."""
-    if not adopts_warm(warm.sandbox.name):
-        pytest.skip(f"{warm.sandbox.name} hands no layer to a started sandbox")
     session = adoptable_session(warm)
     bogus = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -232,10 +229,9 @@ def test_what_is_no_layer_is_refused_and_leaves_the_workspace(warm: Executor, tm
         session.close()
 
 
+@pytest.mark.usefixtures("adopts_here")
 def test_calls_of_an_adoptable_sandbox_hold_no_socket(warm: Executor):
     """The socket a layer would come on is the server's alone: a call inherits no socket."""
-    if not adopts_warm(warm.sandbox.name):
-        pytest.skip(f"{warm.sandbox.name} hands no layer to a started sandbox")
     session = adoptable_session(warm)
     try:
         listing = run(session, "sh", "-c", "ls -l /proc/self/fd/").output

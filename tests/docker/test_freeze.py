@@ -20,7 +20,7 @@ import pytest
 
 from astralvessel import Executor, Registry, Turn, TurnSnapshot
 from astralvessel._executor._snapshot._store import store_root
-from astralvessel.sandbox import DetachRequest, FsRequest, Policy, RunRequest
+from astralvessel.sandbox import DetachRequest, FsRequest, Policy, RunRequest, SandboxSession
 from astralvessel.sandbox._frozen import freeze
 from astralvessel.sandbox.docker import Docker
 from astralvessel.sandbox.docker import _freeze as docker_freeze
@@ -44,6 +44,20 @@ def _sh(turn: Turn, script: str) -> str:
     result = turn.exec(["sh", "-c", script])
     assert result.returncode == 0, result.stderr
     return result.stdout.decode()
+
+
+def _writes_on(session: SandboxSession) -> None:
+    """A call and a file request both write the workspace: it is not left read-only."""
+    outcome = session.run(
+        RunRequest(
+            argv=("sh", "-c", "echo x > /workspace/f && cat /workspace/f"),
+            timeout=30,
+            output_chars=1000,
+        )
+    )
+    assert outcome.output == "x\n"
+    wrote = session.fs(FsRequest(op="write", path="g", data=b"g", timeout=10))
+    assert wrote.errno is None, wrote.message
 
 
 def _store_kib() -> int:
@@ -186,16 +200,7 @@ def test_a_step_refused_in_the_servers_namespace_leaves_the_turn_as_it_was(
             with pytest.raises(OSError, match="cannot be frozen") as busy:
                 freeze(session, 8 << 20)
             assert busy.value.errno == errno.EBUSY
-            outcome = session.run(
-                RunRequest(
-                    argv=("sh", "-c", "echo x > /workspace/f && cat /workspace/f"),
-                    timeout=30,
-                    output_chars=1000,
-                )
-            )
-            assert outcome.output == "x\n"
-            wrote = session.fs(FsRequest(op="write", path="g", data=b"g", timeout=10))
-            assert wrote.errno is None, wrote.message
+            _writes_on(session)
         finally:
             os.close(held)
         os.close(freeze(session, 8 << 20))
@@ -234,17 +239,8 @@ def test_a_step_killed_halfway_at_its_timeout_leaves_the_workspace_writable(
             with pytest.raises(OSError, match="did not end in time") as late:
                 freeze(session, 8 << 20, timeout=2)
         assert late.value.errno == errno.ETIMEDOUT
-        outcome = session.run(
-            RunRequest(
-                argv=("sh", "-c", "echo x > /workspace/f && cat /workspace/f"),
-                timeout=30,
-                output_chars=1000,
-            )
-        )
-        assert outcome.output == "x\n"
+        _writes_on(session)
         os.close(freeze(session, 8 << 20))
-        wrote = session.fs(FsRequest(op="write", path="g", data=b"g", timeout=10))
-        assert wrote.errno is None, wrote.message
     finally:
         session.close()
 

@@ -165,11 +165,7 @@ def _taken(fd: int | None, dev: object, ino: object) -> int:
     """The descriptor the server passed with its answer, checked to be the named mount."""
     if fd is None:
         raise OSError(errno.EPROTO, "the freeze's answer came without its descriptor")
-    st = os.fstat(fd)
-    if (st.st_dev, st.st_ino) != (dev, ino):
-        os.close(fd)
-        raise OSError(errno.ESRCH, "the descriptor passed is not the frozen clone")
-    return fd
+    return _named(fd, dev, ino, "the descriptor passed")
 
 
 def _take(pid: int, number: int, dev: object, ino: object) -> int:
@@ -179,8 +175,18 @@ def _take(pid: int, number: int, dev: object, ino: object) -> int:
         fd = _sys.pidfd_getfd(pidfd, number)
     finally:
         os.close(pidfd)
-    st = os.fstat(fd)
+    return _named(fd, dev, ino, f"process {pid}'s descriptor {number}")
+
+
+def _named(fd: int, dev: object, ino: object, what: str) -> int:
+    """``fd`` if it is the mount the server's answer named (device and inode), else closed
+    and ``ESRCH``: a pid reused, or a descriptor passed that is not the frozen clone."""
+    try:
+        st = os.fstat(fd)
+    except OSError:
+        os.close(fd)
+        raise
     if (st.st_dev, st.st_ino) != (dev, ino):
         os.close(fd)
-        raise OSError(errno.ESRCH, f"process {pid}'s descriptor {number} is not the frozen clone")
+        raise OSError(errno.ESRCH, f"{what} is not the frozen clone")
     return fd
