@@ -248,6 +248,7 @@ def unprivileged(session: nox.Session) -> None:
             "tests/conformance/test_snapshots.py",
             "tests/conformance/test_fork.py",
             "tests/conformance/test_fork_ahead.py",
+            "tests/conformance/test_fork_adopt.py",
             "tests/conformance/test_snapshot_budget.py",
             "tests/conformance/test_snapshot_reuse.py",
             "-k",

@@ -4,8 +4,10 @@ A warm sandbox started before the fork, its workspace empty, takes the fork's
 frozen layer and its server lays the workspace's overlay on it then. Only a
 sandbox nothing has touched may be adopted; a fork so opened sees its parent's
 files and keeps its writes to itself; an adoption that fails closes that sandbox,
-and the fork opens as it would without one. Where the backend cannot hand a
-server a layer after its start (Docker), forks open as before.
+and the fork opens as it would without one. Every backend with a server adopts:
+bubblewrap's and nsjail's get the socket the layer comes on at spawn, Docker's with
+their hello over the direct channel (``sandbox/docker/_adoption``), where the host's
+reader makes the layer the fork's uid's first.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ import attrs
 import pytest
 
 from astralvessel import Executor
-from astralvessel._executor._snapshot._mechanism import adopts_warm
 from astralvessel.errors import SandboxError
 from astralvessel.sandbox import Sandbox
 from astralvessel.sandbox._session import ServerSession
@@ -37,14 +38,6 @@ def warm(backend: Sandbox, agent_dir: Path, data_dir: Path) -> Iterator[Executor
     with suite_executor(backend, agent_dir, data_dir, warm=4) as opened:
         assert opened.wait_warm(120)
         yield opened
-
-
-@pytest.fixture
-def adopts_here(backend: Sandbox) -> None:
-    """Skip where the backend hands no layer to a started sandbox: its forks open as
-    before (Docker), which the tests without this fixture check."""
-    if not adopts_warm(backend.name):
-        pytest.skip(f"{backend.name} hands no layer to a started sandbox (forks open as before)")
 
 
 def warm_sessions(executor: Executor) -> list[ServerSession]:
@@ -77,7 +70,6 @@ def frozen_fork_layer(executor: Executor) -> tuple[object, int]:
         return fork, os.dup(layer)
 
 
-@pytest.mark.usefixtures("adopts_here")
 def test_forks_adopt_the_warm_sandboxes(warm: Executor):
     """Each fork's sandbox is one of the warm ones, its workspace laid on the fork's layer."""
     with warm.turn() as parent:
@@ -95,7 +87,6 @@ def test_forks_adopt_the_warm_sandboxes(warm: Executor):
             fork.close()
 
 
-@pytest.mark.usefixtures("adopts_here")
 def test_fork_returns_once_its_forks_adopted_the_warm_sandboxes_ready(warm: Executor):
     """An adoption takes milliseconds, not a sandbox's start, so ``fork`` (with its
     default ``ready=1``) returns once as many forks as there were warm sandboxes ready
@@ -146,7 +137,6 @@ def test_adopted_forks_keep_their_writes_apart(warm: Executor):
                 fork.close()
 
 
-@pytest.mark.usefixtures("adopts_here")
 def test_a_sandbox_that_ran_a_call_is_not_adopted(warm: Executor):
     """Once a call ran in it, a warm sandbox refuses a fork's layer: what the call did
     could live on under the fork's files."""
@@ -163,7 +153,6 @@ def test_a_sandbox_that_ran_a_call_is_not_adopted(warm: Executor):
         fork.close()  # type: ignore[attr-defined]
 
 
-@pytest.mark.usefixtures("adopts_here")
 def test_the_server_refuses_an_adoption_after_a_call(warm: Executor):
     """A host that asks for an adoption anyway after a call is refused by the server
     itself (EBUSY), and the workspace stays the call's."""
@@ -179,7 +168,6 @@ def test_the_server_refuses_an_adoption_after_a_call(warm: Executor):
         session.close()
 
 
-@pytest.mark.usefixtures("adopts_here")
 def test_a_sandbox_asked_for_a_file_first_refuses_the_layer(warm: Executor):
     """A file request counts as a touch too: the server refuses the layer after one, even
     where the host passes it anyway (the socket closed, nothing comes on it)."""
@@ -199,7 +187,6 @@ def test_a_sandbox_asked_for_a_file_first_refuses_the_layer(warm: Executor):
         fork.close()  # type: ignore[attr-defined]
 
 
-@pytest.mark.usefixtures("adopts_here")
 def test_a_sandbox_adopts_once(warm: Executor):
     """A second layer is refused: an adopted workspace is never laid again."""
     fork, layer = frozen_fork_layer(warm)
@@ -215,13 +202,12 @@ def test_a_sandbox_adopts_once(warm: Executor):
         fork.close()  # type: ignore[attr-defined]
 
 
-@pytest.mark.usefixtures("adopts_here")
 def test_what_is_no_layer_is_refused_and_leaves_the_workspace(warm: Executor, tmp_path: Path):
     """A descriptor that is no mount is refused, and the workspace stays the empty tmpfs."""
     session = adoptable_session(warm)
     bogus = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        with pytest.raises(SandboxError, match="refused"):
+        with pytest.raises(SandboxError, match=r"refused|cannot be made this sandbox's"):
             session.adopt(bogus, 10.0)
         assert run(session, "sh", "-c", "ls -A /workspace").output == "outbox\n"
     finally:
@@ -229,7 +215,22 @@ def test_what_is_no_layer_is_refused_and_leaves_the_workspace(warm: Executor, tm
         session.close()
 
 
-@pytest.mark.usefixtures("adopts_here")
+def test_what_is_no_layer_is_refused_by_the_server_too(warm: Executor, tmp_path: Path):
+    """Docker's host makes the layer the sandbox's first (its reader idmaps it, which a
+    folder is refused); a descriptor that reaches the server as it is, over the socket the
+    hello brought, is refused there, and the workspace stays the empty tmpfs."""
+    session = adoptable_session(warm)
+    session.fit_layer = None
+    bogus = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(SandboxError, match="refused the fork's layer"):
+            session.adopt(bogus, 10.0)
+        assert run(session, "sh", "-c", "ls -A /workspace").output == "outbox\n"
+    finally:
+        os.close(bogus)
+        session.close()
+
+
 def test_calls_of_an_adoptable_sandbox_hold_no_socket(warm: Executor):
     """The socket a layer would come on is the server's alone: a call inherits no socket."""
     session = adoptable_session(warm)
@@ -259,8 +260,7 @@ def test_a_failed_adoption_closes_that_sandbox_and_the_fork_starts_its_own(
         assert run_script(fork, "cat /workspace/f; echo mine > /workspace/f") == "base\n"
         assert all(session is not fork._session for session in refused)
     assert all(not session.alive() for session in refused)
-    if adopts_warm(warm.sandbox.name):
-        assert refused
+    assert refused
 
 
 def test_many_forks_adopt_from_many_threads(warm: Executor):
@@ -306,3 +306,60 @@ def test_an_adopted_forks_snapshot_holds_its_own_files(warm: Executor):
         assert run_script(again, "cat /workspace/f /workspace/h; ls /workspace") == (
             "mine\nnew\nf\nh\noutbox\n"
         )
+
+
+def test_an_adopted_sandboxs_calls_hold_what_any_calls_do(warm: Executor):
+    """Neither the layer nor the socket it came on reaches a call of the adopted sandbox:
+    its calls hold the descriptors a call of a sandbox never adoptable holds."""
+    fork, layer = frozen_fork_layer(warm)
+    session = adoptable_session(warm)
+    plain = warm.sandbox.start(warm.policy)
+    listing = "ls /proc/self/fd/; ls -l /proc/self/fd/ | grep -c -e socket: -e anon_inode:"
+    try:
+        session.adopt(layer, 10.0)
+        assert run(session, "sh", "-c", "cat /workspace/f").output == "base\n"
+        assert run(session, "sh", "-c", listing).output == run(plain, "sh", "-c", listing).output
+    finally:
+        plain.close()
+        session.close()
+        os.close(layer)
+        fork.close()  # type: ignore[attr-defined]
+
+
+def test_an_adopted_forks_writes_count_against_its_disk(warm: Executor):
+    """The overlay's upper layer lies in the adopted sandbox's workspace tmpfs: a fork's
+    writes past ``disk_mb`` fail there as any turn's do, and its parent's files stay."""
+    too_much = warm.policy.limits.disk_mb * 2
+    with warm.turn() as parent:
+        run_script(parent, "echo base > /workspace/f")
+        waiting = set(map(id, warm_sessions(warm)))
+        (fork,) = parent.fork(1)
+    with fork:
+        written = run_script(
+            fork, f"head -c {too_much}M /dev/zero > /workspace/big 2>/dev/null || echo full"
+        )
+        assert id(fork._session) in waiting
+        assert written == "full\n"
+        assert run_script(fork, "rm /workspace/big; cat /workspace/f") == "base\n"
+
+
+def test_a_hello_naming_an_adoption_socket_it_did_not_bring_is_never_adopted(
+    warm: Executor, monkeypatch: pytest.MonkeyPatch
+):
+    """Over Docker's direct channel the adoption socket comes with the hello: one that
+    names it without passing it (whatever number it names) leaves the server none, and
+    an adoption asked anyway is refused before anything is laid."""
+    from astralvessel.sandbox import _session
+    from astralvessel.sandbox._requests import AdoptRequest
+
+    if warm.sandbox.name != "docker":
+        pytest.skip("the namespace backends' servers inherit the socket at its number")
+    monkeypatch.setattr(_session, "_passed_with_hello", lambda policy, options: ())
+    session = adoptable_session(warm)
+    try:
+        reply = session._ask(AdoptRequest(timeout=10.0))
+        assert reply.errno == errno.errorcode[errno.EOPNOTSUPP]
+        assert "without an adoption socket" in reply.message
+        assert run(session, "sh", "-c", "ls -A /workspace").output == "outbox\n"
+    finally:
+        session.close()

@@ -129,3 +129,44 @@ def test_the_hosts_clone_of_a_tree_is_read_only(tmp_path: Path) -> None:
     finally:
         os.close(clone)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["f"]
+
+
+def test_the_hello_carries_the_layer_then_the_adoption_socket() -> None:
+    """Over a socket channel (Docker's direct one) the hello brings the descriptors the
+    options pass, in the order the server takes them; none where none is passed."""
+    from astralvessel.sandbox._session import _passed_with_hello
+
+    def options(**fields: object) -> ServerOptions:
+        return ServerOptions(confine=True, **fields)  # type: ignore[arg-type]
+
+    policy = Policy(workspace_lower_fd=7)
+    assert _passed_with_hello(policy, options()) == ()
+    assert _passed_with_hello(policy, options(pass_lower_fd=True)) == (7,)
+    assert _passed_with_hello(Policy(), options(adopt_socket=9, pass_adopt_socket=True)) == (9,)
+    assert _passed_with_hello(Policy(), options(adopt_socket=9)) == ()
+    both = options(pass_lower_fd=True, adopt_socket=9, pass_adopt_socket=True)
+    assert _passed_with_hello(policy, both) == (7, 9)
+
+
+def test_a_docker_sandbox_is_adoptable_only_when_asked_over_the_direct_channel() -> None:
+    """Docker's adoption socket pair is made only for an adoptable policy whose workspace
+    lies on no layer, a leased uid and the direct channel (the attach stream passes none)."""
+    from astralvessel.sandbox._uids import UidLease
+    from astralvessel.sandbox.docker._adoption import adoption_pair, close_pair
+
+    lease = UidLease.__new__(UidLease)
+    adoptable = Policy(adoptable=True)
+    host_end, server_end = adoption_pair(adoptable, lease, direct=True)
+    try:
+        assert host_end is not None
+        assert server_end is not None
+    finally:
+        assert close_pair(host_end, server_end) == (None, None)
+    for policy, leased, direct in (
+        (Policy(), lease, True),
+        (adoptable, None, True),
+        (adoptable, lease, False),
+        (Policy(adoptable=True, workspace_lower_fd=7), lease, True),
+        (Policy(adoptable=True, workspace_lower=Path("/lower")), lease, True),
+    ):
+        assert adoption_pair(policy, leased, direct=direct) == (None, None)

@@ -4,7 +4,9 @@ A warm sandbox is started before anyone forks, with an empty workspace. A fork c
 still take it: the host hands its server the fork's frozen layer (a detached mount,
 over the socket the sandbox was started with: ``Policy.adoptable``), and the server
 lays the workspace's overlay on it as a fork's own sandbox would at its start. The
-fork's first call then costs what a warm turn's does, not a sandbox's start.
+fork's first call then costs what a warm turn's does, not a sandbox's start. On
+Docker the socket came with the sandbox's hello, and the backend makes the layer the
+sandbox's uid's first (``ServerSession.fit_layer``: ``sandbox/docker/_adoption``).
 
 Only a sandbox nothing has touched is offered (the server refuses any other), and a
 refusal or any failure closes that sandbox: the fork then opens as it would without

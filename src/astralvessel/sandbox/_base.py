@@ -88,6 +88,12 @@ class ServerLink:
     #: The host's end of the socket a fork's frozen layer goes to the server on
     #: (``Policy.adoptable``; ``SandboxSession.adopt``), closed with the session.
     adopt_socket: socket.socket | None = None
+    #: Makes a fork's frozen layer the server's own before it goes on ``adopt_socket``
+    #: (Docker's: an idmapped clone for the turn's uid, made by its reader); the result is
+    #: the caller's to close. None: the layer goes as it is.
+    fit_layer: Callable[[int], int] | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.is_callable())
+    )
     #: Reads a frozen layer the host cannot read itself (an ordinary user's Docker host:
     #: the layer's files are the turn's uid's), given the layer's descriptor: a context
     #: of ``listing(outbox, max_files)`` and ``digests(files)`` (``docker._reader``).
@@ -157,6 +163,9 @@ class Sandbox(abc.ABC):
         finally:
             if link.lower_fd is not None:
                 os.close(link.lower_fd)
+            if link.options.pass_adopt_socket and link.options.adopt_socket is not None:
+                os.close(link.options.adopt_socket)  # the server has its own now
+        session.fit_layer = link.fit_layer
         session.upper_names = link.upper_names
         session.widen_memory = link.widen_memory
         session.read_layer = link.read_layer

@@ -98,8 +98,15 @@ class ServerOptions:
     pass_lower_fd: bool = attrs.field(default=False, validator=attrs.validators.instance_of(bool))
     #: The server's end of the socket a fork's frozen layer may come on later, at this
     #: number in the server (``Policy.adoptable``; ``Hello.adopt_socket``); None: none.
+    #: With ``pass_adopt_socket``, the host's own descriptor of that end instead.
     adopt_socket: int | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.instance_of(int))
+    )
+    #: Whether ``adopt_socket`` goes to the server with the hello over the channel
+    #: (``SCM_RIGHTS``, after any ``pass_lower_fd`` layer: Docker's direct channel), not
+    #: by inheritance; the host closes its copy once the hello is sent (``Sandbox.start``).
+    pass_adopt_socket: bool = attrs.field(
+        default=False, validator=attrs.validators.instance_of(bool)
     )
     #: The host uid the sandbox's processes have (``SandboxSession.peer_uid``); None: unknown.
     peer_uid: int | None = attrs.field(default=None, converter=_optional_uid)

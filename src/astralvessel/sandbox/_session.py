@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import os
 import socket
 import threading
 from collections.abc import Callable, Mapping
@@ -145,6 +146,9 @@ class ServerSession(SandboxSession):
         #: The host's end of the socket a fork's frozen layer goes on (``adopt``); None
         #: where the sandbox was not started adoptable, or once it was offered one.
         self.adopt_socket: socket.socket | None = None
+        #: Makes a fork's frozen layer this sandbox's own before it is passed (Docker's:
+        #: an idmapped clone for the turn's uid, ``ServerLink.fit_layer``); None: as it is.
+        self.fit_layer: Callable[[int], int] | None = None
         self._channel = channel
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
@@ -199,14 +203,15 @@ class ServerSession(SandboxSession):
         try:
             session._reader.start()
             hello_frame = _protocol.encode(hello.to_json())
-            lower_fd = policy.workspace_lower_fd if options.pass_lower_fd else None
-            if lower_fd is None:
+            passed = _passed_with_hello(policy, options)
+            if not passed:
                 session._send(server_payload(options.build) + hello_frame)
             else:
-                # The layer goes with the hello's first byte, which the server's loop reads
-                # (its bootstrap reads the payload's bytes exactly, none past them).
+                # The layer (or the adoption socket) goes with the hello's first byte, which
+                # the server's loop reads (its bootstrap reads the payload's bytes exactly,
+                # none past them).
                 session._send(server_payload(options.build))
-                session._send_fds(hello_frame, (lower_fd,))
+                session._send_fds(hello_frame, passed)
             try:
                 header = session._ready.result(timeout=timeout)
             except concurrent.futures.TimeoutError:
@@ -597,12 +602,19 @@ class ServerSession(SandboxSession):
         if sock is None:
             raise SandboxError(f"this {self.backend} sandbox cannot be adopted by a fork")
         try:
+            fitted = layer if self.fit_layer is None else self.fit_layer(layer)
+        except OSError as exc:
+            sock.close()
+            raise SandboxError(f"the fork's layer cannot be made this sandbox's ({exc})") from None
+        try:
             # The layer waits on the socket before the request that names it is sent.
-            socket.send_fds(sock, [b"L"], [layer])
+            socket.send_fds(sock, [b"L"], [fitted])
         except OSError as exc:
             raise SandboxError(f"cannot pass the fork's layer to the sandbox ({exc})") from None
         finally:
             sock.close()
+            if fitted != layer:
+                os.close(fitted)
         reply = cast(FsReply, self._ask(AdoptRequest(timeout=timeout)))
         if reply.errno is not None:
             raise SandboxError(
@@ -712,6 +724,14 @@ class ServerSession(SandboxSession):
         sock, self.adopt_socket = self.adopt_socket, None
         if sock is not None:
             sock.close()
+
+
+def _passed_with_hello(policy: Policy, options: ServerOptions) -> tuple[int, ...]:
+    """The descriptors the hello carries over the channel, in the order the server takes
+    them (``server/_main``): the frozen layer, then the adoption socket."""
+    lower = policy.workspace_lower_fd if options.pass_lower_fd else None
+    adopt = options.adopt_socket if options.pass_adopt_socket else None
+    return tuple(fd for fd in (lower, adopt) if fd is not None)
 
 
 #: Each kind of request's reader of the frames that come while it runs: True if it took it.

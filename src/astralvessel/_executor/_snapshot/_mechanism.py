@@ -69,9 +69,9 @@ _LOWER_BY_DESCRIPTOR = frozenset({"bubblewrap", "nsjail", "docker"})
 
 
 #: The backends whose warm sandboxes a fork may adopt (``Policy.adoptable``): each is
-#: handed a socket at spawn that a fork's frozen layer may come on later (their channel
-#: is pipes; Docker's direct channel could carry it alike, not done yet).
-_ADOPTS_WARM = frozenset({"bubblewrap", "nsjail"})
+#: handed a socket that a fork's frozen layer may come on later, at spawn (their channel
+#: is pipes) or, on Docker, with the hello over the direct channel (``docker/_adoption``).
+_ADOPTS_WARM = frozenset({"bubblewrap", "nsjail", "docker"})
 
 
 def adopts_warm(backend: str) -> bool:

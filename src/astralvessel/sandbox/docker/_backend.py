@@ -32,6 +32,7 @@ from .._policy import Policy, Promise
 from .._reach import Identity, check_reach
 from .._session import ServerBuild, server_command
 from .._uids import UidLease, default_lock_dir, describe_range, lease_uid, resolve_range
+from ._adoption import adoption_pair, close_pair
 from ._attach import AttachChannel
 from ._cow import HostOverlay
 from ._direct import DirectChannel, Listener, NotConnectedError
@@ -180,15 +181,21 @@ class Docker(Sandbox):
         fd = policy.workspace_lower_fd
         if fd is None or lease is None or os.geteuid() == 0:
             return None
+        try:
+            return self._idmapped(lease, fd)
+        except OSError as exc:
+            # No copy instead: the host cannot read the layer's files to copy them in.
+            raise SandboxError(f"the frozen layer cannot be made the fork's: {exc}") from exc
+
+    def _idmapped(self, lease: UidLease, fd: int) -> int:
+        """The frozen layer ``fd`` as ``lease``'s uid's, made by the reader
+        (``LayerReader.idmapped``): a fork's at its start, or an adopting warm sandbox's
+        (``ServerLink.fit_layer``, see ``_adoption``). ``OSError`` where it cannot be."""
         with self._reader_lock:
             if self._reader is None:
                 self._reader = LayerReader(self._start_reader)
             reader = self._reader
-        try:
-            return reader.idmapped(fd, lease.uid, lease.gid, self._reader_spec)
-        except OSError as exc:
-            # No copy instead: the host cannot read the layer's files to copy them in.
-            raise SandboxError(f"the frozen layer cannot be made the fork's: {exc}") from exc
+        return reader.idmapped(fd, lease.uid, lease.gid, self._reader_spec)
 
     def _start_reader(
         self, spec: ContainerSpec, meet: Callable[[AttachChannel, Starting], Any]
@@ -360,6 +367,7 @@ class Docker(Sandbox):
         build = self.engine.server_build(image_id, self.python)
         overlay = self._host_overlay(policy, lease)
         lower_fd = self._fork_layer(policy, lease) if direct else None
+        host_end, server_end = adoption_pair(policy, lease, direct=direct)
         listener = None
         if lease is not None and direct:
             # A host whose temporary folder cannot be written, or whose socket's path
@@ -381,6 +389,7 @@ class Docker(Sandbox):
                 overlay.close()
             if lower_fd is not None:
                 os.close(lower_fd)
+            close_pair(host_end, server_end)
             raise
         finally:
             if listener is not None:
@@ -389,6 +398,8 @@ class Docker(Sandbox):
         if lower_fd is not None and not direct_channel:  # pragma: no cover - direct asked
             os.close(lower_fd)
             lower_fd = None
+        if not direct_channel:  # the attach stream passes no socket: never adopted
+            host_end, server_end = close_pair(host_end, server_end)
         return ServerLink(
             channel=channel,
             settle=channel.settle if isinstance(channel, DirectChannel) else None,
@@ -404,6 +415,9 @@ class Docker(Sandbox):
                 ),
                 # A frozen layer an ordinary user's host holds goes with the hello.
                 pass_lower_fd=lower_fd is not None,
+                # So does a warm sandbox's adoption socket (``_adoption``).
+                adopt_socket=None if server_end is None else server_end.detach(),
+                pass_adopt_socket=server_end is not None,
                 # Where the engine maps container uids (no lease), the host cannot know it.
                 peer_uid=None if lease is None else lease.uid,
                 # The container already runs as the turn's uid; in its user namespace only that
@@ -430,6 +444,12 @@ class Docker(Sandbox):
                 else overlay is not None
             ),
             lower_fd=lower_fd,
+            adopt_socket=host_end,
+            fit_layer=(
+                None
+                if host_end is None or lease is None
+                else functools.partial(self._idmapped, lease)
+            ),
             upper_names=None if overlay is None else overlay.upper_names,
             widen_memory=channel.widen_memory,
             # An ordinary user's host cannot read the turn's frozen files: its reader does.

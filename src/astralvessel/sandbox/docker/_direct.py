@@ -13,7 +13,8 @@ The socket carries descriptors too (``SCM_RIGHTS``), where a pipe could not: an
 ordinary user's host, which may not ``pidfd_getfd`` a container's process (another
 uid's, and Docker's seccomp profile refuses it), takes a frozen workspace's held
 mount with the freeze's answer (``_frozen``), and passes a frozen layer to a fork's
-server with its hello (``Policy.workspace_lower_fd``).
+server with its hello (``Policy.workspace_lower_fd``), or a warm sandbox's adoption
+socket (``_adoption``).
 
 Only the turn's own uid may connect (``SO_PEERCRED``): the folder must be
 reachable by that uid inside the container, so another host user could reach it

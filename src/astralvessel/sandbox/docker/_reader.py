@@ -25,6 +25,12 @@ The host then checks the listing exactly as its own (``_capture.checked_shape``:
 kinds, names, links, sizes, the turn's bounds), and the layer is read-only, so
 what the reader hashed is what the forks see.
 
+A root host asks it for one thing too: the idmapped layer a warm sandbox adopting a
+fork lays its overlay on (``_adoption`` says why the reader, not the host). That
+layer is the host's read-only clone of a stored tree, made in the host's mount
+namespace, which the kernel does not clone again in the reader's: never attached,
+it is idmapped itself.
+
 One reader per backend, started at its first read and reused; removed when the
 backend is collected or the interpreter exits, and, where a host was killed, by
 the next host's sweep (it carries a turn's labels) or at once (it ends when the
@@ -165,13 +171,33 @@ def _userns(inside_uid, inside_gid, uid, gid):
         os.waitpid(pid, 0)
 
 
+def _detached_elsewhere(layer):
+    """Whether ``layer`` is a detached mount's root (no mount point of this namespace)."""
+    try:
+        with open("/proc/self/fdinfo/%d" % layer) as info:
+            mnt_id = [line.split()[1] for line in info if line.startswith("mnt_id:")]
+        with open("/proc/self/mountinfo") as mounts:
+            ours = set(line.split()[0] for line in mounts)
+    except (OSError, IndexError):
+        return False
+    return bool(mnt_id) and mnt_id[0] not in ours
+
+
 def _idmapped(layer, uid, gid):
     """A detached read-only clone of ``layer`` whose owner's files show as uid/gid."""
     import ctypes
     st = os.fstat(layer)
     empty = ctypes.c_char_p(b"")
     clone = ctypes.c_uint(0x1001 | os.O_CLOEXEC)  # OPEN_TREE_CLONE | AT_EMPTY_PATH
-    tree = _syscall("open_tree", 428, ctypes.c_int(layer), empty, clone)
+    try:
+        tree = _syscall("open_tree", 428, ctypes.c_int(layer), empty, clone)
+    except OSError as exc:
+        if exc.errno != 22 or not _detached_elsewhere(layer):  # EINVAL
+            raise
+        # A detached clone the host made in its own mount namespace (a root host's of a
+        # stored tree, for one adopting sandbox), which the kernel clones nowhere else:
+        # never attached, it may be idmapped itself.
+        tree = os.dup(layer)
     try:
         userns = _userns(st.st_uid, st.st_gid, uid, gid)
         try:

@@ -395,6 +395,11 @@ class Server:
             # is; none passed: no layer (the host copies the files in).
             lower = self.passed.pop(0) if self.passed else None
             config = _messages.Hello(**dict(config.fields(), workspace_lower_fd=lower))
+        if self.host is not None and config.adopt_socket is not None:
+            # Docker's adoption socket comes the same way, after any layer (the two never
+            # come together); none passed: this sandbox is never adopted.
+            socket_fd = self.passed.pop(0) if self.passed else None
+            config = _messages.Hello(**dict(config.fields(), adopt_socket=socket_fd))
         self.config = config
         self.adopt_socket = config.adopt_socket
         if self.adopt_socket is not None:

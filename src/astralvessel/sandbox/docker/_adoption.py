@@ -1,0 +1,61 @@
+"""A warm Docker sandbox a fork may adopt: its adoption socket, passed with the hello.
+
+The namespace backends hand an adoptable sandbox's server one end of a socket pair
+at spawn (``Hello.adopt_socket``), and a fork's frozen layer comes on it later
+(``server/_adopt``). A container inherits no descriptor of the host's, but the
+direct channel (``_direct``) carries descriptors: the server's end goes with the
+hello, after any frozen layer, as that layer does. Everything after is the
+namespace backends' path: the server takes the layer from that socket, refuses it
+once any request came (``EBUSY``), under a network or a writable root, or where it
+is no mount it can clone (the workspace left as it was), and lays the overlay on
+its workspace; its upper layer is in the workspace's tmpfs (counted against
+``disk_mb``), and the file worker keeps its descriptor, so a snapshot of the fork
+reads only the names it holds.
+
+What differs is the layer: the container's server cannot idmap one (that needs
+``CAP_SYS_ADMIN`` in the host's user namespace), so the layer it gets already shows
+the parent's files as the fork's leased uid's. The host makes it so with its layer
+reader (``_reader``: ``LayerReader.idmapped``), as root too, for two reasons. An
+idmapped mount asks for a user namespace, which only a single-threaded process can
+make: the host has threads, so a root host would start a child interpreter for each
+fork (tens of milliseconds, where the adoption is meant to cost a few), while the
+reader is a process already waiting for exactly this request, and already trusted
+with it for an ordinary user's forks. And the second way, binding the warm
+container's workspace from a host folder with slave propagation so that the host
+could mount the overlay there later, would have every warm container's workspace
+follow mounts made in a host folder, for the sake of the few that are adopted: the
+adoption socket keeps each container's mounts its own.
+
+Only where the channel is the direct one (a local engine, a leased uid): on the
+engine's attach stream the sandbox is never adoptable, and forks start their own.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from .._policy import Policy
+from .._uids import UidLease
+
+__all__ = ["adoption_pair", "close_pair"]
+
+_Pair = tuple[socket.socket | None, socket.socket | None]
+
+
+def adoption_pair(policy: Policy, lease: UidLease | None, *, direct: bool) -> _Pair:
+    """The host's and the server's ends of an adoptable sandbox's socket, or two None:
+    not asked (``Policy.adoptable``), a workspace already on a layer, or no direct
+    channel to pass the server's end on."""
+    if not policy.adoptable or not direct or lease is None:
+        return None, None
+    if policy.workspace_lower is not None or policy.workspace_lower_fd is not None:
+        return None, None
+    return socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+
+
+def close_pair(host_end: socket.socket | None, server_end: socket.socket | None) -> _Pair:
+    """Close both ends (either may be None); two None, for the caller's names."""
+    for end in (host_end, server_end):
+        if end is not None:
+            end.close()
+    return None, None
