@@ -404,6 +404,10 @@ class Executor(Closing):
         # The warm sandboxes started adoptable (``warm_policy``), and the layer can be passed.
         if not adopts_warm(self.sandbox.name) or self.policy.network_allow:
             return None
+        # Where the backend's channel cannot carry the layer (Docker's attach stream).
+        here = getattr(self.sandbox, "adopts_warm_here", None)
+        if here is not None and not here():
+            return None
         return pool if adoptable(snapshot) else None
 
     def _policy_for(self, snapshot: TurnSnapshot | None) -> Policy:

@@ -363,3 +363,31 @@ def test_a_hello_naming_an_adoption_socket_it_did_not_bring_is_never_adopted(
         assert run(session, "sh", "-c", "ls -A /workspace").output == "outbox\n"
     finally:
         session.close()
+
+
+def test_warm_sandboxes_on_the_attach_stream_are_left_to_turns(
+    backend: Sandbox, agent_dir: Path, data_dir: Path
+):
+    """A Docker engine without the direct channel can pass no socket: its warm sandboxes
+    are never adoptable, and a fork leaves them to later turns rather than take one only
+    to close it."""
+    from astralvessel.sandbox.docker import Docker
+
+    if backend.name != "docker":
+        pytest.skip("only Docker has a channel that may carry no descriptor")
+    assert isinstance(backend, Docker)
+    attached = Docker(image=backend.image, base_image=backend.base_image, direct=False)
+    assert not attached.adopts_warm_here()
+    with suite_executor(attached, agent_dir, data_dir, warm=2) as executor:
+        with executor.turn() as parent:
+            run_script(parent, "echo base > /workspace/f")
+            assert executor.wait_warm(120)
+            waiting = warm_sessions(executor)
+            assert len(waiting) == 2
+            assert all(session.adopt_socket is None for session in waiting)
+            (fork,) = parent.fork(1)
+        with fork:
+            assert run_script(fork, "cat /workspace/f") == "base\n"
+            assert all(fork._session is not session for session in waiting)
+        assert all(session.alive() for session in waiting)
+        assert warm_sessions(executor) == waiting

@@ -1,4 +1,5 @@
-"""The server's rule for adopting a warm sandbox (``server/_adopt``): which it refuses."""
+"""The server's rule for adopting a warm sandbox (``server/_adopt``): which it refuses; and
+what carries Docker's adoption socket to its server (``docker/_adoption``, the hello)."""
 
 from __future__ import annotations
 

@@ -27,7 +27,9 @@ follow mounts made in a host folder, for the sake of the few that are adopted: t
 adoption socket keeps each container's mounts its own.
 
 Only where the channel is the direct one (a local engine, a leased uid): on the
-engine's attach stream the sandbox is never adoptable, and forks start their own.
+engine's attach stream the sandbox is never adoptable, and forks start their own,
+leaving the warm sandboxes to turns (``Docker.adopts_warm_here``, which the executor
+asks before it offers a fork one).
 """
 
 from __future__ import annotations

@@ -355,6 +355,12 @@ class Docker(Sandbox):
     def _direct_for(self, lease: UidLease | None) -> bool:
         return self.direct and lease is not None and self.engine.is_local()
 
+    def adopts_warm_here(self) -> bool:
+        """Whether this engine's warm sandboxes can be adopted by a fork (``_adoption``):
+        their channel is the direct one (a local engine, a leased uid). Else a fork taking
+        one would only close it and start its own."""
+        return self.direct and self.engine.is_local() and not self.engine.maps_container_uids()
+
     def _open_as(self, policy: Policy, lease: UidLease | None, *, direct: bool) -> ServerLink:
         image_id, arch = self._prepare(policy, lease)
         if not self.engine.has_python(image_id, self.python):
