@@ -391,3 +391,19 @@ def test_warm_sandboxes_on_the_attach_stream_are_left_to_turns(
             assert all(fork._session is not session for session in waiting)
         assert all(session.alive() for session in waiting)
         assert warm_sessions(executor) == waiting
+
+
+def test_a_fork_of_an_adopted_fork_has_its_files_then(warm: Executor):
+    """An adopted fork forks as any turn does: its own fork sees the parent's files with
+    the adopted fork's changes as they were at the fork, none made after."""
+    with warm.turn() as parent:
+        run_script(parent, "echo base > /workspace/f")
+        waiting = set(map(id, warm_sessions(warm)))
+        (fork,) = parent.fork(1)
+    with fork:
+        assert run_script(fork, "cat /workspace/f; echo mine > /workspace/g") == "base\n"
+        assert id(fork._session) in waiting
+        (grandchild,) = fork.fork(1)
+        run_script(fork, "echo after > /workspace/g")
+    with grandchild:
+        assert run_script(grandchild, "cat /workspace/f /workspace/g") == "base\nmine\n"
