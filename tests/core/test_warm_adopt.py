@@ -379,3 +379,42 @@ def test_a_pool_extended_again_and_again_keeps_only_its_live_fillers(
     starts.release()
     until(lambda: pool.ready == 1)
     assert starts.count == 21
+
+
+def warm_pool(starts: GatedStarts, pools: list[WarmPool], size: int) -> WarmPool:
+    """An executor's warm pool (no bound on its starts), every start already let through."""
+    starts.release(size + 4)
+    pool = forks_pool(starts, pools, size=size, total=0)
+    pool._left = None  # the executor's own pool starts without end
+    pool.extend(0, size)
+    assert pool.wait_filled(BOUND)
+    return pool
+
+
+def test_a_forks_adoption_holds_the_refill_back_while_it_settles(
+    starts: GatedStarts, pools: list[WarmPool]
+) -> None:
+    """A take with ``settle`` starts nothing for that long, though the next start is let
+    through: the adopted fork's first call has the cores. A plain take refills at once."""
+    pool = warm_pool(starts, pools, size=2)
+    assert pool.take(settle=LONGER) is not None
+    assert not pool.wait_filled(0.5)
+    assert starts.count == 2
+    pool.close()
+    assert not any(filler.is_alive() for filler in pool._threads)  # a close ends the wait
+
+    plain = warm_pool(starts, pools, size=1)
+    assert plain.take() is not None
+    assert plain.wait_filled(BOUND)
+
+
+def test_settling_is_counted_from_the_first_adoption_not_the_last(
+    starts: GatedStarts, pools: list[WarmPool]
+) -> None:
+    """Adoptions one after another never hold the refill back past the first one's
+    ``settle``: forking on and on still has its warm sandboxes refilled."""
+    pool = warm_pool(starts, pools, size=2)
+    assert pool.take(settle=0.2) is not None
+    assert pool.take(settle=LONGER) is not None
+    assert pool.wait_filled(BOUND)
+    assert starts.count == 4

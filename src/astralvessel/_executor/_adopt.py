@@ -30,7 +30,7 @@ from ..sandbox._policy import Policy
 from ..sandbox._session import ServerSession
 from ._snapshot._mechanism import adopts_warm
 from ._snapshot._value import TurnSnapshot
-from ._warm import WarmPool
+from ._warm import ADOPTED_SETTLE, WarmPool
 
 __all__ = ["adopt_warm", "adoptable", "warm_policy"]
 
@@ -59,7 +59,9 @@ def adopt_warm(pool: WarmPool | None, snapshot: TurnSnapshot) -> SandboxSession 
     or None (no warm sandbox ready, or the adoption failed: that one is closed)."""
     if pool is None or not adoptable(snapshot):
         return None
-    session = pool.take()  # taking one asks the pool to start the next, as a turn's does
+    # Taking one asks the pool to start the next, as a turn's does, once the forks'
+    # first calls have had the cores (``ADOPTED_SETTLE``).
+    session = pool.take(settle=ADOPTED_SETTLE)
     if session is None:
         return None
     if not isinstance(session, ServerSession) or session.adopt_socket is None:

@@ -42,6 +42,8 @@ _CLOSE_WAIT = 60.0
 AHEAD_WAIT = 60.0
 #: How often an adopting ``take`` looks at its ``abandon`` event (a turn closing meanwhile).
 _ABANDON_POLL = 0.05
+#: How long a take by a fork's adoption holds the refills back (``take(settle=...)``).
+ADOPTED_SETTLE = 0.25
 
 
 def check_warm(size: object) -> int:
@@ -109,6 +111,8 @@ class WarmPool:
         #: condition, so ``extend`` never takes one that is ending for one that goes on.
         self._running = 0
         self._fillers = fillers
+        #: Until when the filler starts nothing (``take(settle=...)``; monotonic seconds).
+        self._settle_until = 0.0
         for _ in range(at_once):
             self._add_filler()
 
@@ -119,7 +123,11 @@ class WarmPool:
             return len(self._ready)
 
     def take(
-        self, *, adopt: bool = False, abandon: threading.Event | None = None
+        self,
+        *,
+        adopt: bool = False,
+        abandon: threading.Event | None = None,
+        settle: float = 0.0,
     ) -> SandboxSession | None:
         """A started, still running sandbox for one turn, or None when none is ready
         (always in a forked child: the waiting sandboxes are its parent's).
@@ -128,6 +136,13 @@ class WarmPool:
         in flight, wait for that one (``AHEAD_WAIT`` at most, or until ``abandon`` is
         set) rather than have the caller start a second beside it; a taker that gets
         none gives up one of a bounded pool's starts, since it starts its own.
+
+        With ``settle``, a taker that got one holds the refill back for that many
+        seconds (never longer than from the first such take on): a fork's adoption,
+        whose first call comes right after ``fork`` returns, with its siblings' beside
+        it, is served before sandbox starts (a container's, on Docker) compete with it
+        for the host's cores. Only a sandbox taken delays: a pool holding none ready
+        has no adoption to settle, so forking on and on never stops its refills.
         """
         if self._owner.forked():
             return None
@@ -138,6 +153,9 @@ class WarmPool:
                 session = self._adopt(dead, time.monotonic() + AHEAD_WAIT, abandon)
             if session is None and adopt and self._left is not None and self._left > 0:
                 self._left -= 1
+            now = time.monotonic()
+            if session is not None and settle > 0 and self._settle_until <= now:
+                self._settle_until = now + settle
             # Taking (or finding none) asks for a refill, and retries a start that failed.
             self._failure = None
             self._cond.notify_all()
@@ -322,6 +340,10 @@ class WarmPool:
                     self._running -= 1
                     self._cond.notify_all()
                     return True
+                settling = self._settle_until - time.monotonic()
+                if settling > 0 and self._wanted():
+                    self._cond.wait(settling)
+                    continue
                 dead = self._prune()
                 start = self._wanted()
                 if start:
