@@ -137,9 +137,17 @@ class Captures:
         self._frozen = weakref.ref(snapshot)
 
     def _source(self) -> TurnSnapshot | None:
-        if self.source is not None:
-            return self.source
-        return None if self._frozen is None else self._frozen()
+        # Once frozen, the turn lies on that snapshot (a fork's, stacked over its source):
+        # a file its upper layer lacks is that one's, never the source's (changed since).
+        if self._frozen is not None:
+            return self._frozen()
+        return self.source
+
+    def stacks(self) -> bool:
+        """Whether the turn's next fork may freeze its own layer over its source's
+        (``_freeze.stacks_on``): it lies on the source still (never frozen), and no
+        capture of it is alive to link from (then a capture copies only what changed)."""
+        return self._frozen is None and self._newest()[1] is None
 
     def reusable(self, listing: dict[bytes, dict[str, object]]) -> dict[bytes, Held]:
         """The held file each listed name may link to (before the size and mode checks)."""
