@@ -212,3 +212,79 @@ def test_a_busy_fork_of_a_fork_copies_and_says_why(
                 assert [r.astralvessel["errno"] for r in refused] == ["EBUSY"]  # type: ignore[attr-defined]
             process.kill()
             _sh(child, "echo on > /workspace/on")
+
+
+#: A call's attempt to shape how the host reads its layer: the overlay's own attributes
+#: set through the overlay (``trusted.*`` is refused; ``user.*`` is a plain attribute,
+#: which the stack, read as the fork's overlay was, ignores).
+_FORGE = """
+import os
+for name, key in (("d", "opaque"), ("mine", "redirect"), ("d/f4", "metacopy"), ("d", "whiteout")):
+    for space in ("trusted", "user"):
+        try:
+            os.setxattr("/workspace/" + name, f"{space}.overlay.{key}", b"y" if key != "redirect" else b"/d")
+        except OSError:
+            pass
+"""
+
+
+def test_a_forks_forged_overlay_attributes_change_nothing_the_stack_shows(
+    executor: Executor,
+) -> None:
+    with executor.turn() as parent:
+        _sh(parent, _MAKE)
+        (child,) = parent.fork(1)
+        with child:
+            _sh(child, _CHANGE)
+            forged = child.exec(["python3", "-c", _FORGE])
+            assert forged.returncode == 0, forged.stderr
+            (grandchild,) = child.fork(1)
+            with grandchild:
+                view = "cd /workspace && ls -A . d | wc -l && cat mine d/f4 | wc -c"
+                assert _sh(grandchild, view) == _sh(child, view) == "72\n16389\n"
+                source = grandchild.snapshot_source
+                assert source is not None
+                assert len(os.listdir(source.path / "d")) == 64
+                assert child.snapshot() == source
+
+
+def test_a_hostile_fork_of_a_fork_cannot_change_the_layers(executor: Executor) -> None:
+    """A call in the fork of a fork writes, removes and remounts what it can reach: only its
+    own upper layer changes; the layers, the stack's view and a sibling stay as they were."""
+    parent, child, grandchild, source = _fork_of_a_fork(executor)
+    with parent, child, grandchild:
+        (sibling,) = child.fork(1)
+        with sibling:
+            attack = (
+                "cd /workspace; echo bad > mine; rm -rf d link; "
+                "touch /.vessel-lower/x /.vessel-lower/0/x .vessel-layers/x; "
+                "mount -o remount,rw /workspace/.vessel-layers/lower; mount -o remount,rw /; "
+                "unshare -rm sh -c 'umount -l /workspace; umount -l /.vessel-lower; "
+                "echo bad > /workspace/.vessel-layers/lower/mine; "
+                "echo bad > /.vessel-lower/0/mine'; cat /workspace/mine; true"
+            )
+            assert _sh(grandchild, attack + " 2>/dev/null") == "bad\n"
+            view = "cd /workspace && cat mine && ls -A . d | wc -l"
+            assert _sh(sibling, view) == _sh(child, view) == "mine\n72\n"
+        assert (source.path / "mine").read_bytes() == b"mine\n"
+        assert all(os.statvfs(layer.path).f_flag & os.ST_RDONLY for layer in source.stack)
+        assert _saved_again(source)
+
+
+def test_hard_links_across_the_layers_are_a_captures(executor: Executor) -> None:
+    """Links made in the parent, in the fork, and one name of a pair changed in the fork:
+    the stack's manifest (its links, its digests, those of the files below taken from
+    the parent's snapshot) is a capture's of the same files."""
+    with executor.turn() as parent:
+        _sh(parent, _MAKE + " && ln d/f5 five && ln d/f6 six && ln d/f9 nine")
+        (child,) = parent.fork(1)
+        with child:
+            _sh(child, "cd /workspace && ln d/f7 seven && echo x >> six && chmod 600 nine")
+            (grandchild,) = child.fork(1)
+            with grandchild:
+                source = grandchild.snapshot_source
+                assert source is not None
+                assert child.snapshot() == source
+                assert _saved_again(source)
+                view = "cd /workspace && cat five six seven nine | md5sum"
+                assert _sh(grandchild, view) == _sh(child, view)

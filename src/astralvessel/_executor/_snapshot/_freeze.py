@@ -174,13 +174,26 @@ def snapshot_stacked(
     try:
         listing = _listing(tree.path.as_posix(), outbox, max_files)
         shape = checked_shape(listing, max_bytes=max_bytes, max_files=max_files)
-        digests = _digests(os.fsencode(tree.path), shape)
+        digests = _digests(os.fsencode(tree.path), shape, _below_digests(below, own))
         return TurnSnapshot(manifest=with_digests(shape, digests), tree=tree)
     except BaseException as exc:
         tree.remove()
         if isinstance(exc, OSError):
             raise SnapshotError(f"the fork's frozen layers cannot be read: {exc}") from exc
         raise
+
+
+def _below_digests(below: TurnSnapshot, own: Any) -> dict[bytes, Entry]:
+    """The files of ``below`` the fork's own layer (``own``, its listing) holds no name of:
+    the stack shows each as ``below`` did (the layers are read-only, and a name the top
+    layer does not hold, under no opaque folder of it, is the layers' below), so their
+    digests are the host's own record, not read again."""
+    mine = {str(item.get("name", "")).encode("utf-8", "surrogateescape") for item in own}
+    return {
+        entry.name: entry
+        for entry in below.manifest.entries
+        if entry.kind is EntryKind.FILE and entry.name not in mine
+    }
 
 
 def stacks_on(snapshot: TurnSnapshot | None) -> bool:
@@ -260,11 +273,18 @@ def _inodes(listing: Any, device: int) -> Inodes:
     }
 
 
-def _digests(base: bytes, shape: Manifest) -> dict[bytes, str]:
-    """Each regular file's sha256, read from the layer."""
+def _digests(
+    base: bytes, shape: Manifest, known: dict[bytes, Entry] | None = None
+) -> dict[bytes, str]:
+    """Each regular file's sha256, read from the layer; or ``known``'s, the same file's
+    (its entry in a snapshot of the layers below, of the same size and mode)."""
     digests: dict[bytes, str] = {}
     for entry in shape.entries:
         if entry.kind is EntryKind.FILE:
+            same = None if known is None else known.get(entry.name)
+            if same is not None and (same.size, same.mode) == (entry.size, entry.mode):
+                digests[entry.name] = str(same.digest)
+                continue
             fd = open_regular(base + b"/" + entry.name, entry.name, replaced="is not a file")
             try:
                 digests[entry.name] = hash_file(fd, entry.size, entry.name)
