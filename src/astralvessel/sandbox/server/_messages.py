@@ -203,7 +203,7 @@ class Hello(Message):
     workspace_lower: str | None
     #: ``workspace_lower`` holds this many layers, folders ``0``, ``1``... top first (0:
     #: it is one tree); at most ``MAX_LAYERS``.
-    workspace_layers: int = 0
+    workspace_layers: int
     #: A frozen layer to lay it on instead, passed as this descriptor (an ordinary user's
     #: host holds it, unstaged); the server closes it before any call. Over a socket
     #: (Docker's direct channel) it is the descriptor passed with the hello (``SCM_RIGHTS``),
