@@ -557,6 +557,7 @@ class BaseTurn(Closing, Generic[_Owner]):
                         max_bytes=budget.limit_bytes,
                         max_files=policy.limits.workspace_inodes,
                         below=below,
+                        lost=self._captures.lost,
                     )
                 )
                 if frozen is not None:
@@ -795,6 +796,7 @@ class _Freeze(_Ask["TurnSnapshot | None"]):
     max_bytes: int
     max_files: int
     below: TurnSnapshot | None = None
+    lost: Callable[[], None] | None = None
 
     def made(self) -> TurnSnapshot | None:
         return freeze_snapshot(
@@ -804,6 +806,7 @@ class _Freeze(_Ask["TurnSnapshot | None"]):
             max_bytes=self.max_bytes,
             max_files=self.max_files,
             below=self.below,
+            lost=self.lost,
         )
 
 

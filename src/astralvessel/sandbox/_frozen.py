@@ -35,7 +35,13 @@ from typing import Any
 from ._api import FsRequest, SandboxSession
 from .server import _sys
 
-__all__ = ["freeze", "freeze_fork_layer", "server_pid"]
+__all__ = ["LayerLost", "freeze", "freeze_fork_layer", "server_pid"]
+
+
+class LayerLost(OSError):
+    """The sandbox froze its layer, and the host could not take it (or its answer was
+    malformed): the turn writes on above the frozen layer, which is lost to the host."""
+
 
 #: How many processes the walk down from the started one looks at, at most.
 _WALK_LIMIT = 4096
@@ -144,7 +150,7 @@ def freeze_fork_layer(
     userxattr = reply.get("userxattr")
     if not isinstance(userxattr, bool):
         os.close(fd)
-        raise OSError(errno.EPROTO, f"the freeze's answer names no attribute mode: {reply!r}")
+        raise LayerLost(errno.EPROTO, f"the freeze's answer names no attribute mode: {reply!r}")
     _widen_memory(session, fd)
     return fd, userxattr
 
@@ -159,10 +165,12 @@ def _taken_from(
         raise _refusal(reply.errno, reply.message)
     number = reply.fields.get("fd")
     if not isinstance(number, int):
-        raise OSError(errno.EPROTO, f"the freeze's answer names no descriptor: {reply.fields!r}")
+        raise LayerLost(errno.EPROTO, f"the freeze's answer names no descriptor: {reply.fields!r}")
     try:
         dev, ino = reply.fields.get("dev"), reply.fields.get("ino")
         fd = _taken(take_passed(), dev, ino) if take_passed else _take(pid, number, dev, ino)
+    except OSError as exc:  # the sandbox froze: the turn writes on, the layer is lost
+        raise LayerLost(exc.errno or errno.EIO, str(exc)) from exc
     finally:
         released = session.fs(
             FsRequest(op="freeze", timeout=timeout, fields={"phase": "release", "fd": number})

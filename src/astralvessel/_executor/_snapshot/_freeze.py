@@ -36,7 +36,7 @@ import attrs
 from ..._ground._log import SNAPSHOTS, WARNING, event
 from ...errors import SnapshotError
 from ...sandbox._api import SandboxSession
-from ...sandbox._frozen import freeze, freeze_fork_layer
+from ...sandbox._frozen import LayerLost, freeze, freeze_fork_layer
 from ...sandbox._policy import OUTBOX_DIR, WORKSPACE_DIR
 from ...sandbox.server import _snapfiles
 from ...sandbox.server._messages import MAX_LAYERS
@@ -330,6 +330,7 @@ def freeze_snapshot(
     max_bytes: int,
     max_files: int,
     below: TurnSnapshot | None = None,
+    lost: Callable[[], None] | None = None,
 ) -> TurnSnapshot | None:
     """The turn's files frozen in place (``sandbox._frozen.freeze``), as a snapshot, or None
     where the sandbox makes no freeze (the caller captures instead: nothing changed).
@@ -340,6 +341,9 @@ def freeze_snapshot(
     overlay from descriptors). Raises ``SnapshotError`` for a layer a capture refuses.
     ``below``: the snapshot the turn opened from, a stack of layers (``stacks_on``): the
     turn's own upper layer alone is frozen and stacked over it (``snapshot_stacked``).
+    ``lost`` is called where that layer was frozen and is no snapshot (the host could not
+    take, stage or read it): the turn then lies on it, no longer on ``below``, and a
+    capture must not take a file it lacks for ``below``'s.
     """
     if below is not None:
         return _stacked_snapshot(
@@ -349,6 +353,7 @@ def freeze_snapshot(
             budget=budget,
             max_bytes=max_bytes,
             max_files=max_files,
+            lost=lost,
         )
     try:
         # An ordinary user's forks clone the layer in their own namespaces: only the
@@ -378,10 +383,13 @@ def _stacked_snapshot(
     budget: Budget,
     max_bytes: int,
     max_files: int,
+    lost: Callable[[], None] | None,
 ) -> TurnSnapshot | None:
     try:
         fd, userxattr = freeze_fork_layer(session, upper_bytes)
     except OSError as exc:
+        if isinstance(exc, LayerLost) and lost is not None:
+            lost()
         _copied_instead(session, exc)
         return None  # as it was (or frozen with the layer lost): a capture reads the overlay
     try:
@@ -393,7 +401,11 @@ def _stacked_snapshot(
             max_bytes=max_bytes,
             max_files=max_files,
         )
-    except Unstaged as exc:
+    except BaseException as exc:
+        if lost is not None:
+            lost()  # frozen, and no snapshot: the turn lies on a layer the host lost
+        if not isinstance(exc, Unstaged):
+            raise
         _copied_instead(session, exc)
         return None
 

@@ -129,7 +129,7 @@ class Captures:
         self._linkable = linkable
         self._captures: list[_Last] = []
         #: The frozen layer the turn now writes above (its fork's source), held weakly too.
-        self._frozen: weakref.ref[TurnSnapshot] | None = None
+        self._frozen: Callable[[], TurnSnapshot | None] | None = None
 
     def frozen(self, snapshot: TurnSnapshot) -> None:
         """The turn's workspace was frozen as ``snapshot`` and it writes on above it: the
@@ -142,6 +142,12 @@ class Captures:
         if self._frozen is not None:
             return self._frozen()
         return self.source
+
+    def lost(self) -> None:
+        """The turn's workspace was frozen and the host lost the layer (``_freeze``'s
+        ``lost``): it lies on that layer, no longer on its source, so no file a capture
+        marks the lower layer's is linked from anything."""
+        self._frozen = _gone
 
     def stacks(self) -> bool:
         """Whether the turn's next fork may freeze its own layer over its source's
@@ -189,6 +195,11 @@ class Captures:
     def remember(self, snapshot: TurnSnapshot, stats: dict[bytes, Stat]) -> None:
         """Make ``snapshot`` (with the stats recorded of its files) the newest capture."""
         self._captures = [*self._captures[-(_KEPT - 1) :], _Last(weakref.ref(snapshot), stats)]
+
+
+def _gone() -> TurnSnapshot | None:
+    """The frozen snapshot of a turn whose layer the host lost: none."""
+    return None
 
 
 #: How many captures a turn remembers (each a stat per file), the newest alive serving.
