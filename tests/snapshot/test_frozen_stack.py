@@ -288,3 +288,23 @@ def test_hard_links_across_the_layers_are_a_captures(executor: Executor) -> None
                 assert _saved_again(source)
                 view = "cd /workspace && cat five six seven nine | md5sum"
                 assert _sh(grandchild, view) == _sh(child, view)
+
+
+@root_only
+@pytest.mark.parametrize("backend", ["bubblewrap", "nsjail"])
+def test_a_fork_on_a_warm_sandbox_stacks_its_layer_too(backend: str) -> None:
+    """A fork that adopted a warm sandbox lies on its layer as a cold one does: its own
+    fork stacks; a stack is never handed to a warm sandbox (the fork starts its own)."""
+    with Executor(Registry(), sandbox=backend, warm=2) as executor, executor.turn() as parent:
+        _sh(parent, _MAKE)
+        (child,) = parent.fork(1)
+        with child:
+            _sh(child, _CHANGE)
+            (grandchild,) = child.fork(1)
+            with grandchild:
+                source = grandchild.snapshot_source
+                assert source is not None
+                assert len(source.stack) == 2
+                view = "cd /workspace && ls -A . d/e && cat shared mine"
+                assert _sh(grandchild, view) == _sh(child, view)
+                assert child.snapshot() == source

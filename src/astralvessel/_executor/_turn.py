@@ -55,6 +55,7 @@ from ._exec import Listing
 from ._observe import TurnWatch, byte_size
 from ._snapshot._capture import capture
 from ._snapshot._freeze import freeze_snapshot, freezes_here, stacks_on, store_copy
+from ._snapshot._mechanism import stacked_lower
 from ._snapshot._reuse import Captures
 from ._snapshot._store import MIB, Budget
 from ._snapshot._value import TurnSnapshot
@@ -547,7 +548,10 @@ class BaseTurn(Closing, Generic[_Owner]):
         below = below if stacks_on(below) else None
         if not policy.writable_root and (below is not None or not self._captures.linkable()):
             session = yield from _Session(self)
-            if freezes_here(session.backend, session):
+            if below is not None and not stacked_lower(session.backend):
+                below = None  # Docker's forks of a fork capture, as before
+            freezing = below is not None or not self._captures.linkable()
+            if freezing and freezes_here(session.backend, session):
                 budget = self.executor.snapshot_budget
                 frozen = yield from self._guarded(
                     _Freeze(

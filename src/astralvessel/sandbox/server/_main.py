@@ -108,9 +108,9 @@ class Server:
         #: The workspace tmpfs's detached original, where the server made it (``_heldfs``:
         #: an ordinary user's freeze hands it to the host); -1: none.
         self.held_workspace = -1
-        #: The upper folder of the overlay laid at hello on a bound lower (a fork's, on the
-        #: host's layers), for a freeze of that layer alone (``Freeze.stack``); -1: none,
-        #: or frozen already.
+        #: The upper folder of the overlay laid on a fork's layers (at hello on a bound
+        #: lower, or at an adoption), for a freeze of that layer alone (``Freeze.stack``);
+        #: -1: none, or frozen already.
         self.fork_upper = -1
         #: What the host asked of this sandbox first (a call, a file request, an
         #: adoption), which rules out an adoption; empty: nothing yet.
@@ -387,6 +387,8 @@ class Server:
             with suppress(OSError):
                 os.close(self.held_workspace)
             self.held_workspace = -1
+        if upper >= 0:
+            self.fork_upper = os.dup(upper)  # as at hello: a fork's own layer to freeze
         workspace = map_path(config.workspace, self.path_map)
         self.files.options = _hello.worker_options(config, plan, workspace, self.outbox, upper)
         # The next call's namespaces now, on the new view: the fork's first call comes as
