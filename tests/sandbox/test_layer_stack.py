@@ -8,12 +8,15 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from astralvessel._executor._snapshot._store import mount_stack
+from astralvessel._ground import _mounts
 from astralvessel.errors import UsageError
 from astralvessel.sandbox import Limits, Policy, SandboxSession
 from astralvessel.sandbox._api import FsRequest, RunRequest
@@ -129,3 +132,40 @@ def test_a_fresh_turn_refuses_a_fork_layer_freeze(session: SandboxSession) -> No
     if os.geteuid() == 0:
         os.close(freeze(session, 8 << 20))
         assert session.run(run).output == "a\n"
+
+
+def _layers(base: Path, space: str) -> tuple[Path, Path]:
+    """A top layer over a bottom one: ``gone`` whited out (a 0/0 character device), ``d``
+    opaque by an attribute of ``space``, ``e`` opaque by the other space's (no meaning)."""
+    top, bottom = base / "top", base / "bottom"
+    for layer in (top, bottom):
+        (layer / "d").mkdir(parents=True)
+        (layer / "e").mkdir()
+    for name in ("gone", "kept", "d/below", "e/below"):
+        (bottom / name).write_bytes(b"below\n")
+    (top / "d" / "above").write_bytes(b"above\n")
+    os.mknod(top / "gone", 0o600 | stat.S_IFCHR, os.makedev(0, 0))
+    other = "user" if space == "trusted" else "trusted"
+    os.setxattr(top / "d", f"{space}.overlay.opaque", b"y")
+    os.setxattr(top / "e", f"{other}.overlay.opaque", b"y")
+    return top, bottom
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="root mounts the stack")
+@pytest.mark.parametrize("userxattr", [False, True])
+def test_the_hosts_overlay_reads_the_layers_in_the_forks_attribute_mode(
+    tmp_path: Path, userxattr: bool
+) -> None:
+    """A whiteout hides the name below; an opaque folder of the mode the fork's overlay
+    wrote hides what is below it; one of the other mode means nothing."""
+    top, bottom = _layers(tmp_path, "user" if userxattr else "trusted")
+    merged = mount_stack((top, bottom), userxattr=userxattr)
+    try:
+        assert sorted(os.listdir(merged)) == ["d", "e", "kept"]
+        assert os.listdir(merged / "d") == ["above"]
+        assert os.listdir(merged / "e") == ["below"]
+        with pytest.raises(OSError, match="Read-only"):
+            (merged / "new").write_bytes(b"x")
+    finally:
+        _mounts.unmount(str(merged))
+        shutil.rmtree(merged.parent)
