@@ -31,7 +31,12 @@ from ._executor._settings import (
     check_snapshot,
 )
 from ._executor._snapshot._capture import restore
-from ._executor._snapshot._mechanism import adopts_warm, lower_by_descriptor, overlay_backend
+from ._executor._snapshot._mechanism import (
+    adopts_warm,
+    lower_by_descriptor,
+    overlay_backend,
+    stacked_lower,
+)
 from ._executor._snapshot._store import MIB, Budget
 from ._executor._snapshot._value import TurnSnapshot
 from ._executor._turn import BaseTurn
@@ -422,6 +427,12 @@ class Executor(Closing):
             if not lower_by_descriptor(self.sandbox.name):
                 return self.policy
             return attrs.evolve(self.policy, workspace_lower_fd=held)
+        layers = snapshot.stack
+        if len(layers) > 1 and stacked_lower(self.sandbox.name):
+            # A fork's layer over its parent's: the server lays its overlay on them all
+            # (each idmapped to the calls' uid), never on their merged overlay (no overlay
+            # can be idmapped, nor lie on one so deep).
+            return attrs.evolve(self.policy, workspace_layers=tuple(t.path for t in layers))
         return attrs.evolve(self.policy, workspace_lower=snapshot.path)
 
     def _check_fits(self, snapshot: TurnSnapshot) -> None:

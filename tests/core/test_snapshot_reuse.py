@@ -142,6 +142,30 @@ def test_a_lower_mark_links_the_sources_file_only():
     assert asked == ["a", "m", "n"]
 
 
+def test_a_turn_frozen_above_its_source_never_links_the_sources_files():
+    """Once a fork's own layer is frozen (stacked) the turn lies on that snapshot: a file
+    its new upper layer lacks is that one's, never the source's, which the fork may have
+    changed before the freeze. Where the host lost that layer, nothing is linked."""
+    files = {"a": b"alpha"}
+    source, _ = _take(None, [_file("a", b"alpha", 1)], files)
+    changed = {"a": b"ALPHA"}
+    listing = [_file("a", b"ALPHA", 5, lower=True)]
+    stacked, _ = _take(None, [_file("a", b"ALPHA", 3)], changed)
+    captures = Captures(source)
+    assert captures.stacks()
+    captures.frozen(stacked)
+    assert not captures.stacks()
+    snapshot, asked = _take(captures, listing, changed)
+    assert asked == []
+    assert _ino(snapshot, "a") == _ino(stacked, "a")
+    lost = Captures(source)
+    lost.lost()
+    snapshot, asked = _take(lost, listing, changed)
+    assert asked == ["a"]
+    assert (snapshot.path / "a").read_bytes() == b"ALPHA"
+    assert not lost.stacks()
+
+
 def test_one_held_inode_serves_one_name():
     """Two names the listing shows as two files are never one inode: the second is read."""
     source, _ = _take(

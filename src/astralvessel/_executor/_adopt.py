@@ -50,7 +50,10 @@ def adoptable(snapshot: TurnSnapshot) -> bool:
     """Whether the host can hand a server ``snapshot``'s files as a layer: a frozen layer
     an ordinary user holds, or, as root, any tree of the store (cloned). An ordinary
     user's tree in the store (a snapshot of a turn that had one alive) is no mount he
-    can pass: its forks open as they would without warm sandboxes."""
+    can pass: its forks open as they would without warm sandboxes. Nor a stack of
+    layers (a fork of a fork's, ``Tree.stacked``): one layer goes on the socket."""
+    if len(snapshot.stack) > 1:
+        return False
     return snapshot.held_layer is not None or os.geteuid() == 0
 
 

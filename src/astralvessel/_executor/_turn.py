@@ -54,7 +54,8 @@ from ._closing import Closing, refuse_if_ended
 from ._exec import Listing
 from ._observe import TurnWatch, byte_size
 from ._snapshot._capture import capture
-from ._snapshot._freeze import freeze_snapshot, freezes_here, store_copy
+from ._snapshot._freeze import freeze_snapshot, freezes_here, stacks_on, store_copy
+from ._snapshot._mechanism import stacked_lower
 from ._snapshot._reuse import Captures
 from ._snapshot._store import MIB, Budget
 from ._snapshot._value import TurnSnapshot
@@ -542,9 +543,15 @@ class BaseTurn(Closing, Generic[_Owner]):
         policy = self._context.policy
         # A turn whose capture would link (a snapshot of it alive, or its source's files)
         # copies only what changed: its freeze would count the whole workspace again.
-        if not policy.writable_root and not self._captures.linkable():
+        # A fork on a stack of root's layers freezes its own above them (nothing copied).
+        below = self.snapshot_source if self._captures.stacks() else None
+        below = below if stacks_on(below) else None
+        if not policy.writable_root and (below is not None or not self._captures.linkable()):
             session = yield from _Session(self)
-            if freezes_here(session.backend, session):
+            if below is not None and not stacked_lower(session.backend):
+                below = None  # Docker's forks of a fork capture, as before
+            freezing = below is not None or not self._captures.linkable()
+            if freezing and freezes_here(session.backend, session):
                 budget = self.executor.snapshot_budget
                 frozen = yield from self._guarded(
                     _Freeze(
@@ -553,6 +560,8 @@ class BaseTurn(Closing, Generic[_Owner]):
                         budget=budget,
                         max_bytes=budget.limit_bytes,
                         max_files=policy.limits.workspace_inodes,
+                        below=below,
+                        lost=self._captures.lost,
                     )
                 )
                 if frozen is not None:
@@ -790,6 +799,8 @@ class _Freeze(_Ask["TurnSnapshot | None"]):
     budget: Budget
     max_bytes: int
     max_files: int
+    below: TurnSnapshot | None = None
+    lost: Callable[[], None] | None = None
 
     def made(self) -> TurnSnapshot | None:
         return freeze_snapshot(
@@ -798,6 +809,8 @@ class _Freeze(_Ask["TurnSnapshot | None"]):
             budget=self.budget,
             max_bytes=self.max_bytes,
             max_files=self.max_files,
+            below=self.below,
+            lost=self.lost,
         )
 
 

@@ -49,6 +49,10 @@ _MOUNT_ATTR_NOSUID = 0x2
 _MOUNT_ATTR_NODEV = 0x4
 _AT_FDCWD = -100
 _MOVE_MOUNT_F_EMPTY_PATH = 0x4
+_MS_RDONLY = 0x1
+_MS_NOSUID = 0x2
+_MS_NODEV = 0x4
+_MS_NOEXEC = 0x8
 _MS_BIND = 0x1000
 _MS_PRIVATE = 1 << 18
 _MNT_DETACH = 2
@@ -108,6 +112,13 @@ def stage(fd: int, target: str) -> None:
         ctypes.c_uint(_MOVE_MOUNT_F_EMPTY_PATH),
     )  # fmt: skip
     _check(int(result), f"move the frozen layer onto {target}")
+
+
+def mount_overlay(target: str, options: str) -> None:
+    """Mount a read-only, nosuid, nodev, noexec overlay with ``options`` on ``target``."""
+    flags = ctypes.c_ulong(_MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    result = _lib().mount(b"overlay", target.encode(), b"overlay", flags, options.encode())
+    _check(int(result), f"mount the stack of layers on {target}")
 
 
 def detached_clone(folder: str) -> int:

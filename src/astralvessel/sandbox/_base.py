@@ -148,7 +148,9 @@ class Sandbox(abc.ABC):
         booted = (
             policy
             if link.lower_laid is None
-            else attrs.evolve(policy, workspace_lower=None, workspace_lower_fd=None)
+            else attrs.evolve(
+                policy, workspace_lower=None, workspace_lower_fd=None, workspace_layers=()
+            )
         )
         if link.lower_fd is not None:
             booted = attrs.evolve(booted, workspace_lower_fd=link.lower_fd)

@@ -30,11 +30,18 @@ from __future__ import annotations
 import errno
 import os
 from collections import deque
+from typing import Any
 
 from ._api import FsRequest, SandboxSession
 from .server import _sys
 
-__all__ = ["freeze", "server_pid"]
+__all__ = ["LayerLost", "freeze", "freeze_fork_layer", "server_pid"]
+
+
+class LayerLost(OSError):
+    """The sandbox froze its layer, and the host could not take it (or its answer was
+    malformed): the turn writes on above the frozen layer, which is lost to the host."""
+
 
 #: How many processes the walk down from the started one looks at, at most.
 _WALK_LIMIT = 4096
@@ -119,27 +126,58 @@ def freeze(
     take_passed = getattr(channel, "take_passed", None)
     if passes and take_passed is None:
         raise OSError(errno.EOPNOTSUPP, "the turn's channel carries no descriptors")
-    pid = -1 if passes else server_pid(session)
     fields: dict[str, object] = {"upper_bytes": upper_bytes, "held": held_only or passes}
     if passes:
         fields["passed"] = True
+    fd, _ = _taken_from(session, fields, timeout, take_passed)
+    _widen_memory(session, fd)
+    return fd
+
+
+def freeze_fork_layer(
+    session: SandboxSession, upper_bytes: int, *, timeout: float = 30.0
+) -> tuple[int, bool]:
+    """Freeze a fork's own upper layer in place (``server/_freeze.freeze_fork``): the turn
+    lies on the host's layers, and its forks will lie on this one above them. Returns the
+    host's descriptor of that layer (as ``freeze``'s) and whether its overlay's attributes
+    are ``user.*`` ones (``userxattr``), for the host's overlay of the stack to read its
+    whiteouts alike. Bubblewrap and nsjail, whose server the host takes descriptors from;
+    raises ``OSError`` as ``freeze`` does (``EOPNOTSUPP``: not such a fork)."""
+    if session.backend not in ("bubblewrap", "nsjail"):
+        raise OSError(errno.EOPNOTSUPP, f"a {session.backend} fork's layer is not stacked")
+    fields: dict[str, object] = {"upper_bytes": upper_bytes, "stack": True}
+    fd, reply = _taken_from(session, fields, timeout, None)
+    userxattr = reply.get("userxattr")
+    if not isinstance(userxattr, bool):
+        os.close(fd)
+        raise LayerLost(errno.EPROTO, f"the freeze's answer names no attribute mode: {reply!r}")
+    _widen_memory(session, fd)
+    return fd, userxattr
+
+
+def _taken_from(
+    session: SandboxSession, fields: dict[str, object], timeout: float, take_passed: Any
+) -> tuple[int, dict[str, Any]]:
+    """Ask the freeze, take the descriptor its answer names, release the server's copy."""
+    pid = -1 if take_passed else server_pid(session)
     reply = session.fs(FsRequest(op="freeze", timeout=timeout, fields=fields))
     if reply.errno is not None:
         raise _refusal(reply.errno, reply.message)
     number = reply.fields.get("fd")
     if not isinstance(number, int):
-        raise OSError(errno.EPROTO, f"the freeze's answer names no descriptor: {reply.fields!r}")
+        raise LayerLost(errno.EPROTO, f"the freeze's answer names no descriptor: {reply.fields!r}")
     try:
         dev, ino = reply.fields.get("dev"), reply.fields.get("ino")
         fd = _taken(take_passed(), dev, ino) if take_passed else _take(pid, number, dev, ino)
+    except OSError as exc:  # the sandbox froze: the turn writes on, the layer is lost
+        raise LayerLost(exc.errno or errno.EIO, str(exc)) from exc
     finally:
         released = session.fs(
             FsRequest(op="freeze", timeout=timeout, fields={"phase": "release", "fd": number})
         )
         if released.errno is not None:  # pragma: no cover - the server holds what it named
             raise _refusal(released.errno, released.message)
-    _widen_memory(session, fd)
-    return fd
+    return fd, dict(reply.fields)
 
 
 def _widen_memory(session: SandboxSession, fd: int) -> None:

@@ -168,6 +168,10 @@ def sandbox_layout(policy: Policy, facts: HostFacts) -> tuple[Step, ...]:
         steps.append(
             Bind(source=_lower_source(policy.workspace_lower), target=str(WORKSPACE_LOWER_DIR))
         )
+    for index, layer in enumerate(policy.workspace_layers):
+        # A stack of frozen layers, each read-only, top first (``Hello.workspace_layers``).
+        target = str(WORKSPACE_LOWER_DIR / str(index))
+        steps.append(Bind(source=_lower_source(layer), target=target))
     limits = policy.limits
     steps.append(
         Tmpfs(

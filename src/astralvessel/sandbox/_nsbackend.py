@@ -354,7 +354,12 @@ class NamespaceBackend(Sandbox):
 
 def _adopt_pair(policy: Policy) -> tuple[socket.socket | None, socket.socket | None]:
     """The host's and the server's ends of an adoptable sandbox's socket (else None)."""
-    if not policy.adoptable or policy.workspace_lower or policy.workspace_lower_fd is not None:
+    if (
+        not policy.adoptable
+        or policy.workspace_lower
+        or policy.workspace_layers
+        or policy.workspace_lower_fd is not None
+    ):
         return None, None
     host_end, server_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     return host_end, server_end

@@ -19,6 +19,7 @@ from .._ground._netallow import HostPattern, parse_allow_list
 from .._ground._suggest import unknown_name
 from ..errors import UsageError
 from ._uids import UidRange
+from .server._messages import MAX_LAYERS
 
 __all__ = [
     "AGENT_DIR",
@@ -321,6 +322,21 @@ def _lower_fd(instance: object, attribute: attrs.Attribute[int | None], value: o
         raise UsageError("a policy takes workspace_lower or workspace_lower_fd, not both")
 
 
+def _path_tuple(paths: Iterable[str | Path]) -> tuple[Path, ...]:
+    return tuple(Path(path) for path in paths)
+
+
+def _layers(instance: object, attribute: attrs.Attribute[tuple[Path, ...]], value: object) -> None:
+    if not isinstance(value, tuple) or not value:
+        return
+    if len(value) > MAX_LAYERS:
+        raise UsageError(f"workspace_layers holds at most {MAX_LAYERS} layers, not {len(value)}")
+    if getattr(instance, "workspace_lower", None) is not None or (
+        getattr(instance, "workspace_lower_fd", None) is not None
+    ):
+        raise UsageError("a policy takes workspace_layers, workspace_lower or its fd, not two")
+
+
 def _uid_range(value: UidRange | str | None) -> UidRange | None:
     return None if value is None else UidRange.coerce(value)
 
@@ -366,6 +382,13 @@ class Policy(Relaxations):
     #: the same number, and the server lays the overlay on its own clone of it (bubblewrap
     #: and nsjail). A runtime detail, so not part of ``identity``.
     workspace_lower_fd: int | None = attrs.field(default=None, validator=_lower_fd)
+    #: Or a stack of frozen layers staged in the host's store, top first (a fork of a
+    #: fork frozen in place, root's: ``Tree.stacked``): each is bound read-only and the
+    #: server lays the overlay on them all, each idmapped as one tree would be (bubblewrap
+    #: and nsjail). A runtime detail, so not part of ``identity``.
+    workspace_layers: tuple[Path, ...] = attrs.field(
+        default=(), converter=_path_tuple, validator=_layers
+    )
     #: Whether the sandbox starts able to be adopted by a fork later: started ahead with
     #: an empty workspace (``Executor(warm=N)``), it gets a socket a fork's frozen layer
     #: can come on, until its first request (``SandboxSession.adopt``; bubblewrap and

@@ -114,7 +114,13 @@ def hello_message(policy: Policy, options: ServerOptions, *, file_worker_idle: f
         root_identity=policy.root_identity,
         tool_servers=policy.tool_servers,
         # The snapshot's tree the workspace's overlay lies on (None: an empty workspace).
-        workspace_lower=None if policy.workspace_lower is None else str(WORKSPACE_LOWER_DIR),
+        workspace_lower=(
+            None
+            if policy.workspace_lower is None and not policy.workspace_layers
+            else str(WORKSPACE_LOWER_DIR)
+        ),
+        # Or a stack of layers, bound at "0", "1"... in it, top first.
+        workspace_layers=len(policy.workspace_layers),
         # Or a frozen layer the host holds, passed at the same number (``_nsbackend``).
         workspace_lower_fd=policy.workspace_lower_fd,
         hold_workspace=options.hold_workspace,

@@ -36,9 +36,10 @@ import attrs
 from ..._ground._log import SNAPSHOTS, WARNING, event
 from ...errors import SnapshotError
 from ...sandbox._api import SandboxSession
-from ...sandbox._frozen import freeze
+from ...sandbox._frozen import LayerLost, freeze, freeze_fork_layer
 from ...sandbox._policy import OUTBOX_DIR, WORKSPACE_DIR
 from ...sandbox.server import _snapfiles
+from ...sandbox.server._messages import MAX_LAYERS
 from ._build import TreeWriter
 from ._capture import checked_shape, too_many_names
 from ._manifest import Entry, EntryKind, Manifest
@@ -47,7 +48,15 @@ from ._store import Budget, Inodes, Tree, new_folder
 from ._tree import hash_file, open_regular
 from ._value import TurnSnapshot
 
-__all__ = ["Unstaged", "freeze_snapshot", "freezes_here", "snapshot_frozen", "store_copy"]
+__all__ = [
+    "Unstaged",
+    "freeze_snapshot",
+    "freezes_here",
+    "snapshot_frozen",
+    "snapshot_stacked",
+    "stacks_on",
+    "store_copy",
+]
 
 #: The backends whose sandbox the host can freeze: a local server process it asks, or
 #: Docker's server, in whose mount namespace the host mounts (not ``docker-exec``: no server).
@@ -126,6 +135,77 @@ def snapshot_frozen(
         raise
 
 
+def snapshot_stacked(
+    fd: int,
+    below: TurnSnapshot,
+    *,
+    userxattr: bool,
+    budget: Budget | None,
+    max_bytes: int,
+    max_files: int,
+    outbox: str = OUTBOX_NAME,
+) -> TurnSnapshot:
+    """The snapshot of a fork's own frozen upper layer (``fd``, as ``snapshot_frozen``
+    takes) stacked over the layers ``below`` lies on (the snapshot the fork opened from):
+    a stack ``[this layer, *below's]``, flattened, whose merged view (``Tree.stacked``,
+    a read-only overlay mounted in the store) is the snapshot's ``path``, listed, checked
+    and hashed there exactly as a frozen layer's files are. Only this layer's own files
+    are counted on the budget (the layers below are counted already, and kept here).
+
+    Root only. ``fd`` is the snapshot's or closed here; ``Unstaged`` where the layer
+    cannot be staged or the stack mounted (the caller captures: the fork writes on
+    above the layer either way), ``SnapshotError`` for what a capture refuses.
+    """
+    try:
+        device = _checked_layer(fd)
+        staged = Tree.frozen(fd, budget)
+    except OSError as exc:
+        raise Unstaged(f"the fork's frozen layer cannot be staged: {exc}") from exc
+    try:
+        own = _listing(staged.path.as_posix(), "", max_files)
+        staged.hold(_inodes(own, device))  # its bytes, before any is read
+        tree = Tree.stacked((staged, *below.stack), budget, userxattr=userxattr)
+    except OSError as exc:
+        staged.remove()
+        raise Unstaged(f"the fork's layers cannot be stacked: {exc}") from exc
+    except BaseException:
+        staged.remove()
+        raise
+    try:
+        listing = _listing(tree.path.as_posix(), outbox, max_files)
+        shape = checked_shape(listing, max_bytes=max_bytes, max_files=max_files)
+        digests = _digests(os.fsencode(tree.path), shape, _below_digests(below, own))
+        return TurnSnapshot(manifest=with_digests(shape, digests), tree=tree)
+    except BaseException as exc:
+        tree.remove()
+        if isinstance(exc, OSError):
+            raise SnapshotError(f"the fork's frozen layers cannot be read: {exc}") from exc
+        raise
+
+
+def _below_digests(below: TurnSnapshot, own: Any) -> dict[bytes, Entry]:
+    """The files of ``below`` the fork's own layer (``own``, its listing) holds no name of:
+    the stack shows each as ``below`` did (the layers are read-only, and a name the top
+    layer does not hold, under no opaque folder of it, is the layers' below), so their
+    digests are the host's own record, not read again."""
+    mine = {str(item.get("name", "")).encode("utf-8", "surrogateescape") for item in own}
+    return {
+        entry.name: entry
+        for entry in below.manifest.entries
+        if entry.kind is EntryKind.FILE and entry.name not in mine
+    }
+
+
+def stacks_on(snapshot: TurnSnapshot | None) -> bool:
+    """Whether a fork opened from ``snapshot`` freezes its own layer and stacks it over
+    ``snapshot``'s (``snapshot_stacked``): root's staged frozen layers, short of
+    ``MAX_LAYERS`` (a deeper fork of a fork captures, as every fork of a fork did before;
+    so do an ordinary user's, whose host cannot mount the stack)."""
+    if snapshot is None or os.geteuid() != 0:
+        return False
+    return 0 < len(snapshot.stack) < MAX_LAYERS
+
+
 class Unstaged(SnapshotError):
     """The layer could not be moved into the store (not root, a kernel's refusal)."""
 
@@ -193,11 +273,18 @@ def _inodes(listing: Any, device: int) -> Inodes:
     }
 
 
-def _digests(base: bytes, shape: Manifest) -> dict[bytes, str]:
-    """Each regular file's sha256, read from the layer."""
+def _digests(
+    base: bytes, shape: Manifest, known: dict[bytes, Entry] | None = None
+) -> dict[bytes, str]:
+    """Each regular file's sha256, read from the layer; or ``known``'s, the same file's
+    (its entry in a snapshot of the layers below, of the same size and mode)."""
     digests: dict[bytes, str] = {}
     for entry in shape.entries:
         if entry.kind is EntryKind.FILE:
+            same = None if known is None else known.get(entry.name)
+            if same is not None and (same.size, same.mode) == (entry.size, entry.mode):
+                digests[entry.name] = str(same.digest)
+                continue
             fd = open_regular(base + b"/" + entry.name, entry.name, replaced="is not a file")
             try:
                 digests[entry.name] = hash_file(fd, entry.size, entry.name)
@@ -236,7 +323,14 @@ def freezes_here(backend: str, session: SandboxSession | None = None) -> bool:
 
 
 def freeze_snapshot(
-    session: SandboxSession, *, upper_bytes: int, budget: Budget, max_bytes: int, max_files: int
+    session: SandboxSession,
+    *,
+    upper_bytes: int,
+    budget: Budget,
+    max_bytes: int,
+    max_files: int,
+    below: TurnSnapshot | None = None,
+    lost: Callable[[], None] | None = None,
 ) -> TurnSnapshot | None:
     """The turn's files frozen in place (``sandbox._frozen.freeze``), as a snapshot, or None
     where the sandbox makes no freeze (the caller captures instead: nothing changed).
@@ -245,7 +339,22 @@ def freeze_snapshot(
     (``EBUSY``), over a workspace that is no tmpfs of its own (``EOPNOTSUPP``: opened
     from a snapshot, frozen already), on a kernel without the steps (Linux 6.8 lays an
     overlay from descriptors). Raises ``SnapshotError`` for a layer a capture refuses.
+    ``below``: the snapshot the turn opened from, a stack of layers (``stacks_on``): the
+    turn's own upper layer alone is frozen and stacked over it (``snapshot_stacked``).
+    ``lost`` is called where that layer was frozen and is no snapshot (the host could not
+    take, stage or read it): the turn then lies on it, no longer on ``below``, and a
+    capture must not take a file it lacks for ``below``'s.
     """
+    if below is not None:
+        return _stacked_snapshot(
+            session,
+            below,
+            upper_bytes=upper_bytes,
+            budget=budget,
+            max_bytes=max_bytes,
+            max_files=max_files,
+            lost=lost,
+        )
     try:
         # An ordinary user's forks clone the layer in their own namespaces: only the
         # server's held original will do (refused before anything changes otherwise).
@@ -264,6 +373,41 @@ def freeze_snapshot(
     except Unstaged as exc:
         _copied_instead(session, exc)
         return None  # the layer is gone with its descriptor: a capture reads the overlay
+
+
+def _stacked_snapshot(
+    session: SandboxSession,
+    below: TurnSnapshot,
+    *,
+    upper_bytes: int,
+    budget: Budget,
+    max_bytes: int,
+    max_files: int,
+    lost: Callable[[], None] | None,
+) -> TurnSnapshot | None:
+    try:
+        fd, userxattr = freeze_fork_layer(session, upper_bytes)
+    except OSError as exc:
+        if isinstance(exc, LayerLost) and lost is not None:
+            lost()
+        _copied_instead(session, exc)
+        return None  # as it was (or frozen with the layer lost): a capture reads the overlay
+    try:
+        return snapshot_stacked(
+            fd,
+            below,
+            userxattr=userxattr,
+            budget=budget,
+            max_bytes=max_bytes,
+            max_files=max_files,
+        )
+    except BaseException as exc:
+        if lost is not None:
+            lost()  # frozen, and no snapshot: the turn lies on a layer the host lost
+        if not isinstance(exc, Unstaged):
+            raise
+        _copied_instead(session, exc)
+        return None
 
 
 def _copied_instead(session: SandboxSession, exc: Exception) -> None:

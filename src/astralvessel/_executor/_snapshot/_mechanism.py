@@ -34,6 +34,7 @@ __all__ = [
     "lower_by_descriptor",
     "overlay_backend",
     "snapshot_mechanism",
+    "stacked_lower",
     "upper_layer_listed",
 ]
 
@@ -77,6 +78,17 @@ _ADOPTS_WARM = frozenset({"bubblewrap", "nsjail", "docker"})
 def adopts_warm(backend: str) -> bool:
     """Whether a fork on ``backend`` may take a warm sandbox and lay its layer there."""
     return backend in _ADOPTS_WARM
+
+
+#: The backends whose server lays its overlay on a stack of layers bound apart
+#: (``Policy.workspace_layers``): a fork of a fork's, frozen in place.
+_STACKED_LOWER = frozenset({"bubblewrap", "nsjail"})
+
+
+def stacked_lower(backend: str) -> bool:
+    """Whether ``backend``'s turns open on a stack of frozen layers as such (else on its
+    merged view, as on any tree: Docker lays its overlay on the host)."""
+    return backend in _STACKED_LOWER
 
 
 def lower_by_descriptor(backend: str) -> bool:

@@ -129,7 +129,7 @@ class Captures:
         self._linkable = linkable
         self._captures: list[_Last] = []
         #: The frozen layer the turn now writes above (its fork's source), held weakly too.
-        self._frozen: weakref.ref[TurnSnapshot] | None = None
+        self._frozen: Callable[[], TurnSnapshot | None] | None = None
 
     def frozen(self, snapshot: TurnSnapshot) -> None:
         """The turn's workspace was frozen as ``snapshot`` and it writes on above it: the
@@ -137,9 +137,23 @@ class Captures:
         self._frozen = weakref.ref(snapshot)
 
     def _source(self) -> TurnSnapshot | None:
-        if self.source is not None:
-            return self.source
-        return None if self._frozen is None else self._frozen()
+        # Once frozen, the turn lies on that snapshot (a fork's, stacked over its source):
+        # a file its upper layer lacks is that one's, never the source's (changed since).
+        if self._frozen is not None:
+            return self._frozen()
+        return self.source
+
+    def lost(self) -> None:
+        """The turn's workspace was frozen and the host lost the layer (``_freeze``'s
+        ``lost``): it lies on that layer, no longer on its source, so no file a capture
+        marks the lower layer's is linked from anything."""
+        self._frozen = _gone
+
+    def stacks(self) -> bool:
+        """Whether the turn's next fork may freeze its own layer over its source's
+        (``_freeze.stacks_on``): it lies on the source still (never frozen), and no
+        capture of it is alive to link from (then a capture copies only what changed)."""
+        return self._frozen is None and self._newest()[1] is None
 
     def reusable(self, listing: dict[bytes, dict[str, object]]) -> dict[bytes, Held]:
         """The held file each listed name may link to (before the size and mode checks)."""
@@ -181,6 +195,11 @@ class Captures:
     def remember(self, snapshot: TurnSnapshot, stats: dict[bytes, Stat]) -> None:
         """Make ``snapshot`` (with the stats recorded of its files) the newest capture."""
         self._captures = [*self._captures[-(_KEPT - 1) :], _Last(weakref.ref(snapshot), stats)]
+
+
+def _gone() -> TurnSnapshot | None:
+    """The frozen snapshot of a turn whose layer the host lost: none."""
+    return None
 
 
 #: How many captures a turn remembers (each a stat per file), the newest alive serving.

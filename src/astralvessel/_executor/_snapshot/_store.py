@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import errno
 import functools
 import os
 import tempfile
@@ -70,6 +71,36 @@ def _private_store() -> None:
 def _unmount_store(root: str, owner: int) -> None:
     if os.getpid() == owner:
         _mounts.unmount(root)
+
+
+def mount_stack(layers: tuple[Path, ...], *, userxattr: bool) -> Path:
+    """Mount the read-only overlay of the staged ``layers`` (top first, no upper layer) on
+    ``tree`` in a fresh store folder; return that path: the merged view of a stack of
+    frozen layers, read as any tree (a fork's snapshot, ``Tree.stacked``).
+
+    ``userxattr``: the layers' whiteouts and opaque folders are ``user.overlay.*`` ones
+    (the fork's overlay was mounted so), else ``trusted.overlay.*``. Redirects and
+    metacopy are neither followed nor made, as in the sandboxes' own overlays: a name
+    is what its layers hold at that name, never a path an attribute names.
+    """
+    if len(layers) < 2:
+        raise OSError(errno.EINVAL, "a stack of layers holds two at least")
+    texts = [str(layer) for layer in layers]
+    if any(char in text for text in texts for char in ":,\\"):
+        why = "a staged layer's path holds a character the overlay's options split on"
+        raise OSError(errno.EINVAL, why)
+    _private_store()
+    folder = new_folder()
+    path = folder / "tree"
+    mode = ",userxattr" if userxattr else ""
+    options = f"lowerdir={':'.join(texts)},redirect_dir=nofollow,metacopy=off{mode}"
+    try:
+        path.mkdir()
+        _mounts.mount_overlay(str(path), options)
+    except BaseException:
+        remove_folder(folder)
+        raise
+    return path
 
 
 def stage_layer(fd: int) -> Path:
@@ -226,9 +257,18 @@ class Tree:
     """
 
     def __init__(
-        self, path: Path, budget: Budget | None, *, mounted: bool = False, held: int | None = None
+        self,
+        path: Path,
+        budget: Budget | None,
+        *,
+        mounted: bool = False,
+        held: int | None = None,
+        layers: tuple[Tree, ...] = (),
     ) -> None:
         self.path = path
+        #: The frozen layers a stacked tree's merged view lies on, top first
+        #: (``Tree.stacked``); empty for any other tree. Kept while this tree is.
+        self.layers = layers
         #: Whether ``path`` is a frozen layer's mount (``Tree.frozen``, ``Tree.held``), not
         #: a folder's files.
         self.mounted = mounted or held is not None
@@ -243,7 +283,7 @@ class Tree:
         self.copy_lock = threading.Lock()
         self._finalizer = weakref.finalize(
             self, _drop, path.parent, budget, self._inodes, os.getpid(),
-            path if mounted else None, held=held,
+            path if mounted else None, held=held, layers=layers,
         )  # fmt: skip
 
     @classmethod
@@ -262,6 +302,24 @@ class Tree:
         finally:
             os.close(fd)
         return cls(path, budget, mounted=True)
+
+    @classmethod
+    def stacked(cls, layers: tuple[Tree, ...], budget: Budget | None, *, userxattr: bool) -> Tree:
+        """The tree of a stack of staged frozen layers (``layers``, top first: a fork's own
+        upper layer over those its overlay lay on), mounted as their merged read-only
+        overlay (``mount_stack``) in a fresh store folder. The layers (and their bytes on
+        the budget, each layer's own) are kept until this object goes; its own files are
+        theirs, so it holds none. Root only: raises ``OSError`` where it cannot mount."""
+        path = mount_stack(tuple(layer.path for layer in layers), userxattr=userxattr)
+        return cls(path, budget, mounted=True, layers=layers)
+
+    @property
+    def stack(self) -> tuple[Tree, ...]:
+        """The staged frozen layers this tree's files are, top first: a stacked tree's
+        layers, a staged layer itself alone; empty for a store tree or a held layer."""
+        if self.layers:
+            return self.layers
+        return (self,) if self.mounted and self.held is None else ()
 
     @classmethod
     def held_layer(cls, fd: int, budget: Budget | None) -> Tree:
@@ -307,7 +365,11 @@ def _drop(
     mount: Path | None = None,
     *,
     held: int | None = None,
+    layers: tuple[Tree, ...] = (),
 ) -> None:
+    # ``layers`` (a stacked tree's) are let go with this call: each is removed once no
+    # other stack or snapshot keeps it, after its overlay here is queued for unmounting.
+    del layers
     if held is not None:
         _close_held(held, budget, inodes, owner)
         return

@@ -75,6 +75,13 @@ class TurnSnapshot:
         return self._tree if self._tree.mounted else None
 
     @property
+    def stack(self) -> tuple[Tree, ...]:
+        """The staged frozen layers ``path`` shows, top first (root's: one for a fresh
+        turn's freeze, more for a fork's stacked over it, ``Tree.stacked``); empty for a
+        store tree or a layer held by descriptor."""
+        return self._tree.stack
+
+    @property
     def held_layer(self) -> int | None:
         """The frozen layer's descriptor this process holds (an ordinary user's host,
         ``Tree.held_layer``: ``path`` is then its ``/proc/self/fd`` name), or None."""

@@ -67,6 +67,7 @@ __all__ = [
     "TMPFS_MAGIC",
     "answer",
     "filesystem_type",
+    "freeze_fork",
     "freeze_workspace",
     "not_here",
     "prepared",
@@ -76,6 +77,7 @@ __all__ = [
 ]
 
 TMPFS_MAGIC = 0x01021994
+OVERLAYFS_MAGIC = 0x794C7630
 # The new mount API's numbers are the same on every architecture (Linux 5.2 onwards).
 _SYS_OPEN_TREE = 428
 _SYS_MOVE_MOUNT = 429
@@ -89,6 +91,7 @@ _AT_EMPTY_PATH = 0x1000
 _OPEN_TREE_CLONE = 1
 _FSOPEN_CLOEXEC = 1
 _FSPICK_CLOEXEC = 1
+_FSPICK_EMPTY_PATH = 8
 _FSMOUNT_CLOEXEC = 1
 _FSCONFIG_SET_FLAG = 0
 _FSCONFIG_SET_STRING = 1
@@ -168,11 +171,13 @@ def _upper_tmpfs(size: int, inodes: int) -> int:
     return layers
 
 
-def _set_ro(path: str, read_only: bool) -> None:
-    """Reconfigure the superblock of the filesystem at ``path`` read-only (or back)."""
+def _set_ro(path: str, read_only: bool, *, at: int = _AT_FDCWD) -> None:
+    """Reconfigure the superblock of the filesystem at ``path`` read-only (or back); ``at``:
+    a descriptor on that filesystem instead, ``path`` empty."""
+    flags = _FSPICK_CLOEXEC | (0 if path else _FSPICK_EMPTY_PATH)
     pick = _lowerfs.syscall(
-        _SYS_FSPICK, "fspick", ctypes.c_int(_AT_FDCWD), ctypes.c_char_p(path.encode()),
-        ctypes.c_uint(_FSPICK_CLOEXEC),
+        _SYS_FSPICK, "fspick", ctypes.c_int(at), ctypes.c_char_p(path.encode()),
+        ctypes.c_uint(flags),
     )  # fmt: skip
     try:
         flag = "ro" if read_only else "rw"
@@ -269,6 +274,75 @@ def freeze_workspace(
     return clone
 
 
+def _fstatfs_type(fd: int) -> int:
+    buffer = ctypes.create_string_buffer(_STATFS_BYTES)
+    _sys.check(_sys.libc().fstatfs(ctypes.c_int(fd), buffer), "fstatfs")
+    return int(struct.unpack_from("=l", buffer.raw)[0])
+
+
+def freeze_fork(
+    workspace: str,
+    upper: int,
+    size: int,
+    inodes: int,
+    *,
+    userxattr: bool,
+    upper_to: Callable[[int], None] | None = None,
+) -> int:
+    """Freeze a fork's own upper layer in place (a turn opened on a snapshot's layers,
+    whose overlay ``_lowerfs`` laid at hello) and lay a new overlay on it; return the
+    clone of that layer alone.
+
+    ``upper``: the hello's descriptor of the overlay's upper folder, on the workspace's
+    tmpfs (which the overlay covers). As ``freeze_workspace`` does for a fresh turn: a
+    clone of that folder (``open_tree`` by descriptor, read-only), the tmpfs's superblock
+    made read-only (``EBUSY`` while a file is open for writing; nothing has changed then),
+    and the turn writes on in a new overlay whose lower layer is a clone of the old
+    overlay, read-only from then on (the kernel's stacking depth of 2 allows it: the
+    old one lies on plain layers). The host lays its own forks' overlays on the stack
+    ``[this layer, the layers below]``, flattened, with the same attribute mode
+    (``userxattr`` or ``trusted.*``): the layer's whiteouts and opaque folders mean
+    there what they meant here. Raises ``OSError`` and leaves the workspace as it was.
+    """
+    if filesystem_type(workspace) != OVERLAYFS_MAGIC or _fstatfs_type(upper) != TMPFS_MAGIC:
+        raise OSError(errno.EOPNOTSUPP, f"{workspace} is not a fork's overlay on its own tmpfs")
+    if os.fstatvfs(upper).f_flag & os.ST_RDONLY:
+        raise OSError(errno.EOPNOTSUPP, "the fork's upper layer is frozen already")
+    layers = _upper_tmpfs(size, inodes)
+    clone = below = -1
+    try:
+        flags = _OPEN_TREE_CLONE | _AT_EMPTY_PATH | os.O_CLOEXEC
+        clone = _lowerfs.syscall(
+            _SYS_OPEN_TREE, "open_tree (the upper layer)", ctypes.c_int(upper),
+            ctypes.c_char_p(b""), ctypes.c_uint(flags),
+        )  # fmt: skip
+        below = _lowerfs.syscall(
+            _SYS_OPEN_TREE, "open_tree (the overlay)", ctypes.c_int(_AT_FDCWD),
+            ctypes.c_char_p(workspace.encode()), ctypes.c_uint(_OPEN_TREE_CLONE | os.O_CLOEXEC),
+        )  # fmt: skip
+        # fspick takes a mount's root only: the clone's is the upper folder, on the tmpfs.
+        _set_ro("", True, at=clone)
+        try:
+            root = os.stat(workspace)
+            os.chown("upper", root.st_uid, root.st_gid, dir_fd=layers)
+            os.chmod("upper", stat.S_IMODE(root.st_mode), dir_fd=layers)
+            _mount_read_only(clone)
+            _overlay(workspace, below, layers, userxattr)
+        except OSError:
+            _set_ro("", False, at=clone)
+            raise
+        if upper_to is not None:
+            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+            with suppress(OSError):  # no listing of it: no file is marked
+                upper_to(os.open("upper", flags, dir_fd=layers))
+    except OSError:
+        _close(clone)
+        raise
+    finally:
+        _close(layers, below)
+    return clone
+
+
 def thaw_unlaid(workspace: str) -> bool:
     """Thaw the tmpfs at ``workspace`` where a freeze stopped between its steps (a host's
     child killed at its timeout: nothing could undo them) and left it read-only with no
@@ -323,8 +397,14 @@ def answer(
     upper_to: Callable[[int], None] | None = None,
     held: int = -1,
     held_only: bool = False,
+    fork_upper: int = -1,
 ) -> dict[str, Any]:
     """The answer to a ``freeze``: the clone's number, device and inode, or the refusal.
+
+    ``fork_upper``: the upper folder of the overlay laid at hello on the host's stack of
+    layers, where the host asked to stack (``Freeze.stack``): that layer alone is frozen
+    and handed over (``freeze_fork``); -1 (not such a fork, or frozen already):
+    ``EOPNOTSUPP``.
 
     ``held``: the workspace tmpfs's detached original (``_heldfs``), or -1. Where the
     server holds it, that is what the host gets (made read-only too): a fork's server
@@ -345,12 +425,28 @@ def answer(
     if held_only and held < 0:
         why = "the server holds no detached original of the workspace's tmpfs to hand over"
         return refused(errno.EOPNOTSUPP, why)
+    userxattr = not _lowerfs.in_initial_userns()
+    if fork_upper >= 0:
+        try:
+            clone = freeze_fork(
+                config.workspace,
+                fork_upper,
+                upper_bytes,
+                config.limits["workspace_inodes"],
+                userxattr=userxattr,
+                upper_to=upper_to,
+            )
+        except OSError as exc:
+            return refused(exc.errno or errno.EIO, str(exc))
+        frozen(clone)
+        st = os.fstat(clone)
+        return {"fd": clone, "dev": st.st_dev, "ino": st.st_ino, "userxattr": userxattr}
     try:
         clone = freeze_workspace(
             config.workspace,
             upper_bytes,
             config.limits["workspace_inodes"],
-            userxattr=not _lowerfs.in_initial_userns(),
+            userxattr=userxattr,
             upper_to=upper_to,
         )
     except OSError as exc:

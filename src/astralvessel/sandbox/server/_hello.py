@@ -163,6 +163,7 @@ def lower_workspace(config: Hello, plan: _launch.LaunchPlan, workspace: str) -> 
                 config.drop_uid,
                 config.drop_gid,
                 held=-1 if held is None else held,
+                layers=config.workspace_layers,
             )
             why = True
         except OSError as exc:

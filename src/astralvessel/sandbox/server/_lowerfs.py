@@ -33,12 +33,14 @@ import struct
 
 from . import _sys
 from ._lean import suppress
+from ._messages import MAX_LAYERS
 from ._userns import CLONE_NEWUSER
 
-__all__ = ["LAYERS", "in_initial_userns", "overlay_workspace", "syscall"]
+__all__ = ["LAYERS", "MAX_LAYERS", "in_initial_userns", "overlay_workspace", "syscall"]
 
 #: The folder of the workspace's tmpfs holding the upper layer (covered by the overlay).
 LAYERS = ".vessel-layers"
+
 # The new mount API's numbers are the same on every architecture (Linux 5.2 onwards).
 _SYS_OPEN_TREE = 428
 _SYS_MOVE_MOUNT = 429
@@ -164,6 +166,7 @@ def overlay_workspace(
     *,
     held: int = -1,
     movable: bool = False,
+    layers: int = 0,
 ) -> int:
     """Mount the overlay of ``lower`` (the snapshot's bound tree) on ``workspace``, or of
     ``held`` (a frozen layer passed by descriptor, ``lower`` None; see ``_attach_held``).
@@ -174,16 +177,21 @@ def overlay_workspace(
     call inherits it): a snapshot reads there which files the turn changed.
     Raises ``OSError`` when a step is refused; the workspace is then left as it
     was (its tmpfs, plus an empty layers folder). ``movable``: ``held`` is this
-    server's alone (an adoption's, see ``_attach_held``).
+    server's alone (an adoption's, see ``_attach_held``). ``layers``: ``lower`` holds
+    that many layers, folders ``0``, ``1``... top first (a stack: a fork of a fork
+    frozen in place, ``_freeze.freeze_fork``), each idmapped as one tree would be.
     """
-    layers = os.path.join(workspace, LAYERS)
-    os.mkdir(layers, 0o700)
+    if not 0 <= layers <= MAX_LAYERS or (layers and lower is None):
+        raise OSError(errno.EINVAL, f"a stacked lower layer holds 1 to {MAX_LAYERS} layers")
+    folder = os.path.join(workspace, LAYERS)
+    os.mkdir(folder, 0o700)
     try:
         if lower is None:
-            lower = _attach_held(held, os.path.join(layers, "held"), movable=movable)
-        upper = _lay(workspace, layers, lower, uid, gid)
+            lower = _attach_held(held, os.path.join(folder, "held"), movable=movable)
+        stack = [os.path.join(lower, str(i)) for i in range(layers)] if layers else [lower]
+        upper = _lay(workspace, folder, stack, uid, gid)
     except OSError:
-        _undo(layers)
+        _undo(folder, layers)
         raise
     if held >= 0:
         return upper  # its clone is in the layers folder, which the overlay covers
@@ -230,29 +238,24 @@ def _attach_held(held: int, target: str, *, movable: bool = False) -> str:
     return target
 
 
-def _lay(workspace: str, layers: str, lower: str, uid: int | None, gid: int | None) -> int:
+def _lay(workspace: str, layers: str, stack: list[str], uid: int | None, gid: int | None) -> int:
     upper = os.path.join(layers, "upper")
     work = os.path.join(layers, "work")
     os.mkdir(upper, 0o755)
     os.mkdir(work, 0o700)
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     upper_fd = os.open(upper, flags)
-    source = lower
-    owner = os.stat(lower)
-    if uid is not None and (owner.st_uid, owner.st_gid) != (uid, uid if gid is None else gid):
-        # The store's files belong to the host's uid, the calls to their leased one.
-        group = uid if gid is None else gid
-        source = os.path.join(layers, "lower")
-        os.mkdir(source, 0o700)
-        _idmapped_clone(lower, source, uid, group, os.path.join(layers, "proc"))
-        os.chown(upper, uid, group)
-    # In a user namespace the overlay's own attributes (an opaque folder, a redirect)
-    # cannot be trusted.* ones: user.* on the tmpfs, hidden from calls by the overlay.
-    # No redirects either way (userxattr implies it): a folder renamed is copied, so a
-    # name the upper layer does not hold shows the lower layer's file of that name.
-    extra = ",redirect_dir=nofollow" if in_initial_userns() else ",userxattr"
-    options = f"lowerdir={source},upperdir={upper},workdir={work}{extra}"
     try:
+        sources = [
+            _source(layer, layers, upper, uid, gid, index=index)
+            for index, layer in enumerate(stack)
+        ]
+        # In a user namespace the overlay's own attributes (an opaque folder, a redirect)
+        # cannot be trusted.* ones: user.* on the tmpfs, hidden from calls by the overlay.
+        # No redirects either way (userxattr implies it): a folder renamed is copied, so a
+        # name the upper layer does not hold shows the lower layer's file of that name.
+        extra = ",redirect_dir=nofollow" if in_initial_userns() else ",userxattr"
+        options = f"lowerdir={':'.join(sources)},upperdir={upper},workdir={work}{extra}"
         _sys.mount("overlay", workspace, "overlay", _sys.MS_NOSUID | _sys.MS_NODEV, options)
     except OSError:
         os.close(upper_fd)
@@ -260,15 +263,36 @@ def _lay(workspace: str, layers: str, lower: str, uid: int | None, gid: int | No
     return upper_fd
 
 
-def _undo(layers: str) -> None:
-    """Leave the workspace as it was: the lower clone detached, the layers folder gone."""
-    for name in ("lower", "held"):
+def _source(
+    lower: str, layers: str, upper: str, uid: int | None, gid: int | None, *, index: int
+) -> str:
+    """The path the overlay takes ``lower`` at: itself, or an idmapped clone of it that
+    shows its owner as the calls' ``uid``/``gid`` (then the upper folder is theirs too)."""
+    if uid is None:
+        return lower
+    owner = os.stat(lower)
+    group = uid if gid is None else gid
+    if (owner.st_uid, owner.st_gid) == (uid, group):
+        return lower
+    # The store's files belong to the host's uid (a frozen layer's, to the turn's that
+    # froze it: each layer of a stack its own), the calls to their leased one.
+    source = os.path.join(layers, "lower" if index == 0 else f"lower{index}")
+    os.mkdir(source, 0o700)
+    _idmapped_clone(lower, source, uid, group, os.path.join(layers, "proc"))
+    os.chown(upper, uid, group)
+    return source
+
+
+def _undo(layers: str, count: int = 0) -> None:
+    """Leave the workspace as it was: the lower clones detached, the layers folder gone."""
+    clones = ("lower", "held", *(f"lower{index}" for index in range(1, count)))
+    for name in clones:
         clone = os.path.join(layers, name)
         if os.path.ismount(clone):
             _sys.libc().umount2(clone.encode(), _sys.MNT_DETACH)
     # The overlay makes its own folders in its work folder before it may refuse (EPERM
     # over a frozen layer of another user namespace): left, the layers folder stays, the
     # server's and private, and a snapshot's listing of the workspace is refused.
-    for name in ("work/work", "work/index", "lower", "held", "upper", "work", "proc", ""):
+    for name in ("work/work", "work/index", *clones, "upper", "work", "proc", ""):
         with suppress(OSError):  # what was never made
             os.rmdir(os.path.join(layers, name) if name else layers)

@@ -108,6 +108,10 @@ class Server:
         #: The workspace tmpfs's detached original, where the server made it (``_heldfs``:
         #: an ordinary user's freeze hands it to the host); -1: none.
         self.held_workspace = -1
+        #: The upper folder of the overlay laid on a fork's layers (at hello on a bound
+        #: lower, or at an adoption), for a freeze of that layer alone (``Freeze.stack``);
+        #: -1: none, or frozen already.
+        self.fork_upper = -1
         #: What the host asked of this sandbox first (a call, a file request, an
         #: adoption), which rules out an adoption; empty: nothing yet.
         self.touched = ""
@@ -272,20 +276,28 @@ class Server:
             return
         self.files.submit_local(
             call_id,
-            lambda: _passing(
-                message.passed,
-                self._calls_running()
-                or _freeze.answer(
-                    config,
-                    plan,
-                    self.path_map,
-                    message.upper_bytes,
-                    self._after_freeze,
-                    upper_to=self._upper_after_freeze,
-                    held=self.held_workspace,
-                    held_only=message.held,
-                ),
-            ),
+            lambda: _passing(message.passed, self._frozen_answer(config, plan, message)),
+        )
+
+    def _frozen_answer(
+        self, config: _messages.Hello, plan: _launch.LaunchPlan, message: _messages.Freeze
+    ) -> dict[str, Any]:
+        running = self._calls_running()
+        if running is not None:
+            return running
+        if message.stack and self.fork_upper < 0:
+            why = "the workspace is no overlay laid at hello on the host's layers (or frozen)"
+            return _freeze.refused(errno.EOPNOTSUPP, why)
+        return _freeze.answer(
+            config,
+            plan,
+            self.path_map,
+            message.upper_bytes,
+            self._after_freeze,
+            upper_to=self._upper_after_freeze,
+            held=self.held_workspace,
+            held_only=message.held,
+            fork_upper=self.fork_upper if message.stack else -1,
         )
 
     def _calls_running(self) -> dict[str, Any] | None:
@@ -306,6 +318,10 @@ class Server:
     def _after_freeze(self, clone: int) -> None:
         """After a freeze: hold the clone; what copied the old view is made again."""
         self.frozen.add(clone)
+        if self.fork_upper >= 0:  # frozen now (its layer, or the tmpfs holding it)
+            with suppress(OSError):
+                os.close(self.fork_upper)
+            self.fork_upper = -1
         if clone == self.held_workspace:
             self.held_workspace = -1  # the host's to take now, then released as a clone
         self._old_view_retired()
@@ -371,6 +387,8 @@ class Server:
             with suppress(OSError):
                 os.close(self.held_workspace)
             self.held_workspace = -1
+        if upper >= 0:
+            self.fork_upper = os.dup(upper)  # as at hello: a fork's own layer to freeze
         workspace = map_path(config.workspace, self.path_map)
         self.files.options = _hello.worker_options(config, plan, workspace, self.outbox, upper)
         # The next call's namespaces now, on the new view: the fork's first call comes as
@@ -429,6 +447,8 @@ class Server:
             _hello.close_passed_lower(config)
         if lowered.get("workspace_lower") is True:
             _hello.clear_lower_outbox(outbox)
+            if config.workspace_lower is not None and upper >= 0:
+                self.fork_upper = os.dup(upper)  # the file worker's copy goes with it
         _hello.prepare_workspace(workspace, outbox, config.drop_uid, config.drop_gid)
         relaxations = {**lowered, **_hello.relaxations(config, plan, workspace)}
         self.outbox = outbox

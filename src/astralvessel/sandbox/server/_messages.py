@@ -51,6 +51,9 @@ LIMITS = ("disk_mb", "memory_mb", "processes", "open_files", "workspace_inodes")
 _REQUIRED = object()
 #: Header keys that are the frame's envelope, not a message's fields.
 _ENVELOPE = ("type", "id")
+#: The most layers a hello's stacked lower may have (``Hello.workspace_layers``): a fork
+#: of a fork of ... frozen in place, each fork's own upper layer over its parent's stack.
+MAX_LAYERS = 8
 
 
 def _one_kind(kind: str) -> Callable[[object], bool]:
@@ -198,6 +201,9 @@ class Hello(Message):
     probed: dict[str, str] | None
     #: The snapshot's tree to lay the workspace's overlay on (None: an empty workspace).
     workspace_lower: str | None
+    #: ``workspace_lower`` holds this many layers, folders ``0``, ``1``... top first (0:
+    #: it is one tree); at most ``MAX_LAYERS``.
+    workspace_layers: int
     #: A frozen layer to lay it on instead, passed as this descriptor (an ordinary user's
     #: host holds it, unstaged); the server closes it before any call. Over a socket
     #: (Docker's direct channel) it is the descriptor passed with the hello (``SCM_RIGHTS``),
@@ -215,6 +221,13 @@ class Hello(Message):
             raise ValueError(
                 "'hello' message: 'workspace_lower_fd' must be a descriptor's number, "
                 "and only without 'workspace_lower'"
+            )
+        if self.workspace_layers and (
+            not 0 < self.workspace_layers <= MAX_LAYERS or self.workspace_lower is None
+        ):
+            raise ValueError(
+                f"'hello' message: 'workspace_layers' must be 1 to {MAX_LAYERS}, "
+                "and only with 'workspace_lower'"
             )
         egress = self.egress
         if egress is not None and not (
@@ -357,6 +370,10 @@ class Freeze(FileOp):
     #: (``SCM_RIGHTS``: Docker's direct channel, whose host may not ``pidfd_getfd`` the
     #: server); the host still releases it. Refused (``EOPNOTSUPP``) over pipes.
     passed: bool = False
+    #: ``freeze``: a fork's own upper layer alone is frozen (``_freeze.freeze_fork``), for
+    #: the host to stack over the layers the fork lies on; refused (``EOPNOTSUPP``) unless
+    #: the overlay laid at hello on a bound lower is the workspace still.
+    stack: bool = False
 
     def _check(self) -> None:
         if self.phase not in FREEZE_PHASES:
