@@ -43,7 +43,7 @@ AHEAD_WAIT = 60.0
 #: How often an adopting ``take`` looks at its ``abandon`` event (a turn closing meanwhile).
 _ABANDON_POLL = 0.05
 #: How long a take by a fork's adoption holds the refills back (``take(settle=...)``).
-ADOPTED_SETTLE = 0.25
+ADOPTED_SETTLE = 1.0
 
 
 def check_warm(size: object) -> int:
