@@ -1,6 +1,8 @@
 """A stack of frozen layers (a fork of a fork's, ``Policy.workspace_layers``) reaches a
-sandbox as binds, one per layer, top first, and nothing else: bogus stacks are refused by
-the host's policy and by the server's hello; a freeze of a fork's own layer is refused
+sandbox as binds, one per layer, top first, and nothing else (an ordinary user's, held:
+``Policy.workspace_below_fds``, as descriptors); bogus stacks are refused by the host's
+policy and by the server's hello, and the host's merged view of a held stack takes
+detached mounts only; a freeze of a fork's own layer is refused
 where the workspace is no such fork's; the host's overlay of the stack refuses a path
 its options would split on."""
 
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from astralvessel._executor._snapshot._heldmerge import merged_view
 from astralvessel._executor._snapshot._store import mount_stack
 from astralvessel._ground import _mounts
 from astralvessel.errors import UsageError
@@ -169,3 +172,97 @@ def test_the_hosts_overlay_reads_the_layers_in_the_forks_attribute_mode(
     finally:
         _mounts.unmount(str(merged))
         shutil.rmtree(merged.parent)
+
+
+@pytest.mark.parametrize(
+    ("fields", "words"),
+    [
+        ({"workspace_below_fds": (4,)}, "missing"),
+        ({"workspace_lower_fd": 3, "workspace_below_fds": (-1,)}, "numbers"),
+        ({"workspace_lower_fd": 3, "workspace_below_fds": (True,)}, "numbers"),
+        ({"workspace_lower_fd": 3, "workspace_below_fds": (4, 3)}, "twice"),
+        ({"workspace_lower_fd": 3, "workspace_below_fds": (4, 4)}, "twice"),
+        (
+            {"workspace_lower_fd": 3, "workspace_below_fds": tuple(range(4, 4 + MAX_LAYERS))},
+            "fewer",
+        ),
+    ],
+)
+def test_a_bogus_held_stack_is_refused_by_the_policy(fields: dict[str, object], words: str) -> None:
+    with pytest.raises(UsageError, match=words):
+        Policy(**fields)  # type: ignore[arg-type]
+
+
+def test_a_held_stack_reaches_the_hello_top_first() -> None:
+    policy = Policy(workspace_lower_fd=7, workspace_below_fds=(9, 8))
+    hello = hello_message(policy, ServerOptions(confine=True), file_worker_idle=30.0)
+    assert (hello.workspace_lower_fd, hello.workspace_below_fds) == (7, [9, 8])
+    assert Hello.from_json(hello.to_json()) == hello
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"workspace_below_fds": [4]},  # no top layer
+        {"workspace_lower_fd": 3, "workspace_below_fds": [-4]},
+        {"workspace_lower_fd": 3, "workspace_below_fds": [3]},
+        {"workspace_lower_fd": 3, "workspace_below_fds": [4, 4]},
+        {"workspace_lower_fd": 3, "workspace_below_fds": list(range(4, 4 + MAX_LAYERS))},
+    ],
+)
+def test_the_server_refuses_a_bogus_held_stack_in_a_hello(fields: dict[str, object]) -> None:
+    header = hello_message(Policy(), ServerOptions(confine=True), file_worker_idle=30.0).to_json()
+    header.update(fields)
+    with pytest.raises(ValueError, match="workspace_below_fds"):
+        Hello.from_json(header)
+    with pytest.raises(TypeError, match="workspace_below_fds"):
+        Hello.from_json({**header, "workspace_below_fds": ["4"]})
+
+
+def test_the_server_refuses_a_held_stack_it_cannot_lay(tmp_path: Path) -> None:
+    """Held layers with a bound lower, or past the bound, are refused before anything is
+    made; layers that are no detached mounts are refused, and no layers folder is left."""
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    with pytest.raises(OSError, match="held stack") as refused:
+        _lowerfs.overlay_workspace(str(workspace), str(tmp_path), None, None, held=3, below=(4,))
+    assert refused.value.errno == errno.EINVAL
+    with pytest.raises(OSError, match="held stack"):
+        _lowerfs.overlay_workspace(
+            str(workspace), None, None, None, held=3, below=tuple(range(4, 4 + MAX_LAYERS))
+        )
+    assert os.listdir(workspace) == []
+    if os.geteuid() != 0:  # root may clone a folder of its own namespace
+        folder = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            with pytest.raises(OSError, match="open_tree"):
+                _lowerfs.overlay_workspace(
+                    str(workspace), None, None, None, held=folder, below=(folder,)
+                )
+        finally:
+            os.close(folder)
+        assert os.listdir(workspace) == []
+
+
+def test_the_merged_view_refuses_what_is_no_held_layer(tmp_path: Path) -> None:
+    """The host's merged view of a held stack is made of detached mounts only: a folder of
+    the host's, a file, a closed descriptor are each refused with the kernel's reason, and
+    nothing is left open."""
+    (tmp_path / "f").write_bytes(b"x")
+    folder = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    regular = os.open(tmp_path / "f", os.O_RDONLY)
+    try:
+        before = set(os.listdir("/proc/self/fd"))
+        with pytest.raises(OSError, match="two at least"):
+            merged_view((folder,))
+        for layers in ((folder, folder), (folder, regular), (regular, folder)):
+            with pytest.raises(OSError, match="clone a held layer"):
+                merged_view(layers)
+        spare = os.dup(regular)
+        os.close(spare)
+        with pytest.raises(OSError, match="clone a held layer"):
+            merged_view((folder, spare))
+        assert set(os.listdir("/proc/self/fd")) == before
+    finally:
+        os.close(folder)
+        os.close(regular)
