@@ -306,9 +306,10 @@ def freeze_fork(
     tmpfs (which the overlay covers). As ``freeze_workspace`` does for a fresh turn: a
     clone of that folder (``open_tree`` by descriptor, read-only), the tmpfs's superblock
     made read-only (``EBUSY`` while a file is open for writing; nothing has changed then),
-    and the turn writes on in a new overlay whose lower layer is a clone of the old
-    overlay, read-only from then on (the kernel's stacking depth of 2 allows it: the
-    old one lies on plain layers). The host lays its own forks' overlays on the stack
+    and the turn writes on in a new overlay on that layer over the old overlay's lower
+    layers (``lowers``), or, without them, on a clone of the old overlay, read-only from
+    then on (the kernel's stacking depth of 2 allows it: the old one lies on plain
+    layers). The host lays its own forks' overlays on the stack
     ``[this layer, the layers below]``, flattened, with the same attribute mode
     (``userxattr`` or ``trusted.*``): the layer's whiteouts and opaque folders mean
     there what they meant here. Raises ``OSError`` and leaves the workspace as it was.
@@ -334,10 +335,12 @@ def freeze_fork(
     clone = below = -1
     try:
         clone = _upper_clone(upper, held)
-        below = _lowerfs.syscall(
-            _SYS_OPEN_TREE, "open_tree (the overlay)", ctypes.c_int(_AT_FDCWD),
-            ctypes.c_char_p(workspace.encode()), ctypes.c_uint(_OPEN_TREE_CLONE | os.O_CLOEXEC),
-        )  # fmt: skip
+        if not lowers:
+            below = _lowerfs.syscall(
+                _SYS_OPEN_TREE, "open_tree (the overlay)", ctypes.c_int(_AT_FDCWD),
+                ctypes.c_char_p(workspace.encode()),
+                ctypes.c_uint(_OPEN_TREE_CLONE | os.O_CLOEXEC),
+            )  # fmt: skip
         # fspick takes a mount's root only: the clone's is the upper folder, on the tmpfs.
         _set_ro("", True, at=clone)
         try:

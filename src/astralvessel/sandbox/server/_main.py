@@ -425,7 +425,13 @@ class Server:
             # Over a socket the layer is passed with the hello, whatever number the host's
             # is; none passed: no layer (the host copies the files in).
             lower = self.passed.pop(0) if self.passed else None
-            config = _messages.Hello(**dict(config.fields(), workspace_lower_fd=lower))
+            if config.workspace_below_fds and lower is not None:
+                # A stack's layers come inherited alone (bubblewrap, nsjail), never over a
+                # socket: none is laid (the host copies the files in).
+                os.close(lower)
+                lower = None
+            fields = dict(config.fields(), workspace_lower_fd=lower, workspace_below_fds=[])
+            config = _messages.Hello(**fields)
         if self.host is not None and config.adopt_socket is not None:
             # Docker's adoption socket comes the same way, after any layer (the two never
             # come together); none passed: this sandbox is never adopted.
