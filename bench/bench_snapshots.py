@@ -269,8 +269,8 @@ def bench(  # noqa: PLR0917 - the command line's options, in order
         )
         print(
             "  ** a fork of a fresh turn's first fork: the turn's files are its parent's"
-            " frozen layer and its own; as root on bubblewrap and nsjail its own layer is"
-            " frozen and stacked over the parent's, elsewhere its capture links from a"
+            " frozen layer and its own; on bubblewrap and nsjail (root or not) its own layer"
+            " is frozen and stacked over the parent's, on Docker its capture links from a"
             " store copy of the layer made once"
         )
 

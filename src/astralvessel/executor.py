@@ -420,6 +420,8 @@ class Executor(Closing):
         as its workspace's lower layer, where the backend opens snapshots copy-on-write."""
         if snapshot is None or not overlay_backend(self.sandbox.name):
             return self.policy
+        if len(snapshot.held_stack) > 1:
+            return self._held_stack_policy(snapshot)
         held = snapshot.held_layer
         if held is not None:
             # A frozen layer an ordinary user's host holds: passed to the server by
@@ -434,6 +436,15 @@ class Executor(Closing):
             # can be idmapped, nor lie on one so deep).
             return attrs.evolve(self.policy, workspace_layers=tuple(t.path for t in layers))
         return attrs.evolve(self.policy, workspace_lower=snapshot.path)
+
+    def _held_stack_policy(self, snapshot: TurnSnapshot) -> Policy:
+        """An ordinary user's stack of held layers: each passed by descriptor, top first,
+        the server laying its overlay on its clones of them all (else the files are
+        copied in: a backend that lays no overlay on several layers)."""
+        if not stacked_lower(self.sandbox.name):
+            return self.policy
+        fds = [layer.held for layer in snapshot.held_stack if layer.held is not None]
+        return attrs.evolve(self.policy, workspace_lower_fd=fds[0], workspace_below_fds=fds[1:])
 
     def _check_fits(self, snapshot: TurnSnapshot) -> None:
         """Refuse a snapshot the turn's workspace could not hold as a copy.

@@ -1,6 +1,8 @@
 """A stack of frozen layers (a fork of a fork's, ``Policy.workspace_layers``) reaches a
-sandbox as binds, one per layer, top first, and nothing else: bogus stacks are refused by
-the host's policy and by the server's hello; a freeze of a fork's own layer is refused
+sandbox as binds, one per layer, top first, and nothing else (an ordinary user's, held:
+``Policy.workspace_below_fds``, as descriptors); bogus stacks are refused by the host's
+policy and by the server's hello, and the host's merged view of a held stack takes
+detached mounts only; a freeze of a fork's own layer is refused
 where the workspace is no such fork's; the host's overlay of the stack refuses a path
 its options would split on."""
 
@@ -15,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from astralvessel._executor._snapshot._heldmerge import merged_view
 from astralvessel._executor._snapshot._store import mount_stack
 from astralvessel._ground import _mounts
 from astralvessel.errors import UsageError
@@ -179,7 +182,10 @@ def test_the_hosts_overlay_reads_the_layers_in_the_forks_attribute_mode(
         ({"workspace_lower_fd": 3, "workspace_below_fds": (True,)}, "numbers"),
         ({"workspace_lower_fd": 3, "workspace_below_fds": (4, 3)}, "twice"),
         ({"workspace_lower_fd": 3, "workspace_below_fds": (4, 4)}, "twice"),
-        ({"workspace_lower_fd": 3, "workspace_below_fds": tuple(range(4, 4 + MAX_LAYERS))}, "fewer"),
+        (
+            {"workspace_lower_fd": 3, "workspace_below_fds": tuple(range(4, 4 + MAX_LAYERS))},
+            "fewer",
+        ),
     ],
 )
 def test_a_bogus_held_stack_is_refused_by_the_policy(fields: dict[str, object], words: str) -> None:
@@ -218,9 +224,8 @@ def test_the_server_refuses_a_held_stack_it_cannot_lay(tmp_path: Path) -> None:
     made; layers that are no detached mounts are refused, and no layers folder is left."""
     workspace = tmp_path / "ws"
     workspace.mkdir()
-    lower = str(tmp_path)
     with pytest.raises(OSError, match="held stack") as refused:
-        _lowerfs.overlay_workspace(str(workspace), lower, None, None, held=3, below=(4,))
+        _lowerfs.overlay_workspace(str(workspace), str(tmp_path), None, None, held=3, below=(4,))
     assert refused.value.errno == errno.EINVAL
     with pytest.raises(OSError, match="held stack"):
         _lowerfs.overlay_workspace(
@@ -231,7 +236,9 @@ def test_the_server_refuses_a_held_stack_it_cannot_lay(tmp_path: Path) -> None:
         folder = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
         try:
             with pytest.raises(OSError, match="open_tree"):
-                _lowerfs.overlay_workspace(str(workspace), None, None, None, held=folder, below=(folder,))
+                _lowerfs.overlay_workspace(
+                    str(workspace), None, None, None, held=folder, below=(folder,)
+                )
         finally:
             os.close(folder)
         assert os.listdir(workspace) == []
@@ -240,7 +247,7 @@ def test_the_server_refuses_a_held_stack_it_cannot_lay(tmp_path: Path) -> None:
 def test_the_merged_view_refuses_what_is_no_held_layer(tmp_path: Path) -> None:
     """The host's merged view of a held stack is made of detached mounts only: a folder of
     the host's, a file, a closed descriptor are each refused with the kernel's reason, and
-    nothing is left mounted or open."""
+    nothing is left open."""
     (tmp_path / "f").write_bytes(b"x")
     folder = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     regular = os.open(tmp_path / "f", os.O_RDONLY)
@@ -249,11 +256,11 @@ def test_the_merged_view_refuses_what_is_no_held_layer(tmp_path: Path) -> None:
         with pytest.raises(OSError, match="two at least"):
             merged_view((folder,))
         for layers in ((folder, folder), (folder, regular), (regular, folder)):
-            with pytest.raises(OSError, match="clone a held layer|lowerdir"):
+            with pytest.raises(OSError, match="clone a held layer"):
                 merged_view(layers)
         spare = os.dup(regular)
         os.close(spare)
-        with pytest.raises(OSError):
+        with pytest.raises(OSError, match="clone a held layer"):
             merged_view((folder, spare))
         assert set(os.listdir("/proc/self/fd")) == before
     finally:

@@ -1,13 +1,15 @@
-"""A fork of a fork freezes its own layer in place and stacks it over its parent's (root,
-bubblewrap and nsjail): nothing is copied to the store, and its forks open on the stack.
+"""A fork of a fork freezes its own layer in place and stacks it over its parent's
+(bubblewrap and nsjail, as root and as an ordinary user): nothing is copied to the store,
+and its forks open on the stack.
 
 A fresh turn's fork freezes its workspace tmpfs (``test_frozen_fork``); a turn opened on
 that layer writes in an overlay whose upper layer is its own tmpfs. Its fork freezes that
-upper layer alone and the snapshot is the stack ``[its layer, the parent's]``: the host
-mounts their read-only overlay in the store as the snapshot's path (listing, digests,
-``save``), and each fork of it lays its own overlay on the layers themselves. As an
-ordinary user (no mount of the host's) and past ``MAX_LAYERS``, a fork of a fork
-captures, as before. Real sandboxes, no mocks.
+upper layer alone and the snapshot is the stack ``[its layer, the parent's]``: as root
+the host mounts their read-only overlay in the store as the snapshot's path (listing,
+digests, ``save``); as an ordinary user the layers are held by descriptor and their
+overlay is made in a user namespace of its own and held too (``_heldmerge``). Each fork
+of it lays its own overlay on the layers themselves. Past ``MAX_LAYERS`` a fork of a
+fork captures, as before. Real sandboxes, no mocks.
 """
 
 from __future__ import annotations
@@ -27,7 +29,14 @@ from astralvessel.sandbox.server._messages import MAX_LAYERS
 from .test_frozen_fork import _MAKE, _sh, _store_bytes
 
 ROOT = os.geteuid() == 0
-root_only = pytest.mark.skipif(not ROOT, reason="an ordinary user's host cannot mount a stack")
+root_only = pytest.mark.skipif(not ROOT, reason="root stages the layers at paths of its store")
+
+
+def _layers(snapshot: TurnSnapshot) -> tuple[Any, ...]:
+    """The frozen layers the snapshot's files are, top first: root's staged ones, an
+    ordinary user's held ones."""
+    return snapshot.stack if ROOT else snapshot.held_stack
+
 
 #: What a fork changes above its parent's layer: a file removed (a whiteout), a folder
 #: removed and made again (opaque), a name removed and made again as a link, a folder
@@ -62,14 +71,15 @@ def _fork_of_a_fork(executor: Executor) -> tuple[Any, Any, Any, TurnSnapshot]:
     (grandchild,) = child.fork(1)
     source = grandchild.snapshot_source
     assert source is not None
+    assert len(_layers(source)) == 2, "the fork of a fork was captured, not stacked"
+    assert _layers(source)[1] is _layers(child.snapshot_source)[0]
     if ROOT:
-        assert len(source.stack) == 2, "the fork of a fork was captured, not stacked"
         assert os.path.ismount(source.path)
-        assert source.stack[1] is child.snapshot_source.stack[0]
-        # No store copy of the parent's layer (64 files of 16 KiB): the store barely grows.
-        assert _store_bytes() - before < 64 << 10, "the fork of a fork copied a layer"
-    else:
-        assert source.stack == ()
+    else:  # the merged view, held: no mount of the host's
+        assert str(source.path).startswith("/proc/self/fd/")
+        assert source.held_layer is None, "a stack's merged view was taken for one layer"
+    # No store copy of the parent's layer (64 files of 16 KiB): the store barely grows.
+    assert _store_bytes() - before < 64 << 10, "the fork of a fork copied a layer"
     return parent, child, grandchild, source
 
 
@@ -125,9 +135,8 @@ def test_a_fork_of_a_fork_of_a_fork_stacks_three_layers(executor: Executor) -> N
         with third:
             deeper = third.snapshot_source
             assert deeper is not None
-            if ROOT:
-                assert len(deeper.stack) == 3
-                assert deeper.stack[1:] == source.stack
+            assert len(_layers(deeper)) == 3
+            assert _layers(deeper)[1:] == _layers(source)
             view = "cd /workspace && ls -A . mine && cat link shared"
             assert _sh(third, view) == _sh(grandchild, view)
             assert _sh(third, view).startswith(".:\nd\nlink\nmine\noutbox\nshared\n\nmine:\n3\n")
@@ -135,7 +144,6 @@ def test_a_fork_of_a_fork_of_a_fork_stacks_three_layers(executor: Executor) -> N
             assert _saved_again(deeper)
 
 
-@root_only
 def test_a_stack_past_its_bound_is_captured(executor: Executor) -> None:
     turns = [executor.turn()]
     try:
@@ -145,7 +153,7 @@ def test_a_stack_past_its_bound_is_captured(executor: Executor) -> None:
             turns.append(fork)
             source = fork.snapshot_source
             assert source is not None
-            assert len(source.stack) == (depth if depth <= MAX_LAYERS else 0)
+            assert len(_layers(source)) == (depth if depth <= MAX_LAYERS else 0)
             assert _sh(fork, f"cat /workspace/n && echo {depth} > /workspace/n") == (
                 f"{depth - 1}\n"
             )
@@ -154,7 +162,6 @@ def test_a_stack_past_its_bound_is_captured(executor: Executor) -> None:
             turn.close()
 
 
-@root_only
 def test_the_stack_counts_its_own_layer_on_the_budget(executor: Executor) -> None:
     """The parent's layer (1 MiB) is counted once; the fork's layer adds its own bytes."""
     budget = executor.snapshot_budget
@@ -189,6 +196,35 @@ def test_the_layers_go_with_the_last_snapshot_and_fork(executor: Executor) -> No
     assert not any(os.path.ismount(path) for path in paths)
 
 
+def _identity(fd: int) -> tuple[int, int] | None:
+    try:
+        info = os.fstat(fd)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
+@pytest.mark.skipif(ROOT, reason="an ordinary user's layers and merged view are descriptors")
+def test_the_held_layers_go_with_the_last_snapshot_and_fork(executor: Executor) -> None:
+    parent, child, grandchild, source = _fork_of_a_fork(executor)
+    held = [int(str(source.path).rsplit("/", 1)[1])]
+    held += [int(layer.held) for layer in source.held_stack]
+    before = {fd: _identity(fd) for fd in held}
+    assert None not in before.values()
+    parent.close()
+    child.close()
+    del parent, child
+    gc.collect()
+    assert drain(10)
+    assert {fd: _identity(fd) for fd in held} == before, "a layer went while a fork was on it"
+    with grandchild:
+        assert _sh(grandchild, "cat /workspace/mine") == "mine\n"
+    del grandchild, source
+    gc.collect()
+    assert drain(10)
+    assert not any(_identity(fd) == before[fd] for fd in held), "a held layer was kept"
+
+
 def test_a_busy_fork_of_a_fork_copies_and_says_why(
     executor: Executor, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -204,12 +240,11 @@ def test_a_busy_fork_of_a_fork_copies_and_says_why(
             with grandchild:
                 source = grandchild.snapshot_source
                 assert source is not None
-                assert source.stack == ()
+                assert _layers(source) == ()
                 view = "cd /workspace && ls -A . d/e && cat shared"
                 assert _sh(grandchild, view) == _sh(child, view)
-            if ROOT:
-                refused = [r for r in caplog.records if "freeze_refused" in r.getMessage()]
-                assert [r.astralvessel["errno"] for r in refused] == ["EBUSY"]  # type: ignore[attr-defined]
+            refused = [r for r in caplog.records if "freeze_refused" in r.getMessage()]
+            assert [r.astralvessel["errno"] for r in refused] == ["EBUSY"]  # type: ignore[attr-defined]
             process.kill()
             _sh(child, "echo on > /workspace/on")
 
@@ -241,10 +276,14 @@ def test_a_forks_forged_overlay_attributes_change_nothing_the_stack_shows(
             (grandchild,) = child.fork(1)
             with grandchild:
                 view = "cd /workspace && ls -A . d | wc -l && cat mine d/f4 | wc -c"
-                assert _sh(grandchild, view) == _sh(child, view) == "72\n16389\n"
+                assert _sh(grandchild, view) == "72\n16389\n"
                 source = grandchild.snapshot_source
                 assert source is not None
                 assert len(os.listdir(source.path / "d")) == 64
+                assert (source.path / "d/f4").stat().st_size == 16384
+                # The fork's own overlay, laid again at the freeze, lies on the layers
+                # themselves too: it reads them as its forks and the stack do.
+                assert _sh(child, view) == "72\n16389\n"
                 assert child.snapshot() == source
 
 
@@ -267,7 +306,8 @@ def test_a_hostile_fork_of_a_fork_cannot_change_the_layers(executor: Executor) -
             view = "cd /workspace && cat mine && ls -A . d | wc -l"
             assert _sh(sibling, view) == _sh(child, view) == "mine\n72\n"
         assert (source.path / "mine").read_bytes() == b"mine\n"
-        assert all(os.statvfs(layer.path).f_flag & os.ST_RDONLY for layer in source.stack)
+        assert all(os.statvfs(layer.path).f_flag & os.ST_RDONLY for layer in _layers(source))
+        assert os.statvfs(source.path).f_flag & os.ST_RDONLY
         assert _saved_again(source)
 
 
@@ -290,7 +330,6 @@ def test_hard_links_across_the_layers_are_a_captures(executor: Executor) -> None
                 assert _sh(grandchild, view) == _sh(child, view)
 
 
-@root_only
 @pytest.mark.parametrize("backend", ["bubblewrap", "nsjail"])
 def test_a_fork_on_a_warm_sandbox_stacks_its_layer_too(backend: str) -> None:
     """A fork that adopted a warm sandbox lies on its layer as a cold one does: its own
@@ -304,7 +343,22 @@ def test_a_fork_on_a_warm_sandbox_stacks_its_layer_too(backend: str) -> None:
             with grandchild:
                 source = grandchild.snapshot_source
                 assert source is not None
-                assert len(source.stack) == 2
+                assert len(_layers(source)) == 2
                 view = "cd /workspace && ls -A . d/e && cat shared mine"
                 assert _sh(grandchild, view) == _sh(child, view)
                 assert child.snapshot() == source
+
+
+def test_the_forks_own_files_stay_apart_after_its_freeze(executor: Executor) -> None:
+    """The fork's overlay, laid again at its freeze, lies on its frozen layer over its
+    parent's, flat: no two files of two layers share a device and inode in its view (in
+    an overlay over its old overlay they could, and its captures took them for links)."""
+    parent, child, grandchild, _ = _fork_of_a_fork(executor)
+    with parent, child, grandchild:
+        each = "cd /workspace && find . -path ./outbox -prune -o -type f -links 1 -print"
+        each += " | xargs stat -c '%d:%i' | sort | uniq -d"
+        assert _sh(child, each) == _sh(grandchild, each) == ""
+        _sh(child, "cd /workspace && echo again > again && ln mine mine2")
+        (later,) = child.fork(1)
+        with later:
+            assert child.snapshot() == later.snapshot_source

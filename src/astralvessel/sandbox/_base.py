@@ -149,7 +149,11 @@ class Sandbox(abc.ABC):
             policy
             if link.lower_laid is None
             else attrs.evolve(
-                policy, workspace_lower=None, workspace_lower_fd=None, workspace_layers=()
+                policy,
+                workspace_lower=None,
+                workspace_lower_fd=None,
+                workspace_below_fds=(),
+                workspace_layers=(),
             )
         )
         if link.lower_fd is not None:

@@ -145,7 +145,11 @@ def freeze_fork_layer(
     raises ``OSError`` as ``freeze`` does (``EOPNOTSUPP``: not such a fork)."""
     if session.backend not in ("bubblewrap", "nsjail"):
         raise OSError(errno.EOPNOTSUPP, f"a {session.backend} fork's layer is not stacked")
+    # An ordinary user's forks clone the layer in their own namespaces: only a clone of the
+    # server's held tmpfs will do (refused before anything changes otherwise).
     fields: dict[str, object] = {"upper_bytes": upper_bytes, "stack": True}
+    if os.geteuid() != 0:
+        fields["held"] = True
     fd, reply = _taken_from(session, fields, timeout, None)
     userxattr = reply.get("userxattr")
     if not isinstance(userxattr, bool):

@@ -293,15 +293,19 @@ class NamespaceBackend(Sandbox):
                     server_command(facts.python.executable, first_filter=first_filter),
                     server_filter,
                     config_fd=config_fd,
-                    server_fds=tuple(
-                        fd for fd in (events_fd, limit_fd, lower_fd, adopt_fd) if fd is not None
+                    server_fds=(
+                        *(fd for fd in (events_fd, limit_fd, lower_fd, adopt_fd) if fd is not None),
+                        *policy.workspace_below_fds,
                     ),
                 )
             )
-            fds = tuple(
-                fd
-                for fd in (memfd, config_fd, events_fd, limit_fd, lower_fd, adopt_fd)
-                if fd is not None
+            fds = (
+                *(
+                    fd
+                    for fd in (memfd, config_fd, events_fd, limit_fd, lower_fd, adopt_fd)
+                    if fd is not None
+                ),
+                *policy.workspace_below_fds,  # the snapshot's too, not ours to close
             )
             # The cgroup goes and the lease goes back once the sandbox is reaped.
             channel = PipeChannel.spawn(

@@ -337,6 +337,29 @@ def _layers(instance: object, attribute: attrs.Attribute[tuple[Path, ...]], valu
         raise UsageError("a policy takes workspace_layers, workspace_lower or its fd, not two")
 
 
+def _fd_tuple(values: Iterable[int]) -> tuple[int, ...]:
+    return tuple(values)
+
+
+def _below_fds(
+    instance: object, attribute: attrs.Attribute[tuple[int, ...]], value: object
+) -> None:
+    if not isinstance(value, tuple) or not value:
+        return
+    if len(value) >= MAX_LAYERS:
+        raise UsageError(
+            f"workspace_below_fds holds fewer than {MAX_LAYERS} layers, not {len(value)}"
+        )
+    top = getattr(instance, "workspace_lower_fd", None)
+    if top is None:
+        raise UsageError("workspace_below_fds lie below workspace_lower_fd, which is missing")
+    for fd in value:
+        if isinstance(fd, bool) or not isinstance(fd, int) or fd < 0:
+            raise UsageError(f"workspace_below_fds must be descriptors' numbers, not {fd!r}")
+    if len({top, *value}) != len(value) + 1:
+        raise UsageError("workspace_below_fds and workspace_lower_fd name a descriptor twice")
+
+
 def _uid_range(value: UidRange | str | None) -> UidRange | None:
     return None if value is None else UidRange.coerce(value)
 
@@ -382,6 +405,12 @@ class Policy(Relaxations):
     #: the same number, and the server lays the overlay on its own clone of it (bubblewrap
     #: and nsjail). A runtime detail, so not part of ``identity``.
     workspace_lower_fd: int | None = attrs.field(default=None, validator=_lower_fd)
+    #: And the held frozen layers below it, top first (an ordinary user's stack: a fork
+    #: of a fork frozen in place, ``Tree.held_stacked``): passed alike, each cloned and
+    #: laid under the overlay with it (bubblewrap and nsjail). A runtime detail.
+    workspace_below_fds: tuple[int, ...] = attrs.field(
+        default=(), converter=_fd_tuple, validator=_below_fds
+    )
     #: Or a stack of frozen layers staged in the host's store, top first (a fork of a
     #: fork frozen in place, root's: ``Tree.stacked``): each is bound read-only and the
     #: server lays the overlay on them all, each idmapped as one tree would be (bubblewrap

@@ -123,6 +123,8 @@ def hello_message(policy: Policy, options: ServerOptions, *, file_worker_idle: f
         workspace_layers=len(policy.workspace_layers),
         # Or a frozen layer the host holds, passed at the same number (``_nsbackend``).
         workspace_lower_fd=policy.workspace_lower_fd,
+        # And the held layers below it, a stack's (passed at the same numbers too).
+        workspace_below_fds=list(policy.workspace_below_fds),
         hold_workspace=options.hold_workspace,
         adopt_socket=options.adopt_socket,
         file_worker_idle=file_worker_idle,
@@ -145,6 +147,7 @@ def _probe_key(key: str | None, hello: Hello) -> str | None:
     settings["drop_uid"] = hello.drop_uid is None
     settings["drop_gid"] = hello.drop_gid is None
     settings["workspace_lower_fd"] = hello.workspace_lower_fd is None  # its number varies
+    settings["workspace_below_fds"] = len(hello.workspace_below_fds)
     settings["adopt_socket"] = hello.adopt_socket is None
     import json  # here: most hosts never reuse a probe
 

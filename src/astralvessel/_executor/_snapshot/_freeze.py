@@ -42,6 +42,7 @@ from ...sandbox.server import _snapfiles
 from ...sandbox.server._messages import MAX_LAYERS
 from ._build import TreeWriter
 from ._capture import checked_shape, too_many_names
+from ._heldmerge import merged_view
 from ._manifest import Entry, EntryKind, Manifest
 from ._reuse import with_digests
 from ._store import Budget, Inodes, Tree, new_folder
@@ -152,19 +153,33 @@ def snapshot_stacked(
     and hashed there exactly as a frozen layer's files are. Only this layer's own files
     are counted on the budget (the layers below are counted already, and kept here).
 
-    Root only. ``fd`` is the snapshot's or closed here; ``Unstaged`` where the layer
-    cannot be staged or the stack mounted (the caller captures: the fork writes on
-    above the layer either way), ``SnapshotError`` for what a capture refuses.
+    ``fd`` is the snapshot's or closed here; ``Unstaged`` where the layer cannot be
+    staged or the stack mounted (the caller captures: the fork writes on above the layer
+    either way), ``SnapshotError`` for what a capture refuses.
+
+    As an ordinary user, who cannot mount, the layer is held (``Tree.held_layer``) over
+    ``below``'s held layers, and the merged view is a detached overlay of them all made
+    in a user namespace of its own (``_heldmerge``), held too (``Tree.held_stacked``).
     """
+    held = os.geteuid() != 0
     try:
         device = _checked_layer(fd)
-        staged = Tree.frozen(fd, budget)
+    except BaseException as exc:
+        os.close(fd)
+        if isinstance(exc, OSError):
+            raise Unstaged(f"the fork's frozen layer cannot be read: {exc}") from exc
+        raise
+    try:
+        staged = Tree.held_layer(fd, budget) if held else Tree.frozen(fd, budget)
     except OSError as exc:
         raise Unstaged(f"the fork's frozen layer cannot be staged: {exc}") from exc
     try:
         own = _listing(staged.path.as_posix(), "", max_files)
         staged.hold(_inodes(own, device))  # its bytes, before any is read
-        tree = Tree.stacked((staged, *below.stack), budget, userxattr=userxattr)
+        if held:
+            tree = _held_stacked(staged, below, budget, userxattr=userxattr)
+        else:
+            tree = Tree.stacked((staged, *below.stack), budget, userxattr=userxattr)
     except OSError as exc:
         staged.remove()
         raise Unstaged(f"the fork's layers cannot be stacked: {exc}") from exc
@@ -181,6 +196,17 @@ def snapshot_stacked(
         if isinstance(exc, OSError):
             raise SnapshotError(f"the fork's frozen layers cannot be read: {exc}") from exc
         raise
+
+
+def _held_stacked(
+    top: Tree, below: TurnSnapshot, budget: Budget | None, *, userxattr: bool
+) -> Tree:
+    """The held stack ``[top, *below's held layers]`` and its merged view (``_heldmerge``)."""
+    layers = (top, *below.held_stack)
+    if not userxattr:  # a namespace of the host user's own reads user.* attributes only
+        raise OSError(errno.EOPNOTSUPP, "the fork's layer holds trusted.* overlay attributes")
+    fd = merged_view(tuple(int(layer.held) for layer in layers if layer.held is not None))
+    return Tree.held_stacked(fd, layers, budget)
 
 
 def _below_digests(below: TurnSnapshot, own: Any) -> dict[bytes, Entry]:
@@ -200,10 +226,12 @@ def stacks_on(snapshot: TurnSnapshot | None) -> bool:
     """Whether a fork opened from ``snapshot`` freezes its own layer and stacks it over
     ``snapshot``'s (``snapshot_stacked``): root's staged frozen layers, short of
     ``MAX_LAYERS`` (a deeper fork of a fork captures, as every fork of a fork did before;
-    so do an ordinary user's, whose host cannot mount the stack)."""
-    if snapshot is None or os.geteuid() != 0:
+    an ordinary user's are held layers, ``held_stack``, whose merged view a namespace of
+    its own mounts, ``_heldmerge``)."""
+    if snapshot is None:
         return False
-    return 0 < len(snapshot.stack) < MAX_LAYERS
+    layers = snapshot.stack if os.geteuid() == 0 else snapshot.held_stack
+    return 0 < len(layers) < MAX_LAYERS
 
 
 class Unstaged(SnapshotError):

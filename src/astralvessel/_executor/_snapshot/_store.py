@@ -317,9 +317,28 @@ class Tree:
     def stack(self) -> tuple[Tree, ...]:
         """The staged frozen layers this tree's files are, top first: a stacked tree's
         layers, a staged layer itself alone; empty for a store tree or a held layer."""
+        if self.held is not None:
+            return ()
         if self.layers:
             return self.layers
-        return (self,) if self.mounted and self.held is None else ()
+        return (self,) if self.mounted else ()
+
+    @classmethod
+    def held_stacked(cls, fd: int, layers: tuple[Tree, ...], budget: Budget | None) -> Tree:
+        """The tree of a stack of held frozen layers (``layers``, top first: an ordinary
+        user's fork's own layer over those its overlay lay on), whose merged read-only
+        overlay ``fd`` is (``_heldmerge.merged_view``, a detached mount): read through
+        ``/proc/self/fd`` as a held layer is, and closed when this object goes; the
+        layers are kept until then. Its own files are theirs, so it holds none."""
+        return cls(Path(f"/proc/self/fd/{fd}"), budget, held=fd, layers=layers)
+
+    @property
+    def held_stack(self) -> tuple[Tree, ...]:
+        """The held frozen layers this tree's files are, top first (an ordinary user's):
+        a held stack's layers, a held layer itself alone; empty for any other tree."""
+        if self.held is None:
+            return ()
+        return self.layers or (self,)
 
     @classmethod
     def held_layer(cls, fd: int, budget: Budget | None) -> Tree:

@@ -84,8 +84,16 @@ class TurnSnapshot:
     @property
     def held_layer(self) -> int | None:
         """The frozen layer's descriptor this process holds (an ordinary user's host,
-        ``Tree.held_layer``: ``path`` is then its ``/proc/self/fd`` name), or None."""
-        return self._tree.held
+        ``Tree.held_layer``: ``path`` is then its ``/proc/self/fd`` name), or None (a
+        held stack's merged view is no layer: ``held_stack``)."""
+        return None if self._tree.layers else self._tree.held
+
+    @property
+    def held_stack(self) -> tuple[Tree, ...]:
+        """The held frozen layers ``path`` shows, top first (an ordinary user's: one for
+        a fresh turn's freeze, more for a fork's stacked over it, ``Tree.held_stacked``);
+        empty for a store tree or root's staged layers."""
+        return self._tree.held_stack
 
     def save(self, dest: PathOrFile) -> None:
         """Write the portable form (a POSIX pax tar, manifest first) to a path or binary file."""

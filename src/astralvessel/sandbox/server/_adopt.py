@@ -73,14 +73,22 @@ def take_layer(socket_fd: int | None) -> int:
     return fds[0]
 
 
-def lay(config: Hello, path_map: dict[str, str], layer: int) -> int:
+def lay(
+    config: Hello, path_map: dict[str, str], layer: int, sources_to: list[int] | None = None
+) -> int:
     """Lay the workspace's overlay on ``layer`` and make the outbox in it; the upper
     layer's descriptor (for the file worker). Raises ``OSError`` where the overlay is
     refused, the workspace then left as it was."""
     workspace = map_path(config.workspace, path_map)
     outbox = map_path(config.outbox, path_map)
     upper = _lowerfs.overlay_workspace(
-        workspace, None, config.drop_uid, config.drop_gid, held=layer, movable=True
+        workspace,
+        None,
+        config.drop_uid,
+        config.drop_gid,
+        held=layer,
+        movable=True,
+        sources_to=sources_to,
     )
     _hello.clear_lower_outbox(outbox)
     _hello.prepare_workspace(workspace, outbox, config.drop_uid, config.drop_gid)

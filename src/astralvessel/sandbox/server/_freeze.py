@@ -64,11 +64,13 @@ if TYPE_CHECKING:
     from ._messages import Hello
 
 __all__ = [
+    "OVERLAYFS_MAGIC",
     "TMPFS_MAGIC",
     "answer",
     "filesystem_type",
     "freeze_fork",
     "freeze_workspace",
+    "fstatfs_type",
     "not_here",
     "prepared",
     "refused",
@@ -88,6 +90,7 @@ _SYS_FSPICK = 433
 _SYS_MOUNT_SETATTR = 442
 _AT_FDCWD = -100
 _AT_EMPTY_PATH = 0x1000
+_AT_SYMLINK_NOFOLLOW = 0x100
 _OPEN_TREE_CLONE = 1
 _FSOPEN_CLOEXEC = 1
 _FSPICK_CLOEXEC = 1
@@ -196,15 +199,18 @@ def _mount_read_only(tree: int) -> None:
     )  # fmt: skip
 
 
-def _overlay(workspace: str, clone: int, layers: int, userxattr: bool) -> None:
-    """Mount the overlay of ``clone`` under ``layers``'s ``upper`` on ``workspace``."""
+def _overlay(workspace: str, clone: int | list[int], layers: int, userxattr: bool) -> None:
+    """Mount the overlay of ``clone`` (or of these layers, top first) under ``layers``'s
+    ``upper`` on ``workspace``."""
     flags = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     upper = work = fs = merged = -1
+    lowers = clone if isinstance(clone, list) else [clone]
     try:
         upper = os.open("upper", flags, dir_fd=layers)
         work = os.open("work", flags, dir_fd=layers)
         fs = _fsopen("overlay")
-        for key, fd in (("lowerdir+", clone), ("upperdir", upper), ("workdir", work)):
+        fields = [("lowerdir+", fd) for fd in lowers] + [("upperdir", upper), ("workdir", work)]
+        for key, fd in fields:
             _config(fs, _FSCONFIG_SET_FD, key, aux=fd, what=f"fsconfig {key}")
         if userxattr:
             _config(fs, _FSCONFIG_SET_FLAG, "userxattr", what="fsconfig userxattr")
@@ -274,7 +280,8 @@ def freeze_workspace(
     return clone
 
 
-def _fstatfs_type(fd: int) -> int:
+def fstatfs_type(fd: int) -> int:
+    """``fstatfs``'s ``f_type`` of the filesystem ``fd`` is on."""
     buffer = ctypes.create_string_buffer(_STATFS_BYTES)
     _sys.check(_sys.libc().fstatfs(ctypes.c_int(fd), buffer), "fstatfs")
     return int(struct.unpack_from("=l", buffer.raw)[0])
@@ -288,6 +295,8 @@ def freeze_fork(
     *,
     userxattr: bool,
     upper_to: Callable[[int], None] | None = None,
+    held: int = -1,
+    lowers: list[int] | None = None,
 ) -> int:
     """Freeze a fork's own upper layer in place (a turn opened on a snapshot's layers,
     whose overlay ``_lowerfs`` laid at hello) and lay a new overlay on it; return the
@@ -297,29 +306,41 @@ def freeze_fork(
     tmpfs (which the overlay covers). As ``freeze_workspace`` does for a fresh turn: a
     clone of that folder (``open_tree`` by descriptor, read-only), the tmpfs's superblock
     made read-only (``EBUSY`` while a file is open for writing; nothing has changed then),
-    and the turn writes on in a new overlay whose lower layer is a clone of the old
-    overlay, read-only from then on (the kernel's stacking depth of 2 allows it: the
-    old one lies on plain layers). The host lays its own forks' overlays on the stack
+    and the turn writes on in a new overlay on that layer over the old overlay's lower
+    layers (``lowers``), or, without them, on a clone of the old overlay, read-only from
+    then on (the kernel's stacking depth of 2 allows it: the old one lies on plain
+    layers). The host lays its own forks' overlays on the stack
     ``[this layer, the layers below]``, flattened, with the same attribute mode
     (``userxattr`` or ``trusted.*``): the layer's whiteouts and opaque folders mean
     there what they meant here. Raises ``OSError`` and leaves the workspace as it was.
+
+    ``held``: the workspace tmpfs's detached original (``_heldfs``; an ordinary user's
+    fork), or -1. Where given, the layer is cloned from it (its ``upper`` folder, checked
+    to be ``upper``'s): the kernel clones again, in another mount namespace (a fork of
+    this fork's, in its own user namespace), only what comes of an ``fsmount``, never a
+    clone of a mount attached here.
+
+    ``lowers``: the old overlay's lower layers (``O_PATH`` descriptors, top first, kept
+    from hello: ``_lowerfs.overlay_workspace(sources_to=)``). Where given, the new overlay
+    lies on the frozen layer over them, flat, rather than on a clone of the old overlay:
+    a nested overlay shows every file of its lower overlay on one device, so files of
+    two layers may share an inode number there, and a capture of the turn would take
+    them for hard links of each other.
     """
-    if filesystem_type(workspace) != OVERLAYFS_MAGIC or _fstatfs_type(upper) != TMPFS_MAGIC:
+    if filesystem_type(workspace) != OVERLAYFS_MAGIC or fstatfs_type(upper) != TMPFS_MAGIC:
         raise OSError(errno.EOPNOTSUPP, f"{workspace} is not a fork's overlay on its own tmpfs")
     if os.fstatvfs(upper).f_flag & os.ST_RDONLY:
         raise OSError(errno.EOPNOTSUPP, "the fork's upper layer is frozen already")
     layers = _upper_tmpfs(size, inodes)
     clone = below = -1
     try:
-        flags = _OPEN_TREE_CLONE | _AT_EMPTY_PATH | os.O_CLOEXEC
-        clone = _lowerfs.syscall(
-            _SYS_OPEN_TREE, "open_tree (the upper layer)", ctypes.c_int(upper),
-            ctypes.c_char_p(b""), ctypes.c_uint(flags),
-        )  # fmt: skip
-        below = _lowerfs.syscall(
-            _SYS_OPEN_TREE, "open_tree (the overlay)", ctypes.c_int(_AT_FDCWD),
-            ctypes.c_char_p(workspace.encode()), ctypes.c_uint(_OPEN_TREE_CLONE | os.O_CLOEXEC),
-        )  # fmt: skip
+        clone = _upper_clone(upper, held)
+        if not lowers:
+            below = _lowerfs.syscall(
+                _SYS_OPEN_TREE, "open_tree (the overlay)", ctypes.c_int(_AT_FDCWD),
+                ctypes.c_char_p(workspace.encode()),
+                ctypes.c_uint(_OPEN_TREE_CLONE | os.O_CLOEXEC),
+            )  # fmt: skip
         # fspick takes a mount's root only: the clone's is the upper folder, on the tmpfs.
         _set_ro("", True, at=clone)
         try:
@@ -327,7 +348,7 @@ def freeze_fork(
             os.chown("upper", root.st_uid, root.st_gid, dir_fd=layers)
             os.chmod("upper", stat.S_IMODE(root.st_mode), dir_fd=layers)
             _mount_read_only(clone)
-            _overlay(workspace, below, layers, userxattr)
+            _overlay(workspace, [clone, *lowers] if lowers else below, layers, userxattr)
         except OSError:
             _set_ro("", False, at=clone)
             raise
@@ -340,6 +361,28 @@ def freeze_fork(
         raise
     finally:
         _close(layers, below)
+    return clone
+
+
+def _upper_clone(upper: int, held: int) -> int:
+    """A detached clone of the fork's upper folder ``upper``: by that descriptor, or from
+    the held original of its tmpfs (``held``), at the folder the overlay took at hello."""
+    if held < 0:
+        flags = _OPEN_TREE_CLONE | _AT_EMPTY_PATH | os.O_CLOEXEC
+        return _lowerfs.syscall(
+            _SYS_OPEN_TREE, "open_tree (the upper layer)", ctypes.c_int(upper),
+            ctypes.c_char_p(b""), ctypes.c_uint(flags),
+        )  # fmt: skip
+    name = f"{_lowerfs.LAYERS}/upper".encode()
+    clone = _lowerfs.syscall(
+        _SYS_OPEN_TREE, "open_tree (the upper layer, held)", ctypes.c_int(held),
+        ctypes.c_char_p(name),
+        ctypes.c_uint(_OPEN_TREE_CLONE | _AT_SYMLINK_NOFOLLOW | os.O_CLOEXEC),
+    )  # fmt: skip
+    mine, theirs = os.fstat(clone), os.fstat(upper)
+    if (mine.st_dev, mine.st_ino) != (theirs.st_dev, theirs.st_ino):
+        _close(clone)
+        raise OSError(errno.EOPNOTSUPP, "the held tmpfs is not the fork's upper layer's")
     return clone
 
 
@@ -398,13 +441,14 @@ def answer(
     held: int = -1,
     held_only: bool = False,
     fork_upper: int = -1,
+    fork_lowers: list[int] | None = None,
 ) -> dict[str, Any]:
     """The answer to a ``freeze``: the clone's number, device and inode, or the refusal.
 
     ``fork_upper``: the upper folder of the overlay laid at hello on the host's stack of
     layers, where the host asked to stack (``Freeze.stack``): that layer alone is frozen
     and handed over (``freeze_fork``); -1 (not such a fork, or frozen already):
-    ``EOPNOTSUPP``.
+    ``EOPNOTSUPP``. ``fork_lowers``: the layers that overlay lies on (``freeze_fork``).
 
     ``held``: the workspace tmpfs's detached original (``_heldfs``), or -1. Where the
     server holds it, that is what the host gets (made read-only too): a fork's server
@@ -435,6 +479,8 @@ def answer(
                 config.limits["workspace_inodes"],
                 userxattr=userxattr,
                 upper_to=upper_to,
+                held=held,
+                lowers=fork_lowers,
             )
         except OSError as exc:
             return refused(exc.errno or errno.EIO, str(exc))

@@ -139,13 +139,16 @@ def relaxations(config: Hello, plan: _launch.LaunchPlan, workspace: str) -> dict
     }
 
 
-def lower_workspace(config: Hello, plan: _launch.LaunchPlan, workspace: str) -> tuple[Any, int]:
+def lower_workspace(
+    config: Hello, plan: _launch.LaunchPlan, workspace: str, sources_to: list[int] | None = None
+) -> tuple[Any, int]:
     """The workspace as an overlay on the snapshot's tree, when the host bound one: what
     came of it (``{"workspace_lower": True}`` or why not), nothing when none was bound;
     and a descriptor of its upper layer for the file worker (-1: no overlay).
 
     Before the outbox is made and before anything forks; where it cannot be, the host
-    copies the snapshot's files in instead.
+    copies the snapshot's files in instead. ``sources_to`` takes the overlay's lower
+    layers' descriptors (``_lowerfs.overlay_workspace``).
     """
     lower, held = config.workspace_lower, config.workspace_lower_fd
     upper = -1
@@ -163,7 +166,9 @@ def lower_workspace(config: Hello, plan: _launch.LaunchPlan, workspace: str) -> 
                 config.drop_uid,
                 config.drop_gid,
                 held=-1 if held is None else held,
+                below=tuple(config.workspace_below_fds),
                 layers=config.workspace_layers,
+                sources_to=sources_to,
             )
             why = True
         except OSError as exc:
@@ -171,17 +176,24 @@ def lower_workspace(config: Hello, plan: _launch.LaunchPlan, workspace: str) -> 
     return {"workspace_lower": why}, upper
 
 
-def hold_workspace(config: Hello, plan: _launch.LaunchPlan, workspace: str) -> int:
+def hold_workspace(
+    config: Hello, plan: _launch.LaunchPlan, workspace: str, *, local: bool = True
+) -> int:
     """Make the workspace a tmpfs of the server's own, holding its detached original
     (``_heldfs``), where a freeze would hand it to an ordinary user's host: the sandbox's
     own empty tmpfs, in a user namespace. Its descriptor, or -1 (not here, or refused:
-    a freeze is then refused too, and the host copies)."""
+    a freeze is then refused too, and the host copies).
+
+    Also under a fork's overlay on held layers (``workspace_lower_fd``) where the host is
+    a local process (``local``: bubblewrap, nsjail): the overlay's upper folder is on that
+    tmpfs, and a freeze of the fork's own layer clones it from the held original, which
+    the forks of this fork, each in its own user namespace, can clone again."""
     if (
         not config.hold_workspace
         or not plan.confine
         or workspace != config.workspace
         or config.workspace_lower is not None
-        or config.workspace_lower_fd is not None
+        or (config.workspace_lower_fd is not None and not local)
         or config.writable_root
         or _lowerfs.in_initial_userns()
     ):
@@ -194,11 +206,12 @@ def hold_workspace(config: Hello, plan: _launch.LaunchPlan, workspace: str) -> i
 
 
 def close_passed_lower(config: Hello) -> None:
-    """Close the frozen layer's descriptor the host passed (its clone is laid, or it could
-    not be): no call may inherit it."""
-    if config.workspace_lower_fd is not None:
-        with suppress(OSError):
-            os.close(config.workspace_lower_fd)
+    """Close the frozen layers' descriptors the host passed (their clones are laid, or
+    they could not be): no call may inherit them."""
+    for fd in (config.workspace_lower_fd, *config.workspace_below_fds):
+        if fd is not None:
+            with suppress(OSError):
+                os.close(fd)
 
 
 def workspace_problems(config: Hello, plan: _launch.LaunchPlan, workspace: str) -> dict[str, str]:

@@ -165,8 +165,10 @@ def overlay_workspace(
     gid: int | None,
     *,
     held: int = -1,
+    below: tuple[int, ...] = (),
     movable: bool = False,
     layers: int = 0,
+    sources_to: list[int] | None = None,
 ) -> int:
     """Mount the overlay of ``lower`` (the snapshot's bound tree) on ``workspace``, or of
     ``held`` (a frozen layer passed by descriptor, ``lower`` None; see ``_attach_held``).
@@ -180,26 +182,42 @@ def overlay_workspace(
     server's alone (an adoption's, see ``_attach_held``). ``layers``: ``lower`` holds
     that many layers, folders ``0``, ``1``... top first (a stack: a fork of a fork
     frozen in place, ``_freeze.freeze_fork``), each idmapped as one tree would be.
+    ``below``: the held layers under ``held``, top first (an ordinary user's stack), each
+    cloned and attached as ``held`` is, the overlay laid on them all.
+    ``sources_to`` takes a descriptor (``O_PATH``, close-on-exec, the caller's) of each
+    lower layer the overlay took, top first, once it is laid: a freeze of the turn's own
+    layer lays its next overlay on that layer over these (``_freeze.freeze_fork``), flat.
     """
     if not 0 <= layers <= MAX_LAYERS or (layers and lower is None):
         raise OSError(errno.EINVAL, f"a stacked lower layer holds 1 to {MAX_LAYERS} layers")
+    if below and (lower is not None or movable or len(below) >= MAX_LAYERS):
+        raise OSError(errno.EINVAL, f"a held stack holds 2 to {MAX_LAYERS} passed layers")
     folder = os.path.join(workspace, LAYERS)
     os.mkdir(folder, 0o700)
     try:
         if lower is None:
-            lower = _attach_held(held, os.path.join(folder, "held"), movable=movable)
-        stack = [os.path.join(lower, str(i)) for i in range(layers)] if layers else [lower]
-        upper = _lay(workspace, folder, stack, uid, gid)
+            stack = [
+                _attach_held(fd, os.path.join(folder, _held_name(index)), movable=movable)
+                for index, fd in enumerate((held, *below))
+            ]
+        else:
+            stack = [os.path.join(lower, str(i)) for i in range(layers)] if layers else [lower]
+        upper = _lay(workspace, folder, stack, uid, gid, sources_to=sources_to)
     except OSError:
-        _undo(folder, layers)
+        _undo(folder, layers, len(below))
         raise
-    if held >= 0:
+    if lower is None:
         return upper  # its clone is in the layers folder, which the overlay covers
     # The overlay holds its layers; the bind's own mount point is covered, so the tree is
     # reached through the overlay alone.
     cover = _sys.MS_RDONLY | _sys.MS_NOSUID | _sys.MS_NODEV | _sys.MS_NOEXEC
     _sys.mount("none", lower, "tmpfs", cover, "size=4k,mode=0555")
     return upper
+
+
+def _held_name(index: int) -> str:
+    """The folder of the layers folder a held layer's clone is attached at (top: ``held``)."""
+    return "held" if index == 0 else f"held{index}"
 
 
 def _attach_held(held: int, target: str, *, movable: bool = False) -> str:
@@ -238,7 +256,15 @@ def _attach_held(held: int, target: str, *, movable: bool = False) -> str:
     return target
 
 
-def _lay(workspace: str, layers: str, stack: list[str], uid: int | None, gid: int | None) -> int:
+def _lay(
+    workspace: str,
+    layers: str,
+    stack: list[str],
+    uid: int | None,
+    gid: int | None,
+    *,
+    sources_to: list[int] | None = None,
+) -> int:
     upper = os.path.join(layers, "upper")
     work = os.path.join(layers, "work")
     os.mkdir(upper, 0o755)
@@ -256,10 +282,20 @@ def _lay(workspace: str, layers: str, stack: list[str], uid: int | None, gid: in
         # name the upper layer does not hold shows the lower layer's file of that name.
         extra = ",redirect_dir=nofollow" if in_initial_userns() else ",userxattr"
         options = f"lowerdir={':'.join(sources)},upperdir={upper},workdir={work}{extra}"
-        _sys.mount("overlay", workspace, "overlay", _sys.MS_NOSUID | _sys.MS_NODEV, options)
+        # Before the overlay (and the bind's cover) hides their paths.
+        paths = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+        held = [os.open(source, paths) for source in sources] if sources_to is not None else []
+        try:
+            _sys.mount("overlay", workspace, "overlay", _sys.MS_NOSUID | _sys.MS_NODEV, options)
+        except OSError:
+            for fd in held:
+                os.close(fd)
+            raise
     except OSError:
         os.close(upper_fd)
         raise
+    if sources_to is not None:
+        sources_to.extend(held)
     return upper_fd
 
 
@@ -283,9 +319,13 @@ def _source(
     return source
 
 
-def _undo(layers: str, count: int = 0) -> None:
+def _undo(layers: str, count: int = 0, below: int = 0) -> None:
     """Leave the workspace as it was: the lower clones detached, the layers folder gone."""
-    clones = ("lower", "held", *(f"lower{index}" for index in range(1, count)))
+    clones = (
+        "lower",
+        *(_held_name(index) for index in range(below + 1)),
+        *(f"lower{index}" for index in range(1, count)),
+    )
     for name in clones:
         clone = os.path.join(layers, name)
         if os.path.ismount(clone):

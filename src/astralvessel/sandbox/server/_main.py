@@ -112,6 +112,9 @@ class Server:
         #: lower, or at an adoption), for a freeze of that layer alone (``Freeze.stack``);
         #: -1: none, or frozen already.
         self.fork_upper = -1
+        #: The layers the fork's overlay lies on (``O_PATH``, top first): its freeze lays
+        #: the next one on its own frozen layer over them, flat (``_freeze.freeze_fork``).
+        self.fork_lowers: list[int] = []
         #: What the host asked of this sandbox first (a call, a file request, an
         #: adoption), which rules out an adoption; empty: nothing yet.
         self.touched = ""
@@ -298,6 +301,7 @@ class Server:
             held=self.held_workspace,
             held_only=message.held,
             fork_upper=self.fork_upper if message.stack else -1,
+            fork_lowers=self.fork_lowers,
         )
 
     def _calls_running(self) -> dict[str, Any] | None:
@@ -319,9 +323,16 @@ class Server:
         """After a freeze: hold the clone; what copied the old view is made again."""
         self.frozen.add(clone)
         if self.fork_upper >= 0:  # frozen now (its layer, or the tmpfs holding it)
-            with suppress(OSError):
-                os.close(self.fork_upper)
+            for fd in (self.fork_upper, *self.fork_lowers):
+                with suppress(OSError):
+                    os.close(fd)
             self.fork_upper = -1
+            self.fork_lowers = []
+            if self.held_workspace >= 0 and clone != self.held_workspace:
+                # The held tmpfs's layer is the host's now; the tmpfs itself is frozen.
+                with suppress(OSError):
+                    os.close(self.held_workspace)
+                self.held_workspace = -1
         if clone == self.held_workspace:
             self.held_workspace = -1  # the host's to take now, then released as a clone
         self._old_view_retired()
@@ -372,7 +383,7 @@ class Server:
             # What copied the old view (the spare's namespaces) must not serve a call.
             self._old_view_retired()
             try:
-                upper = _adopt.lay(config, self.path_map, layer)
+                upper = _adopt.lay(config, self.path_map, layer, self.fork_lowers)
             except OSError as exc:
                 return _freeze.refused(exc.errno or errno.EIO, f"cannot lay the overlay: {exc}")
             finally:
@@ -381,9 +392,11 @@ class Server:
             if socket_fd is not None:
                 with suppress(OSError):
                     os.close(socket_fd)
-        if self.held_workspace >= 0:
+        if self.held_workspace >= 0 and (upper < 0 or self.host is not None):
             # The overlay covers the held tmpfs, as a cold fork's covers the launcher's:
             # a later freeze of this fork takes the overlay, never the empty tmpfs below.
+            # Kept under a local fork's overlay (as at a fork's hello): its own layer, the
+            # upper folder there, is cloned from it when it freezes (``freeze_fork``).
             with suppress(OSError):
                 os.close(self.held_workspace)
             self.held_workspace = -1
@@ -412,7 +425,13 @@ class Server:
             # Over a socket the layer is passed with the hello, whatever number the host's
             # is; none passed: no layer (the host copies the files in).
             lower = self.passed.pop(0) if self.passed else None
-            config = _messages.Hello(**dict(config.fields(), workspace_lower_fd=lower))
+            if config.workspace_below_fds and lower is not None:
+                # A stack's layers come inherited alone (bubblewrap, nsjail), never over a
+                # socket: none is laid (the host copies the files in).
+                os.close(lower)
+                lower = None
+            fields = dict(config.fields(), workspace_lower_fd=lower, workspace_below_fds=[])
+            config = _messages.Hello(**fields)
         if self.host is not None and config.adopt_socket is not None:
             # Docker's adoption socket comes the same way, after any layer (the two never
             # come together); none passed: this sandbox is never adopted.
@@ -435,19 +454,21 @@ class Server:
         workspace = map_path(config.workspace, self.path_map)
         outbox = map_path(config.outbox, self.path_map)
         # Before anything copies the view (the outbox, the file worker, a call's namespaces).
-        self.held_workspace = _hello.hold_workspace(config, plan, workspace)
+        self.held_workspace = _hello.hold_workspace(
+            config, plan, workspace, local=self.host is None
+        )
         problems.update(_hello.workspace_problems(config, plan, workspace))
         if plan.confine and workspace == config.workspace:
             # A mapped workspace is a host folder the backend chose, not the sandbox's tmpfs.
             self.disk_path = workspace
         # The overlay first: the outbox and the writable root's layers are made in it.
         try:
-            lowered, upper = _hello.lower_workspace(config, plan, workspace)
+            lowered, upper = _hello.lower_workspace(config, plan, workspace, self.fork_lowers)
         finally:
             _hello.close_passed_lower(config)
         if lowered.get("workspace_lower") is True:
             _hello.clear_lower_outbox(outbox)
-            if config.workspace_lower is not None and upper >= 0:
+            if upper >= 0:  # over the host's layers, staged or held
                 self.fork_upper = os.dup(upper)  # the file worker's copy goes with it
         _hello.prepare_workspace(workspace, outbox, config.drop_uid, config.drop_gid)
         relaxations = {**lowered, **_hello.relaxations(config, plan, workspace)}

@@ -209,6 +209,10 @@ class Hello(Message):
     #: (Docker's direct channel) it is the descriptor passed with the hello (``SCM_RIGHTS``),
     #: whatever the number.
     workspace_lower_fd: int | None
+    #: The held frozen layers below ``workspace_lower_fd``, top first, as descriptors
+    #: passed alike (an ordinary user's stack: a fork of a fork frozen in place); at most
+    #: ``MAX_LAYERS`` with it. Empty: ``workspace_lower_fd`` is one layer.
+    workspace_below_fds: list[int]
     #: Whether to make a fresh workspace's tmpfs again and hold its original (``_heldfs``).
     hold_workspace: bool
     #: A unix socket the host passes a fork's frozen layer on, should it adopt this
@@ -221,6 +225,17 @@ class Hello(Message):
             raise ValueError(
                 "'hello' message: 'workspace_lower_fd' must be a descriptor's number, "
                 "and only without 'workspace_lower'"
+            )
+        below = self.workspace_below_fds
+        if below and (
+            lower_fd is None
+            or len(below) >= MAX_LAYERS
+            or any(fd < 0 or fd == lower_fd for fd in below)
+            or len(set(below)) != len(below)
+        ):
+            raise ValueError(
+                "'hello' message: 'workspace_below_fds' must be distinct descriptors' "
+                f"numbers, fewer than {MAX_LAYERS}, and only with 'workspace_lower_fd'"
             )
         if self.workspace_layers and (
             not 0 < self.workspace_layers <= MAX_LAYERS or self.workspace_lower is None
