@@ -443,7 +443,10 @@ class Executor(Closing):
         copied in: a backend that lays no overlay on several layers)."""
         if not stacked_lower(self.sandbox.name):
             return self.policy
-        fds = [layer.held for layer in snapshot.held_stack if layer.held is not None]
+        stack = snapshot.held_stack
+        fds = [layer.held for layer in stack if layer.held is not None]
+        if len(fds) != len(stack):  # never dropped: that layer's files would just be missing
+            raise SnapshotError("a layer of the snapshot is no longer held")
         return attrs.evolve(self.policy, workspace_lower_fd=fds[0], workspace_below_fds=fds[1:])
 
     def _check_fits(self, snapshot: TurnSnapshot) -> None:

@@ -227,6 +227,38 @@ def _overlay(workspace: str, clone: int | list[int], layers: int, userxattr: boo
         _close(upper, work, fs, merged)
 
 
+def _freeze_and_lay(  # noqa: PLR0917 - the steps' inputs, in order
+    workspace: str,
+    superblock: tuple[str, int],
+    clone: int,
+    lower: int | list[int],
+    layers: int,
+    userxattr: bool,
+    upper_to: Callable[[int], None] | None,
+) -> None:
+    """The freeze and what follows it, a fresh turn's and a fork's alike: the superblock
+    at ``superblock`` (a path, or ``""`` and a descriptor on it) made read-only, the new
+    upper folder given the workspace root's owner and mode, ``clone`` made read-only,
+    and the overlay of ``lower`` under ``layers``'s ``upper`` laid on ``workspace``. A
+    step refused after the freeze thaws the superblock again and raises: the turn is
+    left as it was. ``upper_to`` then takes a descriptor of the new upper folder."""
+    path, at = superblock
+    _set_ro(path, True, at=at)
+    try:
+        root = os.stat(workspace)
+        os.chown("upper", root.st_uid, root.st_gid, dir_fd=layers)
+        os.chmod("upper", stat.S_IMODE(root.st_mode), dir_fd=layers)
+        _mount_read_only(clone)
+        _overlay(workspace, lower, layers, userxattr)
+    except OSError:
+        _set_ro(path, False, at=at)
+        raise
+    if upper_to is not None:
+        flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+        with suppress(OSError):  # no listing of it: no file is marked
+            upper_to(os.open("upper", flags, dir_fd=layers))
+
+
 def freeze_workspace(
     workspace: str,
     size: int,
@@ -258,20 +290,8 @@ def freeze_workspace(
             _SYS_OPEN_TREE, "open_tree", ctypes.c_int(_AT_FDCWD),
             ctypes.c_char_p(workspace.encode()), ctypes.c_uint(_OPEN_TREE_CLONE | os.O_CLOEXEC),
         )  # fmt: skip
-        _set_ro(workspace, True)
-        try:
-            root = os.stat(workspace)
-            os.chown("upper", root.st_uid, root.st_gid, dir_fd=layers)
-            os.chmod("upper", stat.S_IMODE(root.st_mode), dir_fd=layers)
-            _mount_read_only(clone)
-            _overlay(workspace, clone, layers, userxattr)
-        except OSError:
-            _set_ro(workspace, False)
-            raise
-        if upper_to is not None:
-            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-            with suppress(OSError):  # no listing of it: no file is marked
-                upper_to(os.open("upper", flags, dir_fd=layers))
+        superblock = (workspace, _AT_FDCWD)
+        _freeze_and_lay(workspace, superblock, clone, clone, layers, userxattr, upper_to)
     except OSError:
         _close(clone)
         raise
@@ -342,20 +362,8 @@ def freeze_fork(
                 ctypes.c_uint(_OPEN_TREE_CLONE | os.O_CLOEXEC),
             )  # fmt: skip
         # fspick takes a mount's root only: the clone's is the upper folder, on the tmpfs.
-        _set_ro("", True, at=clone)
-        try:
-            root = os.stat(workspace)
-            os.chown("upper", root.st_uid, root.st_gid, dir_fd=layers)
-            os.chmod("upper", stat.S_IMODE(root.st_mode), dir_fd=layers)
-            _mount_read_only(clone)
-            _overlay(workspace, [clone, *lowers] if lowers else below, layers, userxattr)
-        except OSError:
-            _set_ro("", False, at=clone)
-            raise
-        if upper_to is not None:
-            flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
-            with suppress(OSError):  # no listing of it: no file is marked
-                upper_to(os.open("upper", flags, dir_fd=layers))
+        lower = [clone, *lowers] if lowers else below
+        _freeze_and_lay(workspace, ("", clone), clone, lower, layers, userxattr, upper_to)
     except OSError:
         _close(clone)
         raise
