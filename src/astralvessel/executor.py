@@ -413,7 +413,7 @@ class Executor(Closing):
         here = getattr(self.sandbox, "adopts_warm_here", None)
         if here is not None and not here():
             return None
-        return pool if adoptable(snapshot) else None
+        return pool if adoptable(snapshot, self.sandbox.name) else None
 
     def _policy_for(self, snapshot: TurnSnapshot | None) -> Policy:
         """The policy a sandbox opened from ``snapshot`` starts with: the snapshot's tree

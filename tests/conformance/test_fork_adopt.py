@@ -15,7 +15,7 @@ from __future__ import annotations
 import errno
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import attrs
@@ -59,14 +59,14 @@ def adoptable_session(executor: Executor) -> ServerSession:
 def frozen_fork_layer(executor: Executor) -> tuple[object, int]:
     """A fork of a turn holding ``f`` = base (kept open: its layer lives with it) and a
     descriptor of its frozen layer that the test closes."""
-    from astralvessel._executor._adopt import _layer_of
+    from astralvessel._executor._adopt import _layers_of
 
     with executor.turn() as parent:
         run_script(parent, "echo base > /workspace/f")
         (fork,) = parent.fork(1, ready=0)
     snapshot = fork.snapshot_source
     assert snapshot is not None
-    with _layer_of(snapshot) as layer:
+    with _layers_of(snapshot) as (layer,):
         return fork, os.dup(layer)
 
 
@@ -248,7 +248,7 @@ def test_a_failed_adoption_closes_that_sandbox_and_the_fork_starts_its_own(
     fork opens with its files as it would without one."""
     refused: list[ServerSession] = []
 
-    def refuse(self: ServerSession, layer: int, timeout: float) -> None:
+    def refuse(self: ServerSession, layer: int, timeout: float, below: Sequence[int] = ()) -> None:
         refused.append(self)
         raise SandboxError(f"refused: {errno.errorcode[errno.EPERM]}")
 

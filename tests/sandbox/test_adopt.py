@@ -15,7 +15,7 @@ from astralvessel.sandbox._policy import Policy
 from astralvessel.sandbox._server_hello import hello_message
 from astralvessel.sandbox.server import _adopt
 from astralvessel.sandbox.server._launch import LaunchPlan
-from astralvessel.sandbox.server._messages import Hello
+from astralvessel.sandbox.server._messages import MAX_LAYERS, Hello
 
 #: The name the server gives EOPNOTSUPP (``errno.errorcode``'s: ENOTSUP on Linux).
 NOT_SUPPORTED = errno.errorcode[errno.EOPNOTSUPP]
@@ -83,29 +83,86 @@ def test_a_writable_root_is_refused() -> None:
 def test_no_layer_waiting_is_refused() -> None:
     """An adoption whose layer never came (or no socket) fails before anything is laid."""
     with pytest.raises(OSError, match="without an adoption socket"):
-        _adopt.take_layer(None)
+        _adopt.take_layers(None)
     host, server = socket.socketpair()
     try:
         with pytest.raises(OSError, match="no layer was passed"):
-            _adopt.take_layer(os.dup(server.fileno()))
+            _adopt.take_layers(os.dup(server.fileno()))
     finally:
         host.close()
         server.close()
 
 
-def test_the_layer_passed_is_taken() -> None:
-    """The descriptor the host passed before its request is the one taken."""
+def _open_fds() -> set[str]:
+    return set(os.listdir("/proc/self/fd"))
+
+
+def test_more_layers_than_a_stack_holds_are_refused_and_closed(tmp_path: Path) -> None:
+    """Past ``MAX_LAYERS`` the server lays nothing (E2BIG), and closes every descriptor
+    that came, rather than lay a stack cut short."""
     host, server = socket.socketpair()
-    read_end, write_end = os.pipe()
+    folder = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     try:
-        socket.send_fds(host, [b"L"], [read_end])
-        taken = _adopt.take_layer(os.dup(server.fileno()))
-        try:
-            assert os.fstat(taken).st_ino == os.fstat(read_end).st_ino
-        finally:
-            os.close(taken)
+        before = _open_fds()
+        socket.send_fds(host, [b"L"], [folder] * (MAX_LAYERS + 3))
+        with pytest.raises(OSError, match=f"{MAX_LAYERS} at most") as refused:
+            _adopt.take_layers(server.fileno())
+        assert refused.value.errno == errno.E2BIG
+        assert _open_fds() == before
     finally:
-        for fd in (read_end, write_end):
+        os.close(folder)
+        host.close()
+        server.close()
+
+
+def test_what_is_no_read_only_folder_mount_is_refused(tmp_path: Path) -> None:
+    """A descriptor that is no folder, or a folder the host could write through, is no
+    frozen layer: refused before any is laid, and every one passed closed."""
+    read_end, write_end = os.pipe()
+    folder = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(OSError, match="layer 0 is no folder"):
+            _adopt.checked_layers([read_end])
+        with pytest.raises(OSError, match="layer 0 is no read-only mount"):
+            _adopt.checked_layers([folder])
+        host, server = socket.socketpair()
+        try:
+            before = _open_fds()
+            socket.send_fds(host, [b"L"], [folder, read_end])
+            with pytest.raises(OSError, match="no read-only mount"):
+                _adopt.take_layers(server.fileno())
+            assert _open_fds() == before
+        finally:
+            host.close()
+            server.close()
+    finally:
+        for fd in (read_end, write_end, folder):
+            os.close(fd)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root's host clones a staged tree")
+def test_a_stack_of_detached_read_only_mounts_is_taken_top_first(tmp_path: Path) -> None:
+    """Every layer the host passed in its one message is taken, in its order; a folder
+    inside a read-only mount is no layer (its parent is that mount's), so it is refused."""
+    from astralvessel._ground._mounts import detached_clone
+
+    for name in ("top", "middle", "bottom"):
+        (tmp_path / name / "inner").mkdir(parents=True)
+    clones = [detached_clone(str(tmp_path / name)) for name in ("top", "middle", "bottom")]
+    inner = os.open("inner", os.O_RDONLY | os.O_DIRECTORY, dir_fd=clones[0])
+    host, server = socket.socketpair()
+    try:
+        with pytest.raises(OSError, match="layer 1 is no detached mount's root"):
+            _adopt.checked_layers([clones[0], inner])
+        socket.send_fds(host, [b"L"], clones)
+        taken = _adopt.take_layers(server.fileno())
+        try:
+            assert [os.fstat(fd).st_ino for fd in taken] == [os.fstat(fd).st_ino for fd in clones]
+        finally:
+            for fd in taken:
+                os.close(fd)
+    finally:
+        for fd in (*clones, inner):
             os.close(fd)
         host.close()
         server.close()

@@ -333,7 +333,7 @@ def test_hard_links_across_the_layers_are_a_captures(executor: Executor) -> None
 @pytest.mark.parametrize("backend", ["bubblewrap", "nsjail"])
 def test_a_fork_on_a_warm_sandbox_stacks_its_layer_too(backend: str) -> None:
     """A fork that adopted a warm sandbox lies on its layer as a cold one does: its own
-    fork stacks; a stack is never handed to a warm sandbox (the fork starts its own)."""
+    fork stacks (that fork adopting a warm sandbox too: ``test_adopted_stack``)."""
     with Executor(Registry(), sandbox=backend, warm=2) as executor, executor.turn() as parent:
         _sh(parent, _MAKE)
         (child,) = parent.fork(1)

@@ -2,8 +2,9 @@
 
 A warm sandbox is started before anyone forks, with an empty workspace. A fork can
 still take it: the host hands its server the fork's frozen layer (a detached mount,
-over the socket the sandbox was started with: ``Policy.adoptable``), and the server
-lays the workspace's overlay on it as a fork's own sandbox would at its start. The
+over the socket the sandbox was started with: ``Policy.adoptable``), or a fork of a
+fork's stack of layers, every one, top first, and the server lays the workspace's
+overlay on them as a fork's own sandbox would at its start. The
 fork's first call then costs what a warm turn's does, not a sandbox's start. On
 Docker the socket came with the sandbox's hello, and the backend makes the layer the
 sandbox's uid's first (``ServerSession.fit_layer``: ``sandbox/docker/_adoption``).
@@ -17,6 +18,7 @@ executor's own snapshot fills its warm sandboxes' workspaces.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Iterator
 
@@ -28,7 +30,8 @@ from ..errors import SandboxError
 from ..sandbox._base import SandboxSession
 from ..sandbox._policy import Policy
 from ..sandbox._session import ServerSession
-from ._snapshot._mechanism import adopts_warm
+from ..sandbox.server._messages import MAX_LAYERS
+from ._snapshot._mechanism import adopts_warm, stacked_lower
 from ._snapshot._value import TurnSnapshot
 from ._warm import ADOPTED_SETTLE, WarmPool
 
@@ -46,21 +49,26 @@ def warm_policy(backend: str, policy: Policy, snapshot: TurnSnapshot | None) -> 
     return attrs.evolve(policy, adoptable=True)
 
 
-def adoptable(snapshot: TurnSnapshot) -> bool:
-    """Whether the host can hand a server ``snapshot``'s files as a layer: a frozen layer
-    an ordinary user holds, or, as root, any tree of the store (cloned). An ordinary
-    user's tree in the store (a snapshot of a turn that had one alive) is no mount he
-    can pass: its forks open as they would without warm sandboxes. Nor a stack of
-    layers (a fork of a fork's, ``Tree.stacked``): one layer goes on the socket."""
-    if len(snapshot.stack) > 1:
-        return False
+def adoptable(snapshot: TurnSnapshot, backend: str) -> bool:
+    """Whether the host can hand a server ``snapshot``'s files as layers: a frozen layer
+    an ordinary user holds, or, as root, any tree of the store (cloned); a stack of
+    layers (a fork of a fork's, ``Tree.stacked``) where ``backend`` lays its overlay on
+    one (``stacked_lower``: not Docker's, whose host fits one layer), every layer held
+    or staged. An ordinary user's tree in the store (a snapshot of a turn that had one
+    alive) is no mount he can pass: its forks open as they would without warm sandboxes."""
+    held = snapshot.held_stack
+    if len(held) > 1 or len(snapshot.stack) > 1:
+        if not stacked_lower(backend) or len(held or snapshot.stack) > MAX_LAYERS:
+            return False
+        return all(layer.held is not None for layer in held) if held else os.geteuid() == 0
     return snapshot.held_layer is not None or os.geteuid() == 0
 
 
 def adopt_warm(pool: WarmPool | None, snapshot: TurnSnapshot) -> SandboxSession | None:
-    """A warm sandbox of ``pool`` whose workspace now lies on ``snapshot``'s frozen layer,
-    or None (no warm sandbox ready, or the adoption failed: that one is closed)."""
-    if pool is None or not adoptable(snapshot):
+    """A warm sandbox of ``pool`` whose workspace now lies on ``snapshot``'s frozen layers,
+    or None (no warm sandbox ready, or the adoption failed: that one is closed). The
+    caller checked that they can be handed over (``adoptable``)."""
+    if pool is None:
         return None
     # Taking one asks the pool to start the next, as a turn's does, once the forks'
     # first calls have had the cores (``ADOPTED_SETTLE``).
@@ -71,8 +79,8 @@ def adopt_warm(pool: WarmPool | None, snapshot: TurnSnapshot) -> SandboxSession 
         session.close()
         return None
     try:
-        with _layer_of(snapshot) as layer:
-            session.adopt(layer, ADOPT_WAIT)
+        with _layers_of(snapshot) as (layer, *below):
+            session.adopt(layer, ADOPT_WAIT, below)
     except (SandboxError, OSError) as exc:
         # Never serve a fork from a sandbox whose workspace may be half laid.
         session.close()
@@ -82,16 +90,27 @@ def adopt_warm(pool: WarmPool | None, snapshot: TurnSnapshot) -> SandboxSession 
 
 
 @contextlib.contextmanager
-def _layer_of(snapshot: TurnSnapshot) -> Iterator[int]:
-    """A descriptor of the snapshot's layer to pass a server: an ordinary user's held
-    layer itself (the host keeps it), or, as root, a clone of the tree it staged, made
-    for that one server (closed after)."""
-    held = snapshot.held_layer
-    if held is not None:
-        yield held
+def _layers_of(snapshot: TurnSnapshot) -> Iterator[tuple[int, ...]]:
+    """Descriptors of the snapshot's layers to pass a server, top first: an ordinary
+    user's held layers themselves (the host keeps them), or, as root, a clone of each
+    tree it staged (of the tree itself where it is no stack), made for that one server
+    (closed after)."""
+    held = snapshot.held_stack
+    if held:
+        yield tuple(_held(layer.held) for layer in held)
         return
-    clone = detached_clone(str(snapshot.path))
+    paths = [str(layer.path) for layer in snapshot.stack] or [str(snapshot.path)]
+    clones: list[int] = []
     try:
-        yield clone
+        for path in paths:
+            clones.append(detached_clone(path))
+        yield tuple(clones)
     finally:
-        os.close(clone)
+        for clone in clones:
+            os.close(clone)
+
+
+def _held(fd: int | None) -> int:
+    if fd is None:  # ``adoptable`` passes no stack with a layer no longer held
+        raise OSError(errno.EBADF, "a layer of the snapshot is no longer held")
+    return fd

@@ -18,7 +18,7 @@ import contextlib
 import os
 import socket
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, cast
@@ -589,9 +589,11 @@ class ServerSession(SandboxSession):
         with contextlib.suppress(SandboxError):
             self._send(_protocol.encode(Cancel().to_json(call_id)))
 
-    def adopt(self, layer: int, timeout: float) -> None:
+    def adopt(self, layer: int, timeout: float, below: Sequence[int] = ()) -> None:
         """Lay this fresh sandbox's workspace on a fork's frozen layer (the descriptor
         ``layer``, the host's to close), as a fork's own sandbox would have at its start.
+        ``below``: the layers under it, top first, where the fork's files are a stack (a
+        fork of a fork's), as ``Policy.workspace_below_fds`` are at a hello.
 
         Once only, and only before any other request (the server refuses it after one):
         raises ``SandboxError`` where it was not laid, and the sandbox must then be
@@ -601,14 +603,17 @@ class ServerSession(SandboxSession):
             sock, self.adopt_socket = self.adopt_socket, None
         if sock is None:
             raise SandboxError(f"this {self.backend} sandbox cannot be adopted by a fork")
+        if below and self.fit_layer is not None:
+            sock.close()  # a backend that fits the layer first fits one (Docker's)
+            raise SandboxError(f"a stack of layers cannot be made this {self.backend} sandbox's")
         try:
             fitted = layer if self.fit_layer is None else self.fit_layer(layer)
         except OSError as exc:
             sock.close()
             raise SandboxError(f"the fork's layer cannot be made this sandbox's ({exc})") from None
         try:
-            # The layer waits on the socket before the request that names it is sent.
-            socket.send_fds(sock, [b"L"], [fitted])
+            # The layers wait on the socket, in one message, before the request naming them.
+            socket.send_fds(sock, [b"L"], [fitted, *below])
         except OSError as exc:
             raise SandboxError(f"cannot pass the fork's layer to the sandbox ({exc})") from None
         finally:

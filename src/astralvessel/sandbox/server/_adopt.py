@@ -4,9 +4,10 @@
 A sandbox started ahead with an empty workspace (``Executor(warm=N)``) can serve a
 fork of a turn started after it: the host passes the fork's frozen layer (a detached
 mount, as a cold fork's hello would) over the socket it handed the server at spawn
-(``Hello.adopt_socket``), and sends ``adopt``. The server lays the overlay on its
-workspace as its hello would have (``_lowerfs.overlay_workspace``), then makes the
-outbox again in it.
+(``Hello.adopt_socket``), and sends ``adopt``. A fork of a fork passes its stack, every
+layer in one message, top first. The server lays the overlay on its workspace as its
+hello would have (``_lowerfs.overlay_workspace``), keeping the overlay's lower layers
+for a later freeze to stack on, then makes the outbox again in it.
 
 Only a sandbox that nothing has touched may be adopted: no call, no file request,
 no freeze came, and its workspace is its own empty tmpfs. Anything a call or a file
@@ -19,11 +20,13 @@ from __future__ import annotations
 
 import errno
 import os
+import stat
 
 from . import _hello, _lowerfs, _passfd
 from ._calls import map_path
 from ._freeze import not_here, refused
 from ._lean import suppress
+from ._messages import MAX_LAYERS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -32,7 +35,7 @@ if TYPE_CHECKING:
     from ._launch import LaunchPlan
     from ._messages import Hello
 
-__all__ = ["lay", "refusal", "take_layer"]
+__all__ = ["checked_layers", "lay", "refusal", "take_layers"]
 
 
 def refusal(config: Hello, plan: LaunchPlan, path_map: dict[str, str], touched: str) -> Any:
@@ -48,10 +51,12 @@ def refusal(config: Hello, plan: LaunchPlan, path_map: dict[str, str], touched: 
     return not_here(config, plan, path_map)
 
 
-def take_layer(socket_fd: int | None) -> int:
-    """The frozen layer the host passed over the adoption socket before its ``adopt``.
+def take_layers(socket_fd: int | None) -> list[int]:
+    """The frozen layers the host passed over the adoption socket before its ``adopt``,
+    top first: one, or a stack's (a fork of a fork's: its own layer over its parent's).
 
-    Raises ``OSError`` where there is no socket or nothing waits on it."""
+    Raises ``OSError`` where there is no socket, nothing waits on it, or what came is
+    no stack of layers (``checked_layers``); every descriptor that came is then closed."""
     if socket_fd is None:
         raise OSError(errno.EOPNOTSUPP, "this sandbox was started without an adoption socket")
     sock = _passfd.host_socket(socket_fd)
@@ -60,25 +65,50 @@ def take_layer(socket_fd: int | None) -> int:
     try:
         sock.setblocking(False)
         try:
-            _, fds = _passfd.receive(sock, 1)
+            # Room for one past the most: a host that passed more is told so, not cut short.
+            _, fds = _passfd.receive(sock, 1, MAX_LAYERS + 1)
         except BlockingIOError:
             raise OSError(errno.EBADF, "no layer was passed with the adopt request") from None
     finally:
         sock.close()
-    for extra in fds[1:]:
-        with suppress(OSError):
-            os.close(extra)
+    try:
+        checked_layers(fds)
+    except OSError:
+        for fd in fds:
+            with suppress(OSError):
+                os.close(fd)
+        raise
+    return fds
+
+
+def checked_layers(fds: list[int]) -> None:
+    """Raise ``OSError`` unless ``fds`` are 1 to ``MAX_LAYERS`` frozen layers: each the
+    root of a detached read-only mount of a folder (what a freeze hands the host, or
+    root's host clones of it), never a folder of a mount the host could write through."""
     if not fds:
         raise OSError(errno.EBADF, "no layer was passed with the adopt request")
-    return fds[0]
+    if len(fds) > MAX_LAYERS:
+        raise OSError(errno.E2BIG, f"{len(fds)} layers were passed: {MAX_LAYERS} at most")
+    for index, fd in enumerate(fds):
+        st = os.fstat(fd)
+        if not stat.S_ISDIR(st.st_mode):
+            raise OSError(errno.ENOTDIR, f"layer {index} is no folder")
+        if not os.fstatvfs(fd).f_flag & os.ST_RDONLY:
+            raise OSError(errno.EROFS, f"layer {index} is no read-only mount")
+        # A detached mount's root is its own parent; a folder of any other mount is not.
+        parent = os.stat("..", dir_fd=fd)
+        if (parent.st_dev, parent.st_ino) != (st.st_dev, st.st_ino):
+            raise OSError(errno.EINVAL, f"layer {index} is no detached mount's root")
 
 
 def lay(
-    config: Hello, path_map: dict[str, str], layer: int, sources_to: list[int] | None = None
+    config: Hello, path_map: dict[str, str], layers: list[int], sources_to: list[int] | None = None
 ) -> int:
-    """Lay the workspace's overlay on ``layer`` and make the outbox in it; the upper
-    layer's descriptor (for the file worker). Raises ``OSError`` where the overlay is
-    refused, the workspace then left as it was."""
+    """Lay the workspace's overlay on ``layers`` (top first) and make the outbox in it, as
+    a hello's ``workspace_lower_fd`` and ``workspace_below_fds`` would; the upper layer's
+    descriptor (for the file worker). ``sources_to`` takes the overlay's lower layers, for
+    a freeze that stacks this fork's own layer over them. Raises ``OSError`` where the
+    overlay is refused, the workspace then left as it was."""
     workspace = map_path(config.workspace, path_map)
     outbox = map_path(config.outbox, path_map)
     upper = _lowerfs.overlay_workspace(
@@ -86,7 +116,8 @@ def lay(
         None,
         config.drop_uid,
         config.drop_gid,
-        held=layer,
+        held=layers[0],
+        below=tuple(layers[1:]),
         movable=True,
         sources_to=sources_to,
     )

@@ -182,15 +182,16 @@ def overlay_workspace(
     server's alone (an adoption's, see ``_attach_held``). ``layers``: ``lower`` holds
     that many layers, folders ``0``, ``1``... top first (a stack: a fork of a fork
     frozen in place, ``_freeze.freeze_fork``), each idmapped as one tree would be.
-    ``below``: the held layers under ``held``, top first (an ordinary user's stack), each
-    cloned and attached as ``held`` is, the overlay laid on them all.
+    ``below``: the held layers under ``held``, top first (an ordinary user's stack, or any
+    stack an adoption passed: ``movable`` then holds for each), each cloned and attached
+    as ``held`` is, the overlay laid on them all.
     ``sources_to`` takes a descriptor (``O_PATH``, close-on-exec, the caller's) of each
     lower layer the overlay took, top first, once it is laid: a freeze of the turn's own
     layer lays its next overlay on that layer over these (``_freeze.freeze_fork``), flat.
     """
     if not 0 <= layers <= MAX_LAYERS or (layers and lower is None):
         raise OSError(errno.EINVAL, f"a stacked lower layer holds 1 to {MAX_LAYERS} layers")
-    if below and (lower is not None or movable or len(below) >= MAX_LAYERS):
+    if below and (lower is not None or len(below) >= MAX_LAYERS):
         raise OSError(errno.EINVAL, f"a held stack holds 2 to {MAX_LAYERS} passed layers")
     folder = os.path.join(workspace, LAYERS)
     os.mkdir(folder, 0o700)

@@ -362,7 +362,7 @@ class Server:
         self.files.options = {**options, "context": {**options["context"], "upper": upper}}
 
     def _adopt(self, call_id: int, message: _messages.Adopt, body: bytes) -> None:
-        """Lay the workspace on the fork's frozen layer (``_adopt``), in order with the
+        """Lay the workspace on the fork's frozen layers (``_adopt``), in order with the
         file requests; refused unless this is the first request the sandbox had."""
         config, plan = self._configured()
         earlier = self.touched_before
@@ -377,17 +377,18 @@ class Server:
             if why is not None:
                 return dict(why)
             try:
-                layer = _adopt.take_layer(socket_fd)
+                layers = _adopt.take_layers(socket_fd)
             except OSError as exc:
                 return _freeze.refused(exc.errno or errno.EIO, str(exc))
             # What copied the old view (the spare's namespaces) must not serve a call.
             self._old_view_retired()
             try:
-                upper = _adopt.lay(config, self.path_map, layer, self.fork_lowers)
+                upper = _adopt.lay(config, self.path_map, layers, self.fork_lowers)
             except OSError as exc:
                 return _freeze.refused(exc.errno or errno.EIO, f"cannot lay the overlay: {exc}")
             finally:
-                os.close(layer)
+                for layer in layers:  # their clones are laid (or could not be)
+                    os.close(layer)
         finally:
             if socket_fd is not None:
                 with suppress(OSError):

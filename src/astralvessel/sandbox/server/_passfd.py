@@ -23,9 +23,9 @@ if TYPE_CHECKING:
 
 __all__ = ["host_socket", "receive", "send"]
 
-#: The most descriptors one read takes (a hello passes one); the kernel closes the rest.
+#: The most descriptors a read of the host's channel takes (a hello passes one or two);
+#: the kernel closes the rest.
 _MAX = 4
-_SPACE = _socket.CMSG_SPACE(_MAX * 4)
 
 
 def host_socket(fd: int) -> Any:
@@ -35,11 +35,13 @@ def host_socket(fd: int) -> Any:
     return _socket.socket(fileno=os.dup(fd))
 
 
-def receive(sock: Any, size: int) -> tuple[bytes, list[int]]:
-    """Up to ``size`` bytes from the host and the descriptors passed with them (close-on-exec).
+def receive(sock: Any, size: int, most: int = _MAX) -> tuple[bytes, list[int]]:
+    """Up to ``size`` bytes from the host and the descriptors passed with them (close-on-exec):
+    room for ``most`` of them at least (the kernel closes any past the room).
 
     Raises ``BlockingIOError`` where nothing waits (the socket is non-blocking)."""
-    data, ancillary, _, _ = sock.recvmsg(size, _SPACE, _socket.MSG_CMSG_CLOEXEC)
+    space = _socket.CMSG_SPACE(most * 4)
+    data, ancillary, _, _ = sock.recvmsg(size, space, _socket.MSG_CMSG_CLOEXEC)
     fds: list[int] = []
     for level, kind, raw in ancillary:
         if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:

@@ -1,0 +1,183 @@
+"""A fork of a fork adopts one of the executor's warm sandboxes (bubblewrap and nsjail, as
+root and as an ordinary user): the host passes every layer of its stack, top first, in one
+message over the sandbox's adoption socket, and the server lays the overlay on them all,
+as a cold fork's hello would (``_executor._adopt``, ``server/_adopt``).
+
+A sandbox adopted is told from one started by being among the warm pool's ready ones
+before the fork. What the server refuses (a stack past ``MAX_LAYERS``, a descriptor that
+is no frozen layer, a second adoption, a touched sandbox) leaves the workspace as it was,
+and the fork opens as it would without a warm pool. Real sandboxes, no mocks.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+from astralvessel import Executor, Registry
+from astralvessel._executor._adopt import _layers_of, adoptable
+from astralvessel.errors import SandboxError
+from astralvessel.sandbox._session import ServerSession
+from astralvessel.sandbox.server._messages import MAX_LAYERS
+
+from ..conformance.calls import run
+from .test_frozen_fork import _MAKE, _sh
+from .test_frozen_stack import _CHANGE, _layers
+
+#: What each turn's view shows of the stack's files (the parent's, changed by the child's).
+_VIEW = "cd /workspace && ls -A . d/e link && cat d/e/h shared d/f3 link/x mine"
+
+
+@pytest.fixture(params=["bubblewrap", "nsjail"])
+def warm(request: pytest.FixtureRequest) -> Iterator[Executor]:
+    """An executor keeping three warm sandboxes."""
+    with Executor(Registry(), sandbox=request.param, warm=3) as executor:
+        yield executor
+
+
+def _ready_warm(executor: Executor) -> list[ServerSession]:
+    """The executor's warm sandboxes, once all are started."""
+    assert executor.wait_warm(120)
+    pool = executor._warm
+    assert pool is not None
+    return [s for s in pool._ready if isinstance(s, ServerSession)]
+
+
+def _adopted(turn: Any, waiting: list[ServerSession]) -> bool:
+    """Whether the turn's sandbox is one of the warm ones (its first call made already)."""
+    return any(turn._session is session for session in waiting)
+
+
+def _changed_child(executor: Executor) -> tuple[Any, Any]:
+    """A fresh turn with ``_MAKE``'s files and its fork, changed by ``_CHANGE``."""
+    parent = executor.turn()
+    _sh(parent, _MAKE)
+    (child,) = parent.fork(1)
+    _sh(child, _CHANGE)
+    return parent, child
+
+
+def test_forks_of_a_fork_adopt_warm_sandboxes_and_write_apart(warm: Executor) -> None:
+    parent, child = _changed_child(warm)
+    with parent, child:
+        waiting = _ready_warm(warm)
+        forks = child.fork(2)
+        try:
+            expected = _sh(child, _VIEW)
+            # Docker's host fits one layer to a sandbox: a stack is never offered there.
+            assert adoptable(forks[0].snapshot_source, warm.sandbox.name)
+            assert not adoptable(forks[0].snapshot_source, "docker")
+            for fork in forks:
+                assert len(_layers(fork.snapshot_source)) == 2
+                assert _sh(fork, _VIEW) == expected
+                assert _adopted(fork, waiting), "the fork of a fork started its own sandbox"
+                relaxations = fork.session.ready_info.get("relaxations") or {}
+                assert relaxations.get("workspace_lower") is True
+            _sh(forks[0], "cd /workspace && echo 0 > mine && rm d/f4 && echo 0 > own")
+            _sh(forks[1], "cd /workspace && echo 1 > mine && rm -r d/e")
+            assert _sh(forks[0], "cd /workspace && cat mine own && ls d/e") == "0\n0\nh\n"
+            assert _sh(forks[1], "cd /workspace && cat mine d/f4 | wc -c && ls") == (
+                "16386\nd\nlink\nmine\noutbox\nshared\n"
+            )
+            assert (
+                _sh(child, "cd /workspace && cat mine && ls d/e d/f4") == "mine\nd/f4\n\nd/e:\nh\n"
+            )
+            assert _sh(parent, "cd /workspace && ls") == "d\nlink\noutbox\nshared\n"
+        finally:
+            for fork in forks:
+                fork.close()
+
+
+def test_a_fork_of_an_adopted_fork_of_a_fork_stacks_again(warm: Executor) -> None:
+    """The adopted sandbox keeps what a later freeze needs (the overlay's lower layers, an
+    ordinary user's held tmpfs): its fork stacks a third layer, and adopts one too."""
+    parent, child = _changed_child(warm)
+    with parent, child:
+        waiting = _ready_warm(warm)
+        (grandchild,) = child.fork(1)
+        with grandchild:
+            _sh(grandchild, "cd /workspace && rm mine && mkdir mine && echo 3 > mine/three")
+            assert _adopted(grandchild, waiting)
+            source = grandchild.snapshot_source
+            waiting = _ready_warm(warm)
+            (third,) = grandchild.fork(1)
+            with third:
+                view = "cd /workspace && ls -A . mine && cat mine/three shared d/e/h"
+                assert _sh(third, view) == _sh(grandchild, view)
+                assert _adopted(third, waiting)
+                deeper = third.snapshot_source
+                assert deeper is not None
+                assert len(_layers(deeper)) == 3, "the adopted fork's freeze did not stack"
+                assert _layers(deeper)[1:] == _layers(source)
+                _sh(third, "cd /workspace && echo mine > mine/three")
+                assert _sh(grandchild, "cat /workspace/mine/three") == "3\n"
+
+
+def test_a_touched_warm_sandbox_is_closed_and_the_fork_of_a_fork_starts_its_own(
+    warm: Executor,
+) -> None:
+    """A warm sandbox that served a call is never handed the stack: the host closes it,
+    and the fork of a fork opens on its layers as it would without a warm pool."""
+    parent, child = _changed_child(warm)
+    with parent, child:
+        touched = _ready_warm(warm)
+        for session in touched:
+            run(session, "sh", "-c", "echo left > /workspace/left")
+        (grandchild,) = child.fork(1)
+        with grandchild:
+            assert _sh(grandchild, _VIEW) == _sh(child, _VIEW)
+            assert not _adopted(grandchild, touched)
+            assert "left" not in _sh(grandchild, "ls /workspace")
+            assert len(_layers(grandchild.snapshot_source)) == 2
+        # The one the fork took was closed (the others wait in the pool, refused alike).
+        assert any(not session.alive() for session in touched)
+
+
+def _adoptable(executor: Executor) -> ServerSession:
+    """A sandbox started as the executor's warm ones are (adoptable), by hand."""
+    session = executor.sandbox.start(attrs.evolve(executor.policy, adoptable=True))
+    assert isinstance(session, ServerSession)
+    return session
+
+
+def _refused(executor: Executor, layers: tuple[int, ...], match: str) -> None:
+    """A fresh adoptable sandbox refuses ``layers``, its workspace left empty."""
+    session = _adoptable(executor)
+    try:
+        with pytest.raises(SandboxError, match=match):
+            session.adopt(layers[0], 10.0, layers[1:])
+        assert run(session, "sh", "-c", "ls -A /workspace").output == "outbox\n"
+    finally:
+        session.close()
+
+
+def test_the_server_refuses_what_is_no_stack_of_layers(warm: Executor, tmp_path: Path) -> None:
+    """Too many layers, or a folder among them that is no read-only mount: refused by the
+    server before anything is laid. A stack laid is never laid again."""
+    parent, child = _changed_child(warm)
+    with parent, child:
+        (grandchild,) = child.fork(1, ready=0)
+        with grandchild:
+            source = grandchild.snapshot_source
+            assert source is not None
+            folder = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                with _layers_of(source) as stack:
+                    assert len(stack) == 2
+                    _refused(warm, stack * MAX_LAYERS, f"E2BIG.*{MAX_LAYERS} at most")
+                    _refused(warm, (*stack, folder), "layer 2 is no read-only mount")
+                    session = _adoptable(warm)
+                    try:
+                        session.adopt(stack[0], 10.0, stack[1:])
+                        with pytest.raises(SandboxError, match="cannot be adopted"):
+                            session.adopt(stack[0], 10.0, stack[1:])
+                        assert run(session, "sh", "-c", "cat /workspace/mine").output == "mine\n"
+                    finally:
+                        session.close()
+            finally:
+                os.close(folder)
