@@ -45,6 +45,13 @@ row says ``(1 run)``; a row has a verdict only where the issue sets a target:
 - ``fork(8) in order``: each of ``fork(8)``'s forks' first calls, one after
   another right after ``fork`` returns: their total, and the slowest against
   the warm turn's first call.
+- ``fork(8) on an executor with warm=8``: a fresh turn's fork(8) on an
+  executor keeping eight warm sandboxes, each fork adopting one (its frozen layer
+  handed over); ``fork(8) of a fork on warm=8``: the same of a fork of a fresh
+  turn that changed ``--changed`` MiB, each of its forks handed the stack of the
+  two layers. Each fork's first call, one after another right after ``fork``,
+  the slowest against the warm turn's first call; target <= 2x. Then
+  ``/proc/loadavg``. ``--warm-only`` runs the warm turn's row and these alone.
 - ``turn from a snapshot, cold``: a turn opened from the snapshot, whose
   sandbox starts on its first call, against the warm turn's. Not a fork: no
   target.
@@ -52,7 +59,8 @@ row says ``(1 run)``; a row has a verdict only where the issue sets a target:
   it, against ``docker commit`` of a container holding the same tree plus
   ``docker run --rm`` of the image.
 
-Run: ``python bench/bench_snapshots.py [--runs 5] [--mib 100] [--files 10000] [backend ...]``.
+Run: ``python bench/bench_snapshots.py [--runs 5] [--mib 100] [--files 10000] [--warm-only]
+[backend ...]``.
 """
 
 from __future__ import annotations
@@ -279,15 +287,7 @@ def bench(  # noqa: PLR0917 - the command line's options, in order
     warm_first = warm_baseline(backend, disk_mb, snapshot, runs)
     cold = statistics.median(first_call(snapshot) for _ in range(runs))
     first_call_rows(figures, warm_first)
-    adopted = statistics.median(warm_fork_calls(backend, disk_mb, files, size) for _ in range(runs))
-    row(
-        WARM_FORKS,
-        f"{adopted:.2f} s",
-        f"warm turn's {warm_first:.3f} s",
-        f"{adopted / warm_first:.1f}x",
-        "<= 2x",
-        adopted / warm_first <= 2,
-    )
+    warm_fork_rows(backend, disk_mb, files, size, runs, changed_mib, warm_first)
     # Not a fork: a turn opened from a snapshot starts its sandbox on its first call. The
     # issue sets no target for it; it is what the forks' starts ahead save.
     row(
@@ -386,6 +386,69 @@ def warm_fork_calls(backend: str, disk_mb: int, files: int, size: int) -> float:
         finally:
             for kid in kids:
                 kid.close()
+
+
+#: The row of a fork's forks that adopt warm sandboxes, handed its stack of layers.
+WARM_STACK_FORKS = "fork(8) of a fork on warm=8, in order, slowest"
+
+
+def warm_fork_of_fork_calls(
+    backend: str, disk_mb: int, files: int, size: int, changed_mib: int
+) -> float:
+    """The slowest of fork(8)'s first calls, one after another right after it, of a fork
+    (of a fresh turn) that changed ``changed_mib`` MiB, on an executor keeping eight warm
+    sandboxes (all started): each fork adopts one, handed the stack of the two layers."""
+    warm = make_executor(backend, disk_mb, warm=8)
+    with warm, warm.turn() as turn:
+        write_workspace(turn, files, size)
+        (child,) = turn.fork(1)
+        with child:
+            done = child.exec(["python3", "-c", CHANGE, str(changed_mib)], timeout=600)
+            assert done.returncode == 0, done.stderr
+            warm.wait_warm(600)
+            gc.collect()
+            kids = child.fork(8)
+            try:
+                return max(timed(lambda: kid.exec(["true"])) for kid in kids)  # noqa: B023
+            finally:
+                for kid in kids:
+                    kid.close()
+
+
+def warm_fork_rows(  # noqa: PLR0917 - the rows' inputs, in order
+    backend: str, disk_mb: int, files: int, size: int, runs: int, changed_mib: int, first: float
+) -> None:
+    """The rows of forks adopting warm sandboxes, a fresh turn's and a fork's, each slowest
+    first call against the warm turn's (``first``), and the load they ran under."""
+    adopted = statistics.median(warm_fork_calls(backend, disk_mb, files, size) for _ in range(runs))
+    stacked = statistics.median(
+        warm_fork_of_fork_calls(backend, disk_mb, files, size, changed_mib) for _ in range(runs)
+    )
+    for label, figure in ((WARM_FORKS, adopted), (WARM_STACK_FORKS, stacked)):
+        row(
+            label,
+            f"{figure:.3f} s",
+            f"warm turn's {first:.3f} s",
+            f"{figure / first:.1f}x",
+            "<= 2x",
+            figure / first <= 2,
+        )
+    print(f"  /proc/loadavg after: {Path('/proc/loadavg').read_text().strip()}")
+
+
+def warm_only(backend: str, mib: int, files: int, runs: int, changed_mib: int) -> None:
+    """The warm rows alone (``--warm-only``): the warm turn's first call and the forks that
+    adopt warm sandboxes against it."""
+    size = mib * MIB // files
+    disk_mb = mib * 2 + 64
+    print(f"{backend}: a workspace of {files} files, {files * size / MIB:.0f} MiB")
+    executor = make_executor(backend, disk_mb)
+    with executor, executor.turn() as turn:
+        write_workspace(turn, files, size)
+        snapshot = turn.snapshot()
+    warm_first = warm_baseline(backend, disk_mb, snapshot, runs)
+    del snapshot
+    warm_fork_rows(backend, disk_mb, files, size, runs, changed_mib, warm_first)
 
 
 def warm_baseline(backend: str, disk_mb: int, snapshot: object, runs: int) -> float:
@@ -579,9 +642,16 @@ def main() -> None:
     parser.add_argument("--started", type=int, default=4, help="forks whose first call is timed")
     parser.add_argument("--runs", type=int, default=3, help="samples per median")
     parser.add_argument("--changed", type=int, default=1, help="MiB a forked turn changes")
+    parser.add_argument(
+        "--warm-only", action="store_true", help="the rows of forks adopting warm sandboxes alone"
+    )
     args = parser.parse_args()
-    print(f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; medians of {args.runs} runs\n")
+    print(f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; medians of {args.runs} runs")
+    print(f"/proc/loadavg: {Path('/proc/loadavg').read_text().strip()}\n")
     for name in args.backends:
+        if args.warm_only:
+            warm_only(name, args.mib, args.files, args.runs, args.changed)
+            continue
         bench(name, args.mib, args.files, args.forks, args.started, args.runs, args.changed)
 
 
