@@ -53,7 +53,8 @@ row says ``(1 run)``; a row has a verdict only where the issue sets a target:
   it, against ``docker commit`` of a container holding the same tree plus
   ``docker run --rm`` of the image.
 
-Run: ``python bench/bench_snapshots.py [--runs 5] [--mib 100] [--files 10000] [backend ...]``.
+Run: ``python bench/bench_snapshots.py [--runs 5] [--mib 100] [--files 10000] [backend ...]``;
+``--fork-of-a-fork`` prints that case's rows alone.
 """
 
 from __future__ import annotations
@@ -234,9 +235,7 @@ def bench(  # noqa: PLR0917 - the command line's options, in order
             ratio <= 0.5,
         )
 
-        def changed(opened: Any) -> None:
-            done = opened.exec(["python3", "-c", CHANGE, str(changed_mib)], timeout=600)
-            assert done.returncode == 0, done.stderr
+        changed = changer(changed_mib)
 
         for count in forks:
             fork_rows(
@@ -301,6 +300,34 @@ def bench(  # noqa: PLR0917 - the command line's options, in order
     )
     if backend == "docker":
         docker_baseline(files, size, fresh + cold)
+
+
+def changer(changed_mib: int) -> Callable[[Any], None]:
+    """What readies a turn to fork: ``changed_mib`` MiB of its files rewritten (``CHANGE``)."""
+
+    def changed(opened: Any) -> None:
+        done = opened.exec(["python3", "-c", CHANGE, str(changed_mib)], timeout=600)
+        assert done.returncode == 0, done.stderr
+
+    return changed
+
+
+def bench_fork_of_a_fork(  # noqa: PLR0917 - the command line's options, in order
+    backend: str, mib: int, files: int, forks: list[int], started: int, runs: int, changed_mib: int
+) -> None:
+    """The fork-of-a-fork rows alone (``--fork-of-a-fork``): a quick before and after."""
+    size = mib * MIB // files
+    print(f"{backend}: a workspace of {files} files, {files * size / MIB:.0f} MiB")
+    with make_executor(backend, mib * 2 + 64) as executor:
+        for count in forks:
+            fork_rows(
+                lambda: fork_of_fresh(executor, files, size),
+                changer(changed_mib),
+                f"fork({count}) of a fork, +{changed_mib} MiB",
+                count,
+                started,
+                runs,
+            )
 
 
 def write_workspace(turn: Any, files: int, size: int) -> None:
@@ -580,10 +607,14 @@ def main() -> None:
     parser.add_argument("--started", type=int, default=4, help="forks whose first call is timed")
     parser.add_argument("--runs", type=int, default=3, help="samples per median")
     parser.add_argument("--changed", type=int, default=1, help="MiB a forked turn changes")
+    parser.add_argument(
+        "--fork-of-a-fork", action="store_true", help="only the fork-of-a-fork rows"
+    )
     args = parser.parse_args()
     print(f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; medians of {args.runs} runs\n")
+    measure = bench_fork_of_a_fork if args.fork_of_a_fork else bench
     for name in args.backends:
-        bench(name, args.mib, args.files, args.forks, args.started, args.runs, args.changed)
+        measure(name, args.mib, args.files, args.forks, args.started, args.runs, args.changed)
 
 
 if __name__ == "__main__":
