@@ -149,22 +149,9 @@ def freeze_fork_layer(session: SandboxSession, upper_bytes: int, *, timeout: flo
     try:
         proc = _server_folder(session)
         try:
-            ready = _ask(session, {"phase": "prepare"}, timeout)
-            workspace, inodes = ready.get("workspace"), ready.get("inodes")
-            if not isinstance(workspace, str) or not isinstance(inodes, int):
-                raise OSError(errno.EPROTO, f"the server's prepare names no workspace: {ready!r}")
-            namespace = os.open("ns/mnt", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc)
-            try:
-                argv = [
-                    _FREEZE_FORK, str(namespace), workspace, overlay.workspace, str(upper),
-                    str(upper_bytes), str(inodes), *(str(fd) for fd in lowers),
-                ]  # fmt: skip
-                killed = functools.partial(_fork_left, session, proc, workspace, overlay, upper)
-                passed = (namespace, upper, *lowers)
-                clone, new_upper = _sent_by_child(argv, passed, timeout, killed)
-            finally:
-                os.close(namespace)
-                _ask(session, {"phase": "frozen"}, timeout)
+            clone, new_upper = _fork_frozen(
+                session, proc, overlay, (upper, lowers), upper_bytes, timeout
+            )
         finally:
             os.close(proc)
     finally:
@@ -173,6 +160,49 @@ def freeze_fork_layer(session: SandboxSession, upper_bytes: int, *, timeout: flo
     if new_upper >= 0:
         _listed_by_the_host(session, new_upper)
     return clone
+
+
+def _fork_frozen(  # noqa: PLR0917 - the steps' inputs, in order
+    session: SandboxSession,
+    proc: int,
+    overlay: HostOverlay,
+    layers: tuple[int, list[int]],
+    upper_bytes: int,
+    timeout: float,
+) -> tuple[int, int]:
+    """The server's ``prepare``, ``_FREEZE_FORK`` in a child, the server's ``frozen``: the
+    clone of the layer and the new upper layer's folder (-1: none). ``layers``: the upper
+    folder's descriptor and the lower layers', top first."""
+    upper, lowers = layers
+    ready = _ask(session, {"phase": "prepare"}, timeout)
+    workspace, inodes = ready.get("workspace"), ready.get("inodes")
+    if not isinstance(workspace, str) or not isinstance(inodes, int):
+        raise OSError(errno.EPROTO, f"the server's prepare names no workspace: {ready!r}")
+    namespace = os.open("ns/mnt", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc)
+    argv = [
+        _FREEZE_FORK, str(namespace), workspace, overlay.workspace, str(upper),
+        str(upper_bytes), str(inodes), *(str(fd) for fd in lowers),
+    ]  # fmt: skip
+    killed = functools.partial(_fork_left, session, proc, workspace, overlay, upper)
+    try:
+        sent = _sent_by_child(argv, (namespace, upper, *lowers), timeout, killed)
+    except BaseException as exc:
+        os.close(namespace)
+        if isinstance(exc, LayerLost):
+            _unlisted(session)
+        _ask(session, {"phase": "frozen"}, timeout)  # laid or not, the views are made again
+        raise
+    os.close(namespace)
+    try:
+        _ask(session, {"phase": "frozen"}, timeout)
+    except OSError as exc:  # the turn writes on above the layer, its views not made again
+        for fd in sent:
+            if fd >= 0:
+                os.close(fd)
+        _unlisted(session)
+        why = f"the server did not remake its views: {exc}"
+        raise LayerLost(exc.errno or errno.EIO, why) from exc
+    return sent
 
 
 def _laid_by_the_host(session: SandboxSession) -> HostOverlay | None:
@@ -203,9 +233,15 @@ def _fork_left(
                 "the workspace may be left read-only",
             ) from None
         return
+    _unlisted(session)
+    raise LayerLost(errno.ETIMEDOUT, "a fork's freeze did not end in time; its layer is lost")
+
+
+def _unlisted(session: SandboxSession) -> None:
+    """The turn writes on above a layer lost to the host: its snapshots read every file
+    (its old overlay's listing would miss what it writes from now on)."""
     if hasattr(session, "upper_names"):
         session.upper_names = _unknown
-    raise LayerLost(errno.ETIMEDOUT, "a fork's freeze did not end in time; its layer is lost")
 
 
 def _unknown() -> frozenset[bytes] | None:
@@ -303,9 +339,13 @@ def _sent_by_child(
         theirs.close()
         if done.returncode != 0:
             raise _childs_error(done.stderr)
-        _, sent, _, _ = socket.recv_fds(ours, 1, 2)
-    if not sent:
-        raise OSError(errno.EPROTO, "the freeze's child sent no clone")
+        try:
+            _, sent, _, _ = socket.recv_fds(ours, 1, 2)
+        except OSError as exc:
+            why = f"the freeze's clone was not taken: {exc}"
+            raise LayerLost(exc.errno or errno.EIO, why) from exc
+    if not sent:  # the child froze and laid all: the turn writes on above a layer lost
+        raise LayerLost(errno.EPROTO, "the freeze's child sent no clone")
     return sent[0], sent[1] if len(sent) > 1 else -1
 
 
