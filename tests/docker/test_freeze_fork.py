@@ -41,6 +41,9 @@ _HANGS_AFTER_THE_OVERLAY = docker_freeze._FREEZE_FORK.replace(
     "socket.send_fds(", "__import__('time').sleep(600) or socket.send_fds("
 )
 
+#: The host's step made whole, and nothing sent back: the child ends as if it had.
+_SENDS_NOTHING = docker_freeze._FREEZE_FORK.replace("socket.send_fds(", "(lambda *_: None)(")
+
 
 def _tree(tmp_path: Path) -> Path:
     """A snapshot's tree as the store holds it: the host's files, not the calls'."""
@@ -168,4 +171,17 @@ def test_a_step_killed_after_its_overlay_loses_the_layer_and_its_listing(
         freeze_fork_layer(fork, 8 << 20, timeout=2)
     assert late.value.errno == errno.ETIMEDOUT
     _writes_on(fork)
+    assert fork.upper_names() is None  # type: ignore[attr-defined]
+
+
+def test_a_layer_frozen_and_never_sent_is_lost_and_unlisted(
+    fork: SandboxSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The child laid all and sent no clone: the host says the layer is lost, the turn
+    writes on in its new overlay, and its snapshots read every file."""
+    monkeypatch.setattr(docker_freeze, "_FREEZE_FORK", _SENDS_NOTHING)
+    with pytest.raises(LayerLost, match="sent no clone"):
+        freeze_fork_layer(fork, 8 << 20)
+    _writes_on(fork)
+    assert _sh(fork, "grep -c ' /workspace ' /proc/self/mountinfo") == "2\n"
     assert fork.upper_names() is None  # type: ignore[attr-defined]
