@@ -24,10 +24,11 @@ row says ``(1 run)``; a row has a verdict only where the issue sets a target:
   them), or on bubblewrap and nsjail (and on Docker as root) freezes the workspace's tmpfs in
   place and copies nothing (its disk row counts the store's filesystem only).
   (iii) the fork of such a fresh turn, which then changed ``--changed`` MiB:
-  its files are the frozen layer (or copy) plus its own. As root on bubblewrap
-  and nsjail its own layer is frozen in place too and stacked over the frozen
-  one (no copy); elsewhere its capture links each unchanged file from a store
-  copy of the layer, made at its first fork.
+  its files are the frozen layer (or copy) plus its own. On bubblewrap and
+  nsjail, and on Docker as root, its own layer is frozen in place too and
+  stacked over the frozen one (no copy); elsewhere (an ordinary user's Docker)
+  its capture links each unchanged file from a store copy of the layer, made
+  at its first fork.
   Then the time until each of the first ``--started`` forks has served a call:
   copy-on-write on bubblewrap and nsjail (an overlay on the snapshot's tree: a
   mount, not a copy), a copy of the whole workspace into its tmpfs on Docker.
@@ -60,7 +61,8 @@ row says ``(1 run)``; a row has a verdict only where the issue sets a target:
   ``docker run --rm`` of the image.
 
 Run: ``python bench/bench_snapshots.py [--runs 5] [--mib 100] [--files 10000] [--warm-only]
-[backend ...]``.
+[backend ...]``; ``--warm-only`` prints the rows of forks adopting warm sandboxes alone,
+``--fork-of-a-fork`` the fork-of-a-fork rows alone.
 """
 
 from __future__ import annotations
@@ -241,9 +243,7 @@ def bench(  # noqa: PLR0917 - the command line's options, in order
             ratio <= 0.5,
         )
 
-        def changed(opened: Any) -> None:
-            done = opened.exec(["python3", "-c", CHANGE, str(changed_mib)], timeout=600)
-            assert done.returncode == 0, done.stderr
+        changed = changer(changed_mib)
 
         for count in forks:
             fork_rows(
@@ -277,9 +277,9 @@ def bench(  # noqa: PLR0917 - the command line's options, in order
         )
         print(
             "  ** a fork of a fresh turn's first fork: the turn's files are its parent's"
-            " frozen layer and its own; on bubblewrap and nsjail (root or not) its own layer"
-            " is frozen and stacked over the parent's, on Docker its capture links from a"
-            " store copy of the layer made once"
+            " frozen layer and its own; on bubblewrap and nsjail (root or not) and on Docker"
+            " as root its own layer is frozen and stacked over the parent's, on an ordinary"
+            " user's Docker its capture links from a store copy of the layer made once"
         )
 
         figures = fork_first_calls(turn, runs)
@@ -300,6 +300,34 @@ def bench(  # noqa: PLR0917 - the command line's options, in order
     )
     if backend == "docker":
         docker_baseline(files, size, fresh + cold)
+
+
+def changer(changed_mib: int) -> Callable[[Any], None]:
+    """What readies a turn to fork: ``changed_mib`` MiB of its files rewritten (``CHANGE``)."""
+
+    def changed(opened: Any) -> None:
+        done = opened.exec(["python3", "-c", CHANGE, str(changed_mib)], timeout=600)
+        assert done.returncode == 0, done.stderr
+
+    return changed
+
+
+def bench_fork_of_a_fork(  # noqa: PLR0917 - the command line's options, in order
+    backend: str, mib: int, files: int, forks: list[int], started: int, runs: int, changed_mib: int
+) -> None:
+    """The fork-of-a-fork rows alone (``--fork-of-a-fork``): a quick before and after."""
+    size = mib * MIB // files
+    print(f"{backend}: a workspace of {files} files, {files * size / MIB:.0f} MiB")
+    with make_executor(backend, mib * 2 + 64) as executor:
+        for count in forks:
+            fork_rows(
+                lambda: fork_of_fresh(executor, files, size),
+                changer(changed_mib),
+                f"fork({count}) of a fork, +{changed_mib} MiB",
+                count,
+                started,
+                runs,
+            )
 
 
 def write_workspace(turn: Any, files: int, size: int) -> None:
@@ -645,14 +673,18 @@ def main() -> None:
     parser.add_argument(
         "--warm-only", action="store_true", help="the rows of forks adopting warm sandboxes alone"
     )
+    parser.add_argument(
+        "--fork-of-a-fork", action="store_true", help="only the fork-of-a-fork rows"
+    )
     args = parser.parse_args()
     print(f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; medians of {args.runs} runs")
     print(f"/proc/loadavg: {Path('/proc/loadavg').read_text().strip()}\n")
+    measure = bench_fork_of_a_fork if args.fork_of_a_fork else bench
     for name in args.backends:
         if args.warm_only:
             warm_only(name, args.mib, args.files, args.runs, args.changed)
             continue
-        bench(name, args.mib, args.files, args.forks, args.started, args.runs, args.changed)
+        measure(name, args.mib, args.files, args.forks, args.started, args.runs, args.changed)
 
 
 if __name__ == "__main__":

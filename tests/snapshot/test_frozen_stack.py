@@ -1,6 +1,6 @@
 """A fork of a fork freezes its own layer in place and stacks it over its parent's
-(bubblewrap and nsjail, as root and as an ordinary user): nothing is copied to the store,
-and its forks open on the stack.
+(bubblewrap and nsjail, as root and as an ordinary user; Docker as root): nothing is copied
+to the store, and its forks open on the stack.
 
 A fresh turn's fork freezes its workspace tmpfs (``test_frozen_fork``); a turn opened on
 that layer writes in an overlay whose upper layer is its own tmpfs. Its fork freezes that
@@ -48,7 +48,12 @@ _CHANGE = (
 )
 
 
-@pytest.fixture(params=["bubblewrap", "nsjail"])
+#: Docker's host lays a fork's overlay itself, which only root can (``docker._cow``): an
+#: ordinary user's Docker fork of a fork captures (``test_an_ordinary_users_docker_...``).
+docker_as_root = pytest.mark.skipif(not ROOT, reason="an ordinary user's Docker forks capture")
+
+
+@pytest.fixture(params=["bubblewrap", "nsjail", pytest.param("docker", marks=docker_as_root)])
 def executor(request: pytest.FixtureRequest) -> Iterator[Executor]:
     with Executor(Registry(), sandbox=request.param) as executor:
         yield executor
@@ -362,3 +367,21 @@ def test_the_forks_own_files_stay_apart_after_its_freeze(executor: Executor) -> 
         (later,) = child.fork(1)
         with later:
             assert child.snapshot() == later.snapshot_source
+
+
+@pytest.mark.skipif(ROOT, reason="root's Docker forks of a fork stack (the fixture's docker)")
+def test_an_ordinary_users_docker_fork_of_a_fork_captures() -> None:
+    """An ordinary user's Docker host cannot lay a fork's overlay: its fork of a fork is a
+    capture of the same files, as before."""
+    with Executor(Registry(), sandbox="docker") as executor, executor.turn() as parent:
+        _sh(parent, _MAKE)
+        (child,) = parent.fork(1)
+        with child:
+            _sh(child, _CHANGE)
+            (grandchild,) = child.fork(1)
+            with grandchild:
+                source = grandchild.snapshot_source
+                assert source is not None
+                assert source.stack == ()
+                view = "cd /workspace && ls -A . d/e && cat shared mine"
+                assert _sh(grandchild, view) == _sh(child, view)

@@ -9,6 +9,7 @@ from astralvessel._executor._snapshot._mechanism import (
     MECHANISMS,
     kernel_overlay_problem,
     overlay_backend,
+    stacked_lower,
     upper_layer_listed,
 )
 
@@ -30,6 +31,15 @@ def test_every_overlay_lists_its_upper_layer_but_an_ordinary_users_docker() -> N
     user's Docker copies, and docker-exec has no snapshots."""
     as_root = [name for name in MECHANISMS if upper_layer_listed(name, root=True)]
     as_user = [name for name in MECHANISMS if upper_layer_listed(name, root=False)]
+    assert as_root == ["bubblewrap", "nsjail", "docker"]
+    assert as_user == ["bubblewrap", "nsjail"]
+
+
+def test_a_stack_of_layers_is_laid_as_such_but_on_an_ordinary_users_docker() -> None:
+    """A fork of a fork's stack: the namespace backends' servers lay their overlay on its
+    layers, and Docker's host as root; an ordinary user's Docker forks of a fork capture."""
+    as_root = [name for name in MECHANISMS if stacked_lower(name, root=True)]
+    as_user = [name for name in MECHANISMS if stacked_lower(name, root=False)]
     assert as_root == ["bubblewrap", "nsjail", "docker"]
     assert as_user == ["bubblewrap", "nsjail"]
 

@@ -549,7 +549,7 @@ class BaseTurn(Closing, Generic[_Owner]):
         if not policy.writable_root and (below is not None or not self._captures.linkable()):
             session = yield from _Session(self)
             if below is not None and not stacked_lower(session.backend):
-                below = None  # Docker's forks of a fork capture, as before
+                below = None  # an ordinary user's Docker forks of a fork capture
             freezing = below is not None or not self._captures.linkable()
             if freezing and freezes_here(session.backend, session):
                 budget = self.executor.snapshot_budget

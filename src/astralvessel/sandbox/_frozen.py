@@ -141,8 +141,15 @@ def freeze_fork_layer(
     lies on the host's layers, and its forks will lie on this one above them. Returns the
     host's descriptor of that layer (as ``freeze``'s) and whether its overlay's attributes
     are ``user.*`` ones (``userxattr``), for the host's overlay of the stack to read its
-    whiteouts alike. Bubblewrap and nsjail, whose server the host takes descriptors from;
+    whiteouts alike. Bubblewrap and nsjail, whose server the host takes descriptors from,
+    and Docker as root, whose fork's overlay the host laid itself (``docker._freeze``);
     raises ``OSError`` as ``freeze`` does (``EOPNOTSUPP``: not such a fork)."""
+    if session.backend == "docker" and os.geteuid() == 0:
+        from .docker._freeze import freeze_fork_layer as host_freeze_fork_layer  # lazy
+
+        fd = host_freeze_fork_layer(session, upper_bytes, timeout=timeout)
+        _widen_memory(session, fd)
+        return fd, False  # the host's overlay: trusted.* attributes
     if session.backend not in ("bubblewrap", "nsjail"):
         raise OSError(errno.EOPNOTSUPP, f"a {session.backend} fork's layer is not stacked")
     # An ordinary user's forks clone the layer in their own namespaces: only a clone of the

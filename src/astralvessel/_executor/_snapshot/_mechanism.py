@@ -81,14 +81,17 @@ def adopts_warm(backend: str) -> bool:
 
 
 #: The backends whose server lays its overlay on a stack of layers bound apart
-#: (``Policy.workspace_layers``): a fork of a fork's, frozen in place.
+#: (``Policy.workspace_layers``): a fork of a fork's, frozen in place. Docker's host lays
+#: it itself as root (``docker._cow``); an ordinary user's Docker forks of a fork capture.
 _STACKED_LOWER = frozenset({"bubblewrap", "nsjail"})
 
 
-def stacked_lower(backend: str) -> bool:
+def stacked_lower(backend: str, *, root: bool | None = None) -> bool:
     """Whether ``backend``'s turns open on a stack of frozen layers as such (else on its
-    merged view, as on any tree: Docker lays its overlay on the host)."""
-    return backend in _STACKED_LOWER
+    merged view, as on any tree). ``root``: whether the host is root (None: this process's)."""
+    if backend in _STACKED_LOWER:
+        return True
+    return backend in _MOUNTED_BY_THE_HOST and (os.geteuid() == 0 if root is None else root)
 
 
 def lower_by_descriptor(backend: str) -> bool:

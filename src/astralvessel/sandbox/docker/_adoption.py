@@ -52,6 +52,8 @@ def adoption_pair(policy: Policy, lease: UidLease | None, *, direct: bool) -> _P
         return None, None
     if policy.workspace_lower is not None or policy.workspace_lower_fd is not None:
         return None, None
+    if policy.workspace_layers:
+        return None, None
     return socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
 
 

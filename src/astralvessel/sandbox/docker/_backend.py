@@ -446,7 +446,7 @@ class Docker(Sandbox):
                 (None if lower_fd is not None else False)  # none to pass on: a copy
                 if policy.workspace_lower_fd is not None
                 else None
-                if policy.workspace_lower is None
+                if policy.workspace_lower is None and not policy.workspace_layers
                 else overlay is not None
             ),
             lower_fd=lower_fd,
@@ -466,15 +466,24 @@ class Docker(Sandbox):
         """The turn's workspace laid by the host on the snapshot's tree (``_cow``), where it
         can be: a root host, a local engine, a leased uid, no writable root. Else None, and the
         files are copied (an ordinary user cannot mount; an engine that maps uids hides the
-        calls' host uid; the root's layers need the workspace's own tmpfs, not an overlay)."""
-        if policy.workspace_lower is None or lease is None or os.geteuid() != 0:
+        calls' host uid; the root's layers need the workspace's own tmpfs, not an overlay).
+        A stack of frozen layers (``policy.workspace_layers``, a fork of a fork's) is laid
+        alike, on its layers themselves."""
+        lower: str | tuple[str, ...] | None = (
+            tuple(str(layer) for layer in policy.workspace_layers)
+            if policy.workspace_layers
+            else None
+            if policy.workspace_lower is None
+            else str(policy.workspace_lower)
+        )
+        if lower is None or lease is None or os.geteuid() != 0:
             return None
         if policy.writable_root:
             return None
         if not self.engine.is_local():
             return None
         try:
-            return HostOverlay(str(policy.workspace_lower), lease.uid, lease.gid, policy.limits)
+            return HostOverlay(lower, lease.uid, lease.gid, policy.limits)
         except OSError:
             return None  # a kernel without overlays over an idmapped layer (5.19): a copy
 

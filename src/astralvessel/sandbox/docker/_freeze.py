@@ -35,18 +35,23 @@ reads every file through the sandbox.
 from __future__ import annotations
 
 import errno
+import functools
 import os
 import socket
 import subprocess
 import sys
 import threading
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 from .._api import FsRequest, SandboxSession
+from .._frozen import LayerLost
 from ..server import _snapfiles, _sys
+from ..server._freeze import thaw_fork_layer
+from ._cow import HostOverlay
 
-__all__ = ["freeze"]
+__all__ = ["freeze", "freeze_fork_layer"]
 
 #: The server's own steps in the server's mount namespace: ``argv`` is the folder holding
 #: ``server/``, the namespace's and the socket's descriptors, the workspace, the upper
@@ -72,6 +77,27 @@ _THAW = (
     "from server._freeze import thaw_unlaid\n"
     "_sys.setns(int(sys.argv[2]), _sys.CLONE_NEWNS)\n"
     "thaw_unlaid(sys.argv[3])"
+)
+#: A fork's own layer frozen (``server/_freeze.freeze_fork``): its overlay is the host's
+#: (``_cow.HostOverlay``), so the child freezes the layer and makes the new overlay here,
+#: on the host's mounts, and moves it onto ``/workspace`` in the server's mount namespace.
+#: ``argv``: the folder holding ``server/``, the namespace's and the socket's descriptors,
+#: the workspace there, the host's overlay, its upper folder's descriptor, the upper
+#: layer's bytes and inodes, then the lower layers' descriptors, top first. It sends the
+#: clone of the layer, then the new upper layer's folder if it could open it.
+_FREEZE_FORK = (
+    "import errno, socket, sys; sys.path.insert(0, sys.argv[1]); "
+    "from server._freeze import freeze_fork\n"
+    "upper = []\n"
+    "try:\n"
+    " clone = freeze_fork(\n"
+    "  sys.argv[5], int(sys.argv[6]), int(sys.argv[7]), int(sys.argv[8]), userxattr=False,\n"
+    "  upper_to=upper.append, lowers=[int(fd) for fd in sys.argv[9:]],\n"
+    "  move_into=(int(sys.argv[2]), sys.argv[4]),\n"
+    " )\n"
+    "except OSError as exc:\n"
+    " sys.exit(errno.errorcode.get(exc.errno or 0, 'EIO') + ' ' + str(exc.strerror or exc))\n"
+    "socket.send_fds(socket.socket(fileno=int(sys.argv[3])), [b'f'], [clone, *upper])"
 )
 #: The folder holding ``server/`` (the child imports it as a top-level package).
 _SERVER_PARENT = str(Path(_sys.__file__).parent.parent)
@@ -104,6 +130,123 @@ def freeze(session: SandboxSession, upper_bytes: int, *, timeout: float = 30.0) 
         os.close(namespace)
         # Laid or not, the server makes again what copied the view before the child ran.
         _ask(session, {"phase": "frozen"}, timeout)
+
+
+def freeze_fork_layer(session: SandboxSession, upper_bytes: int, *, timeout: float = 30.0) -> int:
+    """Freeze the own upper layer of the Docker fork ``session`` (its workspace the host's
+    overlay on a snapshot's layers, ``_cow.HostOverlay``) in place; the host's descriptor
+    of that layer alone, as ``freeze``'s. The fork writes on in a new overlay on that layer
+    over the old one's lower layers, flat (``server/_freeze.freeze_fork``); its attributes
+    are ``trusted.*`` ones. Raises ``OSError`` as ``freeze`` does (``EOPNOTSUPP``: no
+    overlay of the host's, or its layer frozen already); ``LayerLost`` where the layer
+    was frozen and the host could not take it."""
+    overlay = _laid_by_the_host(session)
+    held = None if overlay is None else overlay.layer_descriptors()
+    if overlay is None or held is None:
+        why = "the Docker turn lies on no overlay the host laid, or froze its layer already"
+        raise OSError(errno.EOPNOTSUPP, why)
+    upper, lowers = held
+    try:
+        proc = _server_folder(session)
+        try:
+            clone, new_upper = _fork_frozen(
+                session, proc, overlay, (upper, lowers), upper_bytes, timeout
+            )
+        finally:
+            os.close(proc)
+    finally:
+        for fd in (upper, *lowers):
+            os.close(fd)
+    if new_upper >= 0:
+        _listed_by_the_host(session, new_upper)
+    return clone
+
+
+def _fork_frozen(  # noqa: PLR0917 - the steps' inputs, in order
+    session: SandboxSession,
+    proc: int,
+    overlay: HostOverlay,
+    layers: tuple[int, list[int]],
+    upper_bytes: int,
+    timeout: float,
+) -> tuple[int, int]:
+    """The server's ``prepare``, ``_FREEZE_FORK`` in a child, the server's ``frozen``: the
+    clone of the layer and the new upper layer's folder (-1: none). ``layers``: the upper
+    folder's descriptor and the lower layers', top first."""
+    upper, lowers = layers
+    ready = _ask(session, {"phase": "prepare"}, timeout)
+    workspace, inodes = ready.get("workspace"), ready.get("inodes")
+    if not isinstance(workspace, str) or not isinstance(inodes, int):
+        raise OSError(errno.EPROTO, f"the server's prepare names no workspace: {ready!r}")
+    namespace = os.open("ns/mnt", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc)
+    argv = [
+        _FREEZE_FORK, str(namespace), workspace, overlay.workspace, str(upper),
+        str(upper_bytes), str(inodes), *(str(fd) for fd in lowers),
+    ]  # fmt: skip
+    killed = functools.partial(_fork_left, session, proc, workspace, overlay, upper)
+    try:
+        sent = _sent_by_child(argv, (namespace, upper, *lowers), timeout, killed)
+    except BaseException as exc:
+        os.close(namespace)
+        if isinstance(exc, LayerLost):
+            _unlisted(session)
+        _ask(session, {"phase": "frozen"}, timeout)  # laid or not, the views are made again
+        raise
+    os.close(namespace)
+    try:
+        _ask(session, {"phase": "frozen"}, timeout)
+    except OSError as exc:  # the turn writes on above the layer, its views not made again
+        for fd in sent:
+            if fd >= 0:
+                os.close(fd)
+        _unlisted(session)
+        why = f"the server did not remake its views: {exc}"
+        raise LayerLost(exc.errno or errno.EIO, why) from exc
+    return sent
+
+
+def _laid_by_the_host(session: SandboxSession) -> HostOverlay | None:
+    """The host's overlay ``session``'s workspace is, while its upper layer is the turn's
+    (its listing is ``session.upper_names``, which a freeze hands to the new layer)."""
+    owner = getattr(getattr(session, "upper_names", None), "__self__", None)
+    return owner if isinstance(owner, HostOverlay) else None
+
+
+def _fork_left(
+    session: SandboxSession, proc: int, workspace: str, overlay: HostOverlay, upper: int
+) -> None:
+    """What a fork's freeze killed at its timeout left: where the container's workspace is
+    the host's overlay still, its layer's tmpfs thawed (``thaw_fork_layer``); where the new
+    overlay was moved there, the layer is lost to the host (``LayerLost``), and the turn's
+    snapshots read every file (the host lists no layer of it)."""
+    try:
+        laid = os.stat(f"root{workspace}", dir_fd=proc).st_dev != os.stat(overlay.workspace).st_dev
+    except OSError as exc:
+        raise OSError(errno.ETIMEDOUT, f"a fork's freeze did not end in time: {exc}") from None
+    if not laid:
+        try:
+            thaw_fork_layer(upper)
+        except OSError as exc:
+            raise OSError(
+                errno.ETIMEDOUT,
+                f"a fork's freeze did not end in time and it could not be thawed ({exc}): "
+                "the workspace may be left read-only",
+            ) from None
+        return
+    _unlisted(session)
+    raise LayerLost(errno.ETIMEDOUT, "a fork's freeze did not end in time; its layer is lost")
+
+
+def _unlisted(session: SandboxSession) -> None:
+    """The turn writes on above a layer lost to the host: its snapshots read every file
+    (its old overlay's listing would miss what it writes from now on)."""
+    if hasattr(session, "upper_names"):
+        session.upper_names = _unknown
+
+
+def _unknown() -> frozenset[bytes] | None:
+    """No listing of the turn's upper layer: its snapshots read every file."""
+    return None
 
 
 def _ask(session: SandboxSession, fields: dict[str, object], timeout: float) -> dict[str, object]:
@@ -161,31 +304,49 @@ def _frozen_by_child(
 ) -> tuple[int, int]:
     """``freeze_workspace`` run by a child in mount namespace ``namespace``: the clone and
     the new upper layer's folder (-1: none was sent)."""
+    argv = [_FREEZE, str(namespace), workspace, str(upper_bytes), str(inodes)]
+    return _sent_by_child(
+        argv, (namespace,), timeout, lambda: _thaw_by_child(namespace, workspace, timeout)
+    )
+
+
+def _sent_by_child(
+    argv: list[str], fds: tuple[int, ...], timeout: float, killed: Callable[[], None]
+) -> tuple[int, int]:
+    """Run the step ``argv`` (a script, then its arguments: the socket's descriptor is put
+    second) in a child passed ``fds``: the clone and the new upper layer's folder it sends
+    (-1: none). ``killed`` is called where the child was killed at its timeout, and says
+    what that left (the ``ETIMEDOUT`` raised then, unless it raises its own)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     with ours, theirs:
-        argv = [
-            sys.executable, "-I", "-S", "-c", _FREEZE, _SERVER_PARENT, str(namespace),
-            str(theirs.fileno()), workspace, str(upper_bytes), str(inodes),
+        script, first, *rest = argv
+        command = [
+            sys.executable, "-I", "-S", "-c", script, _SERVER_PARENT, first,
+            str(theirs.fileno()), *rest,
         ]  # fmt: skip
         try:
             done = subprocess.run(
-                argv,
-                pass_fds=(namespace, theirs.fileno()),
+                command,
+                pass_fds=(*fds, theirs.fileno()),
                 capture_output=True,
                 text=True,
                 check=False,
                 timeout=timeout,
             )
         except subprocess.TimeoutExpired:
-            _thaw_by_child(namespace, workspace, timeout)
+            killed()
             raise OSError(errno.ETIMEDOUT, "the workspace's freeze did not end in time") from None
         theirs.close()
         if done.returncode != 0:
             raise _childs_error(done.stderr)
-        _, fds, _, _ = socket.recv_fds(ours, 1, 2)
-    if not fds:
-        raise OSError(errno.EPROTO, "the freeze's child sent no clone")
-    return fds[0], fds[1] if len(fds) > 1 else -1
+        try:
+            _, sent, _, _ = socket.recv_fds(ours, 1, 2)
+        except OSError as exc:
+            why = f"the freeze's clone was not taken: {exc}"
+            raise LayerLost(exc.errno or errno.EIO, why) from exc
+    if not sent:  # the child froze and laid all: the turn writes on above a layer lost
+        raise LayerLost(errno.EPROTO, "the freeze's child sent no clone")
+    return sent[0], sent[1] if len(sent) > 1 else -1
 
 
 def _thaw_by_child(namespace: int, workspace: str, timeout: float) -> None:

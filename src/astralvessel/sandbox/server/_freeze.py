@@ -75,6 +75,7 @@ __all__ = [
     "prepared",
     "refused",
     "release",
+    "thaw_fork_layer",
     "thaw_unlaid",
 ]
 
@@ -199,9 +200,16 @@ def _mount_read_only(tree: int) -> None:
     )  # fmt: skip
 
 
-def _overlay(workspace: str, clone: int | list[int], layers: int, userxattr: bool) -> None:
+def _overlay(
+    workspace: str,
+    clone: int | list[int],
+    layers: int,
+    userxattr: bool,
+    move_into: tuple[int, str] | None = None,
+) -> None:
     """Mount the overlay of ``clone`` (or of these layers, top first) under ``layers``'s
-    ``upper`` on ``workspace``."""
+    ``upper`` on ``workspace``, or, with ``move_into`` (a mount namespace's descriptor
+    and a path there), made here and moved onto that path in that namespace."""
     flags = os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     upper = work = fs = merged = -1
     lowers = clone if isinstance(clone, list) else [clone]
@@ -218,6 +226,11 @@ def _overlay(workspace: str, clone: int | list[int], layers: int, userxattr: boo
             _config(fs, _FSCONFIG_SET_STRING, "redirect_dir", "nofollow", what="fsconfig redirect")
         _config(fs, _FSCONFIG_CMD_CREATE, what="create the overlay")
         merged = _fsmount(fs, "fsmount the overlay")
+        if move_into is not None:
+            # Detached, the overlay may go to another namespace; its layers, mounts of this
+            # one, could not have been taken there (the kernel clones only its own).
+            _sys.setns(move_into[0], _sys.CLONE_NEWNS)
+            workspace = move_into[1]
         _lowerfs.syscall(
             _SYS_MOVE_MOUNT, "move_mount the overlay", ctypes.c_int(merged), ctypes.c_char_p(b""),
             ctypes.c_int(_AT_FDCWD), ctypes.c_char_p(workspace.encode()),
@@ -235,13 +248,15 @@ def _freeze_and_lay(  # noqa: PLR0917 - the steps' inputs, in order
     layers: int,
     userxattr: bool,
     upper_to: Callable[[int], None] | None,
+    move_into: tuple[int, str] | None = None,
 ) -> None:
     """The freeze and what follows it, a fresh turn's and a fork's alike: the superblock
     at ``superblock`` (a path, or ``""`` and a descriptor on it) made read-only, the new
     upper folder given the workspace root's owner and mode, ``clone`` made read-only,
     and the overlay of ``lower`` under ``layers``'s ``upper`` laid on ``workspace``. A
     step refused after the freeze thaws the superblock again and raises: the turn is
-    left as it was. ``upper_to`` then takes a descriptor of the new upper folder."""
+    left as it was. ``upper_to`` then takes a descriptor of the new upper folder.
+    ``move_into``: the overlay goes there (``_overlay``)."""
     path, at = superblock
     _set_ro(path, True, at=at)
     try:
@@ -249,7 +264,7 @@ def _freeze_and_lay(  # noqa: PLR0917 - the steps' inputs, in order
         os.chown("upper", root.st_uid, root.st_gid, dir_fd=layers)
         os.chmod("upper", stat.S_IMODE(root.st_mode), dir_fd=layers)
         _mount_read_only(clone)
-        _overlay(workspace, lower, layers, userxattr)
+        _overlay(workspace, lower, layers, userxattr, move_into)
     except OSError:
         _set_ro(path, False, at=at)
         raise
@@ -317,6 +332,7 @@ def freeze_fork(
     upper_to: Callable[[int], None] | None = None,
     held: int = -1,
     lowers: list[int] | None = None,
+    move_into: tuple[int, str] | None = None,
 ) -> int:
     """Freeze a fork's own upper layer in place (a turn opened on a snapshot's layers,
     whose overlay ``_lowerfs`` laid at hello) and lay a new overlay on it; return the
@@ -346,6 +362,13 @@ def freeze_fork(
     a nested overlay shows every file of its lower overlay on one device, so files of
     two layers may share an inode number there, and a capture of the turn would take
     them for hard links of each other.
+
+    ``move_into``: a mount namespace's descriptor and the workspace's path there, where the
+    overlay at ``workspace`` (this namespace's) is bound (a Docker fork as root: the host
+    laid its overlay in a frame of its own, ``docker._cow``, and binds it into the
+    container). The new overlay is made here, on this namespace's layers, and moved onto
+    that path there (``docker._freeze.freeze_fork_layer``); this process is in that
+    namespace from then on.
     """
     if filesystem_type(workspace) != OVERLAYFS_MAGIC or fstatfs_type(upper) != TMPFS_MAGIC:
         raise OSError(errno.EOPNOTSUPP, f"{workspace} is not a fork's overlay on its own tmpfs")
@@ -363,7 +386,8 @@ def freeze_fork(
             )  # fmt: skip
         # fspick takes a mount's root only: the clone's is the upper folder, on the tmpfs.
         lower = [clone, *lowers] if lowers else below
-        _freeze_and_lay(workspace, ("", clone), clone, lower, layers, userxattr, upper_to)
+        superblock = ("", clone)
+        _freeze_and_lay(workspace, superblock, clone, lower, layers, userxattr, upper_to, move_into)
     except OSError:
         _close(clone)
         raise
@@ -405,6 +429,21 @@ def thaw_unlaid(workspace: str) -> bool:
     if not os.statvfs(workspace).f_flag & os.ST_RDONLY:
         return False
     _set_ro(workspace, False)
+    return True
+
+
+def thaw_fork_layer(upper: int) -> bool:
+    """Thaw the tmpfs the fork's upper folder ``upper`` lies on, where a freeze of it
+    (``freeze_fork``) stopped after the freeze and before its new overlay was laid (a
+    host's child killed at its timeout); whether it was frozen. The caller knows the
+    overlay was not laid (the turn writes on in the old one, on this tmpfs)."""
+    if not os.fstatvfs(upper).f_flag & os.ST_RDONLY:
+        return False
+    clone = _upper_clone(upper, -1)  # fspick takes a mount's root: the clone's is the folder
+    try:
+        _set_ro("", False, at=clone)
+    finally:
+        _close(clone)
     return True
 
 
