@@ -30,6 +30,7 @@ import os
 __all__ = [
     "COPY_ON_WRITE",
     "MECHANISMS",
+    "held_stacked_lower",
     "kernel_overlay_problem",
     "lower_by_descriptor",
     "overlay_backend",
@@ -89,6 +90,19 @@ def stacked_lower(backend: str) -> bool:
     """Whether ``backend``'s turns open on a stack of frozen layers as such (else on its
     merged view, as on any tree: Docker lays its overlay on the host)."""
     return backend in _STACKED_LOWER
+
+
+#: The backends whose server lays its overlay on an ordinary user's stack of held layers
+#: passed by descriptor (``Policy.workspace_below_fds``): bubblewrap's and nsjail's
+#: inherited, Docker's passed with the hello over the direct channel, each made the fork's
+#: by its reader (``docker._reader``; a fork on the attach stream has its files copied).
+_HELD_STACKED_LOWER = frozenset({"bubblewrap", "nsjail", "docker"})
+
+
+def held_stacked_lower(backend: str) -> bool:
+    """Whether an ordinary user's turns on ``backend`` open on a stack of held frozen
+    layers as such, and its forks of a fork freeze their own layer over them."""
+    return backend in _HELD_STACKED_LOWER
 
 
 def lower_by_descriptor(backend: str) -> bool:

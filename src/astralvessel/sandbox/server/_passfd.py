@@ -17,14 +17,17 @@ import select
 import stat
 import struct
 
+from ._messages import MAX_LAYERS
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
 __all__ = ["host_socket", "receive", "send"]
 
-#: The most descriptors one read takes (a hello passes one); the kernel closes the rest.
-_MAX = 4
+#: The most descriptors one read takes (a hello passes one layer, or a stack's
+#: ``MAX_LAYERS``, with no adoption socket); the kernel closes the rest.
+_MAX = MAX_LAYERS
 _SPACE = _socket.CMSG_SPACE(_MAX * 4)
 
 
