@@ -52,6 +52,10 @@ row says ``(1 run)``; a row has a verdict only where the issue sets a target:
   it, against ``docker commit`` of a container holding the same tree plus
   ``docker run --rm`` of the image.
 
+With ``--fork-of-a-fork``, only case (iii)'s ``fork(N)``, each against the same fork's
+capture in the same run (a detached process left in the fork refuses its freeze), as
+every fork of a fork was before its layer was stacked.
+
 Run: ``python bench/bench_snapshots.py [--runs 5] [--mib 100] [--files 10000] [backend ...]``.
 """
 
@@ -59,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import os
 import shutil
@@ -471,11 +476,11 @@ def fork_rows(  # noqa: PLR0917 - the row's inputs, in order
     count: int,
     started: int,
     runs: int,
-) -> None:
+) -> tuple[float, float]:
     """``fork(count)`` of ``runs`` turns, each opened by ``opener`` and readied by ``prepare``:
     the medians of its wall time, the host disk it adds, the budget it adds and its first
-    forks' first calls. A new turn each run: a turn's second fork links what its first
-    copied."""
+    forks' first calls (the first two returned). A new turn each run: a turn's second fork
+    links what its first copied."""
     samples = []
     for _ in range(runs):
         with opener() as turn:
@@ -504,6 +509,48 @@ def fork_rows(  # noqa: PLR0917 - the row's inputs, in order
         None,
     )
     row(f"first {min(started, count)} forks served", f"{served:.2f} s", "", "", "", None)
+    return wall, extra
+
+
+def fork_of_a_fork_rows(  # noqa: PLR0917 - the command line's options, in order
+    backend: str, mib: int, files: int, forks: list[int], started: int, runs: int, changed_mib: int
+) -> None:
+    """Only ``fork(N)`` of a fork (case iii), against the same fork's capture in this run: a
+    detached process left running in the fork refuses its freeze (``EBUSY``), so its fork
+    captures, as every fork of a fork did before it was stacked."""
+    size = mib * MIB // files
+    print(f"{backend}: a workspace of {files} files, {files * size / MIB:.0f} MiB")
+    with make_executor(backend, mib * 2 + 64) as executor:
+
+        def changed(opened: Any) -> None:
+            done = opened.exec(["python3", "-c", CHANGE, str(changed_mib)], timeout=600)
+            assert done.returncode == 0, done.stderr
+
+        def busy(opened: Any) -> None:
+            changed(opened)
+            opened.start(["sleep", "600"])
+
+        for count in forks:
+            label = f"fork({count}) of a fork, +{changed_mib} MiB"
+            opener = functools.partial(fork_of_fresh, executor, files, size)
+            wall, extra = fork_rows(opener, changed, label, count, started, runs)
+            captured = fork_rows(opener, busy, f"{label}, captured", count, started, runs)
+            row(
+                f"{label} against its capture",
+                f"{wall:.2f} s",
+                f"captured {captured[0]:.2f} s",
+                f"{wall / max(captured[0], 1e-6):.2f}x",
+                "",
+                None,
+            )
+            row(
+                f"{label} disk against its capture",
+                f"{extra:.1f} MiB",
+                f"captured {captured[1]:.1f} MiB",
+                f"{extra / max(captured[1], 1e-6):.2f}x",
+                "",
+                None,
+            )
 
 
 def fork_once(turn: Any, count: int, started: int) -> tuple[float, float, float, float, float]:
@@ -579,10 +626,16 @@ def main() -> None:
     parser.add_argument("--started", type=int, default=4, help="forks whose first call is timed")
     parser.add_argument("--runs", type=int, default=3, help="samples per median")
     parser.add_argument("--changed", type=int, default=1, help="MiB a forked turn changes")
+    parser.add_argument(
+        "--fork-of-a-fork",
+        action="store_true",
+        help="only fork(N) of a fork, against its capture (a detached process refuses the freeze)",
+    )
     args = parser.parse_args()
     print(f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; medians of {args.runs} runs\n")
+    figures = fork_of_a_fork_rows if args.fork_of_a_fork else bench
     for name in args.backends:
-        bench(name, args.mib, args.files, args.forks, args.started, args.runs, args.changed)
+        figures(name, args.mib, args.files, args.forks, args.started, args.runs, args.changed)
 
 
 if __name__ == "__main__":
