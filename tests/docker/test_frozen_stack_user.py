@@ -92,6 +92,11 @@ def test_the_three_turns_write_apart_after_the_freeze(executor: Executor) -> Non
                 "mine\nfresh\n64\n"
             )
             assert _sh(parent, "cd /workspace && ls") == "d\nlink\noutbox\np\nshared\n"
+        # A turn opened on the stack later sees the fork as it froze, not as it went on.
+        with executor.turn(snapshot=source) as opened:
+            assert _sh(opened, "cd /workspace && cat mine && ls") == (
+                "mine\nd\nlink\nmine\noutbox\nshared\n"
+            )
 
 
 def test_a_fork_of_a_fork_of_a_fork_stacks_three_layers(executor: Executor) -> None:

@@ -254,7 +254,7 @@ def _read_stacked(
         tree = Tree.held_stacked(view, layers, budget)
     except BaseException as exc:
         staged.remove()
-        if isinstance(exc, OSError) and not isinstance(exc, SnapshotError):
+        if isinstance(exc, OSError):  # the reader's refusal or failure: the fork captures
             raise Unstaged(f"the fork's layers cannot be stacked: {exc}") from exc
         raise
     try:
@@ -301,7 +301,7 @@ def stacks_on(snapshot: TurnSnapshot | None) -> bool:
     ``snapshot``'s (``snapshot_stacked``): root's staged frozen layers, short of
     ``MAX_LAYERS`` (a deeper fork of a fork captures, as every fork of a fork did before;
     an ordinary user's are held layers, ``held_stack``, whose merged view a namespace of
-    its own mounts, ``_heldmerge``)."""
+    its own mounts, ``_heldmerge``, or on Docker the reader, ``Reader``)."""
     if snapshot is None:
         return False
     layers = snapshot.stack if os.geteuid() == 0 else snapshot.held_stack

@@ -25,6 +25,14 @@ The host then checks the listing exactly as its own (``_capture.checked_shape``:
 kinds, names, links, sizes, the turn's bounds), and the layer is read-only, so
 what the reader hashed is what the forks see.
 
+A fork of a fork's snapshot is a stack of such layers (its own frozen upper layer over
+its parent's): the reader clones each and lays their read-only overlay, detached, and
+passes it back (``merged``); the host holds it as the snapshot's tree and has the
+reader list and hash it as one layer. Only the reader could: the overlay reads the
+layers' files with its mounter's rights, and their whiteouts may be ``trusted.*``
+attributes, which only a process with ``CAP_SYS_ADMIN`` in the initial user namespace
+reads.
+
 A root host asks it for one thing too: the idmapped layer a warm sandbox adopting a
 fork lays its overlay on (``_adoption`` says why the reader, not the host). That
 layer is the host's read-only clone of a stored tree, made in the host's mount
