@@ -24,10 +24,11 @@ row says ``(1 run)``; a row has a verdict only where the issue sets a target:
   them), or on bubblewrap and nsjail (and on Docker as root) freezes the workspace's tmpfs in
   place and copies nothing (its disk row counts the store's filesystem only).
   (iii) the fork of such a fresh turn, which then changed ``--changed`` MiB:
-  its files are the frozen layer (or copy) plus its own. As root on bubblewrap
-  and nsjail its own layer is frozen in place too and stacked over the frozen
-  one (no copy); elsewhere its capture links each unchanged file from a store
-  copy of the layer, made at its first fork.
+  its files are the frozen layer (or copy) plus its own. On bubblewrap and
+  nsjail (root or not) and on Docker as an ordinary user its own layer is frozen
+  in place too and stacked over the frozen one (no copy); on Docker as root its
+  capture links each unchanged file from a store copy of the layer, made at its
+  first fork.
   Then the time until each of the first ``--started`` forks has served a call:
   copy-on-write on bubblewrap and nsjail (an overlay on the snapshot's tree: a
   mount, not a copy), a copy of the whole workspace into its tmpfs on Docker.
@@ -275,8 +276,8 @@ def bench(  # noqa: PLR0917 - the command line's options, in order
         print(
             "  ** a fork of a fresh turn's first fork: the turn's files are its parent's"
             " frozen layer and its own; on bubblewrap and nsjail (root or not) its own layer"
-            " is frozen and stacked over the parent's, on Docker its capture links from a"
-            " store copy of the layer made once"
+            " is frozen and stacked over the parent's, and on Docker as an ordinary user; on"
+            " Docker as root its capture links from a store copy of the layer made once"
         )
 
         figures = fork_first_calls(turn, runs)

@@ -24,7 +24,7 @@ from astralvessel.sandbox.docker import Docker
 from astralvessel.sandbox.server._messages import MAX_LAYERS
 
 from ..snapshot.test_frozen_fork import _MAKE, _sh, _store_bytes
-from ..snapshot.test_frozen_stack import _CHANGE
+from ..snapshot.test_frozen_stack import _CHANGE, _FORGE
 from .conftest import BASE_IMAGE
 
 pytestmark = pytest.mark.skipif(
@@ -258,3 +258,45 @@ def test_on_the_attach_stream_a_fork_of_a_fork_captures(docker_api: object) -> N
                 assert source.held_stack == ()
                 view = "cd /workspace && ls -A . d/e && cat shared mine"
                 assert _sh(grandchild, view) == _sh(child, view)
+
+
+def test_a_fork_on_a_warm_sandbox_stacks_its_layer_too(docker_api: object) -> None:
+    """A fork that adopted a warm sandbox lies on its layer as a cold one does: its own
+    fork stacks; a stack is never handed to a warm sandbox (the fork starts its own)."""
+    backend = Docker(base_image=BASE_IMAGE, pull=False)
+    with Executor(Registry(), sandbox=backend, warm=2) as executor, executor.turn() as parent:
+        _sh(parent, _MAKE)
+        (child,) = parent.fork(1)
+        with child:
+            _sh(child, _CHANGE)
+            (grandchild,) = child.fork(1)
+            with grandchild:
+                source = grandchild.snapshot_source
+                assert source is not None
+                assert len(source.held_stack) == 2
+                view = "cd /workspace && ls -A . d/e && cat d/e/h mine"
+                assert _sh(grandchild, view) == _sh(child, view)
+                assert child.snapshot() == source
+
+
+def test_a_forks_forged_overlay_attributes_change_nothing_the_stack_shows(
+    executor: Executor,
+) -> None:
+    """The overlay's own attributes set through the fork's overlay (``trusted.*`` is
+    refused, ``user.*`` is a plain attribute there): the reader's merged view, read as the
+    fork's overlay was, shows every name as the fork did."""
+    with executor.turn() as parent:
+        _sh(parent, _MAKE)
+        (child,) = parent.fork(1)
+        with child:
+            _sh(child, _CHANGE)
+            forged = child.exec(["python3", "-c", _FORGE])
+            assert forged.returncode == 0, forged.stderr
+            (grandchild,) = child.fork(1)
+            with grandchild:
+                source = grandchild.snapshot_source
+                assert source is not None
+                assert len(source.held_stack) == 2
+                view = "cd /workspace && ls -A . d | wc -l && cat mine d/f4 | wc -c"
+                assert _sh(grandchild, view) == _sh(child, view) == "72\n16389\n"
+                assert child.snapshot() == source

@@ -392,11 +392,12 @@ class Server:
             if socket_fd is not None:
                 with suppress(OSError):
                     os.close(socket_fd)
-        if self.held_workspace >= 0 and (upper < 0 or self.host is not None):
+        if self.held_workspace >= 0 and upper < 0:
             # The overlay covers the held tmpfs, as a cold fork's covers the launcher's:
             # a later freeze of this fork takes the overlay, never the empty tmpfs below.
-            # Kept under a local fork's overlay (as at a fork's hello): its own layer, the
-            # upper folder there, is cloned from it when it freezes (``freeze_fork``).
+            # Kept under a fork's overlay (as at a fork's hello; Docker's too): its own
+            # layer, the upper folder there, is cloned from it when it freezes
+            # (``freeze_fork``).
             with suppress(OSError):
                 os.close(self.held_workspace)
             self.held_workspace = -1
