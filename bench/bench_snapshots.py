@@ -25,10 +25,10 @@ row says ``(1 run)``; a row has a verdict only where the issue sets a target:
   place and copies nothing (its disk row counts the store's filesystem only).
   (iii) the fork of such a fresh turn, which then changed ``--changed`` MiB:
   its files are the frozen layer (or copy) plus its own. On bubblewrap and
-  nsjail, and on Docker as root, its own layer is frozen in place too and
-  stacked over the frozen one (no copy); elsewhere (an ordinary user's Docker)
-  its capture links each unchanged file from a store copy of the layer, made
-  at its first fork.
+  nsjail (root or not) and on Docker (root or not) its own layer is frozen in
+  place too and stacked over the frozen one (no copy); elsewhere (a Docker fork
+  that adopted a warm sandbox, as root) its capture links each unchanged file
+  from a store copy of the layer, made at its first fork.
   Then the time until each of the first ``--started`` forks has served a call:
   copy-on-write on bubblewrap and nsjail (an overlay on the snapshot's tree: a
   mount, not a copy), a copy of the whole workspace into its tmpfs on Docker.
@@ -60,15 +60,20 @@ row says ``(1 run)``; a row has a verdict only where the issue sets a target:
   it, against ``docker commit`` of a container holding the same tree plus
   ``docker run --rm`` of the image.
 
-Run: ``python bench/bench_snapshots.py [--runs 5] [--mib 100] [--files 10000] [--warm-only]
-[backend ...]``; ``--warm-only`` prints the rows of forks adopting warm sandboxes alone,
-``--fork-of-a-fork`` the fork-of-a-fork rows alone.
+With ``--fork-of-a-fork``, only case (iii)'s ``fork(N)``, each against the same fork's
+capture in the same run (a detached process left in the fork refuses its freeze), as
+every fork of a fork was before its layer was stacked; with ``--warm-only``, only the
+rows of forks adopting warm sandboxes.
+
+Run: ``python bench/bench_snapshots.py [--runs 5] [--mib 100] [--files 10000]
+[--warm-only | --fork-of-a-fork] [backend ...]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import os
 import shutil
@@ -277,9 +282,8 @@ def bench(  # noqa: PLR0917 - the command line's options, in order
         )
         print(
             "  ** a fork of a fresh turn's first fork: the turn's files are its parent's"
-            " frozen layer and its own; on bubblewrap and nsjail (root or not) and on Docker"
-            " as root its own layer is frozen and stacked over the parent's, on an ordinary"
-            " user's Docker its capture links from a store copy of the layer made once"
+            " frozen layer and its own; on bubblewrap, nsjail and Docker (root or not) its own"
+            " layer is frozen and stacked over the parent's"
         )
 
         figures = fork_first_calls(turn, runs)
@@ -310,24 +314,6 @@ def changer(changed_mib: int) -> Callable[[Any], None]:
         assert done.returncode == 0, done.stderr
 
     return changed
-
-
-def bench_fork_of_a_fork(  # noqa: PLR0917 - the command line's options, in order
-    backend: str, mib: int, files: int, forks: list[int], started: int, runs: int, changed_mib: int
-) -> None:
-    """The fork-of-a-fork rows alone (``--fork-of-a-fork``): a quick before and after."""
-    size = mib * MIB // files
-    print(f"{backend}: a workspace of {files} files, {files * size / MIB:.0f} MiB")
-    with make_executor(backend, mib * 2 + 64) as executor:
-        for count in forks:
-            fork_rows(
-                lambda: fork_of_fresh(executor, files, size),
-                changer(changed_mib),
-                f"fork({count}) of a fork, +{changed_mib} MiB",
-                count,
-                started,
-                runs,
-            )
 
 
 def write_workspace(turn: Any, files: int, size: int) -> None:
@@ -562,11 +548,11 @@ def fork_rows(  # noqa: PLR0917 - the row's inputs, in order
     count: int,
     started: int,
     runs: int,
-) -> None:
+) -> tuple[float, float]:
     """``fork(count)`` of ``runs`` turns, each opened by ``opener`` and readied by ``prepare``:
     the medians of its wall time, the host disk it adds, the budget it adds and its first
-    forks' first calls. A new turn each run: a turn's second fork links what its first
-    copied."""
+    forks' first calls (the first two returned). A new turn each run: a turn's second fork
+    links what its first copied."""
     samples = []
     for _ in range(runs):
         with opener() as turn:
@@ -595,6 +581,48 @@ def fork_rows(  # noqa: PLR0917 - the row's inputs, in order
         None,
     )
     row(f"first {min(started, count)} forks served", f"{served:.2f} s", "", "", "", None)
+    return wall, extra
+
+
+def fork_of_a_fork_rows(  # noqa: PLR0917 - the command line's options, in order
+    backend: str, mib: int, files: int, forks: list[int], started: int, runs: int, changed_mib: int
+) -> None:
+    """Only ``fork(N)`` of a fork (case iii), against the same fork's capture in this run: a
+    detached process left running in the fork refuses its freeze (``EBUSY``), so its fork
+    captures, as every fork of a fork did before it was stacked."""
+    size = mib * MIB // files
+    print(f"{backend}: a workspace of {files} files, {files * size / MIB:.0f} MiB")
+    with make_executor(backend, mib * 2 + 64) as executor:
+
+        def changed(opened: Any) -> None:
+            done = opened.exec(["python3", "-c", CHANGE, str(changed_mib)], timeout=600)
+            assert done.returncode == 0, done.stderr
+
+        def busy(opened: Any) -> None:
+            changed(opened)
+            opened.start(["sleep", "600"])
+
+        for count in forks:
+            label = f"fork({count}) of a fork, +{changed_mib} MiB"
+            opener = functools.partial(fork_of_fresh, executor, files, size)
+            wall, extra = fork_rows(opener, changed, label, count, started, runs)
+            captured = fork_rows(opener, busy, f"{label}, captured", count, started, runs)
+            row(
+                f"{label} against its capture",
+                f"{wall:.2f} s",
+                f"captured {captured[0]:.2f} s",
+                f"{wall / max(captured[0], 1e-6):.2f}x",
+                "",
+                None,
+            )
+            row(
+                f"{label} disk against its capture",
+                f"{extra:.1f} MiB",
+                f"captured {captured[1]:.1f} MiB",
+                f"{extra / max(captured[1], 1e-6):.2f}x",
+                "",
+                None,
+            )
 
 
 def fork_once(turn: Any, count: int, started: int) -> tuple[float, float, float, float, float]:
@@ -674,17 +702,19 @@ def main() -> None:
         "--warm-only", action="store_true", help="the rows of forks adopting warm sandboxes alone"
     )
     parser.add_argument(
-        "--fork-of-a-fork", action="store_true", help="only the fork-of-a-fork rows"
+        "--fork-of-a-fork",
+        action="store_true",
+        help="only fork(N) of a fork, against its capture (a detached process refuses the freeze)",
     )
     args = parser.parse_args()
     print(f"{os.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; medians of {args.runs} runs")
     print(f"/proc/loadavg: {Path('/proc/loadavg').read_text().strip()}\n")
-    measure = bench_fork_of_a_fork if args.fork_of_a_fork else bench
+    figures = fork_of_a_fork_rows if args.fork_of_a_fork else bench
     for name in args.backends:
         if args.warm_only:
             warm_only(name, args.mib, args.files, args.runs, args.changed)
             continue
-        measure(name, args.mib, args.files, args.forks, args.started, args.runs, args.changed)
+        figures(name, args.mib, args.files, args.forks, args.started, args.runs, args.changed)
 
 
 if __name__ == "__main__":

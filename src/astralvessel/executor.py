@@ -33,6 +33,7 @@ from ._executor._settings import (
 from ._executor._snapshot._capture import restore
 from ._executor._snapshot._mechanism import (
     adopts_warm,
+    held_stacked_lower,
     lower_by_descriptor,
     overlay_backend,
     stacked_lower,
@@ -441,7 +442,7 @@ class Executor(Closing):
         """An ordinary user's stack of held layers: each passed by descriptor, top first,
         the server laying its overlay on its clones of them all (else the files are
         copied in: a backend that lays no overlay on several layers)."""
-        if not stacked_lower(self.sandbox.name):
+        if not held_stacked_lower(self.sandbox.name):
             return self.policy
         stack = snapshot.held_stack
         fds = [layer.held for layer in stack if layer.held is not None]

@@ -31,7 +31,7 @@ from ..sandbox._base import SandboxSession
 from ..sandbox._policy import Policy
 from ..sandbox._session import ServerSession
 from ..sandbox.server._messages import MAX_LAYERS
-from ._snapshot._mechanism import adopts_warm, stacked_lower
+from ._snapshot._mechanism import adopts_stack, adopts_warm
 from ._snapshot._value import TurnSnapshot
 from ._warm import ADOPTED_SETTLE, WarmPool
 
@@ -53,12 +53,12 @@ def adoptable(snapshot: TurnSnapshot, backend: str) -> bool:
     """Whether the host can hand a server ``snapshot``'s files as layers: a frozen layer
     an ordinary user holds, or, as root, any tree of the store (cloned); a stack of
     layers (a fork of a fork's, ``Tree.stacked``) where ``backend`` lays its overlay on
-    one (``stacked_lower``: not Docker's, whose host fits one layer), every layer held
+    one itself (``adopts_stack``: not Docker's, whose host fits one layer), every layer held
     or staged. An ordinary user's tree in the store (a snapshot of a turn that had one
     alive) is no mount he can pass: its forks open as they would without warm sandboxes."""
     held = snapshot.held_stack
     if len(held) > 1 or len(snapshot.stack) > 1:
-        if not stacked_lower(backend) or len(held or snapshot.stack) > MAX_LAYERS:
+        if not adopts_stack(backend) or len(held or snapshot.stack) > MAX_LAYERS:
             return False
         return all(layer.held is not None for layer in held) if held else os.geteuid() == 0
     return snapshot.held_layer is not None or os.geteuid() == 0

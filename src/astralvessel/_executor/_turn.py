@@ -16,6 +16,7 @@ the docstrings the API reference is made from; the work each one does lives in
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 import weakref
@@ -55,7 +56,7 @@ from ._exec import Listing
 from ._observe import TurnWatch, byte_size
 from ._snapshot._capture import capture
 from ._snapshot._freeze import freeze_snapshot, freezes_here, stacks_on, store_copy
-from ._snapshot._mechanism import stacked_lower
+from ._snapshot._mechanism import held_stacked_lower, stacked_lower
 from ._snapshot._reuse import Captures
 from ._snapshot._store import MIB, Budget
 from ._snapshot._value import TurnSnapshot
@@ -548,8 +549,8 @@ class BaseTurn(Closing, Generic[_Owner]):
         below = below if stacks_on(below) else None
         if not policy.writable_root and (below is not None or not self._captures.linkable()):
             session = yield from _Session(self)
-            if below is not None and not stacked_lower(session.backend):
-                below = None  # an ordinary user's Docker forks of a fork capture
+            if below is not None and not _stacks_here(session.backend):
+                below = None  # its forks of a fork capture, as before
             freezing = below is not None or not self._captures.linkable()
             if freezing and freezes_here(session.backend, session):
                 budget = self.executor.snapshot_budget
@@ -693,6 +694,14 @@ class BaseTurn(Closing, Generic[_Owner]):
         """
         proxy = self._proxy
         return Refusals() if proxy is None else proxy.drain()
+
+
+def _stacks_here(backend: str) -> bool:
+    """Whether a fork of a fork on ``backend`` freezes its own layer and stacks it over its
+    source's: root's staged layers (bubblewrap, nsjail), an ordinary user's held ones
+    (Docker's too: ``freezes_here`` then checks its channel passes them and its reader
+    reads them)."""
+    return stacked_lower(backend) or (os.geteuid() != 0 and held_stacked_lower(backend))
 
 
 def _fork_count(n: object) -> int:

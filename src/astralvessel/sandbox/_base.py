@@ -85,6 +85,9 @@ class ServerLink:
     #: ``policy.workspace_lower_fd`` (an ordinary user's Docker fork: the layer idmapped to
     #: the fork's uid, ``docker._reader``); closed once the server has its hello.
     lower_fd: int | None = None
+    #: The layers below ``lower_fd``, top first, passed alike in place of
+    #: ``policy.workspace_below_fds`` (a stack's, each idmapped); closed alike.
+    below_fds: tuple[int, ...] = ()
     #: The host's end of the socket a fork's frozen layer goes to the server on
     #: (``Policy.adoptable``; ``SandboxSession.adopt``), closed with the session.
     adopt_socket: socket.socket | None = None
@@ -98,6 +101,13 @@ class ServerLink:
     #: the layer's files are the turn's uid's), given the layer's descriptor: a context
     #: of ``listing(outbox, max_files)`` and ``digests(files)`` (``docker._reader``).
     read_layer: Callable[[int], AbstractContextManager[Any]] | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.is_callable())
+    )
+    #: Makes the merged view of a stack of frozen layers the host cannot read itself
+    #: (``layers`` top first, ``userxattr``: the attribute mode their whiteouts are in):
+    #: a detached read-only overlay's descriptor, the caller's, read as a layer is
+    #: (``read_layer``; ``docker._reader``).
+    merge_layers: Callable[[tuple[int, ...], bool], int] | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.is_callable())
     )
 
@@ -157,7 +167,9 @@ class Sandbox(abc.ABC):
             )
         )
         if link.lower_fd is not None:
-            booted = attrs.evolve(booted, workspace_lower_fd=link.lower_fd)
+            booted = attrs.evolve(
+                booted, workspace_lower_fd=link.lower_fd, workspace_below_fds=link.below_fds
+            )
         try:
             session = ServerSession.start(
                 link.channel, booted, backend=self.name, options=link.options
@@ -167,14 +179,16 @@ class Sandbox(abc.ABC):
                 link.adopt_socket.close()
             raise
         finally:
-            if link.lower_fd is not None:
-                os.close(link.lower_fd)
+            for fd in (link.lower_fd, *link.below_fds):
+                if fd is not None:
+                    os.close(fd)
             if link.options.pass_adopt_socket and link.options.adopt_socket is not None:
                 os.close(link.options.adopt_socket)  # the server has its own now
         session.fit_layer = link.fit_layer
         session.upper_names = link.upper_names
         session.widen_memory = link.widen_memory
         session.read_layer = link.read_layer
+        session.merge_layers = link.merge_layers
         session.adopt_socket = link.adopt_socket
         if link.lower_laid:
             # Read as the server's own report would be (``Executor._restore``): nothing to copy.

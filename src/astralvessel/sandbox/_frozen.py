@@ -142,22 +142,30 @@ def freeze_fork_layer(
     host's descriptor of that layer (as ``freeze``'s) and whether its overlay's attributes
     are ``user.*`` ones (``userxattr``), for the host's overlay of the stack to read its
     whiteouts alike. Bubblewrap and nsjail, whose server the host takes descriptors from,
-    and Docker as root, whose fork's overlay the host laid itself (``docker._freeze``);
-    raises ``OSError`` as ``freeze`` does (``EOPNOTSUPP``: not such a fork)."""
+    and Docker: as root, whose fork's overlay the host laid itself (``docker._freeze``);
+    as an ordinary user, whose server passes it over the direct channel's socket (as
+    ``freeze`` takes a fresh turn's). Raises ``OSError`` as ``freeze`` does
+    (``EOPNOTSUPP``: not such a fork, or no socket to pass it on)."""
     if session.backend == "docker" and os.geteuid() == 0:
         from .docker._freeze import freeze_fork_layer as host_freeze_fork_layer  # lazy
 
         fd = host_freeze_fork_layer(session, upper_bytes, timeout=timeout)
         _widen_memory(session, fd)
         return fd, False  # the host's overlay: trusted.* attributes
-    if session.backend not in ("bubblewrap", "nsjail"):
+    passes = session.backend == "docker"
+    if session.backend not in ("bubblewrap", "nsjail") and not passes:
         raise OSError(errno.EOPNOTSUPP, f"a {session.backend} fork's layer is not stacked")
+    take_passed = getattr(getattr(session, "channel", None), "take_passed", None)
+    if passes and take_passed is None:
+        raise OSError(errno.EOPNOTSUPP, "the turn's channel carries no descriptors")
     # An ordinary user's forks clone the layer in their own namespaces: only a clone of the
     # server's held tmpfs will do (refused before anything changes otherwise).
     fields: dict[str, object] = {"upper_bytes": upper_bytes, "stack": True}
     if os.geteuid() != 0:
         fields["held"] = True
-    fd, reply = _taken_from(session, fields, timeout, None)
+    if passes:
+        fields["passed"] = True
+    fd, reply = _taken_from(session, fields, timeout, take_passed if passes else None)
     userxattr = reply.get("userxattr")
     if not isinstance(userxattr, bool):
         os.close(fd)

@@ -143,6 +143,8 @@ class ServerSession(SandboxSession):
         self.widen_memory: Callable[[int], None] | None = None
         #: Reads a frozen layer the host cannot read itself (``ServerLink.read_layer``).
         self.read_layer: Callable[[int], AbstractContextManager[Any]] | None = None
+        #: Merges a stack of frozen layers the host cannot read (``ServerLink.merge_layers``).
+        self.merge_layers: Callable[[tuple[int, ...], bool], int] | None = None
         #: The host's end of the socket a fork's frozen layer goes on (``adopt``); None
         #: where the sandbox was not started adoptable, or once it was offered one.
         self.adopt_socket: socket.socket | None = None
@@ -733,10 +735,12 @@ class ServerSession(SandboxSession):
 
 def _passed_with_hello(policy: Policy, options: ServerOptions) -> tuple[int, ...]:
     """The descriptors the hello carries over the channel, in the order the server takes
-    them (``server/_main``): the frozen layer, then the adoption socket."""
+    them (``server/_main``): the frozen layer (a stack's top, then its layers below it),
+    then the adoption socket."""
     lower = policy.workspace_lower_fd if options.pass_lower_fd else None
+    below = policy.workspace_below_fds if lower is not None else ()
     adopt = options.adopt_socket if options.pass_adopt_socket else None
-    return tuple(fd for fd in (lower, adopt) if fd is not None)
+    return tuple(fd for fd in (lower, *below, adopt) if fd is not None)
 
 
 #: Each kind of request's reader of the frames that come while it runs: True if it took it.

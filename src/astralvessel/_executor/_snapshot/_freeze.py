@@ -145,6 +145,7 @@ def snapshot_stacked(
     max_bytes: int,
     max_files: int,
     outbox: str = OUTBOX_NAME,
+    reader: Reader | None = None,
 ) -> TurnSnapshot:
     """The snapshot of a fork's own frozen upper layer (``fd``, as ``snapshot_frozen``
     takes) stacked over the layers ``below`` lies on (the snapshot the fork opened from):
@@ -160,7 +161,21 @@ def snapshot_stacked(
     As an ordinary user, who cannot mount, the layer is held (``Tree.held_layer``) over
     ``below``'s held layers, and the merged view is a detached overlay of them all made
     in a user namespace of its own (``_heldmerge``), held too (``Tree.held_stacked``).
+    ``reader``: where the host cannot read the layers' files (an ordinary user's Docker
+    host), what lists, merges and hashes them for it (``docker._reader``): the merged view
+    is its overlay, held alike, and its listings pass the same checks.
     """
+    if reader is not None:
+        return _read_stacked(
+            fd,
+            below,
+            reader,
+            userxattr=userxattr,
+            budget=budget,
+            max_bytes=max_bytes,
+            max_files=max_files,
+            outbox=outbox,
+        )
     held = os.geteuid() != 0
     try:
         device = _checked_layer(fd)
@@ -198,6 +213,65 @@ def snapshot_stacked(
         raise
 
 
+@attrs.frozen
+class Reader:
+    """What reads an ordinary user's Docker layers for the host (``docker._reader``): the
+    session's ``read_layer`` (a layer's listing and digests) and ``merge_layers`` (a
+    stack's merged view)."""
+
+    read: Callable[[int], AbstractContextManager[Any]]
+    merge: Callable[[tuple[int, ...], bool], int]
+
+
+def _read_stacked(
+    fd: int,
+    below: TurnSnapshot,
+    reader: Reader,
+    *,
+    userxattr: bool,
+    budget: Budget | None,
+    max_bytes: int,
+    max_files: int,
+    outbox: str,
+) -> TurnSnapshot:
+    """``snapshot_stacked``, each read the reader's: the fork's own layer listed (its bytes
+    held before any is read), the stack merged, listed and hashed (only files the fork's
+    layer holds a name of: the others keep ``below``'s digests)."""
+    try:
+        device = _checked_layer(fd)
+    except BaseException as exc:
+        os.close(fd)
+        if isinstance(exc, OSError):
+            raise Unstaged(f"the fork's frozen layer cannot be read: {exc}") from exc
+        raise
+    staged = Tree.held_layer(fd, budget)
+    try:
+        with reader.read(fd) as layer:
+            own = _read_listing(layer, "", max_files)
+        staged.hold(_inodes(own, device))  # its bytes, before any is read
+        layers = (staged, *below.held_stack)
+        view = reader.merge(tuple(int(t.held) for t in layers if t.held is not None), userxattr)
+        tree = Tree.held_stacked(view, layers, budget)
+    except BaseException as exc:
+        staged.remove()
+        if isinstance(exc, OSError):  # the reader's refusal or failure: the fork captures
+            raise Unstaged(f"the fork's layers cannot be stacked: {exc}") from exc
+        raise
+    try:
+        with reader.read(view) as merged:
+            listing = _read_listing(merged, outbox, max_files)
+            shape = checked_shape(listing, max_bytes=max_bytes, max_files=max_files)
+            digests = _read_digests(merged, shape, _below_digests(below, own))
+        return TurnSnapshot(manifest=with_digests(shape, digests), tree=tree)
+    except BaseException as exc:
+        tree.remove()
+        if isinstance(exc, ConnectionError):  # the reader failed, not the layers: a copy
+            raise Unstaged(f"the fork's layers' reader failed: {exc}") from exc
+        if isinstance(exc, OSError):
+            raise SnapshotError(f"the fork's frozen layers cannot be read: {exc}") from exc
+        raise
+
+
 def _held_stacked(
     top: Tree, below: TurnSnapshot, budget: Budget | None, *, userxattr: bool
 ) -> Tree:
@@ -227,7 +301,7 @@ def stacks_on(snapshot: TurnSnapshot | None) -> bool:
     ``snapshot``'s (``snapshot_stacked``): root's staged frozen layers, short of
     ``MAX_LAYERS`` (a deeper fork of a fork captures, as every fork of a fork did before;
     an ordinary user's are held layers, ``held_stack``, whose merged view a namespace of
-    its own mounts, ``_heldmerge``)."""
+    its own mounts, ``_heldmerge``, or on Docker the reader, ``Reader``)."""
     if snapshot is None:
         return False
     layers = snapshot.stack if os.geteuid() == 0 else snapshot.held_stack
@@ -279,16 +353,29 @@ def _read_listing(layer: Any, outbox: str, max_files: int) -> Any:
         raise SnapshotError(f"the frozen workspace's listing is malformed: {exc}") from None
 
 
-def _read_digests(layer: Any, shape: Manifest) -> dict[bytes, str]:
-    """``_digests``, read by a reader (``snapshot_frozen(read_layer=)``)."""
-    files = [entry for entry in shape.entries if entry.kind is EntryKind.FILE]
+def _read_digests(
+    layer: Any, shape: Manifest, known: dict[bytes, Entry] | None = None
+) -> dict[bytes, str]:
+    """``_digests``, read by a reader (``snapshot_frozen(read_layer=)``): ``known``'s
+    files, as there, not read."""
+    digests: dict[bytes, str] = {}
+    files = []
+    for entry in shape.entries:
+        if entry.kind is not EntryKind.FILE:
+            continue
+        same = None if known is None else known.get(entry.name)
+        if same is not None and (same.size, same.mode) == (entry.size, entry.mode):
+            digests[entry.name] = str(same.digest)
+        else:
+            files.append(entry)
     try:
-        found = layer.digests([(entry.name, entry.size) for entry in files])
+        found = layer.digests([(entry.name, entry.size) for entry in files]) if files else []
     except OSError as exc:
         if isinstance(exc, ConnectionError):
             raise
         raise SnapshotError(f"the frozen workspace cannot be read: {exc}") from None
-    return {entry.name: digest for entry, digest in zip(files, found, strict=True)}
+    digests.update((entry.name, digest) for entry, digest in zip(files, found, strict=True))
+    return digests
 
 
 def _inodes(listing: Any, device: int) -> Inodes:
@@ -428,6 +515,7 @@ def _stacked_snapshot(
             budget=budget,
             max_bytes=max_bytes,
             max_files=max_files,
+            reader=_reader_of(session),
         )
     except BaseException as exc:
         if lost is not None:
@@ -436,6 +524,16 @@ def _stacked_snapshot(
             raise
         _copied_instead(session, exc)
         return None
+
+
+def _reader_of(session: SandboxSession) -> Reader | None:
+    """The session's reader of layers the host cannot read (an ordinary user's Docker), or
+    None (the host reads them itself)."""
+    read = getattr(session, "read_layer", None)
+    merge = getattr(session, "merge_layers", None)
+    if read is None or merge is None:
+        return None
+    return Reader(read=read, merge=merge)
 
 
 def _copied_instead(session: SandboxSession, exc: Exception) -> None:

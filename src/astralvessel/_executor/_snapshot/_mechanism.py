@@ -30,6 +30,9 @@ import os
 __all__ = [
     "COPY_ON_WRITE",
     "MECHANISMS",
+    "adopts_stack",
+    "adopts_warm",
+    "held_stacked_lower",
     "kernel_overlay_problem",
     "lower_by_descriptor",
     "overlay_backend",
@@ -80,6 +83,17 @@ def adopts_warm(backend: str) -> bool:
     return backend in _ADOPTS_WARM
 
 
+#: The backends whose warm sandboxes take a stack of layers in one adoption message, top
+#: first: the server lays its overlay on them all. Not Docker, whose host fits one layer
+#: to the sandbox's uid (``ServerLink.fit_layer``): its forks of a stack start their own.
+_ADOPTS_STACK = frozenset({"bubblewrap", "nsjail"})
+
+
+def adopts_stack(backend: str) -> bool:
+    """Whether a fork of a fork on ``backend`` may take a warm sandbox and lay its stack there."""
+    return backend in _ADOPTS_STACK
+
+
 #: The backends whose server lays its overlay on a stack of layers bound apart
 #: (``Policy.workspace_layers``): a fork of a fork's, frozen in place. Docker's host lays
 #: it itself as root (``docker._cow``); an ordinary user's Docker forks of a fork capture.
@@ -92,6 +106,19 @@ def stacked_lower(backend: str, *, root: bool | None = None) -> bool:
     if backend in _STACKED_LOWER:
         return True
     return backend in _MOUNTED_BY_THE_HOST and (os.geteuid() == 0 if root is None else root)
+
+
+#: The backends whose server lays its overlay on an ordinary user's stack of held layers
+#: passed by descriptor (``Policy.workspace_below_fds``): bubblewrap's and nsjail's
+#: inherited, Docker's passed with the hello over the direct channel, each made the fork's
+#: by its reader (``docker._reader``; a fork on the attach stream has its files copied).
+_HELD_STACKED_LOWER = frozenset({"bubblewrap", "nsjail", "docker"})
+
+
+def held_stacked_lower(backend: str) -> bool:
+    """Whether an ordinary user's turns on ``backend`` open on a stack of held frozen
+    layers as such, and its forks of a fork freeze their own layer over them."""
+    return backend in _HELD_STACKED_LOWER
 
 
 def lower_by_descriptor(backend: str) -> bool:

@@ -173,19 +173,34 @@ class Docker(Sandbox):
             reader = self._reader
         return reader.layer(fd, self._reader_spec)
 
-    def _fork_layer(self, policy: Policy, lease: UidLease | None) -> int | None:
-        """An ordinary user's frozen layer for a fork (``policy.workspace_lower_fd``), made
-        the fork's own by the reader: an idmapped clone showing the parent's files as the
-        fork's leased uid's (``LayerReader.idmapped``). None where there is none to pass.
-        ``SandboxError`` where the reader cannot make it."""
-        fd = policy.workspace_lower_fd
-        if fd is None or lease is None or os.geteuid() == 0:
-            return None
+    def _fork_layers(self, policy: Policy, lease: UidLease | None) -> tuple[int, ...]:
+        """An ordinary user's frozen layers for a fork (``policy.workspace_lower_fd``, then
+        a stack's ``workspace_below_fds``, top first), each made the fork's own by the
+        reader: an idmapped clone showing the files of the turn that wrote that layer as
+        the fork's leased uid's (``LayerReader.idmapped``). Empty where there are none to
+        pass. ``SandboxError`` where the reader cannot make one."""
+        top = policy.workspace_lower_fd
+        if top is None or lease is None or os.geteuid() == 0:
+            return ()
+        mapped: list[int] = []
         try:
-            return self._idmapped(lease, fd)
+            for fd in (top, *policy.workspace_below_fds):
+                mapped.append(self._idmapped(lease, fd))
         except OSError as exc:
+            for fd in mapped:
+                os.close(fd)
             # No copy instead: the host cannot read the layer's files to copy them in.
             raise SandboxError(f"the frozen layer cannot be made the fork's: {exc}") from exc
+        return tuple(mapped)
+
+    def _merged(self, layers: tuple[int, ...], userxattr: bool) -> int:
+        """The merged view of an ordinary user's stack of frozen layers, made by the reader
+        (``LayerReader.merged``; ``session.merge_layers``). ``OSError`` where it cannot be."""
+        with self._reader_lock:
+            if self._reader is None:
+                self._reader = LayerReader(self._start_reader)
+            reader = self._reader
+        return reader.merged(layers, userxattr, self._reader_spec)
 
     def _idmapped(self, lease: UidLease, fd: int) -> int:
         """The frozen layer ``fd`` as ``lease``'s uid's, made by the reader
@@ -372,7 +387,8 @@ class Docker(Sandbox):
             )
         build = self.engine.server_build(image_id, self.python)
         overlay = self._host_overlay(policy, lease)
-        lower_fd = self._fork_layer(policy, lease) if direct else None
+        layers = self._fork_layers(policy, lease) if direct else ()
+        lower_fd = layers[0] if layers else None
         host_end, server_end = adoption_pair(policy, lease, direct=direct)
         listener = None
         if lease is not None and direct:
@@ -393,17 +409,18 @@ class Docker(Sandbox):
         except BaseException:
             if overlay is not None:
                 overlay.close()
-            if lower_fd is not None:
-                os.close(lower_fd)
+            for fd in layers:
+                os.close(fd)
             close_pair(host_end, server_end)
             raise
         finally:
             if listener is not None:
                 listener.close()
         direct_channel = isinstance(channel, DirectChannel)
-        if lower_fd is not None and not direct_channel:  # pragma: no cover - direct asked
-            os.close(lower_fd)
-            lower_fd = None
+        if layers and not direct_channel:  # pragma: no cover - direct asked
+            for fd in layers:
+                os.close(fd)
+            layers, lower_fd = (), None
         if not direct_channel:  # the attach stream passes no socket: never adopted
             host_end, server_end = close_pair(host_end, server_end)
         return ServerLink(
@@ -411,15 +428,18 @@ class Docker(Sandbox):
             settle=channel.settle if isinstance(channel, DirectChannel) else None,
             options=ServerOptions(
                 confine=True,
-                # An ordinary user's fresh workspace is the server's own tmpfs, its original
-                # held to pass on a freeze (``_frozen``); root's host freezes the engine's.
+                # An ordinary user's workspace is the server's own tmpfs, its original held
+                # to pass on a freeze (``_frozen``): a fresh turn's, or a fork's on held layers
+                # (its own layer is frozen from it, ``freeze_fork``); root's host freezes
+                # the engine's.
                 hold_workspace=(
                     direct_channel
                     and os.geteuid() != 0
                     and policy.workspace_lower is None
-                    and lower_fd is None
+                    and (policy.workspace_lower_fd is None or lower_fd is not None)
                 ),
-                # A frozen layer an ordinary user's host holds goes with the hello.
+                # A frozen layer an ordinary user's host holds goes with the hello (a
+                # stack's layers below it after it, ``below_fds``).
                 pass_lower_fd=lower_fd is not None,
                 # So does a warm sandbox's adoption socket (``_adoption``).
                 adopt_socket=None if server_end is None else server_end.detach(),
@@ -450,6 +470,7 @@ class Docker(Sandbox):
                 else overlay is not None
             ),
             lower_fd=lower_fd,
+            below_fds=layers[1:],
             adopt_socket=host_end,
             fit_layer=(
                 None
@@ -460,6 +481,8 @@ class Docker(Sandbox):
             widen_memory=channel.widen_memory,
             # An ordinary user's host cannot read the turn's frozen files: its reader does.
             read_layer=self._read_layer if direct_channel and os.geteuid() != 0 else None,
+            # And merges a stack of them, a fork of a fork's (``_freeze.snapshot_stacked``).
+            merge_layers=self._merged if direct_channel and os.geteuid() != 0 else None,
         )
 
     def _host_overlay(self, policy: Policy, lease: UidLease | None) -> HostOverlay | None:

@@ -25,6 +25,14 @@ The host then checks the listing exactly as its own (``_capture.checked_shape``:
 kinds, names, links, sizes, the turn's bounds), and the layer is read-only, so
 what the reader hashed is what the forks see.
 
+A fork of a fork's snapshot is a stack of such layers (its own frozen upper layer over
+its parent's): the reader clones each and lays their read-only overlay, detached, and
+passes it back (``merged``); the host holds it as the snapshot's tree and has the
+reader list and hash it as one layer. Only the reader could: the overlay reads the
+layers' files with its mounter's rights, and their whiteouts may be ``trusted.*``
+attributes, which only a process with ``CAP_SYS_ADMIN`` in the initial user namespace
+reads.
+
 A root host asks it for one thing too: the idmapped layer a warm sandbox adopting a
 fork lays its overlay on (``_adoption`` says why the reader, not the host). That
 layer is the host's read-only clone of a stored tree, made in the host's mount
@@ -53,6 +61,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ..server import _snapfiles
+from ..server._messages import MAX_LAYERS
 from ._attach import AttachChannel
 from ._direct import Listener
 from ._spec import CHANNEL_SOCKET, ContainerSpec, profile_text
@@ -87,7 +96,7 @@ class _Layer(object):
 def _exact(sock, size, fds):
     data = b""
     while len(data) < size:
-        chunk, ancillary, _, _ = sock.recvmsg(size - len(data), socket.CMSG_SPACE(16))
+        chunk, ancillary, _, _ = sock.recvmsg(size - len(data), socket.CMSG_SPACE(4 * _MAX_LAYERS))
         for level, kind, raw in ancillary:
             if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                 usable = len(raw) - len(raw) % 4
@@ -213,6 +222,54 @@ def _idmapped(layer, uid, gid):
     return tree
 
 
+def _clone(layer):
+    """A clone of ``layer`` in this namespace (a detached mount another made: the overlay
+    takes no mount of another namespace as a layer)."""
+    import ctypes
+    empty = ctypes.c_char_p(b"")
+    flags = ctypes.c_uint(0x1001 | os.O_CLOEXEC)  # OPEN_TREE_CLONE | AT_EMPTY_PATH
+    return _syscall("open_tree", 428, ctypes.c_int(layer), empty, flags)
+
+
+def _fsconfig(fs, command, key, aux, what):
+    import ctypes
+    key = ctypes.c_char_p(None if key is None else key.encode())
+    _syscall(what, 431, ctypes.c_int(fs), ctypes.c_uint(command), key, ctypes.c_char_p(None),
+             ctypes.c_int(aux))
+
+
+def _merged(layers, userxattr):
+    """The detached read-only overlay of ``layers`` (top first): a stack's merged view,
+    whose whiteouts and opaque folders are read in the attribute mode the fork's own
+    overlay wrote them in (``userxattr``: ``user.*``, else ``trusted.*``)."""
+    import ctypes
+    clones = []
+    fs = -1
+    try:
+        for layer in layers:
+            clones.append(_clone(layer))
+        fs = _syscall("fsopen overlay", 430, ctypes.c_char_p(b"overlay"), ctypes.c_uint(1))
+        for clone in clones:
+            _fsconfig(fs, 5, "lowerdir+", clone, "fsconfig lowerdir+")  # FSCONFIG_SET_FD
+        if userxattr:
+            _fsconfig(fs, 0, "userxattr", 0, "fsconfig userxattr")  # FSCONFIG_SET_FLAG
+        _fsconfig(fs, 6, None, 0, "create the stack's overlay")  # FSCONFIG_CMD_CREATE
+        # RDONLY | NOSUID | NODEV | NOEXEC, detached (FSMOUNT_CLOEXEC)
+        return _syscall("fsmount the stack's overlay", 432, ctypes.c_int(fs), ctypes.c_uint(1),
+                        ctypes.c_uint(0xF))
+    finally:
+        for fd in clones + ([fs] if fs >= 0 else []):
+            os.close(fd)
+
+
+def _send_fd(sock, fd):
+    text = json.dumps({}).encode()
+    data = _FRAME.pack(len(text), 0) + text
+    rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", fd))]
+    sent = sock.sendmsg([data], rights)
+    sock.sendall(data[sent:])
+
+
 def _serve(sock):
     held = None
     while True:
@@ -231,13 +288,24 @@ def _serve(sock):
                     raise OSError(errno.EBADF, "no layer was passed")
                 mapped = _idmapped(fds[0], int(header["uid"]), int(header["gid"]))
                 try:
-                    text = json.dumps({}).encode()
-                    data = _FRAME.pack(len(text), 0) + text
-                    rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", mapped))]
-                    sent = sock.sendmsg([data], rights)
-                    sock.sendall(data[sent:])
+                    _send_fd(sock, mapped)
                 finally:
                     os.close(mapped)
+            except OSError as exc:
+                _send(sock, {"errno": exc.errno or errno.EIO, "message": exc.strerror or str(exc)})
+            finally:
+                for fd in fds:
+                    os.close(fd)
+            continue
+        if op == "merge":
+            try:
+                if not 2 <= len(fds) <= _MAX_LAYERS:
+                    raise OSError(errno.EBADF, "no stack of layers was passed")
+                merged = _merged(fds, bool(header.get("userxattr")))
+                try:
+                    _send_fd(sock, merged)
+                finally:
+                    os.close(merged)
             except OSError as exc:
                 _send(sock, {"errno": exc.errno or errno.EIO, "message": exc.strerror or str(exc)})
             finally:
@@ -332,7 +400,8 @@ def reader_spec(
 def reader_code() -> str:
     """The reader's program: the file worker's listing and the loop above (stdlib-only)."""
     source = inspect.getsource(_snapfiles).replace("from __future__ import annotations\n", "")
-    return "from __future__ import annotations\n" + source + _MAIN
+    bound = f"\n_MAX_LAYERS = {MAX_LAYERS}  # the most layers a stack's merged view takes\n"
+    return "from __future__ import annotations\n" + source + bound + _MAIN
 
 
 class ReaderFailedError(ConnectionError):
@@ -429,6 +498,30 @@ class LayerReader:
             os.close(mapped)
             raise ReaderFailedError(errno.EPROTO, "the reader's clone is not the fork's layer")
         return mapped
+
+    def merged(
+        self, layers: tuple[int, ...], userxattr: bool, spec: Callable[[str], ContainerSpec]
+    ) -> int:
+        """The merged view of a stack of frozen layers (``layers``, top first): their
+        detached read-only overlay (lower layers only; ``nosuid``, ``nodev``, ``noexec``),
+        made by the reader, which alone may read the layers' files and, where the forks'
+        overlays wrote them so, their ``trusted.*`` whiteouts (``userxattr`` False). The
+        caller's to close; read as a held layer is (``layer``). Raises
+        ``ReaderFailedError`` or the reader's refusal."""
+        with self._lock:
+            if not self._state:
+                self._launch(spec)
+            header, _ = self._ask({"op": "merge", "userxattr": userxattr}, fds=layers)
+        passed = header.get("_fds") or []
+        if len(passed) != 1:
+            for extra in passed:
+                os.close(extra)
+            raise ReaderFailedError(errno.EPROTO, "the layer reader passed no merged view")
+        view: int = passed[0]
+        if not os.fstatvfs(view).f_flag & os.ST_RDONLY or not stat.S_ISDIR(os.fstat(view).st_mode):
+            os.close(view)
+            raise ReaderFailedError(errno.EPROTO, "the reader's merged view is not read-only")
+        return view
 
     def _can_idmap(self, fd: int) -> bool:
         """Whether the reader can make an idmapped clone of the layer ``fd`` (tried once,

@@ -176,24 +176,22 @@ def lower_workspace(
     return {"workspace_lower": why}, upper
 
 
-def hold_workspace(
-    config: Hello, plan: _launch.LaunchPlan, workspace: str, *, local: bool = True
-) -> int:
+def hold_workspace(config: Hello, plan: _launch.LaunchPlan, workspace: str) -> int:
     """Make the workspace a tmpfs of the server's own, holding its detached original
     (``_heldfs``), where a freeze would hand it to an ordinary user's host: the sandbox's
     own empty tmpfs, in a user namespace. Its descriptor, or -1 (not here, or refused:
     a freeze is then refused too, and the host copies).
 
-    Also under a fork's overlay on held layers (``workspace_lower_fd``) where the host is
-    a local process (``local``: bubblewrap, nsjail): the overlay's upper folder is on that
-    tmpfs, and a freeze of the fork's own layer clones it from the held original, which
-    the forks of this fork, each in its own user namespace, can clone again."""
+    Also under a fork's overlay on held layers (``workspace_lower_fd``): the overlay's
+    upper folder is on that tmpfs, and a freeze of the fork's own layer clones it from the
+    held original, which the forks of this fork, each in its own user namespace, can
+    clone again (bubblewrap's, nsjail's, and Docker's, whose host asks it with
+    ``hold_workspace`` only where the direct channel passes that layer on)."""
     if (
         not config.hold_workspace
         or not plan.confine
         or workspace != config.workspace
         or config.workspace_lower is not None
-        or (config.workspace_lower_fd is not None and not local)
         or config.writable_root
         or _lowerfs.in_initial_userns()
     ):

@@ -393,11 +393,12 @@ class Server:
             if socket_fd is not None:
                 with suppress(OSError):
                     os.close(socket_fd)
-        if self.held_workspace >= 0 and (upper < 0 or self.host is not None):
+        if self.held_workspace >= 0 and upper < 0:
             # The overlay covers the held tmpfs, as a cold fork's covers the launcher's:
             # a later freeze of this fork takes the overlay, never the empty tmpfs below.
-            # Kept under a local fork's overlay (as at a fork's hello): its own layer, the
-            # upper folder there, is cloned from it when it freezes (``freeze_fork``).
+            # Kept under a fork's overlay (as at a fork's hello; Docker's too): its own
+            # layer, the upper folder there, is cloned from it when it freezes
+            # (``freeze_fork``).
             with suppress(OSError):
                 os.close(self.held_workspace)
             self.held_workspace = -1
@@ -425,13 +426,19 @@ class Server:
         if self.host is not None and config.workspace_lower_fd is not None:
             # Over a socket the layer is passed with the hello, whatever number the host's
             # is; none passed: no layer (the host copies the files in).
-            lower = self.passed.pop(0) if self.passed else None
-            if config.workspace_below_fds and lower is not None:
-                # A stack's layers come inherited alone (bubblewrap, nsjail), never over a
-                # socket: none is laid (the host copies the files in).
-                os.close(lower)
-                lower = None
-            fields = dict(config.fields(), workspace_lower_fd=lower, workspace_below_fds=[])
+            # A stack's layers below it come next, top first (an ordinary user's Docker
+            # fork of a fork); fewer than named: none is laid (the host copies the files in).
+            wanted = 1 + len(config.workspace_below_fds)
+            layers = [self.passed.pop(0) for _ in range(min(wanted, len(self.passed)))]
+            if len(layers) < wanted:
+                for fd in layers:
+                    os.close(fd)
+                layers = []
+            fields = dict(
+                config.fields(),
+                workspace_lower_fd=layers[0] if layers else None,
+                workspace_below_fds=layers[1:],
+            )
             config = _messages.Hello(**fields)
         if self.host is not None and config.adopt_socket is not None:
             # Docker's adoption socket comes the same way, after any layer (the two never
@@ -455,9 +462,7 @@ class Server:
         workspace = map_path(config.workspace, self.path_map)
         outbox = map_path(config.outbox, self.path_map)
         # Before anything copies the view (the outbox, the file worker, a call's namespaces).
-        self.held_workspace = _hello.hold_workspace(
-            config, plan, workspace, local=self.host is None
-        )
+        self.held_workspace = _hello.hold_workspace(config, plan, workspace)
         problems.update(_hello.workspace_problems(config, plan, workspace))
         if plan.confine and workspace == config.workspace:
             # A mapped workspace is a host folder the backend chose, not the sandbox's tmpfs.

@@ -17,15 +17,18 @@ import select
 import stat
 import struct
 
+from ._messages import MAX_LAYERS
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
 __all__ = ["host_socket", "receive", "send"]
 
-#: The most descriptors a read of the host's channel takes (a hello passes one or two);
-#: the kernel closes the rest.
-_MAX = 4
+#: The most descriptors one read of the host's channel takes unless told (a hello passes
+#: one layer, or a stack's ``MAX_LAYERS``, with no adoption socket); the kernel closes
+#: the rest.
+_MAX = MAX_LAYERS
 
 
 def host_socket(fd: int) -> Any:
