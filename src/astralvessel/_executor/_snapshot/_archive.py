@@ -20,7 +20,7 @@ import os
 import shutil
 import stat
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
@@ -40,7 +40,13 @@ from ._tar import (
 )
 from ._tree import CHUNK, open_regular
 
-__all__ = ["archive_limit", "extract_archive", "read_manifest", "write_archive"]
+__all__ = [
+    "archive_limit",
+    "checked_pieces",
+    "extract_archive",
+    "read_manifest",
+    "write_archive",
+]
 
 MANIFEST_MEMBER = b"manifest.json"
 TREE = b"tree/"
@@ -82,32 +88,49 @@ def _member_link(entry: Entry) -> bytes:
     return TREE + target if entry.kind is EntryKind.HARDLINK else target
 
 
-def _copy_file(root: bytes, entry: Entry, out: BinaryIO) -> None:
-    path = root + b"/" + entry.name
-    fd = open_regular(path, entry.name, replaced="is no longer a regular file")
-    try:
-        digest = hashlib.sha256()
-        left = entry.size
-        while left:
-            chunk = os.read(fd, min(CHUNK, left))
-            if not chunk:
-                break
-            digest.update(chunk)
-            out.write(chunk)
-            left -= len(chunk)
-        if left or os.read(fd, 1) or digest.hexdigest() != entry.digest:
+def checked_pieces(entry: Entry, pieces: Iterable[bytes]) -> Iterator[bytes]:
+    """``pieces`` (a file's bytes, in order) passed on as they come, checked against
+    ``entry``: refused (``SnapshotError``) at once past its size, and at the end short of
+    it or where their sha256 is not its digest. The caller undoes what it wrote of them."""
+    digest = hashlib.sha256()
+    left = entry.size
+    for piece in pieces:
+        if len(piece) > left:
             raise SnapshotError(f"{show(entry.name)} changed since its manifest was made")
+        digest.update(piece)
+        left -= len(piece)
+        yield piece
+    if left or digest.hexdigest() != entry.digest:
+        raise SnapshotError(f"{show(entry.name)} changed since its manifest was made")
+
+
+def _file_pieces(root: bytes, entry: Entry) -> Iterator[bytes]:
+    """The file's bytes read from the tree at ``root``, one byte past its size at most."""
+    fd = open_regular(root + b"/" + entry.name, entry.name, replaced="is no longer a regular file")
+    try:
+        left = entry.size + 1
+        while left and (chunk := os.read(fd, min(CHUNK, left))):
+            left -= len(chunk)
+            yield chunk
     finally:
         os.close(fd)
-    out.write(pad(entry.size))
 
 
-def write_archive(root: Path, manifest: Manifest, out: BinaryIO) -> None:
+def write_archive(
+    root: Path,
+    manifest: Manifest,
+    out: BinaryIO,
+    contents: Iterator[Iterable[bytes]] | None = None,
+) -> None:
     """Write the saved form of the tree at ``root``, which ``manifest`` describes, to ``out``.
 
+    ``contents``: where this process cannot read the tree's files (an ordinary user's
+    Docker layer, read by the backend's reader), each regular file's bytes in the
+    manifest's order, as pieces; checked as the files' own are.
+
     Raises ``SnapshotError`` when a file no longer matches its entry (the tree
-    changed after it was scanned); ``out`` then holds a partial archive, which
-    the reader refuses as truncated.
+    changed after it was scanned, or ``contents`` sent other bytes); ``out`` then
+    holds a partial archive, which the reader refuses as truncated.
     """
     data = manifest.to_json()
     out.write(member_header(MANIFEST_MEMBER, b"0", 0o644, len(data)) + data + pad(len(data)))
@@ -117,7 +140,10 @@ def write_archive(root: Path, manifest: Manifest, out: BinaryIO) -> None:
         link = _member_link(entry)
         out.write(member_header(_member_name(entry), TYPEFLAGS[kind], entry.mode, entry.size, link))
         if kind is EntryKind.FILE:
-            _copy_file(base, entry, out)
+            pieces = _file_pieces(base, entry) if contents is None else next(contents)
+            for piece in checked_pieces(entry, pieces):
+                out.write(piece)
+            out.write(pad(entry.size))
     out.write(b"\0" * (2 * BLOCK))
 
 

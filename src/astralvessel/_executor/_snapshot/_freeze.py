@@ -40,6 +40,7 @@ from ...sandbox._frozen import LayerLost, freeze, freeze_fork_layer
 from ...sandbox._policy import OUTBOX_DIR, WORKSPACE_DIR
 from ...sandbox.server import _snapfiles
 from ...sandbox.server._messages import MAX_LAYERS
+from ._archive import checked_pieces
 from ._build import TreeWriter
 from ._capture import checked_shape, too_many_names
 from ._heldmerge import merged_view
@@ -126,6 +127,7 @@ def snapshot_frozen(
                 shape = checked_shape(listing, max_bytes=max_bytes, max_files=max_files)
                 tree.hold(_inodes(listing, device))
                 digests = _read_digests(layer, shape)
+            tree.reader = read_layer  # its saves and store copy read through it too
         return TurnSnapshot(manifest=with_digests(shape, digests), tree=tree)
     except BaseException as exc:
         tree.remove()
@@ -252,6 +254,7 @@ def _read_stacked(
         layers = (staged, *below.held_stack)
         view = reader.merge(tuple(int(t.held) for t in layers if t.held is not None), userxattr)
         tree = Tree.held_stacked(view, layers, budget)
+        tree.reader = reader.read  # its saves and store copy read through it too
     except BaseException as exc:
         staged.remove()
         if isinstance(exc, OSError):  # the reader's refusal or failure: the fork captures
@@ -573,14 +576,19 @@ def store_copy(snapshot: TurnSnapshot) -> Path | None:
 
 
 def _copied(layer: Tree, manifest: Manifest) -> Tree:
-    """``manifest``'s entries written from the staged layer into a new store tree."""
+    """``manifest``'s entries written from the staged layer into a new store tree (its
+    files streamed by the layer's reader, checked against their digests, where this
+    process cannot read them: ``Tree.reader``)."""
     tree = Tree(new_folder() / "tree", layer.budget)
-    base = os.fsencode(layer.path)
     try:
         writer = TreeWriter(tree.path)
         try:
-            for entry in manifest.entries:
-                _write(writer, base, entry)
+            if layer.reader is None or layer.held is None:
+                base = os.fsencode(layer.path)
+                for entry in manifest.entries:
+                    _write(writer, base, entry)
+            else:
+                _write_read(writer, layer.reader, layer.held, manifest)
             writer.finish()
         finally:
             writer.close()
@@ -589,6 +597,29 @@ def _copied(layer: Tree, manifest: Manifest) -> Tree:
         tree.remove()
         raise
     return tree
+
+
+def _write_read(
+    writer: TreeWriter,
+    read: Callable[[int], AbstractContextManager[Any]],
+    held: int,
+    manifest: Manifest,
+) -> None:
+    """``manifest``'s entries written, each file's bytes streamed by the reader of the
+    held layer ``held`` and checked as a save checks them (``checked_pieces``)."""
+    files = [(e.name, e.size) for e in manifest.entries if e.kind is EntryKind.FILE]
+    with read(held) as layer:
+        contents = layer.contents(files)
+        for entry in manifest.entries:
+            if entry.kind is not EntryKind.FILE:
+                _write(writer, b"", entry)
+                continue
+            offset = 0
+            for piece in checked_pieces(entry, next(contents)):
+                writer.piece(entry, offset, memoryview(piece))
+                offset += len(piece)
+            if entry.size == 0:
+                writer.empty(entry)
 
 
 def _write(writer: TreeWriter, base: bytes, entry: Entry) -> None:

@@ -18,7 +18,10 @@ import os
 import tempfile
 import threading
 import weakref
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
 from ..._ground import _mounts
 from ..._ground._leftovers import make_folder
@@ -281,6 +284,10 @@ class Tree:
         #: once, under ``copy_lock``, the first time a capture would link from the layer.
         self.copy: Tree | None = None
         self.copy_lock = threading.Lock()
+        #: Where this process cannot read a held tree's files (an ordinary user's Docker
+        #: layer or stack: the turn's uid's), what reads them for it: ``read(held)``, the
+        #: backend's reader's session (``docker._reader``: ``contents``); else None.
+        self.reader: Callable[[int], AbstractContextManager[Any]] | None = None
         self._finalizer = weakref.finalize(
             self, _drop, path.parent, budget, self._inodes, os.getpid(),
             path if mounted else None, held=held, layers=layers,

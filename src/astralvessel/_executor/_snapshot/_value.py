@@ -17,9 +17,9 @@ from typing import BinaryIO
 
 import attrs
 
-from ...errors import UsageError
+from ...errors import SnapshotError, UsageError
 from ._archive import extract_archive, write_archive
-from ._manifest import Manifest
+from ._manifest import EntryKind, Manifest
 from ._store import Tree, new_folder
 
 __all__ = ["DEFAULT_LOAD_MAX_BYTES", "DEFAULT_LOAD_MAX_FILES", "TurnSnapshot"]
@@ -99,11 +99,25 @@ class TurnSnapshot:
         """Write the portable form (a POSIX pax tar, manifest first) to a path or binary file."""
         if isinstance(dest, (str, os.PathLike)):
             with open(dest, "wb") as out:
-                write_archive(self.path, self.manifest, out)
+                self._write(out)
         elif _is_binary(dest, "write"):
-            write_archive(self.path, self.manifest, dest)
+            self._write(dest)
         else:
             raise UsageError(f"TurnSnapshot.save takes a path or a binary file, not {dest!r}")
+
+    def _write(self, out: BinaryIO) -> None:
+        read = self._tree.reader
+        if read is None or self._tree.held is None:
+            write_archive(self.path, self.manifest, out)
+            return
+        # An ordinary user's Docker layer (or stack): its files are the turn's uid's, so
+        # the backend's reader streams them; written and checked here as any tree's.
+        files = [(e.name, e.size) for e in self.manifest.entries if e.kind is EntryKind.FILE]
+        try:
+            with read(self._tree.held) as layer:
+                write_archive(self.path, self.manifest, out, layer.contents(files))
+        except OSError as exc:
+            raise SnapshotError(f"the frozen layer cannot be read to save it: {exc}") from exc
 
     @classmethod
     def load(

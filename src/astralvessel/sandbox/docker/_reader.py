@@ -136,6 +136,27 @@ def _digest(layer, name, size):
         os.close(fd)
 
 
+def _stream(sock, layer, name, size):
+    # Opened as _digest opens it (no link followed, never out of the layer). At most
+    # ``size`` bytes and one more are read and sent, so a file that grew sends no more
+    # than the host can refuse; the host counts and hashes what it takes.
+    try:
+        fd = _open_file(layer, name)
+    except Refused as exc:
+        raise OSError(exc.code, str(exc)) from None
+    try:
+        left = size + 1
+        while left:
+            chunk = os.read(fd, min(_CHUNK, left))
+            if not chunk:
+                break
+            _send(sock, {}, chunk)
+            left -= len(chunk)
+    finally:
+        os.close(fd)
+    _send(sock, {"end": True})
+
+
 def _syscall(what, number, *args):
     import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
@@ -312,7 +333,7 @@ def _serve(sock):
                 for fd in fds:
                     os.close(fd)
             continue
-        if op == "list":
+        if op == "list" or (op == "read" and fds):
             if held is not None:
                 os.close(held)
             held = fds.pop(0) if fds else None
@@ -341,6 +362,15 @@ def _serve(sock):
                         break
                 else:
                     _send(sock, {"digests": digests})
+            elif op == "read":
+                for name_hex, size in json.loads(body.decode()):
+                    try:
+                        _stream(sock, held, bytes.fromhex(name_hex), int(size))
+                    except OSError as exc:
+                        message = exc.strerror or str(exc)
+                        code = exc.errno or errno.EIO
+                        _send(sock, {"errno": code, "message": message, "name": name_hex})
+                        break
             elif op == "done":
                 os.close(held)
                 held = None
@@ -438,6 +468,37 @@ class _Session:
         if not all(isinstance(d, str) and len(d) == 64 for d in digests):
             raise ReaderFailedError(errno.EPROTO, "the layer reader sent a malformed digest")
         return digests
+
+    def contents(self, files: list[tuple[bytes, int]]) -> Iterator[Iterator[bytes]]:
+        """The bytes of each of ``files`` (name, size), in order, each as pieces streamed
+        from the layer (at most ``_snapfiles._CHUNK`` bytes each): one file's pieces are
+        taken before the next file's. The reader sends what the file holds, up to one
+        byte past ``size``; what it sends is the caller's to count and hash against the
+        manifest. Raises ``LayerRefusedError`` (its refusal, naming the file) or
+        ``ReaderFailedError``. The reader is closed where the stream is left unfinished
+        (its further pieces would be taken for the next request's reply)."""
+        body = json.dumps([[name.hex(), size] for name, size in files]).encode()
+        reader = self._reader
+        finished = False
+        try:
+            reader._request({"op": "read"}, body, fds=(self._fd,))
+            for _ in files:
+                yield _pieces(reader)
+            finished = True
+        finally:
+            if not finished:
+                reader.close()
+
+
+def _pieces(reader: LayerReader) -> Iterator[bytes]:
+    """One streamed file's pieces, to the reader's end mark."""
+    while True:
+        header, piece = reader._reply(_snapfiles._CHUNK)
+        if header.get("end") is True:
+            return
+        if not piece:
+            raise ReaderFailedError(errno.EPROTO, "the layer reader sent an empty piece")
+        yield piece
 
 
 class LayerReader:
@@ -562,8 +623,13 @@ class LayerReader:
         *,
         fds: tuple[int, ...] = (),
     ) -> tuple[dict[str, Any], bytes]:
+        self._request(header, body, fds=fds)
+        return self._reply()
+
+    def _request(
+        self, header: dict[str, Any], body: bytes = b"", *, fds: tuple[int, ...] = ()
+    ) -> None:
         sock: socket.socket = self._state[1]
-        fds_in: list[int] = []
         text = json.dumps(header).encode()
         data = _FRAME.pack(len(text), len(body)) + text + body
         try:
@@ -575,7 +641,17 @@ class LayerReader:
                 sock.sendall(data[sent:])
             else:
                 sock.sendall(data)
-            size, body_size = _sizes(_first(sock, _FRAME.size, fds_in))
+        except OSError as exc:
+            self.close()
+            raise ReaderFailedError(errno.EIO, f"the layer reader broke off: {exc}") from exc
+
+    def _reply(self, max_body: int = _MAX_REPLY) -> tuple[dict[str, Any], bytes]:
+        """The reader's next frame (a reply, or a piece of a file it streams: ``read``),
+        its body at most ``max_body`` bytes; its refusal raised (``LayerRefusedError``)."""
+        sock: socket.socket = self._state[1]
+        fds_in: list[int] = []
+        try:
+            size, body_size = _sizes(_first(sock, _FRAME.size, fds_in), max_body)
             answer = json.loads(_exact(sock, size))
             answered = _exact(sock, body_size)
         except (OSError, ValueError) as exc:
@@ -603,9 +679,9 @@ class LayerReader:
         _stop(self._state)
 
 
-def _sizes(head: bytes) -> tuple[int, int]:
+def _sizes(head: bytes, max_body: int) -> tuple[int, int]:
     size, body_size = _FRAME.unpack(head)
-    if size > _MAX_REPLY or body_size > _MAX_REPLY:
+    if size > _MAX_REPLY or body_size > max_body:
         raise OSError(errno.EPROTO, "the layer reader's reply is too large")
     return size, body_size
 
