@@ -146,15 +146,18 @@ def _stream(sock, layer, name, size):
         raise OSError(exc.code, str(exc)) from None
     try:
         left = size + 1
-        while left:
-            chunk = os.read(fd, min(_CHUNK, left))
-            if not chunk:
-                break
-            _send(sock, {}, chunk)
+        while True:
+            wanted = min(_CHUNK, left)
+            chunk = os.read(fd, wanted) if wanted else b""
             left -= len(chunk)
+            # A short read is the file's end: it goes with the last piece (one frame for
+            # a small file), else an empty end mark follows.
+            end = len(chunk) < wanted or not left
+            _send(sock, {"end": True} if end else {}, chunk)
+            if end:
+                return
     finally:
         os.close(fd)
-    _send(sock, {"end": True})
 
 
 def _syscall(what, number, *args):
@@ -491,14 +494,16 @@ class _Session:
 
 
 def _pieces(reader: LayerReader) -> Iterator[bytes]:
-    """One streamed file's pieces, to the reader's end mark."""
+    """One streamed file's pieces, to the reader's end mark (on its last piece, or alone)."""
     while True:
         header, piece = reader._reply(_snapfiles._CHUNK)
-        if header.get("end") is True:
-            return
-        if not piece:
+        end = header.get("end") is True
+        if not piece and not end:
             raise ReaderFailedError(errno.EPROTO, "the layer reader sent an empty piece")
-        yield piece
+        if piece:
+            yield piece
+        if end:
+            return
 
 
 class LayerReader:
