@@ -485,18 +485,75 @@ class _Session:
         finished = False
         try:
             reader._request({"op": "read"}, body, fds=(self._fd,))
+            frames = _Frames(reader)
             for _ in files:
-                yield _pieces(reader)
+                yield _pieces(frames)
             finished = True
         finally:
             if not finished:
                 reader.close()
 
 
-def _pieces(reader: LayerReader) -> Iterator[bytes]:
+class _Frames:
+    """A streamed reply's frames, received in blocks of up to 1 MiB, not a receive per
+    header and body: a small file's bytes are one frame, which would cost more in calls
+    than in bytes. Only for a stream, which passes no descriptor."""
+
+    def __init__(self, reader: LayerReader) -> None:
+        self._reader = reader
+        self._sock: socket.socket = reader._state[1]
+        self._data = b""
+        self._at = 0
+
+    def next(self) -> tuple[dict[str, Any], bytes]:
+        """The next frame (its body one piece at most); the reader's refusal raised."""
+        try:
+            size, body_size = _sizes(self._take(_FRAME.size), _snapfiles._CHUNK)
+            answer = json.loads(self._take(size))
+            body = self._take(body_size)
+        except (OSError, ValueError) as exc:
+            self._reader.close()
+            raise ReaderFailedError(errno.EIO, f"the layer reader broke off: {exc}") from exc
+        if not isinstance(answer, dict):
+            self._reader.close()
+            raise ReaderFailedError(errno.EPROTO, "the layer reader's reply is malformed")
+        refusal = _refusal(answer)
+        if refusal is not None:
+            raise refusal
+        return answer, body
+
+    def _take(self, size: int) -> bytes:
+        held = len(self._data) - self._at
+        if held >= size:
+            self._at += size
+            return self._data[self._at - size : self._at]
+        if size - held > 1 << 16:  # a large piece: the rest straight from the socket
+            taken = self._data[self._at :] + _exact(self._sock, size - held)
+            self._data, self._at = b"", 0
+            return taken
+        while len(self._data) - self._at < size:
+            more = self._sock.recv(1 << 20)
+            if not more:
+                raise OSError(errno.ECONNRESET, "the layer reader ended")
+            self._data, self._at = self._data[self._at :] + more, 0
+        self._at += size
+        return self._data[self._at - size : self._at]
+
+
+def _refusal(answer: dict[str, Any]) -> LayerRefusedError | None:
+    """The reader's refusal its reply says (its errno, naming the file), or None."""
+    code = answer.get("errno")
+    if code is None:
+        return None
+    name = answer.get("name")
+    what = f"{bytes.fromhex(name)!r}: " if isinstance(name, str) else ""
+    return LayerRefusedError(int(code), f"{what}{answer.get('message', '')}")
+
+
+def _pieces(frames: _Frames) -> Iterator[bytes]:
     """One streamed file's pieces, to the reader's end mark (on its last piece, or alone)."""
     while True:
-        header, piece = reader._reply(_snapfiles._CHUNK)
+        header, piece = frames.next()
         end = header.get("end") is True
         if not piece and not end:
             raise ReaderFailedError(errno.EPROTO, "the layer reader sent an empty piece")
@@ -650,13 +707,13 @@ class LayerReader:
             self.close()
             raise ReaderFailedError(errno.EIO, f"the layer reader broke off: {exc}") from exc
 
-    def _reply(self, max_body: int = _MAX_REPLY) -> tuple[dict[str, Any], bytes]:
-        """The reader's next frame (a reply, or a piece of a file it streams: ``read``),
-        its body at most ``max_body`` bytes; its refusal raised (``LayerRefusedError``)."""
+    def _reply(self) -> tuple[dict[str, Any], bytes]:
+        """The reader's reply, with the descriptors it passed (``_fds``); its refusal
+        raised (``LayerRefusedError``)."""
         sock: socket.socket = self._state[1]
         fds_in: list[int] = []
         try:
-            size, body_size = _sizes(_first(sock, _FRAME.size, fds_in), max_body)
+            size, body_size = _sizes(_first(sock, _FRAME.size, fds_in), _MAX_REPLY)
             answer = json.loads(_exact(sock, size))
             answered = _exact(sock, body_size)
         except (OSError, ValueError) as exc:
@@ -670,13 +727,11 @@ class LayerReader:
             self.close()
             raise ReaderFailedError(errno.EPROTO, "the layer reader's reply is malformed")
         answer["_fds"] = fds_in
-        code = answer.get("errno")
-        if code is not None:
+        refusal = _refusal(answer)
+        if refusal is not None:
             for fd in fds_in:
                 os.close(fd)
-            name = answer.get("name")
-            what = f"{bytes.fromhex(name)!r}: " if isinstance(name, str) else ""
-            raise LayerRefusedError(int(code), f"{what}{answer.get('message', '')}")
+            raise refusal
         return answer, answered
 
     def close(self) -> None:
