@@ -195,3 +195,17 @@ def test_a_large_file_streams_in_pieces(executor: Executor, tmp_path: Path) -> N
             tracemalloc.stop()
         assert peak < 16 << 20, f"the save held {peak} bytes of a 64 MiB file at once"
         assert TurnSnapshot.load(path) == snapshot
+
+
+def test_a_frozen_layer_saves_after_its_turns_and_executor_closed(docker_api: object) -> None:
+    backend = Docker(base_image=BASE_IMAGE, pull=False)
+    with Executor(Registry(), sandbox=backend) as executor:
+        parent, forks, snapshot = _frozen(executor)
+        with parent, forks[0], forks[1]:
+            expected = _sh(parent, _SUMS)
+    # The snapshot keeps its layer (by descriptor) and what reads it: it saves still.
+    loaded = TurnSnapshot.load(io.BytesIO(_saved(snapshot)))
+    assert loaded == snapshot
+    sandbox = Docker(base_image=BASE_IMAGE, pull=False)
+    with Executor(Registry(), sandbox=sandbox) as again, again.turn(snapshot=loaded) as opened:
+        assert _sh(opened, _SUMS) == expected
