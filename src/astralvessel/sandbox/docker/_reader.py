@@ -25,6 +25,11 @@ The host then checks the listing exactly as its own (``_capture.checked_shape``:
 kinds, names, links, sizes, the turn's bounds), and the layer is read-only, so
 what the reader hashed is what the forks see.
 
+Saving such a snapshot, or copying it to the store for a capture to link from, needs
+its files' bytes: the reader streams them (``read``: each name of the host's manifest,
+opened as for its digest, at most its size and one byte more, in pieces), and the host
+writes the saved form or the copy and checks each file's size and digest as it goes.
+
 A fork of a fork's snapshot is a stack of such layers (its own frozen upper layer over
 its parent's): the reader clones each and lays their read-only overlay, detached, and
 passes it back (``merged``); the host holds it as the snapshot's tree and has the
