@@ -262,7 +262,7 @@ def test_on_the_attach_stream_a_fork_of_a_fork_captures(docker_api: object) -> N
 
 def test_a_fork_on_a_warm_sandbox_stacks_its_layer_too(docker_api: object) -> None:
     """A fork that adopted a warm sandbox lies on its layer as a cold one does: its own
-    fork stacks; a stack is never handed to a warm sandbox (the fork starts its own)."""
+    fork stacks (and adopts the other warm sandbox, handed the stack: ``test_adopted_stack``)."""
     backend = Docker(base_image=BASE_IMAGE, pull=False)
     with Executor(Registry(), sandbox=backend, warm=2) as executor, executor.turn() as parent:
         _sh(parent, _MAKE)

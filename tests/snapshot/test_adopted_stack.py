@@ -1,7 +1,10 @@
 """A fork of a fork adopts one of the executor's warm sandboxes (bubblewrap and nsjail, as
-root and as an ordinary user): the host passes every layer of its stack, top first, in one
-message over the sandbox's adoption socket, and the server lays the overlay on them all,
-as a cold fork's hello would (``_executor._adopt``, ``server/_adopt``).
+root and as an ordinary user; Docker as an ordinary user): the host passes every layer of
+its stack, top first, in one message over the sandbox's adoption socket (Docker's host
+fits each to the sandbox's uid first), and the server lays the overlay on them all, as a
+cold fork's hello would (``_executor._adopt``, ``server/_adopt``). Root's Docker layers
+carry ``trusted.*`` attributes a container's server cannot read: its forks of a stack
+start their own sandbox (``test_roots_docker_fork_of_a_stack_starts_its_own``).
 
 A sandbox adopted is told from one started by being among the warm pool's ready ones
 before the fork. What the server refuses (a stack past ``MAX_LAYERS``, a descriptor that
@@ -33,7 +36,12 @@ from .test_frozen_stack import _CHANGE, _layers
 _VIEW = "cd /workspace && ls -A . d/e link && cat d/e/h shared d/f3 link/x mine"
 
 
-@pytest.fixture(params=["bubblewrap", "nsjail"])
+ROOT = os.geteuid() == 0
+#: Root's Docker stacks are never handed to a warm sandbox (``adopts_stack``).
+docker_unprivileged = pytest.mark.skipif(ROOT, reason="root's Docker forks of a stack start own")
+
+
+@pytest.fixture(params=["bubblewrap", "nsjail", pytest.param("docker", marks=docker_unprivileged)])
 def warm(request: pytest.FixtureRequest) -> Iterator[Executor]:
     """An executor keeping three warm sandboxes."""
     with Executor(Registry(), sandbox=request.param, warm=3) as executor:
@@ -69,9 +77,7 @@ def test_forks_of_a_fork_adopt_warm_sandboxes_and_write_apart(warm: Executor) ->
         forks = child.fork(2)
         try:
             expected = _sh(child, _VIEW)
-            # Docker's host fits one layer to a sandbox: a stack is never offered there.
             assert adoptable(forks[0].snapshot_source, warm.sandbox.name)
-            assert not adoptable(forks[0].snapshot_source, "docker")
             for fork in forks:
                 assert len(_layers(fork.snapshot_source)) == 2
                 assert _sh(fork, _VIEW) == expected
@@ -156,6 +162,15 @@ def _refused(executor: Executor, layers: tuple[int, ...], match: str) -> None:
         session.close()
 
 
+#: How a folder among the layers is refused: by the server, or by Docker's host, whose
+#: reader cannot make it the sandbox's (no mount of its own to idmap).
+_NO_LAYER = {
+    "bubblewrap": "layer 2 is no read-only mount",
+    "nsjail": "layer 2 is no read-only mount",
+    "docker": "cannot be made this sandbox's",
+}
+
+
 def test_the_server_refuses_what_is_no_stack_of_layers(warm: Executor, tmp_path: Path) -> None:
     """Too many layers, or a folder among them that is no read-only mount: refused by the
     server before anything is laid. A stack laid is never laid again."""
@@ -170,7 +185,7 @@ def test_the_server_refuses_what_is_no_stack_of_layers(warm: Executor, tmp_path:
                 with _layers_of(source) as stack:
                     assert len(stack) == 2
                     _refused(warm, stack * MAX_LAYERS, f"E2BIG.*{MAX_LAYERS} at most")
-                    _refused(warm, (*stack, folder), "layer 2 is no read-only mount")
+                    _refused(warm, (*stack, folder), _NO_LAYER[warm.sandbox.name])
                     session = _adoptable(warm)
                     try:
                         session.adopt(stack[0], 10.0, stack[1:])
@@ -181,3 +196,24 @@ def test_the_server_refuses_what_is_no_stack_of_layers(warm: Executor, tmp_path:
                         session.close()
             finally:
                 os.close(folder)
+
+
+@pytest.mark.skipif(not ROOT, reason="an ordinary user's Docker forks of a stack adopt")
+def test_roots_docker_fork_of_a_stack_starts_its_own() -> None:
+    """Root's Docker stack (laid by its host: ``trusted.*`` opaque folders) is never handed
+    to a warm sandbox, whose server would read ``user.*`` ones only: the turn starts its
+    own sandbox, and a folder the fork removed and made again shows the fork's files."""
+    with Executor(Registry(), sandbox="docker") as cold:
+        parent, child = _changed_child(cold)
+        (grandchild,) = child.fork(1)
+        with parent, child, grandchild:
+            stack = grandchild.snapshot_source
+            assert stack is not None
+            assert len(_layers(stack)) == 2
+            with Executor(Registry(), sandbox="docker", warm=2) as warm:
+                waiting = _ready_warm(warm)
+                assert not adoptable(stack, "docker")
+                with warm.turn(stack) as turn:
+                    assert _sh(turn, _VIEW) == _sh(child, _VIEW)
+                    assert _sh(turn, "ls /workspace/d/e") == "h\n"
+                    assert not _adopted(turn, waiting)

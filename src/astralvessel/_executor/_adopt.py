@@ -6,7 +6,7 @@ over the socket the sandbox was started with: ``Policy.adoptable``), or a fork o
 fork's stack of layers, every one, top first, and the server lays the workspace's
 overlay on them as a fork's own sandbox would at its start. The
 fork's first call then costs what a warm turn's does, not a sandbox's start. On
-Docker the socket came with the sandbox's hello, and the backend makes the layer the
+Docker the socket came with the sandbox's hello, and the backend makes each layer the
 sandbox's uid's first (``ServerSession.fit_layer``: ``sandbox/docker/_adoption``).
 
 Only a sandbox nothing has touched is offered (the server refuses any other), and a
@@ -52,9 +52,9 @@ def warm_policy(backend: str, policy: Policy, snapshot: TurnSnapshot | None) -> 
 def adoptable(snapshot: TurnSnapshot, backend: str) -> bool:
     """Whether the host can hand a server ``snapshot``'s files as layers: a frozen layer
     an ordinary user holds, or, as root, any tree of the store (cloned); a stack of
-    layers (a fork of a fork's, ``Tree.stacked``) where ``backend`` lays its overlay on
-    one itself (``adopts_stack``: not Docker's, whose host fits one layer), every layer held
-    or staged. An ordinary user's tree in the store (a snapshot of a turn that had one
+    layers (a fork of a fork's, ``Tree.stacked``) where ``backend``'s server can lay its
+    overlay on those layers (``adopts_stack``: not root's Docker), every layer held or
+    staged. An ordinary user's tree in the store (a snapshot of a turn that had one
     alive) is no mount he can pass: its forks open as they would without warm sandboxes."""
     held = snapshot.held_stack
     if len(held) > 1 or len(snapshot.stack) > 1:

@@ -605,23 +605,21 @@ class ServerSession(SandboxSession):
             sock, self.adopt_socket = self.adopt_socket, None
         if sock is None:
             raise SandboxError(f"this {self.backend} sandbox cannot be adopted by a fork")
-        if below and self.fit_layer is not None:
-            sock.close()  # a backend that fits the layer first fits one (Docker's)
-            raise SandboxError(f"a stack of layers cannot be made this {self.backend} sandbox's")
         try:
-            fitted = layer if self.fit_layer is None else self.fit_layer(layer)
+            fitted = self._fitted((layer, *below))
         except OSError as exc:
             sock.close()
             raise SandboxError(f"the fork's layer cannot be made this sandbox's ({exc})") from None
         try:
             # The layers wait on the socket, in one message, before the request naming them.
-            socket.send_fds(sock, [b"L"], [fitted, *below])
+            socket.send_fds(sock, [b"L"], list(fitted))
         except OSError as exc:
             raise SandboxError(f"cannot pass the fork's layer to the sandbox ({exc})") from None
         finally:
             sock.close()
-            if fitted != layer:
-                os.close(fitted)
+            if self.fit_layer is not None:
+                for fd in fitted:
+                    os.close(fd)
         reply = cast(FsReply, self._ask(AdoptRequest(timeout=timeout)))
         if reply.errno is not None:
             raise SandboxError(
@@ -630,6 +628,23 @@ class ServerSession(SandboxSession):
             )
         relaxations = dict(self.ready_info.get("relaxations") or {}, workspace_lower=True)
         self.ready_info = {**self.ready_info, "relaxations": relaxations}
+
+    def _fitted(self, layers: tuple[int, ...]) -> tuple[int, ...]:
+        """``layers`` as this sandbox takes them: each fitted (``fit_layer``: new
+        descriptors, the caller's to close), or themselves where nothing fits them. A
+        stack's layers are fitted one by one, as a cold fork's are at its start; where one
+        cannot be, those made already are closed and the ``OSError`` raised."""
+        if self.fit_layer is None:
+            return layers
+        fitted: list[int] = []
+        try:
+            for layer in layers:
+                fitted.append(self.fit_layer(layer))
+        except OSError:
+            for fd in fitted:
+                os.close(fd)
+            raise
+        return tuple(fitted)
 
     def _ask(self, request: RunRequest | ExecRequest | FsRequest | AdoptRequest) -> Any:
         """Send ``request``; wait for its answer as long as its timeout and a grace."""

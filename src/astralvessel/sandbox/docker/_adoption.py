@@ -14,7 +14,8 @@ reads only the names it holds.
 
 What differs is the layer: the container's server cannot idmap one (that needs
 ``CAP_SYS_ADMIN`` in the host's user namespace), so the layer it gets already shows
-the parent's files as the fork's leased uid's. The host makes it so with its layer
+the parent's files as the fork's leased uid's (and each layer of a fork of a fork's
+stack, one by one: ``ServerSession.adopt``). The host makes it so with its layer
 reader (``_reader``: ``LayerReader.idmapped``), as root too, for two reasons. An
 idmapped mount asks for a user namespace, which only a single-threaded process can
 make: the host has threads, so a root host would start a child interpreter for each
