@@ -48,9 +48,11 @@ _CHANGE = (
 )
 
 
-#: Docker's host lays a fork's overlay itself, which only root can (``docker._cow``): an
-#: ordinary user's Docker fork of a fork captures (``test_an_ordinary_users_docker_...``).
-docker_as_root = pytest.mark.skipif(not ROOT, reason="an ordinary user's Docker forks capture")
+#: Docker's host lays a fork's overlay itself as root (``docker._cow``); an ordinary user's
+#: Docker stack is the reader's to read, merge and save: ``tests/docker/test_frozen_stack_user``.
+docker_as_root = pytest.mark.skipif(
+    not ROOT, reason="an ordinary user's Docker stack: tests/docker/test_frozen_stack_user.py"
+)
 
 
 @pytest.fixture(params=["bubblewrap", "nsjail", pytest.param("docker", marks=docker_as_root)])
@@ -367,21 +369,3 @@ def test_the_forks_own_files_stay_apart_after_its_freeze(executor: Executor) -> 
         (later,) = child.fork(1)
         with later:
             assert child.snapshot() == later.snapshot_source
-
-
-@pytest.mark.skipif(ROOT, reason="root's Docker forks of a fork stack (the fixture's docker)")
-def test_an_ordinary_users_docker_fork_of_a_fork_captures() -> None:
-    """An ordinary user's Docker host cannot lay a fork's overlay: its fork of a fork is a
-    capture of the same files, as before."""
-    with Executor(Registry(), sandbox="docker") as executor, executor.turn() as parent:
-        _sh(parent, _MAKE)
-        (child,) = parent.fork(1)
-        with child:
-            _sh(child, _CHANGE)
-            (grandchild,) = child.fork(1)
-            with grandchild:
-                source = grandchild.snapshot_source
-                assert source is not None
-                assert source.stack == ()
-                view = "cd /workspace && ls -A . d/e && cat shared mine"
-                assert _sh(grandchild, view) == _sh(child, view)
