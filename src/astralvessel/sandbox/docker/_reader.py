@@ -291,6 +291,32 @@ def _merged(layers, userxattr):
             os.close(fd)
 
 
+def _made_mount(op, header, fds):
+    """The mount an ``idmap`` (one layer, for a uid) or a ``merge`` (a stack) asks for."""
+    if op == "idmap":
+        if len(fds) != 1:
+            raise OSError(errno.EBADF, "no layer was passed")
+        return _idmapped(fds[0], int(header["uid"]), int(header["gid"]))
+    if not 2 <= len(fds) <= _MAX_LAYERS:
+        raise OSError(errno.EBADF, "no stack of layers was passed")
+    return _merged(fds, bool(header.get("userxattr")))
+
+
+def _answer_with_mount(sock, op, header, fds):
+    """Send the mount ``op`` makes of the passed layers, or why not; close what came."""
+    try:
+        made = _made_mount(op, header, fds)
+        try:
+            _send_fd(sock, made)
+        finally:
+            os.close(made)
+    except OSError as exc:
+        _send(sock, {"errno": exc.errno or errno.EIO, "message": exc.strerror or str(exc)})
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
 def _send_fd(sock, fd):
     text = json.dumps({}).encode()
     data = _FRAME.pack(len(text), 0) + text
@@ -311,35 +337,8 @@ def _serve(sock):
         except EOFError:
             return
         op = header.get("op")
-        if op == "idmap":
-            try:
-                if len(fds) != 1:
-                    raise OSError(errno.EBADF, "no layer was passed")
-                mapped = _idmapped(fds[0], int(header["uid"]), int(header["gid"]))
-                try:
-                    _send_fd(sock, mapped)
-                finally:
-                    os.close(mapped)
-            except OSError as exc:
-                _send(sock, {"errno": exc.errno or errno.EIO, "message": exc.strerror or str(exc)})
-            finally:
-                for fd in fds:
-                    os.close(fd)
-            continue
-        if op == "merge":
-            try:
-                if not 2 <= len(fds) <= _MAX_LAYERS:
-                    raise OSError(errno.EBADF, "no stack of layers was passed")
-                merged = _merged(fds, bool(header.get("userxattr")))
-                try:
-                    _send_fd(sock, merged)
-                finally:
-                    os.close(merged)
-            except OSError as exc:
-                _send(sock, {"errno": exc.errno or errno.EIO, "message": exc.strerror or str(exc)})
-            finally:
-                for fd in fds:
-                    os.close(fd)
+        if op in ("idmap", "merge"):
+            _answer_with_mount(sock, op, header, fds)
             continue
         if op == "list" or (op == "read" and fds):
             if held is not None:
