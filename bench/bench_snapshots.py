@@ -26,9 +26,9 @@ row says ``(1 run)``; a row has a verdict only where the issue sets a target:
   (iii) the fork of such a fresh turn, which then changed ``--changed`` MiB:
   its files are the frozen layer (or copy) plus its own. On bubblewrap and
   nsjail (root or not) and on Docker (root or not) its own layer is frozen in
-  place too and stacked over the frozen one (no copy); elsewhere (a Docker fork
-  that adopted a warm sandbox, as root) its capture links each unchanged file
-  from a store copy of the layer, made at its first fork.
+  place too and stacked over the frozen one (no copy), a fork on a warm
+  sandbox too; elsewhere its capture links each unchanged file from a store
+  copy of the layer, made at its first fork.
   Then the time until each of the first ``--started`` forks has served a call:
   copy-on-write on bubblewrap and nsjail (an overlay on the snapshot's tree: a
   mount, not a copy), a copy of the whole workspace into its tmpfs on Docker.

@@ -252,7 +252,13 @@ def test_a_failed_adoption_closes_that_sandbox_and_the_fork_starts_its_own(
         refused.append(self)
         raise SandboxError(f"refused: {errno.errorcode[errno.EPERM]}")
 
+    def refuse_laid(self: ServerSession, lower: object, timeout: float) -> None:
+        refused.append(self)
+        raise SandboxError(f"refused: {errno.errorcode[errno.EPERM]}")
+
     monkeypatch.setattr(ServerSession, "adopt", refuse)
+    # Root's Docker host lays the overlay itself (``adopt_laid``): refused alike.
+    monkeypatch.setattr(ServerSession, "adopt_laid", refuse_laid)
     with warm.turn() as parent:
         run_script(parent, "echo base > /workspace/f")
         (fork,) = parent.fork(1)

@@ -1,10 +1,11 @@
-"""A fork of a fork adopts one of the executor's warm sandboxes (bubblewrap and nsjail, as
-root and as an ordinary user; Docker as an ordinary user): the host passes every layer of
-its stack, top first, in one message over the sandbox's adoption socket (Docker's host
+"""A fork of a fork adopts one of the executor's warm sandboxes (bubblewrap, nsjail and
+Docker, as root and as an ordinary user): the host passes every layer of its stack, top
+first, in one message over the sandbox's adoption socket (an ordinary user's Docker host
 fits each to the sandbox's uid first), and the server lays the overlay on them all, as a
 cold fork's hello would (``_executor._adopt``, ``server/_adopt``). Root's Docker layers
-carry ``trusted.*`` attributes a container's server cannot read: its forks of a stack
-start their own sandbox (``test_roots_docker_fork_of_a_stack_starts_its_own``).
+carry ``trusted.*`` attributes a container's server cannot read: its host lays the
+overlay itself and moves it onto the container's workspace, and the server only checks
+it (``Adopt.laid``: ``test_roots_docker_fork_of_a_stack_adopts_with_the_hosts_overlay``).
 
 A sandbox adopted is told from one started by being among the warm pool's ready ones
 before the fork. What the server refuses (a stack past ``MAX_LAYERS``, a descriptor that
@@ -15,6 +16,7 @@ and the fork opens as it would without a warm pool. Real sandboxes, no mocks.
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +27,7 @@ import pytest
 from astralvessel import Executor, Registry
 from astralvessel._executor._adopt import _layers_of, adoptable
 from astralvessel.errors import SandboxError
+from astralvessel.sandbox._requests import AdoptRequest
 from astralvessel.sandbox._session import ServerSession
 from astralvessel.sandbox.server._messages import MAX_LAYERS
 
@@ -37,11 +40,11 @@ _VIEW = "cd /workspace && ls -A . d/e link && cat d/e/h shared d/f3 link/x mine"
 
 
 ROOT = os.geteuid() == 0
-#: Root's Docker stacks are never handed to a warm sandbox (``adopts_stack``).
-docker_unprivileged = pytest.mark.skipif(ROOT, reason="root's Docker forks of a stack start own")
+#: Root's Docker host lays the overlay itself (``adopt_laid``): it passes no layer.
+docker_passing = pytest.mark.skipif(ROOT, reason="root's Docker host passes no layer to refuse")
 
 
-@pytest.fixture(params=["bubblewrap", "nsjail", pytest.param("docker", marks=docker_unprivileged)])
+@pytest.fixture(params=["bubblewrap", "nsjail", "docker"])
 def warm(request: pytest.FixtureRequest) -> Iterator[Executor]:
     """An executor keeping three warm sandboxes."""
     with Executor(Registry(), sandbox=request.param, warm=3) as executor:
@@ -171,6 +174,9 @@ _NO_LAYER = {
 }
 
 
+@pytest.mark.parametrize(
+    "warm", ["bubblewrap", "nsjail", pytest.param("docker", marks=docker_passing)], indirect=True
+)
 def test_the_server_refuses_what_is_no_stack_of_layers(warm: Executor, tmp_path: Path) -> None:
     """Too many layers, or a folder among them that is no read-only mount: refused by the
     server before anything is laid. A stack laid is never laid again."""
@@ -198,22 +204,89 @@ def test_the_server_refuses_what_is_no_stack_of_layers(warm: Executor, tmp_path:
                 os.close(folder)
 
 
-@pytest.mark.skipif(not ROOT, reason="an ordinary user's Docker forks of a stack adopt")
-def test_roots_docker_fork_of_a_stack_starts_its_own() -> None:
-    """Root's Docker stack (laid by its host: ``trusted.*`` opaque folders) is never handed
-    to a warm sandbox, whose server would read ``user.*`` ones only: the turn starts its
-    own sandbox, and a folder the fork removed and made again shows the fork's files."""
-    with Executor(Registry(), sandbox="docker") as cold:
-        parent, child = _changed_child(cold)
-        (grandchild,) = child.fork(1)
-        with parent, child, grandchild:
-            stack = grandchild.snapshot_source
-            assert stack is not None
-            assert len(_layers(stack)) == 2
-            with Executor(Registry(), sandbox="docker", warm=2) as warm:
-                waiting = _ready_warm(warm)
-                assert not adoptable(stack, "docker")
-                with warm.turn(stack) as turn:
-                    assert _sh(turn, _VIEW) == _sh(child, _VIEW)
-                    assert _sh(turn, "ls /workspace/d/e") == "h\n"
-                    assert not _adopted(turn, waiting)
+@pytest.mark.skipif(not ROOT, reason="only root's host lays an overlay (an ordinary user's passes)")
+def test_roots_docker_fork_of_a_stack_adopts_with_the_hosts_overlay() -> None:
+    """Root's Docker stack (its opaque folders ``trusted.*`` attributes) is laid by the
+    host on a warm sandbox: a folder the fork removed and made again shows the fork's
+    files alone, and the adopted fork's own layer stacks when it is forked in turn."""
+    with Executor(Registry(), sandbox="docker", warm=3) as warm:
+        parent, child = _changed_child(warm)
+        with parent, child:
+            waiting = _ready_warm(warm)
+            (grandchild,) = child.fork(1)
+            with grandchild:
+                assert len(_layers(grandchild.snapshot_source)) == 2
+                assert _sh(grandchild, _VIEW) == _sh(child, _VIEW)
+                assert _adopted(grandchild, waiting)
+                assert _sh(grandchild, "ls /workspace/d/e") == "h\n"  # not the parent's g
+                assert grandchild.session.upper_names is not None
+                _sh(grandchild, "cd /workspace && rm -r d && mkdir d && echo new > d/n")
+                (third,) = grandchild.fork(1, ready=0)
+                with third:
+                    assert len(_layers(third.snapshot_source)) == 3
+                    assert _sh(third, "ls /workspace/d") == "n\n"
+
+
+@pytest.mark.skipif(not ROOT, reason="only root's host lays an overlay (an ordinary user's passes)")
+def test_roots_docker_host_lays_a_stack_once() -> None:
+    """Root's Docker host lays a stack's overlay once: an overlay laid is never laid
+    again, and too many layers are refused before any is laid."""
+    with Executor(Registry(), sandbox="docker") as executor:
+        parent, child = _changed_child(executor)
+        with parent, child:
+            (grandchild,) = child.fork(1, ready=0)
+            with grandchild:
+                source = grandchild.snapshot_source
+                assert source is not None
+                stack = tuple(str(layer.path) for layer in source.stack)
+                session = _adoptable(executor)
+                try:
+                    with pytest.raises(SandboxError, match="cannot be laid"):
+                        session.adopt_laid(stack * MAX_LAYERS, 10.0)
+                finally:
+                    session.close()
+                session = _adoptable(executor)
+                try:
+                    session.adopt_laid(stack, 10.0)
+                    with pytest.raises(SandboxError, match="cannot be adopted"):
+                        session.adopt_laid(stack, 10.0)
+                    assert run(session, "sh", "-c", "cat /workspace/mine").output == "mine\n"
+                finally:
+                    session.close()
+
+
+def _laid_refusal(session: ServerSession) -> str:
+    """What the server answers an adoption the host says it laid (``Adopt.laid``)."""
+    reply = session._ask(AdoptRequest(timeout=10.0, laid=True))
+    return f"{reply.errno}: {reply.message}"
+
+
+def test_the_server_refuses_an_overlay_the_host_did_not_lay(warm: Executor) -> None:
+    """An adoption said laid by the host is refused where the workspace is still the
+    sandbox's own tmpfs, where a layer came with it all the same, and once the sandbox
+    served a request: its workspace is left as it was."""
+    session = _adoptable(warm)
+    try:
+        assert _laid_refusal(session).startswith("EINVAL: the workspace is no overlay")
+        assert _laid_refusal(session).startswith("EBUSY")  # once only
+        assert run(session, "sh", "-c", "ls -A /workspace").output == "outbox\n"
+    finally:
+        session.close()
+    session = _adoptable(warm)
+    try:
+        assert session.adopt_socket is not None
+        folder = os.open("/", os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            socket.send_fds(session.adopt_socket, [b"L"], [folder])
+        finally:
+            os.close(folder)
+        assert _laid_refusal(session).startswith("EINVAL: a layer was passed")
+    finally:
+        session.close()
+    session = _adoptable(warm)
+    try:
+        run(session, "sh", "-c", "echo left > /workspace/left")
+        assert _laid_refusal(session).startswith("EBUSY")
+        assert run(session, "sh", "-c", "cat /workspace/left").output == "left\n"
+    finally:
+        session.close()

@@ -337,20 +337,30 @@ def test_hard_links_across_the_layers_are_a_captures(executor: Executor) -> None
                 assert _sh(grandchild, view) == _sh(child, view)
 
 
-@pytest.mark.parametrize("backend", ["bubblewrap", "nsjail"])
+@pytest.mark.parametrize(
+    "backend", ["bubblewrap", "nsjail", pytest.param("docker", marks=docker_as_root)]
+)
 def test_a_fork_on_a_warm_sandbox_stacks_its_layer_too(backend: str) -> None:
     """A fork that adopted a warm sandbox lies on its layer as a cold one does: its own
-    fork stacks (that fork adopting a warm sandbox too: ``test_adopted_stack``)."""
+    fork stacks, the store growing by no copy (that fork adopting a warm sandbox too:
+    ``test_adopted_stack``). Root's Docker host laid that overlay itself."""
     with Executor(Registry(), sandbox=backend, warm=2) as executor, executor.turn() as parent:
         _sh(parent, _MAKE)
+        assert executor.wait_warm(120)
+        pool = executor._warm
+        assert pool is not None
+        waiting = list(pool._ready)
         (child,) = parent.fork(1)
         with child:
             _sh(child, _CHANGE)
+            assert any(child._session is session for session in waiting), "not adopted"
+            before = _store_bytes()
             (grandchild,) = child.fork(1)
             with grandchild:
                 source = grandchild.snapshot_source
                 assert source is not None
                 assert len(_layers(source)) == 2
+                assert _store_bytes() - before < 64 << 10, "the adopted fork's layer was copied"
                 view = "cd /workspace && ls -A . d/e && cat shared mine"
                 assert _sh(grandchild, view) == _sh(child, view)
                 assert child.snapshot() == source

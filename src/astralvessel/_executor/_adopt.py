@@ -52,10 +52,11 @@ def warm_policy(backend: str, policy: Policy, snapshot: TurnSnapshot | None) -> 
 def adoptable(snapshot: TurnSnapshot, backend: str) -> bool:
     """Whether the host can hand a server ``snapshot``'s files as layers: a frozen layer
     an ordinary user holds, or, as root, any tree of the store (cloned); a stack of
-    layers (a fork of a fork's, ``Tree.stacked``) where ``backend``'s server can lay its
-    overlay on those layers (``adopts_stack``: not root's Docker), every layer held or
-    staged. An ordinary user's tree in the store (a snapshot of a turn that had one
-    alive) is no mount he can pass: its forks open as they would without warm sandboxes."""
+    layers (a fork of a fork's, ``Tree.stacked``) where ``backend``'s sandboxes take one
+    (``adopts_stack``), every layer held or staged (root's Docker host lays the overlay
+    itself, ``docker._adoption.lay_adoption``). An ordinary user's tree in the store (a
+    snapshot of a turn that had one alive) is no mount he can pass: its forks open as
+    they would without warm sandboxes."""
     held = snapshot.held_stack
     if len(held) > 1 or len(snapshot.stack) > 1:
         if not adopts_stack(backend) or len(held or snapshot.stack) > MAX_LAYERS:
@@ -79,14 +80,25 @@ def adopt_warm(pool: WarmPool | None, snapshot: TurnSnapshot) -> SandboxSession 
         session.close()
         return None
     try:
-        with _layers_of(snapshot) as (layer, *below):
-            session.adopt(layer, ADOPT_WAIT, below)
+        if session.lay_adoption is not None:
+            session.adopt_laid(_lower_of(snapshot), ADOPT_WAIT)
+        else:
+            with _layers_of(snapshot) as (layer, *below):
+                session.adopt(layer, ADOPT_WAIT, below)
     except (SandboxError, OSError) as exc:
         # Never serve a fork from a sandbox whose workspace may be half laid.
         session.close()
         _log.event(_log.WARM, "warm.adopt_failed", {"error": str(exc)[:500]}, _log.WARNING)
         return None
     return session
+
+
+def _lower_of(snapshot: TurnSnapshot) -> str | tuple[str, ...]:
+    """What a host that lays the overlay itself lays it on (root's Docker host): the
+    snapshot's stack of layers, top first, or its tree."""
+    if snapshot.stack:
+        return tuple(str(layer.path) for layer in snapshot.stack)
+    return str(snapshot.path)
 
 
 @contextlib.contextmanager

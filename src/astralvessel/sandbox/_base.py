@@ -97,6 +97,13 @@ class ServerLink:
     fit_layer: Callable[[int], int] | None = attrs.field(
         default=None, validator=attrs.validators.optional(attrs.validators.is_callable())
     )
+    #: Lays a fork's files (a tree, or a stack of layers, top first) on the warm session's
+    #: workspace from the host (root's Docker host, ``docker._adoption.lay_adoption``) and
+    #: returns what lists and holds that overlay (``SandboxSession.adopt_laid``). None: the
+    #: server lays what it is passed (``adopt``).
+    lay_adoption: Callable[..., Any] | None = attrs.field(
+        default=None, validator=attrs.validators.optional(attrs.validators.is_callable())
+    )
     #: Reads a frozen layer the host cannot read itself (an ordinary user's Docker host:
     #: the layer's files are the turn's uid's), given the layer's descriptor: a context
     #: of ``listing(outbox, max_files)`` and ``digests(files)`` (``docker._reader``).
@@ -185,6 +192,7 @@ class Sandbox(abc.ABC):
             if link.options.pass_adopt_socket and link.options.adopt_socket is not None:
                 os.close(link.options.adopt_socket)  # the server has its own now
         session.fit_layer = link.fit_layer
+        session.lay_adoption = link.lay_adoption
         session.upper_names = link.upper_names
         session.widen_memory = link.widen_memory
         session.read_layer = link.read_layer

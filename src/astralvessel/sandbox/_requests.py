@@ -100,10 +100,14 @@ class AdoptRequest:
     socket (``SandboxSession``'s ``adopt``); answered as a file request."""
 
     timeout: float = attrs.field(validator=attrs.validators.gt(0))
+    #: No layer was passed: the host laid the overlay on the workspace itself (root's
+    #: Docker host, ``docker._adoption``), and the server only checks it and makes its
+    #: outbox and views again.
+    laid: bool = False
 
 
 def _adopt(request: AdoptRequest) -> Outgoing:
-    return Adopt(), b"", Pending("fs")
+    return Adopt(laid=request.laid), b"", Pending("fs")
 
 
 #: The message each kind of request sends, by the request's type.

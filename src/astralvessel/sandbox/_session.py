@@ -151,6 +151,11 @@ class ServerSession(SandboxSession):
         #: Makes a fork's frozen layer this sandbox's own before it is passed (Docker's:
         #: an idmapped clone for the turn's uid, ``ServerLink.fit_layer``); None: as it is.
         self.fit_layer: Callable[[int], int] | None = None
+        #: Lays a fork's files on the workspace from the host and returns that overlay
+        #: (``ServerLink.lay_adoption``: root's Docker host); None: ``adopt`` passes layers.
+        self.lay_adoption: Callable[..., Any] | None = None
+        #: The overlay ``adopt_laid`` had the host lay: closed with the session.
+        self._laid_overlay: Any = None
         self._channel = channel
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()
@@ -600,6 +605,9 @@ class ServerSession(SandboxSession):
         Once only, and only before any other request (the server refuses it after one):
         raises ``SandboxError`` where it was not laid, and the sandbox must then be
         closed, never serve the fork. Started without ``Policy.adoptable``, it raises too.
+        Where the host can lay the overlay itself (``adopt_laid``: root's Docker host), a
+        fork's files go that way (``_executor._adopt``): a layer passed here is laid by
+        the container's server, which reads no ``trusted.*`` whiteout of root's layers.
         """
         with self._lock:
             sock, self.adopt_socket = self.adopt_socket, None
@@ -626,6 +634,39 @@ class ServerSession(SandboxSession):
                 f"the {self.backend} sandbox refused the fork's layer: {reply.errno}: "
                 f"{reply.message}"
             )
+        relaxations = dict(self.ready_info.get("relaxations") or {}, workspace_lower=True)
+        self.ready_info = {**self.ready_info, "relaxations": relaxations}
+
+    def adopt_laid(self, lower: str | tuple[str, ...], timeout: float) -> None:
+        """Lay this fresh sandbox's workspace on a fork's files from the host (``lower``:
+        the snapshot's tree, or its stack of layers, top first), where the host lays the
+        overlay itself (``lay_adoption``: root's Docker host, whose layers' whiteouts the
+        container's own overlay would not read), then have the server make its outbox and
+        views on it (``AdoptRequest.laid``). The host's overlay lists the fork's own names
+        (``upper_names``), and a freeze stacks its layer. Raises ``SandboxError`` as
+        ``adopt`` does: the sandbox must then be closed."""
+        with self._lock:
+            sock, self.adopt_socket = self.adopt_socket, None
+        if sock is None or self.lay_adoption is None:
+            if sock is not None:
+                sock.close()
+            raise SandboxError(f"this {self.backend} sandbox cannot be adopted by a fork")
+        try:
+            overlay = self.lay_adoption(self, lower, timeout=timeout)
+        except OSError as exc:
+            raise SandboxError(
+                f"the fork's overlay cannot be laid for the sandbox ({exc})"
+            ) from None
+        finally:
+            sock.close()  # nothing goes on it: the server finds it empty
+        self._laid_overlay = overlay
+        reply = cast(FsReply, self._ask(AdoptRequest(timeout=timeout, laid=True)))
+        if reply.errno is not None:
+            raise SandboxError(
+                f"the {self.backend} sandbox refused the host's overlay: {reply.errno}: "
+                f"{reply.message}"
+            )
+        self.upper_names = overlay.upper_names
         relaxations = dict(self.ready_info.get("relaxations") or {}, workspace_lower=True)
         self.ready_info = {**self.ready_info, "relaxations": relaxations}
 
@@ -746,6 +787,9 @@ class ServerSession(SandboxSession):
         sock, self.adopt_socket = self.adopt_socket, None
         if sock is not None:
             sock.close()
+        overlay, self._laid_overlay = self._laid_overlay, None
+        if overlay is not None:
+            overlay.close()  # the container is gone, or going: its mount with it
 
 
 def _passed_with_hello(policy: Policy, options: ServerOptions) -> tuple[int, ...]:

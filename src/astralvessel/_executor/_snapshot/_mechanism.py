@@ -83,25 +83,19 @@ def adopts_warm(backend: str) -> bool:
     return backend in _ADOPTS_WARM
 
 
-#: The backends whose warm sandboxes take a stack of layers in one adoption message, top
-#: first: the server lays its overlay on them all.
-_ADOPTS_STACK = frozenset({"bubblewrap", "nsjail"})
-#: Those that do so for an ordinary user only. Docker's host fits each layer to the
-#: sandbox's uid first (``ServerLink.fit_layer``), and the container's server lays its
-#: overlay in a user namespace of its own, which reads ``user.*`` attributes only: an
-#: ordinary user's layers are its containers' overlays', ``user.*`` too, but root's are
-#: its host's overlays' (``docker._cow``), whose opaque folders are ``trusted.*``: laid
-#: there, a folder the fork removed and made again would show its parent's files too.
-_ADOPTS_STACK_UNPRIVILEGED = frozenset({"docker"})
+#: The backends whose warm sandboxes take a stack of layers, top first: the server lays
+#: its overlay on them all, or, Docker's as root, the host lays it and moves it onto the
+#: container's workspace (``docker._adoption.lay_adoption``: root's layers' opaque folders
+#: are ``trusted.*`` attributes, which an overlay laid in the container's own user
+#: namespace would not read). An ordinary user's Docker host fits each layer to the
+#: sandbox's uid (``ServerLink.fit_layer``), its layers' marks ``user.*`` ones.
+_ADOPTS_STACK = frozenset({"bubblewrap", "nsjail", "docker"})
 
 
-def adopts_stack(backend: str, *, root: bool | None = None) -> bool:
+def adopts_stack(backend: str) -> bool:
     """Whether a fork of a fork on ``backend`` may take a warm sandbox and lay its stack
-    there. ``root``: whether the host is root (None: this process's)."""
-    if backend in _ADOPTS_STACK:
-        return True
-    root = os.geteuid() == 0 if root is None else root
-    return backend in _ADOPTS_STACK_UNPRIVILEGED and not root
+    there."""
+    return backend in _ADOPTS_STACK
 
 
 #: The backends whose server lays its overlay on a stack of layers bound apart

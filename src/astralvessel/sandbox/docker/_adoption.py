@@ -35,12 +35,36 @@ asks before it offers a fork one).
 
 from __future__ import annotations
 
+import errno
+import os
 import socket
+import subprocess
+import sys
+from pathlib import Path
 
-from .._policy import Policy
+from .._api import SandboxSession
+from .._policy import WORKSPACE_DIR, Limits, Policy
 from .._uids import UidLease
+from ..server import _sys
+from ._cow import HostOverlay
+from ._freeze import _childs_error, _server_folder
 
-__all__ = ["adoption_pair", "close_pair"]
+__all__ = ["adoption_pair", "close_pair", "lay_adoption"]
+
+#: Root's adoption: a clone of the host's overlay moved onto the workspace in the server's
+#: mount namespace (``server/_freeze.move_overlay``), in a child (``setns`` asks a
+#: single-threaded process). ``argv``: the folder holding ``server/``, the namespace's
+#: descriptor, the overlay's path here, the workspace's there.
+_MOVE = (
+    "import errno, sys; sys.path.insert(0, sys.argv[1]); "
+    "from server._freeze import move_overlay\n"
+    "try:\n"
+    " move_overlay(sys.argv[3], (int(sys.argv[2]), sys.argv[4]))\n"
+    "except OSError as exc:\n"
+    " sys.exit(errno.errorcode.get(exc.errno or 0, 'EIO') + ' ' + str(exc.strerror or exc))"
+)
+#: The folder holding ``server/`` (the child imports it as a top-level package).
+_SERVER_PARENT = str(Path(_sys.__file__).parent.parent)
 
 _Pair = tuple[socket.socket | None, socket.socket | None]
 
@@ -64,3 +88,50 @@ def close_pair(host_end: socket.socket | None, server_end: socket.socket | None)
         if end is not None:
             end.close()
     return None, None
+
+
+def lay_adoption(
+    lease: UidLease,
+    limits: Limits,
+    session: SandboxSession,
+    lower: str | tuple[str, ...],
+    *,
+    timeout: float,
+) -> HostOverlay:
+    """Root's adoption of the warm ``session`` by a fork on ``lower`` (the snapshot's tree,
+    or its stack of layers, top first): the host lays the overlay itself, as for a cold
+    fork (``_cow.HostOverlay``: ``trusted.*`` attributes, idmapped layers), and moves it
+    onto the container's workspace, in the server's mount namespace. The server is then
+    told (``Adopt.laid``). The overlay is the caller's to close (the container keeps its
+    own mount of it); ``OSError`` where it is not laid (none is left then)."""
+    overlay = HostOverlay(lower, lease.uid, lease.gid, limits)
+    try:
+        proc = _server_folder(session)
+        try:
+            namespace = os.open("ns/mnt", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc)
+        finally:
+            os.close(proc)
+        try:
+            _moved_by_child(namespace, overlay.workspace, timeout)
+        finally:
+            os.close(namespace)
+    except BaseException:
+        overlay.close()
+        raise
+    return overlay
+
+
+def _moved_by_child(namespace: int, source: str, timeout: float) -> None:
+    argv = [
+        sys.executable, "-I", "-S", "-c", _MOVE, _SERVER_PARENT, str(namespace), source,
+        str(WORKSPACE_DIR),
+    ]  # fmt: skip
+    try:
+        done = subprocess.run(
+            argv, pass_fds=(namespace,), capture_output=True, text=True, check=False,
+            timeout=timeout,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        raise OSError(errno.ETIMEDOUT, "the adoption's overlay was not moved in time") from None
+    if done.returncode != 0:
+        raise _childs_error(done.stderr)

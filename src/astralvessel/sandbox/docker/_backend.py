@@ -32,7 +32,7 @@ from .._policy import Policy, Promise
 from .._reach import Identity, check_reach
 from .._session import ServerBuild, server_command
 from .._uids import UidLease, default_lock_dir, describe_range, lease_uid, resolve_range
-from ._adoption import adoption_pair, close_pair
+from ._adoption import adoption_pair, close_pair, lay_adoption
 from ._attach import AttachChannel
 from ._cow import HostOverlay
 from ._direct import DirectChannel, Listener, NotConnectedError
@@ -472,10 +472,18 @@ class Docker(Sandbox):
             lower_fd=lower_fd,
             below_fds=layers[1:],
             adopt_socket=host_end,
+            # An ordinary user's server lays the layers its reader fits; root's host lays
+            # the overlay itself (``_adoption.lay_adoption``: its layers' marks are
+            # ``trusted.*``, which the container's own overlay would not read).
             fit_layer=(
                 None
                 if host_end is None or lease is None
                 else functools.partial(self._idmapped, lease)
+            ),
+            lay_adoption=(
+                None
+                if host_end is None or lease is None or os.geteuid() != 0
+                else functools.partial(lay_adoption, lease, policy.limits)
             ),
             upper_names=None if overlay is None else overlay.upper_names,
             widen_memory=channel.widen_memory,

@@ -9,6 +9,12 @@ layer in one message, top first. The server lays the overlay on its workspace as
 hello would have (``_lowerfs.overlay_workspace``), keeping the overlay's lower layers
 for a later freeze to stack on, then makes the outbox again in it.
 
+Root's Docker host lays the overlay itself instead (``Adopt.laid``: its layers' whiteouts
+are ``trusted.*`` attributes, which an overlay laid in the container's user namespace
+would not read) and moves it onto the workspace in the server's mount namespace; it
+passes no layer, and the server checks that its workspace is an overlay now, not its
+own tmpfs, before it makes its outbox and views again there.
+
 Only a sandbox that nothing has touched may be adopted: no call, no file request,
 no freeze came, and its workspace is its own empty tmpfs. Anything a call or a file
 request did could survive under the overlay (a process holding the old tmpfs open, a
@@ -24,7 +30,7 @@ import stat
 
 from . import _hello, _lowerfs, _passfd
 from ._calls import map_path
-from ._freeze import not_here, refused
+from ._freeze import OVERLAYFS_MAGIC, fstatfs_type, not_here, refused
 from ._lean import suppress
 from ._messages import MAX_LAYERS
 
@@ -35,7 +41,15 @@ if TYPE_CHECKING:
     from ._launch import LaunchPlan
     from ._messages import Hello
 
-__all__ = ["checked_layers", "lay", "refusal", "take_layers"]
+__all__ = [
+    "check_laid",
+    "checked_layers",
+    "lay",
+    "made_ready",
+    "nothing_passed",
+    "refusal",
+    "take_layers",
+]
 
 
 def refusal(config: Hello, plan: LaunchPlan, path_map: dict[str, str], touched: str) -> Any:
@@ -81,6 +95,29 @@ def take_layers(socket_fd: int | None) -> list[int]:
     return fds
 
 
+def nothing_passed(socket_fd: int | None) -> None:
+    """Raise ``OSError`` unless ``socket_fd`` is an adoption socket with nothing waiting on
+    it: an adoption the host laid itself comes with no layer (any that came is closed)."""
+    if socket_fd is None:
+        raise OSError(errno.EOPNOTSUPP, "this sandbox was started without an adoption socket")
+    sock = _passfd.host_socket(socket_fd)
+    if sock is None:
+        raise OSError(errno.ENOTSOCK, "the adoption descriptor is no socket")
+    try:
+        sock.setblocking(False)
+        try:
+            data, fds = _passfd.receive(sock, 1, MAX_LAYERS + 1)
+        except BlockingIOError:
+            return
+    finally:
+        sock.close()
+    for fd in fds:
+        with suppress(OSError):
+            os.close(fd)
+    if data or fds:
+        raise OSError(errno.EINVAL, "a layer was passed with an adoption the host laid")
+
+
 def checked_layers(fds: list[int]) -> None:
     """Raise ``OSError`` unless ``fds`` are 1 to ``MAX_LAYERS`` frozen layers: each the
     root of a detached read-only mount of a folder (what a freeze hands the host, or
@@ -99,6 +136,30 @@ def checked_layers(fds: list[int]) -> None:
         parent = os.stat("..", dir_fd=fd)
         if (parent.st_dev, parent.st_ino) != (st.st_dev, st.st_ino):
             raise OSError(errno.EINVAL, f"layer {index} is no detached mount's root")
+
+
+def check_laid(config: Hello, path_map: dict[str, str]) -> None:
+    """Raise ``OSError`` unless the workspace is now an overlay: where root's Docker host
+    laid it itself (``Adopt.laid``), over the container's own tmpfs. The server never laid
+    one there (an adoption is its first request), so an overlay is the host's; a workspace
+    still its tmpfs (nothing laid) is refused, ``EINVAL``."""
+    workspace = map_path(config.workspace, path_map)
+    fd = os.open(workspace, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        kind = fstatfs_type(fd)
+    finally:
+        os.close(fd)
+    if kind != OVERLAYFS_MAGIC:
+        raise OSError(errno.EINVAL, "the workspace is no overlay the host laid")
+
+
+def made_ready(config: Hello, path_map: dict[str, str]) -> None:
+    """Make the outbox in the workspace the host laid (``check_laid``), as ``lay`` does in
+    its own: the host cleared the frozen layer's outbox already."""
+    workspace = map_path(config.workspace, path_map)
+    outbox = map_path(config.outbox, path_map)
+    _hello.clear_lower_outbox(outbox)
+    _hello.prepare_workspace(workspace, outbox, config.drop_uid, config.drop_gid)
 
 
 def lay(

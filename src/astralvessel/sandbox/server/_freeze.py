@@ -71,6 +71,7 @@ __all__ = [
     "freeze_fork",
     "freeze_workspace",
     "fstatfs_type",
+    "move_overlay",
     "not_here",
     "prepared",
     "refused",
@@ -231,13 +232,37 @@ def _overlay(
             # one, could not have been taken there (the kernel clones only its own).
             _sys.setns(move_into[0], _sys.CLONE_NEWNS)
             workspace = move_into[1]
-        _lowerfs.syscall(
-            _SYS_MOVE_MOUNT, "move_mount the overlay", ctypes.c_int(merged), ctypes.c_char_p(b""),
-            ctypes.c_int(_AT_FDCWD), ctypes.c_char_p(workspace.encode()),
-            ctypes.c_uint(_MOVE_MOUNT_F_EMPTY_PATH),
-        )  # fmt: skip
+        _moved(merged, workspace)
     finally:
         _close(upper, work, fs, merged)
+
+
+def _moved(mount: int, path: str) -> None:
+    """Move the detached mount ``mount`` onto ``path`` (in this namespace)."""
+    _lowerfs.syscall(
+        _SYS_MOVE_MOUNT, "move_mount the overlay", ctypes.c_int(mount), ctypes.c_char_p(b""),
+        ctypes.c_int(_AT_FDCWD), ctypes.c_char_p(path.encode()),
+        ctypes.c_uint(_MOVE_MOUNT_F_EMPTY_PATH),
+    )  # fmt: skip
+
+
+def move_overlay(source: str, move_into: tuple[int, str]) -> None:
+    """Move a clone of the overlay mounted on ``source`` (a path of this namespace) onto
+    ``move_into``'s path in that mount namespace (its descriptor): root's host lays a warm
+    Docker sandbox's adoption overlay itself (``docker._adoption``), where its layers are
+    (the kernel takes an overlay's layers from its maker's own namespace alone), and the
+    server's workspace becomes it. The clone is of that one mount, not what lies below."""
+    clone = _lowerfs.syscall(
+        _SYS_OPEN_TREE, "open_tree (the overlay)", ctypes.c_int(_AT_FDCWD),
+        ctypes.c_char_p(source.encode()), ctypes.c_uint(_OPEN_TREE_CLONE | os.O_CLOEXEC),
+    )  # fmt: skip
+    try:
+        if fstatfs_type(clone) != OVERLAYFS_MAGIC:
+            raise OSError(errno.EINVAL, f"{source} is no overlay")
+        _sys.setns(move_into[0], _sys.CLONE_NEWNS)
+        _moved(clone, move_into[1])
+    finally:
+        _close(clone)
 
 
 def _freeze_and_lay(  # noqa: PLR0917 - the steps' inputs, in order

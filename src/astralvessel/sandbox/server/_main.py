@@ -366,6 +366,9 @@ class Server:
         file requests; refused unless this is the first request the sandbox had."""
         config, plan = self._configured()
         earlier = self.touched_before
+        if message.laid:
+            self.files.submit_local(call_id, lambda: self._adopted_laid(config, plan, earlier))
+            return
         self.files.submit_local(call_id, lambda: self._adopted(config, plan, earlier))
 
     def _adopted(
@@ -393,6 +396,41 @@ class Server:
             if socket_fd is not None:
                 with suppress(OSError):
                     os.close(socket_fd)
+        return self._views_remade(config, plan, upper)
+
+    def _adopted_laid(
+        self, config: _messages.Hello, plan: _launch.LaunchPlan, earlier: str
+    ) -> dict[str, Any]:
+        """An adoption whose overlay the host laid on the workspace itself (``Adopt.laid``):
+        refused as any adoption is (touched, not adoptable), and where nothing was laid or
+        a layer was passed all the same; else the outbox and views are made on it."""
+        socket_fd, self.adopt_socket = self.adopt_socket, None
+        try:
+            why = _adopt.refusal(config, plan, self.path_map, earlier)
+            if why is not None:
+                return dict(why)
+            try:
+                _adopt.nothing_passed(socket_fd)
+                _adopt.check_laid(config, self.path_map)
+            except OSError as exc:
+                return _freeze.refused(exc.errno or errno.EIO, exc.strerror or str(exc))
+        finally:
+            if socket_fd is not None:
+                with suppress(OSError):
+                    os.close(socket_fd)
+        self._old_view_retired()
+        try:
+            _adopt.made_ready(config, self.path_map)
+        except OSError as exc:
+            return _freeze.refused(exc.errno or errno.EIO, f"cannot make the outbox: {exc}")
+        # The upper layer is the host's (it lists the fork's names itself, and freezes it).
+        return self._views_remade(config, plan, -1)
+
+    def _views_remade(
+        self, config: _messages.Hello, plan: _launch.LaunchPlan, upper: int
+    ) -> dict[str, Any]:
+        """After an adoption laid the workspace: the file worker and the spare call's
+        namespaces made on the new view (``upper``: the fork's own layer, -1: none held)."""
         if self.held_workspace >= 0 and upper < 0:
             # The overlay covers the held tmpfs, as a cold fork's covers the launcher's:
             # a later freeze of this fork takes the overlay, never the empty tmpfs below.

@@ -403,6 +403,10 @@ class Adopt(Message):
     file request (``fs_result``), refused on a sandbox any request has touched."""
 
     TYPE = "adopt"
+    #: The host (root, Docker's) has laid the overlay on ``/workspace`` itself and passed
+    #: no layer: the server checks its workspace is now an overlay, not its own tmpfs, and
+    #: makes its outbox and views again there (``_adopt.check_laid``).
+    laid: bool = False
 
 
 class Cancel(Message):
