@@ -47,7 +47,7 @@ from .._policy import WORKSPACE_DIR, Limits, Policy
 from .._uids import UidLease
 from ..server import _sys
 from ._cow import HostOverlay
-from ._freeze import _childs_error, _server_folder
+from ._freeze import childs_error, server_folder
 
 __all__ = ["adoption_pair", "close_pair", "lay_adoption"]
 
@@ -106,7 +106,7 @@ def lay_adoption(
     own mount of it); ``OSError`` where it is not laid (none is left then)."""
     overlay = HostOverlay(lower, lease.uid, lease.gid, limits)
     try:
-        proc = _server_folder(session)
+        proc = server_folder(session)
         try:
             namespace = os.open("ns/mnt", os.O_RDONLY | os.O_CLOEXEC, dir_fd=proc)
         finally:
@@ -134,4 +134,4 @@ def _moved_by_child(namespace: int, source: str, timeout: float) -> None:
     except subprocess.TimeoutExpired:
         raise OSError(errno.ETIMEDOUT, "the adoption's overlay was not moved in time") from None
     if done.returncode != 0:
-        raise _childs_error(done.stderr)
+        raise childs_error(done.stderr, "the adoption's overlay cannot be moved in")

@@ -51,7 +51,7 @@ from ..server import _snapfiles, _sys
 from ..server._freeze import thaw_fork_layer
 from ._cow import HostOverlay
 
-__all__ = ["freeze", "freeze_fork_layer"]
+__all__ = ["childs_error", "freeze", "freeze_fork_layer", "server_folder"]
 
 #: The server's own steps in the server's mount namespace: ``argv`` is the folder holding
 #: ``server/``, the namespace's and the socket's descriptors, the workspace, the upper
@@ -112,7 +112,7 @@ def freeze(session: SandboxSession, upper_bytes: int, *, timeout: float = 30.0) 
     server is no process of this host; ``EBUSY``, ``EOPNOTSUPP``: the server's
     refusals; ``EPERM``: not root), the workspace then as it was.
     """
-    proc = _server_folder(session)
+    proc = server_folder(session)
     try:
         ready = _ask(session, {"phase": "prepare"}, timeout)
         workspace, inodes = ready.get("workspace"), ready.get("inodes")
@@ -147,7 +147,7 @@ def freeze_fork_layer(session: SandboxSession, upper_bytes: int, *, timeout: flo
         raise OSError(errno.EOPNOTSUPP, why)
     upper, lowers = held
     try:
-        proc = _server_folder(session)
+        proc = server_folder(session)
         try:
             clone, new_upper = _fork_frozen(
                 session, proc, overlay, (upper, lowers), upper_bytes, timeout
@@ -257,7 +257,7 @@ def _ask(session: SandboxSession, fields: dict[str, object], timeout: float) -> 
     return dict(reply.fields)
 
 
-def _server_folder(session: SandboxSession) -> int:
+def server_folder(session: SandboxSession) -> int:
     """A descriptor of the server's ``/proc`` folder, checked to be that container's server."""
     channel = getattr(session, "channel", None)
     host_pid = getattr(channel, "host_pid", None)
@@ -338,7 +338,7 @@ def _sent_by_child(
             raise OSError(errno.ETIMEDOUT, "the workspace's freeze did not end in time") from None
         theirs.close()
         if done.returncode != 0:
-            raise _childs_error(done.stderr)
+            raise childs_error(done.stderr)
         try:
             _, sent, _, _ = socket.recv_fds(ours, 1, 2)
         except OSError as exc:
@@ -373,14 +373,15 @@ def _thaw_by_child(namespace: int, workspace: str, timeout: float) -> None:
         )
 
 
-def _childs_error(stderr: str) -> OSError:
-    """The child's refusal as an ``OSError``: its last line, ``ENAME message``."""
+def childs_error(stderr: str, what: str = "the workspace cannot be frozen") -> OSError:
+    """The child's refusal as an ``OSError``: its last line, ``ENAME message``, after
+    ``what`` failed."""
     last = (stderr.strip().splitlines() or ["EIO the child said nothing"])[-1]
     name, _, message = last.partition(" ")
     code = getattr(errno, name, None)
     if not isinstance(code, int):
-        return OSError(errno.EIO, f"the workspace cannot be frozen: {last}")
-    return OSError(code, f"the workspace cannot be frozen: {message}")
+        return OSError(errno.EIO, f"{what}: {last}")
+    return OSError(code, f"{what}: {message}")
 
 
 class _HeldUpper:
