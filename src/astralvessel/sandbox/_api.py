@@ -38,6 +38,7 @@ __all__ = [
     "FileOutcome",
     "FsReply",
     "FsRequest",
+    "LayerLost",
     "MemoryStop",
     "OutboxFile",
     "RunOutcome",
@@ -325,6 +326,12 @@ class FsReply:
     #: it). False with ``upper_names`` set: the host laid the overlay and could not read
     #: its upper layer, so no file may be taken for the lower layer's.
     upper_read: bool = False
+
+
+class LayerLost(OSError):
+    """A freeze's layer the host could not take (or whose answer was malformed): the
+    sandbox froze it, and its turn writes on above a layer lost to the host. Here, below
+    both the sandbox wing's ``_frozen`` and Docker's host-side freeze, which raise it."""
 
 
 @attrs.frozen(kw_only=True)

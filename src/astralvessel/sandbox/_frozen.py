@@ -32,15 +32,10 @@ import os
 from collections import deque
 from typing import Any
 
-from ._api import FsRequest, SandboxSession
+from ._api import FsRequest, LayerLost, SandboxSession
 from .server import _sys
 
 __all__ = ["LayerLost", "freeze", "freeze_fork_layer", "server_pid"]
-
-
-class LayerLost(OSError):
-    """The sandbox froze its layer, and the host could not take it (or its answer was
-    malformed): the turn writes on above the frozen layer, which is lost to the host."""
 
 
 #: How many processes the walk down from the started one looks at, at most.

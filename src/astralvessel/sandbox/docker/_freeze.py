@@ -45,8 +45,7 @@ import weakref
 from collections.abc import Callable
 from pathlib import Path
 
-from .._api import FsRequest, SandboxSession
-from .._frozen import LayerLost
+from .._api import FsRequest, LayerLost, SandboxSession
 from ..server import _snapfiles, _sys
 from ..server._freeze import thaw_fork_layer
 from ._cow import HostOverlay

@@ -71,6 +71,34 @@ def take_layers(socket_fd: int | None) -> list[int]:
 
     Raises ``OSError`` where there is no socket, nothing waits on it, or what came is
     no stack of layers (``checked_layers``); every descriptor that came is then closed."""
+    waiting = _waiting(socket_fd)
+    if waiting is None:
+        raise OSError(errno.EBADF, "no layer was passed with the adopt request")
+    _, fds = waiting
+    try:
+        checked_layers(fds)
+    except OSError:
+        _close_all(fds)
+        raise
+    return fds
+
+
+def nothing_passed(socket_fd: int | None) -> None:
+    """Raise ``OSError`` unless ``socket_fd`` is an adoption socket with nothing waiting on
+    it: an adoption the host laid itself comes with no layer (any that came is closed)."""
+    waiting = _waiting(socket_fd)
+    if waiting is None:
+        return
+    data, fds = waiting
+    _close_all(fds)
+    if data or fds:
+        raise OSError(errno.EINVAL, "a layer was passed with an adoption the host laid")
+
+
+def _waiting(socket_fd: int | None) -> tuple[bytes, list[int]] | None:
+    """What waits on the adoption socket, with the descriptors passed along (None: nothing).
+
+    Raises ``OSError`` where the sandbox has no adoption socket."""
     if socket_fd is None:
         raise OSError(errno.EOPNOTSUPP, "this sandbox was started without an adoption socket")
     sock = _passfd.host_socket(socket_fd)
@@ -80,42 +108,18 @@ def take_layers(socket_fd: int | None) -> list[int]:
         sock.setblocking(False)
         try:
             # Room for one past the most: a host that passed more is told so, not cut short.
-            _, fds = _passfd.receive(sock, 1, MAX_LAYERS + 1)
-        except BlockingIOError:
-            raise OSError(errno.EBADF, "no layer was passed with the adopt request") from None
-    finally:
-        sock.close()
-    try:
-        checked_layers(fds)
-    except OSError:
-        for fd in fds:
-            with suppress(OSError):
-                os.close(fd)
-        raise
-    return fds
-
-
-def nothing_passed(socket_fd: int | None) -> None:
-    """Raise ``OSError`` unless ``socket_fd`` is an adoption socket with nothing waiting on
-    it: an adoption the host laid itself comes with no layer (any that came is closed)."""
-    if socket_fd is None:
-        raise OSError(errno.EOPNOTSUPP, "this sandbox was started without an adoption socket")
-    sock = _passfd.host_socket(socket_fd)
-    if sock is None:
-        raise OSError(errno.ENOTSOCK, "the adoption descriptor is no socket")
-    try:
-        sock.setblocking(False)
-        try:
             data, fds = _passfd.receive(sock, 1, MAX_LAYERS + 1)
         except BlockingIOError:
-            return
+            return None
     finally:
         sock.close()
+    return data, fds
+
+
+def _close_all(fds: list[int]) -> None:
     for fd in fds:
         with suppress(OSError):
             os.close(fd)
-    if data or fds:
-        raise OSError(errno.EINVAL, "a layer was passed with an adoption the host laid")
 
 
 def checked_layers(fds: list[int]) -> None:
